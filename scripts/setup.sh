@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Create .venv (if missing) and install replaid with its dependencies. Idempotent.
+# torch is pinned to 2.13.0: on these machines pip finds its CPU wheel locally; elsewhere
+# pip fetches the matching wheel (with CUDA packages on Linux) from PyPI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -c "import torch, replaid; print(f'replaid {replaid.__version__} with torch {torch.__version__} ready in .venv')"

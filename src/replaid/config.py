@@ -1,0 +1,347 @@
+"""Typed, validated run configuration (torchtitan style): one dataclass per concern.
+
+Overrides come as ``section.key=value`` strings or a YAML file of the same nesting; an unknown
+key or a value of the wrong type raises :class:`ConfigError` naming the key and the nearest
+valid key. The resolved config is saved as JSON with every run and checkpoint.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A bad configuration key or value (one-line message naming the key and the fix)."""
+
+
+@dataclass
+class ModelConfig:
+    hidden: int = 768  # transformer width
+    n_layers: int = 12
+    n_heads: int = 12
+    mlp_ratio: int = 4
+    cond_dim: int = 128  # AdaLN conditioning width (MDLM)
+    d_e: int = 16  # token-embedding dimension (RePlaid: 16)
+    dropout: float = 0.0
+    self_conditioning: bool = True
+    output_prior: bool = True  # add (alpha / sigma^2) z E^T to the logits
+    # embeddings: learned | frozen-random | one-hot | file (frozen, read from embeddings_path)
+    embeddings: str = "learned"
+    embeddings_path: str = ""
+    activation_checkpointing: bool = False
+    # chunk the B*L rows of the V-sized output head (0 = no chunking)
+    head_chunk_rows: int = 0
+
+    def validate(self) -> None:
+        _check(self.hidden % self.n_heads == 0, "model.hidden",
+               f"must be divisible by model.n_heads ({self.hidden} % {self.n_heads} != 0)")
+        _check((self.hidden // self.n_heads) % 2 == 0, "model.hidden",
+               "hidden / n_heads must be even for rotary embeddings")
+        for k in ("hidden", "n_layers", "n_heads", "mlp_ratio", "cond_dim", "d_e"):
+            _check(getattr(self, k) > 0, f"model.{k}", "must be positive")
+        _check(0.0 <= self.dropout < 1.0, "model.dropout", "must be in [0, 1)")
+        _check(self.embeddings in ("learned", "frozen-random", "one-hot", "file"), "model.embeddings",
+               "must be one of learned, frozen-random, one-hot, file")
+        _check(self.embeddings != "file" or bool(self.embeddings_path), "model.embeddings_path",
+               "is required when model.embeddings=file")
+        _check(self.head_chunk_rows >= 0, "model.head_chunk_rows", "must be >= 0")
+
+
+@dataclass
+class DiffusionConfig:
+    gamma_0: float = -3.0  # initial endpoint gamma(0) (learnable)
+    gamma_1: float = 6.0  # initial endpoint gamma(1) (learnable)
+    schedule: str = "learned"  # learned (monotone MLP shape) | linear (fixed shape, endpoints learned)
+    schedule_hidden: int = 1024  # monotone-MLP width
+    learn_endpoints: bool = True
+    sc_rate: float = 0.25  # fraction of training rows with a self-conditioning first pass
+    split_ema: float = 0.997  # EMA decay of the recon/diffusion loss moments (adaptive B_r)
+    ce_weight: float = 0.0  # paper sec. 5.1: + w * CE(t); gradient reaches only E and the denoiser
+
+    def validate(self) -> None:
+        _check(self.gamma_0 < self.gamma_1, "diffusion.gamma_0", "must be smaller than diffusion.gamma_1")
+        _check(self.schedule in ("learned", "linear"), "diffusion.schedule", "must be learned or linear")
+        _check(0.0 <= self.sc_rate <= 1.0, "diffusion.sc_rate", "must be in [0, 1]")
+        _check(0.0 < self.split_ema < 1.0, "diffusion.split_ema", "must be in (0, 1)")
+        _check(self.schedule_hidden > 0, "diffusion.schedule_hidden", "must be positive")
+        _check(self.ce_weight >= 0, "diffusion.ce_weight", "must be >= 0")
+
+
+@dataclass
+class DataConfig:
+    # "stdlib" (embedded default: Python standard-library docs), a local path (.jsonl/.txt/dir),
+    # or "hf:NAME[:CONFIG]" (openwebtext, lm1b, slimpajama, wikitext, ...)
+    source: str = "stdlib"
+    tokenizer: str = "bpe"  # bpe | gpt2 | llama2 | bert-base-cased | bert-base-uncased
+    tokenizer_path: str = ""
+    bpe_vocab_size: int = 2048
+    seq_len: int = 128
+    packing: bool = True  # MDLM "wrap"; False: one document per row, padded, masked
+    text_field: str = "text"
+    max_docs: int = 0  # 0 = all documents
+    cache_dir: str = "~/.cache/replaid"
+
+    def validate(self) -> None:
+        _check(bool(self.source), "data.source", "must be set (stdlib, a path, or hf:NAME)")
+        _check(self.seq_len > 1, "data.seq_len", "must be > 1")
+        _check(self.bpe_vocab_size >= 260, "data.bpe_vocab_size", "must be >= 260 (256 bytes + specials)")
+        _check(self.max_docs >= 0, "data.max_docs", "must be >= 0")
+
+
+@dataclass
+class OptimConfig:
+    lr_schedule: str = "constant"  # constant (linear warm-up) | cosine (to lr_min)
+    warmup_steps: int = 2500  # used when warmup_frac == 0
+    warmup_frac: float = 0.0  # e.g. 0.01 for "1% warm-up"
+    min_warmup_steps: int = 0
+    lr_min: float = 2e-5  # end of the cosine decay, all groups
+    # the paper's parameter groups
+    lr_backbone: float = 3e-4
+    lr_projections: float = 3e-4  # the three input projections (z, self-cond, time)
+    lr_embedding: float = 1e-2
+    lr_schedule_mlp: float = 1e-2
+    lr_endpoints: float = 1e-2
+    wd_backbone: float = 0.0
+    wd_projections: float = 0.0
+    wd_embedding: float = 0.0
+    wd_schedule_mlp: float = 0.0
+    wd_endpoints: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 = off
+    ema: float = 0.9999  # EMA of weights for evaluation; 0 = off
+
+    def validate(self) -> None:
+        _check(self.lr_schedule in ("constant", "cosine"), "optim.lr_schedule", "must be constant or cosine")
+        _check(0.0 <= self.ema < 1.0, "optim.ema", "must be in [0, 1)")
+        _check(0.0 <= self.warmup_frac < 1.0, "optim.warmup_frac", "must be in [0, 1)")
+        _check(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
+        for k in ("lr_backbone", "lr_projections", "lr_embedding", "lr_schedule_mlp", "lr_endpoints"):
+            _check(getattr(self, k) >= 0, f"optim.{k}", "must be >= 0")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    batch_size: int = 32  # global batch (sequences per optimiser step)
+    grad_accum: int = 1
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: str = "auto"  # auto (bf16 autocast on GPU, fp32 on CPU) | fp32 | bf16
+    compile: bool = False
+    log_every: int = 10
+    eval_every: int = 0  # 0 = only at the end
+    save_every: int = 0  # 0 = only at the end
+    num_threads: int = 0  # torch CPU threads; 0 = torch default
+    parallel: str = "ddp"  # under torchrun: ddp | fsdp
+
+    def validate(self) -> None:
+        _check(self.steps > 0, "train.steps", "must be positive")
+        _check(self.batch_size >= 2, "train.batch_size", "must be >= 2 (one recon row + one diffusion row)")
+        _check(self.grad_accum >= 1, "train.grad_accum", "must be >= 1")
+        _check(self.batch_size % self.grad_accum == 0, "train.batch_size",
+               f"must be divisible by train.grad_accum ({self.grad_accum})")
+        _check(self.precision in ("auto", "fp32", "bf16"), "train.precision", "must be auto, fp32 or bf16")
+        _check(self.parallel in ("ddp", "fsdp"), "train.parallel", "must be ddp or fsdp")
+
+
+@dataclass
+class EvalConfig:
+    split: str = "valid"
+    max_batches: int = 8  # 0 = the whole split
+    batch_size: int = 16
+    t_samples: int = 4  # low-discrepancy diffusion-time samples per sequence
+    self_conditioning: bool = True  # on for every row at evaluation
+    use_ema: bool = True
+
+    def validate(self) -> None:
+        _check(self.split in ("train", "valid", "test"), "eval.split", "must be train, valid or test")
+        _check(self.t_samples >= 1, "eval.t_samples", "must be >= 1")
+        _check(self.batch_size >= 1, "eval.batch_size", "must be >= 1")
+        _check(self.max_batches >= 0, "eval.max_batches", "must be >= 0")
+
+
+@dataclass
+class RunConfig:
+    method: str = "replaid"
+    preset: str = ""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def validate(self) -> "RunConfig":
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if dataclasses.is_dataclass(v):
+                v.validate()
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunConfig":
+        cfg = cls()
+        apply_dict(cfg, d)
+        return cfg.validate()
+
+
+def _check(ok: bool, key: str, msg: str) -> None:
+    if not ok:
+        raise ConfigError(f"invalid config value {key}: {msg}")
+
+
+# --------------------------------------------------------------------------- overrides
+
+def _all_keys(obj: Any, prefix: str = "") -> list[str]:
+    keys = []
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        name = prefix + f.name
+        if dataclasses.is_dataclass(v):
+            keys += _all_keys(v, name + ".")
+        else:
+            keys.append(name)
+    return keys
+
+
+def _unknown(key: str, root: Any) -> ConfigError:
+    near = difflib.get_close_matches(key, _all_keys(root), n=1, cutoff=0.5)
+    hint = f"; did you mean '{near[0]}'?" if near else "; run 'replaid train --show-config' for the valid keys"
+    return ConfigError(f"unknown config key '{key}'{hint}")
+
+
+def _coerce(key: str, value: Any, typ: Any) -> Any:
+    """Convert a string/YAML value to the field's declared type, or raise a ConfigError."""
+    if typ in ("int", int):
+        typ = int
+    elif typ in ("float", float):
+        typ = float
+    elif typ in ("bool", bool):
+        typ = bool
+    elif typ in ("str", str):
+        typ = str
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"config key {key} expects a bool (true/false), got {value!r}")
+    if typ is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"config key {key} expects an int, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                f = float(value)
+            except ValueError:
+                f = None
+            if f is not None and f.is_integer():
+                return int(f)
+        raise ConfigError(f"config key {key} expects an int, got {value!r}")
+    if typ is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"config key {key} expects a float, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"config key {key} expects a float, got {value!r}") from None
+    if typ is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"config key {key} expects a string, got {value!r}")
+        return str(value)
+    raise ConfigError(f"config key {key} has an unsupported type {typ}")
+
+
+def set_key(cfg: RunConfig, key: str, value: Any) -> None:
+    """Set ``section.key`` on ``cfg`` with type checking."""
+    parts = key.split(".")
+    obj: Any = cfg
+    for i, p in enumerate(parts):
+        names = {f.name: f for f in dataclasses.fields(obj)}
+        if p not in names:
+            raise _unknown(key, cfg)
+        if i == len(parts) - 1:
+            sub = getattr(obj, p)
+            if dataclasses.is_dataclass(sub):
+                if not isinstance(value, dict):
+                    raise ConfigError(f"config key {key} is a section; set one of its keys, e.g. {key}.{dataclasses.fields(sub)[0].name}=...")
+                apply_dict(sub, value, prefix=key + ".", root=cfg)
+                return
+            hints = typing.get_type_hints(type(obj))
+            setattr(obj, p, _coerce(key, value, hints[p]))
+        else:
+            obj = getattr(obj, p)
+            if not dataclasses.is_dataclass(obj):
+                raise _unknown(key, cfg)
+
+
+def apply_dict(obj: Any, d: dict, prefix: str = "", root: Any = None) -> None:
+    root = root if root is not None else obj
+    if not isinstance(d, dict):
+        raise ConfigError(f"config section {prefix or '<root>'} must be a mapping, got {type(d).__name__}")
+    for k, v in d.items():
+        full = prefix + str(k)
+        names = {f.name for f in dataclasses.fields(obj)}
+        if k not in names:
+            raise _unknown(full, root)
+        sub = getattr(obj, k)
+        if dataclasses.is_dataclass(sub):
+            apply_dict(sub, v, prefix=full + ".", root=root)
+        else:
+            hints = typing.get_type_hints(type(obj))
+            setattr(obj, k, _coerce(full, v, hints[k]))
+
+
+def parse_overrides(items: list[str]) -> list[tuple[str, str]]:
+    out = []
+    for it in items:
+        if "=" not in it:
+            raise ConfigError(f"override {it!r} is not of the form section.key=value (e.g. train.steps=100)")
+        k, v = it.split("=", 1)
+        out.append((k.strip(), v.strip()))
+    return out
+
+
+def load_yaml(path: str | Path) -> dict:
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist; pass an existing YAML file to --config")
+    try:
+        d = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {p} is not valid YAML ({str(e).splitlines()[0]}); fix its syntax") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"config file {p} must hold a mapping of sections (model:, train:, ...)")
+    return d
+
+
+def resolve(preset: str | None, yaml_path: str | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Preset, then YAML file, then ``key=value`` overrides; validated."""
+    from .presets import get_preset
+
+    cfg = get_preset(preset or "demo")
+    if yaml_path:
+        apply_dict(cfg, load_yaml(yaml_path), root=cfg)
+    for k, v in parse_overrides(overrides or []):
+        set_key(cfg, k, v)
+    return cfg.validate()

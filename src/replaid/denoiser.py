@@ -1,0 +1,64 @@
+"""The denoiser interface every sampler, likelihood estimator and loss sees.
+
+A denoiser maps a noisy latent and its log-SNR-type noise level to a categorical prediction
+of the clean tokens and the implied clean embedding (paper eq. (3) and section 2):
+
+    logits, e_hat = denoiser(z_t, gamma, e_sc)
+
+* ``z_t``   (B, L, d_e) float32 noisy latent, ``z_t = alpha e + sigma eps``.
+* ``gamma`` (B,) float64, ``gamma = log(sigma^2 / alpha^2)``.
+* ``e_sc``  (B, L, d_e) float32 self-conditioning input (the previous clean-embedding
+  prediction) or ``None`` for "no self-conditioning input" (the same as zeros).
+* ``logits`` (B, L, V) float32: ``x_hat = softmax(logits)``.
+* ``e_hat``  (B, L, d_e) float32: ``x_hat @ E`` (categorical reparameterisation).
+
+The wrapper hides the parameterisation (network, output prior logits, temperature) from the
+samplers, in the spirit of k-diffusion's ``Denoiser`` wrappers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Protocol
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class DenoiserOutput:
+    logits: Tensor  # (B, L, V) float32
+    e_hat: Tensor  # (B, L, d_e) float32
+
+    def __iter__(self):  # allows ``logits, e_hat = out``
+        yield self.logits
+        yield self.e_hat
+
+
+class Denoiser(Protocol):
+    """Anything with an embedding matrix that maps (z_t, gamma, e_sc) to (logits, e_hat)."""
+
+    #: whether the model was trained to use a self-conditioning input
+    self_conditioning: bool
+
+    def embedding_matrix(self) -> Tensor:  # (V, d_e), unit rows
+        ...
+
+    def __call__(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None) -> DenoiserOutput:
+        ...
+
+
+def alpha_sigma(gamma: Tensor) -> tuple[Tensor, Tensor]:
+    """Variance-preserving ``alpha = sqrt(sigmoid(-gamma))``, ``sigma = sqrt(sigmoid(gamma))``."""
+    return torch.sigmoid(-gamma).sqrt(), torch.sigmoid(gamma).sqrt()
+
+
+def prior_logits(z: Tensor, gamma: Tensor, E: Tensor) -> Tensor:
+    """Output prior logits ``(alpha / sigma^2) z E^T`` in float32 (section 2, "output prior logits").
+
+    With unit-norm rows this is ``log N(z; alpha e_v, sigma^2 I)`` up to a constant shared by
+    all tokens v, i.e. the exact posterior logits under a uniform token prior.
+    z: (B, L, d_e); gamma: (B,); E: (V, d_e). Returns (B, L, V) float32.
+    """
+    alpha, sigma = alpha_sigma(gamma.double())
+    scale = (alpha / sigma**2).float().view(-1, 1, 1)  # (B, 1, 1)
+    return scale * (z.float() @ E.float().t())

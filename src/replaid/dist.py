@@ -1,0 +1,102 @@
+"""torch.distributed glue for ``torchrun``: process group, device, DDP/FSDP2 wrapping, collectives.
+
+Everything degrades to single-process no-ops when not launched by torchrun, so the same
+``replaid train`` command runs on a laptop and under ``torchrun --nproc_per_node N``.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as tdist
+from torch import Tensor, nn
+
+
+def is_dist() -> bool:
+    return tdist.is_available() and tdist.is_initialized()
+
+
+def rank() -> int:
+    return tdist.get_rank() if is_dist() else 0
+
+
+def world_size() -> int:
+    return tdist.get_world_size() if is_dist() else 1
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def setup_device(device: torch.device) -> torch.device:
+    """Initialise the process group when launched by torchrun (gloo on CPU, nccl on GPU)."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and not is_dist():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            local = int(os.environ.get("LOCAL_RANK", 0))
+            torch.cuda.set_device(local)
+            device = torch.device("cuda", local)
+        tdist.init_process_group(backend=backend)
+    elif device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def wrap_model(module: nn.Module, parallel: str, device: torch.device) -> nn.Module:
+    """DDP or FSDP2 (``fully_shard`` on each DiT block, then the root) when distributed."""
+    if not is_dist():
+        return module
+    if parallel == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for blk in module.model.backbone.blocks:
+            fully_shard(blk)
+        fully_shard(module)
+        return module
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def all_gather_cat(x: Tensor) -> Tensor:
+    """Concatenate a 1-D tensor across ranks (lengths may differ)."""
+    if not is_dist():
+        return x
+    x = x.detach().contiguous()
+    n = torch.tensor([x.numel()], device=x.device)
+    sizes = [torch.zeros_like(n) for _ in range(world_size())]
+    tdist.all_gather(sizes, n)
+    m = int(max(s.item() for s in sizes))
+    pad = torch.zeros(m, dtype=x.dtype, device=x.device)
+    pad[: x.numel()] = x
+    out = [torch.zeros_like(pad) for _ in range(world_size())]
+    tdist.all_gather(out, pad)
+    return torch.cat([o[: int(s.item())] for o, s in zip(out, sizes)])
+
+
+def all_reduce_sum(x: Tensor) -> Tensor:
+    if is_dist():
+        x = x.clone()
+        tdist.all_reduce(x)
+    return x
+
+
+def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """A full (unsharded) CPU state dict, also for FSDP2-sharded parameters."""
+    sd = model.state_dict()
+    out = {}
+    for k, v in sd.items():
+        if hasattr(v, "full_tensor"):
+            v = v.full_tensor()
+        out[k] = v.detach().cpu()
+    return out
+
+
+def barrier() -> None:
+    if is_dist():
+        tdist.barrier()
+
+
+def cleanup() -> None:
+    if is_dist():
+        tdist.destroy_process_group()

@@ -1,0 +1,63 @@
+"""NELBO evaluation: per-token bound, its pieces, and the unigram reference of the same split."""
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+
+import torch
+from tqdm.auto import tqdm
+
+
+@torch.no_grad()
+def evaluate_model(model, method, data, cfg, split: str | None = None, ema=None,
+                   max_batches: int | None = None, progress: bool = False) -> dict:
+    """Token-weighted mean of the per-token bound over the split (``cfg.eval``)."""
+    ecfg = cfg.eval
+    split = split or ecfg.split
+    max_batches = ecfg.max_batches if max_batches is None else max_batches
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(cfg.train.seed + 12345)
+    was_training = model.training
+    model.eval()
+    sums: dict[str, float] = {}
+    per_seq: list[torch.Tensor] = []
+    n_tok = 0
+    t0 = time.time()
+    ctx = ema.applied(model) if (ema is not None and ecfg.use_ema) else nullcontext()
+    with ctx:
+        batches = data.eval_batches(split, ecfg.batch_size, max_batches)
+        for batch in tqdm(batches, desc=f"eval {split}", disable=not progress, leave=False):
+            tokens = batch["tokens"].to(device)
+            mask = batch.get("mask")
+            mask = mask.to(device) if mask is not None else None
+            r = method.eval_bound(model, tokens, gen, mask=mask)
+            w = (mask.double().sum(1) if mask is not None
+                 else torch.full((tokens.shape[0],), float(tokens.shape[1]), dtype=torch.float64, device=device))
+            for k, v in r.items():
+                sums[k] = sums.get(k, 0.0) + float((v.double() * w).sum())
+            per_seq.append((r["nelbo"] if "nelbo" in r else r["nll"]).double().cpu())
+            n_tok += int(w.sum())
+    model.train(was_training)
+    if n_tok == 0:
+        raise ValueError(f"the {split} split produced no evaluation tokens; use a larger split or a smaller data.seq_len")
+    key = "nelbo" if "nelbo" in sums else "nll"
+    nats = sums[key] / n_tok
+    seq = torch.cat(per_seq)
+    out = {
+        f"{key}_nats_per_token": nats, f"{key}_ppl": math.exp(nats),
+        **{k: v / n_tok for k, v in sums.items() if k != key},
+        "stderr_nats": float(seq.std() / math.sqrt(len(seq))) if len(seq) > 1 else float("nan"),
+        "tokens": n_tok, "sequences": len(seq), "split": split,
+        "ema": bool(ema is not None and ecfg.use_ema), "seconds": time.time() - t0,
+    }
+    if hasattr(model, "schedule"):
+        g0, g1 = model.schedule.endpoints()
+        out.update(gamma_0=float(g0), gamma_1=float(g1), t_samples=ecfg.t_samples)
+    uni = data.unigram_nats(split)
+    out.update(unigram_nats_per_token=uni, unigram_ppl=math.exp(uni))
+    return out
+
+
+def evaluate(trainer, data, split: str | None = None) -> dict:
+    return evaluate_model(trainer.model, trainer.method, data, trainer.cfg, split, trainer.ema)

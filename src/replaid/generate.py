@@ -1,0 +1,60 @@
+"""Generation from a trained run through the k-diffusion-style samplers (``replaid sample``)."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .samplers import (LogitTemperature, ScoreTemperature, gamma_grid, get_sampler, infill_inpaint,
+                       prefix_inpaint, trajectory_recorder)
+
+
+@torch.no_grad()
+def generate(run, args) -> list[dict]:
+    """Draw ``args.num`` samples; returns rows with ids, text, sampler, steps, nfe, seconds."""
+    model, tok, cfg = run.model, run.tokenizer, run.cfg
+    if not hasattr(model, "schedule"):
+        return run.method.sample_rows(run, args)  # methods with their own samplers (AR, MDLM, Duo)
+    L = args.length or cfg.data.seq_len
+    dev = next(model.parameters()).device
+    E = model.embedding_matrix().detach()
+    den = model
+    if args.temperature != 1.0:
+        den = LogitTemperature(den, args.temperature)
+    if args.score_temperature != 1.0:
+        den = ScoreTemperature(den, args.score_temperature)
+    sampler = get_sampler(args.sampler)
+    gammas = gamma_grid(model.schedule, args.steps)
+    gen = torch.Generator(device="cpu").manual_seed(args.seed)
+    rows = []
+    done = 0
+    while done < args.num:
+        B = min(args.batch_size, args.num - done)
+        inpaint = None
+        if args.prompt:
+            ids = torch.tensor(tok.encode(args.prompt)[:L], dtype=torch.long)
+            inpaint = prefix_inpaint(ids.expand(B, -1).to(dev), L, E)
+        elif args.infill:
+            if not args.context:
+                raise ValueError("--infill needs --context TEXT whose tokens are kept outside the spans")
+            ids = tok.encode(args.context)[:L]
+            ids = ids + [tok.eos_id] * (L - len(ids))
+            inpaint = infill_inpaint(torch.tensor(ids, dtype=torch.long).expand(B, -1).to(dev), args.infill, E)
+        z = torch.randn(B, L, E.shape[1], generator=gen).to(dev)
+        rec = trajectory_recorder(args.trajectory, decode=lambda t: [tok.decode(r.tolist()) for r in t]) \
+            if args.trajectory else None
+        t0 = time.time()
+        res = sampler(den, z, gammas, generator=gen, callback=rec,
+                      self_cond=False if args.no_self_cond else None, inpaint=inpaint,
+                      disable_progress=bool(args.json))
+        secs = time.time() - t0
+        for b in range(B):
+            ids = res.tokens[b].tolist()
+            row = {"ids": ids, "text": tok.decode(ids), "sampler": args.sampler, "steps": args.steps,
+                   "nfe": res.nfe, "seconds": secs / B, "batch_seconds": secs, "seed": args.seed,
+                   "temperature": args.temperature}
+            if rec is not None:
+                row["trajectory"] = [[i, txt[b]] for i, txt in rec.texts]
+            rows.append(row)
+        done += B
+    return rows

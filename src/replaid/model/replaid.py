@@ -1,0 +1,164 @@
+"""The RePlaid denoiser (paper sections 2 and 3.1).
+
+    x      = z_t / sqrt(alpha^2 / d_e + sigma^2)                 unit variance per coordinate
+    h_0    = W_z x + W_sc (sqrt(d_e) e_sc) + W_t feat(gamma)      the three input projections
+    h      = DiT(h_0; AdaLN-Zero driven by MLP(feat(gamma)))
+    logits = head(h) + (alpha / sigma^2) z_t E^T                  output prior logits, float32
+    x_hat  = softmax(logits);  e_hat = x_hat E                    categorical reparameterisation
+
+``E`` holds unit-norm rows, renormalised on every forward from the raw learnable matrix.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from ..config import DiffusionConfig, ModelConfig
+from ..denoiser import DenoiserOutput, alpha_sigma, prior_logits
+from ..schedule import NoiseSchedule
+from .dit import Backbone, FinalLayer, TimeEmbedding
+
+N_TIME_FEATURES = 64
+
+
+class TokenEmbedding(nn.Module):
+    """V x d_e embedding with rows renormalised to unit length on every forward."""
+
+    def __init__(self, vocab_size: int, d_e: int, mode: str = "learned", path: str = ""):
+        super().__init__()
+        if mode == "one-hot":
+            w = torch.eye(vocab_size, d_e)
+        elif mode == "file":
+            w = load_embedding_file(path, vocab_size, d_e)
+        else:
+            w = torch.randn(vocab_size, d_e)
+        w = w / (w.norm(dim=-1, keepdim=True) + 1e-8)
+        self.weight = nn.Parameter(w, requires_grad=(mode == "learned"))
+
+    def forward(self) -> Tensor:  # (V, d_e) float32, unit rows
+        w = self.weight.float()
+        return w / (w.norm(dim=-1, keepdim=True) + 1e-8)
+
+
+def load_embedding_file(path: str, vocab_size: int, d_e: int) -> Tensor:
+    """Read a (V, d_e) matrix from .safetensors (key ``embedding``), .npy or .pt (weights only)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"embedding file {p} does not exist; set model.embeddings_path to a (V, d_e) matrix")
+    if p.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        t = load_file(str(p))
+        w = t.get("embedding", next(iter(t.values())))
+    elif p.suffix == ".npy":
+        import numpy as np
+
+        w = torch.from_numpy(np.load(p, allow_pickle=False))
+    else:
+        w = torch.load(p, weights_only=True, map_location="cpu")
+    if tuple(w.shape) != (vocab_size, d_e):
+        raise ValueError(f"embedding file {p} has shape {tuple(w.shape)}, expected ({vocab_size}, {d_e}); "
+                         f"set model.d_e to match or use another file")
+    return w.float()
+
+
+class RePlaid(nn.Module):
+    """RePlaid: VDM denoiser with learned embeddings, schedule, prior logits and self-conditioning."""
+
+    def __init__(self, cfg: ModelConfig, dcfg: DiffusionConfig, vocab_size: int):
+        super().__init__()
+        d_e = vocab_size if cfg.embeddings == "one-hot" else cfg.d_e
+        self.vocab_size, self.d_e, self.cfg = vocab_size, d_e, cfg
+        self.self_conditioning = cfg.self_conditioning
+        self.embedding = TokenEmbedding(vocab_size, d_e, cfg.embeddings, cfg.embeddings_path)
+        self.schedule = NoiseSchedule(dcfg.gamma_0, dcfg.gamma_1, dcfg.schedule, dcfg.schedule_hidden,
+                                      dcfg.learn_endpoints)
+        self.time_features = TimeEmbedding(N_TIME_FEATURES)
+        # the three input projections (bias-free); self-cond and time start at zero
+        self.in_z = nn.Linear(d_e, cfg.hidden, bias=False)
+        self.in_sc = nn.Linear(d_e, cfg.hidden, bias=False)
+        self.in_t = nn.Linear(N_TIME_FEATURES, cfg.hidden, bias=False)
+        nn.init.normal_(self.in_z.weight, std=1.0 / math.sqrt(d_e))
+        nn.init.zeros_(self.in_sc.weight)
+        nn.init.zeros_(self.in_t.weight)
+        self.cond = nn.Sequential(nn.Linear(N_TIME_FEATURES, cfg.cond_dim), nn.SiLU(),
+                                  nn.Linear(cfg.cond_dim, cfg.cond_dim), nn.SiLU())
+        self.backbone = Backbone(cfg.hidden, cfg.n_layers, cfg.n_heads, cfg.cond_dim, cfg.mlp_ratio,
+                                 cfg.dropout, causal=False, activation_checkpointing=cfg.activation_checkpointing)
+        self.final = FinalLayer(cfg.hidden, vocab_size, cfg.cond_dim)
+
+    # ---- denoiser interface -------------------------------------------------------------
+    def embedding_matrix(self) -> Tensor:
+        return self.embedding()
+
+    def hidden_states(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+        """Backbone features before the head. z: (B, L, d_e); gamma: (B,) float64."""
+        alpha, sigma = alpha_sigma(gamma.double())
+        scale = torch.rsqrt(alpha**2 / self.d_e + sigma**2).float().view(-1, 1, 1)
+        feat = self.time_features(gamma)  # (B, 64)
+        h = self.in_z(z.float() * scale) + self.in_t(feat)[:, None]  # (B, L, hidden)
+        if e_sc is not None:
+            h = h + self.in_sc(e_sc.float() * math.sqrt(self.d_e))
+        c = self.cond(feat)  # (B, cond_dim)
+        h = self.backbone(h, c)
+        return self.final.features(h, c), c
+
+    def head_logits(self, feats: Tensor) -> Tensor:
+        return self.final.linear(feats).float()  # (B, L, V)
+
+    def forward(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None,
+                detach_E_rows: Optional[Tensor] = None) -> DenoiserOutput:
+        """(z_t, gamma, e_sc) -> (logits, e_hat). ``detach_E_rows`` (B,) bool: rows whose output
+        prior logits and reparameterisation use ``E.detach()`` (self-conditioned training rows)."""
+        feats, _ = self.hidden_states(z, gamma, e_sc)
+        E = self.embedding()
+        if detach_E_rows is None or not bool(detach_E_rows.any()):
+            return self._output(feats, z, gamma, E)
+        if bool(detach_E_rows.all()):
+            return self._output(feats, z, gamma, E.detach())
+        a, b = (~detach_E_rows).nonzero().squeeze(1), detach_E_rows.nonzero().squeeze(1)
+        oa = self._output(feats[a], z[a], gamma[a], E)
+        ob = self._output(feats[b], z[b], gamma[b], E.detach())
+        logits = oa.logits.new_empty(z.shape[0], *oa.logits.shape[1:])
+        e_hat = oa.e_hat.new_empty(z.shape[0], *oa.e_hat.shape[1:])
+        logits[a], logits[b], e_hat[a], e_hat[b] = oa.logits, ob.logits, oa.e_hat, ob.e_hat
+        return DenoiserOutput(logits, e_hat)
+
+    def _output(self, feats: Tensor, z: Tensor, gamma: Tensor, E: Tensor) -> DenoiserOutput:
+        with torch.autocast(device_type=z.device.type, enabled=False):
+            logits = self.head_logits(feats)
+            if self.cfg.output_prior:
+                logits = logits + prior_logits(z, gamma, E)
+            e_hat = torch.softmax(logits, dim=-1) @ E.float()  # (B, L, d_e) float32
+        return DenoiserOutput(logits, e_hat)
+
+    # ---- parameter groups (paper optimiser tables) ----------------------------------------
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        groups = {
+            "embedding": [self.embedding.weight],
+            "schedule_mlp": list(self.schedule.shape.parameters()),
+            "endpoints": [self.schedule.gamma_0, self.schedule.gamma_1],
+            "projections": [self.in_z.weight, self.in_sc.weight, self.in_t.weight],
+        }
+        taken = {id(p) for ps in groups.values() for p in ps}
+        groups["backbone"] = [p for p in self.parameters() if id(p) not in taken]
+        return {k: [p for p in v if p.requires_grad] for k, v in groups.items()}
+
+    def non_embedding_params(self) -> int:
+        """All parameters but the token-embedding matrix (the IsoFLOP table's convention:
+        transformer blocks + output head, e.g. 116M for hidden 768 x 12 layers with V = 32,001)."""
+        return sum(p.numel() for p in self.parameters()) - self.embedding.weight.numel()
+
+
+def denoise(model, z: Tensor, gamma: Tensor, self_cond: Optional[bool] = None) -> DenoiserOutput:
+    """Evaluation-time prediction: with self-conditioning, a first pass with no s.c. input
+    whose ``e_hat`` feeds the second pass (on for every row)."""
+    sc = model.self_conditioning if self_cond is None else self_cond
+    if not sc:
+        return model(z, gamma, None)
+    first = model(z, gamma, None)
+    return model(z, gamma, first.e_hat)

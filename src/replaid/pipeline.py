@@ -1,0 +1,78 @@
+"""From a :class:`~replaid.config.DataConfig` to batches: tokenizer, token caches, loaders."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .config import RunConfig
+from .data import (BatchLoader, DataError, SequenceDataset, get_token_array, load_saved_tokenizer, save_tokenizer,
+                   tokenizer_for_source, unigram_nll)
+
+
+def cache_dir(cfg: RunConfig) -> str:
+    return os.path.expanduser(os.environ.get("REPLAID_CACHE_DIR", cfg.data.cache_dir))
+
+
+def load_run_tokenizer(run_dir: Path):
+    """The tokenizer a run was trained with (saved in RUN/tokenizer/)."""
+    if not (Path(run_dir) / "tokenizer").is_dir():
+        raise DataError(f"run {run_dir} has no tokenizer/ folder; it was not written by 'replaid train'")
+    return load_saved_tokenizer(None, Path(run_dir) / "tokenizer")
+
+
+class DataPipeline:
+    """Tokenizer + train loader + evaluation batches for one run (per rank)."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Optional[Path] = None, rank: int = 0, world_size: int = 1,
+                 train: bool = True):
+        self.cfg, d = cfg, cfg.data
+        self.cache = cache_dir(cfg)
+        if run_dir is not None and (Path(run_dir) / "tokenizer").is_dir():
+            self.tokenizer = load_run_tokenizer(Path(run_dir))
+        else:
+            self.tokenizer = tokenizer_for_source(d.tokenizer, d.tokenizer_path, d.source, text_field=d.text_field,
+                                                  vocab_size=d.bpe_vocab_size, cache_dir=self.cache,
+                                                  max_docs=d.max_docs)
+            if run_dir is not None and rank == 0:
+                save_tokenizer(self.tokenizer, Path(run_dir) / "tokenizer")
+        self.vocab_size = self.tokenizer.vocab_size
+        self._arrays: dict[str, tuple[np.ndarray, dict]] = {}
+        self.rank, self.world_size = rank, world_size
+        if train:
+            micro = cfg.train.batch_size // (cfg.train.grad_accum * world_size)
+            if micro < 2:
+                raise DataError(f"train.batch_size={cfg.train.batch_size} leaves {micro} rows per rank and "
+                                f"accumulation step; raise the batch or lower train.grad_accum / the world size")
+            self.train_loader = BatchLoader(self.dataset("train"), micro, seed=cfg.train.seed, rank=rank,
+                                            world_size=world_size, shuffle=True)
+            self.train_iter = self.train_loader
+
+    def array(self, split: str) -> tuple[np.ndarray, dict]:
+        """The split's token array (tokenised once into the cache) and its meta."""
+        if split not in self._arrays:
+            d = self.cfg.data
+            self._arrays[split] = get_token_array(d.source, split, self.tokenizer, self.cache,
+                                                  text_field=d.text_field, max_docs=d.max_docs)
+        return self._arrays[split]
+
+    def dataset(self, split: str) -> SequenceDataset:
+        arr, meta = self.array(split)
+        return SequenceDataset.from_cache(arr, meta, self.cfg.data.seq_len, packed=self.cfg.data.packing)
+
+    def eval_batches(self, split: str, batch_size: int, max_batches: int = 0) -> list[dict]:
+        """Deterministic, in-order batches of the split (this rank's share)."""
+        ds = self.dataset(split)
+        idx = list(range(self.rank, len(ds), self.world_size))
+        out = []
+        for s in range(0, len(idx), batch_size):
+            b = ds.get_batch(idx[s:s + batch_size])
+            out.append({k: v for k, v in b.items() if v is not None})
+            if max_batches and len(out) >= max_batches:
+                break
+        return out
+
+    def unigram_nats(self, split: str) -> float:
+        return unigram_nll(self.array("train")[0], self.array(split)[0], self.vocab_size)

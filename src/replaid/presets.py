@@ -1,0 +1,113 @@
+"""Named presets: the paper's model sizes and optimiser tables, plus small CPU presets."""
+from __future__ import annotations
+
+import difflib
+from typing import Callable
+
+from .config import ConfigError, OptimConfig, RunConfig
+
+# Paper Table "IsoFLOP transformer configurations": non-embedding params (M) -> (hidden, layers, heads)
+ISOFLOP_SIZES: dict[int, tuple[int, int, int]] = {
+    14: (256, 6, 4), 29: (384, 8, 6), 44: (512, 8, 8), 58: (576, 9, 9), 74: (640, 10, 10),
+    91: (640, 13, 10), 107: (640, 16, 8), 116: (768, 12, 12), 140: (768, 15, 12), 163: (768, 18, 12),
+    173: (896, 14, 14), 194: (896, 16, 14), 214: (896, 18, 14), 247: (1024, 16, 16), 274: (1024, 18, 16),
+    300: (1024, 20, 16), 413: (1280, 18, 10), 475: (1280, 21, 10), 493: (1408, 18, 11),
+    537: (1280, 24, 10), 568: (1408, 21, 11), 642: (1408, 24, 11), 698: (1536, 22, 12),
+    787: (1536, 25, 12), 1016: (1792, 24, 14), 1208: (2048, 22, 16), 1364: (2048, 25, 16),
+    1708: (2176, 28, 17),
+}
+
+
+def optim_small() -> OptimConfig:
+    """Paper table "Optimization details for RePlaid at the 0.1B scale"."""
+    return OptimConfig(
+        lr_schedule="constant", warmup_steps=2500, warmup_frac=0.0,
+        lr_backbone=3e-4, lr_projections=3e-4, lr_embedding=1e-2, lr_schedule_mlp=1e-2, lr_endpoints=1e-2,
+        wd_backbone=0.0, wd_projections=0.0, wd_embedding=0.0, wd_schedule_mlp=0.0, wd_endpoints=0.1,
+        beta1=0.9, beta2=0.999, ema=0.9999,
+    )
+
+
+def optim_scaling() -> OptimConfig:
+    """Paper table "Optimization details for RePlaid in scaling law experiments"."""
+    return OptimConfig(
+        lr_schedule="cosine", warmup_frac=0.01, min_warmup_steps=100, lr_min=2e-5,
+        lr_backbone=2e-4, lr_projections=2e-4, lr_embedding=1e-2, lr_schedule_mlp=1e-2, lr_endpoints=1e-2,
+        wd_backbone=0.1, wd_projections=0.1, wd_embedding=0.0, wd_schedule_mlp=0.0, wd_endpoints=0.1,
+        beta1=0.9, beta2=0.95, ema=0.0,
+    )
+
+
+def debug() -> RunConfig:
+    """Seconds on CPU: for tests."""
+    c = RunConfig(preset="debug")
+    c.model.hidden, c.model.n_layers, c.model.n_heads, c.model.cond_dim = 32, 2, 2, 16
+    c.diffusion.schedule_hidden = 64
+    c.data.seq_len, c.data.bpe_vocab_size, c.data.max_docs = 32, 512, 300
+    c.optim = optim_small()
+    c.optim.warmup_steps, c.optim.ema, c.optim.lr_backbone, c.optim.lr_projections = 5, 0.9, 1e-3, 1e-3
+    c.train.steps, c.train.batch_size, c.train.log_every = 20, 8, 5
+    c.eval.max_batches, c.eval.batch_size, c.eval.t_samples = 2, 8, 2
+    return c
+
+
+def demo() -> RunConfig:
+    """The README main job: a small RePlaid on the embedded stdlib corpus, minutes on 2 CPU cores."""
+    c = RunConfig(preset="demo")
+    c.model.hidden, c.model.n_layers, c.model.n_heads, c.model.cond_dim = 128, 4, 4, 64
+    c.diffusion.schedule_hidden = 256
+    c.data.seq_len, c.data.bpe_vocab_size = 64, 2048
+    c.optim = optim_small()
+    c.optim.warmup_steps, c.optim.ema = 100, 0.99
+    c.optim.lr_backbone = c.optim.lr_projections = 1e-3
+    c.train.steps, c.train.batch_size, c.train.log_every = 1200, 32, 50
+    c.eval.max_batches, c.eval.batch_size, c.eval.t_samples = 0, 32, 8
+    return c
+
+
+def owt_01b() -> RunConfig:
+    """The paper's 0.1B OpenWebText model (L=1024, GPT-2 tokenizer, batch 512, 1M steps)."""
+    c = RunConfig(preset="owt-0.1b")
+    c.model.hidden, c.model.n_layers, c.model.n_heads, c.model.dropout = 768, 12, 12, 0.1
+    c.data.source, c.data.tokenizer, c.data.seq_len = "hf:openwebtext", "gpt2", 1024
+    c.optim = optim_small()
+    c.train.steps, c.train.batch_size, c.train.log_every = 1_000_000, 512, 100
+    c.train.eval_every, c.train.save_every = 10_000, 10_000
+    c.eval.max_batches, c.eval.batch_size = 0, 32
+    return c
+
+
+def lm1b() -> RunConfig:
+    """LM1B at L=128 (bert-base-uncased as MDLM; sentence packing on)."""
+    c = owt_01b()
+    c.preset = "lm1b"
+    c.data.source, c.data.tokenizer, c.data.seq_len = "hf:lm1b", "bert-base-uncased", 128
+    return c
+
+
+def isoflop(size_m: int) -> Callable[[], RunConfig]:
+    def make() -> RunConfig:
+        h, n, heads = ISOFLOP_SIZES[size_m]
+        c = RunConfig(preset=f"isoflop-{size_m}m")
+        c.model.hidden, c.model.n_layers, c.model.n_heads = h, n, heads
+        c.data.source, c.data.tokenizer, c.data.seq_len = "hf:slimpajama", "llama2", 2048
+        c.optim = optim_scaling()
+        c.train.batch_size, c.train.log_every = 256, 100
+        return c
+
+    make.__doc__ = f"IsoFLOP model table: {size_m}M non-embedding parameters, scaling-law optimiser table."
+    return make
+
+
+PRESETS: dict[str, Callable[[], RunConfig]] = {
+    "debug": debug, "demo": demo, "owt-0.1b": owt_01b, "lm1b": lm1b,
+    **{f"isoflop-{m}m": isoflop(m) for m in ISOFLOP_SIZES},
+}
+
+
+def get_preset(name: str) -> RunConfig:
+    if name not in PRESETS:
+        near = difflib.get_close_matches(name, list(PRESETS), n=1)
+        hint = f"did you mean '{near[0]}'?" if near else "see 'replaid presets'"
+        raise ConfigError(f"unknown preset '{name}'; {hint}")
+    return PRESETS[name]()

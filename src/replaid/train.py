@@ -1,0 +1,274 @@
+"""Training: ``train_step`` (one optimiser step) apart from the loop (nanoGPT/torchtitan style)."""
+from __future__ import annotations
+
+import json
+import math
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from . import checkpoint as ck
+from . import dist
+from .config import OptimConfig, RunConfig
+from .methods import get_method
+from .pipeline import DataPipeline
+
+
+# ------------------------------------------------------------------ optimiser, LR, EMA
+
+def build_optimizer(model: nn.Module, ocfg: OptimConfig) -> torch.optim.AdamW:
+    """AdamW with the paper's parameter groups (embedding, monotone MLP, endpoints, projections, backbone)."""
+    groups = []
+    for name, params in model.param_groups().items():
+        if params:
+            groups.append({"params": params, "name": name, "lr": getattr(ocfg, f"lr_{name}"),
+                           "weight_decay": getattr(ocfg, f"wd_{name}")})
+    for g in groups:
+        g["initial_lr"] = g["lr"]
+    return torch.optim.AdamW(groups, betas=(ocfg.beta1, ocfg.beta2), eps=ocfg.eps)
+
+
+def warmup_steps(ocfg: OptimConfig, total: int) -> int:
+    if ocfg.warmup_frac > 0:
+        return max(ocfg.min_warmup_steps, int(round(ocfg.warmup_frac * total)))
+    return ocfg.warmup_steps
+
+
+def lr_at(step: int, base: float, ocfg: OptimConfig, total: int) -> float:
+    """Linear warm-up, then constant or cosine decay from ``base`` to ``ocfg.lr_min``."""
+    w = warmup_steps(ocfg, total)
+    if w > 0 and step < w:
+        return base * (step + 1) / w
+    if ocfg.lr_schedule == "constant":
+        return base
+    prog = min(1.0, (step - w) / max(1, total - w))
+    lo = min(ocfg.lr_min, base)
+    return lo + (base - lo) * 0.5 * (1 + math.cos(math.pi * prog))
+
+
+class EMA:
+    """Exponential moving average of the trainable weights (used for evaluation)."""
+
+    def __init__(self, model: nn.Module, decay: float):
+        self.decay = decay
+        self.shadow = {k: v.detach().clone().float() for k, v in model.state_dict().items()}
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        for k, v in model.state_dict().items():
+            if v.dtype.is_floating_point:
+                self.shadow[k].lerp_(v.float(), 1 - self.decay)
+            else:
+                self.shadow[k].copy_(v)
+
+    @contextmanager
+    def applied(self, model: nn.Module):
+        backup = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        model.load_state_dict({k: self.shadow[k].to(backup[k].dtype) for k in backup})
+        try:
+            yield model
+        finally:
+            model.load_state_dict(backup)
+
+
+def autocast_ctx(device: torch.device, precision: str):
+    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+# ------------------------------------------------------------------ one step
+
+@dataclass
+class Trainer:
+    cfg: RunConfig
+    model: nn.Module
+    method: object
+    optimizer: torch.optim.Optimizer
+    generator: torch.Generator
+    device: torch.device
+    ema: Optional[EMA] = None
+    step: int = 0
+    loss_module: Optional[nn.Module] = None  # TrainModule, wrapped by DDP/FSDP under torchrun
+    history: list = field(default_factory=list)
+
+    def train_step(self, micro_batches: list[dict]) -> dict:
+        """One optimiser step over ``grad_accum`` micro-batches (Algorithm 1 + AdamW)."""
+        cfg, model = self.cfg, self.loss_module
+        total = cfg.train.steps
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr_at(self.step, g["initial_lr"], cfg.optim, total)
+        self.model.train()
+        b = micro_batches[0]["tokens"].shape[0]
+        n_recon = self.method.split.recon_rows(b) if hasattr(self.method, "split") else None
+        t_slices = self._global_times(b, n_recon, len(micro_batches)) if n_recon is not None else None
+        agg: dict[str, list] = {}
+        for k, mb in enumerate(micro_batches):
+            tokens = mb["tokens"].to(self.device)
+            mask = mb.get("mask")
+            mask = mask.to(self.device) if mask is not None else None
+            sync = k == len(micro_batches) - 1
+            ctx = model.no_sync() if (not sync and hasattr(model, "no_sync")) else nullcontext()
+            kw = {"t_diff": t_slices[k], "n_recon": n_recon} if t_slices is not None else {}
+            with ctx, autocast_ctx(self.device, cfg.train.precision):
+                loss, m = model(tokens, self.generator, mask=mask, **kw)
+                (loss / len(micro_batches)).backward()
+            for key, v in m.items():
+                agg.setdefault(key, []).append(v)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                   cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf"))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update(self.model)
+        merged = {k: (torch.cat([dist.all_gather_cat(x) for x in v]) if torch.is_tensor(v[0]) else v[-1])
+                  for k, v in agg.items()}
+        if hasattr(self.method, "after_step"):
+            self.method.after_step(merged)
+        self.step += 1
+        out = {k: (float(v.mean()) if torch.is_tensor(v) else v) for k, v in merged.items()}
+        if "recon" in merged and "diffusion" in merged:
+            out["loss"] = out["recon"] + out["diffusion"] + out.get("prior", 0.0)
+        out.update(step=self.step, grad_norm=float(grad_norm), lr=self.optimizer.param_groups[-1]["lr"])
+        return out
+
+    def _global_times(self, b: int, n_recon: int, accum: int) -> list[Tensor]:
+        """Low-discrepancy t for the diffusion rows of the *global* batch, one shared u per step
+        (seeded by the step, identical on every rank), strided per rank and accumulation step."""
+        world, rank = dist.world_size(), dist.rank()
+        n_d = b - n_recon
+        n_global = n_d * accum * world
+        g = torch.Generator().manual_seed(self.cfg.train.seed * 1_000_003 + self.step)
+        u = float(torch.rand((), generator=g, dtype=torch.float64))
+        t = (torch.arange(n_global, dtype=torch.float64) + u) / n_global
+        slices = t.view(n_d, accum * world).t()  # slice j = t[j::accum*world]
+        return [slices[k * world + rank].contiguous() for k in range(accum)]
+
+
+class TrainModule(nn.Module):
+    """The whole training loss as one module forward, so DDP/FSDP wrap it from the outside."""
+
+    def __init__(self, model: nn.Module, method):
+        super().__init__()
+        self.model, self.method = model, method
+
+    def forward(self, tokens: Tensor, generator: torch.Generator, **kw):
+        return self.method.train_loss(self.model, tokens, generator, **kw)
+
+
+# ------------------------------------------------------------------ the loop
+
+def rng_state(gen: torch.Generator) -> dict[str, Tensor]:
+    st = {"generator": gen.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state()
+    return st
+
+
+def set_rng_state(gen: torch.Generator, st: dict[str, Tensor]) -> None:
+    gen.set_state(st["generator"])
+    torch.set_rng_state(st["torch"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state(st["cuda"])
+
+
+def save(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: Optional[dict] = None) -> Path:
+    state = {"config": trainer.cfg.to_dict(), "method": trainer.cfg.method, "vocab_size": data.vocab_size,
+             "method_state": trainer.method.state_dict(), "data_state": data.train_loader.state_dict(),
+             "history_tail": trainer.history[-5:], **(extra or {})}
+    return ck.save_checkpoint(run_dir, trainer.step, dist.full_state_dict(trainer.model), state,
+                              trainer.ema.shadow if trainer.ema else None, trainer.optimizer,
+                              rng_state(trainer.generator))
+
+
+def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = True,
+          stop_after: Optional[int] = None) -> dict:
+    """Train ``cfg`` into ``run_dir``; returns the final metrics (and evaluation)."""
+    from .evaluate import evaluate
+    from .metrics_log import MetricsLogger
+
+    run_dir = Path(run_dir)
+    if cfg.train.num_threads:
+        torch.set_num_threads(cfg.train.num_threads)
+    device = dist.setup_device(resolve_device(cfg.train.device))
+    torch.manual_seed(cfg.train.seed * 1_000_003 + 17 + dist.rank())  # weights; distinct from sampling seeds
+    data = DataPipeline(cfg, run_dir, rank=dist.rank(), world_size=dist.world_size())
+    method = get_method(cfg)
+    model = method.build_model(data.vocab_size).to(device)
+    optimizer = build_optimizer(model, cfg.optim)
+    gen = torch.Generator().manual_seed(cfg.train.seed * 7919 + dist.rank())
+    trainer = Trainer(cfg, model, method, optimizer, gen, device,
+                      EMA(model, cfg.optim.ema) if cfg.optim.ema > 0 else None,
+                      loss_module=TrainModule(model, method))
+    if resume:
+        _resume(trainer, run_dir, data)
+    elif dist.is_main():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(cfg.to_json())
+    trainer.loss_module = dist.wrap_model(TrainModule(model, method), cfg.train.parallel, device)
+    if cfg.train.compile:
+        model.backbone.compile()
+
+    log = MetricsLogger(run_dir, enabled=dist.is_main())
+    micro = cfg.train.batch_size // (cfg.train.grad_accum * dist.world_size())
+    end = cfg.train.steps if stop_after is None else min(cfg.train.steps, trainer.step + stop_after)
+    bar = log.progress(total=cfg.train.steps, initial=trainer.step, disable=not progress)
+    t0, tokens_seen = time.time(), 0
+    while trainer.step < end:
+        mbs = [next(data.train_iter) for _ in range(cfg.train.grad_accum)]
+        m = trainer.train_step(mbs)
+        tokens_seen += micro * cfg.train.grad_accum * dist.world_size() * cfg.data.seq_len
+        m["tokens_per_s"] = tokens_seen / max(time.time() - t0, 1e-9)
+        trainer.history.append({k: v for k, v in m.items() if isinstance(v, (int, float))})
+        bar.update(1)
+        if trainer.step % cfg.train.log_every == 0 or trainer.step == end:
+            log.log(trainer.step, m)
+            bar.set_postfix(loss=f"{m.get('loss', float('nan')):.3f}", B_r=m.get("B_r", "-"))
+        if cfg.train.eval_every and trainer.step % cfg.train.eval_every == 0 and trainer.step < end:
+            log.log(trainer.step, {f"eval/{k}": v for k, v in evaluate(trainer, data).items()
+                                   if isinstance(v, (int, float))})
+        if cfg.train.save_every and trainer.step % cfg.train.save_every == 0 and dist.is_main():
+            save(trainer, run_dir, data)
+    bar.close()
+    result = {"step": trainer.step, "train": trainer.history[-1] if trainer.history else {}}
+    if trainer.step >= cfg.train.steps:
+        result["eval"] = evaluate(trainer, data)
+        log.log(trainer.step, {f"eval/{k}": v for k, v in result["eval"].items() if isinstance(v, (int, float))})
+    if dist.is_main():
+        save(trainer, run_dir, data, {"final_eval": result.get("eval")})
+    log.close()
+    return result
+
+
+def _resume(trainer: Trainer, run_dir: Path, data: DataPipeline) -> None:
+    ckpt = ck.find_checkpoint(run_dir)
+    st = ck.load_state(ckpt)
+    if st.get("method") != trainer.cfg.method:
+        raise ck.CheckpointError(f"checkpoint {ckpt} is a '{st.get('method')}' run, not '{trainer.cfg.method}'; "
+                                 f"resume it with --method {st.get('method')} or start a new --out")
+    ck.load_model_weights(trainer.model, ck.load_tensors(ckpt, "model"), str(ckpt))
+    ema = ck.load_tensors(ckpt, "ema")
+    if trainer.ema is not None and ema is not None:
+        trainer.ema.shadow = {k: v.to(trainer.device) for k, v in ema.items()}
+    opt_t = ck.load_tensors(ckpt, "optimizer")
+    if opt_t is not None:
+        meta = json.loads((ckpt / "optimizer.json").read_text())
+        trainer.optimizer.load_state_dict(ck.optimizer_from_tensors(opt_t, meta))
+    rng = ck.load_tensors(ckpt, "rng")
+    if rng is not None:
+        set_rng_state(trainer.generator, rng)
+    trainer.method.load_state_dict(st["method_state"])
+    data.train_loader.load_state_dict(st["data_state"])
+    trainer.step = int(st["step"])
+    trainer.history = list(st.get("history_tail", []))
+

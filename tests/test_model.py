@@ -1,0 +1,210 @@
+"""Schedule, variance-minimisation hook, DiT blocks, self-conditioning detach, config."""
+import pytest
+import torch
+
+from replaid.config import ConfigError, DiffusionConfig, ModelConfig, RunConfig, resolve, set_key
+from replaid.methods.replaid import RePlaidMethod, SplitState
+from replaid.model.dit import Backbone, DiTBlock
+from replaid.model.replaid import RePlaid
+from replaid.presets import ISOFLOP_SIZES, PRESETS, get_preset
+from replaid.schedule import NoiseSchedule
+
+
+def test_schedule_monotone_exact_endpoints_float64():
+    s = NoiseSchedule(-3.0, 6.0, "learned", hidden=64)
+    with torch.no_grad():
+        s.shape.a.normal_(0, 2)
+        s.shape.b.normal_(0, 2)
+        s.shape.c.normal_(0, 2)
+    t = torch.linspace(0, 1, 2001, dtype=torch.float64)
+    g, dg = s(t)
+    assert g.dtype == torch.float64 and dg.dtype == torch.float64
+    assert g[0].item() == -3.0 and g[-1].item() == 6.0  # exact
+    assert (g[1:] > g[:-1]).all() and (dg > 0).all()
+
+
+def test_schedule_derivative_matches_finite_differences():
+    s = NoiseSchedule(-2.0, 5.0, "learned", hidden=32)
+    t = torch.linspace(0.01, 0.99, 50, dtype=torch.float64)
+    h = 1e-6
+    _, dg = s(t)
+    fd = (s(t + h)[0] - s(t - h)[0]) / (2 * h)
+    assert torch.allclose(dg, fd, rtol=1e-6, atol=1e-8)
+
+
+def test_linear_schedule_shape():
+    s = NoiseSchedule(-3.0, 6.0, "linear")
+    t = torch.tensor([0.0, 0.25, 1.0], dtype=torch.float64)
+    g, dg = s(t)
+    assert torch.allclose(g, -3 + 9 * t) and torch.allclose(dg, torch.full_like(t, 9.0))
+    assert [n for n, p in s.named_parameters()] == ["gamma_0", "gamma_1"]
+
+
+def _diff_loss(s, t, hook_w=None):
+    gamma, dgamma = s(t, var_hook_weight=hook_w)
+    mse = torch.linspace(0.5, 1.5, t.numel(), dtype=torch.float64)  # fixed per-row MSE
+    return 0.5 * dgamma * torch.exp(-gamma) * mse  # per-row L_diff
+
+
+def test_variance_hook_shape_gets_squared_loss_grad_endpoints_get_loss_grad():
+    torch.manual_seed(0)
+    t = torch.rand(16, dtype=torch.float64)
+    s = NoiseSchedule(-3.0, 6.0, "learned", hidden=32)
+    # with the hook
+    w = torch.zeros(16, dtype=torch.float64)
+    L = _diff_loss(s, t, w)
+    w.copy_(L.detach())
+    L.mean().backward()
+    hooked = {n: p.grad.clone() for n, p in s.named_parameters()}
+    # references: d mean(L^2) for the shape, d mean(L) for the endpoints
+    s.zero_grad()
+    (_diff_loss(s, t) ** 2).mean().backward()
+    sq = {n: p.grad.clone() for n, p in s.named_parameters()}
+    s.zero_grad()
+    _diff_loss(s, t).mean().backward()
+    plain = {n: p.grad.clone() for n, p in s.named_parameters()}
+    for n in ("shape.a", "shape.b", "shape.c"):
+        assert torch.allclose(hooked[n], sq[n], rtol=1e-5, atol=1e-10), n
+        assert not torch.allclose(hooked[n], plain[n], rtol=1e-3)
+    for n in ("gamma_0", "gamma_1"):
+        assert torch.allclose(hooked[n], plain[n], rtol=1e-6), n
+
+
+def test_dit_blocks_identity_at_init():
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 32)
+    rope = Backbone(32, 1, 4, 8).rotary(5, x.device)
+    blk = DiTBlock(32, 4, cond_dim=8)
+    assert torch.equal(blk(x, torch.randn(2, 8), rope), x)
+    causal = DiTBlock(32, 4, cond_dim=None, causal=True)
+    assert torch.equal(causal(x, None, rope), x)
+    # and not the identity once the gates move
+    with torch.no_grad():
+        blk.adaLN.bias.normal_()
+    assert not torch.allclose(blk(x, torch.randn(2, 8), rope), x)
+
+
+def test_attention_is_bidirectional_and_causal_variant_is_causal():
+    torch.manual_seed(0)
+    blk = DiTBlock(16, 2, cond_dim=None, causal=True)
+    with torch.no_grad():
+        blk.gates.fill_(1.0)
+    rope = Backbone(16, 1, 2, None).rotary(6, torch.device("cpu"))
+    x = torch.randn(1, 6, 16)
+    y = blk(x, None, rope)
+    x2 = x.clone()
+    x2[0, -1] += torch.randn(16)
+    y2 = blk(x2, None, rope)
+    assert torch.allclose(y[0, :-1], y2[0, :-1], atol=1e-6)  # the future does not leak
+    bi = DiTBlock(16, 2, cond_dim=None, causal=False)
+    with torch.no_grad():
+        bi.gates.fill_(1.0)
+    assert not torch.allclose(bi(x, None, rope)[0, 0], bi(x2, None, rope)[0, 0])
+
+
+def tiny_cfg(**kw) -> RunConfig:
+    cfg = get_preset("debug")
+    for k, v in kw.items():
+        set_key(cfg, k, v)
+    return cfg.validate()
+
+
+def test_self_conditioned_rows_do_not_train_embeddings_or_schedule():
+    torch.manual_seed(0)
+    cfg = tiny_cfg(**{"diffusion.sc_rate": "1.0"})  # every row self-conditioned
+    method = RePlaidMethod(cfg)
+    model = method.build_model(40)
+    tok = torch.randint(0, 40, (6, 8))
+    loss, _ = method.train_loss(model, tok, torch.Generator().manual_seed(0), n_recon=2)
+    loss.backward()
+    # only the prior term (which uses e on all rows, detached on s.c. rows) and gamma_1 remain
+    assert model.embedding.weight.grad is None or model.embedding.weight.grad.abs().max() == 0
+    assert model.schedule.shape.a.grad is None or model.schedule.shape.a.grad.abs().max() == 0
+    assert model.final.linear.weight.grad.abs().max() > 0  # the denoiser still trains
+
+
+def test_recon_rows_do_not_feed_the_shape():
+    torch.manual_seed(0)
+    cfg = tiny_cfg(**{"diffusion.sc_rate": "0.0"})
+    method = RePlaidMethod(cfg)
+    model = method.build_model(40)
+    tok = torch.randint(0, 40, (4, 8))
+    loss, m = method.train_loss(model, tok, torch.Generator().manual_seed(0), n_recon=3,
+                                t_diff=torch.tensor([0.5], dtype=torch.float64))
+    loss.backward()
+    g_all = model.schedule.shape.a.grad.clone()
+    # the shape's gradient equals that of the diffusion row's squared loss alone
+    model.zero_grad()
+    _, m2 = method.train_loss(model, tok, torch.Generator().manual_seed(0), n_recon=3,
+                              t_diff=torch.tensor([0.5], dtype=torch.float64))
+    assert torch.allclose(m["diffusion"], m2["diffusion"])
+    assert g_all.abs().max() > 0
+
+
+def test_adaptive_split_neyman():
+    s = SplitState(decay=0.5)
+    assert s.recon_rows(32) == 4  # B/8 before any statistics
+    for _ in range(50):
+        s.update(torch.tensor([1.0, 3.0]), torch.tensor([10.0, 10.0, 10.0, 10.0]))  # std 1 vs 0
+    assert s.recon_rows(32) == 31  # clipped to B - 1
+    s2 = SplitState(decay=0.5)
+    for _ in range(50):
+        s2.update(torch.tensor([1.0, 3.0]), torch.tensor([0.0, 6.0]))  # std 1 vs 3
+    assert s2.recon_rows(32) == 8  # round(32 * 1 / 4)
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match="model.hidden"):
+        resolve("debug", None, ["model.hiden=3"])
+    with pytest.raises(ConfigError, match="did you mean 'model.hidden'"):
+        resolve("debug", None, ["model.hiden=3"])
+    with pytest.raises(ConfigError, match="expects an int"):
+        resolve("debug", None, ["train.steps=abc"])
+    with pytest.raises(ConfigError, match="expects a bool"):
+        resolve("debug", None, ["model.self_conditioning=maybe"])
+    with pytest.raises(ConfigError, match="unknown preset"):
+        resolve("dbug", None, [])
+    with pytest.raises(ConfigError, match="not of the form"):
+        resolve("debug", None, ["train.steps"])
+    with pytest.raises(ConfigError, match="divisible"):
+        resolve("debug", None, ["model.n_heads=3"])
+
+
+def test_yaml_overrides(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("model:\n  hidden: 64\ntrain:\n  steps: 7\n")
+    cfg = resolve("debug", str(f), ["train.steps=9"])
+    assert cfg.model.hidden == 64 and cfg.train.steps == 9
+    f.write_text("model:\n  hiddn: 64\n")
+    with pytest.raises(ConfigError, match="model.hiddn"):
+        resolve("debug", str(f), [])
+    f.write_text("model:\n  hidden: [1, 2]\n")
+    with pytest.raises(ConfigError, match="expects an int"):
+        resolve("debug", str(f), [])
+
+
+def test_config_roundtrip():
+    cfg = get_preset("owt-0.1b")
+    assert RunConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_every_preset_validates_and_isoflop_param_counts():
+    for name in PRESETS:
+        get_preset(name).validate()
+    # non-embedding parameters (everything but the token embedding) of the IsoFLOP table,
+    # with the Llama-2 vocabulary (V = 32,001) that table uses: within 5%
+    for m in (14, 29, 44, 116, 247):
+        cfg = get_preset(f"isoflop-{m}m")
+        with torch.device("meta"):
+            model = RePlaid(cfg.model, cfg.diffusion, 32001)
+        got = model.non_embedding_params() / 1e6
+        assert abs(got - m) / m < 0.05, (m, got)
+
+
+def test_owt_01b_builds_with_expected_size():
+    cfg = get_preset("owt-0.1b")
+    with torch.device("meta"):
+        model = RePlaid(cfg.model, cfg.diffusion, 50257)
+    n = model.non_embedding_params()
+    # paper table: 116M with V = 32,001; the GPT-2 head (V = 50,257) adds 18.3257M x 0.768
+    assert abs(n - (116e6 + (50257 - 32001) * 769)) / n < 0.03, n
