@@ -208,3 +208,55 @@ def test_owt_01b_builds_with_expected_size():
     n = model.non_embedding_params()
     # paper table: 116M with V = 32,001; the GPT-2 head (V = 50,257) adds 18.3257M x 0.768
     assert abs(n - (116e6 + (50257 - 32001) * 769)) / n < 0.03, n
+
+
+def test_chunked_head_matches_unchunked_outputs_and_gradients():
+    """head_chunk_rows > 0 (recomputed in backward) gives the same values and gradients."""
+    torch.manual_seed(0)
+    mc = ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4)
+    a = RePlaid(mc, DiffusionConfig(), 23)
+    b = RePlaid(ModelConfig(**{**mc.__dict__, "head_chunk_rows": 2}), DiffusionConfig(), 23)
+    with torch.no_grad():  # non-trivial head so the logits matter
+        a.final.linear.weight.normal_()
+        a.final.adaLN.bias.normal_()
+    b.load_state_dict(a.state_dict())
+    z, gamma = torch.randn(7, 5, 4), torch.linspace(-2, 3, 7, dtype=torch.float64)
+    det = torch.tensor([0, 1, 0, 1, 1, 0, 0], dtype=torch.bool)
+    w_e, w_l = torch.randn(7, 5, 4), torch.randn(3, 5, 23)
+    grads = []
+    for m in (a, b):
+        out = m(z, gamma, None, detach_E_rows=det, logits_rows=3)
+        assert out.logits.shape == (3, 5, 23) and out.e_hat.shape == (7, 5, 4)
+        ((out.e_hat * w_e).sum() + (out.logits * w_l).sum()).backward()
+        grads.append({n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None})
+        grads[-1]["_e"], grads[-1]["_l"] = out.e_hat.detach(), out.logits.detach()
+    assert grads[0].keys() == grads[1].keys()
+    for k in grads[0]:
+        assert torch.allclose(grads[0][k], grads[1][k], atol=1e-5, rtol=1e-4), k
+    # rows 1, 3, 4 use E.detach(): the embedding gradient equals a run where those rows are absent
+    full = a(z, gamma, None, logits_rows=0)
+    assert torch.allclose(full.e_hat, grads[0]["_e"], atol=1e-6)
+
+
+def test_precision_policy_under_bf16_autocast():
+    """Precision table: input projections, prior logits, reparameterisation and residual stream in
+    float32; attention/MLP/head matmuls in bf16 under autocast; schedule in float64."""
+    torch.manual_seed(0)
+    m = RePlaid(ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4), DiffusionConfig(), 11)
+    seen = {}
+
+    def grab(name):
+        return lambda mod, inp, out: seen.__setitem__(name, out.dtype)
+
+    m.in_z.register_forward_hook(grab("in_z"))
+    m.backbone.blocks[0].mlp[0].register_forward_hook(grab("mlp"))
+    m.backbone.blocks[0].qkv.register_forward_hook(grab("qkv"))
+    m.final.linear.register_forward_hook(grab("head"))
+    m.backbone.register_forward_hook(grab("residual"))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = m(torch.randn(2, 3, 4), torch.tensor([0.0, 1.0], dtype=torch.float64))
+        g, dg = m.schedule(torch.tensor([0.5], dtype=torch.float64))
+    assert seen == {"in_z": torch.float32, "mlp": torch.bfloat16, "qkv": torch.bfloat16,
+                    "head": torch.bfloat16, "residual": torch.float32}
+    assert out.logits.dtype == torch.float32 and out.e_hat.dtype == torch.float32
+    assert g.dtype == torch.float64 and dg.dtype == torch.float64

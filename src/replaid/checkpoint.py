@@ -40,9 +40,8 @@ def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2))
 
 
-def optimizer_to_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
-    """Flatten ``opt.state_dict()`` into named tensors + a JSON-able remainder."""
-    sd = opt.state_dict()
+def optimizer_to_tensors(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    """Flatten an optimizer state dict into named tensors + a JSON-able remainder."""
     tensors, meta = {}, {"param_groups": sd["param_groups"], "state": {}}
     for pid, st in sd["state"].items():
         meta["state"][str(pid)] = {}
@@ -58,12 +57,13 @@ def optimizer_to_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Te
 def optimizer_from_tensors(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
     state = {}
     for pid, st in meta["state"].items():
-        state[int(pid)] = {k: (tensors[f"{pid}.{k}"] if v == "tensor" else v) for k, v in st.items()}
+        key = int(pid) if pid.isdigit() else pid  # torch's integer ids, or parameter names
+        state[key] = {k: (tensors[f"{pid}.{k}"] if v == "tensor" else v) for k, v in st.items()}
     return {"state": state, "param_groups": meta["param_groups"]}
 
 
 def save_checkpoint(run_dir: Path, step: int, model_sd: dict, state: dict,
-                    ema_sd: Optional[dict] = None, opt: Optional[torch.optim.Optimizer] = None,
+                    ema_sd: Optional[dict] = None, opt_sd: Optional[dict] = None,
                     rng: Optional[dict[str, torch.Tensor]] = None, keep: int = 2) -> Path:
     """Atomically write checkpoint ``step``; returns its directory."""
     ckdir = Path(run_dir) / "checkpoints"
@@ -74,8 +74,8 @@ def save_checkpoint(run_dir: Path, step: int, model_sd: dict, state: dict,
         save_file({k: v.detach().cpu().contiguous() for k, v in model_sd.items()}, str(tmp / "model.safetensors"))
         if ema_sd is not None:
             save_file({k: v.detach().cpu().contiguous() for k, v in ema_sd.items()}, str(tmp / "ema.safetensors"))
-        if opt is not None:
-            tensors, meta = optimizer_to_tensors(opt)
+        if opt_sd is not None:
+            tensors, meta = optimizer_to_tensors(opt_sd)
             save_file(tensors, str(tmp / "optimizer.safetensors"))
             _write_json(tmp / "optimizer.json", meta)
         if rng:

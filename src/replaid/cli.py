@@ -150,10 +150,17 @@ def cmd_train(args) -> int:
         return 0
     if not args.out:
         raise ConfigError("train needs --out DIR (where the run's checkpoints and metrics go)")
+    from . import dist
+
     t0 = time.time()
-    res = train(cfg, Path(args.out), resume=args.resume, progress=not args.no_progress)
+    try:
+        res = train(cfg, Path(args.out), resume=args.resume, progress=not args.no_progress)
+    finally:
+        main_rank = dist.is_main()
+        dist.cleanup()
     res["wall_seconds"] = time.time() - t0
-    print(json.dumps({k: res[k] for k in ("step", "wall_seconds", "eval") if k in res}, indent=2))
+    if main_rank:
+        print(json.dumps({k: res[k] for k in ("step", "wall_seconds", "eval") if k in res}, indent=2))
     return 0
 
 

@@ -81,15 +81,52 @@ def all_reduce_sum(x: Tensor) -> Tensor:
     return x
 
 
+def full_tensors(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Unsharded CPU copies of a state dict's tensors (``full_tensor`` is a collective for DTensors)."""
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu() for k, v in sd.items()}
+
+
 def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
     """A full (unsharded) CPU state dict, also for FSDP2-sharded parameters."""
-    sd = model.state_dict()
+    return full_tensors(model.state_dict())
+
+
+def shard_like(full: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
+    """Place full tensors like the model's state: DTensors are re-sharded on their mesh, so a
+    checkpoint from any world size loads into any other."""
+    from torch.distributed.tensor import distribute_tensor
+
     out = {}
-    for k, v in sd.items():
-        if hasattr(v, "full_tensor"):
-            v = v.full_tensor()
-        out[k] = v.detach().cpu()
+    for k, v in model.state_dict().items():
+        t = full[k].to(v.device, v.dtype)
+        out[k] = distribute_tensor(t, v.device_mesh, v.placements) if hasattr(v, "device_mesh") else t
     return out
+
+
+def optimizer_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
+    """Full optimizer state keyed by parameter names (same format for plain, DDP and FSDP2)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_optimizer_state(model: nn.Module, opt: torch.optim.Optimizer, osd: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, opt, osd, options=StateDictOptions(full_state_dict=True))
+
+
+def params_in_sync(model: nn.Module) -> bool:
+    """True when every rank holds the same parameters (float64 checksums all-gathered)."""
+    if not is_dist():
+        return True
+    v = torch.stack([torch.stack([p.detach().double().sum(), (p.detach().double() ** 2).sum()])
+                     for p in model.parameters()]).flatten()
+    if hasattr(v, "full_tensor"):
+        v = v.full_tensor()
+    out = [torch.zeros_like(v) for _ in range(world_size())]
+    tdist.all_gather(out, v)
+    return all(torch.equal(out[0], o) for o in out[1:])
 
 
 def barrier() -> None:

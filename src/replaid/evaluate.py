@@ -39,6 +39,13 @@ def evaluate_model(model, method, data, cfg, split: str | None = None, ema=None,
             per_seq.append((r["nelbo"] if "nelbo" in r else r["nll"]).double().cpu())
             n_tok += int(w.sum())
     model.train(was_training)
+    from . import dist
+
+    if dist.is_dist():  # sums over every rank's share of the split
+        keys = sorted(sums)
+        tot = dist.all_reduce_sum(torch.tensor([sums[k] for k in keys] + [float(n_tok)], dtype=torch.float64))
+        sums, n_tok = dict(zip(keys, tot[:-1].tolist())), int(tot[-1])
+        per_seq = [dist.all_gather_cat(torch.cat(per_seq))] if per_seq else per_seq
     if n_tok == 0:
         raise ValueError(f"the {split} split produced no evaluation tokens; use a larger split or a smaller data.seq_len")
     key = "nelbo" if "nelbo" in sums else "nll"
@@ -60,4 +67,14 @@ def evaluate_model(model, method, data, cfg, split: str | None = None, ema=None,
 
 
 def evaluate(trainer, data, split: str | None = None) -> dict:
-    return evaluate_model(trainer.model, trainer.method, data, trainer.cfg, split, trainer.ema)
+    """Evaluate a training run's model (its EMA weights when kept). Sharded (FSDP2) parameters are
+    gathered into a plain replica first; each rank then scores its share of the split."""
+    from . import dist
+
+    if not any(hasattr(p, "device_mesh") for p in trainer.model.parameters()):
+        return evaluate_model(trainer.model, trainer.method, data, trainer.cfg, split, trainer.ema)
+    full = dist.full_tensors(trainer.ema.shadow if trainer.ema and trainer.cfg.eval.use_ema
+                             else trainer.model.state_dict())
+    replica = trainer.method.build_model(data.vocab_size)
+    replica.load_state_dict({k: v.to(dtype=replica.state_dict()[k].dtype) for k, v in full.items()})
+    return evaluate_model(replica.to(trainer.device), trainer.method, data, trainer.cfg, split, None)

@@ -60,11 +60,13 @@ class NoiseSchedule(nn.Module):
                  hidden: int = 1024, learn_endpoints: bool = True):
         super().__init__()
         self.shape = MonotoneShape(hidden) if shape == "learned" else LinearShape()
-        self.gamma_0 = nn.Parameter(torch.tensor(float(gamma_0)), requires_grad=learn_endpoints)
-        self.gamma_1 = nn.Parameter(torch.tensor(float(gamma_1)), requires_grad=learn_endpoints)
+        # shape (1,), not scalars, so FSDP2 can shard them like every other parameter
+        self.gamma_0 = nn.Parameter(torch.tensor([float(gamma_0)]), requires_grad=learn_endpoints)
+        self.gamma_1 = nn.Parameter(torch.tensor([float(gamma_1)]), requires_grad=learn_endpoints)
 
     def endpoints(self) -> tuple[Tensor, Tensor]:
-        return self.gamma_0.double(), self.gamma_1.double()
+        """``(gamma_0, gamma_1)`` as float64 scalars."""
+        return self.gamma_0.double().reshape(()), self.gamma_1.double().reshape(())
 
     def forward(self, t: Tensor, var_hook_weight: Optional[Tensor] = None,
                 detach_shape: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:

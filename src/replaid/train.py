@@ -58,6 +58,10 @@ class EMA:
         self.decay = decay
         self.shadow = {k: v.detach().clone().float() for k, v in model.state_dict().items()}
 
+    def load_full(self, full: dict[str, Tensor], model: nn.Module) -> None:
+        """Restore from an unsharded checkpoint, placed like the (possibly sharded) model."""
+        self.shadow = {k: v.float() for k, v in dist.shard_like(full, model).items()}
+
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
         for k, v in model.state_dict().items():
@@ -95,7 +99,6 @@ class Trainer:
     model: nn.Module
     method: object
     optimizer: torch.optim.Optimizer
-    generator: torch.Generator
     device: torch.device
     ema: Optional[EMA] = None
     step: int = 0
@@ -121,7 +124,7 @@ class Trainer:
             ctx = model.no_sync() if (not sync and hasattr(model, "no_sync")) else nullcontext()
             kw = {"t_diff": t_slices[k], "n_recon": n_recon} if t_slices is not None else {}
             with ctx, autocast_ctx(self.device, cfg.train.precision):
-                loss, m = model(tokens, self.generator, mask=mask, **kw)
+                loss, m = model(tokens, self.micro_generator(k), mask=mask, **kw)
                 (loss / len(micro_batches)).backward()
             for key, v in m.items():
                 agg.setdefault(key, []).append(v)
@@ -141,6 +144,13 @@ class Trainer:
             out["loss"] = out["recon"] + out["diffusion"] + out.get("prior", 0.0)
         out.update(step=self.step, grad_norm=float(grad_norm), lr=self.optimizer.param_groups[-1]["lr"])
         return out
+
+    def micro_generator(self, k: int) -> torch.Generator:
+        """The RNG stream of micro-batch ``k`` of this step on this rank: seeded by (seed, step, global
+        slot = k * world + rank), so a run on N ranks draws exactly the noise that one process with
+        N-fold gradient accumulation draws, and a resumed run continues the same streams."""
+        slot = k * dist.world_size() + dist.rank()
+        return torch.Generator().manual_seed((self.cfg.train.seed * 1_000_003 + self.step) * 4099 + slot)
 
     def _global_times(self, b: int, n_recon: int, accum: int) -> list[Tensor]:
         """Low-discrepancy t for the diffusion rows of the *global* batch, one shared u per step
@@ -168,27 +178,33 @@ class TrainModule(nn.Module):
 
 # ------------------------------------------------------------------ the loop
 
-def rng_state(gen: torch.Generator) -> dict[str, Tensor]:
-    st = {"generator": gen.get_state(), "torch": torch.get_rng_state()}
+def rng_state() -> dict[str, Tensor]:
+    """Global RNG states (dropout); the loss's own noise streams are derived from (seed, step)."""
+    st = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         st["cuda"] = torch.cuda.get_rng_state()
     return st
 
 
-def set_rng_state(gen: torch.Generator, st: dict[str, Tensor]) -> None:
-    gen.set_state(st["generator"])
+def set_rng_state(st: dict[str, Tensor]) -> None:
     torch.set_rng_state(st["torch"])
     if "cuda" in st and torch.cuda.is_available():
         torch.cuda.set_rng_state(st["cuda"])
 
 
-def save(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: Optional[dict] = None) -> Path:
+def save(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: Optional[dict] = None) -> Optional[Path]:
+    """Gather full state on every rank (a collective under FSDP2), write from rank 0."""
+    model_sd = dist.full_state_dict(trainer.model)
+    ema_sd = dist.full_tensors(trainer.ema.shadow) if trainer.ema else None
+    opt_sd = dist.optimizer_state(trainer.model, trainer.optimizer)
+    in_sync = dist.params_in_sync(trainer.model)
+    if not dist.is_main():
+        return None
     state = {"config": trainer.cfg.to_dict(), "method": trainer.cfg.method, "vocab_size": data.vocab_size,
              "method_state": trainer.method.state_dict(), "data_state": data.train_loader.state_dict(),
-             "history_tail": trainer.history[-5:], **(extra or {})}
-    return ck.save_checkpoint(run_dir, trainer.step, dist.full_state_dict(trainer.model), state,
-                              trainer.ema.shadow if trainer.ema else None, trainer.optimizer,
-                              rng_state(trainer.generator))
+             "history_tail": trainer.history[-5:], "world_size": dist.world_size(), "ranks_in_sync": in_sync,
+             **(extra or {})}
+    return ck.save_checkpoint(run_dir, trainer.step, model_sd, state, ema_sd, opt_sd, rng_state())
 
 
 def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = True,
@@ -201,21 +217,29 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
     device = dist.setup_device(resolve_device(cfg.train.device))
-    torch.manual_seed(cfg.train.seed * 1_000_003 + 17 + dist.rank())  # weights; distinct from sampling seeds
+    torch.manual_seed(cfg.train.seed * 1_000_003 + 17)  # identical initial weights on every rank
     data = DataPipeline(cfg, run_dir, rank=dist.rank(), world_size=dist.world_size())
     method = get_method(cfg)
     model = method.build_model(data.vocab_size).to(device)
-    optimizer = build_optimizer(model, cfg.optim)
-    gen = torch.Generator().manual_seed(cfg.train.seed * 7919 + dist.rank())
-    trainer = Trainer(cfg, model, method, optimizer, gen, device,
-                      EMA(model, cfg.optim.ema) if cfg.optim.ema > 0 else None,
-                      loss_module=TrainModule(model, method))
+    torch.manual_seed(cfg.train.seed * 1_000_003 + 29 + dist.rank())  # per-rank dropout streams
+    trainer = Trainer(cfg, model, method, None, device)
+    ckpt = None
     if resume:
-        _resume(trainer, run_dir, data)
+        ckpt = _resume(trainer, run_dir, data)
     elif dist.is_main():
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(cfg.to_json())
+    # parallelism applied from the outside; EMA and optimizer state follow the (sharded) parameters
     trainer.loss_module = dist.wrap_model(TrainModule(model, method), cfg.train.parallel, device)
+    trainer.optimizer = optimizer = build_optimizer(model, cfg.optim)  # after sharding: FSDP2 swaps parameters
+    if cfg.optim.ema > 0:
+        trainer.ema = EMA(model, cfg.optim.ema)
+        full = ck.load_tensors(ckpt, "ema") if ckpt is not None else None
+        if full is not None:
+            trainer.ema.load_full(full, model)
+    if ckpt is not None and (ckpt / "optimizer.json").is_file():
+        meta = json.loads((ckpt / "optimizer.json").read_text())
+        dist.load_optimizer_state(model, optimizer, ck.optimizer_from_tensors(ck.load_tensors(ckpt, "optimizer"), meta))
     if cfg.train.compile:
         model.backbone.compile()
 
@@ -237,38 +261,31 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
         if cfg.train.eval_every and trainer.step % cfg.train.eval_every == 0 and trainer.step < end:
             log.log(trainer.step, {f"eval/{k}": v for k, v in evaluate(trainer, data).items()
                                    if isinstance(v, (int, float))})
-        if cfg.train.save_every and trainer.step % cfg.train.save_every == 0 and dist.is_main():
+        if cfg.train.save_every and trainer.step % cfg.train.save_every == 0:
             save(trainer, run_dir, data)
     bar.close()
     result = {"step": trainer.step, "train": trainer.history[-1] if trainer.history else {}}
     if trainer.step >= cfg.train.steps:
         result["eval"] = evaluate(trainer, data)
         log.log(trainer.step, {f"eval/{k}": v for k, v in result["eval"].items() if isinstance(v, (int, float))})
-    if dist.is_main():
-        save(trainer, run_dir, data, {"final_eval": result.get("eval")})
+    save(trainer, run_dir, data, {"final_eval": result.get("eval")})
     log.close()
     return result
 
 
-def _resume(trainer: Trainer, run_dir: Path, data: DataPipeline) -> None:
+def _resume(trainer: Trainer, run_dir: Path, data: DataPipeline) -> Path:
+    """Restore weights, method and data state, RNG and step (before wrapping); returns the checkpoint."""
     ckpt = ck.find_checkpoint(run_dir)
     st = ck.load_state(ckpt)
     if st.get("method") != trainer.cfg.method:
         raise ck.CheckpointError(f"checkpoint {ckpt} is a '{st.get('method')}' run, not '{trainer.cfg.method}'; "
                                  f"resume it with --method {st.get('method')} or start a new --out")
     ck.load_model_weights(trainer.model, ck.load_tensors(ckpt, "model"), str(ckpt))
-    ema = ck.load_tensors(ckpt, "ema")
-    if trainer.ema is not None and ema is not None:
-        trainer.ema.shadow = {k: v.to(trainer.device) for k, v in ema.items()}
-    opt_t = ck.load_tensors(ckpt, "optimizer")
-    if opt_t is not None:
-        meta = json.loads((ckpt / "optimizer.json").read_text())
-        trainer.optimizer.load_state_dict(ck.optimizer_from_tensors(opt_t, meta))
     rng = ck.load_tensors(ckpt, "rng")
     if rng is not None:
-        set_rng_state(trainer.generator, rng)
+        set_rng_state(rng)
     trainer.method.load_state_dict(st["method_state"])
     data.train_loader.load_state_dict(st["data_state"])
     trainer.step = int(st["step"])
     trainer.history = list(st.get("history_tail", []))
-
+    return ckpt

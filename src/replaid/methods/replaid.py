@@ -116,7 +116,7 @@ class RePlaidMethod:
                 first = model(z[sc], gamma[sc], None)
             e_sc = torch.zeros_like(z)
             e_sc[sc] = first.e_hat
-        out = model(z, gamma, e_sc, detach_E_rows=sc)
+        out = model(z, gamma, e_sc, detach_E_rows=sc, logits_rows=B_r)  # logits only for recon rows
 
         recon = recon_nll(out.logits[:B_r], tokens[:B_r], None if mask is None else mask[:B_r])  # (B_r,)
         diff = diffusion_loss(out.e_hat[B_r:], e[B_r:], gamma[B_r:], dgamma[B_r:],

@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from ..config import DiffusionConfig, ModelConfig
 from ..denoiser import DenoiserOutput, alpha_sigma, prior_logits
@@ -100,41 +101,73 @@ class RePlaid(nn.Module):
         alpha, sigma = alpha_sigma(gamma.double())
         scale = torch.rsqrt(alpha**2 / self.d_e + sigma**2).float().view(-1, 1, 1)
         feat = self.time_features(gamma)  # (B, 64)
-        h = self.in_z(z.float() * scale) + self.in_t(feat)[:, None]  # (B, L, hidden)
-        if e_sc is not None:
-            h = h + self.in_sc(e_sc.float() * math.sqrt(self.d_e))
+        with torch.autocast(device_type=z.device.type, enabled=False):  # input projections: float32
+            h = self.in_z(z.float() * scale) + self.in_t(feat)[:, None]  # (B, L, hidden)
+            if e_sc is not None:
+                h = h + self.in_sc(e_sc.float() * math.sqrt(self.d_e))
         c = self.cond(feat)  # (B, cond_dim)
         h = self.backbone(h, c)
         return self.final.features(h, c), c
 
     def head_logits(self, feats: Tensor) -> Tensor:
-        return self.final.linear(feats).float()  # (B, L, V)
+        """The logit head, bf16 under autocast (precision table), returned as float32 (B, L, V)."""
+        return self.final.linear(feats).float()
 
     def forward(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None,
-                detach_E_rows: Optional[Tensor] = None) -> DenoiserOutput:
-        """(z_t, gamma, e_sc) -> (logits, e_hat). ``detach_E_rows`` (B,) bool: rows whose output
-        prior logits and reparameterisation use ``E.detach()`` (self-conditioned training rows)."""
-        feats, _ = self.hidden_states(z, gamma, e_sc)
+                detach_E_rows: Optional[Tensor] = None, logits_rows: Optional[int] = None) -> DenoiserOutput:
+        """(z_t, gamma, e_sc) -> (logits, e_hat).
+
+        detach_E_rows: (B,) bool, rows whose output prior logits and reparameterisation use
+            ``E.detach()`` (self-conditioned training rows do not train the embeddings).
+        logits_rows: return logits only for rows ``[0, logits_rows)`` (e.g. the reconstruction rows);
+            with ``model.head_chunk_rows > 0`` the other rows' (L, V) logits are computed in chunks
+            and recomputed in the backward pass, so the full float32 logits are never held.
+        """
+        feats, _ = self.hidden_states(z, gamma, e_sc)  # (B, L, hidden)
         E = self.embedding()
-        if detach_E_rows is None or not bool(detach_E_rows.any()):
-            return self._output(feats, z, gamma, E)
-        if bool(detach_E_rows.all()):
-            return self._output(feats, z, gamma, E.detach())
-        a, b = (~detach_E_rows).nonzero().squeeze(1), detach_E_rows.nonzero().squeeze(1)
-        oa = self._output(feats[a], z[a], gamma[a], E)
-        ob = self._output(feats[b], z[b], gamma[b], E.detach())
-        logits = oa.logits.new_empty(z.shape[0], *oa.logits.shape[1:])
-        e_hat = oa.e_hat.new_empty(z.shape[0], *oa.e_hat.shape[1:])
-        logits[a], logits[b], e_hat[a], e_hat[b] = oa.logits, ob.logits, oa.e_hat, ob.e_hat
-        return DenoiserOutput(logits, e_hat)
+        B = z.shape[0]
+        need = B if logits_rows is None else int(logits_rows)
+        det = detach_E_rows if detach_E_rows is not None else torch.zeros(B, dtype=torch.bool, device=z.device)
+        chunk = self.cfg.head_chunk_rows or B
+        order, e_parts, l_parts = [], [], []
+        # groups of rows: (with logits?, E or E.detach()), processed in chunks of `chunk` rows
+        for want in (True, False):
+            for detached in (False, True):
+                sel = ((torch.arange(B, device=z.device) < need) == want) & (det == detached)
+                idx = sel.nonzero().squeeze(1)
+                Eg = E.detach() if detached else E
+                for k in range(0, idx.numel(), chunk):
+                    r = idx[k:k + chunk]
+                    if want:
+                        logits, e_hat = self._output(feats[r], z[r], gamma[r], Eg)
+                        l_parts.append(logits)
+                    elif self.cfg.head_chunk_rows and torch.is_grad_enabled():
+                        e_hat = checkpoint(self._e_hat_only, feats[r], z[r], gamma[r], Eg, use_reentrant=False)
+                    else:
+                        e_hat = self._e_hat_only(feats[r], z[r], gamma[r], Eg)
+                    order.append(r)
+                    e_parts.append(e_hat)
+        inv = torch.empty(B, dtype=torch.long, device=z.device)
+        inv[torch.cat(order)] = torch.arange(B, device=z.device)
+        e_hat = torch.cat(e_parts).index_select(0, inv)
+        if not l_parts:
+            return DenoiserOutput(feats.new_zeros(0, z.shape[1], self.vocab_size), e_hat)
+        n_first = sum(p.shape[0] for p in l_parts)
+        first = torch.cat(order)[:n_first]  # rows [0, need) in processing order
+        inv_l = torch.empty(n_first, dtype=torch.long, device=z.device)
+        inv_l[first] = torch.arange(n_first, device=z.device)
+        return DenoiserOutput(torch.cat(l_parts).index_select(0, inv_l), e_hat)
 
     def _output(self, feats: Tensor, z: Tensor, gamma: Tensor, E: Tensor) -> DenoiserOutput:
+        logits = self.head_logits(feats)  # (b, L, V): the head in bf16 under autocast
         with torch.autocast(device_type=z.device.type, enabled=False):
-            logits = self.head_logits(feats)
             if self.cfg.output_prior:
-                logits = logits + prior_logits(z, gamma, E)
-            e_hat = torch.softmax(logits, dim=-1) @ E.float()  # (B, L, d_e) float32
+                logits = logits + prior_logits(z, gamma, E)  # float32
+            e_hat = torch.softmax(logits, dim=-1) @ E.float()  # (b, L, d_e) float32
         return DenoiserOutput(logits, e_hat)
+
+    def _e_hat_only(self, feats: Tensor, z: Tensor, gamma: Tensor, E: Tensor) -> Tensor:
+        return self._output(feats, z, gamma, E).e_hat
 
     # ---- parameter groups (paper optimiser tables) ----------------------------------------
     def param_groups(self) -> dict[str, list[nn.Parameter]]:

@@ -1,0 +1,53 @@
+"""Shared helpers for the benchmark scripts: device, peak matmul throughput, result table."""
+from __future__ import annotations
+
+import datetime
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+
+
+def device_name(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    return f"CPU {platform.processor() or platform.machine()} x{torch.get_num_threads()} threads"
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def peak_matmul_flops(dev: torch.device, dtype: torch.dtype, n: int | None = None, seconds: float = 2.0) -> float:
+    """Measured FLOP/s of a large square matmul on this device (the MFU denominator)."""
+    n = n or (8192 if dev.type == "cuda" else 1024)
+    a = torch.randn(n, n, device=dev, dtype=dtype)
+    b = torch.randn(n, n, device=dev, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    sync(dev)
+    iters, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ b
+        iters += 1
+    sync(dev)
+    return 2 * n**3 * iters / (time.perf_counter() - t0)
+
+
+def append_results(title: str, header: list[str], rows: list[list], notes: str = "") -> None:
+    """Append a dated markdown table to docs/benchmarks.md."""
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    new = not RESULTS.exists()
+    with open(RESULTS, "a") as f:
+        if new:
+            f.write("# Benchmarks\n\nAppended by the scripts in `benchmarks/`; each table carries its date and device.\n")
+        f.write(f"\n## {title} — {datetime.date.today().isoformat()}\n\n")
+        if notes:
+            f.write(notes.strip() + "\n\n")
+        f.write("| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n")
+        for r in rows:
+            f.write("| " + " | ".join(f"{x:.4g}" if isinstance(x, float) else str(x) for x in r) + " |\n")
