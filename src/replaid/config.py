@@ -168,6 +168,22 @@ class EvalConfig:
 
 
 @dataclass
+class BaselineConfig:
+    """Options of the baseline methods (AR, MDLM, Duo)."""
+
+    mdlm_low_variance: bool = True  # train on plain masked CE (weight -1); evaluation always uses the NELBO
+    mdlm_time_conditioning: bool = False  # MDLM needs no time input (the mask count carries it)
+    duo_curriculum_start: float = 0.1  # Gaussian-curriculum window, as fractions of train.steps
+    duo_curriculum_end: float = 0.2
+    ar_top_p: float = 1.0  # nucleus sampling mass for AR (1.0 = off)
+
+    def validate(self) -> None:
+        _check(0 <= self.duo_curriculum_start <= self.duo_curriculum_end <= 1, "baseline.duo_curriculum_start",
+               "need 0 <= duo_curriculum_start <= duo_curriculum_end <= 1")
+        _check(0 < self.ar_top_p <= 1, "baseline.ar_top_p", "must be in (0, 1]")
+
+
+@dataclass
 class RunConfig:
     method: str = "replaid"
     preset: str = ""
@@ -177,6 +193,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    baseline: BaselineConfig = field(default_factory=BaselineConfig)
 
     def validate(self) -> "RunConfig":
         for f in dataclasses.fields(self):

@@ -58,3 +58,30 @@ def generate(run, args) -> list[dict]:
             rows.append(row)
         done += B
     return rows
+
+
+def ancestral_rows(run, args, draw, steps: int) -> list[dict]:
+    """Batched generation for methods with their own ancestral sampler (AR, MDLM, Duo).
+
+    ``draw(B, L, generator, prefix)`` returns ``(ids (B, L), nfe)``; ``prefix`` is the tokenised
+    ``--prompt`` expanded to (B, P), or None.
+    """
+    tok = run.tokenizer
+    L = args.length or run.cfg.data.seq_len
+    gen = torch.Generator().manual_seed(args.seed)
+    prefix = None
+    if getattr(args, "prompt", None):
+        prefix = torch.tensor(tok.encode(args.prompt)[:L], dtype=torch.long)
+    rows, done = [], 0
+    while done < args.num:
+        B = min(args.batch_size, args.num - done)
+        t0 = time.time()
+        ids, nfe = draw(B, L, gen, None if prefix is None else prefix.expand(B, -1))
+        secs = time.time() - t0
+        for b in range(B):
+            r = ids[b].tolist()
+            rows.append({"ids": r, "text": tok.decode(r), "sampler": "ancestral", "steps": steps, "nfe": nfe,
+                         "seconds": secs / B, "batch_seconds": secs, "seed": args.seed,
+                         "temperature": args.temperature})
+        done += B
+    return rows

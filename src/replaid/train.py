@@ -134,7 +134,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
             self.ema.update(self.model)
-        merged = {k: (torch.cat([dist.all_gather_cat(x) for x in v]) if torch.is_tensor(v[0]) else v[-1])
+        merged = {k: (torch.cat([dist.all_gather_cat(x.reshape(-1)) for x in v]) if torch.is_tensor(v[0]) else v[-1])
                   for k, v in agg.items()}
         if hasattr(self.method, "after_step"):
             self.method.after_step(merged)

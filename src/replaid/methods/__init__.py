@@ -7,9 +7,13 @@
 from __future__ import annotations
 
 from ..config import ConfigError, RunConfig
+from .ar import ARMethod
+from .duo import DuoMethod
+from .mdlm import MDLMMethod
+from .plaid import PlaidMethod
 from .replaid import RePlaidMethod
 
-METHODS = {"replaid": RePlaidMethod}
+METHODS = {"replaid": RePlaidMethod, "ar": ARMethod, "mdlm": MDLMMethod, "plaid": PlaidMethod, "duo": DuoMethod}
 
 
 def get_method(cfg: RunConfig):

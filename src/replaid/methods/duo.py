@@ -1,0 +1,253 @@
+"""Duo: uniform-state discrete diffusion (UDLM NELBO) with the Gaussian-to-discrete curriculum.
+
+Forward process ``q(z_t | x) = Cat(alpha_t onehot(x) + (1 - alpha_t)/V)``, log-linear
+``alpha_t = 1 - t`` outside the curriculum and at evaluation, ``t`` in ``[0, 1 - eps]``.
+
+Continuous-time NELBO per position (the limit of the discrete-step KLs; derived here, it is the
+closed form of UDLM): with ``N = V``, ``xb = N alpha onehot(x) + 1 - alpha``,
+``xt = N alpha x_theta + 1 - alpha`` and ``i = z_t``,
+
+    -alpha' / (N alpha) * [ N/xt_i - N/xb_i + sum_j (xb_j / xb_i) log(xb_j xt_i / (xt_j xb_i)) ]
+
+(each bracket is >= 0 and vanishes when ``x_theta = onehot(x)``). At a uniform prediction the
+bound equals ``log V`` exactly (the model is then the exact reverse of i.i.d. uniform data).
+
+Curriculum (Duo): during the window ``[baseline.duo_curriculum_start, _end)`` (fractions of
+``train.steps``) ``gamma ~ U[-3.5, -1.75]`` (antithetic), ``w = a onehot(x) + s eps`` in R^V
+(variance preserving, ``a^2 = sigmoid(-gamma)``), the network sees the soft weights
+``softmax(w / tau)`` over its embedding rows (``tau`` log-spaced 1e-1 -> 1e-2 across the window),
+and the loss is the UDLM NELBO integrand at ``z_t = argmax(w)`` with the diffusion transformation
+operator ``alpha = T(gamma) = (V p(gamma) - 1)/(V - 1)``,
+``p(gamma) = int phi(u - exp(-gamma/2)) Phi(u)^(V-1) du``, tabulated once per V in float64.
+The network is conditioned on ``1 - alpha_t`` in both phases.
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..config import RunConfig
+from ..model.tokens import TokenDiT
+from ..nelbo import masked_mean
+from .ar import exponential_race
+
+EPS = 1e-3
+# config keys to add: duo.curriculum_start / curriculum_end / gamma_min / gamma_max / tau_start / tau_end
+GAMMA_MIN, GAMMA_MAX = -3.5, -1.75
+TAU_START, TAU_END = 1e-1, 1e-2
+
+# ------------------------------------------------------------------ the diffusion transformation operator
+
+_Y = np.linspace(-10.0, 10.0, 4001)  # u - mu, Simpson grid (phi(10) ~ 8e-23)
+_TABLE_GAMMA = np.linspace(-10.0, 10.0, 4001)
+
+
+def _simpson(f: np.ndarray, h: float) -> np.ndarray:
+    """Composite Simpson over the last axis (odd number of points)."""
+    return h / 3 * (f[..., 0] + f[..., -1] + 4 * f[..., 1:-1:2].sum(-1) + 2 * f[..., 2:-1:2].sum(-1))
+
+
+def duo_p(gamma: np.ndarray, V: int) -> tuple[np.ndarray, np.ndarray]:
+    """``p(gamma)`` = P(argmax of ``mu e_x + eps`` is x), ``mu = exp(-gamma/2)``, and ``dp/dgamma``.
+    Simpson on a grid of ``u - mu`` in float64, ``log Phi`` through scipy's ``log_ndtr``."""
+    from scipy.special import log_ndtr
+
+    g = np.asarray(gamma, dtype=np.float64)
+    mu = np.exp(-g / 2)[..., None]
+    y = _Y
+    phi_y = np.exp(-0.5 * y**2) / math.sqrt(2 * math.pi)
+    lphi = log_ndtr(y + mu)  # log Phi(u)
+    p = _simpson(phi_y * np.exp((V - 1) * lphi), y[1] - y[0])
+    phi_u = np.exp(-0.5 * (y + mu) ** 2) / math.sqrt(2 * math.pi)
+    dp_dmu = _simpson(phi_y * (V - 1) * phi_u * np.exp((V - 2) * lphi), y[1] - y[0])
+    return p, dp_dmu * (-mu[..., 0] / 2)
+
+
+@lru_cache(maxsize=8)
+def _table(V: int) -> tuple[np.ndarray, np.ndarray]:
+    p, dp = duo_p(_TABLE_GAMMA, V)
+    return (V * p - 1) / (V - 1), V * dp / (V - 1)
+
+
+def duo_alpha(gamma: Tensor, V: int) -> tuple[Tensor, Tensor]:
+    """``(alpha(gamma), d alpha / d gamma)`` of the operator, float64, from the cached table
+    (linear interpolation; gamma clipped to [-10, 10])."""
+    a_tab, da_tab = _table(V)
+    g = gamma.detach().double().cpu().numpy()
+    a = np.interp(g, _TABLE_GAMMA, a_tab)
+    da = np.interp(g, _TABLE_GAMMA, da_tab)
+    return (torch.from_numpy(a).to(gamma.device), torch.from_numpy(da).to(gamma.device))
+
+
+# ------------------------------------------------------------------ the UDLM NELBO integrand
+
+def udlm_integrand(logits: Tensor, x: Tensor, z: Tensor, alpha: Tensor, dalpha: Tensor) -> Tensor:
+    """Per position (B, L) float64: ``-alpha'/(N alpha) [ ... ]`` (module docstring).
+    logits (B, L, V); x, z (B, L) clean and noisy ids; alpha, dalpha (B,) float64.
+
+    Memory: the only V-sized tensors are at the logits' precision (at least float32; float64 logits
+    give float64 throughout); the sum over V accumulates in float64 and the per-position terms
+    (at ``z`` and ``x``) are recomputed in float64 from the gathered log-probabilities."""
+    V = logits.shape[-1]
+    a = alpha.double().view(-1, 1)
+    da = dalpha.double().view(-1, 1)
+    wide = torch.promote_types(logits.dtype, torch.float32)
+    lsm = torch.log_softmax(logits.to(wide), -1)  # (B, L, V)
+    a3 = a.unsqueeze(-1).to(wide)
+    # log xt_j = log(N a x_theta_j + 1 - a), stably; summed over j in float64
+    log_xt = torch.logaddexp(torch.log(V * a3) + lsm, torch.log1p(-a3).expand_as(lsm))
+    sum_log_xt = log_xt.sum(-1, dtype=torch.float64)
+    del log_xt
+
+    def log_xt_at(ids: Tensor) -> Tensor:
+        l_ = lsm.gather(-1, ids.unsqueeze(-1)).squeeze(-1).double()
+        return torch.logaddexp(torch.log(V * a) + l_, torch.log1p(-a).expand_as(l_))
+
+    log_xt_i, log_xt_x = log_xt_at(z), log_xt_at(x)
+    xb_i = V * a * (z == x).double() + (1 - a)
+    S = torch.xlogy(V * a + 1 - a, V * a + 1 - a) + (V - 1) * torch.xlogy(1 - a, 1 - a)  # sum_j xb log xb
+    T = (1 - a) * sum_log_xt + V * a * log_xt_x  # sum_j xb_j log xt_j
+    bracket = V * torch.exp(-log_xt_i) - V / xb_i + (S - T) / xb_i + (V / xb_i) * (log_xt_i - torch.log(xb_i))
+    return (-da / (V * a)) * bracket
+
+
+def device_generator(generator: torch.Generator, device: torch.device) -> torch.Generator:
+    """A generator on ``device`` seeded from the CPU generator (large noise drawn where it is used)."""
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def uniform_corrupt(x: Tensor, alpha: Tensor, V: int, generator: torch.Generator) -> Tensor:
+    """Sample ``z ~ alpha onehot(x) + (1 - alpha)/V`` per position. alpha: (B,)."""
+    B, L = x.shape
+    keep = torch.rand(B, L, generator=generator, dtype=torch.float64).to(x.device) < alpha.view(-1, 1)
+    rnd = torch.randint(0, V, (B, L), generator=generator).to(x.device)
+    return torch.where(keep, x, rnd)
+
+
+class DuoMethod:
+    name = "duo"
+
+    def __init__(self, cfg: RunConfig, curriculum: tuple[float, float] | None = None,
+                 gamma_range: tuple[float, float] = (GAMMA_MIN, GAMMA_MAX),
+                 tau_range: tuple[float, float] = (TAU_START, TAU_END), eps: float = EPS):
+        self.cfg = cfg
+        if curriculum is None:  # cfg.baseline.duo_curriculum_start/end (Duo: steps 100k-200k of 1M)
+            curriculum = (cfg.baseline.duo_curriculum_start, cfg.baseline.duo_curriculum_end)
+        self.curriculum, self.gamma_range, self.tau_range, self.eps = curriculum, gamma_range, tau_range, eps
+        self.step = 0
+
+    def build_model(self, vocab_size: int) -> TokenDiT:
+        return TokenDiT(self.cfg.model, vocab_size, vocab_size, time_conditioning=True, causal=False)
+
+    def _times(self, n: int, generator: torch.Generator) -> Tensor:
+        u = float(torch.rand((), generator=generator, dtype=torch.float64))
+        return (torch.arange(n, dtype=torch.float64) + u) / n
+
+    def curriculum_tau(self) -> Optional[float]:
+        """tau at the current step, or None outside the curriculum window."""
+        total = self.cfg.train.steps
+        lo, hi = self.curriculum[0] * total, self.curriculum[1] * total
+        if not (lo <= self.step < hi) or hi <= lo:
+            return None
+        f = (self.step - lo) / max(hi - lo - 1, 1)
+        t0, t1 = self.tau_range
+        return float(10 ** (math.log10(t0) + (math.log10(t1) - math.log10(t0)) * min(f, 1.0)))
+
+    def loss_rows(self, model: TokenDiT, tokens: Tensor, t: Tensor, generator: torch.Generator,
+                  mask: Optional[Tensor] = None) -> Tensor:
+        """UDLM NELBO estimate per row at log-linear times t (B,) (no curriculum)."""
+        V = model.n_out
+        alpha = (1 - t).to(tokens.device)
+        z = uniform_corrupt(tokens, alpha, V, generator)
+        logits = model(z, (1 - alpha).float())
+        f = udlm_integrand(logits, tokens, z, alpha, -torch.ones_like(alpha))
+        return masked_mean(f, mask)
+
+    def train_loss(self, model: TokenDiT, tokens: Tensor, generator: torch.Generator,
+                   mask: Optional[Tensor] = None) -> tuple[Tensor, dict]:
+        B, L = tokens.shape
+        V = model.n_out
+        dev = tokens.device
+        s = self._times(B, generator)
+        tau = self.curriculum_tau()
+        if tau is None:
+            rows = self.loss_rows(model, tokens, (1 - self.eps) * s, generator, mask)
+            return rows.mean(), {"loss": rows.detach(), "tau": 0.0}
+        g0, g1 = self.gamma_range
+        gamma = g0 + (g1 - g0) * s
+        alpha, dalpha_dg = duo_alpha(gamma, V)
+        alpha = alpha.clamp(1e-9, 1 - 1e-9)
+        a_g = torch.sigmoid(-gamma).sqrt().to(dev).view(-1, 1, 1)
+        s_g = torch.sigmoid(gamma).sqrt().to(dev).view(-1, 1, 1)
+        eps = torch.randn(B, L, V, generator=device_generator(generator, dev), device=dev)
+        w = s_g.float() * eps  # (B, L, V) float32: a onehot(x) + s eps
+        w.scatter_add_(-1, tokens.unsqueeze(-1), a_g.float().expand(B, L, 1).contiguous())
+        z = w.argmax(-1)
+        soft = torch.softmax(w / tau, -1)
+        del w, eps
+        alpha = alpha.to(dev)
+        logits = model(soft, (1 - alpha).float())
+        f = udlm_integrand(logits, tokens, z, alpha, dalpha_dg.to(dev) * (g1 - g0))
+        rows = masked_mean(f, mask)
+        return rows.mean(), {"loss": rows.detach(), "tau": tau}
+
+    def after_step(self, metrics: dict) -> None:
+        self.step += 1
+
+    @torch.no_grad()
+    def eval_bound(self, model: TokenDiT, tokens: Tensor, generator: torch.Generator,
+                   mask: Optional[Tensor] = None) -> dict[str, Tensor]:
+        """UDLM NELBO, log-linear alpha, ``eval.t_samples`` stratified times per sequence in [0, 1-eps]."""
+        K = self.cfg.eval.t_samples
+        B = tokens.shape[0]
+        u = torch.rand(B, generator=generator, dtype=torch.float64)
+        total = torch.zeros(B, dtype=torch.float64, device=tokens.device)
+        for k in range(K):
+            t = (1 - self.eps) * (k + u) / K
+            total += self.loss_rows(model, tokens, t, generator, mask) / K
+        return {"nelbo": total}
+
+    def state_dict(self) -> dict:
+        return {"step": self.step}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.step = int(d.get("step", 0))
+
+    # ------------------------------------------------------------------ sampling
+    @torch.no_grad()
+    def sample(self, model: TokenDiT, B: int, L: int, steps: int, generator: torch.Generator,
+               temperature: float = 1.0, prefix: Optional[Tensor] = None) -> tuple[Tensor, int]:
+        """Ancestral sampling, float64, ``t`` from 1 to 0 in ``steps`` equal steps, from uniform noise:
+        ``p(z_s = j | z_t = i) ∝ (a_ts [j = i] + (1 - a_ts)/V) (a_s x_theta_j + (1 - a_s)/V)``."""
+        dev = next(model.parameters()).device
+        V = model.n_out
+        z = torch.randint(0, V, (B, L), generator=generator).to(dev)
+        n = 0 if prefix is None else min(int(prefix.shape[-1]), L)
+        if n:
+            z[:, :n] = prefix[..., :n].to(dev)
+        ts = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
+        for k in range(steps):
+            t, s = float(ts[k]), float(ts[k + 1])
+            a_t, a_s = 1 - t, 1 - s
+            a_ts = a_t / a_s
+            logits = model(z, torch.full((B,), t, device=dev))
+            xt = torch.softmax(logits.double() / max(temperature, 1e-8), -1)
+            prior = a_s * xt + (1 - a_s) / V
+            trans = torch.full_like(prior, (1 - a_ts) / V)
+            trans.scatter_add_(-1, z.unsqueeze(-1), torch.full((B, L, 1), a_ts, dtype=torch.float64, device=dev))
+            post = prior * trans
+            z = exponential_race(post / post.sum(-1, keepdim=True), generator)
+            if n:
+                z[:, :n] = prefix[..., :n].to(dev)
+        return z, steps
+
+    def sample_rows(self, run, args) -> list[dict]:
+        from ..generate import ancestral_rows
+
+        return ancestral_rows(run, args, lambda B, L, gen, prefix: self.sample(run.model, B, L, args.steps, gen, args.temperature, prefix), args.steps)

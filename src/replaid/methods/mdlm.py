@@ -1,0 +1,138 @@
+"""MDLM: masked (absorbing-state) diffusion with the SUBS parameterisation.
+
+* [MASK] is the extra input id ``V``; the network outputs V logits (the mask logit is -inf, i.e.
+  absent), and unmasked positions copy their input (they contribute zero loss).
+* Log-linear schedule ``alpha_t = 1 - t``: each token is masked with probability ``t``; ``t`` is
+  drawn in ``[eps, 1]`` as ``t = eps + (1 - eps) s`` with antithetic / low-discrepancy ``s``
+  (``s_i = (i + u) / n``, one ``u`` per micro-batch) and ``eps = 1e-3`` (MDLM's convention: the
+  integral over ``[0, eps]`` is dropped and the rest is averaged over ``U[eps, 1]``).
+* Continuous-time NELBO per token: ``E_t[(alpha'_t / (1 - alpha_t)) (1/L) sum_{l masked} log p(x_l | z_t)]``
+  ``= E_t[(1/t) (1/L) sum_{l masked} CE_l]``.
+* Training: the low-variance objective by default (weight ``1/t`` replaced by 1, i.e.
+  ``(1/L) sum_{masked} CE``); ``low_variance=False`` trains on the NELBO itself. Evaluation always
+  uses the NELBO.
+* Ancestral sampler in float64 (exponential race). By default the network is *not*
+  time-conditioned (the number of masks reveals t), so a step that unmasks nothing leaves the
+  network input unchanged and its output is reused exactly; with ``time_conditioning=True`` every
+  step calls the network.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..config import RunConfig
+from ..model.tokens import TokenDiT
+from .ar import exponential_race
+
+EPS = 1e-3
+
+
+def antithetic_times(n: int, generator: torch.Generator, eps: float = EPS) -> Tensor:
+    u = float(torch.rand((), generator=generator, dtype=torch.float64))
+    return eps + (1 - eps) * ((torch.arange(n, dtype=torch.float64) + u) / n)
+
+
+class MDLMMethod:
+    name = "mdlm"
+
+    def __init__(self, cfg: RunConfig, low_variance: bool | None = None,
+                 time_conditioning: bool | None = None, eps: float = EPS):
+        """Options default to ``cfg.baseline.mdlm_low_variance`` / ``mdlm_time_conditioning``."""
+        self.cfg = cfg
+        b = cfg.baseline
+        self.low_variance = b.mdlm_low_variance if low_variance is None else low_variance
+        self.time_conditioning = b.mdlm_time_conditioning if time_conditioning is None else time_conditioning
+        self.eps = eps
+
+    def build_model(self, vocab_size: int) -> TokenDiT:
+        return TokenDiT(self.cfg.model, vocab_size + 1, vocab_size, time_conditioning=self.time_conditioning,
+                        causal=False)
+
+    # ------------------------------------------------------------------ the per-row loss
+    def masked_ce(self, model: TokenDiT, tokens: Tensor, t: Tensor, generator: torch.Generator,
+                  mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        """Draw z_t ~ q(z_t | x) at per-row times t (B,) float64 and return
+        ``(S, n)``: S = (1/L) sum over masked (valid) positions of the CE (B,) float64, and the
+        number of valid positions per row. The NELBO estimate is ``S / t``."""
+        dev = tokens.device
+        B, L = tokens.shape
+        V = model.n_out
+        u = torch.rand(B, L, generator=generator, dtype=torch.float64).to(dev)
+        is_masked = u < t.to(dev).view(-1, 1)
+        z = torch.where(is_masked, torch.full_like(tokens, V), tokens)
+        logits = model(z, t.to(dev).float() if model.cond is not None else None)
+        ce = F.cross_entropy(logits.float().reshape(B * L, V), tokens.reshape(B * L), reduction="none").view(B, L)
+        keep = is_masked if mask is None else (is_masked & mask.bool())
+        ce = torch.where(keep, ce.double(), torch.zeros((), dtype=torch.float64, device=dev))  # SUBS carry-over
+        n = (torch.full((B,), float(L), dtype=torch.float64, device=dev) if mask is None
+             else mask.double().sum(1).clamp_min(1))
+        return ce.sum(1) / n, n
+
+    def train_loss(self, model: TokenDiT, tokens: Tensor, generator: torch.Generator,
+                   mask: Optional[Tensor] = None) -> tuple[Tensor, dict]:
+        t = antithetic_times(tokens.shape[0], generator, self.eps).to(tokens.device)
+        s, _ = self.masked_ce(model, tokens, t, generator, mask)
+        nelbo = s / t
+        loss_rows = s if self.low_variance else nelbo
+        return loss_rows.mean(), {"loss": loss_rows.detach(), "nelbo": nelbo.detach()}
+
+    @torch.no_grad()
+    def eval_bound(self, model: TokenDiT, tokens: Tensor, generator: torch.Generator,
+                   mask: Optional[Tensor] = None) -> dict[str, Tensor]:
+        """NELBO with ``eval.t_samples`` stratified times per sequence (``t_k = eps + (1-eps)(k + u_b)/K``)."""
+        K = self.cfg.eval.t_samples
+        B = tokens.shape[0]
+        u = torch.rand(B, generator=generator, dtype=torch.float64)
+        total = torch.zeros(B, dtype=torch.float64, device=tokens.device)
+        for k in range(K):
+            t = (self.eps + (1 - self.eps) * (k + u) / K).to(tokens.device)
+            s, _ = self.masked_ce(model, tokens, t, generator, mask)
+            total += s / t / K
+        return {"nelbo": total}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, d: dict) -> None:
+        pass
+
+    # ------------------------------------------------------------------ sampling
+    @torch.no_grad()
+    def sample(self, model: TokenDiT, B: int, L: int, steps: int, generator: torch.Generator,
+               temperature: float = 1.0, prefix: Optional[Tensor] = None) -> tuple[Tensor, int]:
+        """Ancestral sampling on the grid ``t_k = 1 - k/steps`` down to 0, float64. Each masked
+        position is unmasked between t and s with probability ``(t - s)/t`` to a token drawn from
+        ``x_theta``; unmasked positions stay. Returns (tokens, network calls)."""
+        dev = next(model.parameters()).device
+        V = model.n_out
+        z = torch.full((B, L), V, dtype=torch.long, device=dev)
+        if prefix is not None:
+            n = min(int(prefix.shape[-1]), L)
+            z[:, :n] = prefix[..., :n].to(dev)
+        ts = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
+        probs, nfe = None, 0
+        for k in range(steps):
+            t, s = float(ts[k]), float(ts[k + 1])
+            if probs is None or model.cond is not None:
+                tt = torch.full((B,), t, device=dev) if model.cond is not None else None
+                logits = model(z, tt).double() / max(temperature, 1e-8)
+                probs = torch.softmax(logits, -1)  # (B, L, V) float64: x_theta
+                nfe += 1
+            # q(z_s | z_t = mask, x_theta): V tokens with mass (t - s)/t * x_theta, mask with s/t
+            p = torch.cat([probs * ((t - s) / t), torch.full((B, L, 1), s / t, dtype=torch.float64, device=dev)], -1)
+            draw = exponential_race(p, generator)
+            is_m = z == V
+            z_new = torch.where(is_m, draw, z)
+            if not torch.equal(z_new, z):
+                probs = None  # the input changed: recompute at the next step
+            z = z_new
+        return z, nfe
+
+    def sample_rows(self, run, args) -> list[dict]:
+        from ..generate import ancestral_rows
+
+        return ancestral_rows(run, args, lambda B, L, gen, prefix: self.sample(run.model, B, L, args.steps, gen, args.temperature, prefix), args.steps)

@@ -1,0 +1,113 @@
+"""The original Plaid transformer (the paper's pre-alignment "Plaid" row), and a Plaid model with
+the RePlaid denoiser interface.
+
+Blocks: pre-RMSNorm (learnable scale), bias-free qkv / attention-out / MLP, rotary attention
+(bidirectional), standard (erf) GELU, each residual branch scaled by ``1/sqrt(n_blocks)``, no AdaLN:
+the time features enter only through the input projection ``in_t``. Output: LayerNorm and a
+zero-initialised linear head in float32, plus the output prior logits as in RePlaid.
+
+:class:`PlaidModel` subclasses :class:`~replaid.model.replaid.RePlaid` and only swaps the
+backbone, so the schedule, embeddings, input projections, self-conditioning, ``param_groups()``,
+the NELBO and the RePlaid samplers all apply unchanged. muP learning-rate scaling (paper's Plaid
+0.1B optimiser table) is *not* applied here; it belongs in a preset.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from ..config import DiffusionConfig, ModelConfig
+from .dit import FinalLayer, Rotary, apply_rotary
+from .replaid import RePlaid
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()).to(x.dtype)
+
+
+class PlaidBlock(nn.Module):
+    """``x + s attn(RMSNorm(x))``, then ``x + s MLP(RMSNorm(x))`` with ``s = residual_scale``."""
+
+    def __init__(self, hidden: int, n_heads: int, mlp_ratio: int = 4, dropout: float = 0.0,
+                 residual_scale: float = 1.0):
+        super().__init__()
+        self.n_heads, self.dropout, self.residual_scale = n_heads, dropout, residual_scale
+        self.norm1 = RMSNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden, bias=False)
+        self.attn_out = nn.Linear(hidden, hidden, bias=False)
+        self.norm2 = RMSNorm(hidden)
+        self.mlp = nn.Sequential(nn.Linear(hidden, mlp_ratio * hidden, bias=False), nn.GELU(),
+                                 nn.Linear(mlp_ratio * hidden, hidden, bias=False))
+
+    def attention(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+        B, L, D = x.shape
+        q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        y = F.scaled_dot_product_attention(q, k, v)
+        return self.attn_out(y.transpose(1, 2).reshape(B, L, D))
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+        s = self.residual_scale
+        x = x + s * F.dropout(self.attention(self.norm1(x), rope).float(), self.dropout, self.training)
+        x = x + s * F.dropout(self.mlp(self.norm2(x)).float(), self.dropout, self.training)
+        return x
+
+
+class PlaidBackbone(nn.Module):
+    def __init__(self, hidden: int, n_layers: int, n_heads: int, mlp_ratio: int = 4, dropout: float = 0.0,
+                 activation_checkpointing: bool = False):
+        super().__init__()
+        scale = 1.0 / math.sqrt(n_layers)
+        self.blocks = nn.ModuleList(PlaidBlock(hidden, n_heads, mlp_ratio, dropout, scale) for _ in range(n_layers))
+        self.rotary = Rotary(hidden // n_heads)
+        self.activation_checkpointing = activation_checkpointing
+        for blk in self.blocks:
+            for lin in (blk.qkv, blk.attn_out, blk.mlp[0], blk.mlp[2]):
+                nn.init.normal_(lin.weight, std=1.0 / math.sqrt(lin.in_features))
+
+    def forward(self, x: Tensor, c: Optional[Tensor] = None) -> Tensor:
+        rope = self.rotary(x.shape[1], x.device)
+        for blk in self.blocks:
+            if self.activation_checkpointing and self.training:
+                x = checkpoint(blk, x, rope, use_reentrant=False)
+            else:
+                x = blk(x, rope)
+        return x
+
+
+class PlaidModel(RePlaid):
+    """Plaid: RePlaid's diffusion components around the original Plaid backbone (no AdaLN)."""
+
+    def __init__(self, cfg: ModelConfig, dcfg: DiffusionConfig, vocab_size: int):
+        super().__init__(cfg, dcfg, vocab_size)
+        del self.cond  # no AdaLN conditioning: time enters through in_t only
+        self.backbone = PlaidBackbone(cfg.hidden, cfg.n_layers, cfg.n_heads, cfg.mlp_ratio, cfg.dropout,
+                                      cfg.activation_checkpointing)
+        self.final = FinalLayer(cfg.hidden, vocab_size, None)  # LayerNorm + zero-initialised head
+
+    def hidden_states(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor]) -> tuple[Tensor, None]:
+        from ..denoiser import alpha_sigma
+
+        alpha, sigma = alpha_sigma(gamma.double())
+        scale = torch.rsqrt(alpha**2 / self.d_e + sigma**2).float().view(-1, 1, 1)
+        h = self.in_z(z.float() * scale) + self.in_t(self.time_features(gamma))[:, None]
+        if e_sc is not None:
+            h = h + self.in_sc(e_sc.float() * math.sqrt(self.d_e))
+        h = self.backbone(h)
+        return self.final.features(h, None), None
+
+    def head_logits(self, feats: Tensor) -> Tensor:
+        with torch.autocast(device_type=feats.device.type, enabled=False):
+            return self.final.linear(feats.float()).float()

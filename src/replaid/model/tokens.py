@@ -1,0 +1,111 @@
+"""A token-embedding DiT for the discrete baselines (AR, MDLM, Duo).
+
+    h_0    = W_emb[x]                      (ids)   or  w @ W_emb   (soft weights over the rows, Duo)
+    h      = DiT(h_0; AdaLN-Zero driven by MLP(feat(t)) when time-conditioned, else gated blocks)
+    logits = head(LN(h))                   float32, zero-initialised head
+
+The blocks are the shared :class:`~replaid.model.dit.Backbone` (LayerNorm, rotary, GELU(tanh),
+biases in the MLP), with causal attention for AR. ``t`` is the discrete noise level in [0, 1]
+(``1 - alpha_t`` of the absorbing / uniform-state process) fed through the Plaid sinusoidal
+features. For causal models :meth:`TokenDiT.forward_cached` runs the same blocks with a KV cache.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..config import ModelConfig
+from .dit import Backbone, FinalLayer, TimeEmbedding, apply_rotary
+
+N_TIME_FEATURES = 64
+
+
+class TokenDiT(nn.Module):
+    """``n_in`` input ids (the vocabulary plus any extra ids such as [MASK] or BOS) -> ``n_out`` logits."""
+
+    def __init__(self, cfg: ModelConfig, n_in: int, n_out: int, time_conditioning: bool = False,
+                 causal: bool = False, embed_std: float = 0.02):
+        super().__init__()
+        self.cfg, self.n_in, self.n_out = cfg, n_in, n_out
+        self.time_conditioning, self.causal = time_conditioning, causal
+        self.embed = nn.Embedding(n_in, cfg.hidden)
+        nn.init.normal_(self.embed.weight, std=embed_std)
+        cond_dim = cfg.cond_dim if time_conditioning else None
+        if time_conditioning:
+            self.time_features = TimeEmbedding(N_TIME_FEATURES)
+            self.cond = nn.Sequential(nn.Linear(N_TIME_FEATURES, cfg.cond_dim), nn.SiLU(),
+                                      nn.Linear(cfg.cond_dim, cfg.cond_dim), nn.SiLU())
+        else:
+            self.time_features, self.cond = None, None
+        self.backbone = Backbone(cfg.hidden, cfg.n_layers, cfg.n_heads, cond_dim, cfg.mlp_ratio, cfg.dropout,
+                                 causal=causal, activation_checkpointing=cfg.activation_checkpointing)
+        self.final = FinalLayer(cfg.hidden, n_out, cond_dim)
+
+    # ------------------------------------------------------------------ full forward
+    def input_states(self, x: Tensor) -> Tensor:
+        """x: (B, L) ids, or (B, L, K) float weights over the first K embedding rows."""
+        if x.dtype in (torch.long, torch.int32, torch.int64):
+            return self.embed(x).float()
+        W = self.embed.weight[: x.shape[-1]]
+        return (x.float() @ W.float())
+
+    def conditioning(self, t: Optional[Tensor], B: int) -> Optional[Tensor]:
+        if self.cond is None:
+            return None
+        if t is None:
+            raise ValueError("this model is time-conditioned: pass the noise level t (B,)")
+        t = t.reshape(-1).expand(B) if t.numel() == 1 else t.reshape(B)
+        return self.cond(self.time_features(t))
+
+    def forward(self, x: Tensor, t: Optional[Tensor] = None) -> Tensor:
+        """Returns float32 logits (B, L, n_out)."""
+        h = self.input_states(x)
+        c = self.conditioning(t, h.shape[0])
+        h = self.backbone(h, c)
+        feats = self.final.features(h, c)
+        with torch.autocast(device_type=h.device.type, enabled=False):
+            return self.final.linear(feats.float()).float()
+
+    # ------------------------------------------------------------------ KV cache (causal, unconditioned)
+    @torch.no_grad()
+    def forward_cached(self, ids: Tensor, cache: list, start: int) -> Tensor:
+        """Run ``ids`` (B, T) at absolute positions ``start .. start+T-1`` given the keys/values of
+        the earlier positions in ``cache`` (a list, one (k, v) per block, filled in place; pass
+        ``[]`` at the start). Returns float32 logits (B, T, n_out). Exact for causal, unconditioned
+        models (eval mode): equal to the matching rows of :meth:`forward` on the whole prefix."""
+        if not self.causal or self.cond is not None:
+            raise ValueError("forward_cached needs a causal model without time conditioning")
+        B, T = ids.shape
+        x = self.input_states(ids)
+        cos, sin = self.backbone.rotary(start + T, x.device)
+        cos, sin = cos[start:start + T], sin[start:start + T]
+        mask = None
+        if T > 1:  # new query j may see the old keys and new keys <= j
+            mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(diagonal=start)
+        for i, blk in enumerate(self.backbone.blocks):
+            h = blk.norm1(x)
+            D = h.shape[-1]
+            q, k, v = blk.qkv(h).view(B, T, 3, blk.n_heads, D // blk.n_heads).permute(2, 0, 3, 1, 4)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            if len(cache) > i:
+                k = torch.cat([cache[i][0], k], dim=2)
+                v = torch.cat([cache[i][1], v], dim=2)
+                cache[i] = (k, v)
+            else:
+                cache.append((k, v))
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            x = x + blk.gates[0] * blk.attn_out(y.transpose(1, 2).reshape(B, T, D)).float()
+            x = x + blk.gates[1] * blk.mlp(blk.norm2(x)).float()
+        feats = self.final.features(x, None)
+        return self.final.linear(feats.float()).float()
+
+    # ------------------------------------------------------------------ optimiser groups
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """One group: MDLM/Duo/AR train every weight (embedding included) at the backbone LR."""
+        return {"backbone": [p for p in self.parameters() if p.requires_grad]}
+
+    def non_embedding_params(self) -> int:
+        return sum(p.numel() for p in self.parameters()) - self.embed.weight.numel()

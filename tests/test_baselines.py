@@ -1,0 +1,334 @@
+"""The baselines: AR, MDLM, Plaid (original backbone) and Duo.
+
+Known answers (zero head = uniform prediction -> log V), losses against float64 computations
+written here, Duo's operator against two independent quadratures, the UDLM integrand against the
+small-step limit of the discrete-time KL, and train / eval / sample through the CLI.
+"""
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from replaid.cli import main
+from replaid.config import ModelConfig, resolve
+from replaid.methods import METHODS, get_method
+from replaid.methods.ar import ARMethod, shift_right, top_p_filter
+from replaid.methods.duo import DuoMethod, duo_alpha, udlm_integrand
+from replaid.methods.mdlm import MDLMMethod, antithetic_times
+from replaid.model.plaid_backbone import PlaidBlock, PlaidModel
+from replaid.model.tokens import TokenDiT
+
+V = 40
+
+
+def cfg_for(method, *over):
+    return resolve("debug", None, [f"method={method}", *over])
+
+
+def perturb_head(model, scale=0.3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        w = model.final.linear.weight
+        w.copy_(torch.randn(w.shape, generator=g) * scale)
+    return model
+
+
+def tokens_batch(B=4, L=12, seed=1):
+    return torch.randint(0, V, (B, L), generator=torch.Generator().manual_seed(seed))
+
+
+# ------------------------------------------------------------------ AR
+
+def test_ar_zero_head_nll_is_log_v():
+    m = ARMethod(cfg_for("ar"))
+    model = m.build_model(V).eval()
+    r = m.eval_bound(model, tokens_batch(), torch.Generator())
+    assert torch.allclose(r["nll"], torch.full((4,), math.log(V), dtype=torch.float64), atol=1e-6)
+
+
+def test_ar_loss_matches_float64_reference():
+    m = ARMethod(cfg_for("ar"))
+    model = perturb_head(m.build_model(V)).eval()
+    x = tokens_batch()
+    mask = torch.ones_like(x, dtype=torch.bool)
+    mask[1, 7:] = False
+    loss, met = m.train_loss(model, x, torch.Generator(), mask=mask)
+    inp = torch.cat([torch.full((4, 1), V), x[:, :-1]], 1)  # BOS = V, then the shifted tokens
+    lp = torch.log_softmax(model(inp).double(), -1).gather(-1, x[..., None])[..., 0]
+    ref = (-(lp * mask).sum(1) / mask.sum(1)).detach()
+    assert torch.allclose(met["nll"], ref, atol=1e-6)
+    assert abs(float(loss.detach()) - float(ref.mean())) < 1e-6
+    assert torch.equal(shift_right(x, V), inp)
+
+
+def test_ar_kv_cache_matches_full_forward():
+    m = ARMethod(cfg_for("ar"))
+    model = perturb_head(m.build_model(V)).eval()
+    with torch.no_grad():
+        for blk in model.backbone.blocks:  # open the zero-initialised gates
+            blk.gates.normal_(0, 0.5)
+    x = tokens_batch()
+    inp = shift_right(x, V)
+    full = model(inp)
+    cache = []
+    a = model.forward_cached(inp[:, :5], cache, 0)  # prefill 5, then one at a time
+    steps = [model.forward_cached(inp[:, p:p + 1], cache, p) for p in range(5, x.shape[1])]
+    cached = torch.cat([a, *steps], 1)
+    assert torch.allclose(cached, full, atol=1e-5)
+
+
+def test_ar_learns_a_predictable_sequence_to_near_zero_nll():
+    torch.manual_seed(0)
+    cfg = cfg_for("ar")
+    m = ARMethod(cfg)
+    model = m.build_model(V)
+    seq = ((torch.arange(16) * 7) % V).expand(4, -1).contiguous()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        loss, _ = m.train_loss(model, seq, torch.Generator())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    nll = float(m.eval_bound(model.eval(), seq, torch.Generator())["nll"].mean())
+    assert nll < 0.05, nll
+
+
+def test_top_p_keeps_the_nucleus():
+    p = torch.tensor([[0.5, 0.3, 0.15, 0.05]], dtype=torch.float64)
+    q = top_p_filter(p, 0.7)
+    assert torch.allclose(q, torch.tensor([[0.625, 0.375, 0, 0]], dtype=torch.float64))
+    assert torch.equal(top_p_filter(p, 1.0), p)
+
+
+# ------------------------------------------------------------------ MDLM
+
+def test_mdlm_zero_head_nelbo_is_log_v():
+    cfg = cfg_for("mdlm", "eval.t_samples=4")
+    m = MDLMMethod(cfg)
+    model = m.build_model(V).eval()
+    x = tokens_batch(B=256, L=64)
+    # t = 1: every position masked, the estimate is exactly log V
+    s, _ = m.masked_ce(model, x, torch.ones(256, dtype=torch.float64), torch.Generator())
+    assert torch.allclose(s, torch.full_like(s, math.log(V)), atol=1e-6)
+    # the Monte Carlo NELBO averages to log V (std of this mean ~0.06)
+    r = m.eval_bound(model, x, torch.Generator().manual_seed(0))
+    assert abs(float(r["nelbo"].mean()) - math.log(V)) < 0.3, float(r["nelbo"].mean())
+
+
+def test_mdlm_loss_matches_float64_reference():
+    m = MDLMMethod(cfg_for("mdlm"))
+    model = perturb_head(m.build_model(V)).eval()
+    x = tokens_batch(B=6, L=20)
+    t = torch.tensor([0.05, 0.2, 0.4, 0.6, 0.8, 1.0], dtype=torch.float64)
+    s, _ = m.masked_ce(model, x, t, torch.Generator().manual_seed(3))
+    u = torch.rand(6, 20, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    masked = u < t[:, None]
+    z = torch.where(masked, torch.full_like(x, V), x)
+    lp = torch.log_softmax(model(z).double(), -1).gather(-1, x[..., None])[..., 0]
+    ref = -(lp * masked).sum(1) / 20  # SUBS: unmasked positions contribute log 1 = 0
+    assert torch.allclose(s, ref, atol=1e-6)
+
+
+def test_mdlm_low_variance_and_nelbo_differ_only_by_the_weight():
+    cfg = cfg_for("mdlm")
+    lv, nb = MDLMMethod(cfg, low_variance=True), MDLMMethod(cfg, low_variance=False)
+    model = perturb_head(lv.build_model(V)).eval()
+    x = tokens_batch(B=8, L=16)
+    _, m1 = lv.train_loss(model, x, torch.Generator().manual_seed(5))
+    _, m2 = nb.train_loss(model, x, torch.Generator().manual_seed(5))
+    t = antithetic_times(8, torch.Generator().manual_seed(5))
+    assert torch.allclose(m1["loss"] / t, m2["loss"], rtol=1e-10)
+    assert torch.allclose(m1["nelbo"], m2["nelbo"])
+    assert 1e-3 <= float(t.min()) and float(t.max()) <= 1.0
+
+
+def test_mdlm_sampler_unmasks_everything_and_reuses_unchanged_steps():
+    m = MDLMMethod(cfg_for("mdlm"))
+    model = perturb_head(m.build_model(V)).eval()
+    ids, nfe = m.sample(model, 2, 6, 64, torch.Generator().manual_seed(0))
+    assert ids.shape == (2, 6) and int(ids.max()) < V and int(ids.min()) >= 0
+    assert nfe <= 13  # at most one call per step that changed something (+1): 12 positions
+    pre = torch.tensor([3, 4])
+    ids, _ = m.sample(model, 2, 6, 8, torch.Generator().manual_seed(0), prefix=pre.expand(2, -1))
+    assert torch.equal(ids[:, :2], pre.expand(2, -1))
+
+
+# ------------------------------------------------------------------ Duo
+
+@pytest.mark.parametrize("vocab", [2, 50, 1000])
+def test_duo_operator_matches_two_quadratures(vocab):
+    from scipy.integrate import quad
+    from scipy.stats import norm
+
+    gammas = np.array([-3.5, -2.7, -1.75, 0.0, 2.0])
+    a, da = duo_alpha(torch.tensor(gammas), vocab)
+    xs, ws = np.polynomial.hermite_e.hermegauss(200)  # probabilists' Gauss-Hermite
+    for g, a_i, da_i in zip(gammas, a.numpy(), da.numpy()):
+        mu = math.exp(-g / 2)
+        p_quad = quad(lambda u: norm.pdf(u - mu) * norm.cdf(u) ** (vocab - 1), -np.inf, np.inf,
+                      epsabs=1e-13, limit=200)[0]
+        p_gh = float((ws * norm.cdf(xs + mu) ** (vocab - 1)).sum() / math.sqrt(2 * math.pi))
+        for p in (p_quad, p_gh):
+            assert abs(a_i - (vocab * p - 1) / (vocab - 1)) < 2e-5, (g, a_i, p)
+        if vocab == 2:  # closed form: P(mu + e1 > e2) = Phi(mu / sqrt 2)
+            assert abs(a_i - (2 * norm.cdf(mu / math.sqrt(2)) - 1)) < 2e-5
+        h = 1e-4  # derivative against a central difference of the quadrature
+        pq = [quad(lambda u: norm.pdf(u - math.exp(-(g + d) / 2)) * norm.cdf(u) ** (vocab - 1), -np.inf, np.inf,
+                   epsabs=1e-13, limit=200)[0] for d in (h, -h)]
+        assert abs(da_i - vocab / (vocab - 1) * (pq[0] - pq[1]) / (2 * h)) < 1e-3 * max(1.0, abs(da_i))
+
+
+def _discrete_kl(xt, x, z, a_t, a_s):
+    """KL(q(z_s | z_t, x) || q(z_s | z_t, x_theta)) for one position, float64, from the definitions."""
+    n = xt.shape[0]
+    a_ts = a_t / a_s
+    trans = torch.full((n,), (1 - a_ts) / n, dtype=torch.float64)
+    trans[z] += a_ts
+    q = trans * (a_s * F.one_hot(torch.tensor(x), n).double() + (1 - a_s) / n)
+    p = trans * (a_s * xt + (1 - a_s) / n)
+    q, p = q / q.sum(), p / p.sum()
+    return float((q * (q / p).log()).sum())
+
+
+def test_udlm_integrand_is_the_limit_of_the_discrete_kl():
+    g = torch.Generator().manual_seed(0)
+    n = 7
+    logits = torch.randn(1, 2, n, generator=g, dtype=torch.float64) * 2
+    x = torch.tensor([[3, 3]])
+    z = torch.tensor([[3, 5]])  # z = x and z != x
+    for a in (0.05, 0.4, 0.9):
+        f = udlm_integrand(logits, x, z, torch.tensor([a], dtype=torch.float64),
+                           torch.tensor([-1.0], dtype=torch.float64))  # alpha' = -1
+        dt = 1e-6
+        for l in range(2):
+            kl = _discrete_kl(torch.softmax(logits[0, l], -1), 3, int(z[0, l]), a, a + dt)
+            assert float(f[0, l]) >= 0
+            assert abs(float(f[0, l]) - kl / dt) < 1e-4 * max(1.0, kl / dt), (a, l, float(f[0, l]), kl / dt)
+    perfect = F.one_hot(x, n).double() * 60.0  # x_theta = onehot(x): zero
+    f = udlm_integrand(perfect, x, z, torch.tensor([0.5], dtype=torch.float64),
+                       torch.tensor([-1.0], dtype=torch.float64))
+    assert float(f.abs().max()) < 1e-10
+
+
+def test_duo_uniform_prediction_nelbo_is_log_v():
+    # int_0^1 E_z[integrand] dt at x_theta = uniform, by quadrature in log t (the integrand grows
+    # like log(1/t) at t -> 0): the model is the exact reverse of i.i.d. uniform data, so log V
+    n = 30
+    s = np.linspace(-30, -1e-9, 20001)
+    t = torch.tensor(np.exp(s))
+    a, K = 1 - t, len(s)
+    x = torch.zeros(K, 2, dtype=torch.long)
+    z = torch.tensor([[0, 1]]).expand(K, 2)  # z = x, z != x
+    f = udlm_integrand(torch.zeros(K, 2, n, dtype=torch.float64), x, z, a, -torch.ones(K, dtype=torch.float64))
+    p_same = a + (1 - a) / n
+    g = ((p_same * f[:, 0] + (1 - p_same) * f[:, 1]) * t).numpy()
+    total = float(((g[1:] + g[:-1]) / 2 * np.diff(s)).sum())
+    assert abs(total - math.log(n)) < 1e-4, total
+    # and the zero-head model's Monte Carlo bound
+    m = DuoMethod(cfg_for("duo", "eval.t_samples=4"))
+    model = m.build_model(V).eval()
+    r = m.eval_bound(model, tokens_batch(B=64, L=32), torch.Generator().manual_seed(0))
+    # heavy-tailed estimator (terms ~1/t with probability ~t near t = 0): a loose sanity check
+    assert abs(float(r["nelbo"].mean()) - math.log(V)) < 0.5, float(r["nelbo"].mean())
+
+
+def test_duo_loss_matches_float64_reference():
+    m = DuoMethod(cfg_for("duo"))
+    model = perturb_head(m.build_model(V)).eval()
+    x = tokens_batch(B=3, L=10)
+    t = torch.tensor([0.1, 0.5, 0.95], dtype=torch.float64)
+    rows = m.loss_rows(model, x, t, torch.Generator().manual_seed(2))
+    g = torch.Generator().manual_seed(2)  # the same corruption, drawn the same way
+    keep = torch.rand(3, 10, generator=g, dtype=torch.float64) < (1 - t)[:, None]
+    z = torch.where(keep, x, torch.randint(0, V, (3, 10), generator=g))
+    xt = torch.softmax(model(z, t.float()).double(), -1)
+    ref = torch.zeros(3, dtype=torch.float64)
+    for b in range(3):
+        a = 1 - float(t[b])
+        for l in range(10):
+            xb = V * a * F.one_hot(x[b, l], V).double() + (1 - a)
+            xtb = V * a * xt[b, l] + (1 - a)
+            i = int(z[b, l])
+            br = V / xtb[i] - V / xb[i] + ((xb / xb[i]) * torch.log(xb * xtb[i] / (xtb * xb[i]))).sum()
+            ref[b] += (1.0 / (V * a)) * br / 10
+    assert torch.allclose(rows, ref, rtol=1e-5), (rows, ref)  # V-sized terms in float32, sums in float64
+
+
+def test_duo_curriculum_window_and_soft_inputs():
+    cfg = cfg_for("duo", "train.steps=100")
+    m = DuoMethod(cfg)
+    model = m.build_model(V)
+    m.step = 5
+    assert m.curriculum_tau() is None
+    m.step = 10
+    assert abs(m.curriculum_tau() - 0.1) < 1e-12
+    m.step = 19
+    assert abs(m.curriculum_tau() - 0.01) < 1e-12
+    loss, met = m.train_loss(model, tokens_batch(), torch.Generator().manual_seed(0))
+    assert torch.isfinite(loss) and met["tau"] == pytest.approx(0.01)
+    loss.backward()
+    assert model.embed.weight.grad is not None and torch.isfinite(model.embed.weight.grad).all()
+
+
+# ------------------------------------------------------------------ Plaid
+
+def test_plaid_block_scales_residual_branches_and_has_no_biases():
+    torch.manual_seed(0)
+    n_blocks = 4
+    blk = PlaidBlock(32, 2, residual_scale=1 / math.sqrt(n_blocks)).eval()
+    assert all(not name.endswith("bias") for name, _ in blk.named_parameters())
+    from replaid.model.dit import Rotary
+    rope = Rotary(16)(10, torch.device("cpu"))
+    x = torch.randn(2, 10, 32)
+    with torch.no_grad():
+        blk.mlp[2].weight.zero_()  # MLP branch off: the block is x + attn / sqrt(n)
+        ref = x + blk.attention(blk.norm1(x), rope) / math.sqrt(n_blocks)
+        assert torch.allclose(blk(x, rope), ref, atol=1e-6)
+        rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        assert torch.allclose(blk.norm1(x), rms, atol=1e-6)
+
+
+def test_plaid_model_has_the_replaid_interface():
+    cfg = cfg_for("plaid")
+    model = get_method(cfg).build_model(V)
+    assert isinstance(model, PlaidModel) and not hasattr(model, "cond")
+    assert set(model.param_groups()) <= {"embedding", "schedule_mlp", "endpoints", "projections", "backbone"}
+    assert all(b.residual_scale == pytest.approx(1 / math.sqrt(cfg.model.n_layers)) for b in model.backbone.blocks)
+    z = torch.randn(2, 5, model.d_e)
+    out = model(z, torch.tensor([-1.0, 2.0], dtype=torch.float64))
+    assert out.logits.dtype == torch.float32 and out.logits.shape == (2, 5, V)
+    # zero head at init: the logits are exactly the output prior (posterior under a uniform token prior)
+    from replaid.denoiser import prior_logits
+    ref = prior_logits(z, torch.tensor([-1.0, 2.0], dtype=torch.float64), model.embedding())
+    assert torch.allclose(out.logits, ref, atol=1e-5)
+
+
+# ------------------------------------------------------------------ end to end
+
+def _eval_json(run, capsys):
+    capsys.readouterr()
+    assert main(["eval", str(run), "--json"]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("method", ["ar", "mdlm", "plaid", "duo"])
+def test_method_trains_evaluates_and_samples_through_the_cli(method, tmp_path, capsys):
+    assert method in METHODS
+    common = ["optim.ema=0", "eval.max_batches=4", "eval.t_samples=8", "train.log_every=20"]
+    one, run = tmp_path / "one", tmp_path / "run"
+    assert main(["train", "--preset", "debug", "--method", method, "--out", str(one), "--no-progress",
+                 "train.steps=1", *common]) == 0
+    assert main(["train", "--preset", "debug", "--method", method, "--out", str(run), "--no-progress",
+                 "train.steps=60", "optim.lr_backbone=3e-3", *common]) == 0
+    key = "nll_nats_per_token" if method == "ar" else "nelbo_nats_per_token"
+    before, after = _eval_json(one, capsys), _eval_json(run, capsys)
+    assert after["method"] == method and key in after
+    assert after[key] < before[key] - 0.3, (before[key], after[key])
+    capsys.readouterr()
+    assert main(["sample", str(run), "--num", "2", "--steps", "4", "--length", "8", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert len(rows) == 2 and all(len(r["ids"]) == 8 and isinstance(r["text"], str) for r in rows)
