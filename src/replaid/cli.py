@@ -179,7 +179,8 @@ def cmd_eval(args) -> int:
         cfg.eval.t_samples = args.t_samples
     res = evaluate_model(run.model, run.method, run.data, cfg, args.split, None,
                          max_batches=args.max_batches, progress=not args.json)
-    res.update(checkpoint=str(run.ckpt), step=run.step, method=cfg.method, weights="ema" if run.ema_loaded else "raw")
+    res.update(checkpoint=str(run.ckpt), step=run.step, method=cfg.method, ema=run.ema_loaded,
+               weights="ema" if run.ema_loaded else "raw")
     emit(res, args.json)
     return 0
 

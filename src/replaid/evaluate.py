@@ -38,6 +38,7 @@ def evaluate_model(model, method, data, cfg, split: str | None = None, ema=None,
                 sums[k] = sums.get(k, 0.0) + float((v.double() * w).sum())
             per_seq.append((r["nelbo"] if "nelbo" in r else r["nll"]).double().cpu())
             n_tok += int(w.sum())
+        endpoints = [float(g) for g in model.schedule.endpoints()] if hasattr(model, "schedule") else None
     model.train(was_training)
     from . import dist
 
@@ -58,9 +59,8 @@ def evaluate_model(model, method, data, cfg, split: str | None = None, ema=None,
         "tokens": n_tok, "sequences": len(seq), "split": split,
         "ema": bool(ema is not None and ecfg.use_ema), "seconds": time.time() - t0,
     }
-    if hasattr(model, "schedule"):
-        g0, g1 = model.schedule.endpoints()
-        out.update(gamma_0=float(g0), gamma_1=float(g1), t_samples=ecfg.t_samples)
+    if endpoints is not None:  # of the weights evaluated (EMA when used)
+        out.update(gamma_0=endpoints[0], gamma_1=endpoints[1], t_samples=ecfg.t_samples)
     uni = data.unigram_nats(split)
     out.update(unigram_nats_per_token=uni, unigram_ppl=math.exp(uni))
     return out

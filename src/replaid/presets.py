@@ -60,7 +60,7 @@ def demo() -> RunConfig:
     c.optim = optim_small()
     c.optim.warmup_steps, c.optim.ema = 100, 0.99
     c.optim.lr_backbone = c.optim.lr_projections = 1e-3
-    c.train.steps, c.train.batch_size, c.train.log_every = 1200, 32, 50
+    c.train.steps, c.train.batch_size, c.train.log_every = 1800, 32, 50
     c.eval.max_batches, c.eval.batch_size, c.eval.t_samples = 0, 32, 8
     return c
 
