@@ -135,5 +135,7 @@ def barrier() -> None:
 
 
 def cleanup() -> None:
+    """Wait for every rank (so none exits while others still talk to it), then tear down."""
     if is_dist():
+        tdist.barrier()
         tdist.destroy_process_group()

@@ -218,7 +218,10 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
         torch.set_num_threads(cfg.train.num_threads)
     device = dist.setup_device(resolve_device(cfg.train.device))
     torch.manual_seed(cfg.train.seed * 1_000_003 + 17)  # identical initial weights on every rank
-    data = DataPipeline(cfg, run_dir, rank=dist.rank(), world_size=dist.world_size())
+    # rank 0 trains the tokenizer and fills the token caches first; the others then read them
+    data = DataPipeline(cfg, run_dir, rank=0, world_size=dist.world_size()) if dist.is_main() else None
+    dist.barrier()
+    data = data or DataPipeline(cfg, run_dir, rank=dist.rank(), world_size=dist.world_size())
     method = get_method(cfg)
     model = method.build_model(data.vocab_size).to(device)
     torch.manual_seed(cfg.train.seed * 1_000_003 + 29 + dist.rank())  # per-rank dropout streams
