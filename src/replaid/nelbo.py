@@ -64,6 +64,17 @@ def low_discrepancy(n: int, generator: Optional[torch.Generator] = None, device=
     return (torch.arange(n, dtype=torch.float64, device=device) + u) / n
 
 
+def stratified_time_average(fn: Callable[[Tensor], Tensor], B: int, K: int, generator: Optional[torch.Generator],
+                            lo: float = 0.0, hi: float = 1.0, device=None) -> Tensor:
+    """``(1/K) sum_k fn(t_k)`` with per-sequence stratified times ``t_k = lo + (hi - lo)(k + u_b)/K``,
+    ``u_b ~ U[0, 1)``: an unbiased, low-variance estimate of ``E_{t ~ U[lo, hi]} fn(t)``. fn: (B,) -> (B,)."""
+    u = torch.rand(B, generator=generator, dtype=torch.float64).to(device)
+    total = torch.zeros(B, dtype=torch.float64, device=device)
+    for k in range(K):
+        total += fn(lo + (hi - lo) * (k + u) / K).double() / K
+    return total
+
+
 @torch.no_grad()
 def nelbo_per_sequence(denoiser, schedule: ScheduleFn, tokens: Tensor, t_samples: int = 4,
                        mask: Optional[Tensor] = None, generator: Optional[torch.Generator] = None,

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from ..config import RunConfig
 from ..model.tokens import TokenDiT
-from ..nelbo import masked_mean
+from ..nelbo import masked_mean, stratified_time_average
 from .ar import exponential_race
 
 EPS = 1e-3
@@ -204,13 +204,9 @@ class DuoMethod:
     def eval_bound(self, model: TokenDiT, tokens: Tensor, generator: torch.Generator,
                    mask: Optional[Tensor] = None) -> dict[str, Tensor]:
         """UDLM NELBO, log-linear alpha, ``eval.t_samples`` stratified times per sequence in [0, 1-eps]."""
-        K = self.cfg.eval.t_samples
-        B = tokens.shape[0]
-        u = torch.rand(B, generator=generator, dtype=torch.float64)
-        total = torch.zeros(B, dtype=torch.float64, device=tokens.device)
-        for k in range(K):
-            t = (1 - self.eps) * (k + u) / K
-            total += self.loss_rows(model, tokens, t, generator, mask) / K
+        total = stratified_time_average(lambda t: self.loss_rows(model, tokens, t, generator, mask),
+                                        tokens.shape[0], self.cfg.eval.t_samples, generator, 0.0, 1 - self.eps,
+                                        tokens.device)
         return {"nelbo": total}
 
     def state_dict(self) -> dict:

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from ..config import RunConfig
 from ..model.tokens import TokenDiT
+from ..nelbo import stratified_time_average
 from .ar import exponential_race
 
 EPS = 1e-3
@@ -84,14 +85,11 @@ class MDLMMethod:
     def eval_bound(self, model: TokenDiT, tokens: Tensor, generator: torch.Generator,
                    mask: Optional[Tensor] = None) -> dict[str, Tensor]:
         """NELBO with ``eval.t_samples`` stratified times per sequence (``t_k = eps + (1-eps)(k + u_b)/K``)."""
-        K = self.cfg.eval.t_samples
-        B = tokens.shape[0]
-        u = torch.rand(B, generator=generator, dtype=torch.float64)
-        total = torch.zeros(B, dtype=torch.float64, device=tokens.device)
-        for k in range(K):
-            t = (self.eps + (1 - self.eps) * (k + u) / K).to(tokens.device)
-            s, _ = self.masked_ce(model, tokens, t, generator, mask)
-            total += s / t / K
+        def weighted_ce(t: Tensor) -> Tensor:
+            return self.masked_ce(model, tokens, t, generator, mask)[0] / t
+
+        total = stratified_time_average(weighted_ce, tokens.shape[0], self.cfg.eval.t_samples, generator,
+                                        self.eps, 1.0, tokens.device)
         return {"nelbo": total}
 
     def state_dict(self) -> dict:
