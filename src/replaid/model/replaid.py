@@ -127,6 +127,8 @@ class RePlaid(nn.Module):
         E = self.embedding()
         B = z.shape[0]
         need = B if logits_rows is None else int(logits_rows)
+        if need == B and not self.cfg.head_chunk_rows and (detach_E_rows is None or not bool(detach_E_rows.any())):
+            return self._output(feats, z, gamma, E)  # sampling / evaluation: no row bookkeeping
         det = detach_E_rows if detach_E_rows is not None else torch.zeros(B, dtype=torch.bool, device=z.device)
         chunk = self.cfg.head_chunk_rows or B
         order, e_parts, l_parts = [], [], []
