@@ -161,3 +161,23 @@ def test_tokens_out_of_range_are_rejected(tmp_path):
 
     with pytest.raises(DataError, match="range|vocab"):
         validate_tokens(np.array([1, 2, 600], dtype=np.uint16), 512)
+
+
+def test_ema_matches_closed_form():
+    """After updates with weights w_1..w_n, shadow = d^n w_0 + sum_k (1-d) d^(n-k) w_k."""
+    from replaid.train import EMA
+
+    m = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        m.weight.fill_(1.0)
+    ema, d = EMA(m, 0.9), 0.9
+    ref = 1.0
+    for w in (2.0, -1.0, 5.0):
+        with torch.no_grad():
+            m.weight.fill_(w)
+        ema.update(m)
+        ref = d * ref + (1 - d) * w
+    assert torch.allclose(ema.shadow["weight"], torch.full((1, 2), ref))
+    with ema.applied(m):
+        assert torch.allclose(m.weight, torch.full((1, 2), ref))
+    assert torch.equal(m.weight, torch.full((1, 2), 5.0))  # raw weights restored
