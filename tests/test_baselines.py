@@ -296,7 +296,13 @@ def test_plaid_model_has_the_replaid_interface():
     cfg = cfg_for("plaid")
     model = get_method(cfg).build_model(V)
     assert isinstance(model, PlaidModel) and not hasattr(model, "cond")
-    assert set(model.param_groups()) <= {"embedding", "schedule_mlp", "endpoints", "projections", "backbone"}
+    groups = model.param_groups()
+    assert set(groups) == {"embedding", "schedule_mlp", "endpoints", "projections", "backbone", "norms_head"}
+    ids = [id(p) for ps in groups.values() for p in ps]
+    assert len(ids) == len(set(ids)) == len(list(model.parameters()))  # a partition of the parameters
+    assert all(p.ndim == 2 for p in groups["backbone"])  # attention QKV/out and MLP matrices only
+    nh = {id(p) for p in groups["norms_head"]}
+    assert id(model.final.linear.bias) in nh and id(model.backbone.blocks[0].norm1.weight) in nh
     assert all(b.residual_scale == pytest.approx(1 / math.sqrt(cfg.model.n_layers)) for b in model.backbone.blocks)
     z = torch.randn(2, 5, model.d_e)
     out = model(z, torch.tensor([-1.0, 2.0], dtype=torch.float64))
@@ -332,3 +338,38 @@ def test_method_trains_evaluates_and_samples_through_the_cli(method, tmp_path, c
     assert main(["sample", str(run), "--num", "2", "--steps", "4", "--length", "8", "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
     assert len(rows) == 2 and all(len(r["ids"]) == 8 and isinstance(r["text"], str) for r in rows)
+
+
+def test_plaid_optimiser_table_and_prior_ramp():
+    """Paper table "Optimization details for Plaid at the 0.1B scale" and Plaid's 5000-step bias_scale ramp."""
+    from replaid.presets import get_preset
+    from replaid.train import build_optimizer
+
+    cfg = get_preset("owt-0.1b-plaid")
+    assert cfg.method == "plaid" and cfg.diffusion.prior_ramp_steps == 5000
+    cfg.model.hidden, cfg.model.n_layers, cfg.model.n_heads = 32, 2, 2
+    method = get_method(cfg)
+    opt = build_optimizer(method.build_model(V), cfg.optim)
+    table = {"embedding": (1e-2, 0.0), "schedule_mlp": (1e-2, 0.0), "endpoints": (1e-2, 0.1),
+             "projections": (1.4e-3, 0.029), "backbone": (4.67e-4, 0.086), "norms_head": (1.4e-3, 0.029)}
+    assert {g["name"]: (g["lr"], g["weight_decay"]) for g in opt.param_groups} == table
+    assert opt.defaults["betas"] == (0.9, 0.99)
+    # -1 (the default) puts the norms and head with the backbone
+    cfg.optim.lr_norms_head = cfg.optim.wd_norms_head = -1.0
+    g = {g["name"]: g for g in build_optimizer(method.build_model(V), cfg.optim).param_groups}
+    assert (g["norms_head"]["lr"], g["norms_head"]["weight_decay"]) == (4.67e-4, 0.086)
+    # the ramp: 0 at the first step, linear, 1 from step 5000 on; carried by the method state
+    assert method.prior_scale() == 0.0
+    method.step = 1250
+    assert method.prior_scale() == 0.25
+    method.load_state_dict(method.state_dict() | {"step": 7000})
+    assert method.prior_scale() == 1.0
+
+
+def test_plaid_ramp_reaches_the_training_loss(tmp_path):
+    """With the ramp on, the first steps train with a scaled prior; the logged scale follows the step."""
+    assert main(["train", "--preset", "debug", "--method", "plaid", "--out", str(tmp_path / "r"), "--no-progress",
+                 "train.steps=6", "train.log_every=1", "diffusion.prior_ramp_steps=4", "eval.max_batches=1"]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    scales = [r["prior_scale"] for r in rows if "prior_scale" in r]
+    assert scales == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]

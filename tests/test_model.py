@@ -210,8 +210,10 @@ def test_owt_01b_builds_with_expected_size():
     assert abs(n - (116e6 + (50257 - 32001) * 769)) / n < 0.03, n
 
 
-def test_chunked_head_matches_unchunked_outputs_and_gradients():
-    """head_chunk_rows > 0 (recomputed in backward) gives the same values and gradients."""
+@pytest.mark.parametrize("prior_scale", [1.0, 0.3])
+def test_chunked_head_matches_unchunked_outputs_and_gradients(prior_scale):
+    """head_chunk_rows > 0 (recomputed in backward) gives the same values and gradients, also with
+    a ramped output prior (the scale is captured at forward time, not re-read in backward)."""
     torch.manual_seed(0)
     mc = ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4)
     a = RePlaid(mc, DiffusionConfig(), 23)
@@ -225,7 +227,7 @@ def test_chunked_head_matches_unchunked_outputs_and_gradients():
     w_e, w_l = torch.randn(7, 5, 4), torch.randn(3, 5, 23)
     grads = []
     for m in (a, b):
-        out = m(z, gamma, None, detach_E_rows=det, logits_rows=3)
+        out = m(z, gamma, None, detach_E_rows=det, logits_rows=3, prior_scale=prior_scale)
         assert out.logits.shape == (3, 5, 23) and out.e_hat.shape == (7, 5, 4)
         ((out.e_hat * w_e).sum() + (out.logits * w_l).sum()).backward()
         grads.append({n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None})
@@ -234,8 +236,23 @@ def test_chunked_head_matches_unchunked_outputs_and_gradients():
     for k in grads[0]:
         assert torch.allclose(grads[0][k], grads[1][k], atol=1e-5, rtol=1e-4), k
     # rows 1, 3, 4 use E.detach(): the embedding gradient equals a run where those rows are absent
-    full = a(z, gamma, None, logits_rows=0)
+    full = a(z, gamma, None, logits_rows=0, prior_scale=prior_scale)
     assert torch.allclose(full.e_hat, grads[0]["_e"], atol=1e-6)
+
+
+def test_prior_scale_multiplies_exactly_the_output_prior():
+    """Plaid's bias_scale: logits(s) = head + s (alpha / sigma^2) z E^T (eq. of the output prior)."""
+    from replaid.denoiser import prior_logits
+
+    torch.manual_seed(0)
+    m = RePlaid(ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4), DiffusionConfig(), 11)
+    with torch.no_grad():
+        m.final.linear.weight.normal_()
+    z, gamma = torch.randn(3, 5, 4), torch.tensor([-2.0, 0.5, 3.0], dtype=torch.float64)
+    head = m(z, gamma, prior_scale=0.0).logits
+    prior = prior_logits(z, gamma, m.embedding())
+    assert torch.allclose(m(z, gamma).logits, head + prior, atol=1e-5)
+    assert torch.allclose(m(z, gamma, prior_scale=0.25).logits, head + 0.25 * prior, atol=1e-5)
 
 
 def test_precision_policy_under_bf16_autocast():

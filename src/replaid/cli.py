@@ -85,7 +85,8 @@ def add_command(sub, name: str, help_: str, example: str, description: str | Non
 
 # Commands living in their own modules: each has ``register(subparsers)`` adding a parser whose
 # ``func`` default is the command's ``run(args) -> int``.
-PLUGIN_MODULES = ("replaid.commands.likelihood", "replaid.commands.diagnose", "replaid.commands.quality")
+PLUGIN_MODULES = ("replaid.commands.likelihood", "replaid.commands.diagnose", "replaid.commands.quality",
+                  "replaid.commands.sweep")
 
 
 def _plugins():

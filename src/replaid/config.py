@@ -62,6 +62,7 @@ class DiffusionConfig:
     sc_rate: float = 0.25  # fraction of training rows with a self-conditioning first pass
     split_ema: float = 0.997  # EMA decay of the recon/diffusion loss moments (adaptive B_r)
     ce_weight: float = 0.0  # paper sec. 5.1: + w * CE(t); gradient reaches only E and the denoiser
+    prior_ramp_steps: int = 0  # Plaid: output-prior scale ramps 0 -> 1 over these training steps (0 = off)
 
     def validate(self) -> None:
         _check(self.gamma_0 < self.gamma_1, "diffusion.gamma_0", "must be smaller than diffusion.gamma_1")
@@ -70,6 +71,7 @@ class DiffusionConfig:
         _check(0.0 < self.split_ema < 1.0, "diffusion.split_ema", "must be in (0, 1)")
         _check(self.schedule_hidden > 0, "diffusion.schedule_hidden", "must be positive")
         _check(self.ce_weight >= 0, "diffusion.ce_weight", "must be >= 0")
+        _check(self.prior_ramp_steps >= 0, "diffusion.prior_ramp_steps", "must be >= 0")
 
 
 @dataclass
@@ -111,6 +113,9 @@ class OptimConfig:
     wd_embedding: float = 0.0
     wd_schedule_mlp: float = 0.0
     wd_endpoints: float = 0.1
+    # Plaid's muP table: norms, output norm and output head apart from the backbone matrices (-1 = as backbone)
+    lr_norms_head: float = -1.0
+    wd_norms_head: float = -1.0
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
@@ -124,6 +129,8 @@ class OptimConfig:
         _check(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
         for k in ("lr_backbone", "lr_projections", "lr_embedding", "lr_schedule_mlp", "lr_endpoints"):
             _check(getattr(self, k) >= 0, f"optim.{k}", "must be >= 0")
+        for k in ("lr_norms_head", "wd_norms_head"):
+            _check(getattr(self, k) >= 0 or getattr(self, k) == -1, f"optim.{k}", "must be >= 0 or -1 (as backbone)")
 
 
 @dataclass

@@ -28,6 +28,17 @@ def optim_small() -> OptimConfig:
     )
 
 
+def optim_plaid() -> OptimConfig:
+    """Paper table "Optimization details for Plaid at the 0.1B scale": Plaid's per-component values
+    after muP rescaling (MuAdam), passed to AdamW as they are."""
+    return OptimConfig(
+        lr_schedule="constant", warmup_steps=2500, warmup_frac=0.0,
+        lr_backbone=4.67e-4, lr_norms_head=1.4e-3, lr_projections=1.4e-3, lr_embedding=1e-2, lr_schedule_mlp=1e-2,
+        lr_endpoints=1e-2, wd_backbone=0.086, wd_norms_head=0.029, wd_projections=0.029, wd_embedding=0.0,
+        wd_schedule_mlp=0.0, wd_endpoints=0.1, beta1=0.9, beta2=0.99, ema=0.9999,
+    )
+
+
 def optim_scaling() -> OptimConfig:
     """Paper table "Optimization details for RePlaid in scaling law experiments"."""
     return OptimConfig(
@@ -77,6 +88,17 @@ def owt_01b() -> RunConfig:
     return c
 
 
+def owt_01b_plaid() -> RunConfig:
+    """The original Plaid at 0.1B on OpenWebText: Plaid's muP optimiser table and its 5000-step
+    output-prior ramp (no dropout)."""
+    c = owt_01b()
+    c.preset, c.method = "owt-0.1b-plaid", "plaid"
+    c.model.dropout = 0.0
+    c.optim = optim_plaid()
+    c.diffusion.prior_ramp_steps = 5000
+    return c
+
+
 def lm1b() -> RunConfig:
     """LM1B at L=128 (bert-base-uncased as MDLM; sentence packing on)."""
     c = owt_01b()
@@ -100,7 +122,7 @@ def isoflop(size_m: int) -> Callable[[], RunConfig]:
 
 
 PRESETS: dict[str, Callable[[], RunConfig]] = {
-    "debug": debug, "demo": demo, "owt-0.1b": owt_01b, "lm1b": lm1b,
+    "debug": debug, "demo": demo, "owt-0.1b": owt_01b, "owt-0.1b-plaid": owt_01b_plaid, "lm1b": lm1b,
     **{f"isoflop-{m}m": isoflop(m) for m in ISOFLOP_SIZES},
 }
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -104,24 +105,72 @@ def gen_ppl(texts: Sequence[str], model, tokenizer, context: Optional[int] = Non
 
 
 @torch.no_grad()
-def gen_ppl_ar_run(texts: Sequence[str], run) -> dict:
-    """GenPPL under a replaid AR run (``run.method.eval_bound`` returning an exact ``nll``)."""
+def gen_ppl_ar_run(texts: Sequence[str], run, batch_size: int = 32) -> dict:
+    """GenPPL under a replaid AR run (``run.method.eval_bound`` returning an exact ``nll``).
+
+    Each text is encoded with the run's tokenizer and cut into chunks of ``data.seq_len`` tokens;
+    each chunk is scored from the run's input-only BOS (so every token is predicted), padded rows
+    masked out.
+    """
     dev = next(run.model.parameters()).device
     L = int(run.cfg.data.seq_len)
-    nll_sum, n_tok = 0.0, 0
-    gen = torch.Generator().manual_seed(0)
-    for t in texts:
+    chunks, owner = [], []
+    for i, t in enumerate(texts):
         ids = run.tokenizer.encode(t)
         for s in range(0, len(ids), L):
-            chunk = torch.tensor(ids[s:s + L], dtype=torch.long, device=dev)[None]
-            r = run.method.eval_bound(run.model, chunk, gen)
-            if "nll" not in r:
-                raise ValueError("the judge run's method has no exact nll (use an AR run)")
-            nll_sum += float(r["nll"][0]) * chunk.shape[1]
-            n_tok += chunk.shape[1]
-    if n_tok == 0:
+            chunks.append(ids[s:s + L])
+            owner.append(i)
+    if not chunks:
         raise ValueError("the samples contain no tokens to score")
-    return {"nats_per_token": nll_sum / n_tok, "gen_ppl": math.exp(nll_sum / n_tok), "tokens": n_tok}
+    nll_sum, n_tok = np.zeros(len(texts)), np.zeros(len(texts))
+    gen = torch.Generator().manual_seed(0)
+    for s in range(0, len(chunks), batch_size):
+        part = chunks[s:s + batch_size]
+        T = max(len(c) for c in part)
+        ids = torch.zeros((len(part), T), dtype=torch.long)
+        mask = torch.zeros((len(part), T), dtype=torch.bool)
+        for j, c in enumerate(part):
+            ids[j, :len(c)] = torch.tensor(c)
+            mask[j, :len(c)] = True
+        r = run.method.eval_bound(run.model, ids.to(dev), gen, mask.to(dev))
+        if "nll" not in r:
+            raise ValueError("the judge run's method has no exact nll: pass an AR run (replaid train --method ar)")
+        for j, c in enumerate(part):
+            nll_sum[owner[s + j]] += float(r["nll"][j]) * len(c)
+            n_tok[owner[s + j]] += len(c)
+    nats = float(nll_sum.sum() / n_tok.sum())
+    per = [float(a / b) if b > 0 else float("nan") for a, b in zip(nll_sum, n_tok)]
+    return {"nats_per_token": nats, "gen_ppl": math.exp(nats), "tokens": int(n_tok.sum()), "per_sample": per}
+
+
+@dataclass
+class Judge:
+    """A GenPPL judge: ``score(texts)`` gives :func:`gen_ppl`'s dict."""
+
+    score: Callable[[Sequence[str]], dict]
+    name: str
+    hf_tokenizer: Any = None  # the judge's HF tokenizer (None for a replaid AR run)
+    source: Optional[str] = None  # the AR run's data.source (for ``--reference SPLIT``)
+
+
+def make_judge(judge: Optional[str] = None, judge_run: Optional[str] = None, context: Optional[int] = None,
+               batch_size: int = 8, device: str = "cpu") -> Optional[Judge]:
+    """A :class:`Judge` from a Hugging Face causal LM (name or local path) or a replaid AR run
+    directory/checkpoint; None when neither is given."""
+    if judge and judge_run:
+        raise ValueError("pass either --judge (a Hugging Face causal LM) or --judge-run (a replaid AR run), not both")
+    if judge:
+        model, tok = load_judge(judge, device)
+        return Judge(lambda texts: gen_ppl(texts, model, tok, context, batch_size), judge, tok)
+    if judge_run:
+        from .loading import load_run
+
+        run = load_run(judge_run, device=device)
+        if run.cfg.method != "ar":
+            raise ValueError(f"--judge-run {judge_run} is a {run.cfg.method} run; the judge must be an AR run "
+                             f"(replaid train --method ar)")
+        return Judge(lambda texts: gen_ppl_ar_run(texts, run), str(judge_run), None, run.cfg.data.source)
+    return None
 
 
 def default_encoder_path() -> str:
@@ -163,4 +212,48 @@ def mauve_score(p_features: np.ndarray, q_features: np.ndarray, seed: int = 25, 
         raise ValueError("MAUVE needs the mauve-text package: pip install mauve-text faiss-cpu") from None
     out = mauve.compute_mauve(p_features=p_features, q_features=q_features, device_id=-1, verbose=False,
                               seed=seed, **kw)
-    return float(out.mauve)
+    return min(1.0, float(out.mauve))  # mauve-text can return 1 + 4e-16
+
+
+def reference_windows(run, split: str, n: int, offset: int = 0) -> tuple[list[str], list[list[int]]]:
+    """``n`` held-out windows of the run's ``data.seq_len`` tokens, evenly spaced over ``split``
+    (``offset`` shifts them by half a spacing, giving a disjoint second set); (texts, ids)."""
+    ds = run.data.dataset(split)
+    if len(ds) < n:
+        raise ValueError(f"the {split} split has {len(ds)} sequences of {run.cfg.data.seq_len} tokens, fewer than the "
+                         f"{n} references asked for; lower --num")
+    step = len(ds) / n
+    idx = [min(len(ds) - 1, int(i * step + offset * step / 2)) for i in range(n)]
+    toks = run.data.dataset(split).get_batch(idx)["tokens"].tolist()
+    return [run.tokenizer.decode(t) for t in toks], toks
+
+
+def reference_texts(spec: str, n: int, chars: int, default_source: Optional[str] = None) -> list[str]:
+    """Reference texts for MAUVE from a file (JSONL ``text`` rows or lines), or from ``[SOURCE:]SPLIT``
+    of any ``data.source`` cut into ``n`` pieces of ``chars`` characters spread over the split."""
+    from pathlib import Path
+
+    from .data.sources import iter_documents
+
+    p = Path(spec)
+    if p.is_file():
+        lines = [ln for ln in p.read_text().splitlines() if ln.strip()]
+        if p.suffix in (".jsonl", ".json"):
+            import json
+
+            return [json.loads(ln)["text"] for ln in lines]
+        return lines
+    source, _, split = spec.rpartition(":")
+    if split not in ("train", "valid", "test"):
+        raise ValueError(f"--reference {spec!r} is neither a file nor [SOURCE:]SPLIT with SPLIT in train/valid/test")
+    source = source or default_source
+    if not source:
+        raise ValueError(f"--reference {spec!r} names a split but no corpus: write SOURCE:{split} "
+                         f"(e.g. ../shared/data/tinyshakespeare:{split}) or pass --judge-run")
+    text = "\n".join(iter_documents(source, split))
+    pieces = [text[s:s + chars] for s in range(0, len(text) - chars + 1, chars)]
+    if len(pieces) < n:
+        raise ValueError(f"{source}:{split} holds {len(pieces)} pieces of {chars} characters, fewer than {n}; "
+                         f"use fewer samples or another split")
+    step = len(pieces) / n
+    return [pieces[int(i * step)] for i in range(n)]

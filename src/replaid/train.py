@@ -26,8 +26,10 @@ def build_optimizer(model: nn.Module, ocfg: OptimConfig) -> torch.optim.AdamW:
     groups = []
     for name, params in model.param_groups().items():
         if params:
-            groups.append({"params": params, "name": name, "lr": getattr(ocfg, f"lr_{name}"),
-                           "weight_decay": getattr(ocfg, f"wd_{name}")})
+            lr, wd = getattr(ocfg, f"lr_{name}"), getattr(ocfg, f"wd_{name}")
+            lr = ocfg.lr_backbone if lr < 0 else lr  # -1: as the backbone
+            wd = ocfg.wd_backbone if wd < 0 else wd
+            groups.append({"params": params, "name": name, "lr": lr, "weight_decay": wd})
     for g in groups:
         g["initial_lr"] = g["lr"]
     return torch.optim.AdamW(groups, betas=(ocfg.beta1, ocfg.beta2), eps=ocfg.eps)

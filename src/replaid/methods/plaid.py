@@ -2,9 +2,12 @@
 adaptive split, self-conditioning, samplers) around the original Plaid transformer
 (:mod:`replaid.model.plaid_backbone`). Only the model differs from :class:`RePlaidMethod`.
 
-Not done here: muP-rescaled per-component learning rates of the paper's Plaid 0.1B table (they
-need a backbone split into matrices vs norms/head groups; leave to a preset), and Plaid's
-output-prior ``bias_scale`` ramp 0 -> 1 over the first 5000 steps (RePlaid adds it in full).
+Plaid's optimiser (paper table "Optimization details for Plaid at the 0.1B scale": per-component
+muP-rescaled AdamW values, with the backbone matrices apart from the norms and the head, see
+:meth:`PlaidModel.param_groups`) is :func:`replaid.presets.optim_plaid`; its output-prior
+``bias_scale`` ramp (0 -> 1 over the first 5000 steps) is ``diffusion.prior_ramp_steps``. Both are
+set by the ``owt-0.1b-plaid`` preset. The table's values are for hidden 768; at other widths
+muP would rescale the matrix learning rates, which the small presets do not do.
 """
 from __future__ import annotations
 

@@ -75,6 +75,13 @@ class RePlaidMethod:
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
         self.split = SplitState(decay=cfg.diffusion.split_ema)
+        self.step = 0  # optimiser steps taken (for the output-prior ramp)
+
+    def prior_scale(self) -> float:
+        """Plaid's ``bias_scale``: the output prior logits ramp linearly 0 -> 1 over
+        ``diffusion.prior_ramp_steps`` training steps (1 when off, and always at evaluation)."""
+        n = self.cfg.diffusion.prior_ramp_steps
+        return 1.0 if n <= 0 else min(1.0, self.step / n)
 
     def build_model(self, vocab_size: int) -> RePlaid:
         return RePlaid(self.cfg.model, self.cfg.diffusion, vocab_size)
@@ -90,6 +97,7 @@ class RePlaidMethod:
         dev = tokens.device
         B = tokens.shape[0]
         B_r = self.split.recon_rows(B) if n_recon is None else n_recon
+        ps = self.prior_scale()
         n_d = B - B_r
         E = model.embedding()  # (V, d_e) unit rows
         sc = sc_row_mask(B, dcfg.sc_rate if model.self_conditioning else 0.0, generator).to(dev)  # (B,)
@@ -113,10 +121,10 @@ class RePlaidMethod:
         e_sc = None
         if bool(sc.any()):
             with torch.no_grad():
-                first = model(z[sc], gamma[sc], None)
+                first = model(z[sc], gamma[sc], None, prior_scale=ps)
             e_sc = torch.zeros_like(z)
             e_sc[sc] = first.e_hat
-        out = model(z, gamma, e_sc, detach_E_rows=sc, logits_rows=B_r)  # logits only for recon rows
+        out = model(z, gamma, e_sc, detach_E_rows=sc, logits_rows=B_r, prior_scale=ps)  # logits: recon rows
 
         recon = recon_nll(out.logits[:B_r], tokens[:B_r], None if mask is None else mask[:B_r])  # (B_r,)
         diff = diffusion_loss(out.e_hat[B_r:], e[B_r:], gamma[B_r:], dgamma[B_r:],
@@ -127,14 +135,16 @@ class RePlaidMethod:
         hook_w[B_r:] = diff.detach()  # variance-minimisation hook weight (paper code figure)
         metrics = {"recon": recon.detach(), "diffusion": diff.detach(), "prior": prior.detach(),
                    "B_r": B_r, "gamma_0": model.schedule.gamma_0.item(), "gamma_1": model.schedule.gamma_1.item()}
+        if dcfg.prior_ramp_steps > 0:
+            metrics["prior_scale"] = ps
         if dcfg.ce_weight > 0:
-            ce = self._ce_term(model, tokens, t_diff, generator, mask, B_r)
+            ce = self._ce_term(model, tokens, t_diff, generator, mask, B_r, ps)
             loss = loss + dcfg.ce_weight * ce
             metrics["ce"] = ce.detach()
         return loss, metrics
 
     def _ce_term(self, model: RePlaid, tokens: Tensor, t_diff: Tensor, generator: torch.Generator,
-                 mask: Optional[Tensor], B_r: int) -> Tensor:
+                 mask: Optional[Tensor], B_r: int, prior_scale: float = 1.0) -> Tensor:
         """Paper sec. 5.1: ``E_t[-(1/L) sum_l log x_hat(z_t)]`` on the diffusion rows, with the schedule
         detached so the gradient reaches only the embeddings and the denoiser."""
         dev = tokens.device
@@ -143,11 +153,12 @@ class RePlaidMethod:
             gamma, _ = model.schedule(t_diff.to(dev))
         e = model.embedding()[tok]
         eps = torch.randn(e.shape, generator=generator).to(dev)
-        out = model(forward_noise(e, gamma, eps), gamma, None)
+        out = model(forward_noise(e, gamma, eps), gamma, None, prior_scale=prior_scale)
         return recon_nll(out.logits, tok, None if mask is None else mask[B_r:]).mean()
 
     def after_step(self, metrics: dict) -> None:
         self.split.update(metrics["recon"], metrics["diffusion"])
+        self.step += 1
 
     # ------------------------------------------------------------------ evaluation bound
     @torch.no_grad()
@@ -159,7 +170,8 @@ class RePlaidMethod:
                                   predict=lambda z, g: denoise(model, z, g, sc))
 
     def state_dict(self) -> dict:
-        return {"split": self.split.state_dict()}
+        return {"split": self.split.state_dict(), "step": self.step}
 
     def load_state_dict(self, d: dict) -> None:
         self.split.load_state_dict(d["split"])
+        self.step = int(d.get("step", 0))

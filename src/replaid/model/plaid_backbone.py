@@ -111,3 +111,15 @@ class PlaidModel(RePlaid):
     def head_logits(self, feats: Tensor) -> Tensor:
         with torch.autocast(device_type=feats.device.type, enabled=False):
             return self.final.linear(feats.float()).float()
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """RePlaid's groups with the backbone split as the paper's Plaid table: ``backbone`` holds the
+        attention QKV/out and MLP matrices, ``norms_head`` the RMSNorm scales, the output LayerNorm and
+        the final linear layer's weight and bias."""
+        groups = super().param_groups()
+        norms_head = [m.weight for m in self.backbone.modules() if isinstance(m, RMSNorm)]
+        norms_head += list(self.final.parameters())
+        taken = {id(q) for q in norms_head}
+        groups["backbone"] = [q for q in groups["backbone"] if id(q) not in taken]
+        groups["norms_head"] = [q for q in norms_head if q.requires_grad]
+        return groups

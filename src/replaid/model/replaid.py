@@ -114,7 +114,8 @@ class RePlaid(nn.Module):
         return self.final.linear(feats).float()
 
     def forward(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None,
-                detach_E_rows: Optional[Tensor] = None, logits_rows: Optional[int] = None) -> DenoiserOutput:
+                detach_E_rows: Optional[Tensor] = None, logits_rows: Optional[int] = None,
+                prior_scale: float = 1.0) -> DenoiserOutput:
         """(z_t, gamma, e_sc) -> (logits, e_hat).
 
         detach_E_rows: (B,) bool, rows whose output prior logits and reparameterisation use
@@ -122,13 +123,14 @@ class RePlaid(nn.Module):
         logits_rows: return logits only for rows ``[0, logits_rows)`` (e.g. the reconstruction rows);
             with ``model.head_chunk_rows > 0`` the other rows' (L, V) logits are computed in chunks
             and recomputed in the backward pass, so the full float32 logits are never held.
+        prior_scale: multiplies the output prior logits (Plaid's ``bias_scale`` ramp; 1 = RePlaid).
         """
         feats, _ = self.hidden_states(z, gamma, e_sc)  # (B, L, hidden)
         E = self.embedding()
         B = z.shape[0]
         need = B if logits_rows is None else int(logits_rows)
         if need == B and not self.cfg.head_chunk_rows and (detach_E_rows is None or not bool(detach_E_rows.any())):
-            return self._output(feats, z, gamma, E)  # sampling / evaluation: no row bookkeeping
+            return self._output(feats, z, gamma, E, prior_scale)  # sampling / evaluation: no row bookkeeping
         det = detach_E_rows if detach_E_rows is not None else torch.zeros(B, dtype=torch.bool, device=z.device)
         chunk = self.cfg.head_chunk_rows or B
         order, e_parts, l_parts = [], [], []
@@ -141,12 +143,13 @@ class RePlaid(nn.Module):
                 for k in range(0, idx.numel(), chunk):
                     r = idx[k:k + chunk]
                     if want:
-                        logits, e_hat = self._output(feats[r], z[r], gamma[r], Eg)
+                        logits, e_hat = self._output(feats[r], z[r], gamma[r], Eg, prior_scale)
                         l_parts.append(logits)
                     elif self.cfg.head_chunk_rows and torch.is_grad_enabled():
-                        e_hat = checkpoint(self._e_hat_only, feats[r], z[r], gamma[r], Eg, use_reentrant=False)
+                        e_hat = checkpoint(self._e_hat_only, feats[r], z[r], gamma[r], Eg, prior_scale,
+                                           use_reentrant=False)
                     else:
-                        e_hat = self._e_hat_only(feats[r], z[r], gamma[r], Eg)
+                        e_hat = self._e_hat_only(feats[r], z[r], gamma[r], Eg, prior_scale)
                     order.append(r)
                     e_parts.append(e_hat)
         inv = torch.empty(B, dtype=torch.long, device=z.device)
@@ -160,16 +163,17 @@ class RePlaid(nn.Module):
         inv_l[first] = torch.arange(n_first, device=z.device)
         return DenoiserOutput(torch.cat(l_parts).index_select(0, inv_l), e_hat)
 
-    def _output(self, feats: Tensor, z: Tensor, gamma: Tensor, E: Tensor) -> DenoiserOutput:
+    def _output(self, feats: Tensor, z: Tensor, gamma: Tensor, E: Tensor, prior_scale: float = 1.0) -> DenoiserOutput:
         logits = self.head_logits(feats)  # (b, L, V): the head in bf16 under autocast
         with torch.autocast(device_type=z.device.type, enabled=False):
             if self.cfg.output_prior:
-                logits = logits + prior_logits(z, gamma, E)  # float32
+                prior = prior_logits(z, gamma, E)  # float32
+                logits = logits + (prior if prior_scale == 1.0 else prior_scale * prior)
             e_hat = torch.softmax(logits, dim=-1) @ E.float()  # (b, L, d_e) float32
         return DenoiserOutput(logits, e_hat)
 
-    def _e_hat_only(self, feats: Tensor, z: Tensor, gamma: Tensor, E: Tensor) -> Tensor:
-        return self._output(feats, z, gamma, E).e_hat
+    def _e_hat_only(self, feats: Tensor, z: Tensor, gamma: Tensor, E: Tensor, prior_scale: float = 1.0) -> Tensor:
+        return self._output(feats, z, gamma, E, prior_scale).e_hat
 
     # ---- parameter groups (paper optimiser tables) ----------------------------------------
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
