@@ -78,16 +78,17 @@ class PFODE:
 
     @torch.no_grad()
     def drift_and_div(self, z: Tensor, gamma: Tensor, n_hutch: int = 1, probe: str = "rademacher",
-                      jvp: str = "fd", h: float = 1e-3, generator: Optional[torch.Generator] = None
-                      ) -> tuple[Tensor, Tensor]:
-        """Drift (B, L, d_e) and Hutchinson estimate of its divergence (B,) float64 at (z, gamma)."""
+                      jvp: str = "fd", h: float = 1e-3, generator: Optional[torch.Generator] = None,
+                      probes: Optional[Sequence[Tensor]] = None) -> tuple[Tensor, Tensor]:
+        """Drift (B, L, d_e) and Hutchinson estimate of its divergence (B,) float64 at (z, gamma);
+        ``probes`` fixes the Hutchinson vectors (an adaptive solver needs a deterministic drift)."""
         e_sc = self.self_cond_input(z, gamma)
         v = self.drift(z, gamma, e_sc, use_cached=True)
         if self.sc and self.correction:
             f = lambda zz: self.drift(zz, gamma)  # noqa: E731  e_sc recomputed at the perturbed state
         else:
             f = lambda zz: self.drift(zz, gamma, e_sc, use_cached=True)  # noqa: E731
-        div = hutchinson_divergence(f, z, n_hutch, probe, jvp, h, generator)
+        div = hutchinson_divergence(f, z, n_hutch, probe, jvp, h, generator, probes)
         return v, div
 
 
@@ -103,16 +104,20 @@ def draw_probe(shape, probe: str, generator: Optional[torch.Generator], device, 
 
 
 def hutchinson_divergence(f: Callable[[Tensor], Tensor], z: Tensor, n_hutch: int = 1, probe: str = "rademacher",
-                          jvp: str = "fd", h: float = 1e-3, generator: Optional[torch.Generator] = None) -> Tensor:
+                          jvp: str = "fd", h: float = 1e-3, generator: Optional[torch.Generator] = None,
+                          probes: Optional[Sequence[Tensor]] = None) -> Tensor:
     """``mean_j xi_j^T (df/dz) xi_j`` per row (B,) float64 (Hutchinson's estimator).
 
     ``jvp="fd"``: central difference ``(f(z + h xi) - f(z - h xi)) / 2h``; ``jvp="autograd"``:
-    ``torch.func.jvp``. The divergence is over all non-batch dims of z (B, ...).
+    ``torch.func.jvp``. The divergence is over all non-batch dims of z (B, ...). ``probes``: given
+    vectors (each shaped like z) instead of ``n_hutch`` fresh draws.
     """
     B = z.shape[0]
     total = torch.zeros(B, dtype=torch.float64, device=z.device)
-    for _ in range(n_hutch):
-        xi = draw_probe(tuple(z.shape), probe, generator, z.device, z.dtype)
+    if probes is not None:
+        n_hutch = len(probes)
+    for j in range(n_hutch):
+        xi = probes[j].to(z.dtype) if probes is not None else draw_probe(tuple(z.shape), probe, generator, z.device, z.dtype)
         if jvp == "fd":
             jv = (f(z + h * xi).double() - f(z - h * xi).double()) / (2 * h)
         elif jvp == "autograd":
@@ -134,11 +139,15 @@ def hutchinson_divergence(f: Callable[[Tensor], Tensor], z: Tensor, n_hutch: int
 def ode_log_weight(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float, *, steps: int = 128,
                    n_hutch: int = 1, probe: str = "rademacher", jvp: str = "fd", h: float = 1e-3,
                    self_cond: Optional[bool] = None, selfcond_correction: bool = True,
-                   generator: Optional[torch.Generator] = None, ode: Optional[PFODE] = None) -> dict[str, Tensor]:
+                   generator: Optional[torch.Generator] = None, ode: Optional[PFODE] = None,
+                   solver: str = "heun", rtol: float = 1e-5, atol: float = 1e-5) -> dict[str, Tensor]:
     """One importance sample per row: ``log w`` (eq. ode-logweight-gamma) for tokens (B, L).
 
-    Heun2 on a uniform gamma grid from gamma_0 to gamma_1. Returns float64 (B,) tensors
-    ``log_w``, ``log_px_z0``, ``log_q``, ``log_pz1``, ``div_int`` (the log-weight's pieces).
+    ``solver="heun"``: Heun2 on a uniform gamma grid of ``steps`` steps from gamma_0 to gamma_1,
+    fresh Hutchinson probes at every drift evaluation. ``solver="dopri5"``: torchdiffeq's adaptive
+    Dormand-Prince (``rtol``, ``atol``) on the augmented state (z, int div) in float64, with the
+    probes fixed per row for the whole solve (FFJORD) so the drift is deterministic. Returns float64
+    (B,) tensors ``log_w``, ``log_px_z0``, ``log_q``, ``log_pz1``, ``div_int`` (the log-weight's pieces).
     """
     ode = ode or PFODE(denoiser, self_cond, selfcond_correction)
     E = denoiser.embedding_matrix()
@@ -158,9 +167,24 @@ def ode_log_weight(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float, *, 
     log_q = (-0.5 * n * LOG_2PI - 0.5 * n * torch.log(s0.view(-1) ** 2)
              - ((z0.double() - a0 * e) ** 2).reshape(B, -1).sum(1) / (2 * s0.view(-1) ** 2))
 
+    if solver == "heun":
+        z, div_int = _solve_heun(ode, z0, gamma_0, gamma_1, steps, n_hutch=n_hutch, probe=probe, jvp=jvp, h=h,
+                                 generator=generator)
+    elif solver == "dopri5":
+        probes = [draw_probe(tuple(z0.shape), probe, generator, dev, torch.float64) for _ in range(n_hutch)]
+        z, div_int = _solve_adaptive(ode, z0, gamma_0, gamma_1, rtol, atol, probes=probes, jvp=jvp, h=h)
+    else:
+        raise ValueError(f"unknown ODE solver {solver!r}; use heun or dopri5")
+    log_pz1 = -0.5 * n * LOG_2PI - 0.5 * (z.double() ** 2).reshape(B, -1).sum(1)
+    log_w = log_px_z0 + log_pz1 + div_int - log_q
+    return {"log_w": log_w, "log_px_z0": log_px_z0, "log_q": log_q, "log_pz1": log_pz1, "div_int": div_int}
+
+
+def _solve_heun(ode: PFODE, z0: Tensor, gamma_0: float, gamma_1: float, steps: int, **kw) -> tuple[Tensor, Tensor]:
+    """Heun2 from gamma_0 to gamma_1: (z(gamma_1), int div dgamma (B,) float64)."""
+    B, dev = z0.shape[0], z0.device
     grid = torch.linspace(float(gamma_0), float(gamma_1), steps + 1, dtype=torch.float64)
     z, div_int = z0, torch.zeros(B, dtype=torch.float64, device=dev)
-    kw = dict(n_hutch=n_hutch, probe=probe, jvp=jvp, h=h, generator=generator)
     for i in range(steps):
         ga, gb = grid[i].item(), grid[i + 1].item()
         dg = gb - ga
@@ -169,9 +193,26 @@ def ode_log_weight(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float, *, 
         vb, db = ode.drift_and_div(z_pred, torch.full((B,), gb, dtype=torch.float64, device=dev), **kw)
         z = (z.double() + 0.5 * dg * (va.double() + vb.double())).to(z0.dtype)
         div_int += 0.5 * dg * (da + db)
-    log_pz1 = -0.5 * n * LOG_2PI - 0.5 * (z.double() ** 2).reshape(B, -1).sum(1)
-    log_w = log_px_z0 + log_pz1 + div_int - log_q
-    return {"log_w": log_w, "log_px_z0": log_px_z0, "log_q": log_q, "log_pz1": log_pz1, "div_int": div_int}
+    return z, div_int
+
+
+def _solve_adaptive(ode: PFODE, z0: Tensor, gamma_0: float, gamma_1: float, rtol: float, atol: float,
+                    **kw) -> tuple[Tensor, Tensor]:
+    """torchdiffeq dopri5 on (z, int div) in float64 with fixed probes (``kw["probes"]``)."""
+    try:
+        from torchdiffeq import odeint
+    except ImportError:
+        raise ValueError("--solver dopri5 needs torchdiffeq: pip install torchdiffeq") from None
+    B, dev = z0.shape[0], z0.device
+
+    def f(g: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        v, div = ode.drift_and_div(state[0], g.to(torch.float64).expand(B), **kw)
+        return v.double(), div
+
+    y0 = (z0.double(), torch.zeros(B, dtype=torch.float64, device=dev))
+    ts = torch.tensor([float(gamma_0), float(gamma_1)], dtype=torch.float64, device=dev)
+    zs, divs = odeint(f, y0, ts, rtol=rtol, atol=atol, method="dopri5")
+    return zs[-1].to(z0.dtype), divs[-1]
 
 
 def ode_log_weights(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float, K: int = 1,

@@ -21,6 +21,10 @@ def register(sub) -> None:
     p.add_argument("--num-seqs", type=int, default=64, help="number of sequences scored")
     p.add_argument("--K", type=int, default=8, help="importance samples per sequence (K_max of the K-curve)")
     p.add_argument("--steps", type=int, default=128, help="Heun steps on the uniform gamma grid")
+    p.add_argument("--solver", default="heun", choices=["heun", "dopri5"],
+                   help="fixed-step Heun, or torchdiffeq's adaptive dopri5 (fixed probes per row)")
+    p.add_argument("--rtol", type=float, default=1e-5, help="dopri5 relative tolerance")
+    p.add_argument("--atol", type=float, default=1e-5, help="dopri5 absolute tolerance")
     p.add_argument("--n-hutch", type=int, default=1, help="Hutchinson probes per drift evaluation")
     p.add_argument("--probe", default="rademacher", choices=["rademacher", "gaussian"])
     p.add_argument("--jvp", default="fd", choices=["fd", "autograd"], help="finite differences or torch.func.jvp")
@@ -43,6 +47,9 @@ def _tokens(run, split: str, n: int):
     bs = max(1, min(n, run.cfg.eval.batch_size))
     rows, got = [], 0
     for batch in run.data.eval_batches(split, bs, -(-n // bs)):
+        if batch.get("mask") is not None and not bool(batch["mask"].all()):
+            raise ValueError("the ODE likelihood scores every position but this run pads documents "
+                             "(data.packing=false); evaluate a packed run or use 'replaid eval' (masked NELBO)")
         rows.append(batch["tokens"])
         got += batch["tokens"].shape[0]
         if got >= n:
@@ -72,7 +79,8 @@ def run(args) -> int:
         progress = lambda i, n: print(f"\rlikelihood {i}/{n} rows", end="", file=sys.stderr, flush=True)  # noqa: E731
     res = estimate_likelihood(model, tokens, g0, g1, K=args.K, batch_size=args.batch_size, seed=args.seed,
                               subsample=args.subsample, steps=args.steps, n_hutch=args.n_hutch, probe=args.probe,
-                              jvp=args.jvp, h=args.h, self_cond=sc,
+                              jvp=args.jvp, h=args.h, self_cond=sc, solver=args.solver, rtol=args.rtol,
+                              atol=args.atol,
                               selfcond_correction=args.selfcond_correction == "on", progress=progress)
     if progress is not None:
         print(file=sys.stderr)
@@ -91,7 +99,9 @@ def run(args) -> int:
     summary.update(nelbo_nats_per_token=nelbo_nats, nelbo_ppl=math.exp(nelbo_nats),
                    nelbo_stderr=float(nel.std() / math.sqrt(len(nel))) if len(nel) > 1 else float("nan"),
                    nelbo_seconds=time.time() - t0, gamma_0=g0, gamma_1=g1, self_conditioning=sc,
-                   selfcond_correction=args.selfcond_correction == "on", steps=args.steps, n_hutch=args.n_hutch,
+                   selfcond_correction=args.selfcond_correction == "on", solver=args.solver,
+                   steps=args.steps if args.solver == "heun" else None,
+                   tolerances=None if args.solver == "heun" else [args.rtol, args.atol], n_hutch=args.n_hutch,
                    probe=args.probe, jvp=args.jvp, h=args.h, split=args.split, checkpoint=str(run_.ckpt),
                    step=run_.step, weights="ema" if run_.ema_loaded else "raw")
     out = Path(args.out)
