@@ -146,3 +146,15 @@ def test_sweep_command_writes_points_and_plots(ar_and_diffusion_runs, tmp_path, 
         assert (out / f).is_file(), f
     assert main(["sweep", str(rp), "--out", str(out)]) == 2  # no judge: one-line error
     assert "judge" in capsys.readouterr().err
+
+
+def test_reference_windows_are_disjoint_and_bounded(ar_and_diffusion_runs):
+    from replaid.loading import load_run
+    from replaid.quality import reference_windows
+
+    run = load_run(ar_and_diffusion_runs[0])
+    n = len(run.data.dataset("valid")) // 2
+    a, b = reference_windows(run, "valid", n)[1], reference_windows(run, "valid", n, offset=1)[1]
+    assert len(a) == len(b) == n and not ({tuple(x) for x in a} & {tuple(x) for x in b})
+    with pytest.raises(ValueError, match="lower --num"):
+        reference_windows(run, "valid", n + 1, offset=1)

@@ -219,9 +219,10 @@ def reference_windows(run, split: str, n: int, offset: int = 0) -> tuple[list[st
     """``n`` held-out windows of the run's ``data.seq_len`` tokens, evenly spaced over ``split``
     (``offset`` shifts them by half a spacing, giving a disjoint second set); (texts, ids)."""
     ds = run.data.dataset(split)
-    if len(ds) < n:
+    need = n if offset == 0 else 2 * n  # the shifted set must not share windows with the first
+    if len(ds) < need:
         raise ValueError(f"the {split} split has {len(ds)} sequences of {run.cfg.data.seq_len} tokens, fewer than the "
-                         f"{n} references asked for; lower --num")
+                         f"{need} held-out windows needed; lower --num to at most {len(ds) // 2}")
     step = len(ds) / n
     idx = [min(len(ds) - 1, int(i * step + offset * step / 2)) for i in range(n)]
     toks = run.data.dataset(split).get_batch(idx)["tokens"].tolist()
