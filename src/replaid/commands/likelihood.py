@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -74,16 +73,18 @@ def run(args) -> int:
     tokens = _tokens(run_, args.split, args.num_seqs)
     sc = bool(getattr(model, "self_conditioning", False)) and not args.no_self_cond \
         and bool(getattr(run_.cfg.eval, "self_conditioning", True))
-    progress = None
-    if not args.json:
-        progress = lambda i, n: print(f"\rlikelihood {i}/{n} rows", end="", file=sys.stderr, flush=True)  # noqa: E731
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=tokens.shape[0] * args.K, desc="ODE log-weights", unit="row")  # stderr; JSON goes to stdout
+
+    def progress(i: int, n: int) -> None:
+        bar.update(i - bar.n)
     res = estimate_likelihood(model, tokens, g0, g1, K=args.K, batch_size=args.batch_size, seed=args.seed,
                               subsample=args.subsample, steps=args.steps, n_hutch=args.n_hutch, probe=args.probe,
                               jvp=args.jvp, h=args.h, self_cond=sc, solver=args.solver, rtol=args.rtol,
                               atol=args.atol,
                               selfcond_correction=args.selfcond_correction == "on", progress=progress)
-    if progress is not None:
-        print(file=sys.stderr)
+    bar.close()
     # the matched VDM NELBO on the same sequences
     t0 = time.time()
     gen = torch.Generator().manual_seed(args.seed + 1)
