@@ -32,6 +32,10 @@ def main() -> None:
     p.add_argument("--out", default="runs/compare")
     p.add_argument("--only", nargs="*", help="subset of method labels")
     p.add_argument("--rewrite", action="store_true", help="only rewrite the table from docs/results/methods.json")
+    p.add_argument("--quality", type=int, default=128, metavar="N",
+                   help="samples per method scored by GenPPL (judge: the comparison's AR run), entropy and MAUVE "
+                        "against N test windows (0 = skip)")
+    p.add_argument("--quality-steps", type=int, default=64, help="sampling steps of the diffusion methods")
     a = p.parse_args()
     from replaid.config import resolve
     from replaid.train import train
@@ -40,7 +44,10 @@ def main() -> None:
               f"train.steps={a.steps}", "train.batch_size=32", "train.log_every=25", "eval.split=test",
               "eval.max_batches=0", "eval.t_samples=8", "optim.warmup_steps=100", "optim.ema=0.99"]
     if a.rewrite:
-        write(json.loads((ROOT / "docs" / "results" / "methods.json").read_text()), a, common)
+        results = json.loads((ROOT / "docs" / "results" / "methods.json").read_text())
+        if a.quality and "AR" in results and not all("quality" in r for r in results.values()):
+            quality(results, a)
+        write(results, a, common)
         return
     results = {}
     for label, method, extra in METHODS:
@@ -59,7 +66,29 @@ def main() -> None:
                           "train_tokens": a.steps * 32 * 64}
         print(f"{label:20s} {results[label]['bound']:9s} PPL {ev[f'{key}_ppl']:8.2f} "
               f"({time.time() - t0:.0f} s)", flush=True)
+    if a.quality and "AR" in results:
+        quality(results, a)
     write(results, a, common)
+
+
+def quality(results: dict, a) -> None:
+    """GenPPL (judge: the AR run of this comparison, trained on the same data), unigram entropy and
+    MAUVE of ``a.quality`` samples per method (DDPM ancestral for the continuous methods, each
+    method's own sampler otherwise), all against the same held-out test windows."""
+    from replaid.loading import load_run
+    from replaid.quality import make_judge
+    from replaid.sweep import quality_sweep
+
+    judge = make_judge(judge_run=results["AR"]["run"])
+    for label, r in results.items():
+        pts = quality_sweep(load_run(r["run"]), judge, samplers=["ddpm"], steps=[a.quality_steps], temperatures=[],
+                            temp_sampler="ddpm", temp_steps=a.quality_steps, num=a.quality, split="test",
+                            progress=False)
+        data, pt = pts[0], pts[1]
+        r["quality"] = {"gen_ppl": pt.gen_ppl, "entropy": pt.entropy, "mauve": pt.mauve, "nfe": pt.nfe,
+                        "sampler": pt.sampler, "steps": pt.steps, "num": a.quality, "example": pt.example,
+                        "data_gen_ppl": data.gen_ppl, "data_entropy": data.entropy, "data_mauve": data.mauve}
+        print(f"{label:20s} GenPPL {pt.gen_ppl:8.1f} entropy {pt.entropy:.3f} MAUVE {pt.mauve:.3f}", flush=True)
 
 
 def write(results: dict, a, common: list[str]) -> None:
@@ -90,7 +119,7 @@ def write(results: dict, a, common: list[str]) -> None:
         f"Date {datetime.date.today().isoformat()}; hardware: {platform.processor() or platform.machine()}, "
         f"2 CPU cores, no GPU.",
         "",
-        f"Command: `.venv/bin/python scripts/compare_methods.py --steps {a.steps} --out {a.out}` "
+        f"Command: `.venv/bin/python scripts/compare_methods.py --steps {a.steps} --out {a.out} --quality {a.quality}` "
         f"(corpus `{Path(a.corpus).name}` from `../shared/data`, test split; one BPE tokenizer of 2,048 "
         f"tokens trained on its train split; the `demo` model size: hidden 128, 4 layers, 4 heads; L = 64; "
         f"batch 32; {a.steps} steps = {a.steps * 32 * 64:,} training tokens for every method).",
@@ -102,14 +131,27 @@ def write(results: dict, a, common: list[str]) -> None:
         lines.append(f"| {label} | {r['bound']} | {r['ppl']:.2f} | {r['nats_per_token']:.3f} ± "
                      f"{r['stderr_nats']:.3f} | {r['train_seconds']:.0f} | {PAPER_OWT_1M[label]} |")
     uni = next(iter(results.values()))["unigram_ppl"] if results else float("nan")
-    lines += ["", f"Unigram perplexity of the same test split (add-one, fitted on train): {uni:.2f}.", "",
+    lines += ["", f"Unigram perplexity of the same test split (add-one, fitted on train): {uni:.2f}. Train "
+              "seconds are wall-clock on the same 2-core machine; other jobs shared it during some runs, so "
+              "compare speed with `benchmarks/` instead.", "",
               "![training curves](methods_training.png)", "",
               f"Overrides common to all runs: `{' '.join(common)}`.", ""]
+    q = {k: r["quality"] for k, r in results.items() if "quality" in r}
+    if q:
+        d = next(iter(q.values()))
+        lines += ["## Sample quality", "", f"{d['num']} samples of 64 tokens per method (continuous methods: DDPM "
+                  f"ancestral, T = {d['steps']}; MDLM/Duo: their ancestral samplers, T = {d['steps']}; AR: ancestral, "
+                  f"temperature 1). GenPPL judge: the AR run above (so AR's own row is scored by itself and is "
+                  f"optimistic); entropy over sample ids; MAUVE (all-MiniLM-L6-v2 features) against {d['num']} "
+                  f"test windows. Held-out text scores GenPPL {d['data_gen_ppl']:.1f}, entropy "
+                  f"{d['data_entropy']:.3f}, MAUVE {d['data_mauve']:.3f}.", "",
+                  "| method | NFE | GenPPL | entropy | MAUVE |", "|---|---|---|---|---|"]
+        for label, r in sorted(q.items(), key=lambda kv: kv[1]["gen_ppl"]):
+            lines.append(f"| {label} | {r['nfe']} | {r['gen_ppl']:.1f} | {r['entropy']:.3f} | {r['mauve']:.3f} |")
+        lines.append("")
     md = out / "methods.md"
     old = md.read_text() if md.is_file() else ""
     keep = old[old.index("## Discussion"):] if "## Discussion" in old else ""  # hand-written, kept on re-runs
-    lines += ["Train seconds are wall-clock on the same 2-core machine; other jobs shared it during some runs, "
-              "so compare speed with `benchmarks/` instead.", ""]
     md.write_text("\n".join(lines) + ("\n" + keep if keep else ""))
     print(md.read_text())
 
