@@ -6,7 +6,6 @@ small-step limit of the discrete-time KL, and train / eval / sample through the 
 """
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,13 +13,12 @@ import torch
 import torch.nn.functional as F
 
 from replaid.cli import main
-from replaid.config import ModelConfig, resolve
+from replaid.config import resolve
 from replaid.methods import METHODS, get_method
 from replaid.methods.ar import ARMethod, shift_right, top_p_filter
 from replaid.methods.duo import DuoMethod, duo_alpha, udlm_integrand
 from replaid.methods.mdlm import MDLMMethod, antithetic_times
 from replaid.model.plaid_backbone import PlaidBlock, PlaidModel
-from replaid.model.tokens import TokenDiT
 
 V = 40
 

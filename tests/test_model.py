@@ -6,7 +6,7 @@ from replaid.config import ConfigError, DiffusionConfig, ModelConfig, RunConfig,
 from replaid.methods.replaid import RePlaidMethod, SplitState
 from replaid.model.dit import Backbone, DiTBlock
 from replaid.model.replaid import RePlaid
-from replaid.presets import ISOFLOP_SIZES, PRESETS, get_preset
+from replaid.presets import PRESETS, get_preset
 from replaid.schedule import NoiseSchedule
 
 

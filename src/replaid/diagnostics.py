@@ -13,7 +13,6 @@ Diffusion Loss". All quantities are per token (length-normalised):
 """
 from __future__ import annotations
 
-import math
 from typing import Callable, Iterable, Optional
 
 import numpy as np

@@ -22,10 +22,12 @@ the attention mask, L2-normalised), loaded with ``HF_HUB_OFFLINE=1``.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -215,6 +217,21 @@ def mauve_score(p_features: np.ndarray, q_features: np.ndarray, seed: int = 25, 
     return min(1.0, float(out.mauve))  # mauve-text can return 1 + 4e-16
 
 
+def read_samples(path: str) -> tuple[list[str], Optional[list[list[int]]]]:
+    """Texts (and ids when every JSONL row has them) from a JSONL (``replaid sample --json``) or a
+    plain-text file (one sample a line)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p} does not exist; pass the JSONL written by 'replaid sample --json' or a .txt")
+    lines = [ln for ln in p.read_text().splitlines() if ln.strip()]
+    if p.suffix in (".jsonl", ".json"):
+        rows = [json.loads(ln) for ln in lines]
+        texts = [r["text"] for r in rows]
+        ids = [r["ids"] for r in rows] if all("ids" in r for r in rows) else None
+        return texts, ids
+    return lines, None
+
+
 def reference_windows(run, split: str, n: int, offset: int = 0) -> tuple[list[str], list[list[int]]]:
     """``n`` held-out windows of the run's ``data.seq_len`` tokens, evenly spaced over ``split``
     (``offset`` shifts them by half a spacing, giving a disjoint second set); (texts, ids)."""
@@ -225,25 +242,17 @@ def reference_windows(run, split: str, n: int, offset: int = 0) -> tuple[list[st
                          f"{need} held-out windows needed; lower --num to at most {len(ds) // 2}")
     step = len(ds) / n
     idx = [min(len(ds) - 1, int(i * step + offset * step / 2)) for i in range(n)]
-    toks = run.data.dataset(split).get_batch(idx)["tokens"].tolist()
+    toks = ds.get_batch(idx)["tokens"].tolist()
     return [run.tokenizer.decode(t) for t in toks], toks
 
 
 def reference_texts(spec: str, n: int, chars: int, default_source: Optional[str] = None) -> list[str]:
     """Reference texts for MAUVE from a file (JSONL ``text`` rows or lines), or from ``[SOURCE:]SPLIT``
     of any ``data.source`` cut into ``n`` pieces of ``chars`` characters spread over the split."""
-    from pathlib import Path
-
     from .data.sources import iter_documents
 
-    p = Path(spec)
-    if p.is_file():
-        lines = [ln for ln in p.read_text().splitlines() if ln.strip()]
-        if p.suffix in (".jsonl", ".json"):
-            import json
-
-            return [json.loads(ln)["text"] for ln in lines]
-        return lines
+    if Path(spec).is_file():
+        return read_samples(spec)[0]
     source, _, split = spec.rpartition(":")
     if split not in ("train", "valid", "test"):
         raise ValueError(f"--reference {spec!r} is neither a file nor [SOURCE:]SPLIT with SPLIT in train/valid/test")

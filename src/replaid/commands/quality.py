@@ -6,8 +6,9 @@ from pathlib import Path
 
 from ..cli import add_command, emit
 
-EXAMPLE = ("example: replaid sample runs/demo --num 64 --json > samples.jsonl && replaid quality samples.jsonl "
-           "--judge ../shared/models/gpt2 --reference ref.jsonl --out runs/demo/quality --json")
+EXAMPLE = ("example: replaid sample runs/demo --num 128 --json > samples.jsonl && replaid quality samples.jsonl "
+           "--judge-run runs/demo-ar --reference valid --out runs/demo/quality --json\n"
+           "         (--judge gpt2-large, or a local Hugging Face model folder, for a pretrained judge)")
 
 
 def register(sub) -> None:
@@ -30,22 +31,9 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def read_samples(path: str) -> tuple[list[str], list[list[int]] | None]:
-    """Texts (and ids when every JSONL row has them) from a JSONL or plain-text file."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{p} does not exist; pass the JSONL written by 'replaid sample --json' or a .txt")
-    lines = [ln for ln in p.read_text().splitlines() if ln.strip()]
-    if p.suffix in (".jsonl", ".json"):
-        rows = [json.loads(ln) for ln in lines]
-        texts = [r["text"] for r in rows]
-        ids = [r["ids"] for r in rows] if all("ids" in r for r in rows) else None
-        return texts, ids
-    return lines, None
-
-
 def run(args) -> int:
-    from ..quality import make_judge, mauve_score, reference_texts, sentence_features, unigram_entropy
+    from ..quality import (make_judge, mauve_score, read_samples, reference_texts, sentence_features,
+                           unigram_entropy)
 
     texts, ids = read_samples(args.samples)
     if not texts:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import datetime
-import json
 import platform
 from pathlib import Path
 
