@@ -146,6 +146,12 @@ def test_sweep_command_writes_points_and_plots(ar_and_diffusion_runs, tmp_path, 
         assert (out / f).is_file(), f
     assert main(["sweep", str(rp), "--out", str(out)]) == 2  # no judge: one-line error
     assert "judge" in capsys.readouterr().err
+    # methods with their own sampler (here AR, its own judge): one ancestral point per temperature
+    assert main(["sweep", str(ar), "--judge-run", str(ar), "--temperatures", "0.7", "--num", "20", "--out",
+                 str(tmp_path / "ar"), "--json"]) == 0
+    pts = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["points"]
+    assert [(p["kind"], p["sampler"], p["steps"], p["temperature"]) for p in pts[1:]] == \
+        [("steps", "ancestral", 32, 1.0), ("temperature", "ancestral", 32, 0.7)]
 
 
 def test_reference_windows_are_disjoint_and_bounded(ar_and_diffusion_runs):

@@ -77,13 +77,14 @@ def quality_sweep(run, judge: Judge, *, samplers: list[str], steps: list[int], t
     ref_feat = sentence_features(ref_texts, encoder)
     configs = [("steps", s, T, 1.0) for s in samplers for T in steps]
     configs += [("temperature", temp_sampler, temp_steps, tau) for tau in temperatures]
-    points: list[SweepPoint] = []
+
+    def score(texts: list[str], ids: list[list[int]]) -> tuple[float, float, float]:
+        """(GenPPL, mean unigram entropy, MAUVE against the references)"""
+        return (judge.score(texts)["gen_ppl"], unigram_entropy(ids)["entropy"],
+                mauve_score(sentence_features(texts, encoder), ref_feat))
 
     data_texts, data_ids = reference_windows(run, split, num, offset=1)
-    pt = SweepPoint("data", "data", 0, 1.0, judge.score(data_texts)["gen_ppl"],
-                    unigram_entropy(data_ids)["entropy"], mauve_score(sentence_features(data_texts, encoder), ref_feat),
-                    example=data_texts[0])
-    points.append(pt)
+    points = [SweepPoint("data", "data", 0, 1.0, *score(data_texts, data_ids), example=data_texts[0])]
     done: dict[tuple, SweepPoint] = {}
     bar = tqdm(configs, desc="sweep", disable=not progress)
     for kind, sampler, T, tau in bar:
@@ -91,8 +92,7 @@ def quality_sweep(run, judge: Judge, *, samplers: list[str], steps: list[int], t
         if (sampler, T, tau) in done:  # same seed, same samples: reuse the scores
             points.append(replace(done[(sampler, T, tau)], kind=kind))
             continue
-        args = SampleArgs(sampler=sampler if continuous else "ddpm", steps=T, num=num, temperature=tau,
-                          batch_size=batch_size, seed=seed)
+        args = SampleArgs(sampler=sampler, steps=T, num=num, temperature=tau, batch_size=batch_size, seed=seed)
         t0 = time.time()
         rows = generate(run, args)
         secs = (time.time() - t0) / num
@@ -101,9 +101,8 @@ def quality_sweep(run, judge: Judge, *, samplers: list[str], steps: list[int], t
             d = Path(out) / "samples"
             d.mkdir(parents=True, exist_ok=True)
             (d / f"{sampler}-T{T}-tau{tau:g}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        pt = SweepPoint(kind, sampler, T, tau, judge.score(texts)["gen_ppl"],
-                        unigram_entropy([r["ids"] for r in rows])["entropy"],
-                        mauve_score(sentence_features(texts, encoder), ref_feat), int(rows[0]["nfe"]), secs, texts[0])
+        pt = SweepPoint(kind, sampler, T, tau, *score(texts, [r["ids"] for r in rows]), int(rows[0]["nfe"]), secs,
+                        texts[0])
         done[(sampler, T, tau)] = pt
         points.append(pt)
     return points
