@@ -9,6 +9,11 @@ Generative perplexity (GenPPL) conventions:
   BOS alone; BOS is never scored and no EOS is appended or scored;
 * GenPPL = ``exp`` of the token-weighted mean NLL over all scored tokens of all samples
   (``per_sample`` also reports each sample's own mean).
+* EOS inside a sample (a document boundary of packed training data) is decoded by the generator's
+  tokenizer as its EOS string (``<|endoftext|>``), which GPT-2's tokenizer and this project's corpus
+  BPE map back to their EOS id, so it is scored like any other token. Samples are *not* truncated
+  at their first EOS (the MDLM/Duo evaluation code scores up to and including the first EOS); with
+  the short windows used here that would drop most of many samples.
 
 With a replaid AR run as the judge (:func:`gen_ppl_ar_run`) the method's exact ``eval_bound``
 (``nll``) is used instead: its tokenizer, its input-only BOS, chunks of ``data.seq_len`` tokens.
