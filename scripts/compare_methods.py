@@ -31,6 +31,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=800)
     p.add_argument("--out", default="runs/compare")
     p.add_argument("--only", nargs="*", help="subset of method labels")
+    p.add_argument("--preset", default="demo", help="model size preset (demo; debug for a smoke test)")
+    p.add_argument("--results", default=str(ROOT / "docs" / "results"), help="folder for methods.md/.json/.png")
     p.add_argument("--rewrite", action="store_true", help="only rewrite the table from docs/results/methods.json")
     p.add_argument("--quality", type=int, default=128, metavar="N",
                    help="samples per method scored by GenPPL (judge: the comparison's AR run), entropy and MAUVE "
@@ -44,7 +46,7 @@ def main() -> None:
               f"train.steps={a.steps}", "train.batch_size=32", "train.log_every=25", "eval.split=test",
               "eval.max_batches=0", "eval.t_samples=8", "optim.warmup_steps=100", "optim.ema=0.99"]
     if a.rewrite:
-        results = json.loads((ROOT / "docs" / "results" / "methods.json").read_text())
+        results = json.loads((Path(a.results) / "methods.json").read_text())
         if a.quality and "AR" in results and not all("quality" in r for r in results.values()):
             quality(results, a)
         write(results, a, common)
@@ -53,7 +55,7 @@ def main() -> None:
     for label, method, extra in METHODS:
         if a.only and label not in a.only:
             continue
-        cfg = resolve("demo", None, [f"method={method}", *common, *extra])
+        cfg = resolve(a.preset, None, [f"method={method}", *common, *extra])
         run = Path(a.out) / label.replace(" ", "_").replace("(", "").replace(")", "").replace(".", "")
         t0 = time.time()
         res = train(cfg, run, progress=False)
@@ -97,7 +99,7 @@ def write(results: dict, a, common: list[str]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = ROOT / "docs" / "results"
+    out = Path(a.results)
     out.mkdir(parents=True, exist_ok=True)
     (out / "methods.json").write_text(json.dumps(results, indent=2))
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -113,6 +115,10 @@ def write(results: dict, a, common: list[str]) -> None:
     fig.tight_layout()
     fig.savefig(out / "methods_training.png", dpi=120)
     ordered = sorted(results.items(), key=lambda kv: kv[1]["ppl"])
+    from replaid.presets import get_preset
+
+    m = get_preset(a.preset).model
+    size = f"hidden {m.hidden}, {m.n_layers} layers, {m.n_heads} heads"
     lines = [
         "# Method comparison on one backbone",
         "",
@@ -121,7 +127,7 @@ def write(results: dict, a, common: list[str]) -> None:
         "",
         f"Command: `.venv/bin/python scripts/compare_methods.py --steps {a.steps} --out {a.out} --quality {a.quality}` "
         f"(corpus `{Path(a.corpus).name}` from `../shared/data`, test split; one BPE tokenizer of 2,048 "
-        f"tokens trained on its train split; the `demo` model size: hidden 128, 4 layers, 4 heads; L = 64; "
+        f"tokens trained on its train split; the `{a.preset}` model size ({size}); L = 64; "
         f"batch 32; {a.steps} steps = {a.steps * 32 * 64:,} training tokens for every method).",
         "",
         "| method | bound | test PPL | nats/token (± s.e.) | train s | paper OWT 1M PPL |",

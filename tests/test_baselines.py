@@ -6,6 +6,7 @@ small-step limit of the discrete-time KL, and train / eval / sample through the 
 """
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -371,3 +372,23 @@ def test_plaid_ramp_reaches_the_training_loss(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     scales = [r["prior_scale"] for r in rows if "prior_scale" in r]
     assert scales == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+
+
+@pytest.mark.slow
+def test_compare_methods_script_smoke(shared, tmp_path):
+    """scripts/compare_methods.py (the issue's comparison table) runs end to end at debug size."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    res = tmp_path / "results"
+    r = subprocess.run([sys.executable, str(repo / "scripts" / "compare_methods.py"), "--preset", "debug",
+                        "--steps", "2", "--quality", "0", "--out", str(tmp_path / "runs"), "--results", str(res),
+                        "--corpus", str(shared / "data" / "tinyshakespeare")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = json.loads((res / "methods.json").read_text())
+    assert set(data) == {"AR", "MDLM (low var.)", "Duo", "Plaid (s.c.)", "RePlaid (no s.c.)", "RePlaid (s.c.)"}
+    assert data["AR"]["bound"] == "exact NLL" and all(math.isfinite(d["ppl"]) for d in data.values())
+    md = (res / "methods.md").read_text()
+    assert "| RePlaid (s.c.) | NELBO |" in md and (res / "methods_training.png").is_file()
