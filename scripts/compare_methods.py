@@ -116,6 +116,12 @@ def write(results: dict, a, common: list[str]) -> None:
     fig.savefig(out / "methods_training.png", dpi=120)
     ordered = sorted(results.items(), key=lambda kv: kv[1]["ppl"])
     from replaid.presets import get_preset
+    extra_args = f" --preset {a.preset}" if a.preset != "demo" else ""
+    if a.only:
+        extra_args += " --only " + " ".join(f'"{x}"' for x in a.only)
+    res_dir = Path(a.results).resolve()
+    if res_dir != ROOT / "docs" / "results" and res_dir.is_relative_to(ROOT):
+        extra_args += f" --results {res_dir.relative_to(ROOT)}"
 
     m = get_preset(a.preset).model
     size = f"hidden {m.hidden}, {m.n_layers} layers, {m.n_heads} heads"
@@ -125,7 +131,8 @@ def write(results: dict, a, common: list[str]) -> None:
         f"Date {datetime.date.today().isoformat()}; hardware: {platform.processor() or platform.machine()}, "
         f"2 CPU cores, no GPU.",
         "",
-        f"Command: `.venv/bin/python scripts/compare_methods.py --steps {a.steps} --out {a.out} --quality {a.quality}` "
+        f"Command: `.venv/bin/python scripts/compare_methods.py --steps {a.steps} --out {a.out} --quality {a.quality}"
+        f"{extra_args}` "
         f"(corpus `{Path(a.corpus).name}` from `../shared/data`, test split; one BPE tokenizer of 2,048 "
         f"tokens trained on its train split; the `{a.preset}` model size ({size}); L = 64; "
         f"batch 32; {a.steps} steps = {a.steps * 32 * 64:,} training tokens for every method).",
