@@ -170,3 +170,15 @@ def test_dopri5_matches_the_exact_likelihood_and_heun():
     assert torch.equal(a["log_w"], b["log_w"])
     with pytest.raises(ValueError, match="solver"):
         ode_log_weight(o, tok[:2], -3.0, 10.0, solver="rk4")
+
+
+def test_hutchinson_with_given_probes_is_the_exact_quadratic_form():
+    """Fixed probes (the dopri5 path): the estimate is exactly mean_j xi_j^T A xi_j for f(z) = A z."""
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(6, 6, generator=g, dtype=torch.float64)
+    z = torch.randn(3, 6, generator=g, dtype=torch.float64)
+    probes = [torch.randn(3, 6, generator=g, dtype=torch.float64) for _ in range(2)]
+    ref = sum(torch.einsum("bi,ij,bj->b", xi, A, xi) for xi in probes) / 2
+    for jvp in ("fd", "autograd"):
+        est = hutchinson_divergence(lambda x: x @ A.T, z, probes=probes, jvp=jvp)
+        assert torch.allclose(est, ref, atol=1e-8), jvp

@@ -38,6 +38,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 
 def unigram_entropy(samples: Sequence[Sequence[int]]) -> dict:
@@ -73,6 +74,36 @@ def _bos_id(tok) -> int:
     raise ValueError("the judge tokenizer has neither a BOS nor an EOS token to start chunks with")
 
 
+def _chunked_gen_ppl(texts: Sequence[str], encode: Callable[[str], list[int]], chunk_len: int,
+                     row_nll: Callable[[Tensor, Tensor], Tensor], batch_size: int) -> dict:
+    """GenPPL bookkeeping shared by both judges: each text's ids are cut into chunks of at most
+    ``chunk_len``, batched and right-padded (ids 0, ``mask`` False), and ``row_nll(ids (B, T), mask
+    (B, T) bool)`` gives each row's summed NLL (B,); sums are token-weighted per text and overall."""
+    chunks, owner = [], []
+    for i, t in enumerate(texts):
+        ids = encode(t)
+        for s in range(0, len(ids), chunk_len):
+            chunks.append(ids[s:s + chunk_len])
+            owner.append(i)
+    if not chunks:
+        raise ValueError("the samples contain no tokens to score")
+    nll_sum, n_tok = np.zeros(len(texts)), np.zeros(len(texts))
+    for s in range(0, len(chunks), batch_size):
+        part = chunks[s:s + batch_size]
+        ids = torch.zeros((len(part), max(len(c) for c in part)), dtype=torch.long)
+        mask = torch.zeros(ids.shape, dtype=torch.bool)
+        for j, c in enumerate(part):
+            ids[j, :len(c)] = torch.tensor(c)
+            mask[j, :len(c)] = True
+        sums = row_nll(ids, mask).double().cpu()
+        for j, c in enumerate(part):
+            nll_sum[owner[s + j]] += float(sums[j])
+            n_tok[owner[s + j]] += len(c)
+    nats = float(nll_sum.sum() / n_tok.sum())
+    per = [float(a / b) if b > 0 else float("nan") for a, b in zip(nll_sum, n_tok)]
+    return {"nats_per_token": nats, "gen_ppl": math.exp(nats), "tokens": int(n_tok.sum()), "per_sample": per}
+
+
 @torch.no_grad()
 def gen_ppl(texts: Sequence[str], model, tokenizer, context: Optional[int] = None, batch_size: int = 8) -> dict:
     """Generative perplexity of ``texts`` under a Hugging Face causal LM (conventions: module docstring)."""
@@ -81,34 +112,16 @@ def gen_ppl(texts: Sequence[str], model, tokenizer, context: Optional[int] = Non
     if ctx < 2:
         raise ValueError("the judge context must be at least 2 tokens")
     bos = _bos_id(tokenizer)
-    chunks, owner = [], []
-    for i, t in enumerate(texts):
-        ids = tokenizer(t, add_special_tokens=False)["input_ids"]
-        for s in range(0, len(ids), ctx - 1):
-            chunks.append([bos] + ids[s:s + ctx - 1])
-            owner.append(i)
-    nll_sum, n_tok = np.zeros(len(texts)), np.zeros(len(texts))
-    for s in range(0, len(chunks), batch_size):
-        part = chunks[s:s + batch_size]
-        T = max(len(c) for c in part)
-        ids = torch.full((len(part), T), bos, dtype=torch.long)
-        att = torch.zeros((len(part), T), dtype=torch.long)
-        for j, c in enumerate(part):
-            ids[j, :len(c)] = torch.tensor(c)
-            att[j, :len(c)] = 1
-        ids, att = ids.to(device), att.to(device)
-        logits = model(input_ids=ids, attention_mask=att).logits[:, :-1].float()  # (B, T-1, V)
-        tgt = ids[:, 1:]
-        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none").view(tgt.shape)
-        m = att[:, 1:].double()
-        for j in range(len(part)):
-            nll_sum[owner[s + j]] += float((nll[j].double() * m[j]).sum())
-            n_tok[owner[s + j]] += float(m[j].sum())
-    if n_tok.sum() == 0:
-        raise ValueError("the samples contain no tokens to score")
-    nats = float(nll_sum.sum() / n_tok.sum())
-    per = [float(a / b) if b > 0 else float("nan") for a, b in zip(nll_sum, n_tok)]
-    return {"nats_per_token": nats, "gen_ppl": math.exp(nats), "tokens": int(n_tok.sum()), "per_sample": per}
+
+    def row_nll(ids: Tensor, mask: Tensor) -> Tensor:
+        inp = torch.cat([torch.full_like(ids[:, :1], bos), ids], 1).to(device)  # BOS, never scored
+        att = torch.cat([torch.ones_like(mask[:, :1]), mask], 1).long().to(device)
+        logits = model(input_ids=inp, attention_mask=att).logits[:, :-1].float()  # (B, T, V)
+        nll = F.cross_entropy(logits.transpose(1, 2), ids.to(device), reduction="none")  # (B, T)
+        return (nll.double() * mask.to(device)).sum(1)
+
+    return _chunked_gen_ppl(texts, lambda t: tokenizer(t, add_special_tokens=False)["input_ids"], ctx - 1,
+                            row_nll, batch_size)
 
 
 @torch.no_grad()
@@ -120,34 +133,15 @@ def gen_ppl_ar_run(texts: Sequence[str], run, batch_size: int = 32) -> dict:
     masked out.
     """
     dev = next(run.model.parameters()).device
-    L = int(run.cfg.data.seq_len)
-    chunks, owner = [], []
-    for i, t in enumerate(texts):
-        ids = run.tokenizer.encode(t)
-        for s in range(0, len(ids), L):
-            chunks.append(ids[s:s + L])
-            owner.append(i)
-    if not chunks:
-        raise ValueError("the samples contain no tokens to score")
-    nll_sum, n_tok = np.zeros(len(texts)), np.zeros(len(texts))
     gen = torch.Generator().manual_seed(0)
-    for s in range(0, len(chunks), batch_size):
-        part = chunks[s:s + batch_size]
-        T = max(len(c) for c in part)
-        ids = torch.zeros((len(part), T), dtype=torch.long)
-        mask = torch.zeros((len(part), T), dtype=torch.bool)
-        for j, c in enumerate(part):
-            ids[j, :len(c)] = torch.tensor(c)
-            mask[j, :len(c)] = True
+
+    def row_nll(ids: Tensor, mask: Tensor) -> Tensor:
         r = run.method.eval_bound(run.model, ids.to(dev), gen, mask.to(dev))
         if "nll" not in r:
             raise ValueError("the judge run's method has no exact nll: pass an AR run (replaid train --method ar)")
-        for j, c in enumerate(part):
-            nll_sum[owner[s + j]] += float(r["nll"][j]) * len(c)
-            n_tok[owner[s + j]] += len(c)
-    nats = float(nll_sum.sum() / n_tok.sum())
-    per = [float(a / b) if b > 0 else float("nan") for a, b in zip(nll_sum, n_tok)]
-    return {"nats_per_token": nats, "gen_ppl": math.exp(nats), "tokens": int(n_tok.sum()), "per_sample": per}
+        return r["nll"].double().cpu() * mask.sum(1)  # per-row mean -> sum
+
+    return _chunked_gen_ppl(texts, run.tokenizer.encode, int(run.cfg.data.seq_len), row_nll, batch_size)
 
 
 @dataclass

@@ -27,8 +27,10 @@ __all__ = [
 
 
 def default_cache_dir() -> Path:
-    """``$REPLAID_CACHE_DIR`` or ``~/.cache/replaid`` (the ``data.cache_dir`` default)."""
-    return Path(os.path.expanduser(os.environ.get("REPLAID_CACHE_DIR", "~/.cache/replaid")))
+    """``$REPLAID_CACHE_DIR`` or the ``data.cache_dir`` default (``~/.cache/replaid``)."""
+    from ..config import DataConfig
+
+    return Path(os.path.expanduser(os.environ.get("REPLAID_CACHE_DIR", DataConfig.cache_dir)))
 
 
 def describe(source: str, tokenizer_kind: str, tokenizer_path: str = "", split: str = "train", *,
