@@ -27,10 +27,10 @@ from common import append_results, device_name, peak_matmul_flops, sync  # noqa:
 def one(preset: str, L: int, B: int, steps: int, chunk: int, device: str, vocab: int | None,
         compile_: bool, ckpt: bool) -> dict:
     from replaid.config import set_key
-    from replaid.flops import train_flops_per_token
+    from replaid.training.flops import train_flops_per_token
     from replaid.methods import get_method
     from replaid.presets import get_preset
-    from replaid.train import EMA, Trainer, TrainModule, autocast_ctx, build_optimizer
+    from replaid.training.train import EMA, Trainer, TrainModule, autocast_ctx, build_optimizer
 
     cfg = get_preset(preset)
     for k, v in {"data.seq_len": L, "train.batch_size": B, "model.head_chunk_rows": chunk,

@@ -39,8 +39,8 @@ def main() -> None:
                         "against N test windows (0 = skip)")
     p.add_argument("--quality-steps", type=int, default=64, help="sampling steps of the diffusion methods")
     a = p.parse_args()
-    from replaid.config import resolve
-    from replaid.train import train
+    from replaid.presets import resolve
+    from replaid.training.train import train
 
     common = [f"data.source={a.corpus}", "data.tokenizer=bpe", "data.bpe_vocab_size=2048", "data.seq_len=64",
               f"train.steps={a.steps}", "train.batch_size=32", "train.log_every=25", "eval.split=test",
@@ -78,8 +78,8 @@ def quality(results: dict, a) -> None:
     MAUVE of ``a.quality`` samples per method (DDPM ancestral for the continuous methods, each
     method's own sampler otherwise), all against the same held-out test windows."""
     from replaid.loading import load_run
-    from replaid.quality import make_judge
-    from replaid.sweep import quality_sweep
+    from replaid.eval.quality import make_judge
+    from replaid.eval.sweep import quality_sweep
 
     judge = make_judge(judge_run=results["AR"]["run"])
     for label, r in results.items():

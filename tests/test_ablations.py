@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from replaid.config import resolve
+from replaid.presets import resolve
 from replaid.methods.replaid import RePlaidMethod
-from replaid.train import train
+from replaid.training.train import train
 
 ABLATIONS = {
     "no-output-prior": ["model.output_prior=false"],

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from replaid.cli import main
-from replaid.config import resolve
+from replaid.presets import resolve
 from replaid.methods import METHODS, get_method
 from replaid.methods.ar import ARMethod, shift_right, top_p_filter
 from replaid.methods.duo import DuoMethod, duo_alpha, udlm_integrand
@@ -307,7 +307,7 @@ def test_plaid_model_has_the_replaid_interface():
     out = model(z, torch.tensor([-1.0, 2.0], dtype=torch.float64))
     assert out.logits.dtype == torch.float32 and out.logits.shape == (2, 5, V)
     # zero head at init: the logits are exactly the output prior (posterior under a uniform token prior)
-    from replaid.denoiser import prior_logits
+    from replaid.diffusion.denoiser import prior_logits
     ref = prior_logits(z, torch.tensor([-1.0, 2.0], dtype=torch.float64), model.embedding())
     assert torch.allclose(out.logits, ref, atol=1e-5)
 
@@ -342,7 +342,7 @@ def test_method_trains_evaluates_and_samples_through_the_cli(method, tmp_path, c
 def test_plaid_optimiser_table_and_prior_ramp():
     """Paper table "Optimization details for Plaid at the 0.1B scale" and Plaid's 5000-step bias_scale ramp."""
     from replaid.presets import get_preset
-    from replaid.train import build_optimizer
+    from replaid.training.train import build_optimizer
 
     cfg = get_preset("owt-0.1b-plaid")
     assert cfg.method == "plaid" and cfg.diffusion.prior_ramp_steps == 5000

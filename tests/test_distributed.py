@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from replaid import checkpoint as ck
+from replaid.training import checkpoint as ck
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -4,7 +4,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from replaid.config import DiffusionConfig, ModelConfig
-from replaid.flops import forward_flops_per_token, self_conditioning_overhead, train_flops_per_token
+from replaid.training.flops import forward_flops_per_token, self_conditioning_overhead, train_flops_per_token
 from replaid.model.replaid import RePlaid
 from replaid.presets import get_preset
 

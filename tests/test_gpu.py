@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from replaid.config import resolve
+from replaid.presets import resolve
 from replaid.methods import get_method
-from replaid.train import Trainer, TrainModule, build_optimizer
+from replaid.training.train import Trainer, TrainModule, build_optimizer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

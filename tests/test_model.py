@@ -2,12 +2,13 @@
 import pytest
 import torch
 
-from replaid.config import ConfigError, DiffusionConfig, ModelConfig, RunConfig, resolve, set_key
+from replaid.config import ConfigError, DiffusionConfig, ModelConfig, RunConfig, set_key
+from replaid.presets import resolve
 from replaid.methods.replaid import RePlaidMethod, SplitState
 from replaid.model.dit import Backbone, DiTBlock
 from replaid.model.replaid import RePlaid
 from replaid.presets import PRESETS, get_preset
-from replaid.schedule import NoiseSchedule
+from replaid.diffusion.schedule import NoiseSchedule
 
 
 def test_schedule_monotone_exact_endpoints_float64():
@@ -242,7 +243,7 @@ def test_chunked_head_matches_unchunked_outputs_and_gradients(prior_scale):
 
 def test_prior_scale_multiplies_exactly_the_output_prior():
     """Plaid's bias_scale: logits(s) = head + s (alpha / sigma^2) z E^T (eq. of the output prior)."""
-    from replaid.denoiser import prior_logits
+    from replaid.diffusion.denoiser import prior_logits
 
     torch.manual_seed(0)
     m = RePlaid(ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4), DiffusionConfig(), 11)

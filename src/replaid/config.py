@@ -357,15 +357,3 @@ def load_yaml(path: str | Path) -> dict:
     if not isinstance(d, dict):
         raise ConfigError(f"config file {p} must hold a mapping of sections (model:, train:, ...)")
     return d
-
-
-def resolve(preset: str | None, yaml_path: str | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Preset, then YAML file, then ``key=value`` overrides; validated."""
-    from .presets import get_preset
-
-    cfg = get_preset(preset or "demo")
-    if yaml_path:
-        apply_dict(cfg, load_yaml(yaml_path), root=cfg)
-    for k, v in parse_overrides(overrides or []):
-        set_key(cfg, k, v)
-    return cfg.validate()

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint as ck
-from .config import ConfigError, RunConfig
-from .methods import get_method
-from .pipeline import DataPipeline
-from .train import resolve_device
+from replaid.training import checkpoint as ck
+from replaid.config import ConfigError, RunConfig
+from replaid.methods import get_method
+from replaid.data.pipeline import DataPipeline
+from replaid.training.train import resolve_device
 
 
 @dataclass

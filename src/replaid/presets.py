@@ -4,7 +4,7 @@ from __future__ import annotations
 import difflib
 from typing import Callable
 
-from .config import ConfigError, OptimConfig, RunConfig
+from replaid.config import ConfigError, OptimConfig, RunConfig, apply_dict, load_yaml, parse_overrides, set_key
 
 # Paper Table "IsoFLOP transformer configurations": non-embedding params (M) -> (hidden, layers, heads)
 ISOFLOP_SIZES: dict[int, tuple[int, int, int]] = {
@@ -133,3 +133,13 @@ def get_preset(name: str) -> RunConfig:
         hint = f"did you mean '{near[0]}'?" if near else "see 'replaid presets'"
         raise ConfigError(f"unknown preset '{name}'; {hint}")
     return PRESETS[name]()
+
+
+def resolve(preset: str | None, yaml_path: str | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Preset, then YAML file, then ``key=value`` overrides; validated."""
+    cfg = get_preset(preset or "demo")
+    if yaml_path:
+        apply_dict(cfg, load_yaml(yaml_path), root=cfg)
+    for k, v in parse_overrides(overrides or []):
+        set_key(cfg, k, v)
+    return cfg.validate()

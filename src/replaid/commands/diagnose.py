@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..cli import add_command, emit
+from replaid.commands import add_command, emit
 
 EXAMPLE = "example: replaid diagnose runs/demo --out runs/demo/diagnose --split valid --batches 4 --grid 33"
 
@@ -27,8 +27,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..diagnostics import diagnose, plot_diagnostics, write_csv
-    from ..loading import load_run
+    from replaid.eval.diagnostics import diagnose, plot_diagnostics, write_csv
+    from replaid.loading import load_run
 
     if args.batches < 1 or args.grid < 2:
         raise ValueError("--batches must be >= 1 and --grid >= 2")

@@ -6,7 +6,7 @@ import math
 import time
 from pathlib import Path
 
-from ..cli import add_command, emit
+from replaid.commands import add_command, emit
 
 EXAMPLE = ("example: replaid likelihood runs/demo --split valid --num-seqs 64 --K 8 --steps 128 "
            "--out runs/demo/likelihood --json")
@@ -62,8 +62,8 @@ def run(args) -> int:
     import numpy as np
     import torch
 
-    from ..likelihood import estimate_likelihood, plot_k_curve, schedule_endpoints
-    from ..loading import load_run
+    from replaid.eval.likelihood import estimate_likelihood, plot_k_curve, schedule_endpoints
+    from replaid.loading import load_run
 
     if args.num_seqs < 1 or args.K < 1 or args.steps < 1 or args.n_hutch < 1:
         raise ValueError("--num-seqs, --K, --steps and --n-hutch must be positive")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..cli import add_command, emit
+from replaid.commands import add_command, emit
 
 EXAMPLE = ("example: replaid sample runs/demo --num 128 --json > samples.jsonl && replaid quality samples.jsonl "
            "--judge-run runs/demo-ar --reference valid --out runs/demo/quality --json\n"
@@ -37,7 +37,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..quality import (make_judge, mauve_score, read_samples, reference_texts, sentence_features,
+    from replaid.eval.quality import (make_judge, mauve_score, read_samples, reference_texts, sentence_features,
                            unigram_entropy)
 
     texts, ids = read_samples(args.samples)

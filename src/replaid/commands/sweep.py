@@ -5,8 +5,8 @@ import datetime
 import platform
 from pathlib import Path
 
-from ..cli import add_command, emit
-from .quality import add_judge_arguments
+from replaid.commands import add_command, emit
+from replaid.commands.quality import add_judge_arguments
 
 EXAMPLE = ("example: replaid sweep runs/demo --judge-run runs/demo-ar --steps 16 64 256 "
            "--temperatures 0.7 0.8 0.9 1.0 --num 128 --out runs/demo/sweep")
@@ -37,10 +37,10 @@ def register(sub) -> None:
 def run(args) -> int:
     from dataclasses import asdict
 
-    from ..loading import load_run
-    from ..quality import make_judge
-    from ..samplers import SAMPLERS
-    from ..sweep import markdown_table, quality_sweep, write_sweep
+    from replaid.loading import load_run
+    from replaid.eval.quality import make_judge
+    from replaid.diffusion.samplers import SAMPLERS
+    from replaid.eval.sweep import markdown_table, quality_sweep, write_sweep
 
     for s in args.samplers + [args.temp_sampler]:
         if s not in SAMPLERS:

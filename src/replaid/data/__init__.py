@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .cache import get_token_array, load_doc_offsets, open_cache, tokenize_to_cache, validate_tokens
-from .errors import DataError
-from .loader import BatchLoader, SequenceDataset, unigram_nll
-from .sources import HF_DATASETS, SPLITS, HFSpec, hf_spec, holdout_split, iter_documents, source_fingerprint
-from .tokenizers import (Tokenizer, build_tokenizer, load_saved_tokenizer, load_tokenizer_file, save_tokenizer,
+from replaid.data.cache import get_token_array, load_doc_offsets, open_cache, tokenize_to_cache, validate_tokens
+from replaid.data.errors import DataError
+from replaid.data.loader import BatchLoader, SequenceDataset, unigram_nll
+from replaid.data.sources import HF_DATASETS, SPLITS, HFSpec, hf_spec, holdout_split, iter_documents, source_fingerprint
+from replaid.data.tokenizers import (Tokenizer, build_tokenizer, load_saved_tokenizer, load_tokenizer_file, save_tokenizer,
                          tokenizer_for_source)
 
 __all__ = [
@@ -28,7 +28,7 @@ __all__ = [
 
 def default_cache_dir() -> Path:
     """``$REPLAID_CACHE_DIR`` or the ``data.cache_dir`` default (``~/.cache/replaid``)."""
-    from ..config import DataConfig
+    from replaid.config import DataConfig
 
     return Path(os.path.expanduser(os.environ.get("REPLAID_CACHE_DIR", DataConfig.cache_dir)))
 

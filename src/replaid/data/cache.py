@@ -17,9 +17,9 @@ from typing import Iterable, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from .errors import DataError
-from .sources import iter_documents, source_fingerprint
-from .tokenizers import Tokenizer
+from replaid.data.errors import DataError
+from replaid.data.sources import iter_documents, source_fingerprint
+from replaid.data.tokenizers import Tokenizer
 
 CACHE_VERSION = 1
 

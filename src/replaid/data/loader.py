@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .cache import load_doc_offsets, validate_tokens
-from .errors import DataError
+from replaid.data.cache import load_doc_offsets, validate_tokens
+from replaid.data.errors import DataError
 
 __all__ = ["SequenceDataset", "BatchLoader", "validate_tokens", "unigram_nll"]
 

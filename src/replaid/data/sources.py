@@ -22,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from .errors import DataError
+from replaid.data.errors import DataError
 
 SPLITS = ("train", "valid", "test")
 SPLIT_STEMS = {"train": ("train",), "valid": ("valid", "validation", "val"), "test": ("test",)}

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Callable, Iterator, Protocol, Sequence
 
-from .errors import DataError
+from replaid.data.errors import DataError
 
 EOT = "<|endoftext|>"
 KINDS = ("gpt2", "llama2", "bert-base-cased", "bert-base-uncased", "bpe", "file")
@@ -292,7 +292,7 @@ def tokenizer_for_source(kind: str, path: str = "", source: str = "", *, text_fi
     """``build_tokenizer``, training a ``bpe`` on the train split of ``source`` when needed."""
     if kind.lower() != "bpe" or str(path).endswith(".json"):
         return build_tokenizer(kind, path, vocab_size=vocab_size, cache_dir=cache_dir)
-    from .sources import iter_documents, source_fingerprint
+    from replaid.data.sources import iter_documents, source_fingerprint
 
     fingerprint = f"{source_fingerprint(source, 'train')}|{text_field}|{max_docs}"
     return build_tokenizer("bpe", corpus=lambda: iter_documents(source, "train", text_field, max_docs),

@@ -6,12 +6,12 @@
 """
 from __future__ import annotations
 
-from ..config import ConfigError, RunConfig
-from .ar import ARMethod
-from .duo import DuoMethod
-from .mdlm import MDLMMethod
-from .plaid import PlaidMethod
-from .replaid import RePlaidMethod
+from replaid.config import ConfigError, RunConfig
+from replaid.methods.ar import ARMethod
+from replaid.methods.duo import DuoMethod
+from replaid.methods.mdlm import MDLMMethod
+from replaid.methods.plaid import PlaidMethod
+from replaid.methods.replaid import RePlaidMethod
 
 METHODS = {"replaid": RePlaidMethod, "ar": ARMethod, "mdlm": MDLMMethod, "plaid": PlaidMethod, "duo": DuoMethod}
 

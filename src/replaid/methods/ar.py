@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..config import RunConfig
-from ..model.tokens import TokenDiT
-from ..nelbo import masked_mean
+from replaid.config import RunConfig
+from replaid.model.tokens import TokenDiT
+from replaid.diffusion.nelbo import masked_mean
 
 
 
@@ -107,7 +107,7 @@ class ARMethod:
         return out, nfe
 
     def sample_rows(self, run, args) -> list[dict]:
-        from ..generate import ancestral_rows
+        from replaid.eval.generate import ancestral_rows
 
         def draw(B, L, gen, prefix):
             return self.sample(run.model, B, L, gen, args.temperature, getattr(args, "top_p", None), prefix)

@@ -31,10 +31,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..config import RunConfig
-from ..model.tokens import TokenDiT
-from ..nelbo import masked_mean, stratified_time_average
-from .ar import exponential_race
+from replaid.config import RunConfig
+from replaid.model.tokens import TokenDiT
+from replaid.diffusion.nelbo import masked_mean, stratified_time_average
+from replaid.methods.ar import exponential_race
 
 EPS = 1e-3
 # config keys to add: duo.curriculum_start / curriculum_end / gamma_min / gamma_max / tau_start / tau_end
@@ -244,6 +244,6 @@ class DuoMethod:
         return z, steps
 
     def sample_rows(self, run, args) -> list[dict]:
-        from ..generate import ancestral_rows
+        from replaid.eval.generate import ancestral_rows
 
         return ancestral_rows(run, args, lambda B, L, gen, prefix: self.sample(run.model, B, L, args.steps, gen, args.temperature, prefix), args.steps)

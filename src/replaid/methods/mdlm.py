@@ -24,10 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..config import RunConfig
-from ..model.tokens import TokenDiT
-from ..nelbo import stratified_time_average
-from .ar import exponential_race
+from replaid.config import RunConfig
+from replaid.model.tokens import TokenDiT
+from replaid.diffusion.nelbo import stratified_time_average
+from replaid.methods.ar import exponential_race
 
 EPS = 1e-3
 
@@ -131,6 +131,6 @@ class MDLMMethod:
         return z, nfe
 
     def sample_rows(self, run, args) -> list[dict]:
-        from ..generate import ancestral_rows
+        from replaid.eval.generate import ancestral_rows
 
         return ancestral_rows(run, args, lambda B, L, gen, prefix: self.sample(run.model, B, L, args.steps, gen, args.temperature, prefix), args.steps)

@@ -11,8 +11,8 @@ muP would rescale the matrix learning rates, which the small presets do not do.
 """
 from __future__ import annotations
 
-from ..model.plaid_backbone import PlaidModel
-from .replaid import RePlaidMethod
+from replaid.model.plaid_backbone import PlaidModel
+from replaid.methods.replaid import RePlaidMethod
 
 
 class PlaidMethod(RePlaidMethod):

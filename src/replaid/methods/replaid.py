@@ -8,9 +8,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..config import RunConfig
-from ..model.replaid import RePlaid, denoise
-from ..nelbo import diffusion_loss, forward_noise, nelbo_per_sequence, prior_kl, recon_nll
+from replaid.config import RunConfig
+from replaid.model.replaid import RePlaid, denoise
+from replaid.diffusion.nelbo import diffusion_loss, forward_noise, nelbo_per_sequence, prior_kl, recon_nll
 
 
 @dataclass

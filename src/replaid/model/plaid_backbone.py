@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..config import DiffusionConfig, ModelConfig
-from .dit import FinalLayer, Rotary, apply_rotary
-from .replaid import RePlaid
+from replaid.config import DiffusionConfig, ModelConfig
+from replaid.model.dit import FinalLayer, Rotary, apply_rotary
+from replaid.model.replaid import RePlaid
 
 
 class RMSNorm(nn.Module):
@@ -98,7 +98,7 @@ class PlaidModel(RePlaid):
         self.final = FinalLayer(cfg.hidden, vocab_size, None)  # LayerNorm + zero-initialised head
 
     def hidden_states(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor]) -> tuple[Tensor, None]:
-        from ..denoiser import alpha_sigma
+        from replaid.diffusion.denoiser import alpha_sigma
 
         alpha, sigma = alpha_sigma(gamma.double())
         scale = torch.rsqrt(alpha**2 / self.d_e + sigma**2).float().view(-1, 1, 1)

@@ -18,10 +18,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..config import DiffusionConfig, ModelConfig
-from ..denoiser import DenoiserOutput, alpha_sigma, prior_logits
-from ..schedule import NoiseSchedule
-from .dit import Backbone, FinalLayer, TimeEmbedding
+from replaid.config import DiffusionConfig, ModelConfig
+from replaid.diffusion.denoiser import DenoiserOutput, alpha_sigma, prior_logits
+from replaid.diffusion.schedule import NoiseSchedule
+from replaid.model.dit import Backbone, FinalLayer, TimeEmbedding
 
 N_TIME_FEATURES = 64
 

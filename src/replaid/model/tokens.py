@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import ModelConfig
-from .dit import Backbone, FinalLayer, TimeEmbedding, apply_rotary
+from replaid.config import ModelConfig
+from replaid.model.dit import Backbone, FinalLayer, TimeEmbedding, apply_rotary
 
 N_TIME_FEATURES = 64
 

@@ -7,8 +7,8 @@ from typing import Optional
 
 import numpy as np
 
-from .config import RunConfig
-from .data import (BatchLoader, DataError, SequenceDataset, get_token_array, load_saved_tokenizer, save_tokenizer,
+from replaid.config import RunConfig
+from replaid.data import (BatchLoader, DataError, SequenceDataset, get_token_array, load_saved_tokenizer, save_tokenizer,
                    tokenizer_for_source, unigram_nll)
 
 

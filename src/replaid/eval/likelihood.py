@@ -30,7 +30,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from .denoiser import alpha_sigma
+from replaid.diffusion.denoiser import alpha_sigma
 
 LOG_2PI = math.log(2 * math.pi)
 

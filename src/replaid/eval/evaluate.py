@@ -40,7 +40,7 @@ def evaluate_model(model, method, data, cfg, split: str | None = None, ema=None,
             n_tok += int(w.sum())
         endpoints = [float(g) for g in model.schedule.endpoints()] if hasattr(model, "schedule") else None
     model.train(was_training)
-    from . import dist
+    from replaid.training import dist
 
     if dist.is_dist():  # sums over every rank's share of the split
         keys = sorted(sums)
@@ -69,7 +69,7 @@ def evaluate_model(model, method, data, cfg, split: str | None = None, ema=None,
 def evaluate(trainer, data, split: str | None = None) -> dict:
     """Evaluate a training run's model (its EMA weights when kept). Sharded (FSDP2) parameters are
     gathered into a plain replica first; each rank then scores its share of the split."""
-    from . import dist
+    from replaid.training import dist
 
     if not any(hasattr(p, "device_mesh") for p in trainer.model.parameters()):
         return evaluate_model(trainer.model, trainer.method, data, trainer.cfg, split, trainer.ema)

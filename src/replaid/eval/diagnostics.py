@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .nelbo import forward_noise
+from replaid.diffusion.nelbo import forward_noise
 
 Predict = Callable[[Tensor, Tensor], object]  # (z, gamma) -> DenoiserOutput
 
@@ -116,7 +116,7 @@ def diagnose(model, batches: list[Tensor], grid: int = 33, self_cond: Optional[b
     :func:`replaid.model.replaid.denoise` (self-conditioning as in evaluation). Returns
     ``{"t": {...arrays over the t grid}, "gamma": {...arrays over the gamma grid}, "summary": {...}}``.
     """
-    from .model.replaid import denoise
+    from replaid.model.replaid import denoise
 
     dev = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)

@@ -12,11 +12,11 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from . import checkpoint as ck
-from . import dist
-from .config import OptimConfig, RunConfig
-from .methods import get_method
-from .pipeline import DataPipeline
+from replaid.training import checkpoint as ck
+from replaid.training import dist
+from replaid.config import OptimConfig, RunConfig
+from replaid.methods import get_method
+from replaid.data.pipeline import DataPipeline
 
 
 # ------------------------------------------------------------------ optimiser, LR, EMA
@@ -212,8 +212,8 @@ def save(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: Optional[di
 def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = True,
           stop_after: Optional[int] = None) -> dict:
     """Train ``cfg`` into ``run_dir``; returns the final metrics (and evaluation)."""
-    from .evaluate import evaluate
-    from .metrics_log import MetricsLogger
+    from replaid.eval.evaluate import evaluate
+    from replaid.training.metrics_log import MetricsLogger
 
     run_dir = Path(run_dir)
     if cfg.train.num_threads:

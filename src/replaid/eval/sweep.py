@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
-from .quality import Judge, mauve_score, reference_windows, sentence_features, unigram_entropy
+from replaid.eval.quality import Judge, mauve_score, reference_windows, sentence_features, unigram_entropy
 
 
 @dataclass
@@ -66,7 +66,7 @@ def quality_sweep(run, judge: Judge, *, samplers: list[str], steps: list[int], t
     """Score every configuration (module docstring); samples go to ``out/samples/*.jsonl``."""
     from tqdm.auto import tqdm
 
-    from .generate import generate
+    from replaid.eval.generate import generate
 
     continuous = hasattr(run.model, "schedule")
     if not continuous:  # AR/MDLM/Duo: one ancestral sampler; AR ignores the step count

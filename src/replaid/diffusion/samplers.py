@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .denoiser import DenoiserOutput, alpha_sigma
+from replaid.diffusion.denoiser import DenoiserOutput, alpha_sigma
 
 __all__ = [
     "SampleResult", "time_grid", "gamma_grid", "ddpm_step", "ddim_step", "dpmpp_2m_extrapolate",

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .denoiser import alpha_sigma
+from replaid.diffusion.denoiser import alpha_sigma
 
 ScheduleFn = Callable[[Tensor], tuple[Tensor, Tensor]]
 

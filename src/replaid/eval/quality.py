@@ -164,7 +164,7 @@ def make_judge(judge: Optional[str] = None, judge_run: Optional[str] = None, con
         model, tok = load_judge(judge, device)
         return Judge(lambda texts: gen_ppl(texts, model, tok, context, batch_size), judge, tok)
     if judge_run:
-        from .loading import load_run
+        from replaid.loading import load_run
 
         run = load_run(judge_run, device=device)
         if run.cfg.method != "ar":
@@ -248,7 +248,7 @@ def reference_windows(run, split: str, n: int, offset: int = 0) -> tuple[list[st
 def reference_texts(spec: str, n: int, chars: int, default_source: Optional[str] = None) -> list[str]:
     """Reference texts for MAUVE from a file (JSONL ``text`` rows or lines), or from ``[SOURCE:]SPLIT``
     of any ``data.source`` cut into ``n`` pieces of ``chars`` characters spread over the split."""
-    from .data.sources import iter_documents
+    from replaid.data.sources import iter_documents
 
     if Path(spec).is_file():
         return read_samples(spec)[0]

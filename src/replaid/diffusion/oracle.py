@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .denoiser import DenoiserOutput, alpha_sigma
+from replaid.diffusion.denoiser import DenoiserOutput, alpha_sigma
 
 
 class OracleDenoiser:

@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from .samplers import (LogitTemperature, ScoreTemperature, gamma_grid, get_sampler, infill_inpaint,
+from replaid.diffusion.samplers import (LogitTemperature, ScoreTemperature, gamma_grid, get_sampler, infill_inpaint,
                        prefix_inpaint, trajectory_recorder)
 
 

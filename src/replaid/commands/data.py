@@ -1,0 +1,26 @@
+"""``replaid data``: describe a data source as seen through a tokenizer."""
+from __future__ import annotations
+
+from replaid.commands import add_command, emit
+
+EXAMPLE = ("example: replaid data --source ../shared/data/wiki-sample --tokenizer gpt2 "
+           "--tokenizer-path ../shared/tokenizers/gpt2 --json")
+
+
+def register(sub) -> None:
+    d = add_command(sub, "data", "Describe a data source as seen through a tokenizer.", EXAMPLE)
+    d.add_argument("--source", default="stdlib")
+    d.add_argument("--tokenizer", default="bpe")
+    d.add_argument("--tokenizer-path", default="")
+    d.add_argument("--split", default="train", choices=["train", "valid", "test"])
+    d.add_argument("--vocab-size", type=int, default=2048, help="for --tokenizer bpe")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from replaid.data import describe
+
+    info = describe(args.source, args.tokenizer, args.tokenizer_path, split=args.split, vocab_size=args.vocab_size)
+    emit(info, args.json)
+    return 0

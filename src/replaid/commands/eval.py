@@ -1,0 +1,33 @@
+"""``replaid eval``: a run's per-token NELBO (or exact NLL for AR) and perplexity."""
+from __future__ import annotations
+
+from replaid.commands import add_command, emit
+
+EXAMPLE = "example: replaid eval runs/demo --split valid --json"
+
+
+def register(sub) -> None:
+    e = add_command(sub, "eval", "Evaluate a run's per-token NELBO (or NLL) bound and perplexity.", EXAMPLE)
+    e.add_argument("run", help="run directory or checkpoint directory")
+    e.add_argument("--split", default=None, choices=["train", "valid", "test"])
+    e.add_argument("--max-batches", type=int, default=None, help="0 = the whole split")
+    e.add_argument("--t-samples", type=int, default=None, help="diffusion times per sequence")
+    e.add_argument("--no-ema", action="store_true", help="evaluate the raw weights, not the EMA")
+    e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from replaid.eval.evaluate import evaluate_model
+    from replaid.loading import load_run
+
+    run_ = load_run(args.run, use_ema=not args.no_ema)
+    cfg = run_.cfg
+    if args.t_samples is not None:
+        cfg.eval.t_samples = args.t_samples
+    res = evaluate_model(run_.model, run_.method, run_.data, cfg, args.split, None,
+                         max_batches=args.max_batches, progress=not args.json)
+    res.update(checkpoint=str(run_.ckpt), step=run_.step, method=cfg.method, ema=run_.ema_loaded,
+               weights="ema" if run_.ema_loaded else "raw")
+    emit(res, args.json)
+    return 0

@@ -1,0 +1,18 @@
+"""``replaid presets``: list the named presets."""
+from __future__ import annotations
+
+from replaid.commands import add_command
+
+EXAMPLE = "example: replaid presets"
+
+
+def register(sub) -> None:
+    add_command(sub, "presets", "List the named presets.", EXAMPLE).set_defaults(func=run)
+
+
+def run(args) -> int:
+    from replaid.presets import PRESETS
+
+    for name, fn in PRESETS.items():
+        print(f"{name:16s} {(fn.__doc__ or '').strip().splitlines()[0]}")
+    return 0

@@ -1,0 +1,61 @@
+"""``replaid train``: train a model (RePlaid by default) and evaluate it at the end."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from replaid.commands import add_command
+
+EXAMPLE = "example: replaid train --preset demo --out runs/demo train.steps=200 data.source=../shared/data/wiki-sample"
+
+
+def register(sub) -> None:
+    t = add_command(sub, "train", "Train a model (RePlaid by default) and evaluate it at the end.", EXAMPLE)
+    t.add_argument("--preset", default="demo", help="named preset (see 'replaid presets'); default demo")
+    t.add_argument("--config", help="YAML file of overrides, nested like the config (model:, train:, ...)")
+    t.add_argument("--out", help="run directory (config, tokenizer, checkpoints, metrics)")
+    t.add_argument("--method", help="method to train (default: the preset's, replaid)")
+    t.add_argument("--resume", action="store_true", help="continue exactly from the run's latest checkpoint")
+    t.add_argument("--show-config", action="store_true", help="print the resolved config as JSON and exit")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.steps=100")
+    t.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from replaid.config import ConfigError, RunConfig, parse_overrides, set_key
+    from replaid.presets import resolve
+    from replaid.training import dist
+    from replaid.training.train import train
+
+    overrides = list(args.overrides)
+    if args.method:
+        overrides.append(f"method={args.method}")
+    if args.resume and args.out:
+        cfg_file = Path(args.out) / "config.json"
+        if not cfg_file.is_file():
+            raise ConfigError(f"--resume: {args.out} has no config.json; start a run there without --resume first")
+        cfg = RunConfig.from_dict(json.loads(cfg_file.read_text()))
+        for k, v in parse_overrides(overrides):
+            if k != "train.steps":
+                raise ConfigError(f"--resume accepts only train.steps=N as an override, got {k}")
+            set_key(cfg, k, v)
+        cfg.validate()
+    else:
+        cfg = resolve(args.preset, args.config, overrides)
+    if args.show_config:
+        print(cfg.to_json())
+        return 0
+    if not args.out:
+        raise ConfigError("train needs --out DIR (where the run's checkpoints and metrics go)")
+    t0 = time.time()
+    try:
+        res = train(cfg, Path(args.out), resume=args.resume, progress=not args.no_progress)
+    finally:
+        main_rank = dist.is_main()
+        dist.cleanup()
+    res["wall_seconds"] = time.time() - t0
+    if main_rank:
+        print(json.dumps({k: res[k] for k in ("step", "wall_seconds", "eval") if k in res}, indent=2))
+    return 0

@@ -1,0 +1,1 @@
+"""Evaluation: NELBO evaluation, ODE/IWAE likelihood, diagnostics, sample quality, sweeps, generation."""

@@ -1,0 +1,1 @@
+"""Training machinery: the loop and train_step, checkpoints, distributed glue, FLOPs, metrics."""
