@@ -33,7 +33,10 @@ def run_dir_of(ckpt: Path) -> Path:
 
 
 def load_run(path: str | Path, use_ema: bool = True, train_data: bool = False, device: str = "auto") -> Run:
-    ckpt = ck.find_checkpoint(path)
+    """``path``: a run or checkpoint directory, a folder made by ``replaid export``, or a Hub id."""
+    from replaid.hub import resolve
+
+    ckpt = ck.find_checkpoint(resolve(path))
     st = ck.load_state(ckpt)
     if "config" not in st or "vocab_size" not in st:
         raise ck.CheckpointError(f"checkpoint {ckpt} has no config or vocab size in state.json; it is not a replaid checkpoint")
@@ -50,7 +53,7 @@ def load_run(path: str | Path, use_ema: bool = True, train_data: bool = False, d
     method = get_method(cfg)
     model = method.build_model(st["vocab_size"])
     weights = ck.load_tensors(ckpt, "ema") if use_ema else None
-    ema_loaded = weights is not None
+    ema_loaded = weights is not None or st.get("weights") == "ema"  # exported folders say which
     if weights is None:
         weights = ck.load_tensors(ckpt, "model")
     if weights is None:

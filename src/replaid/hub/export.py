@@ -1,0 +1,182 @@
+"""``replaid export``: a run as a folder in the Hugging Face Hub's conventions.
+
+    DIR/config.json          transformers config: model_type "replaid", auto_map -> modeling_replaid.py,
+                             plus the run's full replaid config (``replaid_config``), method and vocab size
+    DIR/model.safetensors    the EMA weights (default) or the trained ones (``--raw``), our own key names
+    DIR/state.json           what replaid's loader reads (step, config, vocab size, method state, weights)
+    DIR/tokenizer/           the run's tokenizer, self-contained (tokenizer.json + spec)
+    DIR/tokenizer.json, tokenizer_config.json   the same for ``transformers.AutoTokenizer``
+    DIR/modeling_replaid.py  ``AutoModel.from_pretrained(DIR, trust_remote_code=True)`` (imports replaid)
+    DIR/README.md            model card: YAML front matter + method, data, steps, evaluation figures
+
+A folder is a complete checkpoint for every replaid command (``replaid eval DIR``). Upload it with
+the Hub's own client, e.g. ``hf upload OWNER/NAME DIR`` or ``huggingface_hub.upload_folder``.
+The folder is written into a temporary sibling and renamed into place; an existing non-empty
+``--out`` is refused, never overwritten.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import torch
+from safetensors.torch import save_file
+
+from replaid.training import checkpoint as ck
+
+MODELING_FILE = "modeling_replaid.py"
+HF_FIELDS = ("model_type", "architectures", "auto_map", "replaid_method", "replaid_config", "vocab_size",
+             "replaid_step", "replaid_weights", "torch_dtype")
+
+
+def hf_config(cfg_dict: dict, vocab_size: int, step: int, weights: str) -> dict:
+    """The ``config.json`` transformers reads (auto_map points at the bundled modeling file)."""
+    m = cfg_dict["model"]
+    return {
+        "model_type": "replaid",
+        "architectures": ["ReplaidModel"],
+        "auto_map": {"AutoConfig": "modeling_replaid.ReplaidConfig",
+                     "AutoModel": "modeling_replaid.ReplaidModel",
+                     "AutoModelForMaskedLM": "modeling_replaid.ReplaidModel"},
+        "replaid_method": cfg_dict["method"],
+        "vocab_size": vocab_size,
+        "hidden_size": m["hidden"], "num_hidden_layers": m["n_layers"], "num_attention_heads": m["n_heads"],
+        "max_position_embeddings": cfg_dict["data"]["seq_len"],
+        "replaid_step": step,
+        "replaid_weights": weights,
+        "replaid_config": cfg_dict,
+        "torch_dtype": "float32",
+    }
+
+
+def build_from_hf_config(d: dict):
+    """(network, method) of the shape an exported ``config.json`` describes (fresh weights)."""
+    from replaid.config import RunConfig
+    from replaid.methods import get_method
+
+    cfg = RunConfig.from_dict(d["replaid_config"])
+    method = get_method(cfg)
+    return method.build_model(int(d["vocab_size"])), method
+
+
+def last_eval(run_dir: Path) -> dict:
+    """The last evaluation record of ``RUN/metrics.jsonl`` (keys without the ``eval/`` prefix)."""
+    f = run_dir / "metrics.jsonl"
+    out: dict = {}
+    if f.is_file():
+        for line in f.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            ev = {k[5:]: v for k, v in rec.items() if k.startswith("eval/")}
+            if ev:
+                out = {"step": rec.get("step"), **ev}
+    return out
+
+
+def _copy_tokenizer(tok, dst: Path, seq_len: int) -> None:
+    """The run's tokenizer as a self-contained ``tokenizer/`` folder, plus transformers' files."""
+    from replaid.data.tokenizers import SPEC_FILE
+
+    (dst / "tokenizer").mkdir()
+    spec = {"kind": "file", "name": tok.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
+            "pad_id": tok.pad_id}
+    if hasattr(tok, "to_json"):  # Hugging Face tokenizers: one tokenizer.json
+        text = tok.to_json()
+        (dst / "tokenizer" / "tokenizer.json").write_text(text, encoding="utf-8")
+        (dst / "tokenizer.json").write_text(text, encoding="utf-8")
+        spec["file"] = "tokenizer.json"
+        eos = tok._tok.id_to_token(tok.eos_id)
+        tc = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "bos_token": eos,
+              "model_max_length": seq_len, "clean_up_tokenization_spaces": False}
+        if tok.pad_id is not None:
+            tc["pad_token"] = tok._tok.id_to_token(tok.pad_id)
+        (dst / "tokenizer_config.json").write_text(json.dumps(tc, indent=2) + "\n")
+    else:  # sentencepiece (llama2): keep the spec that names the model file
+        spec = {"kind": getattr(tok, "kind", "llama2"), "name": tok.name, "vocab_size": tok.vocab_size,
+                "eos_id": tok.eos_id, "pad_id": tok.pad_id, "path": getattr(tok, "path", "")}
+    (dst / "tokenizer" / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")
+
+
+def model_card(cfg: dict, step: int, weights: str, n_params: int, ev: dict, tok_name: str,
+               repo_hint: str = "OWNER/NAME") -> str:
+    d, m = cfg["data"], cfg["model"]
+    tags = ["replaid", "diffusion-language-model", cfg["method"], "safetensors"]
+    src = d["source"]
+    datasets = [src[3:].split(":")[0]] if src.startswith("hf:") else []
+    front = ["---", "library_name: replaid", "license: mit", "pipeline_tag: fill-mask",
+             "tags:"] + [f"- {t}" for t in tags]
+    if datasets:
+        front += ["datasets:"] + [f"- {x}" for x in datasets]
+    front += ["---", ""]
+    what = {"replaid": "RePlaid (continuous diffusion on learned embeddings; NELBO bound)",
+            "plaid": "Plaid (continuous diffusion, original backbone; NELBO bound)",
+            "mdlm": "MDLM (masked discrete diffusion; NELBO bound)",
+            "duo": "Duo (uniform-state discrete diffusion; NELBO bound)",
+            "ar": "autoregressive (exact NLL)"}.get(cfg["method"], cfg["method"])
+    body = [f"# {cfg['method']} model exported by replaid", "",
+            f"- method: {what}",
+            f"- network: hidden {m['hidden']}, {m['n_layers']} layers, {m['n_heads']} heads "
+            f"({n_params:,} parameters)",
+            f"- data: `{src}`, tokenizer `{tok_name}`, sequence length {d['seq_len']}",
+            f"- training: {step} steps (batch {cfg['train']['batch_size']}), weights: {weights}", ""]
+    if ev:
+        body += ["## Evaluation (the run's last evaluation, from metrics.jsonl)", "", "| metric | value |", "|---|---|"]
+        for k, v in ev.items():
+            body.append(f"| {k} | {v:.6g} |" if isinstance(v, float) else f"| {k} | {v} |")
+        body.append("")
+    body += ["## Use", "", "```bash", "pip install replaid",
+             f"replaid eval {repo_hint} --split valid     # or a local copy of this folder",
+             f"replaid sample {repo_hint} --num 4 --steps 64", "```", "", "```python",
+             "import replaid.hub", f'run = replaid.hub.from_pretrained("{repo_hint}")   # .model .method .tokenizer',
+             "from transformers import AutoModel",
+             f'm = AutoModel.from_pretrained("{repo_hint}", trust_remote_code=True)  # m.net, m.method, m.tokenizer',
+             "```", "", "Upload: `hf upload OWNER/NAME THIS_FOLDER` (the Hub's own client).", ""]
+    return "\n".join(front + body)
+
+
+def export_run(run: str | os.PathLike, out: str | os.PathLike, raw: bool = False) -> Path:
+    """Write ``run``'s latest checkpoint as a Hub folder at ``out``; returns ``out``."""
+    from replaid.hub import resolve
+    from replaid.loading import load_run, run_dir_of
+
+    ckpt = ck.find_checkpoint(resolve(run))
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ck.CheckpointError(f"--out {out} exists and is not empty; choose a new folder (nothing was written)")
+    st = ck.load_state(ckpt)
+    weights = None if raw else ck.load_tensors(ckpt, "ema")
+    kind = "raw" if weights is None else "ema"
+    if weights is None:
+        weights = ck.load_tensors(ckpt, "model")
+    if weights is None:
+        raise ck.CheckpointError(f"checkpoint {ckpt} has no model.safetensors; it is incomplete")
+    r = load_run(ckpt, use_ema=(kind == "ema"))  # validates config, tokenizer and shapes
+    cfg = st["config"]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
+        state = {"step": int(st["step"]), "config": cfg, "vocab_size": st["vocab_size"], "weights": kind,
+                 "method_state": st.get("method_state", {}), "exported_from": str(ckpt.resolve())}
+        (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+        (tmp / "config.json").write_text(json.dumps(hf_config(cfg, st["vocab_size"], int(st["step"]), kind),
+                                                    indent=2) + "\n")
+        _copy_tokenizer(r.tokenizer, tmp, cfg["data"]["seq_len"])
+        shutil.copyfile(Path(__file__).with_name(MODELING_FILE), tmp / MODELING_FILE)
+        n_params = sum(p.numel() for p in r.model.parameters())
+        card = model_card(cfg, int(st["step"]), kind, n_params, last_eval(run_dir_of(ckpt)), r.tokenizer.name)
+        (tmp / "README.md").write_text(card)
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
