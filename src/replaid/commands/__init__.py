@@ -9,7 +9,7 @@ import argparse
 import json
 
 # Sub-command modules in the order ``replaid --help`` lists them.
-COMMANDS = ("train", "eval", "sample", "data", "presets", "likelihood", "diagnose", "quality", "sweep", "export")
+COMMANDS = ("train", "eval", "sample", "data", "presets", "likelihood", "diagnose", "quality", "sweep", "export", "zeroshot")
 
 
 def add_command(sub, name: str, help_: str, example: str, description: str | None = None):
