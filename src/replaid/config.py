@@ -190,6 +190,10 @@ class BaselineConfig:
         _check(0 < self.ar_top_p <= 1, "baseline.ar_top_p", "must be in (0, 1]")
 
 
+# The methods of ``replaid.methods.METHODS`` (named here so the parser and config validation need no torch).
+METHOD_NAMES = ("replaid", "plaid", "ar", "mdlm", "duo")
+
+
 @dataclass
 class RunConfig:
     method: str = "replaid"
@@ -203,6 +207,8 @@ class RunConfig:
     baseline: BaselineConfig = field(default_factory=BaselineConfig)
 
     def validate(self) -> "RunConfig":
+        _check(self.method in METHOD_NAMES, "method", f"unknown method {self.method!r}; choose one of "
+               + ", ".join(METHOD_NAMES))
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if dataclasses.is_dataclass(v):

@@ -12,10 +12,23 @@ import json
 COMMANDS = ("train", "eval", "sample", "data", "presets", "likelihood", "diagnose", "quality", "sweep", "export", "zeroshot")
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The project's help layout: description and example kept as written, every default shown.
+
+    Options whose default is ``None``/``False`` say in their help what happens when they are absent, so
+    ``(default: None)`` is not printed for them (nor an empty default).
+    """
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or action.default == "":
+            return action.help
+        return super()._get_help_string(action)
+
+
 def add_command(sub, name: str, help_: str, example: str, description: str | None = None):
     """A sub-command parser with the project's help layout (description, then an example)."""
     return sub.add_parser(name, help=help_, description=description or help_, epilog=example,
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+                          formatter_class=HelpFormatter)
 
 
 def emit(obj: dict, as_json: bool) -> None:

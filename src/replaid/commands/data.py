@@ -9,12 +9,14 @@ EXAMPLE = ("example: replaid data --source ../shared/data/wiki-sample --tokenize
 
 def register(sub) -> None:
     d = add_command(sub, "data", "Describe a data source as seen through a tokenizer.", EXAMPLE)
-    d.add_argument("--source", default="stdlib")
-    d.add_argument("--tokenizer", default="bpe")
-    d.add_argument("--tokenizer-path", default="")
-    d.add_argument("--split", default="train", choices=["train", "valid", "test"])
+    d.add_argument("--source", default="stdlib",
+                   help="stdlib, a .jsonl/.txt file or folder, or hf:NAME (see README, Data)")
+    d.add_argument("--tokenizer", default="bpe", help="bpe (trained on the source), gpt2, llama2, bert-base-cased, "
+                                                          "bert-base-uncased")
+    d.add_argument("--tokenizer-path", default="", help="local tokenizer files (empty: download or train)")
+    d.add_argument("--split", default="train", choices=["train", "valid", "test"], help="split described")
     d.add_argument("--vocab-size", type=int, default=2048, help="for --tokenizer bpe")
-    d.add_argument("--json", action="store_true")
+    d.add_argument("--json", action="store_true", help="print one JSON object")
     d.set_defaults(func=run)
 
 

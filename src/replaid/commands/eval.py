@@ -9,9 +9,10 @@ EXAMPLE = "example: replaid eval runs/demo --split valid --json"
 def register(sub) -> None:
     e = add_command(sub, "eval", "Evaluate a run's per-token NELBO (or NLL) bound and perplexity.", EXAMPLE)
     e.add_argument("run", help="run directory or checkpoint directory")
-    e.add_argument("--split", default=None, choices=["train", "valid", "test"])
-    e.add_argument("--max-batches", type=int, default=None, help="0 = the whole split")
-    e.add_argument("--t-samples", type=int, default=None, help="diffusion times per sequence")
+    e.add_argument("--split", default=None, choices=["train", "valid", "test"],
+                   help="split evaluated (default: the run's eval.split)")
+    e.add_argument("--max-batches", type=int, default=None, help="batches evaluated, 0 = the whole split (default: the run's eval.max_batches)")
+    e.add_argument("--t-samples", type=int, default=None, help="diffusion times per sequence (default: the run's eval.t_samples)")
     e.add_argument("--no-ema", action="store_true", help="evaluate the raw weights, not the EMA")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=run)

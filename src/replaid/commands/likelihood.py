@@ -1,6 +1,7 @@
 """``replaid likelihood``: ODE-based K-IWAE likelihood of a run next to its VDM NELBO."""
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import time
@@ -16,7 +17,7 @@ def register(sub) -> None:
     p = add_command(sub, "likelihood", "ODE (PFODE) K-IWAE likelihood bound with the VDM NELBO beside it.", EXAMPLE,
                     description="ODE (PFODE) K-IWAE likelihood bound with the VDM NELBO beside it.")
     p.add_argument("run", help="run directory or checkpoint directory")
-    p.add_argument("--split", default="valid", choices=["train", "valid", "test"])
+    p.add_argument("--split", default="valid", choices=["train", "valid", "test"], help="split scored")
     p.add_argument("--num-seqs", type=int, default=64, help="number of sequences scored")
     p.add_argument("--K", type=int, default=8, help="importance samples per sequence (K_max of the K-curve)")
     p.add_argument("--steps", type=int, default=128, help="Heun steps on the uniform gamma grid")
@@ -25,15 +26,16 @@ def register(sub) -> None:
     p.add_argument("--rtol", type=float, default=1e-5, help="dopri5 relative tolerance")
     p.add_argument("--atol", type=float, default=1e-5, help="dopri5 absolute tolerance")
     p.add_argument("--n-hutch", type=int, default=1, help="Hutchinson probes per drift evaluation")
-    p.add_argument("--probe", default="rademacher", choices=["rademacher", "gaussian"])
+    p.add_argument("--probe", default="rademacher", choices=["rademacher", "gaussian"], help="Hutchinson probe law")
     p.add_argument("--jvp", default="fd", choices=["fd", "autograd"], help="finite differences or torch.func.jvp")
-    p.add_argument("--h", type=float, default=1e-3, help="finite-difference step")
+    p.add_argument("--fd-step", dest="h", type=float, default=1e-3, help="finite-difference step of --jvp fd")
+    p.add_argument("--h", dest="h", type=float, default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # old spelling
     p.add_argument("--selfcond-correction", default="on", choices=["on", "off"],
                    help="recompute the self-conditioning input at perturbed states (chain-rule-correct)")
     p.add_argument("--no-self-cond", action="store_true", help="evaluate with self-conditioning off")
     p.add_argument("--subsample", default="groups", choices=["groups", "random"], help="K-curve subsampling")
     p.add_argument("--batch-size", type=int, default=16, help="rows (sequence x sample) per ODE batch")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the noise, probes and K-curve subsets")
     p.add_argument("--no-ema", action="store_true", help="use the raw weights, not the EMA")
     p.add_argument("--out", required=True, help="folder for log_weights.npy, likelihood.json, kcurve.png")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")

@@ -13,7 +13,8 @@ EXAMPLE = ("example: replaid sample runs/demo --num 128 --json > samples.jsonl &
 
 def add_judge_arguments(p) -> None:
     """``--judge`` / ``--judge-run`` / ``--context`` and ``--encoder``, shared with ``replaid sweep``."""
-    p.add_argument("--judge", default=None, help="Hugging Face causal LM name or local path for GenPPL")
+    p.add_argument("--judge", default=None, help="Hugging Face causal LM name or local path for GenPPL (default: no GenPPL "
+                                                 "unless --judge-run)")
     p.add_argument("--judge-run", default=None, help="a replaid AR run (replaid train --method ar) as the judge")
     p.add_argument("--context", type=int, default=None, help="HF judge context in tokens (default: its maximum)")
     p.add_argument("--encoder", default=None, help="sentence encoder for MAUVE features "
@@ -28,10 +29,10 @@ def register(sub) -> None:
     add_judge_arguments(p)
     p.add_argument("--reference", default=None,
                    help="MAUVE references: a file (same formats), or [SOURCE:]SPLIT of a corpus cut into pieces "
-                        "as long as the samples (bare SPLIT: the --judge-run's corpus)")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--out", default=None, help="folder for quality.json")
+                        "as long as the samples (bare SPLIT: the --judge-run's corpus; default: no MAUVE)")
+    p.add_argument("--batch-size", type=int, default=8, help="judge batch size (sequences)")
+    p.add_argument("--device", default="cpu", help="torch device of the judge and the sentence encoder")
+    p.add_argument("--out", default=None, help="folder for quality.json (default: print only)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 

@@ -6,16 +6,18 @@ import time
 from pathlib import Path
 
 from replaid.commands import add_command
+from replaid.config import METHOD_NAMES
 
 EXAMPLE = "example: replaid train --preset demo --out runs/demo train.steps=200 data.source=../shared/data/wiki-sample"
 
 
 def register(sub) -> None:
     t = add_command(sub, "train", "Train a model (RePlaid by default) and evaluate it at the end.", EXAMPLE)
-    t.add_argument("--preset", default="demo", help="named preset (see 'replaid presets'); default demo")
-    t.add_argument("--config", help="YAML file of overrides, nested like the config (model:, train:, ...)")
+    t.add_argument("--preset", default="demo", help="named preset (see 'replaid presets')")
+    t.add_argument("--config", help="YAML file of overrides, nested like the config (model:, train:, ...); "
+                                    "applied after the preset, before the key=value overrides")
     t.add_argument("--out", help="run directory (config, tokenizer, checkpoints, metrics)")
-    t.add_argument("--method", help="method to train (default: the preset's, replaid)")
+    t.add_argument("--method", choices=METHOD_NAMES, help="method to train (default: the preset's, replaid)")
     t.add_argument("--resume", action="store_true", help="continue exactly from the run's latest checkpoint")
     t.add_argument("--show-config", action="store_true", help="print the resolved config as JSON and exit")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -6,7 +6,7 @@
 """
 from __future__ import annotations
 
-from replaid.config import ConfigError, RunConfig
+from replaid.config import METHOD_NAMES, ConfigError, RunConfig
 from replaid.methods.ar import ARMethod
 from replaid.methods.duo import DuoMethod
 from replaid.methods.mdlm import MDLMMethod
@@ -14,6 +14,7 @@ from replaid.methods.plaid import PlaidMethod
 from replaid.methods.replaid import RePlaidMethod
 
 METHODS = {"replaid": RePlaidMethod, "ar": ARMethod, "mdlm": MDLMMethod, "plaid": PlaidMethod, "duo": DuoMethod}
+assert set(METHODS) == set(METHOD_NAMES), "keep replaid.config.METHOD_NAMES in step with METHODS"
 
 
 def get_method(cfg: RunConfig):
