@@ -9,5 +9,5 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,geometry]" 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import torch, replaid; print(f'replaid {replaid.__version__} with torch {torch.__version__} ready in .venv')"

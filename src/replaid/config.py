@@ -33,6 +33,10 @@ class ModelConfig:
     # embeddings: learned | frozen-random | one-hot | file (frozen, read from embeddings_path)
     embeddings: str = "learned"
     embeddings_path: str = ""
+    # the embedding-exchange ablation (appendix "Exchanging Embedding Configurations"):
+    normalize_embeddings: bool = True  # RePlaid: unit-norm rows; false: raw rows (MDLM's convention)
+    up_projection: bool = True  # RePlaid: bias-free linear d_e -> hidden; false: identity (needs d_e == hidden)
+    factored_embedding: bool = False  # AR/MDLM/Duo: d_e-dim rows (normalize_embeddings) + bias-free up-projection
     activation_checkpointing: bool = False
     # chunk the B*L rows of the V-sized output head (0 = no chunking)
     head_chunk_rows: int = 0
@@ -50,6 +54,8 @@ class ModelConfig:
         _check(self.embeddings != "file" or bool(self.embeddings_path), "model.embeddings_path",
                "is required when model.embeddings=file")
         _check(self.head_chunk_rows >= 0, "model.head_chunk_rows", "must be >= 0")
+        _check(self.up_projection or (self.d_e == self.hidden and self.embeddings != "one-hot"), "model.up_projection",
+               f"false needs model.d_e == model.hidden ({self.d_e} != {self.hidden}); set model.d_e={self.hidden}")
 
 
 @dataclass

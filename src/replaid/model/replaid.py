@@ -27,10 +27,12 @@ N_TIME_FEATURES = 64
 
 
 class TokenEmbedding(nn.Module):
-    """V x d_e embedding with rows renormalised to unit length on every forward."""
+    """V x d_e embedding with rows renormalised to unit length on every forward (``normalize=False``:
+    the raw rows, MDLM's convention, for the exchange ablation; they still start at unit length)."""
 
-    def __init__(self, vocab_size: int, d_e: int, mode: str = "learned", path: str = ""):
+    def __init__(self, vocab_size: int, d_e: int, mode: str = "learned", path: str = "", normalize: bool = True):
         super().__init__()
+        self.normalize = normalize
         if mode == "one-hot":
             w = torch.eye(vocab_size, d_e)
         elif mode == "file":
@@ -40,9 +42,9 @@ class TokenEmbedding(nn.Module):
         w = w / (w.norm(dim=-1, keepdim=True) + 1e-8)
         self.weight = nn.Parameter(w, requires_grad=(mode == "learned"))
 
-    def forward(self) -> Tensor:  # (V, d_e) float32, unit rows
+    def forward(self) -> Tensor:  # (V, d_e) float32, unit rows (raw rows when not normalize)
         w = self.weight.float()
-        return w / (w.norm(dim=-1, keepdim=True) + 1e-8)
+        return w / (w.norm(dim=-1, keepdim=True) + 1e-8) if self.normalize else w
 
 
 def load_embedding_file(path: str, vocab_size: int, d_e: int) -> Tensor:
@@ -75,15 +77,17 @@ class RePlaid(nn.Module):
         d_e = vocab_size if cfg.embeddings == "one-hot" else cfg.d_e
         self.vocab_size, self.d_e, self.cfg = vocab_size, d_e, cfg
         self.self_conditioning = cfg.self_conditioning
-        self.embedding = TokenEmbedding(vocab_size, d_e, cfg.embeddings, cfg.embeddings_path)
+        self.embedding = TokenEmbedding(vocab_size, d_e, cfg.embeddings, cfg.embeddings_path, cfg.normalize_embeddings)
         self.schedule = NoiseSchedule(dcfg.gamma_0, dcfg.gamma_1, dcfg.schedule, dcfg.schedule_hidden,
                                       dcfg.learn_endpoints)
         self.time_features = TimeEmbedding(N_TIME_FEATURES)
         # the three input projections (bias-free); self-cond and time start at zero
-        self.in_z = nn.Linear(d_e, cfg.hidden, bias=False)
+        # model.up_projection=false (exchange ablation, d_e == hidden): z enters the backbone as it is
+        self.in_z = nn.Linear(d_e, cfg.hidden, bias=False) if cfg.up_projection else nn.Identity()
         self.in_sc = nn.Linear(d_e, cfg.hidden, bias=False)
         self.in_t = nn.Linear(N_TIME_FEATURES, cfg.hidden, bias=False)
-        nn.init.normal_(self.in_z.weight, std=1.0 / math.sqrt(d_e))
+        if cfg.up_projection:
+            nn.init.normal_(self.in_z.weight, std=1.0 / math.sqrt(d_e))
         nn.init.zeros_(self.in_sc.weight)
         nn.init.zeros_(self.in_t.weight)
         self.cond = nn.Sequential(nn.Linear(N_TIME_FEATURES, cfg.cond_dim), nn.SiLU(),
@@ -167,7 +171,7 @@ class RePlaid(nn.Module):
         logits = self.head_logits(feats)  # (b, L, V): the head in bf16 under autocast
         with torch.autocast(device_type=z.device.type, enabled=False):
             if self.cfg.output_prior:
-                prior = prior_logits(z, gamma, E)  # float32
+                prior = prior_logits(z, gamma, E, row_norms=not self.cfg.normalize_embeddings)  # float32
                 logits = logits + (prior if prior_scale == 1.0 else prior_scale * prior)
             e_hat = torch.softmax(logits, dim=-1) @ E.float()  # (b, L, d_e) float32
         return DenoiserOutput(logits, e_hat)
@@ -181,7 +185,7 @@ class RePlaid(nn.Module):
             "embedding": [self.embedding.weight],
             "schedule_mlp": list(self.schedule.shape.parameters()),
             "endpoints": [self.schedule.gamma_0, self.schedule.gamma_1],
-            "projections": [self.in_z.weight, self.in_sc.weight, self.in_t.weight],
+            "projections": [*self.in_z.parameters(), self.in_sc.weight, self.in_t.weight],
         }
         taken = {id(p) for ps in groups.values() for p in ps}
         groups["backbone"] = [p for p in self.parameters() if id(p) not in taken]

@@ -1,6 +1,8 @@
 """A token-embedding DiT for the discrete baselines (AR, MDLM, Duo).
 
     h_0    = W_emb[x]                      (ids)   or  w @ W_emb   (soft weights over the rows, Duo)
+    h_0    = W_up (sqrt(d_e) e_x),  e_x = E[x] / ||E[x]||    with ``model.factored_embedding`` (the
+             exchange ablation: RePlaid's d_e-dim unit-norm rows and bias-free up-projection)
     h      = DiT(h_0; AdaLN-Zero driven by MLP(feat(t)) when time-conditioned, else gated blocks)
     logits = head(LN(h))                   float32, zero-initialised head
 
@@ -31,8 +33,15 @@ class TokenDiT(nn.Module):
         super().__init__()
         self.cfg, self.n_in, self.n_out = cfg, n_in, n_out
         self.time_conditioning, self.causal = time_conditioning, causal
-        self.embed = nn.Embedding(n_in, cfg.hidden)
-        nn.init.normal_(self.embed.weight, std=embed_std)
+        self.factored = cfg.factored_embedding
+        if self.factored:  # as RePlaid's E and W_z: unit rows scaled by sqrt(d_e), W_up ~ N(0, 1/d_e)
+            self.embed = nn.Embedding(n_in, cfg.d_e)
+            nn.init.normal_(self.embed.weight)
+            self.embed_up = nn.Linear(cfg.d_e, cfg.hidden, bias=False)
+            nn.init.normal_(self.embed_up.weight, std=cfg.d_e ** -0.5)
+        else:
+            self.embed = nn.Embedding(n_in, cfg.hidden)
+            nn.init.normal_(self.embed.weight, std=embed_std)
         cond_dim = cfg.cond_dim if time_conditioning else None
         if time_conditioning:
             self.time_features = TimeEmbedding(N_TIME_FEATURES)
@@ -48,9 +57,22 @@ class TokenDiT(nn.Module):
     def input_states(self, x: Tensor) -> Tensor:
         """x: (B, L) ids, or (B, L, K) float weights over the first K embedding rows."""
         if x.dtype in (torch.long, torch.int32, torch.int64):
-            return self.embed(x).float()
-        W = self.embed.weight[: x.shape[-1]]
-        return (x.float() @ W.float())
+            e = self.embed(x).float()  # (B, L, hidden) or (B, L, d_e)
+        else:
+            e = x.float() @ self.rows(x.shape[-1])
+        if not self.factored:
+            return e
+        if x.dtype in (torch.long, torch.int32, torch.int64):
+            e = self._normalize(e)
+        return self.embed_up(e * self.cfg.d_e ** 0.5)  # (B, L, hidden)
+
+    def _normalize(self, w: Tensor) -> Tensor:
+        return w / (w.norm(dim=-1, keepdim=True) + 1e-8) if self.cfg.normalize_embeddings else w
+
+    def rows(self, k: Optional[int] = None) -> Tensor:
+        """The first ``k`` embedding rows as used by the model (unit length when factored), float32."""
+        w = self.embed.weight[:k].float()
+        return self._normalize(w) if self.factored else w
 
     def conditioning(self, t: Optional[Tensor], B: int) -> Optional[Tensor]:
         if self.cond is None:
@@ -104,8 +126,12 @@ class TokenDiT(nn.Module):
 
     # ------------------------------------------------------------------ optimiser groups
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
-        """One group: MDLM/Duo/AR train every weight (embedding included) at the backbone LR."""
-        return {"backbone": [p for p in self.parameters() if p.requires_grad]}
+        """One group: MDLM/Duo/AR train every weight (embedding included) at the backbone LR; with
+        ``model.factored_embedding`` the d_e-dim rows form the ``embedding`` group (optim.lr/wd_embedding)."""
+        if not self.factored:
+            return {"backbone": [p for p in self.parameters() if p.requires_grad]}
+        return {"embedding": [self.embed.weight],
+                "backbone": [p for p in self.parameters() if p.requires_grad and p is not self.embed.weight]}
 
     def non_embedding_params(self) -> int:
         return sum(p.numel() for p in self.parameters()) - self.embed.weight.numel()
