@@ -38,3 +38,15 @@ def emit(obj: dict, as_json: bool) -> None:
     else:
         for k, v in obj.items():
             print(f"{k:28s} {v}")
+
+
+def run_labels(runs: list[str], labels: list[str] | None) -> list[str]:
+    """One distinct label per run: ``labels`` as given, or the run folders' names."""
+    from pathlib import Path
+
+    if labels and len(labels) != len(runs):
+        raise ValueError(f"--labels has {len(labels)} names for {len(runs)} runs; give one per run")
+    out = labels or [Path(p).resolve().name for p in runs]
+    if len(set(out)) != len(out):
+        raise ValueError(f"run labels must differ ({out}); pass --labels")
+    return out

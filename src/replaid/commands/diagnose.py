@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from replaid.commands import add_command, emit
+from replaid.commands import add_command, emit, run_labels
 
 EXAMPLE = ("example: replaid diagnose runs/demo --out runs/demo/diagnose --split valid --batches 4 --grid 33\n"
            "         replaid diagnose runs/learned runs/frozen --labels learned frozen --out runs/ce-overlay")
@@ -37,11 +37,7 @@ def run(args) -> int:
 
     if args.batches < 1 or args.grid < 2:
         raise ValueError("--batches must be >= 1 and --grid >= 2")
-    if args.labels and len(args.labels) != len(args.runs):
-        raise ValueError(f"--labels has {len(args.labels)} names for {len(args.runs)} runs; give one per run")
-    labels = args.labels or [Path(p).resolve().name for p in args.runs]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"run labels must differ ({labels}); pass --labels")
+    labels = run_labels(args.runs, args.labels)
     runs = [load_run(p, use_ema=not args.no_ema) for p in args.runs]  # all inputs checked before writing
     for p, r in zip(args.runs, runs):
         if not hasattr(r.model, "schedule"):

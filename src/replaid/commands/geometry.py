@@ -5,7 +5,7 @@ import csv
 import json
 from pathlib import Path
 
-from replaid.commands import add_command, emit
+from replaid.commands import add_command, emit, run_labels
 
 EXAMPLE = ("example: replaid geometry runs/wiki runs/wiki-ce1 --labels nelbo ce1 --out runs/geometry "
            "--min-count 20 --tsne-max 3000")
@@ -71,13 +71,9 @@ def run(args) -> int:
     from replaid.loading import load_run
     from replaid.training.checkpoint import load_state
 
-    if args.labels and len(args.labels) != len(args.runs):
-        raise ValueError(f"--labels has {len(args.labels)} names for {len(args.runs)} runs; give one per run")
     if args.min_count < 1 or args.tsne_max < 10 or args.pos_row_len < 2 or args.knn < 1:
         raise ValueError("need --min-count >= 1, --tsne-max >= 10, --pos-row-len >= 2, --knn >= 1")
-    labels = args.labels or [Path(p).resolve().name for p in args.runs]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"run labels must differ ({labels}); pass --labels")
+    labels = run_labels(args.runs, args.labels)
     runs = [load_run(p, use_ema=not args.no_ema) for p in args.runs]  # all inputs checked before writing
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
