@@ -11,7 +11,7 @@ Sampling is ancestral (temperature, optional nucleus/top-p) with a KV cache
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -83,8 +83,12 @@ class ARMethod:
     # ------------------------------------------------------------------ sampling
     @torch.no_grad()
     def sample(self, model: TokenDiT, B: int, L: int, generator: torch.Generator, temperature: float = 1.0,
-               top_p: Optional[float] = None, prefix: Optional[Tensor] = None) -> tuple[Tensor, int]:
-        """Ancestral sampling with a KV cache. Returns (tokens (B, L), number of network calls)."""
+               top_p: Optional[float] = None, prefix: Optional[Tensor] = None,
+               callback: Optional[Callable[[dict], None]] = None) -> tuple[Tensor, int]:
+        """Ancestral sampling with a KV cache. Returns (tokens (B, L), number of network calls).
+
+        ``callback`` is called after each new token with ``{"i", "T": number of generated positions,
+        "pos", "tokens": (B, L) (valid up to pos), "probs": (B, V) float64 distribution drawn from}``."""
         top_p = self.top_p if top_p is None else top_p
         dev = next(model.parameters()).device
         bos = model.n_in - 1
@@ -101,6 +105,8 @@ class ARMethod:
             probs = top_p_filter(torch.softmax(lg, -1), top_p)
             # Gumbel-max through an exponential race, in float64
             out[:, pos] = exponential_race(probs, generator)
+            if callback is not None:
+                callback({"i": pos - n_pre, "T": L - n_pre, "pos": pos, "tokens": out, "probs": probs})
             if pos + 1 < L:
                 logits = model.forward_cached(out[:, pos:pos + 1], cache, pos + 1)[:, -1]
                 nfe += 1

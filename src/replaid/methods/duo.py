@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -218,9 +218,13 @@ class DuoMethod:
     # ------------------------------------------------------------------ sampling
     @torch.no_grad()
     def sample(self, model: TokenDiT, B: int, L: int, steps: int, generator: torch.Generator,
-               temperature: float = 1.0, prefix: Optional[Tensor] = None) -> tuple[Tensor, int]:
+               temperature: float = 1.0, prefix: Optional[Tensor] = None,
+               callback: Optional[Callable[[dict], None]] = None) -> tuple[Tensor, int]:
         """Ancestral sampling, float64, ``t`` from 1 to 0 in ``steps`` equal steps, from uniform noise:
-        ``p(z_s = j | z_t = i) ∝ (a_ts [j = i] + (1 - a_ts)/V) (a_s x_theta_j + (1 - a_s)/V)``."""
+        ``p(z_s = j | z_t = i) ∝ (a_ts [j = i] + (1 - a_ts)/V) (a_s x_theta_j + (1 - a_s)/V)``.
+
+        ``callback`` is called after each step with ``{"i", "T", "t", "s", "z": (B, L) state at s,
+        "probs": (B, L, V) float64 x_theta at t}``."""
         dev = next(model.parameters()).device
         V = model.n_out
         z = torch.randint(0, V, (B, L), generator=generator).to(dev)
@@ -241,6 +245,8 @@ class DuoMethod:
             z = exponential_race(post / post.sum(-1, keepdim=True), generator)
             if n:
                 z[:, :n] = prefix[..., :n].to(dev)
+            if callback is not None:
+                callback({"i": k, "T": steps, "t": t, "s": s, "z": z, "probs": xt})
         return z, steps
 
     def sample_rows(self, run, args) -> list[dict]:

@@ -18,7 +18,7 @@
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -101,10 +101,14 @@ class MDLMMethod:
     # ------------------------------------------------------------------ sampling
     @torch.no_grad()
     def sample(self, model: TokenDiT, B: int, L: int, steps: int, generator: torch.Generator,
-               temperature: float = 1.0, prefix: Optional[Tensor] = None) -> tuple[Tensor, int]:
+               temperature: float = 1.0, prefix: Optional[Tensor] = None,
+               callback: Optional[Callable[[dict], None]] = None) -> tuple[Tensor, int]:
         """Ancestral sampling on the grid ``t_k = 1 - k/steps`` down to 0, float64. Each masked
         position is unmasked between t and s with probability ``(t - s)/t`` to a token drawn from
-        ``x_theta``; unmasked positions stay. Returns (tokens, network calls)."""
+        ``x_theta``; unmasked positions stay. Returns (tokens, network calls).
+
+        ``callback`` (k-diffusion style) is called after each step with ``{"i", "T", "t", "s",
+        "z": (B, L) state at s (mask id ``V``), "probs": (B, L, V) float64 x_theta used}``."""
         dev = next(model.parameters()).device
         V = model.n_out
         z = torch.full((B, L), V, dtype=torch.long, device=dev)
@@ -126,8 +130,12 @@ class MDLMMethod:
             is_m = z == V
             z_new = torch.where(is_m, draw, z)
             if not torch.equal(z_new, z):
-                probs = None  # the input changed: recompute at the next step
+                probs_used, probs = probs, None  # the input changed: recompute at the next step
+            else:
+                probs_used = probs
             z = z_new
+            if callback is not None:
+                callback({"i": k, "T": steps, "t": t, "s": s, "z": z, "probs": probs_used})
         return z, nfe
 
     def sample_rows(self, run, args) -> list[dict]:
