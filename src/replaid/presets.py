@@ -107,15 +107,20 @@ def lm1b() -> RunConfig:
     return c
 
 
+def isoflop_config(hidden: int, n_layers: int, n_heads: int, name: str = "isoflop") -> RunConfig:
+    """The paper's scaling protocol (sec. 4.2) at one transformer shape: SlimPajama, Llama-2
+    tokenizer, L = 2048, batch 256, the scaling-law optimiser table."""
+    c = RunConfig(preset=name)
+    c.model.hidden, c.model.n_layers, c.model.n_heads = hidden, n_layers, n_heads
+    c.data.source, c.data.tokenizer, c.data.seq_len = "hf:slimpajama", "llama2", 2048
+    c.optim = optim_scaling()
+    c.train.batch_size, c.train.log_every = 256, 100
+    return c
+
+
 def isoflop(size_m: int) -> Callable[[], RunConfig]:
     def make() -> RunConfig:
-        h, n, heads = ISOFLOP_SIZES[size_m]
-        c = RunConfig(preset=f"isoflop-{size_m}m")
-        c.model.hidden, c.model.n_layers, c.model.n_heads = h, n, heads
-        c.data.source, c.data.tokenizer, c.data.seq_len = "hf:slimpajama", "llama2", 2048
-        c.optim = optim_scaling()
-        c.train.batch_size, c.train.log_every = 256, 100
-        return c
+        return isoflop_config(*ISOFLOP_SIZES[size_m], name=f"isoflop-{size_m}m")
 
     make.__doc__ = f"IsoFLOP model table: {size_m}M non-embedding parameters, scaling-law optimiser table."
     return make

@@ -1,0 +1,160 @@
+"""``replaid scaling plan|run|fit``: the paper's IsoFLOP study (sec. 4.3-4.4) as three commands."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from replaid.commands import add_command
+
+EXAMPLE = """examples:
+  replaid scaling plan --methods ar mdlm replaid --budgets 6e18 1e19 3e19 6e19 1e20 --sizes paper --out SWEEP
+  replaid scaling plan --methods ar mdlm replaid --sizes tiny --out runs/iso data.source=../shared/data/linux-docs
+  replaid scaling run runs/iso --executor local --max-parallel 2
+  replaid scaling run SWEEP --executor slurm --gpus-per-job 8 --slurm partition=gpu --max-parallel 16
+  replaid scaling fit runs/iso --reference ar --out runs/iso/fit --json"""
+
+
+def register(sub) -> None:
+    s = add_command(sub, "scaling", "IsoFLOP scaling study: plan runs, run them, fit the scaling laws.", EXAMPLE)
+    ss = s.add_subparsers(dest="scaling_cmd", required=True)
+
+    p = ss.add_parser("plan", help="resolve every (method, budget, size) run and write a manifest")
+    p.add_argument("--methods", nargs="+", default=["ar", "mdlm", "replaid"],
+                   help="ar mdlm duo replaid replaid-nosc plaid (default: ar mdlm replaid)")
+    p.add_argument("--budgets", nargs="+", type=float, help="compute budgets C in FLOPs (default: the table's)")
+    p.add_argument("--sizes", default="paper", help="paper | tiny | comma-separated size labels (default paper)")
+    p.add_argument("--per-budget", type=int, default=-1,
+                   help="sizes per budget around the predicted optimum (0 = all; default 7 paper, 4 tiny)")
+    p.add_argument("--stride", type=int, default=1, help="take every STRIDE-th size of the table (wider bracket)")
+    p.add_argument("--protocol", choices=["paper", "tiny"], help="training protocol (default: that of --sizes)")
+    p.add_argument("--out", help="sweep folder (manifest.json/.csv, configs/, runs/)")
+    p.add_argument("--force", action="store_true", help="re-plan an existing sweep folder (its runs are kept)")
+    p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation for the GPU-hour estimate")
+    p.add_argument("--gpu-tflops", type=float, default=989.0,
+                   help="peak bf16 dense TFLOP/s of one GPU for the estimate (default 989, H100 SXM)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
+    p.add_argument("overrides", nargs="*", help="section.key=value applied to every run, e.g. data.source=...")
+    p.set_defaults(func=run_plan)
+
+    r = ss.add_parser("run", help="run every unfinished entry of a sweep (skip done, resume interrupted)")
+    r.add_argument("sweep", help="sweep folder made by 'replaid scaling plan'")
+    r.add_argument("--executor", default="local", choices=["local", "slurm", "submitit-local", "debug"],
+                   help="local subprocesses, SLURM job arrays (submitit), or submitit's local/debug executors")
+    r.add_argument("--max-parallel", type=int, default=1, help="runs at once (local) / array parallelism (slurm)")
+    r.add_argument("--only", nargs="+", help="run only these methods (variant labels)")
+    r.add_argument("--prefix", default="", help="command put before every run, e.g. '/work/tools/heavy -n 1'")
+    r.add_argument("--python", help="how to call replaid (default: this interpreter -m replaid)")
+    r.add_argument("--gpus-per-job", type=int, default=0, help="slurm: GPUs per job, run under torchrun")
+    r.add_argument("--slurm", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="extra submitit parameters, e.g. slurm_partition=gpu timeout_min=600")
+    r.add_argument("--no-wait", action="store_true", help="slurm: submit and return")
+    r.add_argument("--status", action="store_true", help="print the sweep's progress and exit")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.set_defaults(func=run_run)
+
+    f = ss.add_parser("fit", help="fit IsoFLOP minima, power laws, compute multipliers, L(N, D), crossover")
+    f.add_argument("source", help="a sweep folder, or a CSV with columns method,flops,params,loss[,tokens,budget]")
+    f.add_argument("--reference", default="ar", help="the method the compute multipliers compare to (default ar)")
+    f.add_argument("--out", help="folder for fit.json, report.md and the PNG plots (default SOURCE/fit)")
+    f.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the intervals")
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--crossover", nargs=2, metavar=("A", "B"), default=None,
+                   help="the two methods of the over-training crossover (default: replaid mdlm when present)")
+    f.add_argument("--slice-params", type=float, help="N of the over-training slice plot (default: geometric middle)")
+    f.add_argument("--json", action="store_true", help="print every fitted number as one JSON object")
+    f.set_defaults(func=run_fit)
+
+
+def _table(rows: list[list[str]], head: list[str]) -> str:
+    w = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    line = lambda r: "  ".join(str(x).rjust(n) for x, n in zip(r, w))  # noqa: E731
+    return "\n".join([line(head), line(["-" * n for n in w])] + [line(r) for r in rows])
+
+
+def run_plan(args) -> int:
+    from replaid.config import ConfigError
+    from replaid.training import scaling as sc
+
+    table = "tiny" if args.sizes == "tiny" else "paper"
+    budgets = args.budgets or (sc.TINY_BUDGETS if table == "tiny" else sc.PAPER_BUDGETS)
+    per_budget = args.per_budget if args.per_budget >= 0 else (4 if table == "tiny" else 7)
+    if args.mfu <= 0 or args.mfu > 1:
+        raise ConfigError("--mfu must be in (0, 1]")
+    plan = sc.make_plan(args.methods, budgets, args.sizes, per_budget, args.stride, args.protocol, args.overrides)
+    if args.out:
+        man = sc.write_plan(plan, Path(args.out), force=args.force)
+        print(f"wrote {man} ({len(plan.entries)} runs, {plan.total_flops:.3g} FLOPs) and "
+              f"{Path(args.out) / 'manifest.csv'}", file=sys.stderr)
+    gpu_s = lambda fl: fl / (args.mfu * args.gpu_tflops * 1e12)  # noqa: E731
+    if args.json:
+        print(json.dumps({"protocol": plan.protocol, "total_flops": plan.total_flops,
+                          "gpu_hours": gpu_s(plan.total_flops) / 3600, "mfu": args.mfu,
+                          "gpu_tflops": args.gpu_tflops,
+                          "runs": [{k: v for k, v in e.__dict__.items() if not k.startswith("_")} for e in plan.entries]}))
+        return 0
+    rows = [[e.method, f"{e.budget:.3g}", e.size, f"{e.params / 1e6:.3f}M", e.steps, f"{e.tokens:.3g}",
+             f"{e.tokens / e.params:.1f}", f"{gpu_s(e.flops) / 3600:.2f}"] for e in plan.entries]
+    print(_table(rows, ["method", "C", "size", "N (non-emb)", "steps", "tokens", "D/N", "GPU-h"]))
+    print()
+    by = {}
+    for e in plan.entries:
+        by.setdefault(e.method, 0.0)
+        by[e.method] += e.flops
+    for m, fl in by.items():
+        print(f"{m:14s} {fl:.3g} FLOPs  {gpu_s(fl) / 3600:,.0f} GPU-hours")
+    print(f"{'total':14s} {plan.total_flops:.3g} FLOPs  {gpu_s(plan.total_flops) / 3600:,.0f} GPU-hours "
+          f"at MFU {args.mfu:.0%} of {args.gpu_tflops:g} TFLOP/s per GPU ({len(plan.entries)} runs, protocol "
+          f"{plan.protocol})")
+    return 0
+
+
+def run_run(args) -> int:
+    from replaid.config import ConfigError, parse_overrides
+    from replaid.training import scaling as sc
+
+    sweep = Path(args.sweep)
+    entries = sc.read_manifest(sweep)
+    if args.only:
+        entries = [e for e in entries if e.method in args.only]
+        if not entries:
+            raise ConfigError(f"--only {' '.join(args.only)} matches no run of {sweep}")
+    if args.status:
+        print(sc.progress_line(sweep, entries))
+        return 0
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    if args.executor == "local":
+        res = sc.run_local(sweep, entries, args.max_parallel, args.python, args.prefix, not args.no_progress, log)
+    else:
+        extra = {}
+        for k, v in parse_overrides(args.slurm):
+            try:
+                extra[k] = json.loads(v)
+            except json.JSONDecodeError:
+                extra[k] = v
+        res = sc.run_submitit(sweep, entries, args.executor, args.max_parallel, args.python, args.prefix,
+                              args.gpus_per_job, extra, wait=not args.no_wait, log=log)
+    log(sc.progress_line(sweep, entries))
+    failed = [r for r in res if r["state"] != "done"]
+    if failed:
+        log(f"scaling run: {len(failed)} run(s) did not finish: {', '.join(r['id'] for r in failed[:5])}; "
+            f"rerun 'replaid scaling run {sweep}' to resume them")
+        return 1
+    return 0
+
+
+def run_fit(args) -> int:
+    from replaid.eval import scaling_fit as sf
+
+    out = Path(args.out) if args.out else (Path(args.source) / "fit" if Path(args.source).is_dir()
+                                           else Path(args.source).with_suffix("") .parent / "fit")
+    res = sf.fit_source(args.source, reference=args.reference, n_boot=args.bootstrap, seed=args.seed,
+                        crossover=args.crossover, out=out, slice_params=args.slice_params)
+    for w in res.get("warnings", []):
+        print(f"replaid: warning: {w}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(res))
+    else:
+        print(sf.summary_text(res))
+        print(f"wrote {out / 'fit.json'}, {out / 'report.md'} and plots", file=sys.stderr)
+    return 0

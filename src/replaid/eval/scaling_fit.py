@@ -1,0 +1,485 @@
+"""Scaling-law fits of an IsoFLOP study (paper sec. 4.3-4.4; Hoffmann et al. 2022).
+
+Natural logarithms throughout. Per method and budget C, the paper's quadratic in log-log
+
+    log L(N; C) = a_C (log N)^2 + b_C log N + c_C,   N*_C = exp(-b_C / 2a_C),   L*_C = L(N*_C; C);
+
+per method the power laws ``log L*_C = alpha log C + beta`` and ``log N*_C = alpha' log C + beta'``;
+the compute multiplier of method m against a reference r at reference compute C, the k with
+``L*_m(k C) = L*_r(C)``:
+
+    log k(C) = ((alpha_r - alpha_m) log C + beta_r - beta_m) / alpha_m,
+
+summarised by its median (and range) over the fitted budget range; the parameter ratio
+``N*_m(C) / N*_r(C)`` likewise (< 1: fewer parameters at equal compute). Chinchilla's approach 3,
+``L(N, D) = E + A / N^a + B / D^b``, is fitted per method by L-BFGS on a Huber loss of log L from a
+grid of starts; from it, the over-training crossover ("green line") of two methods: for each N the
+training compute C_x at which both have the same loss, and C_x as a multiple of each method's own
+compute-optimal compute at that N (the inverse of its N* law). Tokens and compute are linked per
+method by ``C = kappa N D`` with kappa the median of the runs' FLOPs / (N D).
+
+Intervals: a parametric bootstrap. Each replicate perturbs every log-loss by Gaussian noise of the
+scale of its budget's quadratic residuals (the fit's standard error, ddof = 3; the evaluation's own
+standard error where a budget has only three sizes) and redoes every fit; intervals are the 2.5 and
+97.5 percentiles.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+LOG_TOL = 0.15  # budgets whose FLOPs lie within 15% (in log) are one IsoFLOP group
+
+
+# ------------------------------------------------------------------ reading
+
+def read_points(source: str | Path) -> list[dict]:
+    """Rows ``{method, budget, flops, params, loss, tokens?, stderr?}`` from a sweep folder or a CSV."""
+    p = Path(source)
+    if p.is_dir():
+        from replaid.training.scaling import results_table
+
+        rows = results_table(p)
+        if not rows:
+            raise ValueError(f"sweep {p} has no finished run yet; run 'replaid scaling run {p}' first")
+        return rows
+    if not p.is_file():
+        raise FileNotFoundError(f"{p} is neither a sweep folder nor a CSV file; pass one made by 'replaid scaling'")
+    with open(p, newline="") as f:
+        rows = list(csv.DictReader(f))
+    need = {"method", "flops", "params", "loss"}
+    if not rows or not need <= set(rows[0]):
+        raise ValueError(f"{p} needs the columns method,flops,params,loss (optional tokens, budget, stderr); "
+                         f"it has {', '.join(rows[0]) if rows else 'no rows'}")
+    out = []
+    for i, r in enumerate(rows, start=2):
+        try:
+            d = {"method": r["method"], "flops": float(r["flops"]), "params": float(r["params"]),
+                 "loss": float(r["loss"])}
+            for k in ("tokens", "budget", "stderr"):
+                if r.get(k) not in (None, ""):
+                    d[k] = float(r[k])
+        except ValueError:
+            raise ValueError(f"{p} line {i}: flops, params and loss must be numbers") from None
+        if d["flops"] <= 0 or d["params"] <= 0 or d["loss"] <= 0:
+            raise ValueError(f"{p} line {i}: flops, params and loss must be positive")
+        out.append(d)
+    return out
+
+
+def group_budgets(rows: list[dict]) -> list[float]:
+    """Attach ``budget`` (nominal C) to rows without one: FLOPs within LOG_TOL share a group (its
+    geometric mean). Returns the sorted budgets."""
+    free = sorted((r for r in rows if "budget" not in r), key=lambda r: r["flops"])
+    groups: list[list[dict]] = []
+    for r in free:
+        if groups and math.log(r["flops"]) - math.log(groups[-1][0]["flops"]) < LOG_TOL:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    for g in groups:
+        c = float(np.exp(np.mean([math.log(r["flops"]) for r in g])))
+        for r in g:
+            r["budget"] = float(f"{c:.3g}")
+    return sorted({r["budget"] for r in rows})
+
+
+# ------------------------------------------------------------------ per-budget quadratic
+
+def isoflop_min(logn: np.ndarray, logl: np.ndarray) -> dict:
+    """Quadratic in log-log; its minimum (NaN when the parabola opens downwards)."""
+    a, b, c = np.polyfit(logn, logl, 2)
+    if a <= 0:
+        return {"a": a, "b": b, "c": c, "log_n_opt": math.nan, "log_l_opt": math.nan}
+    x = -b / (2 * a)
+    return {"a": a, "b": b, "c": c, "log_n_opt": x, "log_l_opt": c - b * b / (4 * a)}
+
+
+def linfit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Least-squares slope and intercept (the paper's power-law fit in log-log)."""
+    ok = np.isfinite(x) & np.isfinite(y)
+    if ok.sum() < 2:
+        return math.nan, math.nan
+    s, i = np.polyfit(x[ok], y[ok], 1)
+    return float(s), float(i)
+
+
+def multiplier_curve(law_m: tuple[float, float], law_r: tuple[float, float], logc: np.ndarray) -> np.ndarray:
+    """k(C) with L*_m(k C) = L*_r(C) for power laws (alpha, beta) of log L* in log C."""
+    (am, bm), (ar, br) = law_m, law_r
+    return np.exp(((ar - am) * logc + br - bm) / am)
+
+
+# ------------------------------------------------------------------ Chinchilla approach 3
+
+def _lse_model(theta: np.ndarray, logn: np.ndarray, logd: np.ndarray) -> np.ndarray:
+    """log L(N, D) for theta = (log A, log B, log E, a, b)."""
+    la, lb, le, a, b = theta
+    return np.logaddexp(np.logaddexp(la - a * logn, lb - b * logd), le)
+
+
+def fit_parametric(n: np.ndarray, d: np.ndarray, loss: np.ndarray, delta: float = 1e-3,
+                   init: Optional[np.ndarray] = None) -> dict:
+    """``L = E + A/N^a + B/D^b`` by L-BFGS-B on the Huber loss of log L (Hoffmann et al.'s
+    approach 3) from a grid of starts (or from ``init``)."""
+    from scipy.optimize import minimize
+
+    logn, logd, logl = np.log(n), np.log(d), np.log(loss)
+
+    def obj(th):  # Huber(log L_model - log L) and its exact gradient
+        la, lb, le, a, b = th
+        t = np.stack([la - a * logn, lb - b * logd, np.full_like(logn, le)])  # (3, n)
+        m = np.logaddexp(np.logaddexp(t[0], t[1]), t[2])
+        w = np.exp(t - m)  # softmax weights d m / d t_i
+        r = m - logl
+        ar = np.abs(r)
+        h = np.where(ar <= delta, r, delta * np.sign(r))
+        g = np.array([h @ w[0], h @ w[1], h @ w[2], -(h * w[0]) @ logn, -(h * w[1]) @ logd])
+        return float(np.sum(np.where(ar <= delta, 0.5 * r * r, delta * (ar - 0.5 * delta)))), g
+
+    bounds = [(-10, 40), (-10, 40), (-5, 3), (0.0, 2.5), (0.0, 2.5)]
+    if init is not None:
+        starts = [init]
+    else:
+        le0 = math.log(max(loss.min() * 0.5, 1e-3))
+        starts = [np.array([la, lb, le, a, b]) for la in (0.0, 6.0, 12.0) for lb in (0.0, 6.0, 12.0)
+                  for le in (le0, le0 + 0.5) for a in (0.25, 0.7) for b in (0.25, 0.7)]
+    best = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for s in starts:
+            r = minimize(obj, s, method="L-BFGS-B", jac=True, bounds=bounds)
+            if best is None or r.fun < best.fun:
+                best = r
+    la, lb, le, a, b = best.x
+    return {"E": math.exp(le), "A": math.exp(la), "B": math.exp(lb), "a": float(a), "b": float(b),
+            "theta": [float(v) for v in best.x], "huber": float(best.fun)}
+
+
+def parametric_loss(p: dict, n, d):
+    return p["E"] + p["A"] / np.power(n, p["a"]) + p["B"] / np.power(d, p["b"])
+
+
+def crossover(pa: dict, pb: dict, kappa_a: float, kappa_b: float, npow_a: tuple[float, float],
+              npow_b: tuple[float, float], n_grid: np.ndarray, logc_span=(-5.0, 12.0)) -> list[dict]:
+    """For each N: the compute C_x at which methods A and B of equal size N reach equal loss
+    (``L_A(N, C/(kappa_A N)) = L_B(N, C/(kappa_B N))``), and C_x over each one's compute-optimal
+    compute at N (from ``log N* = alpha' log C + beta'``). Empty entries where no root lies within
+    ``logc_span`` decades (log10) of that optimal compute."""
+    from scipy.optimize import brentq
+
+    out = []
+    for n in n_grid:
+        copt_a = math.exp((math.log(n) - npow_a[1]) / npow_a[0])
+        copt_b = math.exp((math.log(n) - npow_b[1]) / npow_b[0])
+
+        def diff(logc):
+            c = math.exp(logc)
+            return math.log(parametric_loss(pa, n, c / (kappa_a * n))) - math.log(parametric_loss(pb, n, c / (kappa_b * n)))
+
+        lo = math.log(min(copt_a, copt_b)) + logc_span[0] * math.log(10)
+        hi = math.log(max(copt_a, copt_b)) + logc_span[1] * math.log(10)
+        grid = np.linspace(lo, hi, 400)
+        cg = np.exp(grid)
+        vals = (np.log(parametric_loss(pa, n, cg / (kappa_a * n))) - np.log(parametric_loss(pb, n, cg / (kappa_b * n))))
+        root = None
+        sign = np.nonzero(np.diff(np.sign(vals)) != 0)[0]
+        if len(sign):
+            i = sign[0]
+            root = brentq(diff, grid[i], grid[i + 1])
+        entry = {"params": float(n), "copt_a": copt_a, "copt_b": copt_b}
+        if root is not None:
+            cx = math.exp(root)
+            entry.update(flops=cx, mult_a=cx / copt_a, mult_b=cx / copt_b,
+                         a_better_above=bool(diff(root + 0.1) < 0))
+        out.append(entry)
+    return out
+
+
+# ------------------------------------------------------------------ the whole analysis
+
+def _analyse(points: dict, budgets: list[float], reference: str, logc_grid: np.ndarray) -> dict:
+    """Per-budget minima, power laws and multipliers for perturbed or original log-losses."""
+    res = {}
+    for m, pts in points.items():
+        mins = []
+        for b in budgets:
+            sel = pts["budget"] == b
+            if sel.sum() < 3:
+                mins.append(None)
+                continue
+            mins.append(isoflop_min(pts["logn"][sel], pts["logl"][sel]))
+        logc = np.array([math.log(b) for b, q in zip(budgets, mins) if q is not None])
+        ln = np.array([q["log_n_opt"] for q in mins if q is not None])
+        ll = np.array([q["log_l_opt"] for q in mins if q is not None])
+        res[m] = {"mins": mins, "loss_law": linfit(logc, ll), "param_law": linfit(logc, ln)}
+    if reference in res:
+        r = res[reference]
+        for m, v in res.items():
+            k = multiplier_curve(v["loss_law"], r["loss_law"], logc_grid)
+            pr = np.exp((v["param_law"][0] - r["param_law"][0]) * logc_grid + v["param_law"][1] - r["param_law"][1])
+            v["mult"], v["pratio"] = k, pr
+    return res
+
+
+def _ci(samples: list[float]) -> list[float]:
+    a = np.array([s for s in samples if s is not None and np.isfinite(s)])
+    if len(a) < 10:
+        return [math.nan, math.nan]
+    return [float(np.percentile(a, 2.5)), float(np.percentile(a, 97.5))]
+
+
+def _f(x) -> Optional[float]:
+    return None if x is None or not np.isfinite(x) else float(x)
+
+
+def fit_points(rows: list[dict], reference: str = "ar", n_boot: int = 1000, seed: int = 0,
+               crossover_pair: Optional[tuple[str, str]] = None, n_boot_parametric: int = 100) -> dict:
+    """Every fit of the study; see the module docstring. Returns a JSON-able dict."""
+    rows = [dict(r) for r in rows]
+    budgets = group_budgets(rows)
+    methods = sorted({r["method"] for r in rows}, key=lambda m: (m != reference, m))
+    warn: list[str] = []
+    points = {}
+    for m in methods:
+        rs = [r for r in rows if r["method"] == m]
+        points[m] = {"budget": np.array([r["budget"] for r in rs]), "logn": np.log([r["params"] for r in rs]),
+                     "logl": np.log([r["loss"] for r in rs]), "loss": np.array([r["loss"] for r in rs]),
+                     "params": np.array([r["params"] for r in rs]), "flops": np.array([r["flops"] for r in rs]),
+                     "tokens": np.array([r.get("tokens", r["flops"] / (6 * r["params"])) for r in rs]),
+                     "stderr": np.array([r.get("stderr") or math.nan for r in rs], dtype=float)}
+    if reference not in points:
+        warn.append(f"reference method '{reference}' has no runs; compute multipliers are not computed")
+    logc_grid = np.linspace(math.log(budgets[0]), math.log(budgets[-1]), 25)
+    base = _analyse(points, budgets, reference, logc_grid)
+
+    # noise scale per (method, budget): residual std of the quadratic, or the eval's stderr
+    scale = {}
+    for m, v in base.items():
+        s = np.zeros(len(points[m]["logl"]))
+        for b, q in zip(budgets, v["mins"]):
+            sel = points[m]["budget"] == b
+            if q is None:
+                continue
+            x, y = points[m]["logn"][sel], points[m]["logl"][sel]
+            resid = y - np.polyval([q["a"], q["b"], q["c"]], x)
+            if sel.sum() > 3:
+                s[sel] = math.sqrt(float(resid @ resid) / (sel.sum() - 3))
+            else:
+                se = points[m]["stderr"][sel] / points[m]["loss"][sel]
+                s[sel] = float(np.nanmean(se)) if np.isfinite(se).any() else 0.0
+        scale[m] = s
+    rng = np.random.default_rng(seed)
+    boots = []
+    for _ in range(n_boot):
+        pert = {m: {**p, "logl": p["logl"] + rng.standard_normal(len(p["logl"])) * scale[m]} for m, p in points.items()}
+        boots.append(_analyse(pert, budgets, reference, logc_grid))
+
+    out: dict = {"reference": reference, "budgets": budgets, "log": "natural", "n_boot": n_boot, "methods": {},
+                 "warnings": warn}
+    for m in methods:
+        v = base[m]
+        per_budget = []
+        for i, (b, q) in enumerate(zip(budgets, v["mins"])):
+            sel = points[m]["budget"] == b
+            if q is None:
+                if sel.sum():
+                    warn.append(f"{m} at C={b:.3g}: only {int(sel.sum())} size(s); need 3 for the quadratic")
+                continue
+            lo, hi = points[m]["logn"][sel].min(), points[m]["logn"][sel].max()
+            bracketed = bool(np.isfinite(q["log_n_opt"]) and lo <= q["log_n_opt"] <= hi)
+            if not bracketed:
+                why = ("the quadratic opens downwards" if not np.isfinite(q["log_n_opt"]) else
+                       f"N* = {math.exp(q['log_n_opt']):.3g} lies outside the sizes run "
+                       f"[{math.exp(lo):.3g}, {math.exp(hi):.3g}]")
+                warn.append(f"{m} at C={b:.3g}: minimum not bracketed ({why}); add "
+                            f"{'smaller' if np.isfinite(q['log_n_opt']) and q['log_n_opt'] < lo else 'larger'} sizes")
+            bq = [bt[m]["mins"][i] for bt in boots]
+            per_budget.append({
+                "budget": b, "n_opt": _f(math.exp(q["log_n_opt"]) if np.isfinite(q["log_n_opt"]) else math.nan),
+                "n_opt_ci": _ci([math.exp(x["log_n_opt"]) if x and np.isfinite(x["log_n_opt"]) else None for x in bq]),
+                "loss_opt": _f(math.exp(q["log_l_opt"]) if np.isfinite(q["log_l_opt"]) else math.nan),
+                "loss_opt_ci": _ci([math.exp(x["log_l_opt"]) if x and np.isfinite(x["log_l_opt"]) else None for x in bq]),
+                "bracketed": bracketed, "quad": [float(q["a"]), float(q["b"]), float(q["c"])],
+                "sizes": int(sel.sum()), "noise_log": float(scale[m][sel].mean())})
+        (al, be), (alp, bep) = v["loss_law"], v["param_law"]
+        mo = {"alpha": _f(al), "beta": _f(be), "alpha_prime": _f(alp), "beta_prime": _f(bep),
+              "alpha_ci": _ci([bt[m]["loss_law"][0] for bt in boots]),
+              "beta_ci": _ci([bt[m]["loss_law"][1] for bt in boots]),
+              "alpha_prime_ci": _ci([bt[m]["param_law"][0] for bt in boots]),
+              "beta_prime_ci": _ci([bt[m]["param_law"][1] for bt in boots]),
+              "budgets": per_budget,
+              "kappa": float(np.median(points[m]["flops"] / (points[m]["params"] * points[m]["tokens"])))}
+        if "mult" in v:
+            km, pr = v["mult"], v["pratio"]
+            mo.update(
+                compute_multiplier=_f(np.median(km)), compute_multiplier_range=[_f(km.min()), _f(km.max())],
+                compute_multiplier_ci=_ci([float(np.median(bt[m]["mult"])) for bt in boots]),
+                param_ratio=_f(np.median(pr)), param_ratio_range=[_f(pr.min()), _f(pr.max())],
+                param_ratio_ci=_ci([float(np.median(bt[m]["pratio"])) for bt in boots]))
+        # Chinchilla approach 3
+        p = points[m]
+        if len(p["loss"]) >= 5:
+            par = fit_parametric(p["params"], p["tokens"], p["loss"])
+            bs = []
+            sc = scale[m]
+            for _ in range(n_boot_parametric):
+                y = p["loss"] * np.exp(rng.standard_normal(len(p["loss"])) * sc)
+                bs.append(fit_parametric(p["params"], p["tokens"], y, init=np.array(par["theta"])))
+            for k in ("E", "A", "B", "a", "b"):
+                par[f"{k}_ci"] = _ci([q[k] for q in bs])
+            par["boot"] = [q["theta"] for q in bs]
+            mo["parametric"] = par
+        out["methods"][m] = mo
+
+    # the over-training crossover (green line)
+    pair = crossover_pair or (("replaid", "mdlm") if {"replaid", "mdlm"} <= set(methods) else None)
+    if pair and all(x in out["methods"] and "parametric" in out["methods"][x] for x in pair):
+        a, b = pair
+        ma, mb = out["methods"][a], out["methods"][b]
+        if None in (ma["alpha_prime"], mb["alpha_prime"]):
+            warn.append(f"crossover {a} vs {b}: a parameter law is missing")
+        else:
+            allp = np.concatenate([points[a]["params"], points[b]["params"]])
+            n_grid = np.exp(np.linspace(np.log(allp.min()), np.log(allp.max()), 9))
+            law = lambda mo: (mo["alpha_prime"], mo["beta_prime"])  # noqa: E731
+            line = crossover(ma["parametric"], mb["parametric"], ma["kappa"], mb["kappa"], law(ma), law(mb), n_grid)
+            found = [e for e in line if "flops" in e]
+            cx = {"methods": [a, b], "line": line}
+            if found:
+                cx["mult_a_median"] = float(np.median([e["mult_a"] for e in found]))
+                cx["mult_b_median"] = float(np.median([e["mult_b"] for e in found]))
+                # interval: the same from the bootstrap parametric fits
+                ka, kb = [], []
+                nb = min(len(ma["parametric"]["boot"]), len(mb["parametric"]["boot"]))
+                for i in range(nb):
+                    pa = _theta_to_p(ma["parametric"]["boot"][i])
+                    pb = _theta_to_p(mb["parametric"]["boot"][i])
+                    ln_ = crossover(pa, pb, ma["kappa"], mb["kappa"], law(ma), law(mb), n_grid)
+                    f = [e for e in ln_ if "flops" in e]
+                    if f:
+                        ka.append(float(np.median([e["mult_a"] for e in f])))
+                        kb.append(float(np.median([e["mult_b"] for e in f])))
+                cx["mult_a_ci"], cx["mult_b_ci"] = _ci(ka), _ci(kb)
+                cx["boot_found"] = f"{len(ka)}/{nb}"
+            else:
+                warn.append(f"crossover {a} vs {b}: the fitted L(N, D) curves do not cross in the range searched")
+            out["crossover"] = cx
+    out["points"] = [{k: (float(v) if isinstance(v, (int, float, np.floating)) else v) for k, v in r.items()}
+                     for r in rows]
+    for mo in out["methods"].values():
+        mo.get("parametric", {}).pop("boot", None)
+    return out
+
+
+def _theta_to_p(th) -> dict:
+    la, lb, le, a, b = th
+    return {"E": math.exp(le), "A": math.exp(la), "B": math.exp(lb), "a": a, "b": b}
+
+
+# ------------------------------------------------------------------ output
+
+def summary_text(res: dict) -> str:
+    lines = [f"reference: {res['reference']}   budgets: {', '.join(f'{b:.3g}' for b in res['budgets'])}"]
+    for m, mo in res["methods"].items():
+        lines.append(f"\n{m}: alpha = {_fmt(mo['alpha'])} {_fmt_ci(mo['alpha_ci'])}   "
+                     f"alpha' = {_fmt(mo['alpha_prime'])} {_fmt_ci(mo['alpha_prime_ci'])}")
+        for q in mo["budgets"]:
+            lines.append(f"  C={q['budget']:.3g}: N* = {_fmt(q['n_opt'])} {_fmt_ci(q['n_opt_ci'])}  "
+                         f"L* = {_fmt(q['loss_opt'], 4)} {_fmt_ci(q['loss_opt_ci'], 4)}"
+                         f"{'' if q['bracketed'] else '  (not bracketed)'}")
+        if "compute_multiplier" in mo:
+            lines.append(f"  compute multiplier vs {res['reference']}: {_fmt(mo['compute_multiplier'])} "
+                         f"{_fmt_ci(mo['compute_multiplier_ci'])} (range over budgets "
+                         f"{_fmt(mo['compute_multiplier_range'][0])}-{_fmt(mo['compute_multiplier_range'][1])})   "
+                         f"N* ratio: {_fmt(mo['param_ratio'])} {_fmt_ci(mo['param_ratio_ci'])}")
+        if "parametric" in mo:
+            p = mo["parametric"]
+            lines.append(f"  L(N,D) = {p['E']:.3g} + {p['A']:.3g}/N^{p['a']:.3g} + {p['B']:.3g}/D^{p['b']:.3g}")
+    cx = res.get("crossover")
+    if cx and "mult_a_median" in cx:
+        a, b = cx["methods"]
+        lines.append(f"\ncrossover: {a} at {cx['mult_a_median']:.3g}x its optimal compute {_fmt_ci(cx['mult_a_ci'])} "
+                     f"matches {b} at {cx['mult_b_median']:.3g}x {_fmt_ci(cx['mult_b_ci'])}")
+    return "\n".join(lines)
+
+
+def _fmt(x, d=3) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{d}g}"
+
+
+def _fmt_ci(ci, d=3) -> str:
+    if not ci or any(c is None or not math.isfinite(c) for c in ci):
+        return "[n/a]"
+    return f"[{ci[0]:.{d}g}, {ci[1]:.{d}g}]"
+
+
+def fit_source(source, reference: str = "ar", n_boot: int = 1000, seed: int = 0, crossover=None,
+               out: Optional[Path] = None, slice_params: Optional[float] = None) -> dict:
+    """Read, fit, and write ``fit.json``, ``report.md`` and the PNG plots into ``out``."""
+    if n_boot < 0:
+        raise ValueError("--bootstrap must be >= 0")
+    rows = read_points(source)
+    res = fit_points(rows, reference, n_boot, seed, tuple(crossover) if crossover else None,
+                     n_boot_parametric=min(n_boot, 100))
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "fit.json").write_text(json.dumps(res, indent=1))
+        from replaid.eval import scaling_plots
+
+        res["plots"] = scaling_plots.plot_all(res, out, slice_params)
+        (out / "report.md").write_text(report_markdown(res, str(source)))
+        (out / "fit.json").write_text(json.dumps(res, indent=1))
+    return res
+
+
+def report_markdown(res: dict, source: str) -> str:
+    ref = res["reference"]
+    L = [f"# Scaling-law fit of `{source}`", "",
+         f"Reference: **{ref}**. Budgets: {', '.join(f'{b:.3g}' for b in res['budgets'])} FLOPs. Natural logs. "
+         f"Intervals: 95% parametric bootstrap ({res['n_boot']} replicates).", ""]
+    if res["warnings"]:
+        L += ["## Warnings", ""] + [f"- {w}" for w in res["warnings"]] + [""]
+    L += ["## Power laws and multipliers", "",
+          f"| method | alpha (L*) | alpha' (N*) | compute multiplier vs {ref} (median; range over budgets) | N* ratio vs {ref} |",
+          "|---|---|---|---|---|"]
+    for m, mo in res["methods"].items():
+        cm = (f"{_fmt(mo['compute_multiplier'])} {_fmt_ci(mo['compute_multiplier_ci'])}; "
+              f"{_fmt(mo['compute_multiplier_range'][0])}-{_fmt(mo['compute_multiplier_range'][1])}"
+              if "compute_multiplier" in mo else "n/a")
+        pr = f"{_fmt(mo['param_ratio'])} {_fmt_ci(mo['param_ratio_ci'])}" if "param_ratio" in mo else "n/a"
+        L.append(f"| {m} | {_fmt(mo['alpha'])} {_fmt_ci(mo['alpha_ci'])} | {_fmt(mo['alpha_prime'])} "
+                 f"{_fmt_ci(mo['alpha_prime_ci'])} | {cm} | {pr} |")
+    L += ["", "## IsoFLOP minima", "", "| method | C | sizes | N* | L* (nats/token) | bracketed |", "|---|---|---|---|---|---|"]
+    for m, mo in res["methods"].items():
+        for q in mo["budgets"]:
+            L.append(f"| {m} | {q['budget']:.3g} | {q['sizes']} | {_fmt(q['n_opt'])} {_fmt_ci(q['n_opt_ci'])} | "
+                     f"{_fmt(q['loss_opt'], 4)} {_fmt_ci(q['loss_opt_ci'], 4)} | {'yes' if q['bracketed'] else '**no**'} |")
+    L += ["", "## Parametric L(N, D) = E + A / N^a + B / D^b", "", "| method | E | A | a | B | b |", "|---|---|---|---|---|---|"]
+    for m, mo in res["methods"].items():
+        p = mo.get("parametric")
+        if p:
+            L.append(f"| {m} | {_fmt(p['E'])} {_fmt_ci(p['E_ci'])} | {_fmt(p['A'])} | {_fmt(p['a'])} {_fmt_ci(p['a_ci'])} | "
+                     f"{_fmt(p['B'])} | {_fmt(p['b'])} {_fmt_ci(p['b_ci'])} |")
+    cx = res.get("crossover")
+    if cx:
+        a, b = cx["methods"]
+        L += ["", f"## Over-training crossover ({a} vs {b})", ""]
+        if "mult_a_median" in cx:
+            L.append(f"At equal size N and equal training compute, {a} at **{cx['mult_a_median']:.3g}x** its own "
+                     f"compute-optimal compute {_fmt_ci(cx['mult_a_ci'])} matches {b} at **{cx['mult_b_median']:.3g}x** "
+                     f"{_fmt_ci(cx['mult_b_ci'])} (medians over N; bootstrap replicates with a crossing: "
+                     f"{cx.get('boot_found')}).")
+        L += ["", "| N | C_x | x optimal " + a + " | x optimal " + b + " |", "|---|---|---|---|"]
+        for e in cx["line"]:
+            L.append(f"| {e['params']:.3g} | {_fmt(e.get('flops'))} | {_fmt(e.get('mult_a'))} | {_fmt(e.get('mult_b'))} |")
+    if res.get("plots"):
+        L += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in res["plots"]]
+    return "\n".join(L) + "\n"

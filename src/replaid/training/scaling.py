@@ -1,0 +1,489 @@
+"""IsoFLOP sweeps: plan (method x budget C x size N -> a resolved run), run (local or SLURM), status.
+
+The paper's protocol (sec. 4.2-4.3): for every compute budget C a set of model sizes N from the
+IsoFLOP table, each trained for ``steps = C / (FLOPs per token x tokens per step)``; FLOPs are the
+training FLOPs a FLOP counter sees (``training/flops.py``: 3 x forward, the output head included,
+the token-embedding lookup free), so self-conditioning's extra 8.3% is paid for with fewer steps.
+
+A sweep folder holds ``manifest.json`` (and the same rows as ``manifest.csv``), one resolved config
+per run in ``configs/ID.json`` (the file ``replaid train --config`` reads; edit it to change a run),
+and the runs in ``runs/ID``. Running a sweep skips finished runs (a final checkpoint with its
+evaluation), resumes interrupted ones with ``replaid train --resume`` and starts the rest.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from replaid.config import ConfigError, RunConfig, parse_overrides, set_key
+from replaid.presets import ISOFLOP_SIZES, isoflop_config
+from replaid.training.flops import train_flops_per_token
+
+# The paper's budgets (sec. 4.3) and its size table (hidden, layers, heads), labelled by size in M.
+PAPER_BUDGETS = (6e18, 1e19, 3e19, 6e19, 1e20)
+PAPER_SIZES: dict[str, tuple[int, int, int]] = {f"{m}M": v for m, v in ISOFLOP_SIZES.items()}
+# CPU-sized table: the same shapes scaled down (V = 1024 BPE, L = 64); labels are hidden x layers.
+TINY_SIZES: dict[str, tuple[int, int, int]] = {
+    f"{h}x{n}": (h, n, a) for h, n, a in [(32, 1, 2), (32, 2, 2), (48, 2, 2), (64, 2, 4), (64, 3, 4), (80, 3, 4),
+                                          (96, 3, 4), (112, 4, 4), (128, 4, 4), (160, 5, 5)]}
+TINY_BUDGETS = (3e11, 7e11, 1.5e12)
+SIZE_TABLES = {"paper": PAPER_SIZES, "tiny": TINY_SIZES}
+
+# Method variants of the study: label -> (replaid --method, extra overrides).
+VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ar": ("ar", ()),
+    "mdlm": ("mdlm", ("baseline.mdlm_low_variance=true",)),  # MDLM (low var.)
+    "duo": ("duo", ()),
+    "replaid": ("replaid", ("model.self_conditioning=true",)),  # RePlaid (s.c.)
+    "replaid-nosc": ("replaid", ("model.self_conditioning=false",)),
+    "plaid": ("plaid", ()),
+}
+CHINCHILLA_TOKENS_PER_PARAM = 20.0
+
+
+def paper_protocol(hidden: int, n_layers: int, n_heads: int) -> RunConfig:
+    """Sec. 4.2: SlimPajama, Llama-2 tokenizer, batch 256, L = 2048, the scaling optimiser table."""
+    return isoflop_config(hidden, n_layers, n_heads)
+
+
+def tiny_protocol(hidden: int, n_layers: int, n_heads: int) -> RunConfig:
+    """The paper's protocol shrunk for one CPU core: 1024-token BPE, L = 64, batch 32, the scaling
+    table's cosine schedule with a 10x higher peak (2e-3 -> 2e-4; 2e-4 does not move a tiny model in
+    a few hundred steps), 1% warm-up (at least 10 steps), no EMA, one fixed validation subset."""
+    c = paper_protocol(hidden, n_layers, n_heads)
+    c.preset = "isoflop-tiny"
+    c.model.cond_dim = 32
+    c.data.source, c.data.tokenizer, c.data.bpe_vocab_size, c.data.seq_len = "stdlib", "bpe", 1024, 64
+    c.optim.lr_backbone = c.optim.lr_projections = 2e-3
+    c.optim.lr_min, c.optim.min_warmup_steps = 2e-4, 10
+    c.train.batch_size, c.train.log_every = 32, 50
+    c.eval.max_batches, c.eval.batch_size, c.eval.t_samples = 16, 32, 4
+    return c
+
+
+PROTOCOLS: dict[str, Callable[[int, int, int], RunConfig]] = {"paper": paper_protocol, "tiny": tiny_protocol}
+
+
+def planned_vocab_size(cfg: RunConfig) -> int:
+    """The tokenizer's vocabulary without building it (BPE: its target size)."""
+    known = {"gpt2": 50257, "llama2": 32000, "bert-base-uncased": 30522, "bert-base-cased": 28996}
+    return known.get(cfg.data.tokenizer, cfg.data.bpe_vocab_size)
+
+
+def non_embedding_params(cfg: RunConfig, vocab_size: int) -> int:
+    """Parameters but the input token embedding (the IsoFLOP table's N), counted on a meta-device model."""
+    import torch
+
+    from replaid.methods import get_method
+
+    with torch.device("meta"):
+        model = get_method(cfg).build_model(vocab_size)
+    return int(model.non_embedding_params())
+
+
+def predicted_optimum(budget: float) -> float:
+    """Chinchilla's rule of thumb, D = 20 N and C = 6 N D, as the centre of each budget's sizes."""
+    return math.sqrt(budget / (6 * CHINCHILLA_TOKENS_PER_PARAM))
+
+
+@dataclass
+class PlanEntry:
+    id: str
+    method: str  # variant label (ar, mdlm, replaid, replaid-nosc, ...)
+    budget: float  # nominal C
+    size: str
+    hidden: int
+    n_layers: int
+    n_heads: int
+    params: int  # non-embedding N
+    flops_per_token: float  # training FLOPs per token (3 x forward, + s.c.)
+    tokens_per_step: int
+    steps: int
+    tokens: int
+    flops: float  # steps x tokens_per_step x flops_per_token (the C actually spent)
+    config: str  # configs/ID.json, relative to the sweep folder
+    run_dir: str  # runs/ID, relative to the sweep folder
+
+    def command(self, sweep: Path, python: str = "replaid", resume: bool = False) -> list[str]:
+        """The ``replaid train`` command of this run (``python``: how replaid is called)."""
+        head = shlex.split(python) + ["train", "--out", str(sweep / self.run_dir), "--no-progress"]
+        return head + (["--resume"] if resume else ["--config", str(sweep / self.config)])
+
+
+@dataclass
+class Plan:
+    protocol: str
+    budgets: list[float]
+    methods: list[str]
+    overrides: list[str]
+    entries: list[PlanEntry] = field(default_factory=list)
+
+    @property
+    def total_flops(self) -> float:
+        return sum(e.flops for e in self.entries)
+
+
+def select_sizes(table: dict[str, tuple[int, int, int]], params: dict[str, int], budget: float, k: int,
+                 stride: int = 1) -> list[str]:
+    """``k`` sizes of the table (every ``stride``-th, by N) centred in log N on the predicted optimum."""
+    names = sorted(table, key=lambda s: params[s])
+    if k <= 0 or (stride == 1 and k >= len(names)):
+        return names
+    target = math.log(predicted_optimum(budget))
+    centre = min(range(len(names)), key=lambda i: abs(math.log(params[names[i]]) - target))
+    span = (k - 1) * stride
+    lo = max(0, min(centre - span // 2, len(names) - 1 - span))
+    picked = [names[i] for i in range(lo, lo + span + 1, stride) if i < len(names)]
+    return picked
+
+
+def make_plan(methods: Sequence[str], budgets: Sequence[float], sizes: str = "paper", per_budget: int = 0,
+              stride: int = 1, protocol: Optional[str] = None, overrides: Sequence[str] = (),
+              save_checkpoints: int = 4) -> Plan:
+    """Every (method, budget, size) run: a resolved config and its step count from the budget.
+
+    ``sizes``: ``paper`` | ``tiny`` | comma-separated labels of either table. ``per_budget``: how many
+    sizes around the predicted optimum each budget trains (0 = all). ``overrides`` (``key=value``)
+    apply to every run after the protocol and the method variant; ``save_checkpoints`` checkpoints
+    per run let an interrupted run resume (the final one is always written)."""
+    for m in methods:
+        if m not in VARIANTS:
+            raise ConfigError(f"unknown scaling method '{m}'; choose from {', '.join(VARIANTS)}")
+    if sizes in SIZE_TABLES:
+        table, proto = SIZE_TABLES[sizes], protocol or sizes
+    else:
+        labels = [s.strip() for s in sizes.split(",") if s.strip()]
+        every = {**PAPER_SIZES, **TINY_SIZES}
+        bad = [s for s in labels if s not in every]
+        if bad or not labels:
+            raise ConfigError(f"unknown size(s) {bad or sizes!r}; use paper, tiny, or labels such as "
+                              f"{', '.join(list(PAPER_SIZES)[:2] + list(TINY_SIZES)[:2])}")
+        table = {s: every[s] for s in labels}
+        proto = protocol or ("tiny" if all(s in TINY_SIZES for s in labels) else "paper")
+    if proto not in PROTOCOLS:
+        raise ConfigError(f"unknown protocol '{proto}'; choose {' or '.join(PROTOCOLS)}")
+    if any(b <= 0 for b in budgets) or not budgets:
+        raise ConfigError("--budgets must be positive FLOP counts, e.g. 6e18 1e19")
+    plan = Plan(proto, [float(b) for b in budgets], list(methods), list(overrides))
+    cfgs, params = {}, {}
+    for m in methods:
+        base_method, extra = VARIANTS[m]
+        for s, (h, n, a) in table.items():
+            cfg = PROTOCOLS[proto](h, n, a)
+            for k, v in parse_overrides([f"method={base_method}", *extra, *overrides]):
+                set_key(cfg, k, v)
+            cfgs[m, s] = cfg.validate()
+            params[m, s] = non_embedding_params(cfg, planned_vocab_size(cfg))
+    for b in plan.budgets:  # budget-major: an interrupted sweep still has whole budgets
+        for m in methods:
+            p_m = {s: params[m, s] for s in table}
+            for s in select_sizes(table, p_m, b, per_budget, stride):
+                cfg = _copy(cfgs[m, s])
+                V = planned_vocab_size(cfg)
+                fpt = train_flops_per_token(cfg, V, include_embedding=True)
+                tps = cfg.train.batch_size * cfg.data.seq_len
+                steps = max(1, int(round(b / (fpt * tps))))
+                cfg.train.steps = steps
+                if save_checkpoints > 1 and steps >= 2 * save_checkpoints:
+                    cfg.train.save_every = steps // save_checkpoints
+                rid = f"{m}_C{b:.3g}_{s}".replace("+", "")
+                e = PlanEntry(rid, m, b, s, cfg.model.hidden, cfg.model.n_layers, cfg.model.n_heads, p_m[s], fpt,
+                              tps, steps, steps * tps, steps * tps * fpt, f"configs/{rid}.json", f"runs/{rid}")
+                e._cfg = cfg  # type: ignore[attr-defined]
+                plan.entries.append(e)
+    return plan
+
+
+def _copy(cfg: RunConfig) -> RunConfig:
+    return RunConfig.from_dict(cfg.to_dict())
+
+
+CSV_FIELDS = [f for f in PlanEntry.__dataclass_fields__]
+
+
+def write_plan(plan: Plan, sweep: Path, force: bool = False) -> Path:
+    """``manifest.json``, ``manifest.csv`` and ``configs/ID.json``; never overwrites another manifest."""
+    sweep = Path(sweep)
+    man = sweep / "manifest.json"
+    if man.exists() and not force:
+        raise ConfigError(f"{man} exists; pick a new --out, or pass --force to re-plan that sweep (runs are kept)")
+    (sweep / "configs").mkdir(parents=True, exist_ok=True)
+    for e in plan.entries:
+        (sweep / e.config).write_text(e._cfg.to_json())  # type: ignore[attr-defined]
+    obj = {"version": 1, "protocol": plan.protocol, "methods": plan.methods, "budgets": plan.budgets,
+           "overrides": plan.overrides, "total_flops": plan.total_flops,
+           "runs": [asdict(e) for e in plan.entries]}
+    tmp = man.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, man)
+    with open(sweep / "manifest.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        w.writeheader()
+        for e in plan.entries:
+            w.writerow(asdict(e))
+    return man
+
+
+def read_manifest(sweep: Path) -> list[PlanEntry]:
+    man = Path(sweep) / "manifest.json"
+    if not man.is_file():
+        raise ConfigError(f"{sweep} has no manifest.json; make one with 'replaid scaling plan --out {sweep}'")
+    try:
+        rows = json.loads(man.read_text())["runs"]
+        return [PlanEntry(**r) for r in rows]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ConfigError(f"{man} is not a scaling manifest ({e.__class__.__name__}); re-plan with 'replaid scaling plan'") from None
+
+
+# ------------------------------------------------------------------ run state
+
+def run_status(sweep: Path, e: PlanEntry) -> tuple[str, int]:
+    """``(state, step)``: ``done`` (final checkpoint with its evaluation), ``partial`` (a checkpoint
+    before the last step: resume it), ``new`` (nothing to resume: start it)."""
+    from replaid.training import checkpoint as ck
+
+    run = Path(sweep) / e.run_dir
+    if not (run / "config.json").is_file():
+        return "new", 0
+    try:
+        st = ck.load_state(ck.find_checkpoint(run))
+    except ck.CheckpointError:
+        return "new", 0
+    step = int(st.get("step", 0))
+    steps = int(st.get("config", {}).get("train", {}).get("steps", e.steps))
+    if step >= steps and st.get("final_eval"):
+        return "done", step
+    return "partial", step
+
+
+def final_loss(sweep: Path, e: PlanEntry) -> Optional[dict]:
+    """The finished run's final validation evaluation (``nelbo``/``nll`` nats per token and more)."""
+    from replaid.training import checkpoint as ck
+
+    try:
+        st = ck.load_state(ck.find_checkpoint(Path(sweep) / e.run_dir))
+    except ck.CheckpointError:
+        return None
+    ev = st.get("final_eval")
+    if not ev:
+        return None
+    key = "nelbo_nats_per_token" if "nelbo_nats_per_token" in ev else "nll_nats_per_token"
+    return {"loss": ev[key], "stderr": ev.get("stderr_nats"), "step": st.get("step"), **ev}
+
+
+def results_table(sweep: Path) -> list[dict]:
+    """One row per finished run: method, budget, size, flops, params, tokens, loss."""
+    rows = []
+    for e in read_manifest(sweep):
+        r = final_loss(sweep, e)
+        if r is None:
+            continue
+        run_cfg = Path(sweep) / e.run_dir / "config.json"
+        steps = json.loads(run_cfg.read_text())["train"]["steps"] if run_cfg.is_file() else e.steps
+        rows.append({"method": e.method, "budget": e.budget, "size": e.size, "params": e.params,
+                     "flops": steps * e.tokens_per_step * e.flops_per_token, "tokens": steps * e.tokens_per_step,
+                     "loss": r["loss"], "stderr": r.get("stderr"), "id": e.id})
+    return rows
+
+
+# ------------------------------------------------------------------ executors
+
+def train_command(sweep: Path, e: PlanEntry, python: str, prefix: str = "") -> list[str]:
+    """The command that brings ``e`` to completion from where it stands (resume when it can)."""
+    state, _ = run_status(sweep, e)
+    return shlex.split(prefix) + e.command(sweep, python, resume=state == "partial")
+
+
+@dataclass
+class RunJob:
+    """One run as a picklable callable (submitit): runs ``replaid train`` to completion, resuming
+    from the run's last checkpoint when there is one. ``checkpoint()`` makes a preempted or timed-out
+    SLURM job requeue itself; the requeued job resumes."""
+
+    sweep: str
+    entry: dict
+    python: str
+    prefix: str = ""
+    torchrun_gpus: int = 0
+
+    def _cmd(self) -> list[str]:
+        e = PlanEntry(**self.entry)
+        py = self.python
+        if self.torchrun_gpus > 0:
+            py = f"torchrun --standalone --nproc_per_node {self.torchrun_gpus} -m replaid"
+        return train_command(Path(self.sweep), e, py, self.prefix)
+
+    def __call__(self) -> dict:
+        e = PlanEntry(**self.entry)
+        sweep = Path(self.sweep)
+        if run_status(sweep, e)[0] == "done":
+            return {"id": e.id, "state": "done", "returncode": 0}
+        log = sweep / "logs" / f"{e.id}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        cmd = self._cmd()
+        with open(log, "a") as f:
+            f.write(f"$ {shlex.join(cmd)}\n")
+            f.flush()
+            if cmd[0] == INPROCESS:
+                rc = _main_inprocess(cmd[1:], f)
+            else:
+                rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=_env())
+        return {"id": e.id, "state": run_status(sweep, e)[0], "returncode": rc}
+
+    def checkpoint(self, *args, **kwargs):  # submitit: requeue on preemption/timeout
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(RunJob(self.sweep, self.entry, self.python, self.prefix,
+                                                         self.torchrun_gpus))
+
+
+INPROCESS = "inprocess"  # --python inprocess: call replaid's main() in this process (no new interpreter)
+
+
+def _main_inprocess(argv: list[str], log) -> int:
+    """``replaid ARGV`` in this process, its output into ``log`` (one run at a time)."""
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from replaid.cli import main
+
+    with redirect_stdout(log), redirect_stderr(log):
+        try:
+            return int(main(argv) or 0)
+        except SystemExit as ex:  # argparse
+            return int(ex.code or 0)
+
+
+def _env() -> dict:
+    """Child environment: this process's, with this ``replaid`` package importable."""
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def default_python() -> str:
+    return f"{shlex.quote(sys.executable)} -m replaid"
+
+
+def progress_line(sweep: Path, entries: list[PlanEntry]) -> str:
+    states = [run_status(sweep, e) for e in entries]
+    done = [e for e, (s, _) in zip(entries, states) if s == "done"]
+    spent = sum(e.flops for e in done) + sum(e.flops * st / max(1, e.steps)
+                                             for e, (s, st) in zip(entries, states) if s == "partial")
+    total = sum(e.flops for e in entries)
+    return (f"{len(done)}/{len(entries)} runs done, {spent:.3g} FLOPs spent, {total - spent:.3g} left "
+            f"({100 * spent / max(total, 1e-30):.0f}%)")
+
+
+def run_local(sweep: Path, entries: list[PlanEntry], max_parallel: int = 1, python: Optional[str] = None,
+              prefix: str = "", progress: bool = True, log: Callable[[str], None] = print) -> list[dict]:
+    """Run every unfinished entry, ``max_parallel`` at a time, in subprocesses (logs in ``logs/``)."""
+    from tqdm import tqdm
+
+    python = python or default_python()
+    todo = [e for e in entries if run_status(sweep, e)[0] != "done"]
+    log(f"scaling run: {len(entries) - len(todo)} of {len(entries)} runs already done; {len(todo)} to run")
+    bar = tqdm(total=sum(e.flops for e in entries), initial=sum(e.flops for e in entries if e not in todo),
+               unit="FLOP", unit_scale=True, disable=not progress, desc="FLOPs")
+    results, running = [], []
+    queue = list(todo)
+    while queue or running:
+        while queue and len(running) < max(1, max_parallel):
+            e = queue.pop(0)
+            job = RunJob(str(sweep), asdict(e), python, prefix)
+            if python == INPROCESS:
+                t0 = time.time()
+                r = job()
+                results.append({**r, "seconds": time.time() - t0})
+                bar.update(e.flops)
+                log(f"{e.id}: {r['state']} (exit {r['returncode']}); " + progress_line(sweep, entries))
+                continue
+            logf = Path(sweep) / "logs" / f"{e.id}.log"
+            logf.parent.mkdir(parents=True, exist_ok=True)
+            f = open(logf, "a")
+            cmd = job._cmd()
+            f.write(f"$ {shlex.join(cmd)}\n")
+            f.flush()
+            running.append((e, subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=_env()), f, time.time()))
+        time.sleep(0.2)
+        for item in list(running):
+            e, p, f, t0 = item
+            if p.poll() is None:
+                continue
+            f.close()
+            running.remove(item)
+            state = run_status(sweep, e)[0]
+            results.append({"id": e.id, "state": state, "returncode": p.returncode, "seconds": time.time() - t0})
+            bar.update(e.flops)
+            msg = f"{e.id}: {state} (exit {p.returncode}, {time.time() - t0:.0f}s)"
+            if state != "done":
+                msg += f"; see {Path(sweep) / 'logs' / (e.id + '.log')}"
+            log(msg + "; " + progress_line(sweep, entries))
+    bar.close()
+    return results
+
+
+def run_submitit(sweep: Path, entries: list[PlanEntry], executor: str = "slurm", max_parallel: int = 0,
+                 python: Optional[str] = None, prefix: str = "", gpus_per_job: int = 0,
+                 slurm_params: Optional[dict] = None, wait: bool = True, log: Callable[[str], None] = print) -> list[dict]:
+    """Submit the unfinished entries as one job array through submitit.
+
+    ``executor``: ``slurm`` (``submitit.AutoExecutor``, a SLURM array with ``max_parallel`` jobs at
+    once, each a ``torchrun`` over ``gpus_per_job`` GPUs when > 0; preempted/timed-out jobs requeue
+    and resume), ``submitit-local`` (``submitit.LocalExecutor``: subprocesses, same code path) or
+    ``debug`` (``submitit.DebugExecutor``: in this process)."""
+    import submitit
+
+    python = python or default_python()
+    todo = [e for e in entries if run_status(sweep, e)[0] != "done"]
+    log(f"scaling run ({executor}): {len(entries) - len(todo)} of {len(entries)} runs already done; "
+        f"{len(todo)} to submit")
+    if not todo:
+        return []
+    folder = Path(sweep) / "submitit" / "%j"
+    if executor == "slurm":
+        ex = submitit.AutoExecutor(folder=folder)
+        params = {"slurm_array_parallelism": max_parallel or len(todo), "timeout_min": 24 * 60,
+                  "slurm_signal_delay_s": 120, "nodes": 1, "tasks_per_node": 1}
+        if gpus_per_job:
+            params.update(gpus_per_node=gpus_per_job, cpus_per_task=8 * gpus_per_job)
+        params.update(slurm_params or {})
+        ex.update_parameters(**params)
+    elif executor == "submitit-local":
+        ex = submitit.LocalExecutor(folder=folder)
+        ex.update_parameters(timeout_min=60 * 24, **(slurm_params or {}))
+    elif executor == "debug":
+        ex = submitit.DebugExecutor(folder=folder)
+    else:
+        raise ConfigError(f"unknown executor '{executor}'; choose local, slurm, submitit-local or debug")
+    # a submitit job is itself a Python worker: it runs replaid in-process unless it needs torchrun or a prefix
+    job_python = python if (prefix or (gpus_per_job and executor == "slurm")) else INPROCESS
+    jobs_in = [RunJob(str(sweep), asdict(e), job_python, prefix, gpus_per_job if executor == "slurm" else 0)
+               for e in todo]
+    if executor == "submitit-local" and max_parallel:
+        # LocalExecutor has no array throttle: submit in waves of max_parallel
+        waves = [jobs_in[i:i + max_parallel] for i in range(0, len(jobs_in), max_parallel)]
+    else:
+        waves = [jobs_in]
+    results = []
+    for wave in waves:
+        with ex.batch():
+            jobs = [ex.submit(j) for j in wave]
+        log(f"submitted {len(jobs)} job(s): {', '.join(str(j.job_id) for j in jobs[:5])}"
+            f"{' ...' if len(jobs) > 5 else ''}")
+        if not wait:
+            continue
+        for j, job in zip(wave, jobs):
+            r = job.result()
+            results.append(r)
+            log(f"{r['id']}: {r['state']} (exit {r['returncode']}); {progress_line(sweep, entries)}")
+    return results
