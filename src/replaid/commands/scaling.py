@@ -11,7 +11,7 @@ EXAMPLE = """examples:
   replaid scaling plan --methods ar mdlm replaid --budgets 6e18 1e19 3e19 6e19 1e20 --sizes paper --out SWEEP
   replaid scaling plan --methods ar mdlm replaid --sizes tiny --out runs/iso data.source=../shared/data/linux-docs
   replaid scaling run runs/iso --executor local --max-parallel 2
-  replaid scaling run SWEEP --executor slurm --gpus-per-job 8 --slurm partition=gpu --max-parallel 16
+  replaid scaling run SWEEP --executor slurm --gpus-per-job 8 --slurm slurm_partition=gpu --max-parallel 16
   replaid scaling fit runs/iso --reference ar --out runs/iso/fit --json"""
 
 
@@ -25,8 +25,11 @@ def register(sub) -> None:
     p.add_argument("--budgets", nargs="+", type=float, help="compute budgets C in FLOPs (default: the table's)")
     p.add_argument("--sizes", default="paper", help="paper | tiny | comma-separated size labels (default paper)")
     p.add_argument("--per-budget", type=int, default=-1,
-                   help="sizes per budget around the predicted optimum (0 = all; default 7 paper, 4 tiny)")
-    p.add_argument("--stride", type=int, default=1, help="take every STRIDE-th size of the table (wider bracket)")
+                   help="sizes per budget around the predicted optimum (0 = all; default 9 paper, 4 tiny)")
+    p.add_argument("--stride", type=int, default=-1,
+                   help="take every STRIDE-th size of the table for a wider bracket (default 2 paper, 1 tiny)")
+    p.add_argument("--tokens-per-param", type=float, default=20.0,
+                   help="centre of each budget's sizes: the N with D = this x N and C = 6 N D (Chinchilla: 20)")
     p.add_argument("--protocol", choices=["paper", "tiny"], help="training protocol (default: that of --sizes)")
     p.add_argument("--out", help="sweep folder (manifest.json/.csv, configs/, runs/)")
     p.add_argument("--force", action="store_true", help="re-plan an existing sweep folder (its runs are kept)")
@@ -78,10 +81,14 @@ def run_plan(args) -> int:
 
     table = "tiny" if args.sizes == "tiny" else "paper"
     budgets = args.budgets or (sc.TINY_BUDGETS if table == "tiny" else sc.PAPER_BUDGETS)
-    per_budget = args.per_budget if args.per_budget >= 0 else (4 if table == "tiny" else 7)
+    per_budget = args.per_budget if args.per_budget >= 0 else (4 if table == "tiny" else 9)
+    stride = args.stride if args.stride >= 1 else (1 if table == "tiny" else 2)
     if args.mfu <= 0 or args.mfu > 1:
         raise ConfigError("--mfu must be in (0, 1]")
-    plan = sc.make_plan(args.methods, budgets, args.sizes, per_budget, args.stride, args.protocol, args.overrides)
+    if args.tokens_per_param <= 0:
+        raise ConfigError("--tokens-per-param must be positive")
+    plan = sc.make_plan(args.methods, budgets, args.sizes, per_budget, stride, args.protocol, args.overrides,
+                        tokens_per_param=args.tokens_per_param)
     if args.out:
         man = sc.write_plan(plan, Path(args.out), force=args.force)
         print(f"wrote {man} ({len(plan.entries)} runs, {plan.total_flops:.3g} FLOPs) and "

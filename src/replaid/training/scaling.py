@@ -90,9 +90,9 @@ def non_embedding_params(cfg: RunConfig, vocab_size: int) -> int:
     return int(model.non_embedding_params())
 
 
-def predicted_optimum(budget: float) -> float:
+def predicted_optimum(budget: float, tokens_per_param: float = CHINCHILLA_TOKENS_PER_PARAM) -> float:
     """Chinchilla's rule of thumb, D = 20 N and C = 6 N D, as the centre of each budget's sizes."""
-    return math.sqrt(budget / (6 * CHINCHILLA_TOKENS_PER_PARAM))
+    return math.sqrt(budget / (6 * tokens_per_param))
 
 
 @dataclass
@@ -133,12 +133,12 @@ class Plan:
 
 
 def select_sizes(table: dict[str, tuple[int, int, int]], params: dict[str, int], budget: float, k: int,
-                 stride: int = 1) -> list[str]:
+                 stride: int = 1, tokens_per_param: float = CHINCHILLA_TOKENS_PER_PARAM) -> list[str]:
     """``k`` sizes of the table (every ``stride``-th, by N) centred in log N on the predicted optimum."""
     names = sorted(table, key=lambda s: params[s])
     if k <= 0 or (stride == 1 and k >= len(names)):
         return names
-    target = math.log(predicted_optimum(budget))
+    target = math.log(predicted_optimum(budget, tokens_per_param))
     centre = min(range(len(names)), key=lambda i: abs(math.log(params[names[i]]) - target))
     span = (k - 1) * stride
     lo = max(0, min(centre - span // 2, len(names) - 1 - span))
@@ -148,11 +148,12 @@ def select_sizes(table: dict[str, tuple[int, int, int]], params: dict[str, int],
 
 def make_plan(methods: Sequence[str], budgets: Sequence[float], sizes: str = "paper", per_budget: int = 0,
               stride: int = 1, protocol: Optional[str] = None, overrides: Sequence[str] = (),
-              save_checkpoints: int = 4) -> Plan:
+              save_checkpoints: int = 4, tokens_per_param: float = CHINCHILLA_TOKENS_PER_PARAM) -> Plan:
     """Every (method, budget, size) run: a resolved config and its step count from the budget.
 
     ``sizes``: ``paper`` | ``tiny`` | comma-separated labels of either table. ``per_budget``: how many
-    sizes around the predicted optimum each budget trains (0 = all). ``overrides`` (``key=value``)
+    sizes around the predicted optimum (``D = tokens_per_param x N``) each budget trains (0 = all),
+    every ``stride``-th of the table. ``overrides`` (``key=value``)
     apply to every run after the protocol and the method variant; ``save_checkpoints`` checkpoints
     per run let an interrupted run resume (the final one is always written)."""
     for m in methods:
@@ -186,7 +187,7 @@ def make_plan(methods: Sequence[str], budgets: Sequence[float], sizes: str = "pa
     for b in plan.budgets:  # budget-major: an interrupted sweep still has whole budgets
         for m in methods:
             p_m = {s: params[m, s] for s in table}
-            for s in select_sizes(table, p_m, b, per_budget, stride):
+            for s in select_sizes(table, p_m, b, per_budget, stride, tokens_per_param):
                 cfg = _copy(cfgs[m, s])
                 V = planned_vocab_size(cfg)
                 fpt = train_flops_per_token(cfg, V, include_embedding=True)
