@@ -17,37 +17,39 @@ EXAMPLE = """examples:
 
 def register(sub) -> None:
     s = add_command(sub, "scaling", "IsoFLOP scaling study: plan runs, run them, fit the scaling laws.", EXAMPLE)
-    ss = s.add_subparsers(dest="scaling_cmd", required=True)
+    ss = s.add_subparsers(dest="scaling_cmd", required=True, help="plan | run | fit (each has --help)")
 
-    p = ss.add_parser("plan", help="resolve every (method, budget, size) run and write a manifest")
+    p = add_command(ss, "plan", "Resolve every (method, budget, size) run; print the table, write a manifest.",
+                    "example: replaid scaling plan --methods ar mdlm replaid --sizes paper --mfu 0.4")
     p.add_argument("--methods", nargs="+", default=["ar", "mdlm", "replaid"],
-                   help="ar mdlm duo replaid replaid-nosc plaid (default: ar mdlm replaid)")
-    p.add_argument("--budgets", nargs="+", type=float, help="compute budgets C in FLOPs (default: the table's)")
-    p.add_argument("--sizes", default="paper", help="paper | tiny | comma-separated size labels (default paper)")
+                   help="any of ar mdlm duo replaid replaid-nosc plaid")
+    p.add_argument("--budgets", nargs="+", type=float, help="compute budgets C in FLOPs (absent: the paper's five, or 1e11 3e11 6e11 for tiny)")
+    p.add_argument("--sizes", default="paper", help="paper | tiny | comma-separated size labels (e.g. 116M,140M or 32x1,48x2)")
     p.add_argument("--per-budget", type=int, default=-1,
-                   help="sizes per budget around the predicted optimum (0 = all; default 9 paper, 4 tiny)")
+                   help="sizes per budget around the predicted optimum (0 = all; -1: 9 for paper, 4 for tiny)")
     p.add_argument("--stride", type=int, default=-1,
-                   help="take every STRIDE-th size of the table for a wider bracket (default 2 paper, 1 tiny)")
+                   help="take every STRIDE-th size of the table for a wider bracket (-1: 2 for paper, 1 for tiny)")
     p.add_argument("--tokens-per-param", type=float, default=20.0,
                    help="centre of each budget's sizes: the N with D = this x N and C = 6 N D (Chinchilla: 20)")
-    p.add_argument("--protocol", choices=["paper", "tiny"], help="training protocol (default: that of --sizes)")
+    p.add_argument("--protocol", choices=["paper", "tiny"], help="training protocol (absent: that of --sizes)")
     p.add_argument("--out", help="sweep folder (manifest.json/.csv, configs/, runs/)")
     p.add_argument("--force", action="store_true", help="re-plan an existing sweep folder (its runs are kept)")
     p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation for the GPU-hour estimate")
     p.add_argument("--gpu-tflops", type=float, default=989.0,
-                   help="peak bf16 dense TFLOP/s of one GPU for the estimate (default 989, H100 SXM)")
+                   help="peak bf16 dense TFLOP/s of one GPU for the estimate (989: H100 SXM)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
     p.add_argument("overrides", nargs="*", help="section.key=value applied to every run, e.g. data.source=...")
     p.set_defaults(func=run_plan)
 
-    r = ss.add_parser("run", help="run every unfinished entry of a sweep (skip done, resume interrupted)")
+    r = add_command(ss, "run", "Run every unfinished entry of a sweep (skip done, resume interrupted).",
+                    "example: replaid scaling run runs/iso --max-parallel 2 --prefix '/work/tools/heavy -n 1'")
     r.add_argument("sweep", help="sweep folder made by 'replaid scaling plan'")
     r.add_argument("--executor", default="local", choices=["local", "slurm", "submitit-local", "debug"],
                    help="local subprocesses, SLURM job arrays (submitit), or submitit's local/debug executors")
     r.add_argument("--max-parallel", type=int, default=1, help="runs at once (local) / array parallelism (slurm)")
     r.add_argument("--only", nargs="+", help="run only these methods (variant labels)")
     r.add_argument("--prefix", default="", help="command put before every run, e.g. '/work/tools/heavy -n 1'")
-    r.add_argument("--python", help="how to call replaid (default: this interpreter -m replaid)")
+    r.add_argument("--python", help="how to call replaid (absent: this interpreter -m replaid; 'inprocess': in this process)")
     r.add_argument("--gpus-per-job", type=int, default=0, help="slurm: GPUs per job, run under torchrun")
     r.add_argument("--slurm", nargs="*", default=[], metavar="KEY=VALUE",
                    help="extra submitit parameters, e.g. slurm_partition=gpu timeout_min=600")
@@ -56,15 +58,16 @@ def register(sub) -> None:
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.set_defaults(func=run_run)
 
-    f = ss.add_parser("fit", help="fit IsoFLOP minima, power laws, compute multipliers, L(N, D), crossover")
+    f = add_command(ss, "fit", "Fit IsoFLOP minima, power laws, compute multipliers, L(N, D) and the crossover.",
+                    "example: replaid scaling fit runs/iso --reference ar --out runs/iso/fit --json")
     f.add_argument("source", help="a sweep folder, or a CSV with columns method,flops,params,loss[,tokens,budget]")
-    f.add_argument("--reference", default="ar", help="the method the compute multipliers compare to (default ar)")
-    f.add_argument("--out", help="folder for fit.json, report.md and the PNG plots (default SOURCE/fit)")
+    f.add_argument("--reference", default="ar", help="the method the compute multipliers compare to")
+    f.add_argument("--out", help="folder for fit.json, report.md and the PNG plots (absent: SOURCE/fit)")
     f.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the intervals")
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--crossover", nargs=2, metavar=("A", "B"), default=None,
-                   help="the two methods of the over-training crossover (default: replaid mdlm when present)")
-    f.add_argument("--slice-params", type=float, help="N of the over-training slice plot (default: geometric middle)")
+                   help="the two methods of the over-training crossover (absent: replaid mdlm when both ran)")
+    f.add_argument("--slice-params", type=float, help="N of the over-training slice plot (absent: a crossover N in the middle)")
     f.add_argument("--json", action="store_true", help="print every fitted number as one JSON object")
     f.set_defaults(func=run_fit)
 
