@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from replaid.commands import COMMANDS
@@ -14,6 +15,8 @@ from replaid.commands import COMMANDS
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="replaid", description="RePlaid: likelihood-based continuous diffusion LMs.",
                                 epilog="run 'replaid COMMAND --help' for each command's options and an example")
+    p.add_argument("--debug", action="store_true",
+                   help="show the full traceback of an error (also REPLAID_DEBUG=1)")
     sub = p.add_subparsers(dest="cmd", required=True)
     for name in COMMANDS:
         importlib.import_module(f"replaid.commands.{name}").register(sub)
@@ -24,12 +27,18 @@ def main(argv: list[str] | None = None) -> int:
     from replaid.config import ConfigError
     from replaid.data import DataError
     from replaid.training.checkpoint import CheckpointError
+    from replaid.training.train import TrainingDiverged
 
     args = _parser().parse_args(argv)
+    debug = args.debug or os.environ.get("REPLAID_DEBUG", "") not in ("", "0")
     try:
         return args.func(args)
-    except (ConfigError, DataError, CheckpointError, FileNotFoundError, ValueError) as e:
+    except (ConfigError, DataError, CheckpointError, TrainingDiverged, OSError, ValueError) as e:
+        if debug:
+            raise
         msg = str(e).splitlines()[0] if str(e) else e.__class__.__name__
+        if isinstance(e, OSError) and e.filename:  # e.g. a read-only or full disk: name the file
+            msg = f"{e.strerror or e.__class__.__name__}: {e.filename}; check the path and its permissions/space"
         print(f"replaid: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

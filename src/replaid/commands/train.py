@@ -19,6 +19,9 @@ def register(sub) -> None:
     t.add_argument("--out", help="run directory (config, tokenizer, checkpoints, metrics)")
     t.add_argument("--method", choices=METHOD_NAMES, help="method to train (default: the preset's, replaid)")
     t.add_argument("--resume", action="store_true", help="continue exactly from the run's latest checkpoint")
+    t.add_argument("--overwrite", action="store_true", help="replace the run already in --out (deletes it)")
+    t.add_argument("--resume-weights-only", action="store_true",
+                   help="with --resume: accept a checkpoint without optimizer/RNG state (fresh optimizer)")
     t.add_argument("--show-config", action="store_true", help="print the resolved config as JSON and exit")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.steps=100")
@@ -34,11 +37,19 @@ def run(args) -> int:
     overrides = list(args.overrides)
     if args.method:
         overrides.append(f"method={args.method}")
+    if args.resume_weights_only and not args.resume:
+        raise ConfigError("--resume-weights-only modifies --resume; pass both")
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume continues the run in --out and --overwrite deletes it; pass one of them")
     if args.resume and args.out:
         cfg_file = Path(args.out) / "config.json"
         if not cfg_file.is_file():
             raise ConfigError(f"--resume: {args.out} has no config.json; start a run there without --resume first")
-        cfg = RunConfig.from_dict(json.loads(cfg_file.read_text()))
+        try:
+            cfg = RunConfig.from_dict(json.loads(cfg_file.read_text()))
+        except (ValueError, ConfigError) as e:
+            raise ConfigError(f"--resume: {cfg_file} is not a valid run config ({str(e)[:100]}); restore it "
+                              f"or start again with --overwrite") from None
         for k, v in parse_overrides(overrides):
             if k != "train.steps":
                 raise ConfigError(f"--resume accepts only train.steps=N as an override, got {k}")
@@ -53,7 +64,8 @@ def run(args) -> int:
         raise ConfigError("train needs --out DIR (where the run's checkpoints and metrics go)")
     t0 = time.time()
     try:
-        res = train(cfg, Path(args.out), resume=args.resume, progress=not args.no_progress)
+        res = train(cfg, Path(args.out), resume=args.resume, progress=not args.no_progress,
+                    overwrite=args.overwrite, weights_only=args.resume_weights_only)
     finally:
         main_rank = dist.is_main()
         dist.cleanup()

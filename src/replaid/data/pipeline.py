@@ -8,6 +8,7 @@ from typing import Optional
 import numpy as np
 
 from replaid.config import RunConfig
+from replaid.data.tokenizers import SPEC_FILE
 from replaid.data import (BatchLoader, DataError, SequenceDataset, get_token_array, load_saved_tokenizer, save_tokenizer,
                    tokenizer_for_source, unigram_nll)
 
@@ -16,9 +17,14 @@ def cache_dir(cfg: RunConfig) -> str:
     return os.path.expanduser(os.environ.get("REPLAID_CACHE_DIR", cfg.data.cache_dir))
 
 
+def has_saved_tokenizer(run_dir: Path) -> bool:
+    """RUN/tokenizer/ is complete once its spec (written last, atomically) is there."""
+    return (Path(run_dir) / "tokenizer" / SPEC_FILE).is_file()
+
+
 def load_run_tokenizer(run_dir: Path):
     """The tokenizer a run was trained with (saved in RUN/tokenizer/)."""
-    if not (Path(run_dir) / "tokenizer").is_dir():
+    if not has_saved_tokenizer(run_dir):
         raise DataError(f"run {run_dir} has no tokenizer/ folder; it was not written by 'replaid train'")
     return load_saved_tokenizer(None, Path(run_dir) / "tokenizer")
 
@@ -30,7 +36,7 @@ class DataPipeline:
                  train: bool = True):
         self.cfg, d = cfg, cfg.data
         self.cache = cache_dir(cfg)
-        if run_dir is not None and (Path(run_dir) / "tokenizer").is_dir():
+        if run_dir is not None and has_saved_tokenizer(run_dir):
             self.tokenizer = load_run_tokenizer(Path(run_dir))
         else:
             self.tokenizer = tokenizer_for_source(d.tokenizer, d.tokenizer_path, d.source, text_field=d.text_field,

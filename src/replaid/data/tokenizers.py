@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Protocol, Sequence
 
 from replaid.data.errors import DataError
+from replaid.fileio import atomic_write_text
 
 EOT = "<|endoftext|>"
 KINDS = ("gpt2", "llama2", "bert-base-cased", "bert-base-uncased", "bpe", "file")
@@ -262,11 +263,11 @@ def save_tokenizer(tok: Tokenizer, out_dir: str | os.PathLike) -> dict:
     spec = {"kind": kind, "name": tok.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
             "pad_id": tok.pad_id}
     if kind in ("bpe", "file"):
-        (out / "tokenizer.json").write_text(tok.to_json(), encoding="utf-8")  # type: ignore[attr-defined]
+        atomic_write_text(out / "tokenizer.json", tok.to_json())  # type: ignore[attr-defined]
         spec["file"] = "tokenizer.json"
     else:
         spec["path"] = getattr(tok, "path", "")
-    (out / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
+    atomic_write_text(out / SPEC_FILE, json.dumps(spec, indent=2) + "\n")  # last: its presence means complete
     return spec
 
 
@@ -274,7 +275,12 @@ def load_saved_tokenizer(spec: dict | None, out_dir: str | os.PathLike) -> Token
     """Rebuild a tokenizer saved by ``save_tokenizer`` (spec None: read it from ``out_dir``)."""
     if spec is None:
         spec_path = _need_file(Path(out_dir) / SPEC_FILE, "a run directory holding tokenizer_spec.json")
-        spec = json.loads(spec_path.read_text(encoding="utf-8"))
+        try:
+            spec = json.loads(spec_path.read_text(encoding="utf-8"))
+            assert isinstance(spec, dict) and "kind" in spec and "vocab_size" in spec
+        except (ValueError, AssertionError):
+            raise DataError(f"tokenizer file {spec_path} is damaged (not a tokenizer spec): restore the run's "
+                            f"tokenizer/ folder or retrain with --overwrite") from None
     if "file" in spec:
         tok: Tokenizer = load_tokenizer_file(Path(out_dir) / spec["file"], kind=spec["kind"], name=spec["name"])
     else:

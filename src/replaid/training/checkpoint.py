@@ -4,17 +4,26 @@ Layout of a run directory::
 
     RUN/config.json                 the resolved config
     RUN/tokenizer/                  what rebuilds the tokenizer
-    RUN/checkpoints/step_000100/    model / ema / optimizer / rng as safetensors + state.json
-    RUN/checkpoints/LATEST          name of the newest complete checkpoint
+    RUN/checkpoints/step_0000100/   model / ema / optimizer / rng as safetensors + state.json
+    RUN/checkpoints/LATEST          name of the newest complete checkpoint (a ``step_N`` of this run)
 
-A checkpoint is written into a temporary directory, fsynced, renamed into place, and only then
-named in ``LATEST`` (itself replaced atomically): a crash mid-write leaves the previous one intact.
+Guarantees (each tested by fault injection in ``tests/test_crash_safety.py``):
+
+* a checkpoint is written into a temporary ``.step_N.*`` folder, fsynced, renamed into place, and
+  only then named in ``LATEST`` (itself replaced atomically); the folder ``LATEST`` names is never
+  removed or replaced, so a crash at any point leaves a loadable run;
+* the same step is never written twice (a second save of the step ``LATEST`` names is a no-op);
+* a checkpoint with a NaN/Inf weight is never written;
+* when ``LATEST`` is missing, names something outside ``checkpoints/`` or an incomplete folder, the
+  newest complete ``step_N`` is used and a warning says so.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Optional
@@ -22,22 +31,34 @@ from typing import Any, Optional
 import torch
 from safetensors.torch import load_file, save_file
 
+from replaid.fileio import atomic_write_text, fsync_dir, fsync_file
+
+STEP_NAME = re.compile(r"step_\d{7,}")
+STATE_KEYS = ("step", "config", "method", "vocab_size", "method_state", "data_state")
+
 
 class CheckpointError(ValueError):
     """A missing, damaged or incompatible checkpoint (one-line message with the fix)."""
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
-    except OSError:
-        pass
+def warn(msg: str) -> None:
+    print(f"replaid: warning: {msg}", file=sys.stderr, flush=True)
 
 
 def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2))
+
+
+def step_name(step: int) -> str:
+    return f"step_{step:07d}"
+
+
+def nonfinite_tensor(sd: Optional[dict[str, torch.Tensor]]) -> Optional[str]:
+    """The name of the first floating-point tensor of ``sd`` holding a NaN or Inf, else None."""
+    for k, v in (sd or {}).items():
+        if torch.is_tensor(v) and v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            return k
+    return None
 
 
 def optimizer_to_tensors(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:
@@ -65,11 +86,24 @@ def optimizer_from_tensors(tensors: dict[str, torch.Tensor], meta: dict) -> dict
 def save_checkpoint(run_dir: Path, step: int, model_sd: dict, state: dict,
                     ema_sd: Optional[dict] = None, opt_sd: Optional[dict] = None,
                     rng: Optional[dict[str, torch.Tensor]] = None, keep: int = 2) -> Path:
-    """Atomically write checkpoint ``step``; returns its directory."""
+    """Write checkpoint ``step`` and name it in ``LATEST``; returns its directory.
+
+    Never writes NaN/Inf weights (:class:`CheckpointError`), never rewrites the step ``LATEST``
+    already names, never removes the folder ``LATEST`` names. The caller holds the run's lock.
+    """
+    for what, sd in (("model", model_sd), ("EMA", ema_sd)):
+        bad = nonfinite_tensor(sd)
+        if bad is not None:
+            raise CheckpointError(f"refusing to write checkpoint step {step}: {what} tensor {bad} holds NaN/Inf")
     ckdir = Path(run_dir) / "checkpoints"
     ckdir.mkdir(parents=True, exist_ok=True)
-    name = f"step_{step:07d}"
+    name = step_name(step)
+    final = ckdir / name
+    current, _ = read_latest(ckdir)
+    if current is not None and current.name == name:
+        return final  # this step is saved and in force already
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=ckdir))
+    trash = None
     try:
         save_file({k: v.detach().cpu().contiguous() for k, v in model_sd.items()}, str(tmp / "model.safetensors"))
         if ema_sd is not None:
@@ -82,27 +116,82 @@ def save_checkpoint(run_dir: Path, step: int, model_sd: dict, state: dict,
             save_file({k: v.contiguous() for k, v in rng.items()}, str(tmp / "rng.safetensors"))
         _write_json(tmp / "state.json", {**state, "step": step})
         for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        _fsync_dir(tmp)
-        final = ckdir / name
-        if final.exists():
-            shutil.rmtree(final)
+            fsync_file(f)
+        fsync_dir(tmp)
+        if final.exists():  # left by a save that died before naming it in LATEST: set aside, not deleted
+            trash = Path(tempfile.mkdtemp(prefix=f".trash.{name}.", dir=ckdir))
+            os.rename(final, trash / name)
         os.rename(tmp, final)
-        latest_tmp = ckdir / ".LATEST.tmp"
-        latest_tmp.write_text(name)
-        with open(latest_tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(latest_tmp, ckdir / "LATEST")
-        _fsync_dir(ckdir)
+        fsync_dir(ckdir)
+        atomic_write_text(ckdir / "LATEST", name)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    # prune old complete checkpoints
-    done = sorted(p for p in ckdir.iterdir() if p.is_dir() and p.name.startswith("step_"))
-    for old in done[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
+    _prune(ckdir, step, keep)
     return final
+
+
+def _prune(ckdir: Path, step: int, keep: int) -> None:
+    """Keep the newest ``keep`` checkpoints up to ``step`` (the one LATEST names is the newest);
+    remove those beyond ``step``, left by an attempt that never named them in LATEST."""
+    done = complete_checkpoints(ckdir)
+    older = [c for c in done if _step_of(c) <= step]
+    doomed = [c for c in done if _step_of(c) > step] + (older[:-keep] if keep > 0 else [])
+    for old in doomed:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _step_of(ckpt: Path) -> int:
+    return int(ckpt.name.split("_", 1)[1])
+
+
+def is_complete(ckpt: Path) -> bool:
+    """A ``step_N`` folder whose state.json parses (written last, before the rename) with its weights."""
+    try:
+        st = json.loads((ckpt / "state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(st, dict) and isinstance(st.get("step"), int) and (ckpt / "model.safetensors").is_file()
+
+
+def complete_checkpoints(ckdir: Path) -> list[Path]:
+    """The complete ``step_N`` folders of ``ckdir``, oldest first."""
+    if not Path(ckdir).is_dir():
+        return []
+    found = [p for p in Path(ckdir).iterdir() if STEP_NAME.fullmatch(p.name) and p.is_dir() and is_complete(p)]
+    return sorted(found, key=_step_of)
+
+
+def read_latest(ckdir: Path) -> tuple[Optional[Path], str]:
+    """``(checkpoint LATEST names, "")`` or ``(None, what is wrong with LATEST)``."""
+    f = Path(ckdir) / "LATEST"
+    if not f.is_file():
+        return None, f"{f} is missing"
+    try:
+        name = f.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None, f"{f} is unreadable"
+    if not STEP_NAME.fullmatch(name):  # also refuses ../other-run/... : LATEST stays inside this run
+        return None, f"{f} names {name[:60]!r}, not a step_N checkpoint of this run"
+    if not is_complete(Path(ckdir) / name):
+        return None, f"{f} names {name}, which is missing or incomplete"
+    return Path(ckdir) / name, ""
+
+
+def latest_checkpoint(path: str | Path) -> Optional[Path]:
+    """The checkpoint in force in a run (LATEST, else the newest complete one, saying so), or None."""
+    p = Path(path)
+    ckdir = p if p.name == "checkpoints" else p / "checkpoints"
+    ckpt, problem = read_latest(ckdir)
+    if ckpt is not None:
+        return ckpt
+    done = complete_checkpoints(ckdir)
+    if done:
+        warn(f"{problem}; using the newest complete checkpoint {done[-1]}")
+        return done[-1]
+    return None
 
 
 def find_checkpoint(path: str | Path) -> Path:
@@ -112,21 +201,42 @@ def find_checkpoint(path: str | Path) -> Path:
         raise CheckpointError(f"no run or checkpoint at {p}; pass a run directory made by 'replaid train --out DIR'")
     if (p / "state.json").is_file() and (p / "model.safetensors").is_file():
         return p
-    for ckdir in (p / "checkpoints", p):
-        latest = ckdir / "LATEST"
-        if latest.is_file():
-            c = ckdir / latest.read_text().strip()
-            if (c / "state.json").is_file():
-                return c
-    raise CheckpointError(f"{p} holds no complete checkpoint (no checkpoints/LATEST); train first or pass another run")
+    ckpt = latest_checkpoint(p)
+    if ckpt is None:
+        raise CheckpointError(f"{p} holds no complete checkpoint (no checkpoints/step_N with state.json and "
+                              f"weights); train it first ('replaid train --out {p} --resume') or pass another run")
+    return ckpt
 
 
-def load_state(ckpt: Path) -> dict:
+def load_state(ckpt: Path, need: tuple[str, ...] = STATE_KEYS) -> dict:
+    """state.json of ``ckpt``, checked to be a mapping holding ``need``."""
+    f = ckpt / "state.json"
     try:
-        return json.loads((ckpt / "state.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"checkpoint {ckpt} has an unreadable state.json ({e.__class__.__name__}); "
-                              f"it is damaged: use an earlier checkpoint") from None
+        st = json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint file {f} is unreadable ({e.__class__.__name__}); it is damaged: "
+                              f"remove {ckpt} to fall back on an earlier checkpoint") from None
+    missing = [k for k in need if k not in st] if isinstance(st, dict) else list(need)
+    if missing:
+        raise CheckpointError(f"checkpoint file {f} is not a replaid state (lacks {', '.join(missing[:3])}); it is "
+                              f"damaged or foreign: remove {ckpt} to fall back on an earlier checkpoint")
+    return st
+
+
+def load_optimizer(ckpt: Path) -> Optional[dict]:
+    """The optimizer state dict saved in ``ckpt``, or None when it has none."""
+    f = ckpt / "optimizer.json"
+    if not f.is_file():
+        return None
+    try:
+        meta = json.loads(f.read_text())
+        tensors = load_tensors(ckpt, "optimizer")
+        return optimizer_from_tensors(tensors or {}, meta)
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"checkpoint file {f} is damaged ({e.__class__.__name__}); remove {ckpt} to fall "
+                              f"back on an earlier checkpoint") from None
 
 
 def load_tensors(ckpt: Path, name: str) -> Optional[dict[str, torch.Tensor]]:

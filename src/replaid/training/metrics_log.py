@@ -5,14 +5,36 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Optional
 
 from tqdm.auto import tqdm
+
+from replaid.fileio import atomic_write_text
+
+
+def truncate_metrics(path: Path, step: int, keep: Callable[[dict], bool] = lambda row: True) -> None:
+    """Rewrite ``path`` (atomically) without rows after ``step``, rows ``keep`` rejects, and a torn
+    last line a kill may have left."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step and keep(row):
+            kept.append(line + "\n")
+    atomic_write_text(path, "".join(kept))
 
 
 class MetricsLogger:
     """Appends ``{"step": ..., **metrics}`` lines to RUN/metrics.jsonl and scalars to RUN/tb/."""
 
-    def __init__(self, run_dir: Path, enabled: bool = True, tensorboard: bool = True):
+    def __init__(self, run_dir: Path, enabled: bool = True, tensorboard: bool = True,
+                 resume_step: Optional[int] = None, keep: Callable[[dict], bool] = lambda row: True):
+        """``resume_step``: a resumed run first drops the rows after that step (and those ``keep``
+        rejects), so redone steps are not logged twice; TensorBoard purges them likewise."""
         self.enabled = enabled
         self.file = None
         self.tb = None
@@ -20,12 +42,15 @@ class MetricsLogger:
             return
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None:
+            truncate_metrics(run_dir / "metrics.jsonl", resume_step, keep)
         self.file = open(run_dir / "metrics.jsonl", "a")
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(run_dir / "tb"))
+                purge = None if resume_step is None else resume_step + 1
+                self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=purge)
             except ImportError:  # tensorboard not installed: JSONL only
                 self.tb = None
 

@@ -1,8 +1,8 @@
 """Training: ``train_step`` (one optimiser step) apart from the loop (nanoGPT/torchtitan style)."""
 from __future__ import annotations
 
-import json
 import math
+import sys
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -13,10 +13,14 @@ import torch
 from torch import Tensor, nn
 
 from replaid.training import checkpoint as ck
-from replaid.training import dist
+from replaid.training import dist, runfolder
 from replaid.config import OptimConfig, RunConfig
 from replaid.methods import get_method
 from replaid.data.pipeline import DataPipeline
+
+
+class TrainingDiverged(RuntimeError):
+    """Too many non-finite steps in a row (one-line message: likely causes, last good checkpoint)."""
 
 
 # ------------------------------------------------------------------ optimiser, LR, EMA
@@ -210,15 +214,28 @@ def save(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: Optional[di
 
 
 def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = True,
-          stop_after: Optional[int] = None) -> dict:
-    """Train ``cfg`` into ``run_dir``; returns the final metrics (and evaluation)."""
-    from replaid.eval.evaluate import evaluate
-    from replaid.training.metrics_log import MetricsLogger
+          stop_after: Optional[int] = None, overwrite: bool = False, weights_only: bool = False) -> dict:
+    """Train ``cfg`` into ``run_dir``; returns the final metrics (and evaluation).
 
+    The run folder is locked for the duration (rank 0); a folder holding a run needs ``resume`` or
+    ``overwrite``; ``weights_only`` lets a resume proceed from a checkpoint without optimizer/RNG state.
+    """
     run_dir = Path(run_dir)
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
     device = dist.setup_device(resolve_device(cfg.train.device))
+    claim = runfolder.claim(run_dir, cfg.to_json(), resume=resume, overwrite=overwrite) if dist.is_main() \
+        else nullcontext()
+    with claim:
+        dist.barrier()
+        return _train(cfg, run_dir, device, resume, progress, stop_after, weights_only)
+
+
+def _train(cfg: RunConfig, run_dir: Path, device: torch.device, resume: bool, progress: bool,
+           stop_after: Optional[int], weights_only: bool) -> dict:
+    from replaid.eval.evaluate import evaluate
+    from replaid.training.metrics_log import MetricsLogger
+
     torch.manual_seed(cfg.train.seed * 1_000_003 + 17)  # identical initial weights on every rank
     # rank 0 trains the tokenizer and fills the token caches first; the others then read them
     data = DataPipeline(cfg, run_dir, rank=0, world_size=dist.world_size()) if dist.is_main() else None
@@ -228,12 +245,7 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
     model = method.build_model(data.vocab_size).to(device)
     torch.manual_seed(cfg.train.seed * 1_000_003 + 29 + dist.rank())  # per-rank dropout streams
     trainer = Trainer(cfg, model, method, None, device)
-    ckpt = None
-    if resume:
-        ckpt = _resume(trainer, run_dir, data)
-    elif dist.is_main():
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(cfg.to_json())
+    ckpt = _resume(trainer, run_dir, data, weights_only) if resume else None
     # parallelism applied from the outside; EMA and optimizer state follow the (sharded) parameters
     trainer.loss_module = dist.wrap_model(TrainModule(model, method), cfg.train.parallel, device)
     trainer.optimizer = optimizer = build_optimizer(model, cfg.optim)  # after sharding: FSDP2 swaps parameters
@@ -242,15 +254,20 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
         full = ck.load_tensors(ckpt, "ema") if ckpt is not None else None
         if full is not None:
             trainer.ema.load_full(full, model)
-    if ckpt is not None and (ckpt / "optimizer.json").is_file():
-        meta = json.loads((ckpt / "optimizer.json").read_text())
-        dist.load_optimizer_state(model, optimizer, ck.optimizer_from_tensors(ck.load_tensors(ckpt, "optimizer"), meta))
+    opt_sd = ck.load_optimizer(ckpt) if ckpt is not None else None
+    if opt_sd is not None:
+        dist.load_optimizer_state(model, optimizer, opt_sd)
     if cfg.train.compile:
         model.backbone.compile()
 
-    log = MetricsLogger(run_dir, enabled=dist.is_main())
+    final = runfolder.read_final_eval(run_dir) if resume else None
+    final = final if final and final.get("step") == trainer.step else None
+    log = MetricsLogger(run_dir, enabled=dist.is_main(), resume_step=trainer.step if resume else None,
+                        keep=lambda row: final is not None or row["step"] < cfg.train.steps
+                        or not any(k.startswith("eval/") for k in row))  # an unrecorded final eval is redone
     micro = cfg.train.batch_size // (cfg.train.grad_accum * dist.world_size())
     end = cfg.train.steps if stop_after is None else min(cfg.train.steps, trainer.step + stop_after)
+    saved = trainer.step if ckpt is not None else None
     bar = log.progress(total=cfg.train.steps, initial=trainer.step, disable=not progress)
     t0, tokens_seen = time.time(), 0
     while trainer.step < end:
@@ -268,29 +285,45 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
                                    if isinstance(v, (int, float))})
         if cfg.train.save_every and trainer.step % cfg.train.save_every == 0:
             save(trainer, run_dir, data)
+            saved = trainer.step
     bar.close()
+    if saved != trainer.step:  # save first: a failing evaluation must not lose the run
+        save(trainer, run_dir, data)
     result = {"step": trainer.step, "train": trainer.history[-1] if trainer.history else {}}
     if trainer.step >= cfg.train.steps:
-        result["eval"] = evaluate(trainer, data)
-        log.log(trainer.step, {f"eval/{k}": v for k, v in result["eval"].items() if isinstance(v, (int, float))})
-    save(trainer, run_dir, data, {"final_eval": result.get("eval")})
+        result["eval"] = final["eval"] if final is not None else evaluate(trainer, data)
+        if final is None and dist.is_main():
+            runfolder.write_final_eval(run_dir, trainer.step, result["eval"])
+            log.log(trainer.step, {f"eval/{k}": v for k, v in result["eval"].items() if isinstance(v, (int, float))})
     log.close()
     return result
 
 
-def _resume(trainer: Trainer, run_dir: Path, data: DataPipeline) -> Path:
-    """Restore weights, method and data state, RNG and step (before wrapping); returns the checkpoint."""
-    ckpt = ck.find_checkpoint(run_dir)
+def _resume(trainer: Trainer, run_dir: Path, data: DataPipeline, weights_only: bool = False) -> Optional[Path]:
+    """Restore weights, method and data state, RNG and step (before wrapping); returns the checkpoint,
+    or None when the run has none yet (it then starts from step 0)."""
+    ckpt = ck.latest_checkpoint(run_dir)
+    if ckpt is None:
+        print(f"replaid: note: {run_dir} has no checkpoint yet; starting it from step 0", file=sys.stderr)
+        return None
     st = ck.load_state(ckpt)
     if st.get("method") != trainer.cfg.method:
         raise ck.CheckpointError(f"checkpoint {ckpt} is a '{st.get('method')}' run, not '{trainer.cfg.method}'; "
                                  f"resume it with --method {st.get('method')} or start a new --out")
+    lacking = [f for f in ("optimizer.safetensors", "optimizer.json", "rng.safetensors") if not (ckpt / f).is_file()]
+    if lacking and not weights_only:
+        raise ck.CheckpointError(f"checkpoint {ckpt} lacks {', '.join(lacking)}: resuming would restart the "
+                                 f"optimizer/RNG and not continue the run; pass --resume-weights-only to go on anyway")
     ck.load_model_weights(trainer.model, ck.load_tensors(ckpt, "model"), str(ckpt))
     rng = ck.load_tensors(ckpt, "rng")
     if rng is not None:
         set_rng_state(rng)
-    trainer.method.load_state_dict(st["method_state"])
-    data.train_loader.load_state_dict(st["data_state"])
+    try:
+        trainer.method.load_state_dict(st["method_state"])
+        data.train_loader.load_state_dict(st["data_state"])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ck.CheckpointError(f"checkpoint file {ckpt / 'state.json'} holds a damaged method/data state "
+                                 f"({e.__class__.__name__}); remove {ckpt} to fall back on an earlier one") from None
     trainer.step = int(st["step"])
     trainer.history = list(st.get("history_tail", []))
     return ckpt

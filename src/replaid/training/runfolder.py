@@ -1,0 +1,137 @@
+"""A run folder is owned by one trainer at a time, is never silently overwritten, and says what
+state it is in (for sweeps: skip finished runs, resume interrupted ones).
+
+``claim(run_dir, ...)`` takes an exclusive ``filelock`` on ``RUN/.lock`` (released by the kernel
+when the process dies, even by SIGKILL), records the holder (pid, host, start time) in
+``RUN/.lock.owner``, refuses a folder that already holds a run unless ``resume`` or ``overwrite``,
+and removes the temporaries an interrupted save left behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Optional
+
+from filelock import FileLock, Timeout
+
+from replaid.fileio import atomic_write_text, remove_stale_temporaries
+from replaid.training import checkpoint as ck
+
+LOCK, OWNER = ".lock", ".lock.owner"
+FINAL_EVAL = "final_eval.json"
+RUN_FILES = ("config.json", "tokenizer", "checkpoints", "metrics.jsonl", "tb", FINAL_EVAL)
+
+
+class RunFolderError(ValueError):
+    """A run folder that cannot be used as asked (one-line message with the fix)."""
+
+
+def _holder(run_dir: Path) -> str:
+    try:
+        o = json.loads((run_dir / OWNER).read_text())
+        return f"pid {o['pid']} on host {o['host']}, started {o['started']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a process whose details are not recorded yet"
+
+
+@contextmanager
+def lock(run_dir: Path) -> Iterator[None]:
+    """Hold ``RUN/.lock`` for the duration, or fail at once naming the holder."""
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunFolderError(f"--out {run_dir} is a file, not a folder; choose a folder path for the run")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fl = FileLock(str(run_dir / LOCK), timeout=0, preserve_lock_file=True)
+        fl.acquire()
+    except Timeout:
+        raise RunFolderError(f"run folder {run_dir} is in use by another trainer ({_holder(run_dir)}); wait for it "
+                             f"to finish or stop it, or choose another --out") from None
+    except OSError as e:
+        raise RunFolderError(f"cannot write to run folder {run_dir} ({e.__class__.__name__}: {e.strerror}); "
+                             f"choose a writable --out") from None
+    try:
+        owner = {"pid": os.getpid(), "host": socket.gethostname(),
+                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        atomic_write_text(run_dir / OWNER, json.dumps(owner))
+        yield
+    finally:
+        fl.release()
+
+
+@contextmanager
+def claim(run_dir: Path, config_json: str, *, resume: bool = False, overwrite: bool = False) -> Iterator[None]:
+    """Lock ``run_dir`` for a trainer; a new run writes ``config.json`` (atomically) first.
+
+    Refuses a folder holding a run unless ``resume`` (continue it) or ``overwrite`` (its run files are
+    deleted first); removes stale temporaries (``.step_*`` folders, ``.NAME.tmp.PID`` files).
+    """
+    run_dir = Path(run_dir)
+    with lock(run_dir):
+        present = [n for n in RUN_FILES if (run_dir / n).exists()]
+        if present and not (resume or overwrite):
+            raise RunFolderError(f"run folder {run_dir} already holds a run ({', '.join(present)}); pass --resume "
+                                 f"to continue it, --overwrite to replace it, or choose another --out")
+        if resume and not (run_dir / "config.json").is_file():
+            raise RunFolderError(f"--resume: {run_dir} has no config.json; start a run there without --resume first")
+        if overwrite and not resume:
+            for n in present:
+                p = run_dir / n
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+        remove_stale(run_dir)
+        if not resume:
+            atomic_write_text(run_dir / "config.json", config_json)
+        yield
+
+
+def remove_stale(run_dir: Path) -> None:
+    """Delete what interrupted writes left: ``checkpoints/.step_*``/``.trash.*`` and temp files."""
+    ckdir = run_dir / "checkpoints"
+    stale = []
+    if ckdir.is_dir():
+        for p in ckdir.iterdir():
+            if p.name.startswith((".step_", ".trash.")) and p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+                stale.append(p)
+        stale += remove_stale_temporaries(ckdir)
+    for folder in (run_dir, run_dir / "tokenizer"):
+        stale += remove_stale_temporaries(folder)
+    if stale:
+        print(f"replaid: note: removed {len(stale)} temporary file(s) an interrupted run left in {run_dir}",
+              file=sys.stderr)
+
+
+def status(run_dir: Path) -> dict:
+    """``{"state": "empty"|"interrupted"|"finished", "step": int|None, "steps": int|None}``.
+
+    ``finished``: the final checkpoint (step >= train.steps of config.json) and ``final_eval.json``
+    exist; ``interrupted``: config.json exists but not both; ``empty``: no config.json.
+    """
+    run_dir = Path(run_dir)
+    try:
+        steps = json.loads((run_dir / "config.json").read_text())["train"]["steps"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {"state": "empty", "step": None, "steps": None}
+    ckpt = ck.latest_checkpoint(run_dir)
+    step = int(ck.load_state(ckpt, ("step",))["step"]) if ckpt is not None else None
+    final = read_final_eval(run_dir)
+    done = step is not None and step >= steps and final is not None and final.get("step") == step
+    return {"state": "finished" if done else "interrupted", "step": step, "steps": steps}
+
+
+def read_final_eval(run_dir: Path) -> Optional[dict]:
+    try:
+        d = json.loads((Path(run_dir) / FINAL_EVAL).read_text())
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def write_final_eval(run_dir: Path, step: int, result: dict) -> None:
+    atomic_write_text(Path(run_dir) / FINAL_EVAL, json.dumps({"step": step, "eval": result}, indent=2))

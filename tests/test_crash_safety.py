@@ -1,0 +1,236 @@
+"""Crash safety of run folders: every filesystem step of a checkpoint save fails in turn (raises, or
+the process dies with os._exit), and the run must still load, resume, and end bit for bit where the
+uninterrupted run ends. Plus: LATEST fallback and confinement, no double save, the run-folder lock,
+no silent overwrite, strict resume, stale temporaries, save before the final evaluation."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from replaid.cli import main
+from replaid.presets import resolve
+from replaid.training import checkpoint as ck
+from replaid.training import runfolder
+from replaid.training.train import train
+
+ARGS = ("train.steps=6", "train.save_every=2", "train.log_every=1", "eval.max_batches=1", "train.num_threads=1")
+TIMING = {"time", "tokens_per_s", "eval/seconds"}
+
+
+def cfg(*extra):
+    return resolve("debug", None, [*ARGS, *extra])
+
+
+def rows(run: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING}
+            for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def tensors(run: Path) -> dict[str, torch.Tensor]:
+    c = ck.find_checkpoint(run)
+    out = {}
+    for name in ("model", "ema", "optimizer", "rng"):
+        out.update({f"{name}/{k}": v for k, v in (ck.load_tensors(c, name) or {}).items()})
+    return out
+
+
+def assert_same_run(run: Path, ref: Path) -> None:
+    """Bit-exact: every saved tensor (weights, EMA, optimizer moments, RNG) equal, and the metrics
+    rows (timings aside) identical, one per logged step, in order."""
+    a, b = tensors(run), tensors(ref)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])][:3]
+    assert rows(run) == rows(ref)
+    assert ck.load_state(ck.find_checkpoint(run))["step"] == 6
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("ref") / "run"
+    train(cfg(), run, progress=False)
+    return run
+
+
+class Fault(Exception):
+    pass
+
+
+def inject(monkeypatch, owner, name: str, k: int, when=lambda *a, **kw: True):
+    """Make the k-th call of ``owner.name`` (among those ``when`` accepts) raise :class:`Fault`."""
+    real, seen = getattr(owner, name), [0]
+
+    def faulty(*a, **kw):
+        if when(*a, **kw):
+            seen[0] += 1
+            if seen[0] == k:
+                raise Fault(f"{name} call {k}")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(owner, name, faulty)
+
+
+def in_checkpoints(*a, **kw):
+    return "checkpoints" in str(a[0]) or (len(a) > 1 and "checkpoints" in str(a[1]))
+
+
+# (what fails, k-th call): first save (step 2), middle saves, the final save (step 6), pruning
+FAULTS = [
+    ("save_file", 1), ("save_file", 11), ("_write_json", 2), ("rename", 1), ("rename", 3),
+    ("replace", 2), ("replace", 3), ("rmtree", 1), ("fsync_dir", 4),
+]
+
+
+@pytest.mark.parametrize("name,k", FAULTS)
+def test_a_failing_save_step_leaves_a_run_that_resumes_bit_exactly(ref, tmp_path, monkeypatch, name, k):
+    run = tmp_path / "run"
+    with monkeypatch.context() as m:
+        if name in ("save_file", "_write_json", "fsync_dir"):
+            inject(m, ck, name, k)
+        elif name == "rmtree":
+            inject(m, shutil, "rmtree", k, when=in_checkpoints)
+        else:
+            inject(m, os, name, k, when=in_checkpoints)
+        with pytest.raises(Fault):
+            train(cfg(), run, progress=False)
+    before = ck.latest_checkpoint(run)  # loadable at once (None: the fault hit the first save)
+    assert before is None or ck.load_state(before)["step"] in (2, 4, 6)
+    assert before is None or ck.read_latest(run / "checkpoints")[0] == before  # LATEST itself stays valid
+    train(cfg(), run, resume=True, progress=False)
+    assert_same_run(run, ref)
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+KILL = """
+import os, sys
+from replaid.training import checkpoint as ck
+from replaid.cli import main
+real, seen = {owner}.{name}, [0]
+def dying(*a, **kw):
+    if {when}:
+        seen[0] += 1
+        if seen[0] == {k}:
+            os._exit(9)
+    return real(*a, **kw)
+{owner}.{name} = dying
+sys.exit(main(["train", "--preset", "debug", "--out", sys.argv[1], "--no-progress", *sys.argv[2:]]))
+"""
+
+
+@pytest.mark.parametrize("owner,name,k,when", [
+    # the final save renamed step_6 into place, then died before LATEST named it
+    ("os", "replace", 3, "str(a[1]).endswith('LATEST')"),
+    # died in the middle of writing the final checkpoint's files
+    ("ck", "save_file", 9, "True"),
+])
+def test_death_at_a_save_step_leaves_a_run_that_resumes_bit_exactly(ref, tmp_path, owner, name, k, when):
+    run = tmp_path / "run"
+    script = KILL.format(owner=owner, name=name, k=k, when=when)
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(script), str(run), *ARGS], capture_output=True, text=True)
+    assert r.returncode == 9, r.stderr[-2000:]
+    assert ck.load_state(ck.find_checkpoint(run))["step"] == 4
+    train(cfg(), run, resume=True, progress=False)
+    assert_same_run(run, ref)
+
+
+def test_latest_missing_broken_or_outside_falls_back_and_says_so(ref, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(ref, run)
+    shutil.copytree(ref, tmp_path / "other")  # a complete checkpoint outside the run, named by ../..
+    newest = ck.find_checkpoint(run)
+    latest = run / "checkpoints" / "LATEST"
+    for content in (None, "step_9999999", "../../other/checkpoints/step_0000006", "\x00garbage"):
+        if content is None:
+            latest.unlink(missing_ok=True)
+        else:
+            latest.write_text(content)
+        assert ck.find_checkpoint(run) == newest
+        assert "using the newest complete checkpoint" in capsys.readouterr().err
+    shutil.rmtree(newest)  # LATEST names a removed folder: the older complete one is used
+    older = ck.find_checkpoint(run)
+    assert older != newest and ck.load_state(older)["step"] == 4
+
+
+def test_a_step_is_never_saved_twice_and_a_nan_checkpoint_never_written(ref, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    shutil.copytree(ref, run)
+    c = ck.find_checkpoint(run)
+    mtime = (c / "model.safetensors").stat().st_mtime_ns
+    assert ck.save_checkpoint(run, 6, {"w": torch.zeros(1)}, {}) == c  # a no-op: LATEST names step 6
+    assert (c / "model.safetensors").stat().st_mtime_ns == mtime
+    with pytest.raises(ck.CheckpointError, match="NaN"):
+        ck.save_checkpoint(run, 7, {"w": torch.tensor([float("nan")])}, {})
+    assert ck.find_checkpoint(run) == c and not (run / "checkpoints" / "step_0000007").exists()
+
+
+def test_second_trainer_is_refused_naming_the_holder(tmp_path, capsys):
+    run = tmp_path / "run"
+    with runfolder.lock(run):
+        code = main(["train", "--preset", "debug", "--out", str(run), "--no-progress", *ARGS])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "in use by another trainer" in err[0] and f"pid {os.getpid()}" in err[0]
+    assert not (run / "config.json").exists()
+
+
+def test_existing_run_needs_resume_or_overwrite(ref, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(ref, run)
+    snapshot = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and ".lock" not in p.name}
+    assert main(["train", "--preset", "debug", "--out", str(run), "--no-progress", "train.steps=2"]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and ".lock" not in p.name} == snapshot
+    # a finished run resumed again: nothing retrained, nothing rewritten, the recorded evaluation
+    res = train(cfg(), run, resume=True, progress=False)
+    assert res["step"] == 6 and res["eval"] == runfolder.read_final_eval(ref)["eval"]
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and ".lock" not in p.name
+            and "tb" not in p.parts} == {p: b for p, b in snapshot.items() if "tb" not in p.parts}
+    assert runfolder.status(run)["state"] == "finished"
+    train(resolve("debug", None, ["train.steps=2"]), run, overwrite=True, progress=False)
+    assert ck.load_state(ck.find_checkpoint(run))["step"] == 2
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["LATEST", "step_0000002"]
+
+
+def test_resume_without_optimizer_state_is_refused_unless_weights_only(ref, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(ref, run)
+    c = ck.find_checkpoint(run)
+    (c / "optimizer.json").unlink()
+    assert main(["train", "--out", str(run), "--resume", "--no-progress", "train.steps=7"]) == 2
+    assert "lacks optimizer.json" in capsys.readouterr().err
+    assert main(["train", "--out", str(run), "--resume", "--resume-weights-only", "--no-progress",
+                 "train.steps=7"]) == 0
+    assert ck.load_state(ck.find_checkpoint(run))["step"] == 7
+
+
+def test_stale_temporaries_are_removed_and_a_torn_metrics_line_dropped(ref, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(ref, run)
+    (run / "checkpoints" / ".step_0000008.abc").mkdir()
+    (run / "checkpoints" / ".LATEST.tmp.123").write_text("step_0000008")
+    (run / ".config.json.tmp.123").write_text("{")
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 7, "loss": 1.')
+    train(cfg("train.steps=8"), run, resume=True, progress=False)
+    assert not [p for p in run.rglob(".*") if p.name not in (".lock", ".lock.owner")]
+    steps = [r["step"] for r in rows(run) if "loss" in r]
+    assert steps == [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def test_the_final_checkpoint_is_saved_before_the_final_evaluation(tmp_path, monkeypatch):
+    import replaid.eval.evaluate as ev
+
+    def broken(*a, **k):
+        raise RuntimeError("evaluation failed")
+
+    monkeypatch.setattr(ev, "evaluate", broken)
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError):
+        train(resolve("debug", None, ["train.steps=3"]), run, progress=False)
+    assert ck.load_state(ck.find_checkpoint(run))["step"] == 3
+    assert runfolder.status(run)["state"] == "interrupted"
