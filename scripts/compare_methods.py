@@ -58,7 +58,7 @@ def main() -> None:
         cfg = resolve(a.preset, None, [f"method={method}", *common, *extra])
         run = Path(a.out) / label.replace(" ", "_").replace("(", "").replace(")", "").replace(".", "")
         t0 = time.time()
-        res = train(cfg, run, progress=False)
+        res = train(cfg, run, progress=False, overwrite=True)  # re-running retrains
         ev = res["eval"]
         key = "nll" if "nll_nats_per_token" in ev else "nelbo"
         results[label] = {"method": method, "overrides": extra, "nats_per_token": ev[f"{key}_nats_per_token"],

@@ -7,8 +7,9 @@ bash scripts/setup.sh
 OUT="${1:-runs/demo}"
 export REPLAID_CACHE_DIR="${REPLAID_CACHE_DIR:-.cache/replaid}"
 start=$(date +%s)
-if [ -d "$OUT/checkpoints" ]; then
-  echo "== $OUT already holds a run: evaluating and sampling it (delete it to retrain)"
+if [ -f "$OUT/config.json" ]; then
+  echo "== $OUT already holds a run: resuming it if it was interrupted (a finished run is not retrained; delete it to retrain)"
+  .venv/bin/replaid train --out "$OUT" --resume
 else
   .venv/bin/replaid train --preset demo --out "$OUT"
 fi

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,6 +137,11 @@ class OptimConfig:
         _check(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
         for k in ("lr_backbone", "lr_projections", "lr_embedding", "lr_schedule_mlp", "lr_endpoints"):
             _check(getattr(self, k) >= 0, f"optim.{k}", "must be >= 0")
+        _check(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 = off)")
+        _check(self.eps > 0, "optim.eps", "must be > 0")
+        _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "optim.beta1", "beta1 and beta2 must be in [0, 1)")
+        _check(self.lr_min >= 0 and self.min_warmup_steps >= 0, "optim.lr_min",
+               "lr_min and min_warmup_steps must be >= 0")
         for k in ("lr_norms_head", "wd_norms_head"):
             _check(getattr(self, k) >= 0 or getattr(self, k) == -1, f"optim.{k}", "must be >= 0 or -1 (as backbone)")
 
@@ -153,6 +160,7 @@ class TrainConfig:
     save_every: int = 0  # 0 = only at the end
     num_threads: int = 0  # torch CPU threads; 0 = torch default
     parallel: str = "ddp"  # under torchrun: ddp | fsdp
+    max_nonfinite_steps: int = 10  # stop after this many NaN/Inf steps in a row (each one is skipped)
 
     def validate(self) -> None:
         _check(self.steps > 0, "train.steps", "must be positive")
@@ -162,6 +170,13 @@ class TrainConfig:
                f"must be divisible by train.grad_accum ({self.grad_accum})")
         _check(self.precision in ("auto", "fp32", "bf16"), "train.precision", "must be auto, fp32 or bf16")
         _check(self.parallel in ("ddp", "fsdp"), "train.parallel", "must be ddp or fsdp")
+        _check(re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device) is not None, "train.device",
+               f"must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
+        _check(self.log_every >= 1, "train.log_every", "must be >= 1")
+        for k, zero in (("eval_every", "only at the end"), ("save_every", "only at the end"),
+                        ("num_threads", "torch's default")):
+            _check(getattr(self, k) >= 0, f"train.{k}", f"must be >= 0 (0 = {zero})")
+        _check(self.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", "must be >= 1")
 
 
 @dataclass
@@ -178,6 +193,47 @@ class EvalConfig:
         _check(self.t_samples >= 1, "eval.t_samples", "must be >= 1")
         _check(self.batch_size >= 1, "eval.batch_size", "must be >= 1")
         _check(self.max_batches >= 0, "eval.max_batches", "must be >= 0")
+
+
+@dataclass
+class SampleConfig:
+    """The numbers of ``replaid sample``, checked like the run config (``validate(trained_len)``)."""
+
+    steps: int = 64
+    num: int = 4
+    length: int = 0  # 0 = the run's data.seq_len
+    batch_size: int = 16
+    temperature: float = 1.0
+    score_temperature: float = 1.0
+    trajectory: int = 0
+
+    def validate(self, trained_len: int, allow_longer: bool = False) -> "SampleConfig":
+        def need(ok: bool, k: str, msg: str) -> None:
+            if not ok:
+                raise ConfigError(f"--{k.replace('_', '-')} {getattr(self, k)}: {msg}")
+
+        for k in ("steps", "num", "batch_size"):
+            need(getattr(self, k) >= 1, k, "must be >= 1")
+        for k in ("temperature", "score_temperature"):
+            need(math.isfinite(getattr(self, k)) and getattr(self, k) > 0, k, "must be a finite number > 0")
+        need(self.trajectory >= 0, "trajectory", "must be >= 0 (0 = off)")
+        need(self.length == 0 or self.length >= 2, "length", "must be >= 2")
+        need(self.length <= trained_len or allow_longer, "length", f"beyond the run's trained length "
+             f"(data.seq_len={trained_len}); use at most {trained_len} or pass --allow-longer to sample beyond it")
+        return self
+
+
+def apply_cli(cfg: "RunConfig", flags: dict[str, tuple[str, Any]]) -> None:
+    """Set ``{--flag: (section.key, value)}`` (None: not given) on ``cfg`` through the config's own
+    typing and validation, so a command-line number is checked exactly as the same config key."""
+    for flag, (key, value) in flags.items():
+        if value is None:
+            continue
+        try:
+            set_key(cfg, key, value)
+            cfg.validate()
+        except ConfigError as e:
+            raise ConfigError(f"{flag} {value}: {e}") from None
 
 
 @dataclass
@@ -218,6 +274,10 @@ class RunConfig:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if dataclasses.is_dataclass(v):
+                for g in dataclasses.fields(v):  # NaN passes no comparison, inf passes ">= 0": refuse both
+                    x = getattr(v, g.name)
+                    _check(not isinstance(x, float) or math.isfinite(x), f"{f.name}.{g.name}",
+                           f"must be a finite number, got {x}")
                 v.validate()
         return self
 

@@ -37,9 +37,7 @@ def load_run(path: str | Path, use_ema: bool = True, train_data: bool = False, d
     from replaid.hub import resolve
 
     ckpt = ck.find_checkpoint(resolve(path))
-    st = ck.load_state(ckpt)
-    if "config" not in st or "vocab_size" not in st:
-        raise ck.CheckpointError(f"checkpoint {ckpt} has no config or vocab size in state.json; it is not a replaid checkpoint")
+    st = ck.load_state(ckpt, need=("step", "config", "vocab_size"))
     try:
         cfg = RunConfig.from_dict(st["config"])
     except ConfigError as e:
@@ -58,6 +56,10 @@ def load_run(path: str | Path, use_ema: bool = True, train_data: bool = False, d
         weights = ck.load_tensors(ckpt, "model")
     if weights is None:
         raise ck.CheckpointError(f"checkpoint {ckpt} has no model.safetensors; it is incomplete")
+    bad = ck.nonfinite_tensor(weights)
+    if bad is not None:
+        raise ck.CheckpointError(f"checkpoint {ckpt} holds non-finite weights (NaN/Inf in {bad}); it comes from a "
+                                 f"diverged run: use an earlier checkpoint or retrain with a smaller learning rate")
     ck.load_model_weights(model, weights, str(ckpt))
     if hasattr(method, "load_state_dict") and "method_state" in st:
         method.load_state_dict(st["method_state"])

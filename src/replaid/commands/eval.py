@@ -19,15 +19,16 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from replaid.config import apply_cli
     from replaid.eval.evaluate import evaluate_model
     from replaid.loading import load_run
 
     run_ = load_run(args.run, use_ema=not args.no_ema)
     cfg = run_.cfg
-    if args.t_samples is not None:
-        cfg.eval.t_samples = args.t_samples
+    apply_cli(cfg, {"--t-samples": ("eval.t_samples", args.t_samples),
+                    "--max-batches": ("eval.max_batches", args.max_batches)})
     res = evaluate_model(run_.model, run_.method, run_.data, cfg, args.split, None,
-                         max_batches=args.max_batches, progress=not args.json)
+                         max_batches=cfg.eval.max_batches, progress=not args.json)
     res.update(checkpoint=str(run_.ckpt), step=run_.step, method=cfg.method, ema=run_.ema_loaded,
                weights="ema" if run_.ema_loaded else "raw")
     emit(res, args.json)

@@ -16,6 +16,7 @@ def register(sub) -> None:
     s.add_argument("--steps", type=int, default=64, help="T, number of sampling steps")
     s.add_argument("--num", type=int, default=4, help="number of samples")
     s.add_argument("--length", type=int, default=None, help="sequence length (default: the run's)")
+    s.add_argument("--allow-longer", action="store_true", help="allow --length beyond the run's trained length")
     s.add_argument("--temperature", type=float, default=1.0, help="logit temperature")
     s.add_argument("--score-temperature", type=float, default=1.0, help="Plaid's score temperature")
     s.add_argument("--prompt", default=None, help="text fixed at the start of every sample (default: none)")
@@ -30,10 +31,14 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from replaid.config import SampleConfig
     from replaid.eval.generate import generate
     from replaid.loading import load_run
 
     run_ = load_run(args.run, use_ema=True, train_data=False)
+    L = run_.cfg.data.seq_len if args.length is None else args.length
+    SampleConfig(args.steps, args.num, L, args.batch_size, args.temperature, args.score_temperature,
+                 args.trajectory).validate(run_.cfg.data.seq_len, args.allow_longer)
     rows = generate(run_, args)
     for r in rows:
         print(json.dumps(r) if args.json else r["text"] + "\n" + "-" * 40)

@@ -56,8 +56,13 @@ def _replace_atomically(path: Path, write) -> None:
 def open_cache(cache_path: str | os.PathLike) -> tuple[np.memmap, dict]:
     """Open a complete cache read-only: ``(tokens, meta)``."""
     cache_path = Path(cache_path)
-    meta = json.loads(meta_path(cache_path).read_text(encoding="utf-8"))
-    dtype = np.dtype(meta["dtype"])
+    try:
+        meta = json.loads(meta_path(cache_path).read_text(encoding="utf-8"))
+        dtype = np.dtype(meta["dtype"])
+        int(meta["n_tokens"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataError(f"token cache meta {meta_path(cache_path)} is damaged ({e.__class__.__name__}): delete it "
+                        f"and {cache_path.name} to rebuild") from None
     size = cache_path.stat().st_size if cache_path.exists() else -1
     if size != meta["n_tokens"] * dtype.itemsize:
         raise DataError(f"token cache {cache_path} is incomplete ({size} bytes, expected "

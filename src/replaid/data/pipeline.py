@@ -68,6 +68,18 @@ class DataPipeline:
         arr, meta = self.array(split)
         return SequenceDataset.from_cache(arr, meta, self.cfg.data.seq_len, packed=self.cfg.data.packing)
 
+    def check_splits(self, splits) -> None:
+        """Raise a DataError naming the split unless each holds at least one sequence (and, for the
+        unigram reference, tokens)."""
+        for split in dict.fromkeys(splits):
+            try:
+                n = len(self.dataset(split))
+            except DataError as e:
+                raise DataError(f"the {split} split of data.source={self.cfg.data.source} is unusable: {e}") from None
+            if n < 1:
+                raise DataError(f"the {split} split of data.source={self.cfg.data.source} holds no sequence of "
+                                f"data.seq_len={self.cfg.data.seq_len}; use a larger corpus or a smaller seq_len")
+
     def eval_batches(self, split: str, batch_size: int, max_batches: int = 0) -> list[dict]:
         """Deterministic, in-order batches of the split (this rank's share)."""
         ds = self.dataset(split)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Callable, Iterator, Protocol, Sequence
 
@@ -181,8 +182,31 @@ def train_bpe(texts: Iterator[str], vocab_size: int):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(texts, trainer=trainer)
+    tok.train_from_iterator(split_long_words(texts), trainer=trainer)
     return tok
+
+
+MAX_WORD_CHARS = 256
+_LONG_WORD = re.compile(r"\S{%d,}" % (MAX_WORD_CHARS + 1))
+
+
+def split_long_words(texts: Iterator[str], n: int = MAX_WORD_CHARS) -> Iterator[str]:
+    """Texts for BPE training, a run of more than ``n`` non-space characters cut into ``n``-character
+    pieces given as separate texts. BPE training time grows super-linearly with the length of a
+    pre-tokenised word (text without whitespace: 240 KB took 39 s, 795 KB over 300 s); ordinary
+    words are untouched, so the trained vocabulary of ordinary text does not change."""
+    for text in texts:
+        if not _LONG_WORD.search(text):
+            yield text
+            continue
+        start = 0
+        for m in _LONG_WORD.finditer(text):
+            word = m.group()
+            yield text[start:m.start()] + word[:n]
+            for i in range(n, len(word), n):
+                yield word[i:i + n]
+            start = m.end()
+        yield text[start:]
 
 
 def _content_name(kind: str, tok) -> str:

@@ -9,6 +9,11 @@ import torch
 from tqdm.auto import tqdm
 
 
+def ppl(nats: float) -> float:
+    """exp(nats), ``inf`` where it overflows (a diverged model) rather than an OverflowError."""
+    return float("inf") if nats > 709.0 else math.exp(nats)  # NaN stays NaN
+
+
 @torch.no_grad()
 def evaluate_model(model, method, data, cfg, split: str | None = None, ema=None,
                    max_batches: int | None = None, progress: bool = False) -> dict:
@@ -53,7 +58,7 @@ def evaluate_model(model, method, data, cfg, split: str | None = None, ema=None,
     nats = sums[key] / n_tok
     seq = torch.cat(per_seq)
     out = {
-        f"{key}_nats_per_token": nats, f"{key}_ppl": math.exp(nats),
+        f"{key}_nats_per_token": nats, f"{key}_ppl": ppl(nats),
         **{k: v / n_tok for k, v in sums.items() if k != key},
         "stderr_nats": float(seq.std() / math.sqrt(len(seq))) if len(seq) > 1 else float("nan"),
         "tokens": n_tok, "sequences": len(seq), "split": split,
@@ -62,7 +67,7 @@ def evaluate_model(model, method, data, cfg, split: str | None = None, ema=None,
     if endpoints is not None:  # of the weights evaluated (EMA when used)
         out.update(gamma_0=endpoints[0], gamma_1=endpoints[1], t_samples=ecfg.t_samples)
     uni = data.unigram_nats(split)
-    out.update(unigram_nats_per_token=uni, unigram_ppl=math.exp(uni))
+    out.update(unigram_nats_per_token=uni, unigram_ppl=ppl(uni))
     return out
 
 

@@ -5,8 +5,19 @@ import time
 
 import torch
 
+from replaid.config import ConfigError
+
 from replaid.diffusion.samplers import (LogitTemperature, ScoreTemperature, gamma_grid, get_sampler, infill_inpaint,
                        prefix_inpaint, trajectory_recorder)
+
+
+def prompt_ids(tok, prompt: str, L: int) -> torch.Tensor:
+    """The prompt's token ids (P,), which must leave room for at least one generated token."""
+    ids = tok.encode(prompt)
+    if len(ids) >= L:
+        raise ConfigError(f"--prompt is {len(ids)} tokens but samples are {L} long, leaving nothing to generate; "
+                          f"shorten the prompt or pass a larger --length")
+    return torch.tensor(ids, dtype=torch.long)
 
 
 @torch.no_grad()
@@ -32,7 +43,7 @@ def generate(run, args) -> list[dict]:
         B = min(args.batch_size, args.num - done)
         inpaint = None
         if args.prompt:
-            ids = torch.tensor(tok.encode(args.prompt)[:L], dtype=torch.long)
+            ids = prompt_ids(tok, args.prompt, L)
             inpaint = prefix_inpaint(ids.expand(B, -1).to(dev), L, E)
         elif args.infill:
             if not args.context:
@@ -71,7 +82,7 @@ def ancestral_rows(run, args, draw, steps: int) -> list[dict]:
     gen = torch.Generator().manual_seed(args.seed)
     prefix = None
     if getattr(args, "prompt", None):
-        prefix = torch.tensor(tok.encode(args.prompt)[:L], dtype=torch.long)
+        prefix = prompt_ids(tok, args.prompt, L)
     rows, done = [], 0
     while done < args.num:
         B = min(args.batch_size, args.num - done)

@@ -38,7 +38,7 @@ class SplitState:
         if self.n == 0:
             return max(1, min(B - 1, B // 8))
         sr, sd = self.std()
-        if sr + sd <= 0:
+        if not math.isfinite(sr + sd) or sr + sd <= 0:  # no statistics yet, or overflowed ones
             return max(1, min(B - 1, B // 8))
         return int(min(B - 1, max(1, round(B * sr / (sr + sd)))))
 

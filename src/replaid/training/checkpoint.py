@@ -34,7 +34,7 @@ from safetensors.torch import load_file, save_file
 from replaid.fileio import atomic_write_text, fsync_dir, fsync_file
 
 STEP_NAME = re.compile(r"step_\d{7,}")
-STATE_KEYS = ("step", "config", "method", "vocab_size", "method_state", "data_state")
+STATE_KEYS = ("step", "config", "method", "vocab_size", "method_state", "data_state")  # what resuming needs
 
 
 class CheckpointError(ValueError):
@@ -203,12 +203,25 @@ def find_checkpoint(path: str | Path) -> Path:
         return p
     ckpt = latest_checkpoint(p)
     if ckpt is None:
+        explain_damage(p)
         raise CheckpointError(f"{p} holds no complete checkpoint (no checkpoints/step_N with state.json and "
                               f"weights); train it first ('replaid train --out {p} --resume') or pass another run")
     return ckpt
 
 
-def load_state(ckpt: Path, need: tuple[str, ...] = STATE_KEYS) -> dict:
+def explain_damage(path: Path) -> None:
+    """When a run has checkpoint folders but none complete, raise the error that names what is wrong
+    with the newest (its state.json, a missing weights file)."""
+    ckdir = path if path.name == "checkpoints" else path / "checkpoints"
+    dirs = sorted((c for c in ckdir.glob("step_*") if STEP_NAME.fullmatch(c.name) and c.is_dir()), key=_step_of) \
+        if ckdir.is_dir() else []
+    if dirs:
+        load_state(dirs[-1], need=("step",))
+        raise CheckpointError(f"checkpoint {dirs[-1]} is incomplete (no model.safetensors) and no other is complete; "
+                              f"restore it, or start again with --overwrite")
+
+
+def load_state(ckpt: Path, need: tuple[str, ...] = ("step",)) -> dict:
     """state.json of ``ckpt``, checked to be a mapping holding ``need``."""
     f = ckpt / "state.json"
     try:

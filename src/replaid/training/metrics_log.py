@@ -66,6 +66,11 @@ class MetricsLogger:
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     self.tb.add_scalar(k, v, step)
 
+    def write(self, message: str) -> None:
+        """A line on stderr that does not break the progress bar (main rank only)."""
+        if self.enabled:
+            tqdm.write(message, file=sys.stderr)
+
     def progress(self, total: int, initial: int = 0, disable: bool = False):
         return tqdm(total=total, initial=initial, disable=disable or not self.enabled, desc="train",
                     dynamic_ncols=True, file=sys.stderr, mininterval=1.0)

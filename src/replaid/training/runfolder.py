@@ -66,14 +66,17 @@ def lock(run_dir: Path) -> Iterator[None]:
 
 
 @contextmanager
-def claim(run_dir: Path, config_json: str, *, resume: bool = False, overwrite: bool = False) -> Iterator[None]:
-    """Lock ``run_dir`` for a trainer; a new run writes ``config.json`` (atomically) first.
+def claim(run_dir: Path, *, resume: bool = False, overwrite: bool = False) -> Iterator[None]:
+    """Lock ``run_dir`` for a trainer.
 
     Refuses a folder holding a run unless ``resume`` (continue it) or ``overwrite`` (its run files are
-    deleted first); removes stale temporaries (``.step_*`` folders, ``.NAME.tmp.PID`` files).
+    deleted first); removes stale temporaries (``.step_*`` folders, ``.NAME.tmp.PID`` files). A new
+    run exists once :func:`begin` wrote its ``config.json``; a start that fails before that leaves
+    nothing behind (a folder this call created is removed again).
     """
     run_dir = Path(run_dir)
-    with lock(run_dir):
+    created = not run_dir.exists()
+    with lock(run_dir), _undo_failed_start(run_dir, created and not resume):
         present = [n for n in RUN_FILES if (run_dir / n).exists()]
         if present and not (resume or overwrite):
             raise RunFolderError(f"run folder {run_dir} already holds a run ({', '.join(present)}); pass --resume "
@@ -85,9 +88,22 @@ def claim(run_dir: Path, config_json: str, *, resume: bool = False, overwrite: b
                 p = run_dir / n
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
         remove_stale(run_dir)
-        if not resume:
-            atomic_write_text(run_dir / "config.json", config_json)
         yield
+
+
+def begin(run_dir: Path, config_json: str) -> None:
+    """Make the claimed folder a run: write its config (atomically), once its data checked out."""
+    atomic_write_text(Path(run_dir) / "config.json", config_json)
+
+
+@contextmanager
+def _undo_failed_start(run_dir: Path, created: bool) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        if created and not (run_dir / "config.json").exists():
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
 
 
 def remove_stale(run_dir: Path) -> None:

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from replaid.training import checkpoint as ck
 from replaid.training import dist, runfolder
-from replaid.config import OptimConfig, RunConfig
+from replaid.config import ConfigError, OptimConfig, RunConfig
 from replaid.methods import get_method
 from replaid.data.pipeline import DataPipeline
 
@@ -94,6 +94,8 @@ def autocast_ctx(device: torch.device, precision: str):
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"train.device={name} but this machine has no CUDA device; use train.device=cpu or auto")
     return torch.device(name)
 
 
@@ -110,6 +112,8 @@ class Trainer:
     step: int = 0
     loss_module: Optional[nn.Module] = None  # TrainModule, wrapped by DDP/FSDP under torchrun
     history: list = field(default_factory=list)
+    nonfinite_steps: int = 0  # steps skipped for a NaN/Inf loss or gradient, in all
+    nonfinite_in_row: int = 0  # ... and in a row up to now
 
     def train_step(self, micro_batches: list[dict]) -> dict:
         """One optimiser step over ``grad_accum`` micro-batches (Algorithm 1 + AdamW)."""
@@ -122,6 +126,7 @@ class Trainer:
         n_recon = self.method.split.recon_rows(b) if hasattr(self.method, "split") else None
         t_slices = self._global_times(b, n_recon, len(micro_batches)) if n_recon is not None else None
         agg: dict[str, list] = {}
+        losses = []
         for k, mb in enumerate(micro_batches):
             tokens = mb["tokens"].to(self.device)
             mask = mb.get("mask")
@@ -132,24 +137,36 @@ class Trainer:
             with ctx, autocast_ctx(self.device, cfg.train.precision):
                 loss, m = model(tokens, self.micro_generator(k), mask=mask, **kw)
                 (loss / len(micro_batches)).backward()
+            losses.append(loss.detach().float())
             for key, v in m.items():
                 agg.setdefault(key, []).append(v)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                    cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf"))
-        self.optimizer.step()
+        finite = self._all_finite(torch.stack(losses), grad_norm)  # else skip: weights, EMA, split unchanged
+        if finite:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.ema is not None:
+        if finite and self.ema is not None:
             self.ema.update(self.model)
         merged = {k: (torch.cat([dist.all_gather_cat(x.reshape(-1)) for x in v]) if torch.is_tensor(v[0]) else v[-1])
                   for k, v in agg.items()}
-        if hasattr(self.method, "after_step"):
+        if finite and hasattr(self.method, "after_step"):
             self.method.after_step(merged)
         self.step += 1
+        self.nonfinite_in_row = 0 if finite else self.nonfinite_in_row + 1
+        self.nonfinite_steps += int(not finite)
         out = {k: (float(v.mean()) if torch.is_tensor(v) else v) for k, v in merged.items()}
         if "recon" in merged and "diffusion" in merged:
             out["loss"] = out["recon"] + out["diffusion"] + out.get("prior", 0.0)
-        out.update(step=self.step, grad_norm=float(grad_norm), lr=self.optimizer.param_groups[-1]["lr"])
+        out.update(step=self.step, grad_norm=float(grad_norm), lr=self.optimizer.param_groups[-1]["lr"],
+                   skipped=int(not finite), nonfinite_steps=self.nonfinite_steps)
         return out
+
+    @staticmethod
+    def _all_finite(losses: Tensor, grad_norm: Tensor) -> bool:
+        """Whether this step's losses and gradient norm are finite on every rank (one verdict for all)."""
+        bad = (~torch.isfinite(losses)).any() | ~torch.isfinite(torch.as_tensor(float(grad_norm)))
+        return float(dist.all_reduce_sum(bad.double().reshape(1).cpu())) == 0
 
     def micro_generator(self, k: int) -> torch.Generator:
         """The RNG stream of micro-batch ``k`` of this step on this rank: seeded by (seed, step, global
@@ -209,6 +226,7 @@ def save(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: Optional[di
     state = {"config": trainer.cfg.to_dict(), "method": trainer.cfg.method, "vocab_size": data.vocab_size,
              "method_state": trainer.method.state_dict(), "data_state": data.train_loader.state_dict(),
              "history_tail": trainer.history[-5:], "world_size": dist.world_size(), "ranks_in_sync": in_sync,
+             "nonfinite_steps": trainer.nonfinite_steps, "nonfinite_in_row": trainer.nonfinite_in_row,
              **(extra or {})}
     return ck.save_checkpoint(run_dir, trainer.step, model_sd, state, ema_sd, opt_sd, rng_state())
 
@@ -224,8 +242,7 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
     device = dist.setup_device(resolve_device(cfg.train.device))
-    claim = runfolder.claim(run_dir, cfg.to_json(), resume=resume, overwrite=overwrite) if dist.is_main() \
-        else nullcontext()
+    claim = runfolder.claim(run_dir, resume=resume, overwrite=overwrite) if dist.is_main() else nullcontext()
     with claim:
         dist.barrier()
         return _train(cfg, run_dir, device, resume, progress, stop_after, weights_only)
@@ -241,6 +258,9 @@ def _train(cfg: RunConfig, run_dir: Path, device: torch.device, resume: bool, pr
     data = DataPipeline(cfg, run_dir, rank=0, world_size=dist.world_size()) if dist.is_main() else None
     dist.barrier()
     data = data or DataPipeline(cfg, run_dir, rank=dist.rank(), world_size=dist.world_size())
+    data.check_splits(("train", cfg.eval.split))  # an unusable split fails now, not after training
+    if not resume and dist.is_main():
+        runfolder.begin(run_dir, cfg.to_json())
     method = get_method(cfg)
     model = method.build_model(data.vocab_size).to(device)
     torch.manual_seed(cfg.train.seed * 1_000_003 + 29 + dist.rank())  # per-rank dropout streams
@@ -277,13 +297,14 @@ def _train(cfg: RunConfig, run_dir: Path, device: torch.device, resume: bool, pr
         m["tokens_per_s"] = tokens_seen / max(time.time() - t0, 1e-9)
         trainer.history.append({k: v for k, v in m.items() if isinstance(v, (int, float))})
         bar.update(1)
+        _guard_nonfinite(trainer, m, run_dir, log)
         if trainer.step % cfg.train.log_every == 0 or trainer.step == end:
             log.log(trainer.step, m)
             bar.set_postfix(loss=f"{m.get('loss', float('nan')):.3f}", B_r=m.get("B_r", "-"))
         if cfg.train.eval_every and trainer.step % cfg.train.eval_every == 0 and trainer.step < end:
             log.log(trainer.step, {f"eval/{k}": v for k, v in evaluate(trainer, data).items()
                                    if isinstance(v, (int, float))})
-        if cfg.train.save_every and trainer.step % cfg.train.save_every == 0:
+        if cfg.train.save_every and trainer.step % cfg.train.save_every == 0 and not trainer.nonfinite_in_row:
             save(trainer, run_dir, data)
             saved = trainer.step
     bar.close()
@@ -299,14 +320,39 @@ def _train(cfg: RunConfig, run_dir: Path, device: torch.device, resume: bool, pr
     return result
 
 
+def _guard_nonfinite(trainer: Trainer, m: dict, run_dir: Path, log) -> None:
+    """Say that a non-finite step was skipped; after ``train.max_nonfinite_steps`` in a row, log the
+    row and stop with the likely causes and the checkpoint still in force."""
+    if not m["skipped"]:
+        return
+    cfg, n = trainer.cfg, trainer.nonfinite_in_row
+    log.write(f"replaid: warning: step {trainer.step}: non-finite loss or gradient (loss {m.get('loss')}, "
+              f"grad norm {m['grad_norm']}); update skipped ({n} in a row, {trainer.nonfinite_steps} in all)")
+    if n < cfg.train.max_nonfinite_steps:
+        return
+    log.log(trainer.step, m)
+    o, d = cfg.optim, cfg.diffusion
+    ends = [round(float(g.detach()), 3) for g in trainer.model.schedule.endpoints()] if hasattr(trainer.model, "schedule") \
+        else None
+    causes = f"learning rate too large (optim.lr_backbone={o.lr_backbone:g}, lr_embedding={o.lr_embedding:g}"
+    causes += f", grad_clip={o.grad_clip:g})" + (f" or noise-schedule endpoints (gamma_0, gamma_1 now {ends}, "
+                                                  f"started at {d.gamma_0:g}, {d.gamma_1:g})" if ends else "")
+    last = ck.latest_checkpoint(run_dir)
+    raise TrainingDiverged(f"training diverged: {n} steps in a row up to step {trainer.step} had a non-finite loss or "
+                           f"gradient; likely cause: {causes}; the last good checkpoint is "
+                           f"{last if last is not None else 'none (nothing was saved)'}: lower the learning rate "
+                           f"and start again with --overwrite, or raise train.max_nonfinite_steps")
+
+
 def _resume(trainer: Trainer, run_dir: Path, data: DataPipeline, weights_only: bool = False) -> Optional[Path]:
     """Restore weights, method and data state, RNG and step (before wrapping); returns the checkpoint,
     or None when the run has none yet (it then starts from step 0)."""
     ckpt = ck.latest_checkpoint(run_dir)
     if ckpt is None:
+        ck.explain_damage(run_dir)  # checkpoint folders, none complete: refuse, naming the damage
         print(f"replaid: note: {run_dir} has no checkpoint yet; starting it from step 0", file=sys.stderr)
         return None
-    st = ck.load_state(ckpt)
+    st = ck.load_state(ckpt, need=ck.STATE_KEYS)
     if st.get("method") != trainer.cfg.method:
         raise ck.CheckpointError(f"checkpoint {ckpt} is a '{st.get('method')}' run, not '{trainer.cfg.method}'; "
                                  f"resume it with --method {st.get('method')} or start a new --out")
@@ -326,4 +372,5 @@ def _resume(trainer: Trainer, run_dir: Path, data: DataPipeline, weights_only: b
                                  f"({e.__class__.__name__}); remove {ckpt} to fall back on an earlier one") from None
     trainer.step = int(st["step"])
     trainer.history = list(st.get("history_tail", []))
+    trainer.nonfinite_steps, trainer.nonfinite_in_row = st.get("nonfinite_steps", 0), st.get("nonfinite_in_row", 0)
     return ckpt
