@@ -234,3 +234,28 @@ def test_the_final_checkpoint_is_saved_before_the_final_evaluation(tmp_path, mon
         train(resolve("debug", None, ["train.steps=3"]), run, progress=False)
     assert ck.load_state(ck.find_checkpoint(run))["step"] == 3
     assert runfolder.status(run)["state"] == "interrupted"
+
+
+def test_a_full_disk_keeps_the_checkpoint_in_force_and_every_file_whole(ref, tmp_path, monkeypatch):
+    import errno
+
+    from replaid import fileio
+
+    run = tmp_path / "run"
+    shutil.copytree(ref, run)
+    good = ck.find_checkpoint(run)
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(ck, "save_file", full)
+        with pytest.raises(ck.CheckpointError, match="free disk space"):
+            ck.save_checkpoint(run, 7, {"w": torch.zeros(1)}, {})
+    assert ck.find_checkpoint(run) == good and not [p for p in (run / "checkpoints").iterdir() if p.name[0] == "."]
+    spec = run / "tokenizer" / "tokenizer_spec.json"
+    old = spec.read_bytes()
+    monkeypatch.setattr(fileio.os, "fsync", full)
+    with pytest.raises(OSError):
+        fileio.atomic_write_text(spec, "{}")
+    assert spec.read_bytes() == old and not [p for p in spec.parent.iterdir() if p.name[0] == "."]

@@ -31,7 +31,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from replaid.config import ConfigError, RunConfig, parse_overrides, set_key
     from replaid.presets import resolve
-    from replaid.training import dist
+    from replaid.training import dist, runfolder
     from replaid.training.train import train
 
     overrides = list(args.overrides)
@@ -44,6 +44,7 @@ def run(args) -> int:
     if args.resume and args.out:
         cfg_file = Path(args.out) / "config.json"
         if not cfg_file.is_file():
+            runfolder.check_free(Path(args.out))  # a trainer starting there has not written it yet
             raise ConfigError(f"--resume: {args.out} has no config.json; start a run there without --resume first")
         try:
             cfg = RunConfig.from_dict(json.loads(cfg_file.read_text()))

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from replaid.fileio import atomic_write_text, fsync_dir, fsync_file
@@ -124,8 +125,11 @@ def save_checkpoint(run_dir: Path, step: int, model_sd: dict, state: dict,
         os.rename(tmp, final)
         fsync_dir(ckdir)
         atomic_write_text(ckdir / "LATEST", name)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, (OSError, SafetensorError)):  # e.g. a full disk: the checkpoint in force is intact
+            raise CheckpointError(f"could not write checkpoint {name} into {ckdir} ({e.__class__.__name__}: {e}); "
+                                  f"the previous one (LATEST) is intact: free disk space, then --resume") from e
         raise
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)

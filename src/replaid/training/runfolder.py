@@ -40,10 +40,7 @@ def _holder(run_dir: Path) -> str:
         return "a process whose details are not recorded yet"
 
 
-@contextmanager
-def lock(run_dir: Path) -> Iterator[None]:
-    """Hold ``RUN/.lock`` for the duration, or fail at once naming the holder."""
-    run_dir = Path(run_dir)
+def _acquire(run_dir: Path) -> FileLock:
     if run_dir.exists() and not run_dir.is_dir():
         raise RunFolderError(f"--out {run_dir} is a file, not a folder; choose a folder path for the run")
     try:
@@ -56,6 +53,20 @@ def lock(run_dir: Path) -> Iterator[None]:
     except OSError as e:
         raise RunFolderError(f"cannot write to run folder {run_dir} ({e.__class__.__name__}: {e.strerror}); "
                              f"choose a writable --out") from None
+    return fl
+
+
+def check_free(run_dir: Path) -> None:
+    """Raise the in-use error now if a trainer holds ``run_dir`` (an existing folder)."""
+    if Path(run_dir).is_dir():
+        _acquire(Path(run_dir)).release()
+
+
+@contextmanager
+def lock(run_dir: Path) -> Iterator[None]:
+    """Hold ``RUN/.lock`` for the duration, or fail at once naming the holder."""
+    run_dir = Path(run_dir)
+    fl = _acquire(run_dir)
     try:
         owner = {"pid": os.getpid(), "host": socket.gethostname(),
                  "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

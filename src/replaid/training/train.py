@@ -339,7 +339,7 @@ def _guard_nonfinite(trainer: Trainer, m: dict, run_dir: Path, log) -> None:
                                                   f"started at {d.gamma_0:g}, {d.gamma_1:g})" if ends else "")
     last = ck.latest_checkpoint(run_dir)
     raise TrainingDiverged(f"training diverged: {n} steps in a row up to step {trainer.step} had a non-finite loss or "
-                           f"gradient; likely cause: {causes}; the last good checkpoint is "
+                           f"gradient; likely cause: {causes}; the last checkpoint (finite, saved before the streak) is "
                            f"{last if last is not None else 'none (nothing was saved)'}: lower the learning rate "
                            f"and start again with --overwrite, or raise train.max_nonfinite_steps")
 
