@@ -9,5 +9,11 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,geometry]" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,geometry,web]" 2>&1 | grep -v "^WARNING: Location" || true
+# The browser tests of `replaid serve` drive Debian's chromium (never a downloaded browser build).
+if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  echo "installing chromium for the browser tests (apt-get)"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1 \
+    || echo "warning: could not install chromium; the browser tests will be skipped"
+fi
 .venv/bin/python -c "import torch, replaid; print(f'replaid {replaid.__version__} with torch {torch.__version__} ready in .venv')"

@@ -20,6 +20,16 @@ def prompt_ids(tok, prompt: str, L: int) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
+def tempered(model, temperature: float = 1.0, score_temperature: float = 1.0):
+    """The denoiser with the logit and score temperatures applied (the identity at 1.0)."""
+    den = model
+    if temperature != 1.0:
+        den = LogitTemperature(den, temperature)
+    if score_temperature != 1.0:
+        den = ScoreTemperature(den, score_temperature)
+    return den
+
+
 @torch.no_grad()
 def generate(run, args) -> list[dict]:
     """Draw ``args.num`` samples; returns rows with ids, text, sampler, steps, nfe, seconds."""
@@ -29,11 +39,7 @@ def generate(run, args) -> list[dict]:
     L = args.length or cfg.data.seq_len
     dev = next(model.parameters()).device
     E = model.embedding_matrix().detach()
-    den = model
-    if args.temperature != 1.0:
-        den = LogitTemperature(den, args.temperature)
-    if args.score_temperature != 1.0:
-        den = ScoreTemperature(den, args.score_temperature)
+    den = tempered(model, args.temperature, args.score_temperature)
     sampler = get_sampler(args.sampler)
     gammas = gamma_grid(model.schedule, args.steps)
     gen = torch.Generator(device="cpu").manual_seed(args.seed)

@@ -1,0 +1,55 @@
+"""``replaid serve``: the browser playground over trained runs (``replaid/web``)."""
+from __future__ import annotations
+
+import sys
+
+from replaid.commands import add_command
+
+EXAMPLE = "example: replaid serve runs/demo runs/demo-mdlm --port 8000   (then open http://127.0.0.1:8000)"
+
+
+def register(sub) -> None:
+    s = add_command(sub, "serve", "Browser playground: watch generation step by step, infill, compare runs.", EXAMPLE,
+                    description="Serve a local web app over the given runs: Generate (live denoising trajectory), "
+                                "Compare (two runs or samplers, same seed), Runs (config, curves, figures). "
+                                "Binds to 127.0.0.1 unless --host says otherwise; needs the 'web' extra "
+                                "(pip install -e '.[web]').")
+    s.add_argument("runs", nargs="+", metavar="RUN", help="run (or checkpoint) directories to serve")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--device", default="cpu", help="cpu | cuda | auto")
+    s.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    s.add_argument("--max-steps", type=int, default=1024, help="largest number of sampling steps per request")
+    s.add_argument("--max-samples", type=int, default=4, help="largest batch (samples) per request")
+    s.add_argument("--max-length", type=int, default=0, help="longest sequence per request (0: each run's seq_len)")
+    s.add_argument("--max-queue", type=int, default=8, help="generations that may wait per run")
+    s.set_defaults(func=run)
+
+
+def run(args) -> int:
+    try:
+        import uvicorn
+
+        from replaid.web.app import create_app
+    except ImportError as e:
+        raise ValueError(f"replaid serve needs FastAPI and uvicorn ({e.name} is missing): pip install -e '.[web]'") from None
+    import torch
+
+    from replaid.web.engine import Limits
+
+    for k in ("max_steps", "max_samples", "max_queue"):
+        if getattr(args, k) < 1:
+            raise ValueError(f"--{k.replace('_', '-')} must be >= 1")
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    limits = Limits(args.max_steps, args.max_samples, args.max_length, args.max_queue)
+    app = create_app(args.runs, limits, device=args.device)
+    names = ", ".join(app.state.slots)
+    print(f"replaid serve: {names} on http://{args.host}:{args.port}  (Ctrl-C stops)", file=sys.stderr)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"replaid serve: warning: listening on {args.host}; anyone who can reach it can run generations",
+              file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0

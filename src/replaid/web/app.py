@@ -1,0 +1,266 @@
+"""The playground server (FastAPI): static page, run metadata, and generation as server-sent events.
+
+Safety (``replaid serve`` binds 127.0.0.1 by default):
+
+* only the runs given at start are served, by id; a request names a run id, a file index or a
+  field value, never a path (figures are listed once at start-up and served by their index);
+* every request is validated with bounds on steps, length and samples (``Limits``), a bad one gets
+  HTTP 400 with a one-line ``error``;
+* each run has one worker thread: its generations run one at a time in arrival order, at most
+  ``Limits.max_queue`` wait (more get HTTP 429); a page that goes away cancels its job at the next
+  step;
+* an exception inside a generation becomes an ``error`` event (one line) and the server keeps going.
+"""
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+
+from replaid.web.engine import Cancelled, GenRequest, Limits, generate_stream, prepare, samplers_for
+
+PLOT_DIRS_SKIP = {"checkpoints", "tb", "tokenizer"}
+MAX_FIGURES = 200
+SKIP_CURVES = {"time", "tokens_per_s"}
+
+
+@dataclass
+class Slot:
+    """One served run: the loaded model, its single-worker queue and its figures."""
+    id: str
+    path: Path
+    run: object
+    worker: ThreadPoolExecutor
+    figures: list[Path] = field(default_factory=list)
+    pending: int = 0  # queued or running generations
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def run_ids(paths: list[str]) -> list[str]:
+    """Short unique ids from the run folders' names (``demo``, ``demo-2``, ...)."""
+    ids: list[str] = []
+    for p in paths:
+        base = Path(p).resolve().name or "run"
+        name, k = base, 2
+        while name in ids:
+            name, k = f"{base}-{k}", k + 1
+        ids.append(name)
+    return ids
+
+
+def find_figures(run_dir: Path) -> list[Path]:
+    """PNG plots under a run folder (evaluation and analysis outputs), checkpoints excluded."""
+    out = []
+    for p in sorted(run_dir.rglob("*.png")):
+        rel = p.relative_to(run_dir)
+        if rel.parts and rel.parts[0] in PLOT_DIRS_SKIP:
+            continue
+        out.append(p)
+    return out[:MAX_FIGURES]
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line being written
+    return rows
+
+
+def curves_png(rows: list[dict], title: str) -> bytes:
+    """Training curves from metrics.jsonl rows: numeric series with two or more points against
+    ``step``, loss-like keys first, at most six panels, log scale when they span > 20x."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        step = r.get("step")
+        if not isinstance(step, (int, float)):
+            continue
+        for k, v in r.items():
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                series.setdefault(k, []).append((step, float(v)))
+    series = {k: v for k, v in series.items() if len(v) >= 2 and k not in SKIP_CURVES}
+    first = [k for k in series if any(w in k for w in ("loss", "nelbo", "ppl", "nll", "diffusion", "recon"))]
+    keys = (first + [k for k in series if k not in first])[:6]
+    fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(3.6 * max(1, len(keys)), 3.0), squeeze=False)
+    for ax, k in zip(axes[0], keys):
+        xs, ys = zip(*series[k])
+        ax.plot(xs, ys, lw=1.2)
+        ax.set_title(k, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        if min(ys) > 0 and max(ys) / min(ys) > 20:
+            ax.set_yscale("log")
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    if not keys:
+        axes[0][0].text(0.5, 0.5, "no metrics.jsonl yet", ha="center", va="center")
+        axes[0][0].set_axis_off()
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def one_line(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return msg[0] if msg else e.__class__.__name__
+
+
+def create_app(run_paths: list[str], limits: Limits | None = None, device: str = "auto", runs: list | None = None):
+    """The FastAPI app over ``run_paths`` (loaded now, EMA weights). ``runs`` may pass already
+    loaded :class:`replaid.loading.Run` objects (tests)."""
+    from replaid.loading import load_run, run_dir_of
+
+    limits = limits or Limits()
+    slots: dict[str, Slot] = {}
+    for k, (rid, p) in enumerate(zip(run_ids(run_paths), run_paths)):
+        run = runs[k] if runs is not None else load_run(p, use_ema=True, train_data=False, device=device)
+        rdir = run_dir_of(Path(run.ckpt)) if hasattr(run, "ckpt") else Path(p)
+        slots[rid] = Slot(rid, Path(rdir), run, ThreadPoolExecutor(1, thread_name_prefix=f"gen-{rid}"),
+                          find_figures(Path(rdir)))
+
+    app = FastAPI(title="replaid playground", docs_url=None, redoc_url=None, openapi_url=None)
+    static = resources.files("replaid.web") / "static"
+    app.mount("/static", StaticFiles(directory=str(static)), name="static")
+    app.state.slots = slots
+    app.state.limits = limits
+
+    def err(msg: str, status: int = 400):
+        return JSONResponse({"error": msg}, status_code=status)
+
+    def slot_of(rid: str) -> Slot | None:
+        return slots.get(rid)
+
+    @app.get("/")
+    def index():
+        return FileResponse(str(static / "index.html"), media_type="text/html")
+
+    @app.get("/favicon.ico")
+    def favicon():
+        return Response(status_code=204)
+
+    @app.get("/api/runs")
+    def list_runs():
+        out = []
+        for s in slots.values():
+            cfg = s.run.cfg
+            out.append({"id": s.id, "method": cfg.method, "preset": cfg.preset, "step": s.run.step,
+                        "seq_len": cfg.data.seq_len, "samplers": samplers_for(s.run),
+                        "continuous": hasattr(s.run.model, "schedule"),
+                        "params": sum(p.numel() for p in s.run.model.parameters())})
+        return {"runs": out, "limits": asdict(limits)}
+
+    @app.get("/api/runs/{rid}")
+    def run_info(rid: str):
+        s = slot_of(rid)
+        if s is None:
+            return err(f"unknown run {rid!r}; this server serves {', '.join(slots)}", 404)
+        rows = read_metrics(s.path)
+        last = {}
+        for r in rows:
+            last.update({k: v for k, v in r.items() if isinstance(v, (int, float, str)) and k != "time"})
+        return {"id": s.id, "config": s.run.cfg.to_dict(),
+                "step": s.run.step, "ema": s.run.ema_loaded, "metrics_rows": len(rows), "last_metrics": last,
+                "figures": [{"index": k, "name": str(f.relative_to(s.path))} for k, f in enumerate(s.figures)]}
+
+    @app.get("/api/runs/{rid}/curves.png")
+    def run_curves(rid: str):
+        s = slot_of(rid)
+        if s is None:
+            return err(f"unknown run {rid!r}", 404)
+        return Response(curves_png(read_metrics(s.path), f"{s.id}: training curves (metrics.jsonl)"),
+                        media_type="image/png")
+
+    @app.get("/api/runs/{rid}/figures/{k}")
+    def run_figure(rid: str, k: int):
+        s = slot_of(rid)
+        if s is None or not 0 <= k < len(s.figures):
+            return err("no such figure", 404)
+        return FileResponse(str(s.figures[k]), media_type="image/png")
+
+    @app.post("/api/generate")
+    async def generate(request: Request):
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return err("the request body is not JSON")
+        try:
+            req = GenRequest.from_dict(body)
+        except (ValueError, TypeError) as e:
+            return err(one_line(e))
+        s = slot_of(req.run)
+        if s is None:
+            return err(f"unknown run {req.run!r}; this server serves {', '.join(slots)}")
+        try:
+            prepare(req, s.run, limits)
+        except ValueError as e:
+            return err(one_line(e))
+        with s.lock:
+            if s.pending >= limits.max_queue + 1:
+                return err(f"run {s.id!r} is busy: {s.pending - 1} generations are waiting (limit "
+                           f"{limits.max_queue}); try again shortly", 429)
+            ahead = s.pending
+            s.pending += 1
+
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        gone = threading.Event()
+
+        def emit(ev: dict) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, ev)
+
+        def job() -> None:
+            try:
+                if gone.is_set():
+                    return
+                emit({"type": "running"})
+                generate_stream(s.run, req, emit, gone.is_set, limits)
+            except Cancelled:
+                pass
+            except Exception as e:  # noqa: BLE001 - any failure becomes one line in the page
+                print(f"replaid serve: generation failed on {s.id}: {e!r}", file=sys.stderr)
+                emit({"type": "error", "message": one_line(e)})
+            finally:
+                with s.lock:
+                    s.pending -= 1
+
+        s.worker.submit(job)
+
+        async def events():
+            try:
+                yield _sse({"type": "queued", "ahead": ahead})
+                while True:
+                    ev = await queue.get()
+                    yield _sse(ev)
+                    if ev["type"] in ("done", "error"):
+                        break
+            finally:
+                gone.set()
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    return app
+
+
+def _sse(ev: dict) -> str:
+    return f"event: {ev['type']}\ndata: {json.dumps(ev, separators=(',', ':'))}\n\n"

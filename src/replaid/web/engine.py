@@ -1,0 +1,314 @@
+"""Generation for the playground: one request -> a stream of display frames.
+
+A frame is what the page draws for one sampler step: per sample and position the token shown, the
+model's confidence in it, and which positions were given by the user (kept). What "the token
+shown" is depends on the method, so every method is drawn the same way:
+
+* continuous diffusion (RePlaid, Plaid): the argmax of the denoiser's logits at ``gammas[i]``
+  (its current best guess of the clean text) and its softmax probability, from the sampler's
+  per-step ``callback`` (k-diffusion style); given positions show the given tokens;
+* MDLM: the current state ``z_s``; still-masked positions are ``MASK``; an unmasked token keeps the
+  probability ``x_theta`` gave it when it was drawn;
+* Duo: the current state ``z_s`` (uniform noise at the start) and ``x_theta`` of that token;
+* AR: the tokens so far (later positions ``EMPTY``) and the probability each was drawn with.
+
+The random stream is that of ``replaid sample`` (``eval/generate.py``): the same run, seed and
+settings give the same final text (tested).
+"""
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from replaid.diffusion.samplers import SAMPLERS, Inpaint, gamma_grid, get_sampler, nfe_for
+from replaid.eval.generate import tempered
+
+MASK, EMPTY = -1, -2  # display ids: a masked position (MDLM), a not-yet-generated one (AR)
+_GAP = re.compile(r"\[\[\s*(\d*)\s*\]\]")  # an infill gap in the text box: [[8]] = 8 tokens to fill
+DEFAULT_GAP = 8
+
+
+class Cancelled(Exception):
+    """Raised from the step callback when the page that asked went away."""
+
+
+@dataclass
+class Limits:
+    """Per-request bounds (``replaid serve`` options)."""
+    max_steps: int = 1024
+    max_samples: int = 4
+    max_length: int = 0  # 0: the run's training length data.seq_len
+    max_queue: int = 8  # waiting requests per run
+
+
+@dataclass
+class GenRequest:
+    """One generation: what the Generate form sends. Validated by :meth:`check`."""
+    run: str
+    sampler: str = "ddpm"
+    steps: int = 64
+    temperature: float = 1.0  # logit temperature
+    score_temperature: float = 1.0  # Plaid's score temperature (continuous methods only)
+    seed: int = 0
+    length: int = 0  # 0: the run's data.seq_len
+    samples: int = 1
+    text: str = ""  # "" unconditional; plain text = prompt prefix; text with [[n]] gaps = infill
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GenRequest":
+        if not isinstance(d, dict):
+            raise ValueError("the request body must be a JSON object")
+        names = {f.name: f for f in cls.__dataclass_fields__.values()}
+        unknown = sorted(set(d) - set(names))
+        if unknown:
+            raise ValueError(f"unknown field {unknown[0]!r}; fields are {', '.join(names)}")
+        if "run" not in d:
+            raise ValueError("missing field 'run'")
+        kw = {}
+        for k, v in d.items():
+            typ = {"str": str, "int": int, "float": float}[names[k].type]
+            if typ is float and isinstance(v, int) and not isinstance(v, bool):
+                v = float(v)
+            if typ is int and isinstance(v, str) and v.strip().lstrip("-").isdigit():
+                v = int(v)
+            if typ is float and isinstance(v, str):
+                try:
+                    v = float(v)
+                except ValueError:
+                    pass
+            if not isinstance(v, typ) or isinstance(v, bool):
+                raise ValueError(f"field {k!r} must be {names[k].type}, got {v!r}")
+            kw[k] = v
+        return cls(**kw)
+
+
+def samplers_for(run) -> list[str]:
+    """Sampler names the playground offers for a run: the k-diffusion samplers for continuous
+    methods, the method's own ancestral sampler otherwise."""
+    return list(SAMPLERS) if hasattr(run.model, "schedule") else ["ancestral"]
+
+
+def check(req: GenRequest, run, limits: Limits) -> None:
+    """Raises ValueError (one line, naming the field and the allowed range) on a bad request."""
+    names = samplers_for(run)
+    if req.sampler not in names:
+        raise ValueError(f"sampler {req.sampler!r} is not available for a {run.cfg.method} run; choose {', '.join(names)}")
+    if not 1 <= req.steps <= limits.max_steps:
+        raise ValueError(f"steps must be between 1 and {limits.max_steps}, got {req.steps}")
+    max_len = limits.max_length or run.cfg.data.seq_len
+    if not 0 <= req.length <= max_len:
+        raise ValueError(f"length must be between 1 and {max_len} (0 = the run's {run.cfg.data.seq_len}), got {req.length}")
+    if not 1 <= req.samples <= limits.max_samples:
+        raise ValueError(f"samples must be between 1 and {limits.max_samples}, got {req.samples}")
+    for k in ("temperature", "score_temperature"):
+        v = getattr(req, k)
+        if not (math.isfinite(v) and 0.01 <= v <= 100):
+            raise ValueError(f"{k} must be between 0.01 and 100, got {v}")
+    if not 0 <= req.seed < 2**63:
+        raise ValueError(f"seed must be a non-negative integer, got {req.seed}")
+    if len(req.text) > 20000:
+        raise ValueError("text is longer than 20000 characters")
+
+
+@dataclass
+class Template:
+    """The text box parsed: ``ids`` (L,) with ``known`` (L,) True on given positions."""
+    ids: list[int]
+    known: list[bool]
+    mode: str  # unconditional | prompt | infill
+
+
+def parse_text(text: str, tok, L: int, max_len: int) -> Template:
+    """``""`` -> unconditional length L; text without gaps -> a prompt prefix of a length-L
+    sequence; text with ``[[n]]`` gaps -> exactly the template (each kept piece tokenised on its
+    own, each gap n positions, ``[[]]`` = 8), its length capped at ``max_len``."""
+    if not text.strip():
+        return Template([0] * L, [False] * L, "unconditional")
+    parts = _GAP.split(text)  # kept, n, kept, n, ..., kept
+    if len(parts) == 1:
+        ids = tok.encode(text)
+        if len(ids) >= L:
+            raise ValueError(f"the prompt is {len(ids)} tokens; it must be shorter than the length {L}")
+        return Template(ids + [0] * (L - len(ids)), [True] * len(ids) + [False] * (L - len(ids)), "prompt")
+    ids: list[int] = []
+    known: list[bool] = []
+    for k, part in enumerate(parts):
+        if k % 2 == 0:
+            piece = tok.encode(part) if part else []
+            ids += piece
+            known += [True] * len(piece)
+        else:
+            n = int(part) if part else DEFAULT_GAP
+            if n < 1:
+                raise ValueError("an infill gap [[n]] needs n >= 1")
+            ids += [0] * n
+            known += [False] * n
+    if len(ids) > max_len:
+        raise ValueError(f"the infill template is {len(ids)} tokens; the limit is {max_len}")
+    return Template(ids, known, "infill")
+
+
+def prepare(req: GenRequest, run, limits: Limits) -> Template:
+    """Validates ``req`` for ``run`` (:func:`check`) and parses its text box into a :class:`Template`."""
+    check(req, run, limits)
+    cfg = run.cfg
+    tpl = parse_text(req.text, run.tokenizer, req.length or cfg.data.seq_len, limits.max_length or cfg.data.seq_len)
+    if tpl.mode == "infill" and not hasattr(run.model, "schedule"):
+        raise ValueError(f"infill needs a continuous-diffusion run (replaid, plaid); {req.run!r} is a {cfg.method} "
+                         "run: give a prompt instead")
+    return tpl
+
+
+@dataclass
+class Result:
+    ids: list[list[int]]
+    texts: list[str]
+    nfe: int
+    steps: int
+    seconds: float
+    first_step_seconds: Optional[float]
+    mode: str
+    frames: list[dict] = field(default_factory=list)
+
+
+class _Framer:
+    """Turns per-step sampler state into display frames and hands them to ``emit``."""
+
+    def __init__(self, emit: Callable[[dict], None], cancelled: Callable[[], bool], tok, known: torch.Tensor,
+                 known_ids: torch.Tensor):
+        self.emit, self.cancelled, self.tok = emit, cancelled, tok
+        self.known, self.known_ids = known, known_ids  # (L,) bool, (L,) long
+        self.sent: set[int] = set()
+        self.t0 = time.perf_counter()
+        self.first: Optional[float] = None
+        self.nfe = 0
+
+    def strings(self, ids: torch.Tensor) -> dict[str, str]:
+        """Display strings of the token ids not yet sent on this stream."""
+        new = {}
+        for i in set(ids.flatten().tolist()) - self.sent:
+            if i >= 0:
+                new[str(i)] = self.tok.decode([i])
+        self.sent.update(int(k) for k in new)
+        return new
+
+    def frame(self, i: int, T: int, ids: torch.Tensor, conf: torch.Tensor) -> None:
+        """ids (B, L) long display ids, conf (B, L) float in [0, 1]."""
+        if self.cancelled():
+            raise Cancelled()
+        ids = torch.where(self.known, self.known_ids, ids.cpu())
+        conf = torch.where(self.known, torch.ones((), dtype=conf.dtype), conf.cpu())
+        now = time.perf_counter() - self.t0
+        if self.first is None:
+            self.first = now
+        self.emit({"type": "step", "i": i + 1, "T": T, "ids": ids.tolist(),
+                   "conf": (conf * 100).round().to(torch.int64).clamp(0, 100).tolist(),
+                   "tokens": self.strings(ids), "seconds": round(now, 4), "nfe": self.nfe or None})
+
+
+def _count_calls(module: torch.nn.Module, framer: _Framer):
+    def hook(*_):
+        framer.nfe += 1
+    return module.register_forward_hook(hook)
+
+
+@torch.no_grad()
+def generate_stream(run, req: GenRequest, emit: Callable[[dict], None],
+                    cancelled: Callable[[], bool] = lambda: False, limits: Limits = Limits()) -> Result:
+    """Runs one validated request on ``run`` (a :class:`replaid.loading.Run`), calling ``emit`` with
+    a ``start`` event, one ``step`` frame per sampler step and a ``done`` event (also returned).
+
+    Raises ValueError on a bad request and :class:`Cancelled` if ``cancelled()`` turns true."""
+    tpl = prepare(req, run, limits)
+    model, tok, cfg = run.model, run.tokenizer, run.cfg
+    L = len(tpl.ids)
+    continuous = hasattr(model, "schedule")
+    if cfg.method == "ar" and req.sampler == "ancestral":
+        steps = L - sum(tpl.known)
+    else:
+        steps = req.steps
+    B = req.samples
+    dev = next(model.parameters()).device
+    known = torch.tensor(tpl.known, dtype=torch.bool)  # (L,)
+    known_ids = torch.tensor(tpl.ids, dtype=torch.long)  # (L,)
+    n_pre = int(known.sum()) if tpl.mode == "prompt" else 0
+    framer = _Framer(emit, cancelled, tok, known, known_ids)
+    emit({"type": "start", "run": req.run, "method": cfg.method, "sampler": req.sampler, "steps": steps,
+          "L": L, "B": B, "mode": tpl.mode, "known": tpl.known, "ids": known_ids.tolist(),
+          "tokens": framer.strings(known_ids[known]),
+          "nfe_expected": nfe_for(req.sampler, steps) if continuous else None})
+    gen = torch.Generator(device="cpu").manual_seed(req.seed)
+    handle = _count_calls(model, framer)
+    try:
+        if continuous:
+            tokens, nfe = _continuous(run, req, framer, gen, tpl, B, L, dev)
+        else:
+            tokens, nfe = _discrete(run, req, framer, gen, B, L, steps, n_pre, dev)
+    finally:
+        handle.remove()
+    tokens = torch.where(known, known_ids, tokens.cpu())
+    secs = time.perf_counter() - framer.t0
+    ids = tokens.tolist()
+    res = Result(ids=ids, texts=[tok.decode(r) for r in ids], nfe=int(nfe), steps=steps, seconds=secs,
+                 first_step_seconds=framer.first, mode=tpl.mode)
+    emit({"type": "done", "ids": ids, "texts": res.texts, "nfe": res.nfe, "steps": steps,
+          "seconds": round(secs, 4), "first_step_seconds": None if framer.first is None else round(framer.first, 4),
+          "tokens": framer.strings(tokens)})
+    return res
+
+
+def _continuous(run, req, framer: _Framer, gen, tpl: Template, B: int, L: int, dev):
+    """The k-diffusion samplers; the same draws as ``eval.generate.generate``."""
+    model = run.model
+    E = model.embedding_matrix().detach()
+    den = tempered(model, req.temperature, req.score_temperature)
+    gammas = gamma_grid(model.schedule, req.steps)
+    inpaint = None
+    if tpl.mode != "unconditional":
+        ids = torch.tensor(tpl.ids, dtype=torch.long).expand(B, -1).to(dev)
+        inpaint = Inpaint(ids, torch.tensor(tpl.known).expand(B, -1).to(dev), E)
+    z = torch.randn(B, L, E.shape[1], generator=gen).to(dev)  # (B, L, d_e)
+
+    def callback(info: dict) -> None:
+        p = torch.softmax(info["logits"].float(), -1)  # (B, L, V)
+        conf, ids = p.max(-1)
+        framer.frame(info["i"], info["T"], ids, conf)
+
+    res = get_sampler(req.sampler)(den, z, gammas, generator=gen, callback=callback, inpaint=inpaint)
+    return res.tokens, res.nfe
+
+
+def _discrete(run, req, framer: _Framer, gen, B: int, L: int, steps: int, n_pre: int, dev):
+    """MDLM / Duo / AR through their own samplers and their per-step callback; the same draws as
+    ``eval.generate.ancestral_rows``."""
+    method, model, V = run.method, run.model, run.model.n_out
+    prefix = framer.known_ids[:n_pre].expand(B, -1) if n_pre else None
+    conf = torch.zeros(B, L, dtype=torch.float64)  # kept per position for MDLM / AR
+
+    if method.name == "mdlm":
+        def cb(info):
+            z, p = info["z"].cpu(), info["probs"].cpu()
+            new = (z != V) & (conf == 0)
+            pz = p.gather(-1, z.clamp(max=V - 1).unsqueeze(-1)).squeeze(-1)  # (B, L)
+            conf[new] = pz[new]
+            framer.frame(info["i"], info["T"], torch.where(z == V, MASK, z), conf.float())
+        return method.sample(model, B, L, steps, gen, req.temperature, prefix, callback=cb)
+    if method.name == "duo":
+        def cb(info):
+            z, p = info["z"].cpu(), info["probs"].cpu()
+            framer.frame(info["i"], info["T"], z, p.gather(-1, z.unsqueeze(-1)).squeeze(-1).float())
+        return method.sample(model, B, L, steps, gen, req.temperature, prefix, callback=cb)
+    if method.name == "ar":
+        def cb(info):
+            pos, toks = info["pos"], info["tokens"].cpu()
+            conf[:, pos] = info["probs"].cpu().gather(-1, toks[:, pos:pos + 1]).squeeze(-1)
+            ids = torch.full((B, L), EMPTY, dtype=torch.long)
+            ids[:, :pos + 1] = toks[:, :pos + 1]
+            framer.frame(info["i"], info["T"], ids, conf.float())
+        return method.sample(model, B, L, gen, req.temperature, None, prefix, callback=cb)
+    raise ValueError(f"the playground cannot sample a {method.name} run")

@@ -1,0 +1,406 @@
+"""``replaid serve``: the generation engine, the server, and (marked ``browser``) the page in Chromium.
+
+Tiny debug runs are trained once per module (seconds). The engine must give exactly what
+``replaid sample`` gives for the same seed (it reuses the samplers' random stream), keep given
+text, and report one frame per step; the server must validate, queue, cancel and survive errors.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+import torch
+
+from replaid.cli import main
+from replaid.loading import load_run
+from replaid.web.engine import MASK, GenRequest, Limits, generate_stream, parse_text, prepare
+
+fastapi = pytest.importorskip("fastapi", reason="the 'web' extra (FastAPI, uvicorn) is not installed")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Debug-size replaid, mdlm and ar runs (6 training steps each)."""
+    root = tmp_path_factory.mktemp("web-runs")
+    paths = {}
+    for m in ("replaid", "mdlm", "ar"):
+        out = root / m
+        assert main(["train", "--preset", "debug", "--out", str(out), "--no-progress", f"method={m}",
+                     "train.steps=6", "train.num_threads=1", "eval.max_batches=1"]) == 0
+        paths[m] = out
+    (paths["replaid"] / "diagnose").mkdir()
+    _tiny_png(paths["replaid"] / "diagnose" / "loss_vs_t.png")
+    return paths
+
+
+@pytest.fixture(scope="module")
+def loaded(runs):
+    return {m: load_run(p) for m, p in runs.items()}
+
+
+def _tiny_png(path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(2, 1.5))
+    ax.plot([0, 1], [1, 0])
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _sample_args(**kw):
+    a = dict(sampler="ddpm", steps=8, num=1, length=None, temperature=1.0, score_temperature=1.0, prompt=None,
+             infill=None, context=None, batch_size=16, seed=0, no_self_cond=False, trajectory=0, json=True)
+    a.update(kw)
+    return Namespace(**a)
+
+
+# ------------------------------------------------------------------ engine
+
+@pytest.mark.parametrize("method,sampler", [("replaid", "dpmpp2m"), ("mdlm", "ancestral"), ("ar", "ancestral")])
+def test_engine_matches_replaid_sample_and_streams_one_frame_per_step(loaded, method, sampler):
+    from replaid.eval.generate import generate
+
+    run = loaded[method]
+    events = []
+    res = generate_stream(run, GenRequest(run=method, sampler=sampler, steps=6, seed=3, text="Return the",
+                                          temperature=0.9), events.append)
+    want = generate(run, _sample_args(sampler=sampler, steps=6, seed=3, prompt="Return the", temperature=0.9))
+    assert res.ids[0] == want[0]["ids"] and res.texts[0] == want[0]["text"]
+    assert res.nfe == want[0]["nfe"]
+    steps = [e for e in events if e["type"] == "step"]
+    assert [e["type"] for e in events[:1] + events[-1:]] == ["start", "done"]
+    T = len(steps)
+    assert [e["i"] for e in steps] == list(range(1, T + 1)) and T == res.steps
+    if method != "ar":
+        assert T == 6
+    P = sum(events[0]["known"])
+    assert P == len(run.tokenizer.encode("Return the"))
+    for e in steps:  # the prompt is shown as given at every step, confidences are percentages
+        assert all(row[:P] == res.ids[0][:P] for row in e["ids"])
+        assert all(0 <= c <= 100 for row in e["conf"] for c in row)
+    if method == "mdlm":  # unmasking: masks only disappear, and none is left at the end
+        masks = [sum(i == MASK for i in e["ids"][0]) for e in steps]
+        assert masks == sorted(masks, reverse=True) and masks[-1] == 0
+    if method != "ar":
+        assert steps[-1]["ids"][0][P:] == res.ids[0][P:] or method == "replaid"
+
+
+def test_infill_keeps_the_given_text_and_fills_the_gaps(loaded):
+    run = loaded["replaid"]
+    tok = run.tokenizer
+    res = generate_stream(run, GenRequest(run="replaid", steps=5, text="def f(x):[[3]] return x[[]]", samples=2),
+                          lambda e: None)
+    left, right = tok.encode("def f(x):"), tok.encode(" return x")
+    for row, text in zip(res.ids, res.texts):
+        assert len(row) == len(left) + 3 + len(right) + 8
+        assert row[:len(left)] == left and row[len(left) + 3:len(left) + 3 + len(right)] == right
+        assert text.startswith("def f(x):") and " return x" in text
+    assert res.mode == "infill"
+
+
+def test_parse_text_modes(loaded):
+    tok = loaded["replaid"].tokenizer
+    assert parse_text("", tok, 10, 32).mode == "unconditional"
+    t = parse_text("Return", tok, 10, 32)
+    assert t.mode == "prompt" and len(t.ids) == 10 and sum(t.known) == len(tok.encode("Return"))
+    t = parse_text("[[2]]a[[3]]", tok, 10, 32)
+    assert t.known == [False, False] + [True] * len(tok.encode("a")) + [False] * 3
+    with pytest.raises(ValueError, match="limit is 32"):
+        parse_text("a [[40]]", tok, 10, 32)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("steps", 0, "steps must be between 1 and 64"), ("steps", 65, "steps must be between 1 and 64"),
+    ("length", 33, "length must be between 1 and 32"), ("samples", 3, "samples must be between 1 and 2"),
+    ("temperature", 0.0, "temperature must be between"), ("sampler", "euler", "sampler 'euler' is not available"),
+])
+def test_bounds_give_one_line_messages(loaded, field, value, message):
+    req = GenRequest(run="replaid", **{field: value})
+    with pytest.raises(ValueError, match=message):
+        prepare(req, loaded["replaid"], Limits(max_steps=64, max_samples=2))
+
+
+def test_infill_on_a_discrete_run_is_refused(loaded):
+    with pytest.raises(ValueError, match="infill needs a continuous-diffusion run"):
+        prepare(GenRequest(run="mdlm", sampler="ancestral", text="a [[3]] b"), loaded["mdlm"], Limits())
+
+
+# ------------------------------------------------------------------ server (no browser)
+
+@pytest.fixture(scope="module")
+def client(runs, loaded):
+    from fastapi.testclient import TestClient
+    from replaid.web.app import create_app
+
+    paths = [str(runs[m]) for m in ("replaid", "mdlm", "ar")]
+    app = create_app(paths, Limits(max_steps=256, max_samples=2, max_queue=1),
+                     runs=[loaded[m] for m in ("replaid", "mdlm", "ar")])
+    return TestClient(app)
+
+
+def _events(resp) -> list[dict]:
+    return [json.loads(line[5:]) for line in resp.text.splitlines() if line.startswith("data:")]
+
+
+def test_server_lists_runs_and_streams_a_generation(client):
+    r = client.get("/api/runs").json()
+    assert [x["id"] for x in r["runs"]] == ["replaid", "mdlm", "ar"]
+    assert r["runs"][0]["samplers"] == ["ddpm", "ddim", "dpmpp2m", "heun"] and r["runs"][1]["samplers"] == ["ancestral"]
+    resp = client.post("/api/generate", json={"run": "replaid", "steps": 4, "text": "The"})
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+    ev = _events(resp)
+    assert [e["type"] for e in ev] == ["queued", "running", "start"] + ["step"] * 4 + ["done"]
+    assert ev[-1]["nfe"] == 5 and ev[-1]["texts"][0].startswith("The")
+
+
+@pytest.mark.parametrize("body,status,message", [
+    ({"run": "replaid", "steps": 100000}, 400, "steps must be between 1 and 256"),
+    ({"run": "../../etc", "steps": 4}, 400, "unknown run '../../etc'"),
+    ({"run": "replaid", "path": "/etc/passwd"}, 400, "unknown field 'path'"),
+    ({"run": "replaid", "steps": "many"}, 400, "field 'steps' must be int"),
+])
+def test_server_rejects_bad_requests_with_one_line(client, body, status, message):
+    resp = client.post("/api/generate", json=body)
+    assert resp.status_code == status
+    err = resp.json()["error"]
+    assert message in err and "\n" not in err
+
+
+def test_server_serves_only_listed_figures(client):
+    info = client.get("/api/runs/replaid").json()
+    assert [f["name"] for f in info["figures"]] == ["diagnose/loss_vs_t.png"]
+    assert info["config"]["method"] == "replaid" and info["metrics_rows"] > 0
+    assert client.get("/api/runs/replaid/figures/0").content[:4] == b"\x89PNG"
+    assert client.get("/api/runs/replaid/figures/1").status_code == 404
+    assert client.get("/api/runs/replaid/curves.png").content[:4] == b"\x89PNG"
+    assert client.get("/api/runs/nope").status_code == 404
+
+
+def test_a_failing_generation_is_one_error_event_and_the_server_goes_on(client, loaded):
+    def boom(*_):
+        raise RuntimeError("planted failure\nsecond line")
+
+    h = loaded["mdlm"].model.register_forward_hook(boom)
+    try:
+        ev = _events(client.post("/api/generate", json={"run": "mdlm", "sampler": "ancestral", "steps": 4}))
+    finally:
+        h.remove()
+    assert ev[-1] == {"type": "error", "message": "planted failure"}
+    ev = _events(client.post("/api/generate", json={"run": "mdlm", "sampler": "ancestral", "steps": 4}))
+    assert ev[-1]["type"] == "done"
+
+
+def test_one_generation_at_a_time_per_run_with_a_bounded_queue(runs, loaded, monkeypatch):
+    """Three simultaneous requests on one run with max_queue=1: one runs, one waits (told it is
+    queued behind one), one is refused with 429; the runs never overlap."""
+    import httpx
+    import uvicorn
+    from replaid.web.app import create_app
+
+    app = create_app([str(runs["replaid"])], Limits(max_queue=1), runs=[loaded["replaid"]])
+    active, overlap = [0], [False]
+
+    def hook(*_):
+        overlap[0] |= active[0] > 1
+        time.sleep(0.01)
+
+    lock = threading.Lock()
+    import replaid.web.engine as engine
+    orig = engine._continuous
+
+    def counted(*a, **k):
+        with lock:
+            active[0] += 1
+        try:
+            return orig(*a, **k)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    h = loaded["replaid"].model.register_forward_hook(hook)
+    monkeypatch.setattr(engine, "_continuous", counted)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    try:
+        _wait_port(port)
+        results = [None] * 3
+
+        def ask(k):
+            with httpx.Client(timeout=60) as c:
+                r = c.post(f"http://127.0.0.1:{port}/api/generate", json={"run": "replaid", "steps": 30})
+                results[k] = (r.status_code, _events(r) if r.status_code == 200 else r.json())
+
+        ts = [threading.Thread(target=ask, args=(k,)) for k in range(3)]
+        for t in ts:
+            t.start()
+            time.sleep(0.15)
+        for t in ts:
+            t.join(60)
+    finally:
+        h.remove()
+        server.should_exit = True
+        th.join(10)
+    codes = sorted(r[0] for r in results)
+    assert codes == [200, 200, 429], results
+    ok = [r[1] for r in results if r[0] == 200]
+    assert sorted(ev[0]["ahead"] for ev in ok) == [0, 1]
+    assert all(ev[-1]["type"] == "done" for ev in ok)
+    refused = [r[1] for r in results if r[0] == 429][0]
+    assert "busy" in refused["error"]
+    assert not overlap[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, timeout: float = 20) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError("server did not start")
+
+
+# ------------------------------------------------------------------ the page in a real browser
+
+CHROMIUM = os.environ.get("REPLAID_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+@pytest.fixture(scope="module")
+def page_url(runs, loaded):
+    if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium; scripts/setup.sh does it)")
+    pytest.importorskip("playwright", reason="the 'web' extra (playwright) is not installed")
+    import uvicorn
+    from replaid.web.app import create_app
+
+    app = create_app([str(runs["replaid"]), str(runs["mdlm"])], Limits(max_steps=256),
+                     runs=[loaded["replaid"], loaded["mdlm"]])
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    _wait_port(port)
+    yield f"http://127.0.0.1:{port}/"
+    server.should_exit = True
+    th.join(10)
+
+
+@pytest.fixture(scope="module")
+def browser(page_url):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, page_url):
+    pg = browser.new_page(viewport={"width": 1280, "height": 800})
+    pg.goto(page_url)
+    pg.wait_for_selector("#gen-form .run-select option", state="attached")
+    yield pg
+    pg.close()
+
+
+def _record_states(page, sel: str) -> None:
+    """Records every status text the view shows (the stream is faster than polling)."""
+    page.evaluate("""sel => { window.seen = []; const el = document.querySelector(sel);
+        new MutationObserver(() => window.seen.push(el.textContent)).observe(el, {childList: true, subtree: true, characterData: true}); }""", sel)
+
+
+def _generate(page, text: str, steps: int = 24, **fields):
+    page.fill("#gen-form textarea", text)
+    page.fill("#gen-form input[name=steps]", str(steps))
+    for k, v in fields.items():
+        page.fill(f"#gen-form input[name={k}]", str(v))
+    page.click("#gen-button")
+    page.wait_for_selector("#gen-view .state[data-state=done], #gen-view .state[data-state=error]", timeout=30000)
+
+
+@pytest.mark.browser
+def test_page_streams_a_prompted_generation_and_scrubs(page, loaded):
+    _record_states(page, "#gen-view .status")
+    _generate(page, "Return the", steps=24)
+    assert page.text_content("#gen-view .state") == "done"
+    seen = page.evaluate("window.seen")
+    steps_seen = {s.split("step ")[1].split(" ")[0] for s in seen if "running" in s and "step " in s}
+    assert len(steps_seen) >= 2, seen  # several steps were drawn while it ran
+    final = page.text_content("#gen-view .finals .final")
+    assert final.startswith("Return the")
+    assert page.locator("#gen-view .sample").count() == 1
+    assert page.locator("#gen-view .tok.kept").count() == len(loaded["replaid"].tokenizer.encode("Return the"))
+    slider = page.locator("#gen-view .slider")
+    assert slider.get_attribute("max") == "24"
+    slider.fill("0")
+    assert page.text_content("#gen-view .step-label").startswith("0 / 24")
+    assert page.locator("#gen-view .tok.mask").count() > 0  # nothing guessed yet at the start
+    slider.fill("3")
+    assert page.text_content("#gen-view .step-label") == "3 / 24"
+    assert page.locator("#gen-view .tok.mask").count() == 0
+    assert "done" in page.text_content("#gen-view .status") and "NFE 25" in page.text_content("#gen-view .stats")
+
+
+@pytest.mark.browser
+def test_page_infill_keeps_the_given_text(page):
+    _generate(page, "Return the [[5]] of the list.", steps=12, samples=2)
+    finals = page.locator("#gen-view .finals .final").all_text_contents()
+    assert len(finals) == 2
+    for f in finals:
+        assert f.startswith("Return the ") and f.endswith(" of the list.")
+    kept = page.locator("#gen-view .sample").first.locator(".tok.kept").all_text_contents()
+    assert "".join(kept) == "Return the " + " of the list."  # the two kept pieces, as tokenised
+
+
+@pytest.mark.browser
+def test_page_compares_two_runs(page):
+    page.click("#tab-compare")
+    page.fill("#cmp-form input[name=text]", "The")
+    page.fill("#side-a input[name=steps]", "8")
+    page.fill("#side-b input[name=steps]", "8")
+    assert page.input_value("#side-b .run-select") == "mdlm"
+    page.click("#cmp-button")
+    for side in ("a", "b"):
+        page.wait_for_selector(f"#side-{side} .state[data-state=done]", timeout=30000)
+        assert page.text_content(f"#side-{side} .finals .final").startswith("The")
+    assert "mdlm" in page.text_content("#side-b .stats") and page.input_value("#side-b .sampler-select") == "ancestral"
+    assert page.input_value("#side-a .run-select") == "replaid"
+
+
+@pytest.mark.browser
+def test_page_shows_a_bad_request_as_one_line_and_keeps_working(page):
+    _generate(page, "", steps=100000)
+    assert page.text_content("#gen-view .state") == "error"
+    err = page.text_content("#error")
+    assert "steps must be between 1 and 256" in err and page.is_visible("#error")
+    _generate(page, "", steps=4)
+    assert page.text_content("#gen-view .state") == "done" and not page.is_visible("#error")
+
+
+@pytest.mark.browser
+def test_run_page_shows_config_curves_and_figures(page):
+    page.click("#tab-runs")
+    page.wait_for_selector("#run-page .config")
+    assert '"method": "replaid"' in page.text_content("#run-page .config")
+    page.wait_for_function("document.querySelector('#run-page img.curves').naturalWidth > 0")
+    assert page.text_content("#run-page figcaption") == "diagnose/loss_vs_t.png"
