@@ -99,8 +99,12 @@ def curves_png(rows: list[dict], title: str) -> bytes:
     series = {k: v for k, v in series.items() if len(v) >= 2 and k not in SKIP_CURVES}
     first = [k for k in series if any(w in k for w in ("loss", "nelbo", "ppl", "nll", "diffusion", "recon"))]
     keys = (first + [k for k in series if k not in first])[:6]
-    fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(3.6 * max(1, len(keys)), 3.0), squeeze=False)
-    for ax, k in zip(axes[0], keys):
+    ncol = min(3, max(1, len(keys)))
+    nrow = max(1, -(-len(keys) // ncol))
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.8 * ncol, 2.7 * nrow), squeeze=False)
+    for ax in axes.flat[len(keys):]:
+        ax.set_axis_off()
+    for ax, k in zip(axes.flat, keys):
         xs, ys = zip(*series[k])
         ax.plot(xs, ys, lw=1.2)
         ax.set_title(k, fontsize=9)
@@ -111,7 +115,6 @@ def curves_png(rows: list[dict], title: str) -> bytes:
         ax.grid(alpha=0.3)
     if not keys:
         axes[0][0].text(0.5, 0.5, "no metrics.jsonl yet", ha="center", va="center")
-        axes[0][0].set_axis_off()
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     buf = io.BytesIO()

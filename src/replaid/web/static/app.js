@@ -114,6 +114,7 @@ class View {
     f.ids.forEach((row, b) => {
       const div = document.createElement("div");
       div.className = "sample";
+      if (f.ids.length > 1) div.dataset.label = `#${b + 1}`;
       row.forEach((id, l) => {
         const s = document.createElement("span");
         s.className = "tok";
@@ -129,7 +130,8 @@ class View {
           s.textContent = "·";
         } else {
           let t = this.vocab.get(id) ?? "?";
-          if (/^\s*$/.test(t)) t = t.replace(/\n/g, "⏎\n").replace(/ /g, "␣") || "∅";
+          if (/^\s*$/.test(t)) t = t.replace(/ /g, "␣") || "∅";
+          t = t.replace(/\n/g, "⏎");  // newlines drawn inline: the final text below shows the layout
           s.textContent = t;
           s.style.background = `rgba(31, 95, 191, ${(0.08 + 0.87 * c).toFixed(3)})`;
           s.style.color = c > 0.55 ? "#fff" : "#111";
@@ -252,10 +254,12 @@ async function showRunPage() {
   const info = await resp.json();
   if (!resp.ok) { showError(info.error); return; }
   const run = state.runs.find(r => r.id === info.id) || {};
+  const last = info.last_metrics;
   const rows = [["method", run.method], ["preset", run.preset], ["checkpoint step", info.step],
-    ["parameters", (run.params || 0).toLocaleString()], ["EMA weights", info.ema ? "yes" : "no"],
-    ["metrics rows", info.metrics_rows]];
-  for (const [k, v] of Object.entries(info.last_metrics)) if (k !== "step") rows.push([`last ${k}`, typeof v === "number" ? +v.toPrecision(5) : v]);
+    ["parameters", (run.params || 0).toLocaleString()], ["EMA weights", info.ema ? "yes" : "no"]];
+  for (const k of ["loss", "eval/nelbo_nats_per_token", "eval/nelbo_ppl", "eval/unigram_ppl", "eval/nll", "eval/ppl"]) {
+    if (typeof last[k] === "number") rows.push([k, +last[k].toPrecision(5)]);
+  }
   box.innerHTML = "";
   const table = document.createElement("table");
   for (const [k, v] of rows) {
@@ -264,6 +268,12 @@ async function showRunPage() {
     tr.insertCell().textContent = v;
   }
   box.appendChild(table);
+  const more = document.createElement("details");
+  more.innerHTML = `<summary>last value of every metric (${info.metrics_rows} rows in metrics.jsonl)</summary>`;
+  const pre0 = document.createElement("pre");
+  pre0.textContent = Object.entries(last).map(([k, v]) => `${k.padEnd(32)} ${typeof v === "number" ? +v.toPrecision(6) : v}`).join("\n");
+  more.appendChild(pre0);
+  box.appendChild(more);
   const h = document.createElement("h3"); h.textContent = "Training curves (metrics.jsonl)"; box.appendChild(h);
   const img = document.createElement("img"); img.alt = "training curves"; img.className = "curves";
   img.src = `/api/runs/${encodeURIComponent(info.id)}/curves.png?t=${Date.now()}`; box.appendChild(img);
