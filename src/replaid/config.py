@@ -42,6 +42,9 @@ class ModelConfig:
     activation_checkpointing: bool = False
     # chunk the B*L rows of the V-sized output head (0 = no chunking)
     head_chunk_rows: int = 0
+    # time features of the time-conditioned token DiT (Duo, MDLM): plaid (sin/cos of t, 64) | dit
+    # (MDLM/Duo's TimestepEmbedder: cos/sin of sigma = -log(1 - t), 256; used by converted checkpoints)
+    time_embedding: str = "plaid"
 
     def validate(self) -> None:
         _check(self.hidden % self.n_heads == 0, "model.hidden",
@@ -58,6 +61,7 @@ class ModelConfig:
         _check(self.head_chunk_rows >= 0, "model.head_chunk_rows", "must be >= 0")
         _check(self.up_projection or (self.d_e == self.hidden and self.embeddings != "one-hot"), "model.up_projection",
                f"false needs model.d_e == model.hidden ({self.d_e} != {self.hidden}); set model.d_e={self.hidden}")
+        _check(self.time_embedding in ("plaid", "dit"), "model.time_embedding", "must be plaid or dit")
 
 
 @dataclass

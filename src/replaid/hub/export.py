@@ -106,7 +106,7 @@ def _copy_tokenizer(tok, dst: Path, seq_len: int) -> None:
 def model_card(cfg: dict, step: int, weights: str, n_params: int, ev: dict, tok_name: str,
                repo_hint: str = "OWNER/NAME") -> str:
     d, m = cfg["data"], cfg["model"]
-    tags = ["replaid", "diffusion-language-model", cfg["method"], "safetensors"]
+    tags = list(dict.fromkeys(["replaid", "diffusion-language-model", cfg["method"], "safetensors"]))
     src = d["source"]
     datasets = [src[3:].split(":")[0]] if src.startswith("hf:") else []
     front = ["---", "library_name: replaid", "license: mit", "pipeline_tag: fill-mask",
@@ -140,15 +140,19 @@ def model_card(cfg: dict, step: int, weights: str, n_params: int, ev: dict, tok_
     return "\n".join(front + body)
 
 
+def refuse_existing(out: Path) -> None:
+    """Never overwrite: an existing non-empty ``--out`` is a one-line error."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ck.CheckpointError(f"--out {out} exists and is not empty; choose a new folder (nothing was written)")
+
+
 def export_run(run: str | os.PathLike, out: str | os.PathLike, raw: bool = False) -> Path:
     """Write ``run``'s latest checkpoint as a Hub folder at ``out``; returns ``out``."""
     from replaid.hub import resolve
     from replaid.loading import load_run, run_dir_of
 
     ckpt = ck.find_checkpoint(resolve(run))
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ck.CheckpointError(f"--out {out} exists and is not empty; choose a new folder (nothing was written)")
+    refuse_existing(Path(out))
     st = ck.load_state(ckpt)
     weights = None if raw else ck.load_tensors(ckpt, "ema")
     kind = "raw" if weights is None else "ema"
@@ -158,20 +162,28 @@ def export_run(run: str | os.PathLike, out: str | os.PathLike, raw: bool = False
         raise ck.CheckpointError(f"checkpoint {ckpt} has no model.safetensors; it is incomplete")
     r = load_run(ckpt, use_ema=(kind == "ema"))  # validates config, tokenizer and shapes
     cfg = st["config"]
+    n_params = sum(p.numel() for p in r.model.parameters())
+    card = model_card(cfg, int(st["step"]), kind, n_params, last_eval(run_dir_of(ckpt)), r.tokenizer.name)
+    state = {"step": int(st["step"]), "config": cfg, "vocab_size": st["vocab_size"], "weights": kind,
+             "method_state": st.get("method_state", {}), "exported_from": str(ckpt.resolve())}
+    return write_folder(out, state, weights, r.tokenizer, card)
+
+
+def write_folder(out: Path, state: dict, weights: dict[str, torch.Tensor], tokenizer, card: str) -> Path:
+    """Write the folder atomically (temporary sibling, then rename); ``state`` as in ``state.json``."""
+    out = Path(out)
+    refuse_existing(out)
+    cfg = state["config"]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
-        state = {"step": int(st["step"]), "config": cfg, "vocab_size": st["vocab_size"], "weights": kind,
-                 "method_state": st.get("method_state", {}), "exported_from": str(ckpt.resolve())}
         (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")
-        (tmp / "config.json").write_text(json.dumps(hf_config(cfg, st["vocab_size"], int(st["step"]), kind),
-                                                    indent=2) + "\n")
-        _copy_tokenizer(r.tokenizer, tmp, cfg["data"]["seq_len"])
+        (tmp / "config.json").write_text(json.dumps(hf_config(cfg, state["vocab_size"], state["step"],
+                                                              state["weights"]), indent=2) + "\n")
+        _copy_tokenizer(tokenizer, tmp, cfg["data"]["seq_len"])
         shutil.copyfile(Path(__file__).with_name(MODELING_FILE), tmp / MODELING_FILE)
-        n_params = sum(p.numel() for p in r.model.parameters())
-        card = model_card(cfg, int(st["step"]), kind, n_params, last_eval(run_dir_of(ckpt)), r.tokenizer.name)
         (tmp / "README.md").write_text(card)
         if out.exists():
             out.rmdir()  # empty (checked above)

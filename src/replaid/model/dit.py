@@ -6,6 +6,7 @@ branches. The residual stream stays float32; under bf16 autocast the matmuls run
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -117,6 +118,21 @@ class TimeEmbedding(nn.Module):
     def forward(self, gamma: Tensor) -> Tensor:  # (B,) float64 -> (B, n) float32
         a = gamma.double()[:, None] * self.freqs
         return torch.cat([a.sin(), a.cos()], dim=-1).float()
+
+
+class SigmaTimestepFeatures(nn.Module):
+    """MDLM/Duo's ``TimestepEmbedder`` features of ``sigma = -log(1 - t) = -log(alpha_t)``:
+    ``[cos(sigma f), sin(sigma f)]``, ``f_k = 10000^(-k / (n/2))`` (DiT), computed in float64."""
+
+    def __init__(self, n_features: int = 256, max_period: float = 10_000.0):
+        super().__init__()
+        half = n_features // 2
+        f = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float64) / half)
+        self.register_buffer("freqs", f, persistent=False)
+
+    def forward(self, t: Tensor) -> Tensor:  # (B,) noise level 1 - alpha_t -> (B, n) float32
+        a = -torch.log1p(-t.double())[:, None] * self.freqs
+        return torch.cat([a.cos(), a.sin()], dim=-1).float()
 
 
 class Backbone(nn.Module):

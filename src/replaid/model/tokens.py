@@ -9,7 +9,8 @@
 The blocks are the shared :class:`~replaid.model.dit.Backbone` (LayerNorm, rotary, GELU(tanh),
 biases in the MLP), with causal attention for AR. ``t`` is the discrete noise level in [0, 1]
 (``1 - alpha_t`` of the absorbing / uniform-state process) fed through the Plaid sinusoidal
-features. For causal models :meth:`TokenDiT.forward_cached` runs the same blocks with a KV cache.
+features, or with ``model.time_embedding=dit`` through MDLM/Duo's 256 DiT features of
+``sigma = -log(1 - t)`` (converted Duo checkpoints, ``replaid/hub/peers.py``). For causal models :meth:`TokenDiT.forward_cached` runs the same blocks with a KV cache.
 """
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from replaid.config import ModelConfig
-from replaid.model.dit import Backbone, FinalLayer, TimeEmbedding, apply_rotary
+from replaid.model.dit import Backbone, FinalLayer, SigmaTimestepFeatures, TimeEmbedding, apply_rotary
 
 N_TIME_FEATURES = 64
+N_DIT_FEATURES = 256
 
 
 class TokenDiT(nn.Module):
@@ -44,8 +46,10 @@ class TokenDiT(nn.Module):
             nn.init.normal_(self.embed.weight, std=embed_std)
         cond_dim = cfg.cond_dim if time_conditioning else None
         if time_conditioning:
-            self.time_features = TimeEmbedding(N_TIME_FEATURES)
-            self.cond = nn.Sequential(nn.Linear(N_TIME_FEATURES, cfg.cond_dim), nn.SiLU(),
+            dit = cfg.time_embedding == "dit"  # MDLM/Duo's features (converted checkpoints)
+            n_feat = N_DIT_FEATURES if dit else N_TIME_FEATURES
+            self.time_features = SigmaTimestepFeatures(n_feat) if dit else TimeEmbedding(n_feat)
+            self.cond = nn.Sequential(nn.Linear(n_feat, cfg.cond_dim), nn.SiLU(),
                                       nn.Linear(cfg.cond_dim, cfg.cond_dim), nn.SiLU())
         else:
             self.time_features, self.cond = None, None

@@ -1,0 +1,175 @@
+"""Converters from the official MDLM and Duo checkpoints to replaid folders (``replaid convert``).
+
+Both peers use the DiT of MDLM's ``models/dit.py`` (Duo's is a copy): LayerNorm without bias,
+``attn_qkv`` packed ``(three h d)``, rotary on halves (GPT-NeoX ``rotate_half``, base 10000), bias-free
+attention projections, GELU(tanh) MLP with biases, AdaLN-Zero ``(shift, scale, gate) x 2`` per block and
+``(shift, scale)`` before the head, conditioning ``c = silu(MLP(TimestepEmbedder(sigma)))`` with the
+DiT's 256 ``[cos, sin]`` features of ``sigma``. That is :class:`replaid.model.tokens.TokenDiT` exactly:
+
+* **MDLM** (``kuleshov-group/mdlm-owt``: ``config.json`` with ``hidden_dim/n_blocks/n_heads/cond_dim/
+  vocab_size/model_length/time_conditioning`` and ``model.safetensors`` with keys ``backbone.*``).
+  Vocabulary ``V + 1`` (``[MASK] = V``, GPT-2: 50257). The released model is not time-conditioned: it
+  always sees ``sigma = 0``, so ``c`` is one constant vector; each block's shift/scale are folded into its
+  LayerNorm (``w' = w (1 + scale)``, ``b' = shift``) and its gates become our gated (unconditioned) block
+  -- replaid's own MDLM (``baseline.mdlm_time_conditioning=false``). The head's [MASK] row is dropped
+  (SUBS gives it -inf). A time-conditioned MDLM is refused: its ``sigma = -log(1 - (1 - eps) t)``
+  differs from our ``-log(1 - t)``, so it would not be exact.
+* **Duo** (``s-sahoo/duo``): the same keys with or without ``backbone.``; its config either in the
+  Hub style above or as saved by its ``PyTorchModelHubMixin`` (``{"model": {...}, "vocab_size": V}``).
+  Vocabulary ``V`` (no mask). Time-conditioned on ``sigma = -log(alpha_t)``: converted with
+  ``model.time_embedding=dit`` (:class:`replaid.model.dit.SigmaTimestepFeatures`), the AdaLN weights
+  copied as they are. Duo evaluates with ``alpha_t = 1 - (1 - eps) t``; replaid's Duo conditions on
+  ``t' = 1 - alpha_t`` directly, the same network input.
+
+Verified against each peer's own code (tests/fixtures/peers, built from the peers' modelling files at
+a tiny size with random weights; max |logit difference| in the closing note of issue 15).
+Pickled checkpoints (``.bin``/``.ckpt``) are refused: loading never unpickles.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from replaid.training.checkpoint import CheckpointError
+
+PEERS = ("mdlm", "duo")
+
+
+def read_peer(folder: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config, tensors without the ``backbone.`` prefix) of a Hub-layout folder or Hub id."""
+    from replaid.hub import resolve
+
+    d = resolve(folder)
+    if not (d / "config.json").is_file():
+        raise CheckpointError(f"{d} has no config.json; pass the peer's Hub folder (config.json + model.safetensors)")
+    if not (d / "model.safetensors").is_file():
+        raise CheckpointError(f"{d} has no model.safetensors (pickled .bin/.ckpt files are not read); "
+                              f"use the Hub's safetensors revision")
+    cfg = json.loads((d / "config.json").read_text())
+    sd = load_file(str(d / "model.safetensors"))
+    return cfg, {k[len("backbone."):] if k.startswith("backbone.") else k: v for k, v in sd.items()}
+
+
+def dit_shape(cfg: dict) -> dict:
+    """hidden, n_layers, n_heads, cond_dim, vocab (the network's rows), length, time_conditioning."""
+    if "model" in cfg and isinstance(cfg["model"], dict):  # PyTorchModelHubMixin (hydra config) layout
+        m = cfg["model"]
+        return dict(hidden=m["hidden_size"], n_layers=m["n_blocks"], n_heads=m["n_heads"], cond_dim=m["cond_dim"],
+                    vocab=cfg["vocab_size"], length=m.get("length", 1024), time_conditioning=True)
+    try:
+        return dict(hidden=cfg["hidden_dim"], n_layers=cfg["n_blocks"], n_heads=cfg["n_heads"],
+                    cond_dim=cfg["cond_dim"], vocab=cfg["vocab_size"], length=cfg.get("model_length", 1024),
+                    time_conditioning=bool(cfg.get("time_conditioning", False)))
+    except KeyError as e:
+        raise CheckpointError(f"config.json lacks {e}; it is not an MDLM/Duo DiT config") from None
+
+
+def _block(sd: dict, i: int) -> dict[str, torch.Tensor]:
+    """Block ``i``'s weights under our names (norm biases zero: the peers' LayerNorm has none)."""
+    p = f"blocks.{i}."
+    out = {"qkv.weight": sd[p + "attn_qkv.weight"], "attn_out.weight": sd[p + "attn_out.weight"],
+           "mlp.0.weight": sd[p + "mlp.0.weight"], "mlp.0.bias": sd[p + "mlp.0.bias"],
+           "mlp.2.weight": sd[p + "mlp.2.weight"], "mlp.2.bias": sd[p + "mlp.2.bias"]}
+    for n in ("norm1", "norm2"):
+        out[f"{n}.weight"] = sd[p + f"{n}.weight"]
+        out[f"{n}.bias"] = torch.zeros_like(sd[p + f"{n}.weight"])
+    return out
+
+
+def constant_conditioning(sd: dict) -> torch.Tensor:
+    """MDLM's ``c = silu(MLP(features(sigma = 0)))`` in float64: features are ``[cos 0, sin 0] = [1.., 0..]``."""
+    w0 = sd["sigma_map.mlp.0.weight"].double()
+    feat = torch.cat([torch.ones(w0.shape[1] // 2), torch.zeros(w0.shape[1] - w0.shape[1] // 2)]).double()
+    h = F.silu(w0 @ feat + sd["sigma_map.mlp.0.bias"].double())
+    return F.silu(sd["sigma_map.mlp.2.weight"].double() @ h + sd["sigma_map.mlp.2.bias"].double())
+
+
+def mdlm_to_tokendit(cfg: dict, sd: dict) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(shape, our TokenDiT state dict) for a non-time-conditioned MDLM (constant AdaLN folded)."""
+    s = dit_shape(cfg)
+    if s["time_conditioning"]:
+        raise CheckpointError("this MDLM checkpoint is time-conditioned; only the released sigma=0 models "
+                              "(time_conditioning=false, e.g. kuleshov-group/mdlm-owt) convert exactly")
+    c = constant_conditioning(sd)
+    V = s["vocab"] - 1  # [MASK] is the last input id
+    out = {"embed.weight": sd["vocab_embed.embedding"]}
+    for i in range(s["n_layers"]):
+        b = _block(sd, i)
+        mod = (sd[f"blocks.{i}.adaLN_modulation.weight"].double() @ c
+               + sd[f"blocks.{i}.adaLN_modulation.bias"].double())
+        sh1, sc1, g1, sh2, sc2, g2 = mod.chunk(6)
+        b["norm1.weight"] = (b["norm1.weight"].double() * (1 + sc1)).float()
+        b["norm1.bias"] = sh1.float()
+        b["norm2.weight"] = (b["norm2.weight"].double() * (1 + sc2)).float()
+        b["norm2.bias"] = sh2.float()
+        b["gates"] = torch.stack([g1, g2]).float()
+        out.update({f"backbone.blocks.{i}.{k}": v for k, v in b.items()})
+    mod = sd["output_layer.adaLN_modulation.weight"].double() @ c + sd["output_layer.adaLN_modulation.bias"].double()
+    sh, sc = mod.chunk(2)
+    out["final.norm.weight"] = (sd["output_layer.norm_final.weight"].double() * (1 + sc)).float()
+    out["final.norm.bias"] = sh.float()
+    out["final.linear.weight"] = sd["output_layer.linear.weight"][:V]
+    out["final.linear.bias"] = sd["output_layer.linear.bias"][:V]
+    return {**s, "vocab": V}, out
+
+
+def duo_to_tokendit(cfg: dict, sd: dict) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(shape, our TokenDiT state dict) for Duo: AdaLN and the time MLP copied as they are."""
+    s = dit_shape(cfg)
+    out = {"embed.weight": sd["vocab_embed.embedding"],
+           "cond.0.weight": sd["sigma_map.mlp.0.weight"], "cond.0.bias": sd["sigma_map.mlp.0.bias"],
+           "cond.2.weight": sd["sigma_map.mlp.2.weight"], "cond.2.bias": sd["sigma_map.mlp.2.bias"]}
+    for i in range(s["n_layers"]):
+        b = _block(sd, i)
+        b["adaLN.weight"] = sd[f"blocks.{i}.adaLN_modulation.weight"]
+        b["adaLN.bias"] = sd[f"blocks.{i}.adaLN_modulation.bias"]
+        out.update({f"backbone.blocks.{i}.{k}": v for k, v in b.items()})
+    out.update({"final.norm.weight": sd["output_layer.norm_final.weight"],
+                "final.norm.bias": torch.zeros_like(sd["output_layer.norm_final.weight"]),
+                "final.linear.weight": sd["output_layer.linear.weight"], "final.linear.bias": sd["output_layer.linear.bias"],
+                "final.adaLN.weight": sd["output_layer.adaLN_modulation.weight"],
+                "final.adaLN.bias": sd["output_layer.adaLN_modulation.bias"]})
+    return s, out
+
+
+def run_config(kind: str, shape: dict, overrides: list[str]):
+    """Our RunConfig for a converted peer (``overrides``: data.*, eval.* ... as ``key=value``)."""
+    from replaid.presets import resolve
+
+    base = [f"method={kind}", f"model.hidden={shape['hidden']}", f"model.n_layers={shape['n_layers']}",
+            f"model.n_heads={shape['n_heads']}", f"model.cond_dim={shape['cond_dim']}", "model.mlp_ratio=4",
+            "model.dropout=0.0", f"data.seq_len={shape['length']}", "data.tokenizer=gpt2"]
+    base += ["baseline.mdlm_time_conditioning=false"] if kind == "mdlm" else ["model.time_embedding=dit"]
+    return resolve("owt-0.1b", None, base + list(overrides))
+
+
+def convert(kind: str, src: str, out: str, overrides: list[str]) -> Path:
+    """Convert a peer checkpoint into a replaid folder (same layout as ``replaid export``)."""
+    from replaid.data.pipeline import DataPipeline
+    from replaid.hub.export import model_card, refuse_existing, write_folder
+    from replaid.methods import get_method
+    from replaid.training.checkpoint import load_model_weights
+
+    if kind not in PEERS:
+        raise CheckpointError(f"unknown peer '{kind}'; choose one of {', '.join(PEERS)}")
+    refuse_existing(Path(out))
+    cfg_in, sd = read_peer(src)
+    shape, weights = (mdlm_to_tokendit if kind == "mdlm" else duo_to_tokendit)(cfg_in, sd)
+    cfg = run_config(kind, shape, overrides)
+    data = DataPipeline(cfg, None, train=False)
+    if data.vocab_size != shape["vocab"]:
+        raise CheckpointError(f"{src} has vocabulary {shape['vocab']} but tokenizer {data.tokenizer.name} has "
+                              f"{data.vocab_size}; pass data.tokenizer=... data.tokenizer_path=... of the peer")
+    model = get_method(cfg).build_model(shape["vocab"])
+    load_model_weights(model, weights, str(src))  # strict: every key and shape
+    n = sum(p.numel() for p in model.parameters())
+    cfg_d = cfg.to_dict()
+    card = model_card(cfg_d, 0, "converted", n, {}, data.tokenizer.name).replace(
+        "# ", f"# Converted from {src} ({kind}); ", 1)
+    state = {"step": 0, "config": cfg_d, "vocab_size": shape["vocab"], "weights": "converted",
+             "method_state": {}, "converted_from": str(src)}
+    return write_folder(Path(out), state, weights, data.tokenizer, card)

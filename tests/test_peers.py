@@ -1,0 +1,101 @@
+"""Peer converters: the official MDLM / Duo layouts map onto replaid's TokenDiT exactly.
+
+The fixtures were produced by the peers' own code (tests/fixtures/peers/README.md); the converted
+networks must reproduce the peers' float32 logits to 1e-5.
+"""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from replaid.cli import main
+from replaid.hub import peers
+from replaid.methods import get_method
+from replaid.training.checkpoint import load_model_weights
+
+FX = Path(__file__).parent / "fixtures" / "peers"
+
+
+def converted(kind):
+    cfg_in, sd = peers.read_peer(FX / kind)
+    shape, w = (peers.mdlm_to_tokendit if kind == "mdlm" else peers.duo_to_tokendit)(cfg_in, sd)
+    model = get_method(peers.run_config(kind, shape, [])).build_model(shape["vocab"]).eval()
+    load_model_weights(model, w, kind)
+    return model, load_file(str(FX / kind / "expected.safetensors"))
+
+
+def test_mdlm_logits_match_the_peer():
+    model, e = converted("mdlm")
+    with torch.no_grad():
+        out = model(e["input_ids"])
+    ref = e["logits"][..., :-1]  # the [MASK] output row is dropped (SUBS: -inf)
+    assert out.shape == ref.shape and (out - ref).abs().max() < 1e-5
+    assert ref.abs().max() > 0.3  # the fixture is not a zero network
+
+
+def test_mdlm_constant_conditioning_is_needed():
+    """Without folding the AdaLN of sigma = 0 into the norms the logits are wrong (the fixture sees it)."""
+    cfg_in, sd = peers.read_peer(FX / "mdlm")
+    shape, w = peers.mdlm_to_tokendit(cfg_in, sd)
+    for k in [k for k in w if k.endswith("norm1.bias")]:
+        w[k] = torch.zeros_like(w[k])
+    model = get_method(peers.run_config("mdlm", shape, [])).build_model(shape["vocab"]).eval()
+    load_model_weights(model, w, "mdlm")
+    e = load_file(str(FX / "mdlm" / "expected.safetensors"))
+    with torch.no_grad():
+        assert (model(e["input_ids"]) - e["logits"][..., :-1]).abs().max() > 1e-2
+
+
+def test_duo_logits_match_the_peer_at_its_noise_levels():
+    model, e = converted("duo")
+    with torch.no_grad():
+        out = model(e["input_ids"], (1 - e["alpha_t"]).float())  # replaid's Duo input: 1 - alpha_t
+        other = model(e["input_ids"], (1 - e["alpha_t"].flip(0)).float())
+    assert (out - e["logits"]).abs().max() < 1e-5
+    assert (other - e["logits"]).abs().max() > 1e-3  # the time conditioning matters
+
+
+def test_time_conditioned_mdlm_and_pickles_are_refused(tmp_path):
+    from replaid.training.checkpoint import CheckpointError
+
+    cfg_in, sd = peers.read_peer(FX / "mdlm")
+    with pytest.raises(CheckpointError, match="time-conditioned"):
+        peers.mdlm_to_tokendit({**cfg_in, "time_conditioning": True}, sd)
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="never|not read"):
+        peers.read_peer(tmp_path)
+
+
+def _word_tokenizer(path: Path) -> Path:
+    """A 40-entry word-level tokenizer.json (the fixtures' vocabulary size)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<|endoftext|>", "[UNK]"] + ["the", "of", "a", "to", "and", "in", "is", "for", "return", "value",
+                                          "if", "be", "by", "this", "that", "with", "as", "an", "or", "on",
+                                          "not", "are", "it", "from", "can", "object", "string", "list",
+                                          "file", "name", "new", "will", "type", "default", "used", "when",
+                                          "data", "set"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<|endoftext|>"])
+    tok.save(str(path))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["mdlm", "duo"])
+def test_convert_command_then_eval_and_sample(kind, tmp_path, capsys):
+    tj = _word_tokenizer(tmp_path / "tok.json")
+    out = tmp_path / kind
+    over = ["data.tokenizer=file", f"data.tokenizer_path={tj}", "data.source=stdlib", "data.max_docs=200",
+            "eval.batch_size=4", "eval.t_samples=2"]
+    assert main(["convert", kind, str(FX / kind), "--out", str(out), "--set", *over]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(out), "--max-batches", "1", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["method"] == kind and res["tokens"] == 48
+    assert main(["sample", str(out), "--num", "2", "--steps", "4", "--json"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 2
+    assert main(["convert", kind, str(FX / kind), "--out", str(out), "--set", *over]) == 2  # never overwrites
