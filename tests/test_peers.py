@@ -99,3 +99,32 @@ def test_convert_command_then_eval_and_sample(kind, tmp_path, capsys):
     assert main(["sample", str(out), "--num", "2", "--steps", "4", "--json"]) == 0
     assert len(capsys.readouterr().out.strip().splitlines()) == 2
     assert main(["convert", kind, str(FX / kind), "--out", str(out), "--set", *over]) == 2  # never overwrites
+
+
+def test_langflow_logits_match_the_peer_with_and_without_self_conditioning():
+    m = peers.langflow_to_denoiser(FX / "langflow")
+    e = load_file(str(FX / "langflow" / "expected.safetensors"))
+    with torch.no_grad():
+        a = m(e["z"], e["gamma"], None).logits
+        b = m(e["z"], e["gamma"], e["x_self_cond"]).logits
+    assert (a - e["logits_no_sc"]).abs().max() < 1e-5 and (b - e["logits_sc"]).abs().max() < 1e-5
+    assert (e["logits_sc"] - e["logits_no_sc"]).abs().max() > 1e-2  # the self-conditioning path is exercised
+    g0, g1 = m.schedule.endpoints()
+    gam, _ = m.schedule(torch.tensor([0.0, 1.0], dtype=torch.float64))
+    assert gam.tolist() == pytest.approx([g0, g1])
+
+
+def test_langflow_ode_likelihood_with_and_without_the_chain_rule_term():
+    from replaid.eval.likelihood import ode_log_weight
+
+    m = peers.langflow_to_denoiser(FX / "langflow")
+    e = load_file(str(FX / "langflow" / "expected.safetensors"))
+    g0, g1 = m.schedule.endpoints()
+    out = {}
+    for corr in (True, False):
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            r = ode_log_weight(m, e["input_ids"], g0, g1, steps=4, generator=gen, selfcond_correction=corr)
+        assert torch.isfinite(r["log_w"]).all()
+        out[corr] = r["div_int"]
+    assert not torch.allclose(out[True], out[False])  # the chain-rule term changes the divergence

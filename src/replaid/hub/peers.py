@@ -17,9 +17,15 @@ DiT's 256 ``[cos, sin]`` features of ``sigma``. That is :class:`replaid.model.to
 * **Duo** (``s-sahoo/duo``): the same keys with or without ``backbone.``; its config either in the
   Hub style above or as saved by its ``PyTorchModelHubMixin`` (``{"model": {...}, "vocab_size": V}``).
   Vocabulary ``V`` (no mask). Time-conditioned on ``sigma = -log(alpha_t)``: converted with
-  ``model.time_embedding=dit`` (:class:`replaid.model.dit.SigmaTimestepFeatures`), the AdaLN weights
+  ``model.time_embedding=dit`` (:class:`replaid.model.dit.DiTTimestepFeatures`), the AdaLN weights
   copied as they are. Duo evaluates with ``alpha_t = 1 - (1 - eps) t``; replaid's Duo conditions on
   ``t' = 1 - alpha_t`` directly, the same network input.
+
+* **LangFlow** (its ``PreTrainedModel``, ``save_pretrained`` safetensors): an embedding-space VP model
+  whose network is not RePlaid's (see ``replaid/model/langflow.py`` for every difference), converted by
+  :func:`langflow_to_denoiser` to a :class:`~replaid.model.langflow.LangFlowDenoiser` on our DiT blocks:
+  a denoiser for the ODE likelihood (``replaid.eval.likelihood``, with and without the chain-rule term)
+  and the samplers, not a full run (no ``replaid eval/sample`` CLI for it yet).
 
 Verified against each peer's own code (tests/fixtures/peers, built from the peers' modelling files at
 a tiny size with random weights; max |logit difference| in the closing note of issue 15).
@@ -36,7 +42,7 @@ from safetensors.torch import load_file
 
 from replaid.training.checkpoint import CheckpointError
 
-PEERS = ("mdlm", "duo")
+PEERS = ("mdlm", "duo")  # full runs; LangFlow converts to a denoiser (langflow_to_denoiser)
 
 
 def read_peer(folder: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -123,7 +129,14 @@ def duo_to_tokendit(cfg: dict, sd: dict) -> tuple[dict, dict[str, torch.Tensor]]
     out = {"embed.weight": sd["vocab_embed.embedding"],
            "cond.0.weight": sd["sigma_map.mlp.0.weight"], "cond.0.bias": sd["sigma_map.mlp.0.bias"],
            "cond.2.weight": sd["sigma_map.mlp.2.weight"], "cond.2.bias": sd["sigma_map.mlp.2.bias"]}
-    for i in range(s["n_layers"]):
+    out.update(adaln_blocks_and_head(sd, s["n_layers"]))
+    return s, out
+
+
+def adaln_blocks_and_head(sd: dict, n_layers: int) -> dict[str, torch.Tensor]:
+    """Blocks with their AdaLN and the AdaLN head, as they are (time-conditioned DiT: Duo, LangFlow)."""
+    out = {}
+    for i in range(n_layers):
         b = _block(sd, i)
         b["adaLN.weight"] = sd[f"blocks.{i}.adaLN_modulation.weight"]
         b["adaLN.bias"] = sd[f"blocks.{i}.adaLN_modulation.bias"]
@@ -133,7 +146,7 @@ def duo_to_tokendit(cfg: dict, sd: dict) -> tuple[dict, dict[str, torch.Tensor]]
                 "final.linear.weight": sd["output_layer.linear.weight"], "final.linear.bias": sd["output_layer.linear.bias"],
                 "final.adaLN.weight": sd["output_layer.adaLN_modulation.weight"],
                 "final.adaLN.bias": sd["output_layer.adaLN_modulation.bias"]})
-    return s, out
+    return out
 
 
 def run_config(kind: str, shape: dict, overrides: list[str]):
@@ -173,3 +186,33 @@ def convert(kind: str, src: str, out: str, overrides: list[str]) -> Path:
     state = {"step": 0, "config": cfg_d, "vocab_size": shape["vocab"], "weights": "converted",
              "method_state": {}, "converted_from": str(src)}
     return write_folder(Path(out), state, weights, data.tokenizer, card)
+
+
+# ------------------------------------------------------------------ LangFlow (a denoiser, not a run)
+
+def langflow_to_denoiser(folder: str | Path):
+    """LangFlow's Hub folder (``LangFlowConfig`` + ``model.safetensors``) as a
+    :class:`replaid.model.langflow.LangFlowDenoiser` with the same weights (strict)."""
+    from replaid.model.langflow import LangFlowDenoiser
+    from replaid.hub import resolve
+    from replaid.training.checkpoint import load_model_weights
+
+    d = resolve(folder)
+    if not (d / "config.json").is_file() or not (d / "model.safetensors").is_file():
+        raise CheckpointError(f"{d} needs config.json and model.safetensors (LangFlow's save_pretrained layout)")
+    cfg = json.loads((d / "config.json").read_text())
+    if not cfg.get("use_normalized_embedding", True) or cfg.get("embedding_norm_method", "layernorm") != "layernorm" \
+            or not cfg.get("use_bias", True):
+        raise CheckpointError("only LangFlow's released configuration converts (normalised embeddings, use_bias)")
+    sd = {k[len("backbone."):] if k.startswith("backbone.") else k: v for k, v in load_file(str(d / "model.safetensors")).items()}
+    model = LangFlowDenoiser(cfg["vocab_size"], cfg["hidden_size"], cfg["n_blocks"], cfg["n_heads"], cfg["cond_dim"],
+                             cfg.get("self_conditioning", True), float(sd.get("proposal.loc", cfg["gumbel_loc"])),
+                             float(sd.get("proposal.scale", cfg["gumbel_scale"])), cfg["gumbel_cutoff"])
+    w = {"weight": sd["vocab_embed.embedding"], "cond.0.weight": sd["sigma_map.mlp.0.weight"],
+         "cond.0.bias": sd["sigma_map.mlp.0.bias"], "cond.2.weight": sd["sigma_map.mlp.2.weight"],
+         "cond.2.bias": sd["sigma_map.mlp.2.bias"]}
+    if model.sc_proj is not None:
+        w["sc_proj.weight"] = sd["self_cond_proj.weight"]
+    w.update(adaln_blocks_and_head(sd, cfg["n_blocks"]))
+    load_model_weights(model, w, str(d))
+    return model.eval()

@@ -120,18 +120,22 @@ class TimeEmbedding(nn.Module):
         return torch.cat([a.sin(), a.cos()], dim=-1).float()
 
 
-class SigmaTimestepFeatures(nn.Module):
-    """MDLM/Duo's ``TimestepEmbedder`` features of ``sigma = -log(1 - t) = -log(alpha_t)``:
-    ``[cos(sigma f), sin(sigma f)]``, ``f_k = 10000^(-k / (n/2))`` (DiT), computed in float64."""
+class DiTTimestepFeatures(nn.Module):
+    """The DiT ``TimestepEmbedder`` features (MDLM, Duo, LangFlow): ``[cos(x f), sin(x f)]`` with
+    ``f_k = 10000^(-k / (n/2))``, in float64. ``of_t=True``: ``x = sigma = -log(1 - t) = -log(alpha_t)``
+    for a discrete noise level ``t = 1 - alpha_t`` (MDLM/Duo); ``of_t=False``: ``x`` is the input itself
+    (LangFlow feeds gamma)."""
 
-    def __init__(self, n_features: int = 256, max_period: float = 10_000.0):
+    def __init__(self, n_features: int = 256, of_t: bool = True, max_period: float = 10_000.0):
         super().__init__()
         half = n_features // 2
         f = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float64) / half)
         self.register_buffer("freqs", f, persistent=False)
+        self.of_t = of_t
 
-    def forward(self, t: Tensor) -> Tensor:  # (B,) noise level 1 - alpha_t -> (B, n) float32
-        a = -torch.log1p(-t.double())[:, None] * self.freqs
+    def forward(self, t: Tensor) -> Tensor:  # (B,) -> (B, n) float32
+        x = -torch.log1p(-t.double()) if self.of_t else t.double()
+        a = x[:, None] * self.freqs
         return torch.cat([a.cos(), a.sin()], dim=-1).float()
 
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from replaid.config import ModelConfig
-from replaid.model.dit import Backbone, FinalLayer, SigmaTimestepFeatures, TimeEmbedding, apply_rotary
+from replaid.model.dit import Backbone, FinalLayer, DiTTimestepFeatures, TimeEmbedding, apply_rotary
 
 N_TIME_FEATURES = 64
 N_DIT_FEATURES = 256
@@ -48,7 +48,7 @@ class TokenDiT(nn.Module):
         if time_conditioning:
             dit = cfg.time_embedding == "dit"  # MDLM/Duo's features (converted checkpoints)
             n_feat = N_DIT_FEATURES if dit else N_TIME_FEATURES
-            self.time_features = SigmaTimestepFeatures(n_feat) if dit else TimeEmbedding(n_feat)
+            self.time_features = DiTTimestepFeatures(n_feat) if dit else TimeEmbedding(n_feat)
             self.cond = nn.Sequential(nn.Linear(n_feat, cfg.cond_dim), nn.SiLU(),
                                       nn.Linear(cfg.cond_dim, cfg.cond_dim), nn.SiLU())
         else:
