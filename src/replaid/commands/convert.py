@@ -11,7 +11,7 @@ then:    replaid eval peers/mdlm-owt   |   replaid sample peers/mdlm-owt   |   r
 def register(sub) -> None:
     e = add_command(sub, "convert", "Convert an official MDLM or Duo checkpoint (Hub layout, safetensors) to a replaid folder.",
                     EXAMPLE)
-    e.add_argument("peer", choices=["mdlm", "duo"])
+    e.add_argument("peer", choices=["mdlm", "duo"], help="which peer's layout src is in")
     e.add_argument("src", help="the peer's folder (config.json + model.safetensors) or Hub id")
     e.add_argument("--out", required=True, help="new folder to write")
     e.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="overrides",

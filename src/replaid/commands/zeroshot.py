@@ -16,13 +16,14 @@ def register(sub) -> None:
     e = add_command(sub, "zeroshot", "Zero-shot perplexity (MDLM-lineage protocol): NELBO bounds, exact NLL for AR.",
                     EXAMPLE)
     e.add_argument("runs", nargs="+", help="run directories, exported folders or Hub ids")
-    e.add_argument("--datasets", nargs="+", default=["wikitext2", "ptb"], choices=list(SETS))
+    e.add_argument("--datasets", nargs="+", default=["wikitext2", "ptb"], choices=list(SETS),
+                   help="zero-shot sets to score, each with its protocol split (replaid/data/zeroshot.py)")
     e.add_argument("--split", default=None, help="override each set's protocol split (validation/test)")
     e.add_argument("--data-dir", default="../shared/data/zeroshot", help="local NAME/SPLIT.txt|jsonl files")
-    e.add_argument("--batch-size", type=int, default=8)
+    e.add_argument("--batch-size", type=int, default=8, help="wrapped rows per forward pass")
     e.add_argument("--max-rows", type=int, default=0, help="score only the first N wrapped rows (0 = all)")
     e.add_argument("--t-samples", type=int, default=None, help="diffusion times per row (default: the run's eval.t_samples)")
-    e.add_argument("--no-ema", action="store_true")
+    e.add_argument("--no-ema", action="store_true", help="score the raw weights, not the EMA")
     e.add_argument("--out", default=None, help="folder for zeroshot.json and zeroshot.md")
     e.add_argument("--json", action="store_true", help="print the JSON instead of the table")
     e.set_defaults(func=run)
