@@ -222,6 +222,15 @@ def test_stale_temporaries_are_removed_and_a_torn_metrics_line_dropped(ref, tmp_
     assert steps == [1, 2, 3, 4, 5, 6, 7, 8]
 
 
+def test_a_start_killed_before_its_config_leaves_a_folder_that_starts_again(ref, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copytree(ref / "tokenizer", run / "tokenizer")  # the tokenizer is saved before config.json
+    (run / "tokenizer" / ".tokenizer.json.tmp.99").write_text("{")
+    train(cfg(), run, progress=False)
+    assert_same_run(run, ref)
+
+
 def test_the_final_checkpoint_is_saved_before_the_final_evaluation(tmp_path, monkeypatch):
     import replaid.eval.evaluate as ev
 

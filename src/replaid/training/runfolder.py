@@ -89,6 +89,9 @@ def claim(run_dir: Path, *, resume: bool = False, overwrite: bool = False) -> It
     created = not run_dir.exists()
     with lock(run_dir), _undo_failed_start(run_dir, created and not resume):
         present = [n for n in RUN_FILES if (run_dir / n).exists()]
+        if present == ["tokenizer"] and not resume:  # a start killed before its config.json: no run yet
+            shutil.rmtree(run_dir / "tokenizer")
+            present = []
         if present and not (resume or overwrite):
             raise RunFolderError(f"run folder {run_dir} already holds a run ({', '.join(present)}); pass --resume "
                                  f"to continue it, --overwrite to replace it, or choose another --out")
