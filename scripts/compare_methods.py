@@ -38,6 +38,7 @@ def main() -> None:
                    help="samples per method scored by GenPPL (judge: the comparison's AR run), entropy and MAUVE "
                         "against N test windows (0 = skip)")
     p.add_argument("--quality-steps", type=int, default=64, help="sampling steps of the diffusion methods")
+    p.add_argument("--threads", type=int, default=0, help="train.num_threads of every run (0 = replaid's default)")
     a = p.parse_args()
     from replaid.presets import resolve
     from replaid.training.train import train
@@ -45,6 +46,7 @@ def main() -> None:
     common = [f"data.source={a.corpus}", "data.tokenizer=bpe", "data.bpe_vocab_size=2048", "data.seq_len=64",
               f"train.steps={a.steps}", "train.batch_size=32", "train.log_every=25", "eval.split=test",
               "eval.max_batches=0", "eval.t_samples=8", "optim.warmup_steps=100", "optim.ema=0.99"]
+    threads = [f"train.num_threads={a.threads}"] if a.threads else []  # speed only: not in the recorded overrides
     if a.rewrite:
         results = json.loads((Path(a.results) / "methods.json").read_text())
         if a.quality and "AR" in results and not all("quality" in r for r in results.values()):
@@ -55,7 +57,7 @@ def main() -> None:
     for label, method, extra in METHODS:
         if a.only and label not in a.only:
             continue
-        cfg = resolve(a.preset, None, [f"method={method}", *common, *extra])
+        cfg = resolve(a.preset, None, [f"method={method}", *common, *extra, *threads])
         run = Path(a.out) / label.replace(" ", "_").replace("(", "").replace(")", "").replace(".", "")
         t0 = time.time()
         res = train(cfg, run, progress=False, overwrite=True)  # re-running retrains

@@ -182,3 +182,45 @@ def test_hutchinson_with_given_probes_is_the_exact_quadratic_form():
     for jvp in ("fd", "autograd"):
         est = hutchinson_divergence(lambda x: x @ A.T, z, probes=probes, jvp=jvp)
         assert torch.allclose(est, ref, atol=1e-8), jvp
+
+
+def test_selfcond_divergence_is_the_exact_trace_of_the_composition():
+    """The corrected divergence equals tr d/dz v(z, gamma, e_sc(z)) with e_sc(z) = x_theta(z, gamma, 0) E,
+    computed here by a full Jacobian (autograd) of a drift written from the paper's formula; the cached
+    estimator equals the trace with e_sc held fixed; so the chain-rule term (their difference) has the
+    right value and sign. Hutchinson with every basis vector as a probe is exact: n * mean_j e_j^T J e_j."""
+    m = tiny_model(True)
+    B, L, d_e = 2, 3, 4
+    z = torch.randn(B, L, d_e, generator=torch.Generator().manual_seed(0))
+    gamma = torch.full((B,), -0.5, dtype=torch.float64)
+    a = torch.sigmoid(-gamma).sqrt().view(-1, 1, 1).float()
+
+    def v_full(zz):  # (B, L, d_e) -> (B, L, d_e), e_sc recomputed at zz
+        e_sc = m(zz, gamma, None).e_hat
+        return 0.5 * (a**2 * zz - a * m(zz, gamma, e_sc).e_hat)
+
+    e_sc0 = m(z, gamma, None).e_hat.detach()
+
+    def v_cached(zz):
+        return 0.5 * (a**2 * zz - a * m(zz, gamma, e_sc0).e_hat)
+
+    def trace(f):
+        out = []
+        for b in range(B):
+            J = torch.autograd.functional.jacobian(lambda y: f(y.unsqueeze(0).expand(B, L, d_e))[b], z[b])
+            out.append(J.reshape(L * d_e, L * d_e).trace())
+        return torch.stack(out)
+
+    # the per-row Jacobian above uses row b's output of a batch where every row is z[b]: rows are independent
+    exact_full, exact_cached = trace(v_full), trace(v_cached)
+    n = L * d_e
+    basis = [torch.zeros(B, n).index_fill_(1, torch.tensor([i]), 1.0).view(B, L, d_e) for i in range(n)]
+    with torch.no_grad():
+        got = {c: n * PFODE(m, selfcond_correction=c).drift_and_div(z, gamma, jvp="autograd", probes=basis)[1]
+               for c in (True, False)}
+    exact_full, exact_cached = exact_full.double(), exact_cached.double()  # float32 model: 1e-4 tolerances
+    assert torch.allclose(got[True], exact_full, rtol=1e-4, atol=1e-4), (got[True], exact_full)
+    assert torch.allclose(got[False], exact_cached, rtol=1e-4, atol=1e-4), (got[False], exact_cached)
+    chain = exact_full - exact_cached
+    assert chain.abs().min() > 1e-2  # a real term, which a sign flip would change
+    assert torch.allclose(got[True] - got[False], chain, rtol=1e-3, atol=1e-4)

@@ -125,21 +125,48 @@ def test_self_conditioned_rows_do_not_train_embeddings_or_schedule():
 
 
 def test_recon_rows_do_not_feed_the_shape():
+    """The shape's gradient does not depend on the reconstruction rows' content (they enter only
+    through gamma(0) = gamma_0, after the shape), while gamma_0's gradient does (they train it)."""
     torch.manual_seed(0)
     cfg = tiny_cfg(**{"diffusion.sc_rate": "0.0"})
     method = RePlaidMethod(cfg)
     model = method.build_model(40)
-    tok = torch.randint(0, 40, (4, 8))
-    loss, m = method.train_loss(model, tok, torch.Generator().manual_seed(0), n_recon=3,
-                                t_diff=torch.tensor([0.5], dtype=torch.float64))
+    tok = torch.randint(0, 40, (4, 8), generator=torch.Generator().manual_seed(1))
+    other = tok.clone()
+    other[:3] = torch.randint(0, 40, (3, 8), generator=torch.Generator().manual_seed(2))  # new recon rows
+    grads = []
+    for x in (tok, other):
+        model.zero_grad()
+        loss, m = method.train_loss(model, x, torch.Generator().manual_seed(0), n_recon=3,
+                                    t_diff=torch.tensor([0.5], dtype=torch.float64))
+        loss.backward()
+        grads.append((model.schedule.shape.a.grad.clone(), model.schedule.gamma_0.grad.clone(), m["diffusion"]))
+    (shape_a, g0_a, diff_a), (shape_b, g0_b, diff_b) = grads
+    assert torch.equal(diff_a, diff_b)  # the diffusion row is untouched
+    assert shape_a.abs().max() > 0 and torch.allclose(shape_a, shape_b, rtol=1e-6, atol=1e-12)
+    assert not torch.allclose(g0_a, g0_b)  # the recon rows do train gamma_0
+
+
+def test_self_conditioned_rows_do_not_train_the_endpoints():
+    """With every row self-conditioned, gamma_0 gets no gradient and gamma_1 only the prior term's,
+    computed here from the closed form 1/2 [d_e (s1 - 1 - log s1) + a1 ||e||^2] per token."""
+    torch.manual_seed(0)
+    cfg = tiny_cfg(**{"diffusion.sc_rate": "1.0"})
+    method = RePlaidMethod(cfg)
+    model = method.build_model(40)
+    tok = torch.randint(0, 40, (6, 8), generator=torch.Generator().manual_seed(1))
+    loss, _ = method.train_loss(model, tok, torch.Generator().manual_seed(0), n_recon=2)
     loss.backward()
-    g_all = model.schedule.shape.a.grad.clone()
-    # the shape's gradient equals that of the diffusion row's squared loss alone
-    model.zero_grad()
-    _, m2 = method.train_loss(model, tok, torch.Generator().manual_seed(0), n_recon=3,
-                              t_diff=torch.tensor([0.5], dtype=torch.float64))
-    assert torch.allclose(m["diffusion"], m2["diffusion"])
-    assert g_all.abs().max() > 0
+    g0 = model.schedule.gamma_0.grad
+    assert g0 is None or float(g0.abs()) == 0.0
+    g1 = model.schedule.gamma_1.detach().double().clone().requires_grad_(True)
+    e = model.embedding().detach().double()[tok]  # (B, L, d_e)
+    s1, a1 = torch.sigmoid(g1), torch.sigmoid(-g1)
+    d_e = e.shape[-1]
+    prior = 0.5 * (d_e * (s1 - 1 - torch.log(s1)) + a1 * (e**2).sum(-1))  # (B, L)
+    prior.mean().backward()
+    assert torch.allclose(model.schedule.gamma_1.grad.double(), g1.grad, rtol=1e-5, atol=1e-10), \
+        (model.schedule.gamma_1.grad, g1.grad)
 
 
 def test_adaptive_split_neyman():

@@ -246,13 +246,20 @@ class BaselineConfig:
 
     mdlm_low_variance: bool = True  # train on plain masked CE (weight -1); evaluation always uses the NELBO
     mdlm_time_conditioning: bool = False  # MDLM needs no time input (the mask count carries it)
-    duo_curriculum_start: float = 0.1  # Gaussian-curriculum window, as fractions of train.steps
+    # Duo's Gaussian curriculum (s-sahoo/duo configs/algo/duo.yaml; fractions of train.steps): active
+    # from step 0 to duo_curriculum_end (0 = off), log10 tau ramps from start to end over [start, end]
+    duo_curriculum_start: float = 0.1
     duo_curriculum_end: float = 0.2
+    duo_gamma_min: float = -3.5
+    duo_gamma_max: float = -1.75
+    duo_tau_log10_start: float = -1.0
+    duo_tau_log10_end: float = -2.0
     ar_top_p: float = 1.0  # nucleus sampling mass for AR (1.0 = off)
 
     def validate(self) -> None:
         _check(0 <= self.duo_curriculum_start <= self.duo_curriculum_end <= 1, "baseline.duo_curriculum_start",
                "need 0 <= duo_curriculum_start <= duo_curriculum_end <= 1")
+        _check(self.duo_gamma_min < self.duo_gamma_max, "baseline.duo_gamma_min", "must be < duo_gamma_max")
         _check(0 < self.ar_top_p <= 1, "baseline.ar_top_p", "must be in (0, 1]")
 
 

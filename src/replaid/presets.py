@@ -99,6 +99,19 @@ def owt_01b_plaid() -> RunConfig:
     return c
 
 
+def owt_01b_duo() -> RunConfig:
+    """Duo at 0.1B on OpenWebText with the published curriculum (s-sahoo/duo
+    ``scripts/train_owt_duo.sh``): tau = 1e-3 throughout, gamma in [-3.55, -1.85], curriculum
+    over the first 500k of the 1M steps, then the true NELBO."""
+    c = owt_01b()
+    c.preset, c.method = "owt-0.1b-duo", "duo"
+    b = c.baseline
+    b.duo_curriculum_start, b.duo_curriculum_end = 0.0, 0.5
+    b.duo_gamma_min, b.duo_gamma_max = -3.55, -1.85
+    b.duo_tau_log10_start = b.duo_tau_log10_end = -3.0
+    return c
+
+
 def lm1b() -> RunConfig:
     """LM1B at L=128 (bert-base-uncased as MDLM; sentence packing on)."""
     c = owt_01b()
@@ -127,7 +140,8 @@ def isoflop(size_m: int) -> Callable[[], RunConfig]:
 
 
 PRESETS: dict[str, Callable[[], RunConfig]] = {
-    "debug": debug, "demo": demo, "owt-0.1b": owt_01b, "owt-0.1b-plaid": owt_01b_plaid, "lm1b": lm1b,
+    "debug": debug, "demo": demo, "owt-0.1b": owt_01b, "owt-0.1b-plaid": owt_01b_plaid, "owt-0.1b-duo": owt_01b_duo,
+    "lm1b": lm1b,
     **{f"isoflop-{m}m": isoflop(m) for m in ISOFLOP_SIZES},
 }
 

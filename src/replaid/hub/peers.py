@@ -95,29 +95,15 @@ def constant_conditioning(sd: dict) -> torch.Tensor:
 
 
 def mdlm_to_tokendit(cfg: dict, sd: dict) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(shape, our TokenDiT state dict) for a non-time-conditioned MDLM (constant AdaLN folded)."""
+    """(shape, our TokenDiT state dict) for a non-time-conditioned MDLM: our TokenDiT keeps MDLM's
+    AdaLN and time MLP (``model.time_embedding=dit``; its constant condition is MDLM's sigma = 0),
+    so they are copied as they are; the head's [MASK] row is dropped."""
     s = dit_shape(cfg)
     if s["time_conditioning"]:
         raise CheckpointError("this MDLM checkpoint is time-conditioned; only the released sigma=0 models "
                               "(time_conditioning=false, e.g. kuleshov-group/mdlm-owt) convert exactly")
-    c = constant_conditioning(sd)
     V = s["vocab"] - 1  # [MASK] is the last input id
-    out = {"embed.weight": sd["vocab_embed.embedding"]}
-    for i in range(s["n_layers"]):
-        b = _block(sd, i)
-        mod = (sd[f"blocks.{i}.adaLN_modulation.weight"].double() @ c
-               + sd[f"blocks.{i}.adaLN_modulation.bias"].double())
-        sh1, sc1, g1, sh2, sc2, g2 = mod.chunk(6)
-        b["norm1.weight"] = (b["norm1.weight"].double() * (1 + sc1)).float()
-        b["norm1.bias"] = sh1.float()
-        b["norm2.weight"] = (b["norm2.weight"].double() * (1 + sc2)).float()
-        b["norm2.bias"] = sh2.float()
-        b["gates"] = torch.stack([g1, g2]).float()
-        out.update({f"backbone.blocks.{i}.{k}": v for k, v in b.items()})
-    mod = sd["output_layer.adaLN_modulation.weight"].double() @ c + sd["output_layer.adaLN_modulation.bias"].double()
-    sh, sc = mod.chunk(2)
-    out["final.norm.weight"] = (sd["output_layer.norm_final.weight"].double() * (1 + sc)).float()
-    out["final.norm.bias"] = sh.float()
+    _, out = duo_to_tokendit(cfg, sd)
     out["final.linear.weight"] = sd["output_layer.linear.weight"][:V]
     out["final.linear.bias"] = sd["output_layer.linear.bias"][:V]
     return {**s, "vocab": V}, out
@@ -156,7 +142,7 @@ def run_config(kind: str, shape: dict, overrides: list[str]):
     base = [f"method={kind}", f"model.hidden={shape['hidden']}", f"model.n_layers={shape['n_layers']}",
             f"model.n_heads={shape['n_heads']}", f"model.cond_dim={shape['cond_dim']}", "model.mlp_ratio=4",
             "model.dropout=0.0", f"data.seq_len={shape['length']}", "data.tokenizer=gpt2"]
-    base += ["baseline.mdlm_time_conditioning=false"] if kind == "mdlm" else ["model.time_embedding=dit"]
+    base += ["model.time_embedding=dit"] + (["baseline.mdlm_time_conditioning=false"] if kind == "mdlm" else [])
     return resolve("owt-0.1b", None, base + list(overrides))
 
 

@@ -1,7 +1,11 @@
 """Duo: uniform-state discrete diffusion (UDLM NELBO) with the Gaussian-to-discrete curriculum.
 
-Forward process ``q(z_t | x) = Cat(alpha_t onehot(x) + (1 - alpha_t)/V)``, log-linear
-``alpha_t = 1 - t`` outside the curriculum and at evaluation, ``t`` in ``[0, 1 - eps]``.
+Forward process ``q(z_t | x) = Cat(alpha_t onehot(x) + (1 - alpha_t)/V)`` with the reference
+log-linear schedule (s-sahoo/duo ``LogLinear``, eps = 1e-3): ``alpha_t = 1 - (1 - eps) t``,
+``alpha'_t = -(1 - eps)``, ``t`` in ``[eps, 1]`` (``t = eps + (1 - eps) s``, ``s`` low-discrepancy;
+in training the trainer slices ``s`` from the global batch). So ``alpha`` stays in
+``[eps, 1 - eps(1 - eps)]``: the stretch ``t -> 0``, where the estimator's second moment blows up
+(terms ~ 1/t with probability ~ t), is not integrated, exactly as the reference.
 
 Continuous-time NELBO per position (the limit of the discrete-step KLs; derived here, it is the
 closed form of UDLM): with ``N = V``, ``xb = N alpha onehot(x) + 1 - alpha``,
@@ -10,15 +14,21 @@ closed form of UDLM): with ``N = V``, ``xb = N alpha onehot(x) + 1 - alpha``,
     -alpha' / (N alpha) * [ N/xt_i - N/xb_i + sum_j (xb_j / xb_i) log(xb_j xt_i / (xt_j xb_i)) ]
 
 (each bracket is >= 0 and vanishes when ``x_theta = onehot(x)``). At a uniform prediction the
-bound equals ``log V`` exactly (the model is then the exact reverse of i.i.d. uniform data).
+integral over all of ``[0, 1]`` equals ``log V`` exactly.
 
-Curriculum (Duo): during the window ``[baseline.duo_curriculum_start, _end)`` (fractions of
-``train.steps``) ``gamma ~ U[-3.5, -1.75]`` (antithetic), ``w = a onehot(x) + s eps`` in R^V
-(variance preserving, ``a^2 = sigmoid(-gamma)``), the network sees the soft weights
-``softmax(w / tau)`` over its embedding rows (``tau`` log-spaced 1e-1 -> 1e-2 across the window),
-and the loss is the UDLM NELBO integrand at ``z_t = argmax(w)`` with the diffusion transformation
-operator ``alpha = T(gamma) = (V p(gamma) - 1)/(V - 1)``,
-``p(gamma) = int phi(u - exp(-gamma/2)) Phi(u)^(V-1) du``, tabulated once per V in float64.
+Curriculum (Duo's ``nll`` in ``algo.py``): it is active from step 0 until ``curriculum_end``
+(inclusive, as the reference's ``global_step > curriculum_end`` test), then the true NELBO
+above. While active, ``gamma = gamma_min + t (gamma_max - gamma_min)`` with the same ``t`` in
+``[eps, 1]``, ``w = a onehot(x) + s eps`` in R^V (variance preserving, ``a^2 = sigmoid(-gamma)``),
+the network sees the soft weights ``softmax(w / tau)`` over its embedding rows, with
+``log10 tau`` = ``tau_log10_start`` before ``curriculum_start``, then linear to ``tau_log10_end``
+at ``curriculum_end``; the loss is the UDLM NELBO integrand at ``z_t = argmax(w)`` with the
+diffusion transformation operator ``alpha = T(gamma) = (V p(gamma) - 1)/(V - 1)``,
+``p(gamma) = int phi(u - exp(-gamma/2)) Phi(u)^(V-1) du``, tabulated once per V in float64, and
+``alpha' = (gamma_max - gamma_min) dT/dgamma`` (exact derivative; the reference takes a forward
+difference of step 1e-3). Window and ranges: ``baseline.duo_*`` (fractions of ``train.steps``);
+the published OWT run (``scripts/train_owt_duo.sh``: tau = 1e-3 throughout, gamma in
+[-3.55, -1.85], curriculum over the first 500k of 1M steps) is the ``owt-0.1b-duo`` preset.
 The network is conditioned on ``1 - alpha_t`` in both phases.
 """
 from __future__ import annotations
@@ -37,9 +47,6 @@ from replaid.diffusion.nelbo import masked_mean, stratified_time_average
 from replaid.methods.ar import exponential_race
 
 EPS = 1e-3
-# config keys to add: duo.curriculum_start / curriculum_end / gamma_min / gamma_max / tau_start / tau_end
-GAMMA_MIN, GAMMA_MAX = -3.5, -1.75
-TAU_START, TAU_END = 1e-1, 1e-2
 
 # ------------------------------------------------------------------ the diffusion transformation operator
 
@@ -132,55 +139,64 @@ def uniform_corrupt(x: Tensor, alpha: Tensor, V: int, generator: torch.Generator
 
 class DuoMethod:
     name = "duo"
+    global_times = True  # the trainer passes t_diff, sliced from the global batch
 
-    def __init__(self, cfg: RunConfig, curriculum: tuple[float, float] | None = None,
-                 gamma_range: tuple[float, float] = (GAMMA_MIN, GAMMA_MAX),
-                 tau_range: tuple[float, float] = (TAU_START, TAU_END), eps: float = EPS):
-        self.cfg = cfg
-        if curriculum is None:  # cfg.baseline.duo_curriculum_start/end (Duo: steps 100k-200k of 1M)
-            curriculum = (cfg.baseline.duo_curriculum_start, cfg.baseline.duo_curriculum_end)
-        self.curriculum, self.gamma_range, self.tau_range, self.eps = curriculum, gamma_range, tau_range, eps
+    def __init__(self, cfg: RunConfig, eps: float = EPS):
+        """Curriculum window and ranges from ``cfg.baseline.duo_*`` (module docstring)."""
+        self.cfg, self.eps = cfg, eps
+        b = cfg.baseline
+        self.curriculum = (b.duo_curriculum_start, b.duo_curriculum_end)
+        self.gamma_range = (b.duo_gamma_min, b.duo_gamma_max)
+        self.tau_log10 = (b.duo_tau_log10_start, b.duo_tau_log10_end)
         self.step = 0
 
     def build_model(self, vocab_size: int) -> TokenDiT:
         return TokenDiT(self.cfg.model, vocab_size, vocab_size, time_conditioning=True, causal=False)
 
-    def _times(self, n: int, generator: torch.Generator) -> Tensor:
-        u = float(torch.rand((), generator=generator, dtype=torch.float64))
-        return (torch.arange(n, dtype=torch.float64) + u) / n
+    def times(self, n: int, generator: torch.Generator, t_diff: Optional[Tensor] = None) -> Tensor:
+        """``t = eps + (1 - eps) s`` (n,) float64; ``s = (i + u)/n`` unless the trainer's slice is given."""
+        if t_diff is None:
+            u = float(torch.rand((), generator=generator, dtype=torch.float64))
+            t_diff = (torch.arange(n, dtype=torch.float64) + u) / n
+        return self.eps + (1 - self.eps) * t_diff.double().cpu()
+
+    def schedule(self, t: Tensor) -> tuple[Tensor, Tensor]:
+        """``(alpha_t, alpha'_t) = (1 - (1 - eps) t, -(1 - eps))``, float64."""
+        return 1 - (1 - self.eps) * t, torch.full_like(t, -(1 - self.eps))
 
     def curriculum_tau(self) -> Optional[float]:
-        """tau at the current step, or None outside the curriculum window."""
+        """tau at the current step while the curriculum is active (steps ``0 .. end``), else None.
+        ``curriculum_end = 0`` turns the curriculum off."""
         total = self.cfg.train.steps
         lo, hi = self.curriculum[0] * total, self.curriculum[1] * total
-        if not (lo <= self.step < hi) or hi <= lo:
+        if hi <= 0 or self.step > hi:
             return None
-        f = (self.step - lo) / max(hi - lo - 1, 1)
-        t0, t1 = self.tau_range
-        return float(10 ** (math.log10(t0) + (math.log10(t1) - math.log10(t0)) * min(f, 1.0)))
+        f = 0.0 if self.step < lo else (self.step - lo) / max(hi - lo, 1e-12)
+        l0, l1 = self.tau_log10
+        return float(10 ** (l0 + (l1 - l0) * min(f, 1.0)))
 
     def loss_rows(self, model: TokenDiT, tokens: Tensor, t: Tensor, generator: torch.Generator,
                   mask: Optional[Tensor] = None) -> Tensor:
-        """UDLM NELBO estimate per row at log-linear times t (B,) (no curriculum)."""
+        """UDLM NELBO estimate per row at times t (B,) in [eps, 1] (no curriculum)."""
         V = model.n_out
-        alpha = (1 - t).to(tokens.device)
+        alpha, dalpha = (a.to(tokens.device) for a in self.schedule(t.double()))
         z = uniform_corrupt(tokens, alpha, V, generator)
         logits = model(z, (1 - alpha).float())
-        f = udlm_integrand(logits, tokens, z, alpha, -torch.ones_like(alpha))
+        f = udlm_integrand(logits, tokens, z, alpha, dalpha)
         return masked_mean(f, mask)
 
     def train_loss(self, model: TokenDiT, tokens: Tensor, generator: torch.Generator,
-                   mask: Optional[Tensor] = None) -> tuple[Tensor, dict]:
+                   mask: Optional[Tensor] = None, t_diff: Optional[Tensor] = None) -> tuple[Tensor, dict]:
         B, L = tokens.shape
         V = model.n_out
         dev = tokens.device
-        s = self._times(B, generator)
+        t = self.times(B, generator, t_diff)
         tau = self.curriculum_tau()
         if tau is None:
-            rows = self.loss_rows(model, tokens, (1 - self.eps) * s, generator, mask)
+            rows = self.loss_rows(model, tokens, t, generator, mask)
             return rows.mean(), {"loss": rows.detach(), "tau": 0.0}
         g0, g1 = self.gamma_range
-        gamma = g0 + (g1 - g0) * s
+        gamma = g0 + (g1 - g0) * t
         alpha, dalpha_dg = duo_alpha(gamma, V)
         alpha = alpha.clamp(1e-9, 1 - 1e-9)
         a_g = torch.sigmoid(-gamma).sqrt().to(dev).view(-1, 1, 1)
@@ -203,9 +219,9 @@ class DuoMethod:
     @torch.no_grad()
     def eval_bound(self, model: TokenDiT, tokens: Tensor, generator: torch.Generator,
                    mask: Optional[Tensor] = None) -> dict[str, Tensor]:
-        """UDLM NELBO, log-linear alpha, ``eval.t_samples`` stratified times per sequence in [0, 1-eps]."""
+        """UDLM NELBO, reference log-linear alpha, ``eval.t_samples`` stratified times per sequence in [eps, 1]."""
         total = stratified_time_average(lambda t: self.loss_rows(model, tokens, t, generator, mask),
-                                        tokens.shape[0], self.cfg.eval.t_samples, generator, 0.0, 1 - self.eps,
+                                        tokens.shape[0], self.cfg.eval.t_samples, generator, self.eps, 1.0,
                                         tokens.device)
         return {"nelbo": total}
 

@@ -2,15 +2,21 @@
 
 * [MASK] is the extra input id ``V``; the network outputs V logits (the mask logit is -inf, i.e.
   absent), and unmasked positions copy their input (they contribute zero loss).
-* Log-linear schedule ``alpha_t = 1 - t``: each token is masked with probability ``t``; ``t`` is
-  drawn in ``[eps, 1]`` as ``t = eps + (1 - eps) s`` with antithetic / low-discrepancy ``s``
-  (``s_i = (i + u) / n``, one ``u`` per micro-batch) and ``eps = 1e-3`` (MDLM's convention: the
-  integral over ``[0, eps]`` is dropped and the rest is averaged over ``U[eps, 1]``).
+* The reference log-linear schedule (kuleshov-group/mdlm ``LogLinearNoise``, eps = 1e-3):
+  ``alpha_t = 1 - (1 - eps) t`` for ``t`` in ``[eps, 1]``, i.e. each token is masked with
+  probability ``(1 - eps) t`` (never all, never none). The NELBO weight is unchanged,
+  ``-alpha'_t / (1 - alpha_t) = (1 - eps) / ((1 - eps) t) = 1 / t``, and the integral over
+  ``[0, eps]`` is dropped (the rest is averaged over ``U[eps, 1]``), as MDLM's ``_sample_t``.
+* ``t = eps + (1 - eps) s`` with low-discrepancy ``s_i = (i + u) / n``: in training the trainer
+  builds ``s`` for the *global* batch (one ``u`` per step) and hands each rank / accumulation step
+  its slice (``t_diff``), as RePlaid's diffusion rows; called alone, ``u`` is drawn here.
 * Continuous-time NELBO per token: ``E_t[(alpha'_t / (1 - alpha_t)) (1/L) sum_{l masked} log p(x_l | z_t)]``
   ``= E_t[(1/t) (1/L) sum_{l masked} CE_l]``.
 * Training: the low-variance objective by default (weight ``1/t`` replaced by 1, i.e.
   ``(1/L) sum_{masked} CE``); ``low_variance=False`` trains on the NELBO itself. Evaluation always
   uses the NELBO.
+* The network keeps its AdaLN modulation; without time conditioning (the default, as MDLM) its
+  condition is the constant of ``t = 0`` (:class:`~replaid.model.tokens.TokenDiT`).
 * Ancestral sampler in float64 (exponential race). By default the network is *not*
   time-conditioned (the number of masks reveals t), so a step that unmasks nothing leaves the
   network input unchanged and its output is reused exactly; with ``time_conditioning=True`` every
@@ -33,12 +39,19 @@ EPS = 1e-3
 
 
 def antithetic_times(n: int, generator: torch.Generator, eps: float = EPS) -> Tensor:
+    """``t_i = eps + (1 - eps)(i + u)/n`` (n,) float64, one ``u`` for all rows."""
     u = float(torch.rand((), generator=generator, dtype=torch.float64))
     return eps + (1 - eps) * ((torch.arange(n, dtype=torch.float64) + u) / n)
 
 
+def mask_probability(t: Tensor, eps: float = EPS) -> Tensor:
+    """``1 - alpha_t = (1 - eps) t`` of the reference log-linear schedule."""
+    return (1 - eps) * t
+
+
 class MDLMMethod:
     name = "mdlm"
+    global_times = True  # the trainer passes t_diff, sliced from the global batch
 
     def __init__(self, cfg: RunConfig, low_variance: bool | None = None,
                  time_conditioning: bool | None = None, eps: float = EPS):
@@ -63,9 +76,9 @@ class MDLMMethod:
         B, L = tokens.shape
         V = model.n_out
         u = torch.rand(B, L, generator=generator, dtype=torch.float64).to(dev)
-        is_masked = u < t.to(dev).view(-1, 1)
+        is_masked = u < mask_probability(t, self.eps).to(dev).view(-1, 1)
         z = torch.where(is_masked, torch.full_like(tokens, V), tokens)
-        logits = model(z, t.to(dev).float() if model.cond is not None else None)
+        logits = model(z, t.to(dev).float() if model.time_conditioning else None)
         ce = F.cross_entropy(logits.float().reshape(B * L, V), tokens.reshape(B * L), reduction="none").view(B, L)
         keep = is_masked if mask is None else (is_masked & mask.bool())
         ce = torch.where(keep, ce.double(), torch.zeros((), dtype=torch.float64, device=dev))  # SUBS carry-over
@@ -74,8 +87,14 @@ class MDLMMethod:
         return ce.sum(1) / n, n
 
     def train_loss(self, model: TokenDiT, tokens: Tensor, generator: torch.Generator,
-                   mask: Optional[Tensor] = None) -> tuple[Tensor, dict]:
-        t = antithetic_times(tokens.shape[0], generator, self.eps).to(tokens.device)
+                   mask: Optional[Tensor] = None, t_diff: Optional[Tensor] = None) -> tuple[Tensor, dict]:
+        """t_diff: (B,) low-discrepancy values in [0, 1), this micro-batch's slice of the global batch
+        (the trainer's); mapped to ``t = eps + (1 - eps) t_diff``. Drawn here when None."""
+        if t_diff is None:
+            t = antithetic_times(tokens.shape[0], generator, self.eps)
+        else:
+            t = self.eps + (1 - self.eps) * t_diff.double()
+        t = t.to(tokens.device)
         s, _ = self.masked_ce(model, tokens, t, generator, mask)
         nelbo = s / t
         loss_rows = s if self.low_variance else nelbo
@@ -119,8 +138,8 @@ class MDLMMethod:
         probs, nfe = None, 0
         for k in range(steps):
             t, s = float(ts[k]), float(ts[k + 1])
-            if probs is None or model.cond is not None:
-                tt = torch.full((B,), t, device=dev) if model.cond is not None else None
+            if probs is None or model.time_conditioning:
+                tt = torch.full((B,), t, device=dev) if model.time_conditioning else None
                 logits = model(z, tt).double() / max(temperature, 1e-8)
                 probs = torch.softmax(logits, -1)  # (B, L, V) float64: x_theta
                 nfe += 1

@@ -1,10 +1,20 @@
 """The original Plaid transformer (the paper's pre-alignment "Plaid" row), and a Plaid model with
 the RePlaid denoiser interface.
 
-Blocks: pre-RMSNorm (learnable scale), bias-free qkv / attention-out / MLP, rotary attention
-(bidirectional), standard (erf) GELU, each residual branch scaled by ``1/sqrt(n_blocks)``, no AdaLN:
-the time features enter only through the input projection ``in_t``. Output: LayerNorm and a
-zero-initialised linear head in float32, plus the output prior logits as in RePlaid.
+As igul222/plaid ``lib/models.py`` (code followed where it differs from the paper):
+
+* Blocks: pre-RMSNorm (learnable scale, epsilon 1e-5 as apex's ``FusedRMSNorm``), bias-free
+  qkv / attention-out / MLP, rotary attention (bidirectional), each residual branch scaled by
+  ``1/sqrt(n_blocks)``, no AdaLN: the time features enter only through the input projection ``in_t``.
+* The MLP activation is the **tanh-approximate GELU**: Plaid's fused MLP
+  (flash-attn ``FusedMLP``) defaults to ``gelu_approx``. The paper's alignment table lists the
+  standard (erf) GELU for Plaid; we follow the code, which is what produced Plaid's numbers.
+* PyTorch's default initialisation of every linear layer of the blocks and of the input
+  projection ``in_z`` (Plaid sets none of them); ``in_sc``, ``in_t`` and the head start at zero.
+* Output: a weight-only LayerNorm, then the muP readout multiplier ``base_width / width``
+  (``mup.MuReadout`` with base width 256: ``x *= output_mult / width_mult()``) applied to the
+  features before the zero-initialised linear head, in float32; plus the output prior logits as
+  in RePlaid (not scaled by the multiplier, as in Plaid, where they are concatenated after it).
 
 :class:`PlaidModel` subclasses :class:`~replaid.model.replaid.RePlaid` and only swaps the
 backbone, so the schedule, embeddings, input projections, self-conditioning, ``param_groups()``,
@@ -26,8 +36,12 @@ from replaid.model.dit import FinalLayer, Rotary, apply_rotary
 from replaid.model.replaid import RePlaid
 
 
+MUP_BASE_WIDTH = 256  # Plaid's muP base shapes: the readout multiplier is MUP_BASE_WIDTH / hidden
+RMS_EPS = 1e-5  # apex FusedRMSNorm's default
+
+
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6):
+    def __init__(self, dim: int, eps: float = RMS_EPS):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
@@ -48,7 +62,7 @@ class PlaidBlock(nn.Module):
         self.qkv = nn.Linear(hidden, 3 * hidden, bias=False)
         self.attn_out = nn.Linear(hidden, hidden, bias=False)
         self.norm2 = RMSNorm(hidden)
-        self.mlp = nn.Sequential(nn.Linear(hidden, mlp_ratio * hidden, bias=False), nn.GELU(),
+        self.mlp = nn.Sequential(nn.Linear(hidden, mlp_ratio * hidden, bias=False), nn.GELU(approximate="tanh"),
                                  nn.Linear(mlp_ratio * hidden, hidden, bias=False))
 
     def attention(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
@@ -72,10 +86,7 @@ class PlaidBackbone(nn.Module):
         scale = 1.0 / math.sqrt(n_layers)
         self.blocks = nn.ModuleList(PlaidBlock(hidden, n_heads, mlp_ratio, dropout, scale) for _ in range(n_layers))
         self.rotary = Rotary(hidden // n_heads)
-        self.activation_checkpointing = activation_checkpointing
-        for blk in self.blocks:
-            for lin in (blk.qkv, blk.attn_out, blk.mlp[0], blk.mlp[2]):
-                nn.init.normal_(lin.weight, std=1.0 / math.sqrt(lin.in_features))
+        self.activation_checkpointing = activation_checkpointing  # linears keep PyTorch's default init
 
     def forward(self, x: Tensor, c: Optional[Tensor] = None) -> Tensor:
         rope = self.rotary(x.shape[1], x.device)
@@ -96,6 +107,9 @@ class PlaidModel(RePlaid):
         self.backbone = PlaidBackbone(cfg.hidden, cfg.n_layers, cfg.n_heads, cfg.mlp_ratio, cfg.dropout,
                                       cfg.activation_checkpointing)
         self.final = FinalLayer(cfg.hidden, vocab_size, None)  # LayerNorm + zero-initialised head
+        self.final.norm = nn.LayerNorm(cfg.hidden, bias=False)  # Plaid's LayerNorm has a weight only
+        self.in_z.reset_parameters()  # Plaid's input_linear: PyTorch's default init
+        self.readout_mult = MUP_BASE_WIDTH / cfg.hidden  # muP: output_mult / width_mult
 
     def hidden_states(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor]) -> tuple[Tensor, None]:
         from replaid.diffusion.denoiser import alpha_sigma
@@ -106,7 +120,7 @@ class PlaidModel(RePlaid):
         if e_sc is not None:
             h = h + self.in_sc(e_sc.float() * math.sqrt(self.d_e))
         h = self.backbone(h)
-        return self.final.features(h, None), None
+        return self.final.features(h, None) * self.readout_mult, None
 
     def head_logits(self, feats: Tensor) -> Tensor:
         with torch.autocast(device_type=feats.device.type, enabled=False):

@@ -3,14 +3,23 @@
     h_0    = W_emb[x]                      (ids)   or  w @ W_emb   (soft weights over the rows, Duo)
     h_0    = W_up (sqrt(d_e) e_x),  e_x = E[x] / ||E[x]||    with ``model.factored_embedding`` (the
              exchange ablation: RePlaid's d_e-dim unit-norm rows and bias-free up-projection)
-    h      = DiT(h_0; AdaLN-Zero driven by MLP(feat(t)) when time-conditioned, else gated blocks)
-    logits = head(LN(h))                   float32, zero-initialised head
+    c      = MLP(feat(t))                  t = the noise level, or 0 when not time-conditioned
+    h      = DiT(h_0; AdaLN-Zero driven by c)
+    logits = head(LN(h))                   bf16 under autocast (precision table), returned float32
 
 The blocks are the shared :class:`~replaid.model.dit.Backbone` (LayerNorm, rotary, GELU(tanh),
 biases in the MLP), with causal attention for AR. ``t`` is the discrete noise level in [0, 1]
 (``1 - alpha_t`` of the absorbing / uniform-state process) fed through the Plaid sinusoidal
 features, or with ``model.time_embedding=dit`` through MDLM/Duo's 256 DiT features of
-``sigma = -log(1 - t)`` (converted Duo checkpoints, ``replaid/hub/peers.py``). For causal models :meth:`TokenDiT.forward_cached` runs the same blocks with a KV cache.
+``sigma = -log(1 - t)`` (converted Duo checkpoints, ``replaid/hub/peers.py``). For causal models
+:meth:`TokenDiT.forward_cached` runs the same blocks with a KV cache.
+
+Parameterisation as the references (kuleshov-group/mdlm ``models/dit.py``): every block keeps its
+AdaLN modulation even when the model is not time-conditioned (AR, MDLM by default); the
+condition is then the constant ``c = MLP(feat(0))``, exactly as MDLM feeds ``sigma = 0``. So the
+non-embedding parameter count ``N`` (blocks + AdaLN + time MLP + output head) is the same for AR,
+MDLM and Duo at a given size and matches the paper's IsoFLOP table
+(:func:`replaid.training.flops.param_counts`).
 """
 from __future__ import annotations
 
@@ -21,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from replaid.config import ModelConfig
-from replaid.model.dit import Backbone, FinalLayer, DiTTimestepFeatures, TimeEmbedding, apply_rotary
+from replaid.model.dit import Backbone, FinalLayer, DiTTimestepFeatures, TimeEmbedding, apply_rotary, modulate
 
 N_TIME_FEATURES = 64
 N_DIT_FEATURES = 256
@@ -44,15 +53,12 @@ class TokenDiT(nn.Module):
         else:
             self.embed = nn.Embedding(n_in, cfg.hidden)
             nn.init.normal_(self.embed.weight, std=embed_std)
-        cond_dim = cfg.cond_dim if time_conditioning else None
-        if time_conditioning:
-            dit = cfg.time_embedding == "dit"  # MDLM/Duo's features (converted checkpoints)
-            n_feat = N_DIT_FEATURES if dit else N_TIME_FEATURES
-            self.time_features = DiTTimestepFeatures(n_feat) if dit else TimeEmbedding(n_feat)
-            self.cond = nn.Sequential(nn.Linear(n_feat, cfg.cond_dim), nn.SiLU(),
-                                      nn.Linear(cfg.cond_dim, cfg.cond_dim), nn.SiLU())
-        else:
-            self.time_features, self.cond = None, None
+        cond_dim = cfg.cond_dim
+        dit = cfg.time_embedding == "dit"  # MDLM/Duo's features (converted checkpoints)
+        n_feat = N_DIT_FEATURES if dit else N_TIME_FEATURES
+        self.time_features = DiTTimestepFeatures(n_feat) if dit else TimeEmbedding(n_feat)
+        self.cond = nn.Sequential(nn.Linear(n_feat, cfg.cond_dim), nn.SiLU(),
+                                  nn.Linear(cfg.cond_dim, cfg.cond_dim), nn.SiLU())
         self.backbone = Backbone(cfg.hidden, cfg.n_layers, cfg.n_heads, cond_dim, cfg.mlp_ratio, cfg.dropout,
                                  causal=causal, activation_checkpointing=cfg.activation_checkpointing)
         self.final = FinalLayer(cfg.hidden, n_out, cond_dim)
@@ -78,22 +84,25 @@ class TokenDiT(nn.Module):
         w = self.embed.weight[:k].float()
         return self._normalize(w) if self.factored else w
 
-    def conditioning(self, t: Optional[Tensor], B: int) -> Optional[Tensor]:
-        if self.cond is None:
-            return None
-        if t is None:
+    def conditioning(self, t: Optional[Tensor], B: int, device: torch.device) -> Tensor:
+        """(B, cond_dim): ``MLP(feat(t))``, or the constant ``MLP(feat(0))`` without time conditioning."""
+        if not self.time_conditioning:
+            t = torch.zeros(B, device=device)
+        elif t is None:
             raise ValueError("this model is time-conditioned: pass the noise level t (B,)")
         t = t.reshape(-1).expand(B) if t.numel() == 1 else t.reshape(B)
         return self.cond(self.time_features(t))
 
+    def head(self, feats: Tensor) -> Tensor:
+        """The logit head, bf16 under autocast (the paper's precision table, as RePlaid's), float32 out."""
+        return self.final.linear(feats).float()
+
     def forward(self, x: Tensor, t: Optional[Tensor] = None) -> Tensor:
         """Returns float32 logits (B, L, n_out)."""
-        h = self.input_states(x)
-        c = self.conditioning(t, h.shape[0])
+        h = self.input_states(x)  # (B, L, D)
+        c = self.conditioning(t, h.shape[0], h.device)  # (B, cond_dim)
         h = self.backbone(h, c)
-        feats = self.final.features(h, c)
-        with torch.autocast(device_type=h.device.type, enabled=False):
-            return self.final.linear(feats.float()).float()
+        return self.head(self.final.features(h, c))
 
     # ------------------------------------------------------------------ KV cache (causal, unconditioned)
     @torch.no_grad()
@@ -102,17 +111,19 @@ class TokenDiT(nn.Module):
         the earlier positions in ``cache`` (a list, one (k, v) per block, filled in place; pass
         ``[]`` at the start). Returns float32 logits (B, T, n_out). Exact for causal, unconditioned
         models (eval mode): equal to the matching rows of :meth:`forward` on the whole prefix."""
-        if not self.causal or self.cond is not None:
+        if not self.causal or self.time_conditioning:
             raise ValueError("forward_cached needs a causal model without time conditioning")
         B, T = ids.shape
         x = self.input_states(ids)
+        c = self.conditioning(None, B, x.device)  # the constant condition
         cos, sin = self.backbone.rotary(start + T, x.device)
         cos, sin = cos[start:start + T], sin[start:start + T]
         mask = None
         if T > 1:  # new query j may see the old keys and new keys <= j
             mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(diagonal=start)
         for i, blk in enumerate(self.backbone.blocks):
-            h = blk.norm1(x)
+            sh1, sc1, g1, sh2, sc2, g2 = blk.adaLN(c).float().chunk(6, dim=-1)
+            h = modulate(blk.norm1(x), sh1, sc1)
             D = h.shape[-1]
             q, k, v = blk.qkv(h).view(B, T, 3, blk.n_heads, D // blk.n_heads).permute(2, 0, 3, 1, 4)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
@@ -123,10 +134,9 @@ class TokenDiT(nn.Module):
             else:
                 cache.append((k, v))
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-            x = x + blk.gates[0] * blk.attn_out(y.transpose(1, 2).reshape(B, T, D)).float()
-            x = x + blk.gates[1] * blk.mlp(blk.norm2(x)).float()
-        feats = self.final.features(x, None)
-        return self.final.linear(feats.float()).float()
+            x = x + g1[:, None] * blk.attn_out(y.transpose(1, 2).reshape(B, T, D)).float()
+            x = x + g2[:, None] * blk.mlp(modulate(blk.norm2(x), sh2, sc2)).float()
+        return self.head(self.final.features(x, c))
 
     # ------------------------------------------------------------------ optimiser groups
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
@@ -138,4 +148,5 @@ class TokenDiT(nn.Module):
                 "backbone": [p for p in self.parameters() if p.requires_grad and p is not self.embed.weight]}
 
     def non_embedding_params(self) -> int:
+        """All parameters but the input token embedding (the IsoFLOP table's N: the output head counts)."""
         return sum(p.numel() for p in self.parameters()) - self.embed.weight.numel()

@@ -55,3 +55,57 @@ def train_flops_per_token(cfg, vocab_size: int, include_embedding: bool = True) 
 def self_conditioning_overhead(rate: float = 0.25) -> float:
     """Fractional extra training compute of self-conditioning at ``rate`` (0.0833 at 0.25)."""
     return rate / 3
+
+
+# ------------------------------------------------------------------ parameter counts (the scaling-law N)
+
+LLAMA2_VOCAB = 32_000  # the IsoFLOP study's tokenizer; MDLM/AR add one input id ([MASK] / BOS)
+REF_COND_DIM, REF_FREQ = 128, 256  # MDLM/Duo DiT: cond_dim, TimestepEmbedder frequency features
+
+
+def reference_dit_params(hidden: int, n_layers: int, n_out: int, cond_dim: int = REF_COND_DIM,
+                         n_freq: int = REF_FREQ, mlp_ratio: int = 4) -> int:
+    """Non-embedding parameters of the reference DiT (kuleshov-group/mdlm and s-sahoo/duo
+    ``models/dit.py`` with AdaLN, as MDLM, Duo and the scaling-law AR use it), counted from its
+    structure: the time MLP ``Linear(n_freq, c) + Linear(c, c)``; per block two weight-only
+    LayerNorms, bias-free qkv and out projections, the MLP with biases, ``adaLN Linear(c, 6d)``;
+    the final weight-only LayerNorm, ``adaLN Linear(c, 2d)`` and the head ``Linear(d, n_out)``.
+    Only the input embedding is left out. About 117.0M at d = 768, 12 layers, n_out = 32,001."""
+    d, c = hidden, cond_dim
+    time_mlp = n_freq * c + c + c * c + c
+    block = 2 * d + 4 * d * d + 2 * mlp_ratio * d * d + mlp_ratio * d + d + c * 6 * d + 6 * d
+    final = d + c * 2 * d + 2 * d + d * n_out + n_out
+    return time_mlp + n_layers * block + final
+
+
+def reference_plaid_params(hidden: int, n_layers: int, vocab_size: int, d_e: int = 16, mlp_ratio: int = 4,
+                           schedule_hidden: int = 1024) -> int:
+    """Non-embedding parameters of igul222/plaid's ``DiffusionModel`` (+ its ``NoiseSchedule`` and
+    ``GammaBounds``), from its structure: input, self-conditioning (``d_e -> d``) and gamma
+    (``64 -> d``) projections, bias-free; per block two RMSNorm scales, qkv, out and the bias-free
+    MLP; the weight-only output LayerNorm and the ``MuReadout`` head ``Linear(d, V)``; the schedule
+    MLP ``3 x 1024`` and two endpoints. The ``V x d_e`` embedding matrix is left out."""
+    d = hidden
+    block = 2 * d + 4 * d * d + 2 * mlp_ratio * d * d
+    return 2 * d_e * d + 64 * d + n_layers * block + d + d * vocab_size + vocab_size + 3 * schedule_hidden + 2
+
+
+def param_counts(method: str, hidden: int, n_layers: int, n_heads: int, vocab_size: int = LLAMA2_VOCAB,
+                 cfg=None) -> dict[str, int]:
+    """Our model's parameter counts for ``method`` at one size, built on the meta device (no memory):
+    ``{"non_embedding": N, "embedding": the token-embedding matrix, "total"}``. ``N`` is the
+    scaling-law axis: everything but the input token embedding (the output head counts), the
+    convention of the paper's IsoFLOP table. ``cfg`` (a RunConfig) supplies the other options
+    (default: the ``isoflop`` preset's)."""
+    import torch
+
+    from replaid.methods import METHODS
+    from replaid.presets import get_preset
+
+    cfg = cfg or get_preset("isoflop-14m")
+    cfg.model.hidden, cfg.model.n_layers, cfg.model.n_heads, cfg.method = hidden, n_layers, n_heads, method
+    with torch.device("meta"):
+        model = METHODS[method](cfg).build_model(vocab_size)
+    total = sum(p.numel() for p in model.parameters())
+    n = model.non_embedding_params()
+    return {"non_embedding": n, "embedding": total - n, "total": total}

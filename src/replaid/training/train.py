@@ -124,7 +124,9 @@ class Trainer:
         self.model.train()
         b = micro_batches[0]["tokens"].shape[0]
         n_recon = self.method.split.recon_rows(b) if hasattr(self.method, "split") else None
-        t_slices = self._global_times(b, n_recon, len(micro_batches)) if n_recon is not None else None
+        # low-discrepancy t for the global batch: RePlaid's diffusion rows, or every row of MDLM/Duo
+        antithetic = n_recon is not None or getattr(self.method, "global_times", False)
+        t_slices = self._global_times(b, n_recon or 0, len(micro_batches)) if antithetic else None
         agg: dict[str, list] = {}
         losses = []
         for k, mb in enumerate(micro_batches):
@@ -133,7 +135,9 @@ class Trainer:
             mask = mask.to(self.device) if mask is not None else None
             sync = k == len(micro_batches) - 1
             ctx = model.no_sync() if (not sync and hasattr(model, "no_sync")) else nullcontext()
-            kw = {"t_diff": t_slices[k], "n_recon": n_recon} if t_slices is not None else {}
+            kw = {"t_diff": t_slices[k]} if t_slices is not None else {}
+            if n_recon is not None:
+                kw["n_recon"] = n_recon
             with ctx, autocast_ctx(self.device, cfg.train.precision):
                 loss, m = model(tokens, self.micro_generator(k), mask=mask, **kw)
                 (loss / len(micro_batches)).backward()
