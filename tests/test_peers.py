@@ -36,10 +36,11 @@ def test_mdlm_logits_match_the_peer():
 
 
 def test_mdlm_constant_conditioning_is_needed():
-    """Without folding the AdaLN of sigma = 0 into the norms the logits are wrong (the fixture sees it)."""
+    """Our MDLM keeps MDLM's AdaLN with the constant condition of sigma = 0: without it (AdaLN bias
+    zeroed) the logits are wrong (the fixture sees it)."""
     cfg_in, sd = peers.read_peer(FX / "mdlm")
     shape, w = peers.mdlm_to_tokendit(cfg_in, sd)
-    for k in [k for k in w if k.endswith("norm1.bias")]:
+    for k in [k for k in w if k.endswith("adaLN.bias")]:
         w[k] = torch.zeros_like(w[k])
     model = get_method(peers.run_config("mdlm", shape, [])).build_model(shape["vocab"]).eval()
     load_model_weights(model, w, "mdlm")
