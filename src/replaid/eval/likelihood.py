@@ -18,6 +18,14 @@ Paper appendix "ODE-based Likelihood Estimation":
   perturbed state (the divergence of the composition, eq. ode-selfcond-divergence);
   ``False`` caches it at the unperturbed state (LangFlow's estimator, drops the chain-rule term).
 
+* Hutchinson noise and the IWAE: the log-weight carries the zero-mean noise ``n`` of the
+  Hutchinson estimate of ``int div``; ``log w`` stays unbiased (K = 1) but the log-mean-exp over K
+  samples is biased upward (towards a lower NLL). With ``n_hutch >= 2`` the sample variance of the
+  probes at each drift evaluation gives ``s^2 = Var(n)`` per sample (Heun: ``sum (dg/2)^2 (v_a + v_b)``);
+  the delta method gives the bias of ``log (1/K) sum_k w_k``:
+  ``E[LME(l + n)] - LME(l) ~ 1/2 sum_k s_k^2 (w~_k - w~_k^2)``, ``w~ = softmax(l)``
+  (:func:`iwae_noise_bias`; 0 at K = 1, ``s^2/2 (1 - 1/K)`` for equal weights).
+
 Token masks are not supported: every position of ``tokens`` is scored.
 """
 from __future__ import annotations
@@ -55,6 +63,7 @@ class PFODE:
         self.sc = bool(getattr(denoiser, "self_conditioning", False) if self_cond is None else self_cond)
         self.correction = selfcond_correction
         self.nfe = 0
+        self.last_div_var: Optional[Tensor] = None  # (B,) variance of the last divergence estimate
 
     def _call(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor]):
         self.nfe += 1
@@ -88,7 +97,7 @@ class PFODE:
             f = lambda zz: self.drift(zz, gamma)  # noqa: E731  e_sc recomputed at the perturbed state
         else:
             f = lambda zz: self.drift(zz, gamma, e_sc, use_cached=True)  # noqa: E731
-        div = hutchinson_divergence(f, z, n_hutch, probe, jvp, h, generator, probes)
+        div, self.last_div_var = hutchinson_divergence_and_var(f, z, n_hutch, probe, jvp, h, generator, probes)
         return v, div
 
 
@@ -112,10 +121,19 @@ def hutchinson_divergence(f: Callable[[Tensor], Tensor], z: Tensor, n_hutch: int
     ``torch.func.jvp``. The divergence is over all non-batch dims of z (B, ...). ``probes``: given
     vectors (each shaped like z) instead of ``n_hutch`` fresh draws.
     """
+    return hutchinson_divergence_and_var(f, z, n_hutch, probe, jvp, h, generator, probes)[0]
+
+
+def hutchinson_divergence_and_var(f: Callable[[Tensor], Tensor], z: Tensor, n_hutch: int = 1,
+                                  probe: str = "rademacher", jvp: str = "fd", h: float = 1e-3,
+                                  generator: Optional[torch.Generator] = None,
+                                  probes: Optional[Sequence[Tensor]] = None) -> tuple[Tensor, Tensor]:
+    """:func:`hutchinson_divergence` and the estimated variance of that mean, ``S^2 / n`` with ``S^2``
+    the sample variance of the n per-probe values (B,) float64 (NaN when n = 1)."""
     B = z.shape[0]
-    total = torch.zeros(B, dtype=torch.float64, device=z.device)
     if probes is not None:
         n_hutch = len(probes)
+    vals = []
     for j in range(n_hutch):
         xi = probes[j].to(z.dtype) if probes is not None else draw_probe(tuple(z.shape), probe, generator, z.device, z.dtype)
         if jvp == "fd":
@@ -128,8 +146,10 @@ def hutchinson_divergence(f: Callable[[Tensor], Tensor], z: Tensor, n_hutch: int
             jv = jv.detach().double()
         else:
             raise ValueError(f"unknown jvp mode {jvp!r}; use fd or autograd")
-        total += (xi.double() * jv).reshape(B, -1).sum(1)
-    return total / n_hutch
+        vals.append((xi.double() * jv).reshape(B, -1).sum(1))
+    v = torch.stack(vals)  # (n, B)
+    var = v.var(0) / n_hutch if n_hutch > 1 else torch.full((B,), float("nan"), dtype=torch.float64, device=z.device)
+    return v.mean(0), var
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,7 +167,9 @@ def ode_log_weight(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float, *, 
     fresh Hutchinson probes at every drift evaluation. ``solver="dopri5"``: torchdiffeq's adaptive
     Dormand-Prince (``rtol``, ``atol``) on the augmented state (z, int div) in float64, with the
     probes fixed per row for the whole solve (FFJORD) so the drift is deterministic. Returns float64
-    (B,) tensors ``log_w``, ``log_px_z0``, ``log_q``, ``log_pz1``, ``div_int`` (the log-weight's pieces).
+    (B,) tensors ``log_w``, ``log_px_z0``, ``log_q``, ``log_pz1``, ``div_int`` (the log-weight's pieces)
+    and ``div_var``, the estimated variance of ``div_int``'s Hutchinson noise (Heun with
+    ``n_hutch >= 2``; NaN otherwise).
     """
     ode = ode or PFODE(denoiser, self_cond, selfcond_correction)
     E = denoiser.embedding_matrix()
@@ -167,9 +189,10 @@ def ode_log_weight(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float, *, 
     log_q = (-0.5 * n * LOG_2PI - 0.5 * n * torch.log(s0.view(-1) ** 2)
              - ((z0.double() - a0 * e) ** 2).reshape(B, -1).sum(1) / (2 * s0.view(-1) ** 2))
 
+    div_var = torch.full((B,), float("nan"), dtype=torch.float64, device=dev)
     if solver == "heun":
-        z, div_int = _solve_heun(ode, z0, gamma_0, gamma_1, steps, n_hutch=n_hutch, probe=probe, jvp=jvp, h=h,
-                                 generator=generator)
+        z, div_int, div_var = _solve_heun(ode, z0, gamma_0, gamma_1, steps, n_hutch=n_hutch, probe=probe, jvp=jvp,
+                                          h=h, generator=generator)
     elif solver == "dopri5":
         probes = [draw_probe(tuple(z0.shape), probe, generator, dev, torch.float64) for _ in range(n_hutch)]
         z, div_int = _solve_adaptive(ode, z0, gamma_0, gamma_1, rtol, atol, probes=probes, jvp=jvp, h=h)
@@ -177,23 +200,29 @@ def ode_log_weight(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float, *, 
         raise ValueError(f"unknown ODE solver {solver!r}; use heun or dopri5")
     log_pz1 = -0.5 * n * LOG_2PI - 0.5 * (z.double() ** 2).reshape(B, -1).sum(1)
     log_w = log_px_z0 + log_pz1 + div_int - log_q
-    return {"log_w": log_w, "log_px_z0": log_px_z0, "log_q": log_q, "log_pz1": log_pz1, "div_int": div_int}
+    return {"log_w": log_w, "log_px_z0": log_px_z0, "log_q": log_q, "log_pz1": log_pz1, "div_int": div_int,
+            "div_var": div_var}
 
 
-def _solve_heun(ode: PFODE, z0: Tensor, gamma_0: float, gamma_1: float, steps: int, **kw) -> tuple[Tensor, Tensor]:
-    """Heun2 from gamma_0 to gamma_1: (z(gamma_1), int div dgamma (B,) float64)."""
+def _solve_heun(ode: PFODE, z0: Tensor, gamma_0: float, gamma_1: float, steps: int,
+                **kw) -> tuple[Tensor, Tensor, Tensor]:
+    """Heun2 from gamma_0 to gamma_1: (z(gamma_1), int div dgamma (B,) float64, its noise variance (B,)).
+    The probes of the two evaluations of every step are independent, so the variances add."""
     B, dev = z0.shape[0], z0.device
     grid = torch.linspace(float(gamma_0), float(gamma_1), steps + 1, dtype=torch.float64)
     z, div_int = z0, torch.zeros(B, dtype=torch.float64, device=dev)
+    div_var = torch.zeros(B, dtype=torch.float64, device=dev)
     for i in range(steps):
         ga, gb = grid[i].item(), grid[i + 1].item()
         dg = gb - ga
         va, da = ode.drift_and_div(z, torch.full((B,), ga, dtype=torch.float64, device=dev), **kw)
+        var_a = ode.last_div_var
         z_pred = z + dg * va
         vb, db = ode.drift_and_div(z_pred, torch.full((B,), gb, dtype=torch.float64, device=dev), **kw)
         z = (z.double() + 0.5 * dg * (va.double() + vb.double())).to(z0.dtype)
         div_int += 0.5 * dg * (da + db)
-    return z, div_int
+        div_var += (0.5 * dg) ** 2 * (var_a + ode.last_div_var)
+    return z, div_int, div_var
 
 
 def _solve_adaptive(ode: PFODE, z0: Tensor, gamma_0: float, gamma_1: float, rtol: float, atol: float,
@@ -217,18 +246,23 @@ def _solve_adaptive(ode: PFODE, z0: Tensor, gamma_0: float, gamma_1: float, rtol
 
 def ode_log_weights(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float, K: int = 1,
                     batch_size: int = 16, progress: Optional[Callable[[int, int], None]] = None,
-                    generator: Optional[torch.Generator] = None, **kw) -> tuple[Tensor, int]:
+                    generator: Optional[torch.Generator] = None, return_var: bool = False,
+                    **kw) -> tuple[Tensor, int] | tuple[Tensor, int, Tensor]:
     """Log-weights (N, K) float64 (CPU) of K importance samples per sequence of tokens (N, L),
-    computed ``batch_size`` rows at a time. Returns ``(log_w, nfe)``; ``kw`` go to :func:`ode_log_weight`."""
+    computed ``batch_size`` rows at a time. Returns ``(log_w, nfe)`` (and, with ``return_var``, the
+    Hutchinson noise variances (N, K) of the log-weights); ``kw`` go to :func:`ode_log_weight`."""
     ode = PFODE(denoiser, kw.pop("self_cond", None), kw.pop("selfcond_correction", True))
     N = tokens.shape[0]
     rows = tokens.repeat_interleave(K, 0)  # (N K, L): row n K + k is sample k of sequence n
-    out = []
+    out, var = [], []
     for i in range(0, rows.shape[0], batch_size):
-        out.append(ode_log_weight(denoiser, rows[i:i + batch_size], gamma_0, gamma_1, ode=ode,
-                                  generator=generator, **kw)["log_w"].cpu())
+        r = ode_log_weight(denoiser, rows[i:i + batch_size], gamma_0, gamma_1, ode=ode, generator=generator, **kw)
+        out.append(r["log_w"].cpu())
+        var.append(r["div_var"].cpu())
         if progress is not None:
             progress(min(i + batch_size, rows.shape[0]), rows.shape[0])
+    if return_var:
+        return torch.cat(out).view(N, K), ode.nfe, torch.cat(var).view(N, K)
     return torch.cat(out).view(N, K), ode.nfe
 
 
@@ -239,6 +273,26 @@ def iwae(log_w: Tensor) -> Tensor:
     """``log (1/K) sum_k w_k`` over the last dim (eq. ode-iwae), float64."""
     log_w = log_w.double()
     return torch.logsumexp(log_w, -1) - math.log(log_w.shape[-1])
+
+
+def iwae_noise_bias(log_w: Tensor, noise_var: Tensor) -> Tensor:
+    """Delta-method upward bias of ``log (1/K) sum_k w_k`` (last dim) caused by independent zero-mean
+    noise of variance ``noise_var`` on each log-weight: ``1/2 sum_k s_k^2 (w~_k - w~_k^2)``,
+    ``w~ = softmax(log_w)``. 0 for K = 1; ``s^2/2 (1 - 1/K)`` for equal weights. float64, shape[:-1]."""
+    wt = torch.softmax(log_w.double(), -1)
+    return 0.5 * (noise_var.double() * (wt - wt**2)).sum(-1)
+
+
+def iwae_bias_curve(log_w: Tensor, noise_var: Tensor, L: int, Ks: Sequence[int]) -> dict[int, float]:
+    """Per-token Hutchinson bias of the K-IWAE (groups mode, as :func:`iwae_curve`): the amount by
+    which the reported NLL of each K is *too low*, ``mean_n mean_groups bias / L``. NaN without variances."""
+    N, Kmax = log_w.shape
+    out = {}
+    for K in Ks:
+        G = Kmax // K
+        b = iwae_noise_bias(log_w[:, :G * K].reshape(N, G, K), noise_var[:, :G * K].reshape(N, G, K))
+        out[int(K)] = float(b.mean()) / L
+    return out
 
 
 def iwae_curve(log_w: Tensor, L: int, Ks: Optional[Sequence[int]] = None, mode: str = "groups",
@@ -328,10 +382,17 @@ class LikelihoodResult:
     fit: dict = field(default_factory=dict)
     nfe: int = 0
     seconds: float = 0.0
+    noise_var: Optional[Tensor] = None  # (N, K) Hutchinson noise variance of each log-weight
 
     def summary(self) -> dict:
         Ks = sorted(self.curve)
-        return {"ppl_K1": self.curve[Ks[0]]["ppl"], "ppl_Kmax": self.curve[Ks[-1]]["ppl"], "K_max": Ks[-1],
+        bias = (iwae_bias_curve(self.log_w, self.noise_var, self.L, Ks)
+                if self.noise_var is not None and bool(torch.isfinite(self.noise_var).all()) else None)
+        return {"hutchinson_bias_nats": None if bias is None else {str(k): v for k, v in bias.items()},
+                "hutchinson_logw_std": (None if bias is None else float(self.noise_var.clamp_min(0).sqrt().mean())),
+                "nats_per_token_bias_corrected": (None if bias is None else
+                                                  {str(k): self.curve[k]["nats"] + bias[k] for k in Ks}),
+                "ppl_K1": self.curve[Ks[0]]["ppl"], "ppl_Kmax": self.curve[Ks[-1]]["ppl"], "K_max": Ks[-1],
                 "nats_per_token": {str(k): self.curve[k]["nats"] for k in Ks},
                 "stderr_nats": {str(k): self.curve[k]["stderr"] for k in Ks},
                 "ppl": {str(k): self.curve[k]["ppl"] for k in Ks},
@@ -345,11 +406,11 @@ def estimate_likelihood(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float
     """Log-weights, K-curve and ``a + b/K`` fit for tokens (N, L); ``kw`` go to :func:`ode_log_weight`."""
     t0 = time.time()
     gen = torch.Generator().manual_seed(seed)
-    log_w, nfe = ode_log_weights(denoiser, tokens, gamma_0, gamma_1, K, batch_size, generator=gen,
-                                 progress=kw.pop("progress", None), **kw)
+    log_w, nfe, var = ode_log_weights(denoiser, tokens, gamma_0, gamma_1, K, batch_size, generator=gen,
+                                      progress=kw.pop("progress", None), return_var=True, **kw)
     L = tokens.shape[1]
     curve = iwae_curve(log_w, L, mode=subsample, generator=gen)
-    return LikelihoodResult(log_w, L, curve, fit_inverse_k(curve), nfe, time.time() - t0)
+    return LikelihoodResult(log_w, L, curve, fit_inverse_k(curve), nfe, time.time() - t0, var)
 
 
 def schedule_endpoints(model) -> tuple[float, float]:
