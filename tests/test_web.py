@@ -261,6 +261,52 @@ def test_one_generation_at_a_time_per_run_with_a_bounded_queue(runs, loaded, mon
     assert not overlap[0]
 
 
+def test_a_page_that_goes_away_cancels_its_generation(runs, loaded):
+    """Closing the stream after the first step stops the job at its next step (the queue is freed)."""
+    import httpx
+    import uvicorn
+    from replaid.web.app import create_app
+
+    app = create_app([str(runs["replaid"])], Limits(), runs=[loaded["replaid"]])
+    slot = app.state.slots["replaid"]
+    calls = [0]
+
+    def slow(*_):
+        calls[0] += 1
+        time.sleep(0.005)
+
+    h = loaded["replaid"].model.register_forward_hook(slow)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    try:
+        _wait_port(port)
+        with httpx.Client(timeout=30) as c, c.stream("POST", f"http://127.0.0.1:{port}/api/generate",
+                                                     json={"run": "replaid", "steps": 1000}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data:") and json.loads(line[5:])["type"] == "step":
+                    break
+        t0 = time.time()
+        while slot.pending and time.time() - t0 < 10:
+            time.sleep(0.02)
+        assert slot.pending == 0 and calls[0] < 500  # 1001 calls if it had run to the end
+    finally:
+        h.remove()
+        server.should_exit = True
+        th.join(10)
+
+
+def test_serve_refuses_a_busy_port_in_one_line(runs, capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert main(["serve", str(runs["replaid"]), "--port", str(port)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("replaid: error: cannot listen on 127.0.0.1:") and "\n" not in err
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -26,6 +26,23 @@ def register(sub) -> None:
     s.set_defaults(func=run)
 
 
+def _check_port(host: str, port: int) -> None:
+    """Fails early (before loading runs) with a one-line error when the address cannot be bound."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        raise ValueError(f"--host {host!r} is not an address of this machine") from None
+    fam, _, _, _, addr = infos[0]
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise ValueError(f"cannot listen on {host}:{port} ({e.strerror}); pass another --port") from None
+
+
 def run(args) -> int:
     try:
         import uvicorn
@@ -42,6 +59,7 @@ def run(args) -> int:
             raise ValueError(f"--{k.replace('_', '-')} must be >= 1")
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    _check_port(args.host, args.port)
     if args.threads:
         torch.set_num_threads(args.threads)
     limits = Limits(args.max_steps, args.max_samples, args.max_length, args.max_queue)
