@@ -6,6 +6,7 @@ text, and report one frame per step; the server must validate, queue, cancel and
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -78,8 +79,10 @@ def test_engine_matches_replaid_sample_and_streams_one_frame_per_step(loaded, me
     assert res.nfe == want[0]["nfe"]
     steps = [e for e in events if e["type"] == "step"]
     assert [e["type"] for e in events[:1] + events[-1:]] == ["start", "done"]
-    T = len(steps)
-    assert [e["i"] for e in steps] == list(range(1, T + 1)) and T == res.steps
+    T = res.steps
+    readout = int(method == "replaid")  # continuous: the final readout at gammas[T] is one more frame
+    assert [e["i"] for e in steps] == list(range(1, T + 1 + readout))
+    assert [e["final"] for e in steps] == [False] * T + [True] * readout
     if method != "ar":
         assert T == 6
     P = sum(events[0]["known"])
@@ -90,8 +93,7 @@ def test_engine_matches_replaid_sample_and_streams_one_frame_per_step(loaded, me
     if method == "mdlm":  # unmasking: masks only disappear, and none is left at the end
         masks = [sum(i == MASK for i in e["ids"][0]) for e in steps]
         assert masks == sorted(masks, reverse=True) and masks[-1] == 0
-    if method != "ar":
-        assert steps[-1]["ids"][0][P:] == res.ids[0][P:] or method == "replaid"
+    assert steps[-1]["ids"] == res.ids  # the last frame is the result
 
 
 def test_infill_keeps_the_given_text_and_fills_the_gaps(loaded):
@@ -158,7 +160,7 @@ def test_server_lists_runs_and_streams_a_generation(client):
     resp = client.post("/api/generate", json={"run": "replaid", "steps": 4, "text": "The"})
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
     ev = _events(resp)
-    assert [e["type"] for e in ev] == ["queued", "running", "start"] + ["step"] * 4 + ["done"]
+    assert [e["type"] for e in ev] == ["queued", "running", "start"] + ["step"] * 5 + ["done"]
     assert ev[-1]["nfe"] == 5 and ev[-1]["texts"][0].startswith("The")
 
 
@@ -203,7 +205,6 @@ def test_one_generation_at_a_time_per_run_with_a_bounded_queue(runs, loaded, mon
     """Three simultaneous requests on one run with max_queue=1: one runs, one waits (told it is
     queued behind one), one is refused with 429; the runs never overlap."""
     import httpx
-    import uvicorn
     from replaid.web.app import create_app
 
     app = create_app([str(runs["replaid"])], Limits(max_queue=1), runs=[loaded["replaid"]])
@@ -228,29 +229,23 @@ def test_one_generation_at_a_time_per_run_with_a_bounded_queue(runs, loaded, mon
 
     h = loaded["replaid"].model.register_forward_hook(hook)
     monkeypatch.setattr(engine, "_continuous", counted)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=server.run, daemon=True)
-    th.start()
     try:
-        _wait_port(port)
-        results = [None] * 3
+        with _serving(app) as port:
+            results = [None] * 3
 
-        def ask(k):
-            with httpx.Client(timeout=60) as c:
-                r = c.post(f"http://127.0.0.1:{port}/api/generate", json={"run": "replaid", "steps": 30})
-                results[k] = (r.status_code, _events(r) if r.status_code == 200 else r.json())
+            def ask(k):
+                with httpx.Client(timeout=60) as c:
+                    r = c.post(f"http://127.0.0.1:{port}/api/generate", json={"run": "replaid", "steps": 30})
+                    results[k] = (r.status_code, _events(r) if r.status_code == 200 else r.json())
 
-        ts = [threading.Thread(target=ask, args=(k,)) for k in range(3)]
-        for t in ts:
-            t.start()
-            time.sleep(0.15)
-        for t in ts:
-            t.join(60)
+            ts = [threading.Thread(target=ask, args=(k,)) for k in range(3)]
+            for t in ts:
+                t.start()
+                time.sleep(0.15)
+            for t in ts:
+                t.join(60)
     finally:
         h.remove()
-        server.should_exit = True
-        th.join(10)
     codes = sorted(r[0] for r in results)
     assert codes == [200, 200, 429], results
     ok = [r[1] for r in results if r[0] == 200]
@@ -264,7 +259,6 @@ def test_one_generation_at_a_time_per_run_with_a_bounded_queue(runs, loaded, mon
 def test_a_page_that_goes_away_cancels_its_generation(runs, loaded):
     """Closing the stream after the first step stops the job at its next step (the queue is freed)."""
     import httpx
-    import uvicorn
     from replaid.web.app import create_app
 
     app = create_app([str(runs["replaid"])], Limits(), runs=[loaded["replaid"]])
@@ -276,25 +270,18 @@ def test_a_page_that_goes_away_cancels_its_generation(runs, loaded):
         time.sleep(0.005)
 
     h = loaded["replaid"].model.register_forward_hook(slow)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=server.run, daemon=True)
-    th.start()
     try:
-        _wait_port(port)
-        with httpx.Client(timeout=30) as c, c.stream("POST", f"http://127.0.0.1:{port}/api/generate",
-                                                     json={"run": "replaid", "steps": 1000}) as r:
-            for line in r.iter_lines():
-                if line.startswith("data:") and json.loads(line[5:])["type"] == "step":
-                    break
-        t0 = time.time()
-        while slot.pending and time.time() - t0 < 10:
-            time.sleep(0.02)
-        assert slot.pending == 0 and calls[0] < 500  # 1001 calls if it had run to the end
+        with _serving(app) as port, httpx.Client(timeout=30) as c:
+            with c.stream("POST", f"http://127.0.0.1:{port}/api/generate", json={"run": "replaid", "steps": 1000}) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data:") and json.loads(line[5:])["type"] == "step":
+                        break
+            t0 = time.time()
+            while slot.pending and time.time() - t0 < 10:
+                time.sleep(0.02)
+            assert slot.pending == 0 and calls[0] < 500  # 1001 calls if it had run to the end
     finally:
         h.remove()
-        server.should_exit = True
-        th.join(10)
 
 
 def test_serve_refuses_a_busy_port_in_one_line(runs, capsys):
@@ -305,6 +292,23 @@ def test_serve_refuses_a_busy_port_in_one_line(runs, capsys):
         assert main(["serve", str(runs["replaid"]), "--port", str(port)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("replaid: error: cannot listen on 127.0.0.1:") and "\n" not in err
+
+
+@contextlib.contextmanager
+def _serving(app):
+    """``app`` served by uvicorn in a thread on a free local port; yields the port."""
+    import uvicorn
+
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    try:
+        _wait_port(port)
+        yield port
+    finally:
+        server.should_exit = True
+        th.join(10)
 
 
 def _free_port() -> int:
@@ -335,19 +339,12 @@ def page_url(runs, loaded):
     if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
         pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium; scripts/setup.sh does it)")
     pytest.importorskip("playwright", reason="the 'web' extra (playwright) is not installed")
-    import uvicorn
     from replaid.web.app import create_app
 
     app = create_app([str(runs["replaid"]), str(runs["mdlm"])], Limits(max_steps=256),
                      runs=[loaded["replaid"], loaded["mdlm"]])
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=server.run, daemon=True)
-    th.start()
-    _wait_port(port)
-    yield f"http://127.0.0.1:{port}/"
-    server.should_exit = True
-    th.join(10)
+    with _serving(app) as port:
+        yield f"http://127.0.0.1:{port}/"
 
 
 @pytest.fixture(scope="module")
@@ -397,7 +394,8 @@ def test_page_streams_a_prompted_generation_and_scrubs(page, loaded):
     assert page.locator("#gen-view .sample").count() == 1
     assert page.locator("#gen-view .tok.kept").count() == len(loaded["replaid"].tokenizer.encode("Return the"))
     slider = page.locator("#gen-view .slider")
-    assert slider.get_attribute("max") == "24"
+    assert slider.get_attribute("max") == "25"  # start, 24 steps, the final readout
+    assert page.text_content("#gen-view .step-label") == "24 / 24 · final readout"
     slider.fill("0")
     assert page.text_content("#gen-view .step-label").startswith("0 / 24")
     assert page.locator("#gen-view .tok.mask").count() > 0  # nothing guessed yet at the start

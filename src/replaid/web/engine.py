@@ -6,7 +6,8 @@ shown" is depends on the method, so every method is drawn the same way:
 
 * continuous diffusion (RePlaid, Plaid): the argmax of the denoiser's logits at ``gammas[i]``
   (its current best guess of the clean text) and its softmax probability, from the sampler's
-  per-step ``callback`` (k-diffusion style); given positions show the given tokens;
+  per-step ``callback`` (k-diffusion style), then one ``final`` frame with the readout at
+  ``gammas[T]`` (the returned tokens): T + 1 frames; given positions show the given tokens;
 * MDLM: the current state ``z_s``; still-masked positions are ``MASK``; an unmasked token keeps the
   probability ``x_theta`` gave it when it was drawn;
 * Duo: the current state ``z_s`` (uniform noise at the start) and ``x_theta`` of that token;
@@ -197,8 +198,8 @@ class _Framer:
         self.sent.update(int(k) for k in new)
         return new
 
-    def frame(self, i: int, T: int, ids: torch.Tensor, conf: torch.Tensor) -> None:
-        """ids (B, L) long display ids, conf (B, L) float in [0, 1]."""
+    def frame(self, i: int, T: int, ids: torch.Tensor, conf: torch.Tensor, final: bool = False) -> None:
+        """ids (B, L) long display ids, conf (B, L) float in [0, 1]; ``final`` marks the readout."""
         if self.cancelled():
             raise Cancelled()
         ids = torch.where(self.known, self.known_ids, ids.cpu())
@@ -206,7 +207,7 @@ class _Framer:
         now = time.perf_counter() - self.t0
         if self.first is None:
             self.first = now
-        self.emit({"type": "step", "i": i + 1, "T": T, "ids": ids.tolist(),
+        self.emit({"type": "step", "i": i + 1, "T": T, "final": final, "ids": ids.tolist(),
                    "conf": (conf * 100).round().to(torch.int64).clamp(0, 100).tolist(),
                    "tokens": self.strings(ids), "seconds": round(now, 4), "nfe": self.nfe or None})
 
@@ -280,6 +281,9 @@ def _continuous(run, req, framer: _Framer, gen, tpl: Template, B: int, L: int, d
         framer.frame(info["i"], info["T"], ids, conf)
 
     res = get_sampler(req.sampler)(den, z, gammas, generator=gen, callback=callback, inpaint=inpaint)
+    # the readout: one more evaluation at gammas[T] gives the final tokens (a frame of its own)
+    conf = torch.softmax(res.logits.float(), -1).max(-1).values
+    framer.frame(req.steps, req.steps, res.tokens, conf, final=True)
     return res.tokens, res.nfe
 
 

@@ -60,9 +60,9 @@ class View {
       this.schedule();
     } else if (ev.type === "step") {
       this.learn(ev.tokens);
-      this.frames.push({ i: ev.i, ids: ev.ids, conf: ev.conf });
+      this.frames.push({ i: ev.i, ids: ev.ids, conf: ev.conf, final: ev.final });
       const m = this.meta;
-      $(".bar", this.el).style.width = `${(100 * ev.i / ev.T).toFixed(1)}%`;
+      $(".bar", this.el).style.width = `${Math.min(100, 100 * ev.i / ev.T).toFixed(1)}%`;
       this.setState("running", `step ${ev.i}/${ev.T} · NFE ${ev.nfe ?? "–"} · ${ev.seconds.toFixed(2)} s` +
         (m ? ` · ${m.run} (${m.method}, ${m.sampler})` : ""));
       this.schedule();
@@ -107,7 +107,7 @@ class View {
     if (!f) return;
     const prev = k > 0 ? this.frames[k - 1] : null;
     const T = this.meta ? this.meta.steps : 0;
-    $(".step-label", this.el).textContent = k === 0 ? `0 / ${T} (start)` : `${f.i} / ${T}`;
+    $(".step-label", this.el).textContent = k === 0 ? `0 / ${T} (start)` : f.final ? `${T} / ${T} · final readout` : `${f.i} / ${T}`;
     const known = this.meta ? this.meta.known : [];
     const box = $(".tokens", this.el);
     box.innerHTML = "";
