@@ -15,8 +15,8 @@ def register(sub) -> None:
                                 "Binds to 127.0.0.1 unless --host says otherwise; needs the 'web' extra "
                                 "(pip install -e '.[web]').")
     s.add_argument("runs", nargs="+", metavar="RUN", help="run (or checkpoint) directories to serve")
-    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     s.add_argument("--device", default="cpu", help="cpu | cuda | auto")
     s.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     s.add_argument("--max-steps", type=int, default=1024, help="largest number of sampling steps per request")
