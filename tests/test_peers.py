@@ -36,12 +36,10 @@ def test_mdlm_logits_match_the_peer():
 
 
 def test_mdlm_constant_conditioning_is_needed():
-    """Our MDLM keeps MDLM's AdaLN with the constant condition of sigma = 0: without it (AdaLN bias
-    zeroed) the logits are wrong (the fixture sees it)."""
+    """MDLM's AdaLN at sigma = 0 matters: a wrong time MLP bias moves the logits (the fixture sees it)."""
     cfg_in, sd = peers.read_peer(FX / "mdlm")
     shape, w = peers.mdlm_to_tokendit(cfg_in, sd)
-    for k in [k for k in w if k.endswith("adaLN.bias")]:
-        w[k] = torch.zeros_like(w[k])
+    w["cond.0.bias"] = torch.zeros_like(w["cond.0.bias"])
     model = get_method(peers.run_config("mdlm", shape, [])).build_model(shape["vocab"]).eval()
     load_model_weights(model, w, "mdlm")
     e = load_file(str(FX / "mdlm" / "expected.safetensors"))
@@ -86,7 +84,7 @@ def _word_tokenizer(path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("kind", ["mdlm", "duo"])
+@pytest.mark.parametrize("kind", ["mdlm", "duo", "langflow"])
 def test_convert_command_then_eval_and_sample(kind, tmp_path, capsys):
     tj = _word_tokenizer(tmp_path / "tok.json")
     out = tmp_path / kind
@@ -100,6 +98,12 @@ def test_convert_command_then_eval_and_sample(kind, tmp_path, capsys):
     assert main(["sample", str(out), "--num", "2", "--steps", "4", "--json"]) == 0
     assert len(capsys.readouterr().out.strip().splitlines()) == 2
     assert main(["convert", kind, str(FX / kind), "--out", str(out), "--set", *over]) == 2  # never overwrites
+    if kind == "langflow":  # the ODE likelihood with and without the chain-rule term, from the CLI
+        for corr in ("on", "off"):
+            assert main(["likelihood", str(out), "--num-seqs", "2", "--K", "1", "--steps", "2",
+                         "--selfcond-correction", corr, "--out", str(tmp_path / f"lik-{corr}"), "--json"]) == 0
+        a, b = (json.loads((tmp_path / f"lik-{c}" / "likelihood.json").read_text()) for c in ("on", "off"))
+        assert a["gamma_0"] == pytest.approx(2.6411633) and a["selfcond_correction"] and not b["selfcond_correction"]
 
 
 def test_langflow_logits_match_the_peer_with_and_without_self_conditioning():
@@ -129,3 +133,8 @@ def test_langflow_ode_likelihood_with_and_without_the_chain_rule_term():
         assert torch.isfinite(r["log_w"]).all()
         out[corr] = r["div_int"]
     assert not torch.allclose(out[True], out[False])  # the chain-rule term changes the divergence
+
+
+def test_langflow_method_is_not_trainable_and_writes_nothing(tmp_path, capsys):
+    assert main(["train", "--preset", "debug", "--out", str(tmp_path / "x"), "method=langflow"]) == 2
+    assert "cannot be trained" in capsys.readouterr().err and not (tmp_path / "x").exists()

@@ -255,16 +255,24 @@ class BaselineConfig:
     duo_tau_log10_start: float = -1.0
     duo_tau_log10_end: float = -2.0
     ar_top_p: float = 1.0  # nucleus sampling mass for AR (1.0 = off)
+    # LangFlow's Gumbel noise schedule (converted checkpoints: method=langflow, evaluation only)
+    langflow_gumbel_loc: float = 4.723
+    langflow_gumbel_scale: float = 0.852
+    langflow_gumbel_cutoff: float = 1e-5
 
     def validate(self) -> None:
         _check(0 <= self.duo_curriculum_start <= self.duo_curriculum_end <= 1, "baseline.duo_curriculum_start",
                "need 0 <= duo_curriculum_start <= duo_curriculum_end <= 1")
         _check(self.duo_gamma_min < self.duo_gamma_max, "baseline.duo_gamma_min", "must be < duo_gamma_max")
         _check(0 < self.ar_top_p <= 1, "baseline.ar_top_p", "must be in (0, 1]")
+        _check(self.langflow_gumbel_scale > 0, "baseline.langflow_gumbel_scale", "must be positive")
+        _check(0 < self.langflow_gumbel_cutoff < 0.5, "baseline.langflow_gumbel_cutoff", "must be in (0, 0.5)")
 
 
 # The methods of ``replaid.methods.METHODS`` (named here so the parser and config validation need no torch).
 METHOD_NAMES = ("replaid", "plaid", "ar", "mdlm", "duo")
+# Methods of converted peer checkpoints: evaluated and sampled, not trained (``replaid convert``).
+EVAL_ONLY_METHODS = ("langflow",)
 
 
 @dataclass
@@ -280,8 +288,8 @@ class RunConfig:
     baseline: BaselineConfig = field(default_factory=BaselineConfig)
 
     def validate(self) -> "RunConfig":
-        _check(self.method in METHOD_NAMES, "method", f"unknown method {self.method!r}; choose one of "
-               + ", ".join(METHOD_NAMES))
+        _check(self.method in METHOD_NAMES + EVAL_ONLY_METHODS, "method", f"unknown method {self.method!r}; "
+               "choose one of " + ", ".join(METHOD_NAMES))
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if dataclasses.is_dataclass(v):

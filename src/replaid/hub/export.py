@@ -134,8 +134,9 @@ def model_card(cfg: dict, step: int, weights: str, n_params: int, ev: dict, tok_
              f"replaid eval {repo_hint} --split valid     # or a local copy of this folder",
              f"replaid sample {repo_hint} --num 4 --steps 64", "```", "", "```python",
              "import replaid.hub", f'run = replaid.hub.from_pretrained("{repo_hint}")   # .model .method .tokenizer',
-             "from transformers import AutoModel",
+             "from transformers import AutoModel, AutoTokenizer",
              f'm = AutoModel.from_pretrained("{repo_hint}", trust_remote_code=True)  # m.net, m.method, m.tokenizer',
+             f'tok = AutoTokenizer.from_pretrained("{repo_hint}", trust_remote_code=True)  # the same tokenizer',
              "```", "", "Upload: `hf upload OWNER/NAME THIS_FOLDER` (the Hub's own client).", ""]
     return "\n".join(front + body)
 

@@ -9,11 +9,9 @@ DiT's 256 ``[cos, sin]`` features of ``sigma``. That is :class:`replaid.model.to
 * **MDLM** (``kuleshov-group/mdlm-owt``: ``config.json`` with ``hidden_dim/n_blocks/n_heads/cond_dim/
   vocab_size/model_length/time_conditioning`` and ``model.safetensors`` with keys ``backbone.*``).
   Vocabulary ``V + 1`` (``[MASK] = V``, GPT-2: 50257). The released model is not time-conditioned: it
-  always sees ``sigma = 0``, so ``c`` is one constant vector; each block's shift/scale are folded into its
-  LayerNorm (``w' = w (1 + scale)``, ``b' = shift``) and its gates become our gated (unconditioned) block
-  -- replaid's own MDLM (``baseline.mdlm_time_conditioning=false``). The head's [MASK] row is dropped
-  (SUBS gives it -inf). A time-conditioned MDLM is refused: its ``sigma = -log(1 - (1 - eps) t)``
-  differs from our ``-log(1 - t)``, so it would not be exact.
+  always sees ``sigma = 0``; replaid's MDLM keeps the AdaLN with that constant condition
+  (``model.time_embedding=dit``, ``t = 0``), so the time MLP and AdaLN weights are copied as they are.
+  The head's [MASK] row is dropped (SUBS gives it -inf). A time-conditioned MDLM is refused.
 * **Duo** (``s-sahoo/duo``): the same keys with or without ``backbone.``; its config either in the
   Hub style above or as saved by its ``PyTorchModelHubMixin`` (``{"model": {...}, "vocab_size": V}``).
   Vocabulary ``V`` (no mask). Time-conditioned on ``sigma = -log(alpha_t)``: converted with
@@ -24,8 +22,9 @@ DiT's 256 ``[cos, sin]`` features of ``sigma``. That is :class:`replaid.model.to
 * **LangFlow** (its ``PreTrainedModel``, ``save_pretrained`` safetensors): an embedding-space VP model
   whose network is not RePlaid's (see ``replaid/model/langflow.py`` for every difference), converted by
   :func:`langflow_to_denoiser` to a :class:`~replaid.model.langflow.LangFlowDenoiser` on our DiT blocks:
-  a denoiser for the ODE likelihood (``replaid.eval.likelihood``, with and without the chain-rule term)
-  and the samplers, not a full run (no ``replaid eval/sample`` CLI for it yet).
+  ``replaid convert langflow`` writes a folder of the evaluation-only method ``langflow``
+  (``replaid/methods/langflow.py``): ``replaid eval`` (VDM NELBO under its Gumbel schedule),
+  ``replaid sample``, ``replaid likelihood`` (ODE bound, ``--selfcond-correction on|off``), ``zeroshot``.
 
 Verified against each peer's own code (tests/fixtures/peers, built from the peers' modelling files at
 a tiny size with random weights; max |logit difference| in the closing note of issue 15).
@@ -40,15 +39,14 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from replaid.hub import resolve
 from replaid.training.checkpoint import CheckpointError
 
-PEERS = ("mdlm", "duo")  # full runs; LangFlow converts to a denoiser (langflow_to_denoiser)
+PEERS = ("mdlm", "duo", "langflow")
 
 
 def read_peer(folder: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config, tensors without the ``backbone.`` prefix) of a Hub-layout folder or Hub id."""
-    from replaid.hub import resolve
-
     d = resolve(folder)
     if not (d / "config.json").is_file():
         raise CheckpointError(f"{d} has no config.json; pass the peer's Hub folder (config.json + model.safetensors)")
@@ -84,14 +82,6 @@ def _block(sd: dict, i: int) -> dict[str, torch.Tensor]:
         out[f"{n}.weight"] = sd[p + f"{n}.weight"]
         out[f"{n}.bias"] = torch.zeros_like(sd[p + f"{n}.weight"])
     return out
-
-
-def constant_conditioning(sd: dict) -> torch.Tensor:
-    """MDLM's ``c = silu(MLP(features(sigma = 0)))`` in float64: features are ``[cos 0, sin 0] = [1.., 0..]``."""
-    w0 = sd["sigma_map.mlp.0.weight"].double()
-    feat = torch.cat([torch.ones(w0.shape[1] // 2), torch.zeros(w0.shape[1] - w0.shape[1] // 2)]).double()
-    h = F.silu(w0 @ feat + sd["sigma_map.mlp.0.bias"].double())
-    return F.silu(sd["sigma_map.mlp.2.weight"].double() @ h + sd["sigma_map.mlp.2.bias"].double())
 
 
 def mdlm_to_tokendit(cfg: dict, sd: dict) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -142,8 +132,9 @@ def run_config(kind: str, shape: dict, overrides: list[str]):
     base = [f"method={kind}", f"model.hidden={shape['hidden']}", f"model.n_layers={shape['n_layers']}",
             f"model.n_heads={shape['n_heads']}", f"model.cond_dim={shape['cond_dim']}", "model.mlp_ratio=4",
             "model.dropout=0.0", f"data.seq_len={shape['length']}", "data.tokenizer=gpt2"]
-    base += ["model.time_embedding=dit"] + (["baseline.mdlm_time_conditioning=false"] if kind == "mdlm" else [])
-    return resolve("owt-0.1b", None, base + list(overrides))
+    base += {"mdlm": ["model.time_embedding=dit", "baseline.mdlm_time_conditioning=false"],
+             "duo": ["model.time_embedding=dit"]}.get(kind, [])
+    return resolve("owt-0.1b", None, base + shape.get("extra", []) + list(overrides))
 
 
 def convert(kind: str, src: str, out: str, overrides: list[str]) -> Path:
@@ -156,8 +147,19 @@ def convert(kind: str, src: str, out: str, overrides: list[str]) -> Path:
     if kind not in PEERS:
         raise CheckpointError(f"unknown peer '{kind}'; choose one of {', '.join(PEERS)}")
     refuse_existing(Path(out))
-    cfg_in, sd = read_peer(src)
-    shape, weights = (mdlm_to_tokendit if kind == "mdlm" else duo_to_tokendit)(cfg_in, sd)
+    if kind == "langflow":
+        lf = langflow_to_denoiser(src)
+        weights = {k: v.detach() for k, v in lf.state_dict().items()}
+        sched = lf.schedule
+        shape = dict(hidden=lf.hidden, n_layers=len(lf.backbone.blocks), n_heads=lf.backbone.blocks[0].n_heads,
+                     cond_dim=lf.cond[0].out_features, vocab=lf.vocab_size,
+                     length=json.loads((resolve(src) / "config.json").read_text()).get("model_length", 1024),
+                     extra=[f"model.self_conditioning={str(lf.self_conditioning).lower()}",
+                            f"baseline.langflow_gumbel_loc={sched.loc!r}", f"baseline.langflow_gumbel_scale={sched.scale!r}",
+                            f"baseline.langflow_gumbel_cutoff={sched.cutoff!r}"])
+    else:
+        cfg_in, sd = read_peer(src)
+        shape, weights = (mdlm_to_tokendit if kind == "mdlm" else duo_to_tokendit)(cfg_in, sd)
     cfg = run_config(kind, shape, overrides)
     data = DataPipeline(cfg, None, train=False)
     if data.vocab_size != shape["vocab"]:
@@ -174,13 +176,12 @@ def convert(kind: str, src: str, out: str, overrides: list[str]) -> Path:
     return write_folder(Path(out), state, weights, data.tokenizer, card)
 
 
-# ------------------------------------------------------------------ LangFlow (a denoiser, not a run)
+# ------------------------------------------------------------------ LangFlow
 
 def langflow_to_denoiser(folder: str | Path):
     """LangFlow's Hub folder (``LangFlowConfig`` + ``model.safetensors``) as a
     :class:`replaid.model.langflow.LangFlowDenoiser` with the same weights (strict)."""
     from replaid.model.langflow import LangFlowDenoiser
-    from replaid.hub import resolve
     from replaid.training.checkpoint import load_model_weights
 
     d = resolve(folder)

@@ -9,15 +9,19 @@ from __future__ import annotations
 from replaid.config import METHOD_NAMES, ConfigError, RunConfig
 from replaid.methods.ar import ARMethod
 from replaid.methods.duo import DuoMethod
+from replaid.methods.langflow import LangFlowMethod
 from replaid.methods.mdlm import MDLMMethod
 from replaid.methods.plaid import PlaidMethod
 from replaid.methods.replaid import RePlaidMethod
 
 METHODS = {"replaid": RePlaidMethod, "ar": ARMethod, "mdlm": MDLMMethod, "plaid": PlaidMethod, "duo": DuoMethod}
 assert set(METHODS) == set(METHOD_NAMES), "keep replaid.config.METHOD_NAMES in step with METHODS"
+EVAL_ONLY = {"langflow": LangFlowMethod}  # converted peer checkpoints (config.EVAL_ONLY_METHODS)
 
 
 def get_method(cfg: RunConfig):
+    if cfg.method in EVAL_ONLY:
+        return EVAL_ONLY[cfg.method](cfg)
     if cfg.method not in METHODS:
         raise ConfigError(f"unknown method '{cfg.method}'; choose one of {', '.join(sorted(METHODS))}")
     return METHODS[cfg.method](cfg)

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from replaid.training import checkpoint as ck
 from replaid.training import dist, runfolder
-from replaid.config import ConfigError, OptimConfig, RunConfig
+from replaid.config import EVAL_ONLY_METHODS, ConfigError, OptimConfig, RunConfig
 from replaid.methods import get_method
 from replaid.data.pipeline import DataPipeline
 
@@ -243,6 +243,9 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
     ``overwrite``; ``weights_only`` lets a resume proceed from a checkpoint without optimizer/RNG state.
     """
     run_dir = Path(run_dir)
+    if cfg.method in EVAL_ONLY_METHODS:  # before anything is written
+        raise ConfigError(f"method={cfg.method} is for converted checkpoints (evaluation and sampling); it "
+                          f"cannot be trained: use method=replaid")
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
     device = dist.setup_device(resolve_device(cfg.train.device))
