@@ -1,4 +1,4 @@
-"""Converters from the official MDLM and Duo checkpoints to replaid folders (``replaid convert``).
+"""Converters from the official MDLM, Duo and LangFlow checkpoints to replaid folders (``replaid convert``).
 
 Both peers use the DiT of MDLM's ``models/dit.py`` (Duo's is a copy): LayerNorm without bias,
 ``attn_qkv`` packed ``(three h d)``, rotary on halves (GPT-NeoX ``rotate_half``, base 10000), bias-free
