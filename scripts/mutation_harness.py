@@ -1,7 +1,7 @@
 """A small mutation-testing harness for ``src/replaid/diffusion/`` (mutmut's idea, sized for 2 CPU cores).
 
     python scripts/mutation_harness.py --n 24 --seed 0 --out /tmp/mut.json \
-        --before-tests tests_old/  --tests tests/test_nelbo.py tests/test_model.py ...
+        --before-tests old/tests/test_nelbo.py ... --tests tests/test_nelbo.py::test_new ... --select "not slow"
 
 Enumerates first-order mutants with :mod:`ast` (``+``<->``-``, ``*``<->``/``, ``**``->``*``,
 comparison flips, unary minus dropped, numeric constants changed, ``.detach()`` removed,
@@ -107,12 +107,13 @@ def mutate(source: str, index: int, kind: str) -> tuple[str, str, int]:
     return ast.unparse(tree), desc, line
 
 
-def run_tests(src: Path, tests: list[str], timeout: float, cwd: Path) -> tuple[str, float]:
+def run_tests(src: Path, tests: list[str], timeout: float, cwd: Path, select: str = "") -> tuple[str, float]:
     """'killed' / 'survived' / 'timeout' and the seconds taken."""
     env = dict(os.environ, PYTHONPATH=str(src))
     t0 = time.time()
     try:
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests,
+                            *(["-k", select] if select else [])],
                            cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return "timeout", time.time() - t0
@@ -124,10 +125,12 @@ def main() -> None:
     p.add_argument("--package", default="src/replaid/diffusion", help="folder of modules to mutate")
     p.add_argument("--tests", nargs="+", required=True, help="pytest arguments (files, -k ...) of the new tests")
     p.add_argument("--before-tests", nargs="*", default=None, help="pytest arguments of the old tests, run first")
+    p.add_argument("--select", default="", help="pytest -k expression applied to both test sets")
     p.add_argument("--n", type=int, default=24, help="mutants drawn at random")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=240.0, help="seconds per test run (a timeout = killed)")
     p.add_argument("--out", required=True, help="JSON file of the outcomes")
+    p.add_argument("--budget", type=float, default=0, help="stop drawing mutants after this many seconds (0 = no limit)")
     p.add_argument("--scratch", default="/tmp/replaid-mutation")
     a = p.parse_args()
 
@@ -146,7 +149,11 @@ def main() -> None:
     chosen = rng.sample(all_sites, min(a.n, len(all_sites)))
     print(f"{len(all_sites)} mutants in {a.package}; running {len(chosen)}", flush=True)
     results = []
+    t_start = time.time()
     for k, (fname, idx, kind) in enumerate(chosen):
+        if a.budget and time.time() - t_start > a.budget:
+            print(f"budget of {a.budget:.0f} s used: stopping after {k} mutants", flush=True)
+            break
         orig = (pkg / fname).read_text()
         mutated, desc, line = mutate(orig, idx, kind)
         target = scratch / "src" / rel / fname
@@ -154,11 +161,11 @@ def main() -> None:
         try:
             rec = {"file": f"{a.package}/{fname}", "line": line, "kind": kind, "mutation": desc}
             if a.before_tests is not None:
-                rec["before"], rec["before_s"] = run_tests(scratch / "src", a.before_tests, a.timeout, ROOT)
+                rec["before"], rec["before_s"] = run_tests(scratch / "src", a.before_tests, a.timeout, ROOT, a.select)
             if a.before_tests is not None and rec["before"] != "survived":
                 rec["after"] = rec["before"]  # the new tests keep every old test
             else:
-                rec["after"], rec["after_s"] = run_tests(scratch / "src", a.tests, a.timeout, ROOT)
+                rec["after"], rec["after_s"] = run_tests(scratch / "src", a.tests, a.timeout, ROOT, a.select)
         finally:
             target.write_text(orig)
         results.append(rec)
