@@ -154,3 +154,20 @@ def test_oracle_nelbo_gap_equals_prior_marginal_kl_narrow():
     kl, kl_se = float(d.mean()), float(d.std()) / math.sqrt(n)
     assert kl > 0.02  # narrow endpoints: a clearly visible gap
     assert abs(gap - kl) < 4 * math.hypot(se, kl_se), (gap, kl, se, kl_se)
+
+
+def test_prior_logits_with_row_norms_are_the_gaussian_log_density():
+    """Mutation survivor (denoiser.py, the row-norm term): for rows of any length the prior logits with
+    ``row_norms=True`` equal log N(z; alpha e_v, sigma^2 I) up to one constant per position."""
+    from replaid.diffusion.denoiser import prior_logits
+
+    g = torch.Generator().manual_seed(0)
+    E = torch.randn(7, 3, generator=g, dtype=torch.float64) * torch.tensor([[0.5], [1], [2], [1.5], [0.7], [1.2], [3.0]],
+                                                                            dtype=torch.float64)
+    z = torch.randn(2, 4, 3, generator=g, dtype=torch.float64)
+    gamma = torch.tensor([-1.0, 0.5], dtype=torch.float64)
+    a, s = alpha_sigma(gamma)
+    logn = -((z[:, :, None, :] - a.view(-1, 1, 1, 1) * E) ** 2).sum(-1) / (2 * s.view(-1, 1, 1) ** 2)  # (B, L, V)
+    got = prior_logits(z, gamma, E, row_norms=True).double()
+    diff = got - logn
+    assert torch.allclose(diff, diff[..., :1].expand_as(diff), atol=1e-4)

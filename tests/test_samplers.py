@@ -543,3 +543,13 @@ def test_trajectory_recorder(oracle):
     # text emerges: the late predictions agree with the final tokens far more than the first
     agree = [float((tok == res.tokens).float().mean()) for _, tok in rec.records]
     assert agree[-1] > 0.9 and agree[-1] > agree[0] + 0.3
+
+
+def test_trajectory_recorder_accepts_every_step_and_refuses_zero():
+    """Mutation survivor (samplers.py, the ``every`` check)."""
+    import pytest as _pytest
+    from replaid.diffusion.samplers import TrajectoryRecorder
+
+    assert TrajectoryRecorder(1).every == 1
+    with _pytest.raises(ValueError):
+        TrajectoryRecorder(0)
