@@ -31,6 +31,15 @@ def add_command(sub, name: str, help_: str, example: str, description: str | Non
                           formatter_class=HelpFormatter)
 
 
+def run_title(run) -> str:
+    """How plots name the run they show: its folder, method, step and weights (EMA or raw)."""
+    from pathlib import Path
+
+    ck = Path(run.ckpt)
+    name = ck.parent.parent.name if ck.parent.name == "checkpoints" else ck.name
+    return f"{name} ({run.cfg.method}, step {run.step}, {'EMA' if run.ema_loaded else 'raw'} weights)"
+
+
 def emit(obj: dict, as_json: bool) -> None:
     """One JSON object, or one ``key value`` line per entry."""
     if as_json:

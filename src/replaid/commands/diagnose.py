@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from replaid.commands import add_command, emit, run_labels
+from replaid.commands import add_command, emit, run_labels, run_title
 
 EXAMPLE = ("example: replaid diagnose runs/demo --out runs/demo/diagnose --split valid --batches 4 --grid 33\n"
            "         replaid diagnose runs/learned runs/frozen --labels learned frozen --out runs/ce-overlay")
@@ -64,18 +64,21 @@ def run(args) -> int:
 
 
 def _diagnose_one(r, args, out: Path) -> tuple[dict, dict]:
-    from replaid.eval.diagnostics import diagnose, plot_diagnostics, write_csv
+    from tqdm.auto import tqdm
+
+    from replaid.eval.diagnostics import diagnose, diagnose_predictions, plot_diagnostics, write_csv
 
     bs = args.batch_size or r.cfg.eval.batch_size
     batches = [b["tokens"] for b in r.data.eval_batches(args.split, bs, args.batches)]
     if not batches:
         raise ValueError(f"the {args.split} split produced no batches")
     sc = bool(getattr(r.model, "self_conditioning", False)) and not args.no_self_cond
-    res = diagnose(r.model, batches, grid=args.grid, self_cond=sc, seed=args.seed)
+    with tqdm(total=len(batches) * diagnose_predictions(args.grid), desc="diagnose", unit="pred") as bar:  # stderr
+        res = diagnose(r.model, batches, grid=args.grid, self_cond=sc, seed=args.seed, advance=bar.update)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "curves.csv", res["t"])
     write_csv(out / "gamma_curves.csv", res["gamma"])
-    plots = plot_diagnostics(res, out)
+    plots = plot_diagnostics(res, out, title=f"{run_title(r)}, {args.split}, {res['summary']['tokens']} tokens")
     summary = dict(res["summary"], split=args.split, checkpoint=str(r.ckpt), step=r.step,
                    weights="ema" if r.ema_loaded else "raw", files=["curves.csv", "gamma_curves.csv"]
                    + [Path(p).name for p in plots])

@@ -28,7 +28,7 @@ def run(args) -> int:
     apply_cli(cfg, {"--t-samples": ("eval.t_samples", args.t_samples),
                     "--max-batches": ("eval.max_batches", args.max_batches)})
     res = evaluate_model(run_.model, run_.method, run_.data, cfg, args.split, None,
-                         max_batches=cfg.eval.max_batches, progress=not args.json)
+                         max_batches=cfg.eval.max_batches, progress=True)  # bar on stderr
     res.update(checkpoint=str(run_.ckpt), step=run_.step, method=cfg.method, ema=run_.ema_loaded,
                weights="ema" if run_.ema_loaded else "raw")
     emit(res, args.json)

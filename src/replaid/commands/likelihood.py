@@ -7,7 +7,7 @@ import math
 import time
 from pathlib import Path
 
-from replaid.commands import add_command, emit
+from replaid.commands import add_command, emit, run_title
 
 EXAMPLE = ("example: replaid likelihood runs/demo --split valid --num-seqs 64 --K 8 --steps 128 "
            "--out runs/demo/likelihood --json")
@@ -79,10 +79,12 @@ def run(args) -> int:
         and bool(getattr(run_.cfg.eval, "self_conditioning", True))
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=tokens.shape[0] * args.K, desc="ODE log-weights", unit="row")  # stderr; JSON goes to stdout
+    # stderr (JSON goes to stdout); advances at every solver step, in rows (sequence x sample) solved
+    bar = tqdm(total=tokens.shape[0] * args.K, desc="ODE log-weights", unit="row",
+               bar_format="{l_bar}{bar}| {n:.1f}/{total} rows [{elapsed}<{remaining}]")
 
-    def progress(i: int, n: int) -> None:
-        bar.update(i - bar.n)
+    def progress(done: float, n: int) -> None:
+        bar.update(done - bar.n)
     res = estimate_likelihood(model, tokens, g0, g1, K=args.K, batch_size=args.batch_size, seed=args.seed,
                               subsample=args.subsample, steps=args.steps, n_hutch=args.n_hutch, probe=args.probe,
                               jvp=args.jvp, h=args.h, self_cond=sc, solver=args.solver, rtol=args.rtol,
@@ -113,7 +115,10 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     np.save(out / "log_weights.npy", res.log_w.numpy())
     (out / "likelihood.json").write_text(json.dumps(summary, indent=2))
-    plot_k_curve(res.curve, res.fit, str(out / "kcurve.png"), nelbo_nats=nelbo_nats)
+    title = (f"ODE K-IWAE of {run_title(run_)}: {args.split}, {tokens.shape[0]} sequences, "
+             f"{args.solver}" + (f" {args.steps} steps" if args.solver == "heun" else ""))
+    plot_k_curve(res.curve, res.fit, str(out / "kcurve.png"), nelbo_nats=nelbo_nats, title=title,
+                 sequences=tokens.shape[0])
     emit(summary, args.json)
     if summary["hutchinson_bias_nats"] is None:
         import sys

@@ -14,5 +14,6 @@ def run(args) -> int:
     from replaid.presets import PRESETS
 
     for name, fn in PRESETS.items():
-        print(f"{name:16s} {(fn.__doc__ or '').strip().splitlines()[0]}")
+        doc = " ".join(line.strip() for line in (fn.__doc__ or "").strip().splitlines())
+        print(f"{name:16s} {doc}")
     return 0

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from replaid.data.cache import get_token_array, load_doc_offsets, open_cache, tokenize_to_cache, validate_tokens
 from replaid.data.errors import DataError
-from replaid.data.loader import BatchLoader, SequenceDataset, unigram_nll
+from replaid.data.loader import BatchLoader, SequenceDataset, unigram_logp, unigram_nll
 from replaid.data.sources import HF_DATASETS, SPLITS, HFSpec, hf_spec, holdout_split, iter_documents, source_fingerprint
 from replaid.data.tokenizers import (Tokenizer, build_tokenizer, load_saved_tokenizer, load_tokenizer_file, save_tokenizer,
                          tokenizer_for_source)
@@ -21,7 +21,7 @@ __all__ = [
     "DataError", "SPLITS", "HF_DATASETS", "HFSpec", "hf_spec", "holdout_split", "iter_documents",
     "source_fingerprint", "Tokenizer", "build_tokenizer", "tokenizer_for_source", "load_tokenizer_file",
     "save_tokenizer", "load_saved_tokenizer", "tokenize_to_cache", "open_cache", "load_doc_offsets",
-    "get_token_array", "validate_tokens", "SequenceDataset", "BatchLoader", "unigram_nll", "describe",
+    "get_token_array", "validate_tokens", "SequenceDataset", "BatchLoader", "unigram_logp", "unigram_nll", "describe",
     "default_cache_dir",
 ]
 

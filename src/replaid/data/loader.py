@@ -11,7 +11,7 @@ from torch import Tensor
 from replaid.data.cache import load_doc_offsets, validate_tokens
 from replaid.data.errors import DataError
 
-__all__ = ["SequenceDataset", "BatchLoader", "validate_tokens", "unigram_nll"]
+__all__ = ["SequenceDataset", "BatchLoader", "validate_tokens", "unigram_logp", "unigram_nll"]
 
 Batch = dict[str, "Tensor | None"]
 
@@ -150,11 +150,16 @@ def _counts(arr: np.ndarray, vocab_size: int) -> np.ndarray:
     return counts
 
 
+def unigram_logp(train_array: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Log-probabilities (V,) float64 of the add-one-smoothed unigram model fitted on ``train_array``."""
+    validate_tokens(train_array, vocab_size, "the train array")
+    return np.log(_counts(train_array, vocab_size) + 1.0) - np.log(len(train_array) + vocab_size)
+
+
 def unigram_nll(train_array: np.ndarray, eval_array: np.ndarray, vocab_size: int) -> float:
     """NLL (nats/token) on ``eval_array`` of the add-one-smoothed unigram model fitted on ``train_array``."""
-    validate_tokens(train_array, vocab_size, "the train array")
     validate_tokens(eval_array, vocab_size, "the eval array")
     if len(eval_array) == 0:
         raise DataError("the eval array is empty: point data.source at a corpus with a non-empty eval split")
-    logp = np.log(_counts(train_array, vocab_size) + 1.0) - np.log(len(train_array) + vocab_size)
+    logp = unigram_logp(train_array, vocab_size)
     return float(-(_counts(eval_array, vocab_size) * logp).sum() / len(eval_array))

@@ -10,7 +10,7 @@ import numpy as np
 from replaid.config import RunConfig
 from replaid.data.tokenizers import SPEC_FILE
 from replaid.data import (BatchLoader, DataError, SequenceDataset, get_token_array, load_saved_tokenizer, save_tokenizer,
-                   tokenizer_for_source, unigram_nll)
+                   tokenizer_for_source, unigram_logp)
 
 
 def cache_dir(cfg: RunConfig) -> str:
@@ -92,5 +92,8 @@ class DataPipeline:
                 break
         return out
 
-    def unigram_nats(self, split: str) -> float:
-        return unigram_nll(self.array("train")[0], self.array(split)[0], self.vocab_size)
+    def unigram_logp(self) -> np.ndarray:
+        """(V,) float64 log-probabilities of the add-one-smoothed unigram model of the train split."""
+        if not hasattr(self, "_unigram_logp"):
+            self._unigram_logp = unigram_logp(self.array("train")[0], self.vocab_size)
+        return self._unigram_logp

@@ -27,10 +27,12 @@ Predict = Callable[[Tensor, Tensor], object]  # (z, gamma) -> DenoiserOutput
 
 @torch.no_grad()
 def measure_at_gammas(predict: Predict, E: Tensor, batches: Iterable[Tensor], gammas: Tensor,
-                      generator: Optional[torch.Generator] = None) -> dict[str, np.ndarray]:
+                      generator: Optional[torch.Generator] = None,
+                      advance: Optional[Callable[[int], None]] = None) -> dict[str, np.ndarray]:
     """MSE, CE and error rate per token at each gamma (G,), averaged over token batches (B, L).
 
     ``predict(z, gamma)`` is the evaluation-time prediction (e.g. ``denoise(model, ...)`` with s.c.).
+    ``advance(1)`` is called after each (batch, gamma) prediction (a progress bar's ``update``).
     Returns float64 arrays (G,): ``mse``, ``ce``, ``err``.
     """
     gammas = gammas.double().cpu()
@@ -51,6 +53,8 @@ def measure_at_gammas(predict: Predict, E: Tensor, batches: Iterable[Tensor], ga
             sums["ce"][i] += float(F.cross_entropy(logits.reshape(B * L, -1), tokens.reshape(-1),
                                                    reduction="sum").double())
             sums["err"][i] += float((logits.argmax(-1) != tokens).double().sum())
+            if advance is not None:
+                advance(1)
         n_tok += B * L
     if n_tok == 0:
         raise ValueError("no tokens to measure the per-timestep curves on")
@@ -107,14 +111,20 @@ def time_grid(n: int) -> np.ndarray:
     return (np.arange(n) + 0.5) / n
 
 
+def diagnose_predictions(grid: int) -> int:
+    """Predictions per batch of :func:`diagnose`: the t grid, then a gamma grid twice as fine."""
+    return grid + 2 * grid - 1
+
+
 @torch.no_grad()
 def diagnose(model, batches: list[Tensor], grid: int = 33, self_cond: Optional[bool] = None,
-             seed: int = 0) -> dict:
+             seed: int = 0, advance: Optional[Callable[[int], None]] = None) -> dict:
     """Per-timestep curves of a model with a learned schedule, and the closed-form gamma*.
 
     The model needs ``schedule(t) -> (gamma, gamma')`` and the denoiser interface; predictions use
     :func:`replaid.model.replaid.denoise` (self-conditioning as in evaluation). Returns
     ``{"t": {...arrays over the t grid}, "gamma": {...arrays over the gamma grid}, "summary": {...}}``.
+    ``advance(1)`` is called after each of the ``len(batches) * diagnose_predictions(grid)`` predictions.
     """
     from replaid.model.replaid import denoise
 
@@ -128,10 +138,10 @@ def diagnose(model, batches: list[Tensor], grid: int = 33, self_cond: Optional[b
     ends = model.schedule(torch.tensor([0.0, 1.0], dtype=torch.float64, device=dev))[0].double().cpu().numpy()
     g0, g1 = float(ends[0]), float(ends[1])
 
-    at_t = measure_at_gammas(predict, E, batches, torch.tensor(gam), gen)
+    at_t = measure_at_gammas(predict, E, batches, torch.tensor(gam), gen, advance)
     loss_t = 0.5 * dgam * np.exp(-gam) * at_t["mse"]
-    gg = np.linspace(g0, g1, 2 * grid - 1)
-    at_g = measure_at_gammas(predict, E, batches, torch.tensor(gg), gen)
+    gg = np.linspace(g0, g1, diagnose_predictions(grid) - grid)
+    at_g = measure_at_gammas(predict, E, batches, torch.tensor(gg), gen, advance)
     opt = optimal_schedule(gg, at_g["mse"])
     gstar = opt["gamma_star"](t)
     loss_star = opt["loss_star"](t)
@@ -162,8 +172,9 @@ def write_csv(path, cols: dict) -> None:
     np.savetxt(path, rows, delimiter=",", header=",".join(keys), comments="", fmt="%.10g")
 
 
-def plot_diagnostics(res: dict, out_dir) -> list[str]:
-    """PNGs: diffusion loss (learned vs gamma*), CE, error rate and gamma(t) vs t. Returns the paths."""
+def plot_diagnostics(res: dict, out_dir, title: str = "") -> list[str]:
+    """PNGs: diffusion loss (learned vs gamma*), CE, error rate and gamma(t) vs t, each titled with
+    ``title`` (the run). Returns the paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -181,13 +192,13 @@ def plot_diagnostics(res: dict, out_dir) -> list[str]:
     ]
     paths = []
     for name, ylabel, lines in specs:
-        fig, ax = plt.subplots(figsize=(5, 3.5))
+        fig, ax = plt.subplots(figsize=(5.5, 4))
         for key, lab in lines:
             ax.plot(c["t"], c[key], marker=".", label=lab)
         if name == "diffusion_loss.png":
             ax.axhline(res["summary"]["kappa"], color="gray", ls=":", label="kappa")
-        if name == "ce.png":
-            ax.set_title(f"linear-fit R^2 = {res['summary']['ce_linear_r2']:.3f}")
+        sub = f"linear-fit R^2 = {res['summary']['ce_linear_r2']:.3f}" if name == "ce.png" else ""
+        ax.set_title("\n".join(x for x in (title, sub) if x), fontsize=9)
         ax.set_xlabel("t")
         ax.set_ylabel(ylabel)
         ax.legend()

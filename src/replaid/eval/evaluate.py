@@ -1,4 +1,4 @@
-"""NELBO evaluation: per-token bound, its pieces, and the unigram reference of the same split."""
+"""NELBO evaluation: per-token bound, its pieces, and the unigram reference on the same tokens."""
 from __future__ import annotations
 
 import math
@@ -17,7 +17,8 @@ def ppl(nats: float) -> float:
 @torch.no_grad()
 def evaluate_model(model, method, data, cfg, split: str | None = None, ema=None,
                    max_batches: int | None = None, progress: bool = False) -> dict:
-    """Token-weighted mean of the per-token bound over the split (``cfg.eval``)."""
+    """Token-weighted mean of the per-token bound over the split (``cfg.eval``; the first ``max_batches``
+    batches when set), beside the train-split unigram model's NLL on exactly the tokens evaluated."""
     ecfg = cfg.eval
     split = split or ecfg.split
     max_batches = ecfg.max_batches if max_batches is None else max_batches
@@ -30,9 +31,10 @@ def evaluate_model(model, method, data, cfg, split: str | None = None, ema=None,
     n_tok = 0
     t0 = time.time()
     ctx = ema.applied(model) if (ema is not None and ecfg.use_ema) else nullcontext()
+    uni_logp = torch.from_numpy(data.unigram_logp()).to(device)  # (V,) float64
     with ctx:
         batches = data.eval_batches(split, ecfg.batch_size, max_batches)
-        for batch in tqdm(batches, desc=f"eval {split}", disable=not progress, leave=False):
+        for batch in tqdm(batches, desc=f"eval {split}", unit="batch", disable=not progress, leave=False):
             tokens = batch["tokens"].to(device)
             mask = batch.get("mask")
             mask = mask.to(device) if mask is not None else None
@@ -41,6 +43,9 @@ def evaluate_model(model, method, data, cfg, split: str | None = None, ema=None,
                  else torch.full((tokens.shape[0],), float(tokens.shape[1]), dtype=torch.float64, device=device))
             for k, v in r.items():
                 sums[k] = sums.get(k, 0.0) + float((v.double() * w).sum())
+            uni = -uni_logp[tokens]  # (B, L)
+            sums["unigram_nats_per_token"] = sums.get("unigram_nats_per_token", 0.0) + float(
+                (uni * mask).sum() if mask is not None else uni.sum())
             per_seq.append((r["nelbo"] if "nelbo" in r else r["nll"]).double().cpu())
             n_tok += int(w.sum())
         endpoints = [float(g) for g in model.schedule.endpoints()] if hasattr(model, "schedule") else None
@@ -66,20 +71,22 @@ def evaluate_model(model, method, data, cfg, split: str | None = None, ema=None,
     }
     if endpoints is not None:  # of the weights evaluated (EMA when used)
         out.update(gamma_0=endpoints[0], gamma_1=endpoints[1], t_samples=ecfg.t_samples)
-    uni = data.unigram_nats(split)
-    out.update(unigram_nats_per_token=uni, unigram_ppl=ppl(uni))
+    out.update(unigram_ppl=ppl(out["unigram_nats_per_token"]), batches=len(batches),
+               unigram_on="the evaluated tokens (train-split add-one unigram model)")
     return out
 
 
-def evaluate(trainer, data, split: str | None = None) -> dict:
+def evaluate(trainer, data, split: str | None = None, progress: bool = False) -> dict:
     """Evaluate a training run's model (its EMA weights when kept). Sharded (FSDP2) parameters are
     gathered into a plain replica first; each rank then scores its share of the split."""
     from replaid.training import dist
 
     if not any(hasattr(p, "device_mesh") for p in trainer.model.parameters()):
-        return evaluate_model(trainer.model, trainer.method, data, trainer.cfg, split, trainer.ema)
+        return evaluate_model(trainer.model, trainer.method, data, trainer.cfg, split, trainer.ema,
+                              progress=progress)
     full = dist.full_tensors(trainer.ema.shadow if trainer.ema and trainer.cfg.eval.use_ema
                              else trainer.model.state_dict())
     replica = trainer.method.build_model(data.vocab_size)
     replica.load_state_dict({k: v.to(dtype=replica.state_dict()[k].dtype) for k, v in full.items()})
-    return evaluate_model(replica.to(trainer.device), trainer.method, data, trainer.cfg, split, None)
+    return evaluate_model(replica.to(trainer.device), trainer.method, data, trainer.cfg, split, None,
+                          progress=progress)

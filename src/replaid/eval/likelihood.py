@@ -160,7 +160,8 @@ def ode_log_weight(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float, *, 
                    n_hutch: int = 1, probe: str = "rademacher", jvp: str = "fd", h: float = 1e-3,
                    self_cond: Optional[bool] = None, selfcond_correction: bool = True,
                    generator: Optional[torch.Generator] = None, ode: Optional[PFODE] = None,
-                   solver: str = "heun", rtol: float = 1e-5, atol: float = 1e-5) -> dict[str, Tensor]:
+                   solver: str = "heun", rtol: float = 1e-5, atol: float = 1e-5,
+                   callback: Optional[Callable[[float], None]] = None) -> dict[str, Tensor]:
     """One importance sample per row: ``log w`` (eq. ode-logweight-gamma) for tokens (B, L).
 
     ``solver="heun"``: Heun2 on a uniform gamma grid of ``steps`` steps from gamma_0 to gamma_1,
@@ -170,6 +171,8 @@ def ode_log_weight(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float, *, 
     (B,) tensors ``log_w``, ``log_px_z0``, ``log_q``, ``log_pz1``, ``div_int`` (the log-weight's pieces)
     and ``div_var``, the estimated variance of ``div_int``'s Hutchinson noise (Heun with
     ``n_hutch >= 2``; NaN otherwise).
+    ``callback(frac)`` reports the fraction of the gamma path solved (after each Heun step, or at each
+    dopri5 evaluation beyond the furthest gamma reached so far).
     """
     ode = ode or PFODE(denoiser, self_cond, selfcond_correction)
     E = denoiser.embedding_matrix()
@@ -191,11 +194,11 @@ def ode_log_weight(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float, *, 
 
     div_var = torch.full((B,), float("nan"), dtype=torch.float64, device=dev)
     if solver == "heun":
-        z, div_int, div_var = _solve_heun(ode, z0, gamma_0, gamma_1, steps, n_hutch=n_hutch, probe=probe, jvp=jvp,
-                                          h=h, generator=generator)
+        z, div_int, div_var = _solve_heun(ode, z0, gamma_0, gamma_1, steps, callback, n_hutch=n_hutch, probe=probe,
+                                          jvp=jvp, h=h, generator=generator)
     elif solver == "dopri5":
         probes = [draw_probe(tuple(z0.shape), probe, generator, dev, torch.float64) for _ in range(n_hutch)]
-        z, div_int = _solve_adaptive(ode, z0, gamma_0, gamma_1, rtol, atol, probes=probes, jvp=jvp, h=h)
+        z, div_int = _solve_adaptive(ode, z0, gamma_0, gamma_1, rtol, atol, callback, probes=probes, jvp=jvp, h=h)
     else:
         raise ValueError(f"unknown ODE solver {solver!r}; use heun or dopri5")
     log_pz1 = -0.5 * n * LOG_2PI - 0.5 * (z.double() ** 2).reshape(B, -1).sum(1)
@@ -205,7 +208,7 @@ def ode_log_weight(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float, *, 
 
 
 def _solve_heun(ode: PFODE, z0: Tensor, gamma_0: float, gamma_1: float, steps: int,
-                **kw) -> tuple[Tensor, Tensor, Tensor]:
+                callback: Optional[Callable[[float], None]] = None, **kw) -> tuple[Tensor, Tensor, Tensor]:
     """Heun2 from gamma_0 to gamma_1: (z(gamma_1), int div dgamma (B,) float64, its noise variance (B,)).
     The probes of the two evaluations of every step are independent, so the variances add."""
     B, dev = z0.shape[0], z0.device
@@ -222,19 +225,26 @@ def _solve_heun(ode: PFODE, z0: Tensor, gamma_0: float, gamma_1: float, steps: i
         z = (z.double() + 0.5 * dg * (va.double() + vb.double())).to(z0.dtype)
         div_int += 0.5 * dg * (da + db)
         div_var += (0.5 * dg) ** 2 * (var_a + ode.last_div_var)
+        if callback is not None:
+            callback((i + 1) / steps)
     return z, div_int, div_var
 
 
 def _solve_adaptive(ode: PFODE, z0: Tensor, gamma_0: float, gamma_1: float, rtol: float, atol: float,
-                    **kw) -> tuple[Tensor, Tensor]:
+                    callback: Optional[Callable[[float], None]] = None, **kw) -> tuple[Tensor, Tensor]:
     """torchdiffeq dopri5 on (z, int div) in float64 with fixed probes (``kw["probes"]``)."""
     try:
         from torchdiffeq import odeint
     except ImportError:
         raise ValueError("--solver dopri5 needs torchdiffeq: pip install torchdiffeq") from None
     B, dev = z0.shape[0], z0.device
+    reached = [0.0]
 
     def f(g: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        frac = (float(g) - float(gamma_0)) / (float(gamma_1) - float(gamma_0))
+        if callback is not None and frac > reached[0]:
+            reached[0] = frac
+            callback(min(frac, 1.0))
         v, div = ode.drift_and_div(state[0], g.to(torch.float64).expand(B), **kw)
         return v.double(), div
 
@@ -251,16 +261,20 @@ def ode_log_weights(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float, K:
     """Log-weights (N, K) float64 (CPU) of K importance samples per sequence of tokens (N, L),
     computed ``batch_size`` rows at a time. Returns ``(log_w, nfe)`` (and, with ``return_var``, the
     Hutchinson noise variances (N, K) of the log-weights); ``kw`` go to :func:`ode_log_weight`."""
+    ``progress(rows_done, rows)`` is called as each batch's solve advances (fractional rows done).
     ode = PFODE(denoiser, kw.pop("self_cond", None), kw.pop("selfcond_correction", True))
     N = tokens.shape[0]
     rows = tokens.repeat_interleave(K, 0)  # (N K, L): row n K + k is sample k of sequence n
     out, var = [], []
     for i in range(0, rows.shape[0], batch_size):
-        r = ode_log_weight(denoiser, rows[i:i + batch_size], gamma_0, gamma_1, ode=ode, generator=generator, **kw)
+        b = min(batch_size, rows.shape[0] - i)
+        step = None if progress is None else (lambda frac, i=i, b=b: progress(i + b * frac, rows.shape[0]))
+        r = ode_log_weight(denoiser, rows[i:i + b], gamma_0, gamma_1, ode=ode, generator=generator,
+                           callback=step, **kw)
         out.append(r["log_w"].cpu())
         var.append(r["div_var"].cpu())
         if progress is not None:
-            progress(min(i + batch_size, rows.shape[0]), rows.shape[0])
+            progress(i + b, rows.shape[0])
     if return_var:
         return torch.cat(out).view(N, K), ode.nfe, torch.cat(var).view(N, K)
     return torch.cat(out).view(N, K), ode.nfe
@@ -344,8 +358,12 @@ def fit_inverse_k(curve: dict[int, dict[str, float]], k_min: int = 4) -> dict[st
 
 
 def plot_k_curve(curve: dict[int, dict[str, float]], fit: Optional[dict] = None, path: str = "kcurve.png",
-                 nelbo_nats: Optional[float] = None, title: str = "ODE K-IWAE") -> None:
-    """PNG of per-token NLL and PPL vs K (log2 axis) with the a + b/K fit and a NELBO line."""
+                 nelbo_nats: Optional[float] = None, title: str = "ODE K-IWAE", sequences: Optional[int] = None) -> None:
+    """PNG of per-token NLL and PPL vs K (log2 axis) with the a + b/K fit and a NELBO line.
+
+    Error bars: +-1 standard error of the mean over the scored sequences (``curve[K]["stderr"]``), i.e.
+    sequence-to-sequence spread; every K uses the same sequences, so differences between K are much
+    more precise than the bars. The legend and this explanation sit below the panels."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -354,10 +372,10 @@ def plot_k_curve(curve: dict[int, dict[str, float]], fit: Optional[dict] = None,
     Ks = sorted(curve)
     y = [curve[k]["nats"] for k in Ks]
     se = [curve[k]["stderr"] if math.isfinite(curve[k]["stderr"]) else 0.0 for k in Ks]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.8))
     for ax, tr, lab in ((axes[0], lambda v: v, "NLL (nats / token)"), (axes[1], math.exp, "PPL")):
         ax.errorbar(Ks, [tr(v) for v in y], yerr=[tr(v) * s if tr is math.exp else s for v, s in zip(y, se)],
-                    marker="o", label="K-IWAE")
+                    marker="o", capsize=3, label="K-IWAE (bars: +-1 s.e. over sequences)")
         if fit is not None:
             kk = torch.logspace(0, math.log10(max(Ks) * 2), 100).tolist()
             ax.plot(kk, [tr(fit["a"] + fit["b"] / k) for k in kk], ":",
@@ -367,9 +385,12 @@ def plot_k_curve(curve: dict[int, dict[str, float]], fit: Optional[dict] = None,
         ax.set_xscale("log", base=2)
         ax.set_xlabel("K")
         ax.set_ylabel(lab)
-        ax.legend()
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=3, frameon=False)
+    n = f"the {sequences} scored sequences" if sequences else "the scored sequences"
+    fig.text(0.5, 0.075, f"error bars: +-1 standard error of the mean over {n} (the same sequences at every K, "
+             "so the K-to-K differences are more precise than the bars)", ha="center", fontsize=8, color="0.3")
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

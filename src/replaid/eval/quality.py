@@ -39,6 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from tqdm.auto import tqdm
 
 
 def unigram_entropy(samples: Sequence[Sequence[int]]) -> dict:
@@ -56,14 +57,45 @@ def unigram_entropy(samples: Sequence[Sequence[int]]) -> dict:
     return {"entropy": float(np.mean(ents)), "per_sample": ents}
 
 
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """One TCP connection to the Hugging Face endpoint (no retries); False when offline."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
 def load_judge(name_or_path: str, device: str = "cpu"):
-    """(model, tokenizer) of any Hugging Face causal LM; local paths load offline."""
+    """(model, tokenizer) of any Hugging Face causal LM: a local folder, the local Hub cache, or (when
+    the Hub answers) a download. Offline and uncached: one ValueError naming the offline alternatives."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kw = {"local_files_only": True} if os.path.isdir(name_or_path) else {}
-    tok = AutoTokenizer.from_pretrained(name_or_path, **kw)
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, **kw).to(device).eval()
-    return model, tok
+    def load(**kw):
+        tok = AutoTokenizer.from_pretrained(name_or_path, **kw)
+        return AutoModelForCausalLM.from_pretrained(name_or_path, **kw).to(device).eval(), tok
+
+    offline = (f"--judge {name_or_path} is neither a local folder nor in the Hugging Face cache, and the Hub is "
+               f"unreachable; pass --judge-run AR_RUN (replaid train --method ar) or --judge /path/to/model "
+               f"(a folder with config.json and weights)")
+    if os.path.isdir(name_or_path):
+        return load(local_files_only=True)
+    try:
+        return load(local_files_only=True)  # cached: no network
+    except OSError:
+        pass
+    if not _hub_reachable():
+        raise ValueError(offline)
+    try:
+        return load()
+    except OSError as e:
+        raise ValueError(f"--judge {name_or_path}: {str(e).splitlines()[0]}") from None
 
 
 def _bos_id(tok) -> int:
@@ -88,7 +120,7 @@ def _chunked_gen_ppl(texts: Sequence[str], encode: Callable[[str], list[int]], c
     if not chunks:
         raise ValueError("the samples contain no tokens to score")
     nll_sum, n_tok = np.zeros(len(texts)), np.zeros(len(texts))
-    for s in range(0, len(chunks), batch_size):
+    for s in tqdm(range(0, len(chunks), batch_size), desc="GenPPL", unit="batch", leave=False):  # stderr
         part = chunks[s:s + batch_size]
         ids = torch.zeros((len(part), max(len(c) for c in part)), dtype=torch.long)
         mask = torch.zeros(ids.shape, dtype=torch.bool)
@@ -195,7 +227,7 @@ def sentence_features(texts: Sequence[str], encoder: Optional[str] = None, batch
     tok = AutoTokenizer.from_pretrained(path, **kw)
     model = AutoModel.from_pretrained(path, **kw).to(device).eval()
     out = []
-    for s in range(0, len(texts), batch_size):
+    for s in tqdm(range(0, len(texts), batch_size), desc="MAUVE features", unit="batch", leave=False):
         b = tok(list(texts[s:s + batch_size]), padding=True, truncation=True, max_length=max_length,
                 return_tensors="pt").to(device)
         h = model(**b).last_hidden_state  # (B, T, D)

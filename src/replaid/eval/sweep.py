@@ -37,12 +37,14 @@ class SampleArgs:
     score_temperature: float = 1.0
     prompt: Optional[str] = None
     infill: Optional[str] = None
+    infill_chars: Optional[str] = None
     context: Optional[str] = None
     batch_size: int = 16
     seed: int = 0
     no_self_cond: bool = False
     trajectory: int = 0
     json: bool = True
+    progress: bool = False  # the sweep shows its own bar
 
 
 @dataclass

@@ -296,6 +296,7 @@ def _train(cfg: RunConfig, run_dir: Path, device: torch.device, resume: bool, pr
     end = cfg.train.steps if stop_after is None else min(cfg.train.steps, trainer.step + stop_after)
     saved = trainer.step if ckpt is not None else None
     bar = log.progress(total=cfg.train.steps, initial=trainer.step, disable=not progress)
+    show = progress and dist.is_main()  # evaluation bars (stderr)
     t0, tokens_seen = time.time(), 0
     while trainer.step < end:
         mbs = [next(data.train_iter) for _ in range(cfg.train.grad_accum)]
@@ -309,7 +310,7 @@ def _train(cfg: RunConfig, run_dir: Path, device: torch.device, resume: bool, pr
             log.log(trainer.step, m)
             bar.set_postfix(loss=f"{m.get('loss', float('nan')):.3f}", B_r=m.get("B_r", "-"))
         if cfg.train.eval_every and trainer.step % cfg.train.eval_every == 0 and trainer.step < end:
-            log.log(trainer.step, {f"eval/{k}": v for k, v in evaluate(trainer, data).items()
+            log.log(trainer.step, {f"eval/{k}": v for k, v in evaluate(trainer, data, progress=show).items()
                                    if isinstance(v, (int, float))})
         if cfg.train.save_every and trainer.step % cfg.train.save_every == 0 and not trainer.nonfinite_in_row:
             save(trainer, run_dir, data)
@@ -319,7 +320,7 @@ def _train(cfg: RunConfig, run_dir: Path, device: torch.device, resume: bool, pr
         save(trainer, run_dir, data)
     result = {"step": trainer.step, "train": trainer.history[-1] if trainer.history else {}}
     if trainer.step >= cfg.train.steps:
-        result["eval"] = final["eval"] if final is not None else evaluate(trainer, data)
+        result["eval"] = final["eval"] if final is not None else evaluate(trainer, data, progress=show)
         if final is None and dist.is_main():
             runfolder.write_final_eval(run_dir, trainer.step, result["eval"])
             log.log(trainer.step, {f"eval/{k}": v for k, v in result["eval"].items() if isinstance(v, (int, float))})
