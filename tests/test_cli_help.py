@@ -14,8 +14,17 @@ def _subparsers():
     return sub.choices
 
 
+def _all_parsers(parser, path=()):
+    """Every (sub-)command parser, nested ones (``replaid scaling fit``) included."""
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sp in a.choices.items():
+                yield " ".join(path + (name,)), sp
+                yield from _all_parsers(sp, path + (name,))
+
+
 def test_every_option_has_help_and_shows_its_default():
-    for name, sp in _subparsers().items():
+    for name, sp in _all_parsers(_parser()):
         text = sp.format_help()
         for a in sp._actions:
             if a.help == argparse.SUPPRESS:

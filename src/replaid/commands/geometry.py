@@ -31,7 +31,7 @@ def register(sub) -> None:
     p.add_argument("--pos-max-rows", type=int, default=0, help="tag at most this many rows (0 = the whole split)")
     p.add_argument("--knn", type=int, default=10, help="neighbours for the POS agreement score")
     p.add_argument("--no-ema", action="store_true", help="the raw weights, not the EMA")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="t-SNE seed")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(func=run)
 

@@ -64,7 +64,7 @@ def register(sub) -> None:
     f.add_argument("--reference", default="ar", help="the method the compute multipliers compare to")
     f.add_argument("--out", help="folder for fit.json, report.md and the PNG plots (absent: SOURCE/fit)")
     f.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the intervals")
-    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     f.add_argument("--crossover", nargs=2, metavar=("A", "B"), default=None,
                    help="the two methods of the over-training crossover (absent: replaid mdlm when both ran)")
     f.add_argument("--slice-params", type=float, help="N of the over-training slice plot (absent: a crossover N in the middle)")
