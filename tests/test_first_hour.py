@@ -164,15 +164,42 @@ def test_eval_unigram_is_on_the_evaluated_tokens(tmp_path):
     assert res["unigram_nats_per_token"] == pytest.approx(ref, rel=1e-12)
 
 
+def test_embedding_lookup_backward_is_deterministic_with_two_threads():
+    """The backward of ``E[tokens]`` (an accumulating index write) adds with parallel float atomics in an
+    order that varies between calls once it has >= 32768 elements and torch has > 1 thread; this made
+    two identical demo runs drift apart (issue 17). Under ``use_deterministic_kernels`` it is serial."""
+    from replaid.training.train import use_deterministic_kernels
+
+    threads, det, warn = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+                          torch.is_deterministic_algorithms_warn_only_enabled())
+    try:
+        torch.set_num_threads(2)
+        use_deterministic_kernels()
+        g = torch.Generator().manual_seed(0)
+        E = torch.randn(8, 16, generator=g, requires_grad=True)
+        tokens = torch.randint(0, 8, (64, 64), generator=g)  # many repeats per row: contended adds
+        w = torch.randn(64, 64, 16, generator=g)
+        grads = []
+        for _ in range(20):
+            E.grad = None
+            (E[tokens] * w).sum().backward()
+            grads.append(E.grad.clone())
+        assert all(torch.equal(grads[0], x) for x in grads[1:])
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(det, warn_only=warn)
+
+
 def _train(out: Path, hashseed: str) -> None:
     env = dict(os.environ, PYTHONHASHSEED=hashseed, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    # batch 64 x 32 positions x d_e 16 = 32768 elements: the parallel (racy without the fix) backward path
     subprocess.run([sys.executable, "-m", "replaid", "train", "--preset", "debug", "--out", str(out), "--no-progress",
-                    "train.steps=12", "train.log_every=3", "train.num_threads=2", "eval.max_batches=1"],
-                   check=True, env=env, capture_output=True)
+                    "train.steps=12", "train.log_every=3", "train.num_threads=2", "train.batch_size=64",
+                    "eval.max_batches=1"], check=True, env=env, capture_output=True)
 
 
 def test_same_seed_threads_and_device_give_bit_identical_runs(tmp_path):
-    """Two processes (different hash seeds): identical metrics (to the last bit) and weights."""
+    """Two processes (different hash seeds), two threads: identical metrics (to the last bit) and weights."""
     from replaid.training import checkpoint as ck
 
     _train(tmp_path / "a", "1")

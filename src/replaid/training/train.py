@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -235,6 +236,18 @@ def save(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: Optional[di
     return ck.save_checkpoint(run_dir, trainer.step, model_sd, state, ema_sd, opt_sd, rng_state())
 
 
+def use_deterministic_kernels() -> None:
+    """Bit-reproducible training for a given seed, thread count and device (README, Reproducibility).
+
+    torch's deterministic mode. On CPU with more than one thread, accumulating index writes -- the
+    backward of ``E[tokens]`` once it has >= 32768 elements, e.g. the demo's 32 x 64 x 16 -- otherwise
+    add with parallel float atomics whose order (hence rounding) varies from run to run; here they run
+    serially. On CUDA it also fixes cuBLAS's workspace. Ops without a deterministic kernel warn, not fail.
+    """
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
 def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = True,
           stop_after: Optional[int] = None, overwrite: bool = False, weights_only: bool = False) -> dict:
     """Train ``cfg`` into ``run_dir``; returns the final metrics (and evaluation).
@@ -246,6 +259,7 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
     if cfg.method in EVAL_ONLY_METHODS:  # before anything is written
         raise ConfigError(f"method={cfg.method} is for converted checkpoints (evaluation and sampling); it "
                           f"cannot be trained: use method=replaid")
+    use_deterministic_kernels()
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
     device = dist.setup_device(resolve_device(cfg.train.device))
