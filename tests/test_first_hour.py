@@ -107,8 +107,10 @@ def test_diffusion_options_on_token_methods_are_refused(method):
 def test_prompt_longer_than_the_length_is_refused():
     with pytest.raises(ValueError, match="9 tokens but samples are 8 long"):
         check_sample_args(_run(), SampleArgs(prompt="x" * 9))
-    check_sample_args(_run(), SampleArgs(prompt="x" * 8))
-    check_sample_args(_run(), SampleArgs(prompt="x" * 9, length=9))
+    with pytest.raises(ValueError, match="leaving nothing to generate"):
+        check_sample_args(_run(), SampleArgs(prompt="x" * 8))
+    check_sample_args(_run(), SampleArgs(prompt="x" * 7))
+    check_sample_args(_run(), SampleArgs(prompt="x" * 9, length=10))
 
 
 def test_offline_judge_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
