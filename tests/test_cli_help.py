@@ -58,6 +58,8 @@ def test_unknown_method_rejected_before_anything_is_written(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["train", "--method", "foo", "--out", str(out)])
     assert e.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("replaid: error: argument --method: invalid choice: 'foo'"), err
     assert main(["train", "--out", str(out), "method=foo"]) == 2
     assert "unknown method 'foo'" in capsys.readouterr().err
     assert not out.exists()

@@ -12,8 +12,15 @@ import sys
 from replaid.commands import COMMANDS
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's one-line errors (no usage block): ``replaid: error: <what>; <where help is>``."""
+
+    def error(self, message: str):
+        self.exit(2, f"replaid: error: {message} (see '{self.prog} --help')\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="replaid", description="RePlaid: likelihood-based continuous diffusion LMs.",
+    p = _Parser(prog="replaid", description="RePlaid: likelihood-based continuous diffusion LMs.",
                                 epilog="run 'replaid COMMAND --help' for each command's options and an example")
     p.add_argument("--debug", action="store_true",
                    help="show the full traceback of an error (also REPLAID_DEBUG=1)")
