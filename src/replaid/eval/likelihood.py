@@ -260,8 +260,8 @@ def ode_log_weights(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float, K:
                     **kw) -> tuple[Tensor, int] | tuple[Tensor, int, Tensor]:
     """Log-weights (N, K) float64 (CPU) of K importance samples per sequence of tokens (N, L),
     computed ``batch_size`` rows at a time. Returns ``(log_w, nfe)`` (and, with ``return_var``, the
-    Hutchinson noise variances (N, K) of the log-weights); ``kw`` go to :func:`ode_log_weight`."""
-    ``progress(rows_done, rows)`` is called as each batch's solve advances (fractional rows done).
+    Hutchinson noise variances (N, K) of the log-weights); ``kw`` go to :func:`ode_log_weight`.
+    ``progress(rows_done, rows)`` is called as each batch's solve advances (fractional rows done)."""
     ode = PFODE(denoiser, kw.pop("self_cond", None), kw.pop("selfcond_correction", True))
     N = tokens.shape[0]
     rows = tokens.repeat_interleave(K, 0)  # (N K, L): row n K + k is sample k of sequence n
