@@ -296,6 +296,16 @@ def test_run_resumes_an_interrupted_run_and_skips_a_finished_one(tmp_path, monke
     assert type(job.checkpoint()).__name__ == "DelayedSubmission"  # requeue on preemption
 
 
+def test_slurm_without_sbatch_is_a_one_line_error(tmp_path, monkeypatch):
+    pytest.importorskip("submitit")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    plan = sc.make_plan(["ar"], [2e7], "32x1", per_budget=0, overrides=DEBUG)
+    sc.write_plan(plan, tmp_path / "sw")
+    from replaid.cli import main
+
+    assert main(["scaling", "run", str(tmp_path / "sw"), "--executor", "slurm"]) == 2
+
+
 @pytest.mark.slow
 def test_plan_run_fit_end_to_end_with_local_and_submitit_executors(tmp_path):
     """Debug-size study: AR through the local executor (2 subprocesses at a time), MDLM through

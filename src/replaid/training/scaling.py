@@ -361,6 +361,11 @@ def _main_inprocess(argv: list[str], log) -> int:
             return int(main(argv) or 0)
         except SystemExit as ex:  # argparse
             return int(ex.code or 0)
+        except Exception:  # one failed run must not end the sweep
+            import traceback
+
+            traceback.print_exc()
+            return 1
 
 
 def _env() -> dict:
@@ -452,7 +457,12 @@ def run_submitit(sweep: Path, entries: list[PlanEntry], executor: str = "slurm",
         return []
     folder = Path(sweep) / "submitit" / "%j"
     if executor == "slurm":
-        ex = submitit.AutoExecutor(folder=folder)
+        import shutil
+
+        if not shutil.which("sbatch"):
+            raise ConfigError("--executor slurm needs SLURM's sbatch on PATH (run it on a login node); "
+                              "here use --executor local or submitit-local")
+        ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
         params = {"slurm_array_parallelism": max_parallel or len(todo), "timeout_min": 24 * 60,
                   "slurm_signal_delay_s": 120, "nodes": 1, "tasks_per_node": 1}
         if gpus_per_job:
