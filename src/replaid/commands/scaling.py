@@ -30,8 +30,9 @@ def register(sub) -> None:
     p.add_argument("--stride", type=int, default=-1,
                    help="take every STRIDE-th size of the table for a wider bracket (-1: 2 for paper, 1 for tiny)")
     p.add_argument("--tokens-per-param", type=float, default=-1.0,
-                   help="centre of each budget's sizes: the N with D = this x N and C = 6 N D (-1: Chinchilla's 20 "
-                        "for paper; 40 for tiny, where a first AR budget put the optimum below 20 tokens/parameter)")
+                   help="centre of each budget's sizes: the N with D = this x N and C = 6 N D (-1: 100 for paper, "
+                        "between Chinchilla's 20 and the ~300 of the paper's 231M MDLM at 1e20; 40 for tiny, "
+                        "where a first AR budget put the optimum below 20 tokens/parameter)")
     p.add_argument("--protocol", choices=["paper", "tiny"], help="training protocol (absent: that of --sizes)")
     p.add_argument("--out", help="sweep folder (manifest.json/.csv, configs/, runs/)")
     p.add_argument("--force", action="store_true", help="re-plan an existing sweep folder (its runs are kept)")
@@ -89,7 +90,7 @@ def run_plan(args) -> int:
     stride = args.stride if args.stride >= 1 else (1 if table == "tiny" else 2)
     if args.mfu <= 0 or args.mfu > 1:
         raise ConfigError("--mfu must be in (0, 1]")
-    tpp = args.tokens_per_param if args.tokens_per_param != -1 else (40.0 if table == "tiny" else 20.0)
+    tpp = args.tokens_per_param if args.tokens_per_param != -1 else (40.0 if table == "tiny" else 100.0)
     if tpp <= 0:
         raise ConfigError("--tokens-per-param must be positive")
     plan = sc.make_plan(args.methods, budgets, args.sizes, per_budget, stride, args.protocol, args.overrides,
