@@ -298,8 +298,9 @@ def fit_points(rows: list[dict], reference: str = "ar", n_boot: int = 1000, seed
                 why = ("the quadratic opens downwards" if not np.isfinite(q["log_n_opt"]) else
                        f"N* = {math.exp(q['log_n_opt']):.3g} lies outside the sizes run "
                        f"[{math.exp(lo):.3g}, {math.exp(hi):.3g}]")
-                warn.append(f"{m} at C={b:.3g}: minimum not bracketed ({why}); add "
-                            f"{'smaller' if np.isfinite(q['log_n_opt']) and q['log_n_opt'] < lo else 'larger'} sizes")
+                where = ("sizes on both sides" if not np.isfinite(q["log_n_opt"]) else
+                         "smaller sizes" if q["log_n_opt"] < lo else "larger sizes")
+                warn.append(f"{m} at C={b:.3g}: minimum not bracketed ({why}); add {where}")
             bq = [bt[m]["mins"][i] for bt in boots]
             per_budget.append({
                 "budget": b, "n_opt": _f(math.exp(q["log_n_opt"]) if np.isfinite(q["log_n_opt"]) else math.nan),
