@@ -279,11 +279,12 @@ def test_run_resumes_an_interrupted_run_and_skips_a_finished_one(tmp_path, monke
     from replaid.training.train import train
 
     monkeypatch.setenv("REPLAID_CACHE_DIR", str(tmp_path / "cache"))
-    plan = sc.make_plan(["ar"], [2e7], "32x1", per_budget=0, overrides=DEBUG)
+    plan = sc.make_plan(["ar"], [2e8], "32x1", per_budget=0, overrides=DEBUG)
     sc.write_plan(plan, tmp_path)
     (e,) = sc.read_manifest(tmp_path)
     assert sc.run_status(tmp_path, e) == ("new", 0)
     cfg = RunConfig.from_dict(json.loads((tmp_path / e.config).read_text()))
+    assert 0 < cfg.train.save_every < cfg.train.steps
     train(cfg, tmp_path / e.run_dir, progress=False, stop_after=cfg.train.save_every)
     assert sc.run_status(tmp_path, e) == ("partial", cfg.train.save_every)
     assert "--resume" in sc.train_command(tmp_path, e, "replaid")

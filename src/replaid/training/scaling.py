@@ -26,7 +26,7 @@ from typing import Callable, Optional, Sequence
 
 from replaid.config import ConfigError, RunConfig, parse_overrides, set_key
 from replaid.presets import ISOFLOP_SIZES, isoflop_config
-from replaid.training.flops import train_flops_per_token
+from replaid.training.flops import param_counts, train_flops_per_token
 
 # The paper's budgets (sec. 4.3) and its size table (hidden, layers, heads), labelled by size in M.
 PAPER_BUDGETS = (6e18, 1e19, 3e19, 6e19, 1e20)
@@ -80,14 +80,9 @@ def planned_vocab_size(cfg: RunConfig) -> int:
 
 
 def non_embedding_params(cfg: RunConfig, vocab_size: int) -> int:
-    """Parameters but the input token embedding (the IsoFLOP table's N), counted on a meta-device model."""
-    import torch
-
-    from replaid.methods import get_method
-
-    with torch.device("meta"):
-        model = get_method(cfg).build_model(vocab_size)
-    return int(model.non_embedding_params())
+    """The IsoFLOP table's N (everything but the input token embedding) of the model ``cfg`` builds."""
+    m = cfg.model
+    return param_counts(cfg.method, m.hidden, m.n_layers, m.n_heads, vocab_size, cfg=_copy(cfg))["non_embedding"]
 
 
 def predicted_optimum(budget: float, tokens_per_param: float = CHINCHILLA_TOKENS_PER_PARAM) -> float:
@@ -247,38 +242,46 @@ def read_manifest(sweep: Path) -> list[PlanEntry]:
 
 # ------------------------------------------------------------------ run state
 
-def run_status(sweep: Path, e: PlanEntry) -> tuple[str, int]:
-    """``(state, step)``: ``done`` (final checkpoint with its evaluation), ``partial`` (a checkpoint
-    before the last step: resume it), ``new`` (nothing to resume: start it)."""
+def _legacy_final_eval(run: Path) -> Optional[dict]:
+    """Runs written before ``final_eval.json`` existed kept the final evaluation in the last checkpoint."""
     from replaid.training import checkpoint as ck
 
-    run = Path(sweep) / e.run_dir
-    if not (run / "config.json").is_file():
-        return "new", 0
     try:
         st = ck.load_state(ck.find_checkpoint(run))
     except ck.CheckpointError:
-        return "new", 0
-    step = int(st.get("step", 0))
-    steps = int(st.get("config", {}).get("train", {}).get("steps", e.steps))
-    if step >= steps and st.get("final_eval"):
-        return "done", step
-    return "partial", step
+        return None
+    steps = int(st.get("config", {}).get("train", {}).get("steps", -1))
+    return st["final_eval"] if st.get("final_eval") and int(st.get("step", 0)) >= steps else None
+
+
+def run_status(sweep: Path, e: PlanEntry) -> tuple[str, int]:
+    """``(state, step)`` from the run folder's own status (``training/runfolder.py``): ``done``
+    (final checkpoint and its ``final_eval.json``), ``partial`` (config written, not finished:
+    ``replaid train --resume`` continues it, from step 0 when no checkpoint was saved yet), ``new``."""
+    from replaid.training import runfolder
+
+    run = Path(sweep) / e.run_dir
+    st = runfolder.status(run)
+    if st["state"] == "finished" or (st["state"] == "interrupted" and _legacy_final_eval(run) is not None):
+        return "done", int(st["step"])
+    if st["state"] == "interrupted":
+        return "partial", int(st["step"] or 0)
+    return "new", 0
 
 
 def final_loss(sweep: Path, e: PlanEntry) -> Optional[dict]:
     """The finished run's final validation evaluation (``nelbo``/``nll`` nats per token and more)."""
-    from replaid.training import checkpoint as ck
+    from replaid.training import runfolder
 
-    try:
-        st = ck.load_state(ck.find_checkpoint(Path(sweep) / e.run_dir))
-    except ck.CheckpointError:
+    run = Path(sweep) / e.run_dir
+    if run_status(sweep, e)[0] != "done":
         return None
-    ev = st.get("final_eval")
+    fe = runfolder.read_final_eval(run)
+    ev = fe["eval"] if fe and isinstance(fe.get("eval"), dict) else _legacy_final_eval(run)
     if not ev:
         return None
     key = "nelbo_nats_per_token" if "nelbo_nats_per_token" in ev else "nll_nats_per_token"
-    return {"loss": ev[key], "stderr": ev.get("stderr_nats"), "step": st.get("step"), **ev}
+    return {"loss": ev[key], "stderr": ev.get("stderr_nats"), **ev}
 
 
 def results_table(sweep: Path) -> list[dict]:
