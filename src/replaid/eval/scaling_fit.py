@@ -190,8 +190,9 @@ def crossover(pa: dict, pb: dict, kappa_a: float, kappa_b: float, npow_a: tuple[
         vals = (np.log(parametric_loss(pa, n, cg / (kappa_a * n))) - np.log(parametric_loss(pb, n, cg / (kappa_b * n))))
         root = None
         sign = np.nonzero(np.diff(np.sign(vals)) != 0)[0]
-        if len(sign):
-            i = sign[0]
+        if len(sign):  # several crossings: the one nearest (in log C) the two compute optima
+            mid = 0.5 * (math.log(copt_a) + math.log(copt_b))
+            i = min(sign, key=lambda j: abs(grid[j] - mid))
             root = brentq(diff, grid[i], grid[i + 1])
         entry = {"params": float(n), "copt_a": copt_a, "copt_b": copt_b}
         if root is not None:
