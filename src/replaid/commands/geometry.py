@@ -14,7 +14,7 @@ EXAMPLE = ("example: replaid geometry runs/wiki runs/wiki-ce1 --labels nelbo ce1
 def register(sub) -> None:
     p = add_command(sub, "geometry", "Embedding geometry: PCA scree, t-SNE coloured by part of speech.", EXAMPLE,
                     description="For each run's token-embedding matrix (RePlaid/Plaid E; AR/MDLM/Duo input table): "
-                                "the PCA scree (CSV/JSON, components for 90%%, one PNG overlaying the runs, on all "
+                                "the PCA scree (CSV/JSON, components for 90%, one PNG overlaying the runs, on all "
                                 "rows and on the tokens frequent in the training data) and a t-SNE of the frequent "
                                 "rows coloured by each token's dominant POS (spaCy en_core_web_sm over the run's "
                                 "training split, cached per tokenizer and corpus; needs the 'geometry' extra).")
