@@ -145,6 +145,9 @@ def main() -> None:
     p.add_argument("--save-every", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="/tmp/kill-trials")
+    p.add_argument("--window", type=float, default=0, help="random kills fall in [0.2 s, window] (0 = one run's time)")
+    p.add_argument("--kill-resume-frac", type=float, default=1 / 3, help="share of random trials whose resume is killed too")
+    p.add_argument("--max-minutes", type=float, default=0, help="start no trial after this long (0 = no limit)")
     a = p.parse_args()
     out = Path(a.out)
     shutil.rmtree(out, ignore_errors=True)
@@ -160,14 +163,19 @@ def main() -> None:
     print(f"reference run: {a.steps} steps, save every {a.save_every}, {T:.1f} s wall per run", flush=True)
     n_saves = a.steps // a.save_every
     plan = [("random", None) for _ in range(a.trials)] + [("targeted", t) for t in TARGETS for _ in range(a.targeted)]
+    rng.shuffle(plan)  # interleaved, so a run stopped early still covers every kind
     logs = []
     for i, (kind, target) in enumerate(plan):
+        if a.max_minutes and time.time() - t0 > 60 * a.max_minutes:
+            print(f"stopping after {i} trials: --max-minutes {a.max_minutes} reached", flush=True)
+            break
         run = out / f"trial{i:03d}"
         log = {"trial": i, "kind": kind}
         if kind == "random":
-            log["kill_after_s"] = round(rng.uniform(0.2, T), 2)
-            if rng.random() < 1 / 3:
-                log["kill_resume"] = round(rng.uniform(0.2, T), 2)
+            window = a.window or T
+            log["kill_after_s"] = round(rng.uniform(0.2, window), 2)
+            if rng.random() < a.kill_resume_frac:
+                log["kill_resume"] = round(rng.uniform(0.2, window), 2)
             log["killed"] = kill_at(launch(train_cmd(run, a)), log["kill_after_s"])
         else:
             label, owner, name, call, when = target
@@ -185,7 +193,13 @@ def main() -> None:
         logs.append(log)
         print(json.dumps(log), flush=True)
         shutil.rmtree(run, ignore_errors=True)
+        summary = summarise(logs, a, t0)
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "trials.jsonl").write_text("".join(json.dumps(x) + "\n" for x in logs))
+    print(json.dumps(summary, indent=2))
+
+
+def summarise(logs: list[dict], a, t0: float) -> dict:
     killed = [x for x in logs if x.get("killed")]
     summary = {
         "trials": len(logs), "killed": len(killed),
@@ -197,10 +211,11 @@ def main() -> None:
         "bit_exact": sum(1 for x in logs if x.get("bit_exact")),
         "failures": [x for x in logs if not (x.get("loadable") and x.get("bit_exact")
                                              and x.get("lost_steps", 0) <= a.save_every)],
+        "by_moment": {m: sum(1 for x in logs if x.get("moment") == m and x.get("bit_exact")) for m in
+                      dict.fromkeys(x["moment"] for x in logs if "moment" in x)},
         "seconds": round(time.time() - t0),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps(summary, indent=2))
+    return summary
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ def run(args) -> int:
     from replaid.eval.pos import UPOS
     from replaid.loading import load_run
     from replaid.training.checkpoint import load_state
+    from replaid.training.runfolder import recorded_final_eval
 
     if args.min_count < 1 or args.tsne_max < 10 or args.pos_row_len < 2 or args.knn < 1:
         raise ValueError("need --min-count >= 1, --tsne-max >= 10, --pos-row-len >= 2, --knn >= 1")
@@ -93,7 +94,7 @@ def run(args) -> int:
             for k in range(len(s["ratio"])):
                 rows.append([label, which, k + 1, f"{s['ratio'][k]:.8g}", f"{s['cumulative'][k]:.8g}"])
         st = load_state(r.ckpt)
-        ev = st.get("final_eval") or {}
+        ev = recorded_final_eval(r.ckpt, st) or {}
         info = {"run": str(r.ckpt), "method": r.cfg.method, "step": r.step, "weights": "ema" if r.ema_loaded else "raw",
                 "V": int(E.shape[0]), "d": int(E.shape[1]), "k90_all_rows": s_all["k90"],
                 "top_ratio_all_rows": float(s_all["ratio"][0]),

@@ -163,5 +163,15 @@ def read_final_eval(run_dir: Path) -> Optional[dict]:
     return d if isinstance(d, dict) else None
 
 
+def recorded_final_eval(ckpt: Path, state: dict) -> Optional[dict]:
+    """The final evaluation recorded for checkpoint ``ckpt`` (``RUN/final_eval.json`` of its step; runs
+    written before it existed kept it in ``state["final_eval"]``), or None."""
+    ckpt = Path(ckpt)
+    d = read_final_eval(ckpt.parent.parent) if ckpt.parent.name == "checkpoints" else None
+    if d is not None and d.get("step") == state.get("step") and isinstance(d.get("eval"), dict):
+        return d["eval"]
+    return state.get("final_eval") or None
+
+
 def write_final_eval(run_dir: Path, step: int, result: dict) -> None:
     atomic_write_text(Path(run_dir) / FINAL_EVAL, json.dumps({"step": step, "eval": result}, indent=2))

@@ -170,8 +170,8 @@ class Trainer:
     @staticmethod
     def _all_finite(losses: Tensor, grad_norm: Tensor) -> bool:
         """Whether this step's losses and gradient norm are finite on every rank (one verdict for all)."""
-        bad = (~torch.isfinite(losses)).any() | ~torch.isfinite(torch.as_tensor(float(grad_norm)))
-        return float(dist.all_reduce_sum(bad.double().reshape(1).cpu())) == 0
+        ok = bool(torch.isfinite(losses).all()) and math.isfinite(float(grad_norm))
+        return float(dist.all_reduce_sum(torch.tensor([0.0 if ok else 1.0], device=losses.device))) == 0
 
     def micro_generator(self, k: int) -> torch.Generator:
         """The RNG stream of micro-batch ``k`` of this step on this rank: seeded by (seed, step, global
