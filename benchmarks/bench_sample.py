@@ -58,7 +58,7 @@ def main() -> None:
                        ["sampler", "T", "NFE", "batch", "L", "seconds", "tokens/s", "NFE/s"], rows,
                        f"`python benchmarks/bench_sample.py --preset {a.preset} --batch {a.batch} "
                        f"--steps {' '.join(map(str, a.steps))}`; untrained weights of the preset's size, "
-                       f"self-conditioning on (2 network passes per NFE).")
+                       f"self-conditioning on (each NFE is one network pass; its e_hat is fed to the next).")
 
 
 if __name__ == "__main__":

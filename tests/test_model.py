@@ -2,6 +2,8 @@
 import pytest
 import torch
 
+from replaid.diffusion.denoiser import prior_logits
+
 from replaid.config import ConfigError, DiffusionConfig, ModelConfig, RunConfig, set_key
 from replaid.presets import resolve
 from replaid.methods.replaid import RePlaidMethod, SplitState
@@ -174,10 +176,13 @@ def test_adaptive_split_neyman():
     assert s.recon_rows(32) == 4  # B/8 before any statistics
     for _ in range(50):
         s.update(torch.tensor([1.0, 3.0]), torch.tensor([10.0, 10.0, 10.0, 10.0]))  # std 1 vs 0
+    assert s.recon_rows(32) == 4  # the device-side statistics reach B_r only at a refresh
+    s.refresh()
     assert s.recon_rows(32) == 31  # clipped to B - 1
     s2 = SplitState(decay=0.5)
     for _ in range(50):
         s2.update(torch.tensor([1.0, 3.0]), torch.tensor([0.0, 6.0]))  # std 1 vs 3
+    s2.refresh()
     assert s2.recon_rows(32) == 8  # round(32 * 1 / 4)
 
 
@@ -239,33 +244,47 @@ def test_owt_01b_builds_with_expected_size():
 
 
 @pytest.mark.parametrize("prior_scale", [1.0, 0.3])
-def test_chunked_head_matches_unchunked_outputs_and_gradients(prior_scale):
-    """head_chunk_rows > 0 (recomputed in backward) gives the same values and gradients, also with
-    a ramped output prior (the scale is captured at forward time, not re-read in backward)."""
+@pytest.mark.parametrize("chunk", [0, 2])
+def test_train_outputs_match_plain_forward_values_and_gradients(prior_scale, chunk):
+    """The fused training head (any ``head_chunk_rows``) equals the plain forward's CE and e_hat,
+    with E.detach() on the e_keep = False rows, in values and in every parameter's gradient,
+    also with a ramped output prior."""
+    import torch.nn.functional as F
+
     torch.manual_seed(0)
-    mc = ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4)
-    a = RePlaid(mc, DiffusionConfig(), 23)
-    b = RePlaid(ModelConfig(**{**mc.__dict__, "head_chunk_rows": 2}), DiffusionConfig(), 23)
+    mc = ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4, head_chunk_rows=chunk)
+    m = RePlaid(mc, DiffusionConfig(), 23)
     with torch.no_grad():  # non-trivial head so the logits matter
-        a.final.linear.weight.normal_()
-        a.final.adaLN.bias.normal_()
-    b.load_state_dict(a.state_dict())
+        m.final.linear.weight.normal_()
+        m.final.adaLN.bias.normal_()
     z, gamma = torch.randn(7, 5, 4), torch.linspace(-2, 3, 7, dtype=torch.float64)
-    det = torch.tensor([0, 1, 0, 1, 1, 0, 0], dtype=torch.bool)
-    w_e, w_l = torch.randn(7, 5, 4), torch.randn(3, 5, 23)
-    grads = []
-    for m in (a, b):
-        out = m(z, gamma, None, detach_E_rows=det, logits_rows=3, prior_scale=prior_scale)
-        assert out.logits.shape == (3, 5, 23) and out.e_hat.shape == (7, 5, 4)
-        ((out.e_hat * w_e).sum() + (out.logits * w_l).sum()).backward()
-        grads.append({n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None})
-        grads[-1]["_e"], grads[-1]["_l"] = out.e_hat.detach(), out.logits.detach()
-    assert grads[0].keys() == grads[1].keys()
-    for k in grads[0]:
-        assert torch.allclose(grads[0][k], grads[1][k], atol=1e-5, rtol=1e-4), k
-    # rows 1, 3, 4 use E.detach(): the embedding gradient equals a run where those rows are absent
-    full = a(z, gamma, None, logits_rows=0, prior_scale=prior_scale)
-    assert torch.allclose(full.e_hat, grads[0]["_e"], atol=1e-6)
+    tokens = torch.randint(0, 23, (7, 5))
+    keep = torch.tensor([1, 0, 1, 0, 0, 1, 1], dtype=torch.bool)
+    w_e, w_l = torch.randn(7, 5, 4), torch.randn(7, 5)
+
+    def plain():  # float64 head on the plain forward; rows ~keep through a copy with E detached
+        feats, _ = m.hidden_states(z, gamma, None)
+        outs = []
+        for E in (m.embedding(), m.embedding().detach()):
+            logits = m.final.linear(feats).double() + prior_scale * prior_logits(z, gamma, E).double()
+            outs.append((F.cross_entropy(logits.reshape(-1, 23), tokens.reshape(-1), reduction="none").view(7, 5),
+                         torch.softmax(logits, -1) @ E.double()))
+        k = keep.view(-1, 1)
+        return torch.where(k, outs[0][0], outs[1][0]), torch.where(k[..., None], outs[0][1], outs[1][1])
+
+    res = []
+    for fn in (lambda: m.train_outputs(z, gamma, None, tokens, keep, prior_scale), plain):
+        m.zero_grad()
+        nll, e_hat = fn()
+        ((e_hat.double() * w_e).sum() + (nll.double() * w_l).sum()).backward()
+        res.append((nll.detach().double(), e_hat.detach().double(),
+                    {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}))
+    (n1, e1, g1), (n2, e2, g2) = res
+    torch.testing.assert_close(n1, n2, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(e1, e2, atol=1e-5, rtol=1e-5)
+    assert g1.keys() == g2.keys() and "embedding.weight" in g1
+    for k in g1:
+        torch.testing.assert_close(g1[k].double(), g2[k].double(), atol=1e-4, rtol=1e-4, msg=k)
 
 
 def test_prior_scale_multiplies_exactly_the_output_prior():

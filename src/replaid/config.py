@@ -40,7 +40,8 @@ class ModelConfig:
     up_projection: bool = True  # RePlaid: bias-free linear d_e -> hidden; false: identity (needs d_e == hidden)
     factored_embedding: bool = False  # AR/MDLM/Duo: d_e-dim rows (normalize_embeddings) + bias-free up-projection
     activation_checkpointing: bool = False
-    # chunk the B*L rows of the V-sized output head (0 = no chunking)
+    # RePlaid's fused training head (model/head.py) turns its one (B*L, V) float32 logits buffer into
+    # softmax and gradient this many rows of the flattened B*L at a time (0 = about 4M elements per chunk)
     head_chunk_rows: int = 0
     # time features of the time-conditioned token DiT (Duo, MDLM): plaid (sin/cos of t, 64) | dit
     # (MDLM/Duo's TimestepEmbedder: cos/sin of sigma = -log(1 - t), 256; used by converted checkpoints)

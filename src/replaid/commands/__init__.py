@@ -9,7 +9,7 @@ import argparse
 import json
 
 # Sub-command modules in the order ``replaid --help`` lists them.
-COMMANDS = ("train", "eval", "sample", "data", "presets", "likelihood", "diagnose", "geometry", "quality", "sweep", "export", "convert", "zeroshot", "scaling", "serve")
+COMMANDS = ("train", "eval", "sample", "data", "presets", "likelihood", "diagnose", "geometry", "quality", "sweep", "export", "convert", "zeroshot", "scaling", "serve", "memory")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

@@ -35,6 +35,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from replaid.diffusion.denoiser import DenoiserOutput, alpha_sigma
+from replaid.diffusion.rng import device_generator
 
 __all__ = [
     "SampleResult", "time_grid", "gamma_grid", "ddpm_step", "ddim_step", "dpmpp_2m_extrapolate",
@@ -211,7 +212,7 @@ class Inpaint:
         tok, mask = self._expanded(B, L, z.device)
         a, s = _alpha_sigma(gamma)
         e = self.E.to(z.device, z.dtype)[tok]  # (B, L, d_e)
-        eps = torch.randn(z.shape, generator=generator, device=z.device, dtype=z.dtype)
+        eps = torch.randn(z.shape, generator=device_generator(generator, z.device), device=z.device, dtype=z.dtype)
         return torch.where(mask[..., None], a * e + s * eps, z)
 
     def force_tokens(self, tokens: Tensor) -> Tensor:
@@ -291,7 +292,7 @@ class _Run:
         self.in_dtype = z.dtype
         self.device = z.device
         self.B = z.shape[0]
-        self.generator = generator
+        self.generator = device_generator(generator, z.device)  # noise drawn where z lives
         self.callback = callback
         self.inpaint = inpaint
         self.sc = bool(getattr(denoiser, "self_conditioning", False)) if self_cond is None else bool(self_cond)

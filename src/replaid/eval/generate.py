@@ -4,6 +4,8 @@ from __future__ import annotations
 import time
 
 import torch
+
+from replaid.diffusion.rng import device_generator
 from tqdm.auto import tqdm
 
 from replaid.config import ConfigError
@@ -89,7 +91,7 @@ def generate(run, args) -> list[dict]:
     den = tempered(model, args.temperature, args.score_temperature)
     sampler = get_sampler(sampler_name)
     gammas = gamma_grid(model.schedule, args.steps)
-    gen = torch.Generator(device="cpu").manual_seed(args.seed)
+    gen = device_generator(torch.Generator(device="cpu").manual_seed(args.seed), dev)  # draws on the device
     rows = []
     done = 0
     while done < args.num:
@@ -100,7 +102,7 @@ def generate(run, args) -> list[dict]:
             inpaint = prefix_inpaint(ids.expand(B, -1).to(dev), L, E)
         elif plan is not None:
             inpaint = Inpaint(plan.ids.expand(B, -1).to(dev), plan.known.expand(B, -1).to(dev), E)
-        z = torch.randn(B, L, E.shape[1], generator=gen).to(dev)
+        z = torch.randn(B, L, E.shape[1], generator=gen, device=dev)
         rec = trajectory_recorder(args.trajectory, decode=lambda t: [tok.decode(r.tolist()) for r in t]) \
             if args.trajectory else None
         t0 = time.time()

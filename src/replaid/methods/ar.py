@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from replaid.config import RunConfig
+from replaid.diffusion.rng import device_generator
 from replaid.model.tokens import TokenDiT
 from replaid.diffusion.nelbo import masked_mean
 
@@ -39,10 +40,12 @@ def top_p_filter(probs: Tensor, top_p: float) -> Tensor:
     return out / out.sum(-1, keepdim=True)
 
 
-def exponential_race(probs: Tensor, generator: torch.Generator) -> Tensor:
+def exponential_race(probs: Tensor, generator: Optional[torch.Generator]) -> Tensor:
     """Categorical draw over the last dim by Gumbel-max as an exponential race:
-    ``argmax_v p_v / E_v`` with ``E_v ~ Exp(1)`` drawn in float64 on the CPU generator."""
-    e = torch.empty(probs.shape, dtype=torch.float64).exponential_(generator=generator).to(probs.device)
+    ``argmax_v p_v / E_v`` with ``E_v ~ Exp(1)`` drawn in float64 on ``probs``' device (from a
+    generator there, derived from ``generator`` when it lives elsewhere)."""
+    gen = device_generator(generator, probs.device)
+    e = torch.empty(probs.shape, dtype=torch.float64, device=probs.device).exponential_(generator=gen)
     return (probs.double() / e).argmax(-1)
 
 

@@ -43,7 +43,8 @@ from torch import Tensor
 
 from replaid.config import RunConfig
 from replaid.model.tokens import TokenDiT
-from replaid.diffusion.nelbo import masked_mean, stratified_time_average
+from replaid.diffusion.nelbo import low_discrepancy, masked_mean, stratified_time_average
+from replaid.diffusion.rng import device_generator, host_uniform
 from replaid.methods.ar import exponential_race
 
 EPS = 1e-3
@@ -123,17 +124,12 @@ def udlm_integrand(logits: Tensor, x: Tensor, z: Tensor, alpha: Tensor, dalpha: 
     return (-da / (V * a)) * bracket
 
 
-def device_generator(generator: torch.Generator, device: torch.device) -> torch.Generator:
-    """A generator on ``device`` seeded from the CPU generator (large noise drawn where it is used)."""
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-    return torch.Generator(device=device).manual_seed(seed)
-
-
 def uniform_corrupt(x: Tensor, alpha: Tensor, V: int, generator: torch.Generator) -> Tensor:
     """Sample ``z ~ alpha onehot(x) + (1 - alpha)/V`` per position. alpha: (B,)."""
     B, L = x.shape
-    keep = torch.rand(B, L, generator=generator, dtype=torch.float64).to(x.device) < alpha.view(-1, 1)
-    rnd = torch.randint(0, V, (B, L), generator=generator).to(x.device)
+    gen = device_generator(generator, x.device)
+    keep = torch.rand(B, L, generator=gen, dtype=torch.float64, device=x.device) < alpha.view(-1, 1)
+    rnd = torch.randint(0, V, (B, L), generator=gen, device=x.device)
     return torch.where(keep, x, rnd)
 
 
@@ -243,7 +239,8 @@ class DuoMethod:
         "probs": (B, L, V) float64 x_theta at t}``."""
         dev = next(model.parameters()).device
         V = model.n_out
-        z = torch.randint(0, V, (B, L), generator=generator).to(dev)
+        gen = device_generator(generator, dev)  # all draws on the model's device
+        z = torch.randint(0, V, (B, L), generator=gen, device=dev)
         n = 0 if prefix is None else min(int(prefix.shape[-1]), L)
         if n:
             z[:, :n] = prefix[..., :n].to(dev)
@@ -258,7 +255,7 @@ class DuoMethod:
             trans = torch.full_like(prior, (1 - a_ts) / V)
             trans.scatter_add_(-1, z.unsqueeze(-1), torch.full((B, L, 1), a_ts, dtype=torch.float64, device=dev))
             post = prior * trans
-            z = exponential_race(post / post.sum(-1, keepdim=True), generator)
+            z = exponential_race(post / post.sum(-1, keepdim=True), gen)
             if n:
                 z[:, :n] = prefix[..., :n].to(dev)
             if callback is not None:

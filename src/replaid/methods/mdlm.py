@@ -33,6 +33,7 @@ from torch import Tensor
 from replaid.config import RunConfig
 from replaid.model.tokens import TokenDiT
 from replaid.diffusion.nelbo import stratified_time_average
+from replaid.diffusion.rng import device_generator, host_uniform
 from replaid.methods.ar import exponential_race
 
 EPS = 1e-3
@@ -75,7 +76,7 @@ class MDLMMethod:
         dev = tokens.device
         B, L = tokens.shape
         V = model.n_out
-        u = torch.rand(B, L, generator=generator, dtype=torch.float64).to(dev)
+        u = torch.rand(B, L, generator=device_generator(generator, dev), dtype=torch.float64, device=dev)
         is_masked = u < mask_probability(t, self.eps).to(dev).view(-1, 1)
         z = torch.where(is_masked, torch.full_like(tokens, V), tokens)
         logits = model(z, t.to(dev).float() if model.time_conditioning else None)
@@ -135,6 +136,7 @@ class MDLMMethod:
             n = min(int(prefix.shape[-1]), L)
             z[:, :n] = prefix[..., :n].to(dev)
         ts = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
+        gen = device_generator(generator, dev)  # all draws on the model's device
         probs, nfe = None, 0
         for k in range(steps):
             t, s = float(ts[k]), float(ts[k + 1])
@@ -143,9 +145,9 @@ class MDLMMethod:
                 logits = model(z, tt).double() / max(temperature, 1e-8)
                 probs = torch.softmax(logits, -1)  # (B, L, V) float64: x_theta
                 nfe += 1
-            # q(z_s | z_t = mask, x_theta): V tokens with mass (t - s)/t * x_theta, mask with s/t
-            p = torch.cat([probs * ((t - s) / t), torch.full((B, L, 1), s / t, dtype=torch.float64, device=dev)], -1)
-            draw = exponential_race(p, generator)
+            # q(z_s | z_t = mask, x_theta): mask with probability s/t, else a token drawn from x_theta
+            stay = torch.rand(B, L, generator=gen, dtype=torch.float64, device=dev) < s / t
+            draw = torch.where(stay, V, exponential_race(probs, gen))
             is_m = z == V
             z_new = torch.where(is_m, draw, z)
             if not torch.equal(z_new, z):

@@ -10,7 +10,10 @@ from torch import Tensor
 
 from replaid.config import RunConfig
 from replaid.model.replaid import RePlaid, denoise
-from replaid.diffusion.nelbo import diffusion_loss, forward_noise, nelbo_per_sequence, prior_kl, recon_nll
+from replaid.diffusion.nelbo import (diffusion_loss, forward_noise, low_discrepancy, masked_mean, nelbo_per_sequence,
+                                     prior_kl)
+from replaid.diffusion.rng import device_generator, host_uniform
+from replaid.training import dist
 
 
 @dataclass
@@ -18,53 +21,58 @@ class SplitState:
     """Bias-corrected EMAs of the mean and mean-square of per-row recon / diffusion losses.
 
     ``B_r = clip(round(B s_r / (s_r + s_d)), 1, B - 1)`` (Neyman allocation, Algorithm 1 line 2).
-    Stored as plain floats so they can be all-reduced and checkpointed as JSON.
+    The EMAs live on the device (``stats`` = [m_r, s_r, m_d, s_d], float64) and are updated every
+    step without a host sync; ``B_r`` follows the standard deviations copied to the host by
+    :meth:`refresh` (the trainer calls it on logging steps, so ``B_r`` lags by < ``log_every``
+    steps, which the 0.997 decay, a ~330-step window, makes immaterial).
     """
 
     decay: float = 0.997
-    m_r: float = 0.0
-    s_r: float = 0.0  # EMA of recon loss, of its square
-    m_d: float = 0.0
-    s_d: float = 0.0
+    stats: Optional[Tensor] = None  # (4,) float64: EMAs of recon, recon^2, diffusion, diffusion^2
     n: int = 0  # number of updates (bias correction)
-
-    def std(self) -> tuple[float, float]:
-        c = 1.0 - self.decay ** self.n
-        var_r = self.s_r / c - (self.m_r / c) ** 2
-        var_d = self.s_d / c - (self.m_d / c) ** 2
-        return math.sqrt(max(var_r, 0.0)), math.sqrt(max(var_d, 0.0))
+    host_std: tuple[float, float] = (0.0, 0.0)  # (s_r, s_d) as of the last refresh
 
     def recon_rows(self, B: int) -> int:
-        if self.n == 0:
-            return max(1, min(B - 1, B // 8))
-        sr, sd = self.std()
+        sr, sd = self.host_std
         if not math.isfinite(sr + sd) or sr + sd <= 0:  # no statistics yet, or overflowed ones
             return max(1, min(B - 1, B // 8))
         return int(min(B - 1, max(1, round(B * sr / (sr + sd)))))
 
     def update(self, recon: Tensor, diff: Tensor) -> None:
-        """recon, diff: per-row losses of this step (any length >= 1)."""
-        d = self.decay
-        self.m_r = d * self.m_r + (1 - d) * float(recon.mean())
-        self.s_r = d * self.s_r + (1 - d) * float((recon.double() ** 2).mean())
-        self.m_d = d * self.m_d + (1 - d) * float(diff.mean())
-        self.s_d = d * self.s_d + (1 - d) * float((diff.double() ** 2).mean())
+        """recon, diff: this rank's per-row losses of this step (any length >= 1). Their means are
+        averaged over ranks in one all-reduce of 4 scalars (equal row counts on every rank)."""
+        r, d = recon.detach().double(), diff.detach().double()
+        means = dist.all_reduce_sum(torch.stack([r.mean(), (r * r).mean(), d.mean(), (d * d).mean()]))
+        means = means / dist.world_size()
+        self.stats = (1 - self.decay) * means if self.stats is None else torch.lerp(self.stats, means, 1 - self.decay)
         self.n += 1
 
+    def refresh(self) -> None:
+        """Copy the standard deviations to the host (one sync)."""
+        if self.stats is None or self.n == 0:
+            return
+        m_r, s_r, m_d, s_d = (self.stats / (1.0 - self.decay ** self.n)).tolist()
+        self.host_std = (math.sqrt(max(s_r - m_r**2, 0.0)), math.sqrt(max(s_d - m_d**2, 0.0)))
+
     def state_dict(self) -> dict:
-        return dict(self.__dict__)
+        st = [0.0] * 4 if self.stats is None else self.stats.tolist()
+        return {"decay": self.decay, "m_r": st[0], "s_r": st[1], "m_d": st[2], "s_d": st[3], "n": self.n,
+                "host_std": list(self.host_std)}
 
     def load_state_dict(self, d: dict) -> None:
-        self.__dict__.update(d)
+        self.decay, self.n = d["decay"], int(d["n"])
+        self.stats = torch.tensor([d["m_r"], d["s_r"], d["m_d"], d["s_d"]], dtype=torch.float64)
+        if "host_std" in d:
+            self.host_std = tuple(d["host_std"])
+        else:  # checkpoints written before the device-side split
+            self.refresh()
 
 
-def sc_row_mask(B: int, rate: float, generator: torch.Generator) -> Tensor:
-    """Exactly ceil(rate * B) self-conditioning rows, chosen at random (Algorithm 1 line 3)."""
+def sc_rows(B: int, rate: float, generator: Optional[torch.Generator], device) -> Tensor:
+    """Indices of exactly ceil(rate * B) self-conditioning rows, chosen at random on ``device``
+    (Algorithm 1 line 3); a fixed count, so the rows are selected without a host sync."""
     k = math.ceil(rate * B) if rate > 0 else 0
-    m = torch.zeros(B, dtype=torch.bool)
-    if k:
-        m[torch.randperm(B, generator=generator)[:k]] = True
-    return m
+    return torch.randperm(B, generator=generator, device=device)[:k]
 
 
 class RePlaidMethod:
@@ -75,6 +83,7 @@ class RePlaidMethod:
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
         self.split = SplitState(decay=cfg.diffusion.split_ema)
+        self.core = self.loss_core  # compiled by compile()
         self.step = 0  # optimiser steps taken (for the output-prior ramp)
 
     def prior_scale(self) -> float:
@@ -92,73 +101,90 @@ class RePlaidMethod:
                    n_recon: Optional[int] = None) -> tuple[Tensor, dict]:
         """One micro-batch of Algorithm 1. tokens: (B, L). ``t_diff``: the low-discrepancy times of
         the diffusion rows (B - B_r,), sliced from the global batch by the caller; drawn here if None.
-        Returns the scalar loss (float64) and per-row losses / metrics."""
+        Returns the scalar loss (float64) and per-row losses / metrics (device tensors: nothing
+        here waits for the device)."""
         dcfg = self.cfg.diffusion
         dev = tokens.device
         B = tokens.shape[0]
         B_r = self.split.recon_rows(B) if n_recon is None else n_recon
         ps = self.prior_scale()
         n_d = B - B_r
-        E = model.embedding()  # (V, d_e) unit rows
-        sc = sc_row_mask(B, dcfg.sc_rate if model.self_conditioning else 0.0, generator).to(dev)  # (B,)
-
-        # timesteps: recon rows t = 0, diffusion rows low-discrepancy
         if t_diff is None:
-            u = float(torch.rand((), generator=generator, dtype=torch.float64))
-            t_diff = (torch.arange(n_d, dtype=torch.float64) + u) / n_d
-        t = torch.cat([torch.zeros(B_r, dtype=torch.float64), t_diff.cpu().double()]).to(dev)
+            t_diff = low_discrepancy(n_d, u=host_uniform(generator), device=dev)
+        gen = device_generator(generator, dev)
+        sc_idx = sc_rows(B, dcfg.sc_rate if model.self_conditioning else 0.0, gen, dev)  # (k,)
+        sc = torch.zeros(B, dtype=torch.bool, device=dev).index_fill_(0, sc_idx, True)  # (B,)
+        eps = torch.randn(B, tokens.shape[1], model.d_e, generator=gen, device=dev)  # (B, L, d_e)
+
+        # timesteps: recon rows t = 0, diffusion rows low-discrepancy; the schedule and its hook stay
+        # eager (outside a compiled core): the hook's weight is written in place once L_diff is known
+        t = torch.cat([torch.zeros(B_r, dtype=torch.float64, device=dev), t_diff.to(dev, torch.float64)])
         is_recon = torch.arange(B, device=dev) < B_r
         hook_w = torch.zeros(B, dtype=torch.float64, device=dev)  # filled with L_diff below
         gamma, dgamma = model.schedule(t, var_hook_weight=hook_w, detach_shape=is_recon | sc)
+        loss, recon, diff, prior = self.core(model, tokens, gamma, dgamma, sc, sc_idx, eps, B_r, ps, mask)
+        hook_w[B_r:] = diff.detach()  # variance-minimisation hook weight (paper code figure)
+        metrics = {"recon": recon.detach(), "diffusion": diff.detach(), "prior": prior.detach(), "B_r": B_r,
+                   "gamma_0": model.schedule.gamma_0.detach(), "gamma_1": model.schedule.gamma_1.detach()}
+        if dcfg.prior_ramp_steps > 0:
+            metrics["prior_scale"] = ps
+        if dcfg.ce_weight > 0:
+            ce = self._ce_term(model, tokens, t_diff, gen, mask, B_r, ps)
+            loss = loss + dcfg.ce_weight * ce
+            metrics["ce"] = ce.detach()
+        return loss, metrics
+
+    def loss_core(self, model: RePlaid, tokens: Tensor, gamma: Tensor, dgamma: Tensor, sc: Tensor, sc_idx: Tensor,
+                  eps: Tensor, B_r: int, ps: float, mask: Optional[Tensor]):
+        """Algorithm 1 from the drawn noise and the schedule's (gamma, gamma') (B,) float64 on: no
+        generator, hook or host sync, so ``train.compile`` compiles it whole (:meth:`compile`).
+        Returns (loss, recon (B_r,), diffusion (B - B_r,), prior (B,))."""
+        E = model.embedding()  # (V, d_e) unit rows
         # self-conditioned rows train only the denoiser: detach gamma, gamma' and e there
         gamma = torch.where(sc, gamma.detach(), gamma)
         dgamma = torch.where(sc, dgamma.detach(), dgamma)
         e = E[tokens]  # (B, L, d_e)
         e = torch.where(sc.view(-1, 1, 1), e.detach(), e)
-
-        eps = torch.randn(e.shape, generator=generator).to(dev)
         z = forward_noise(e, gamma, eps)  # (B, L, d_e)
         e_sc = None
-        if bool(sc.any()):
+        if sc_idx.numel():  # a fixed count: no sync
             with torch.no_grad():
-                first = model(z[sc], gamma[sc], None, prior_scale=ps)
-            e_sc = torch.zeros_like(z)
-            e_sc[sc] = first.e_hat
-        out = model(z, gamma, e_sc, detach_E_rows=sc, logits_rows=B_r, prior_scale=ps)  # logits: recon rows
-
-        recon = recon_nll(out.logits[:B_r], tokens[:B_r], None if mask is None else mask[:B_r])  # (B_r,)
-        diff = diffusion_loss(out.e_hat[B_r:], e[B_r:], gamma[B_r:], dgamma[B_r:],
+                first = model.train_outputs(z[sc_idx], gamma[sc_idx], None, tokens[sc_idx], sc[sc_idx], ps)[1]
+            e_sc = torch.zeros_like(z).index_copy(0, sc_idx, first)
+        nll, e_hat = model.train_outputs(z, gamma, e_sc, tokens, ~sc, ps)  # (B, L), (B, L, d_e)
+        recon = masked_mean(nll[:B_r], None if mask is None else mask[:B_r])  # (B_r,)
+        diff = diffusion_loss(e_hat[B_r:], e[B_r:], gamma[B_r:], dgamma[B_r:],
                               None if mask is None else mask[B_r:])  # (n_d,)
         _, g1 = model.schedule.endpoints()
         prior = prior_kl(e, g1, mask)  # (B,)
-        loss = recon.mean() + diff.mean() + prior.mean()
-        hook_w[B_r:] = diff.detach()  # variance-minimisation hook weight (paper code figure)
-        metrics = {"recon": recon.detach(), "diffusion": diff.detach(), "prior": prior.detach(),
-                   "B_r": B_r, "gamma_0": model.schedule.gamma_0.item(), "gamma_1": model.schedule.gamma_1.item()}
-        if dcfg.prior_ramp_steps > 0:
-            metrics["prior_scale"] = ps
-        if dcfg.ce_weight > 0:
-            ce = self._ce_term(model, tokens, t_diff, generator, mask, B_r, ps)
-            loss = loss + dcfg.ce_weight * ce
-            metrics["ce"] = ce.detach()
-        return loss, metrics
+        return recon.mean() + diff.mean() + prior.mean(), recon, diff, prior
 
-    def _ce_term(self, model: RePlaid, tokens: Tensor, t_diff: Tensor, generator: torch.Generator,
+    def compile(self) -> None:
+        """``train.compile``: compile :meth:`loss_core` (the whole loss but the noise draws and the
+        schedule with its variance hook)."""
+        self.core = torch.compile(self.loss_core)
+
+    def _ce_term(self, model: RePlaid, tokens: Tensor, t_diff: Tensor, gen: Optional[torch.Generator],
                  mask: Optional[Tensor], B_r: int, prior_scale: float = 1.0) -> Tensor:
         """Paper sec. 5.1: ``E_t[-(1/L) sum_l log x_hat(z_t)]`` on the diffusion rows, with the schedule
-        detached so the gradient reaches only the embeddings and the denoiser."""
+        detached so the gradient reaches only the embeddings and the denoiser. ``gen``: on the device."""
         dev = tokens.device
         tok = tokens[B_r:]
         with torch.no_grad():
             gamma, _ = model.schedule(t_diff.to(dev))
         e = model.embedding()[tok]
-        eps = torch.randn(e.shape, generator=generator).to(dev)
-        out = model(forward_noise(e, gamma, eps), gamma, None, prior_scale=prior_scale)
-        return recon_nll(out.logits, tok, None if mask is None else mask[B_r:]).mean()
+        eps = torch.randn(e.shape, generator=gen, device=dev)
+        keep = torch.ones(tok.shape[0], dtype=torch.bool, device=dev)
+        nll, _ = model.train_outputs(forward_noise(e, gamma, eps), gamma, None, tok, keep, prior_scale)
+        return masked_mean(nll, None if mask is None else mask[B_r:]).mean()
 
     def after_step(self, metrics: dict) -> None:
         self.split.update(metrics["recon"], metrics["diffusion"])
         self.step += 1
+
+    def refresh(self) -> None:
+        """On logging steps: bring the split's statistics to the host (sets the next B_r)."""
+        self.split.refresh()
 
     # ------------------------------------------------------------------ evaluation bound
     @torch.no_grad()

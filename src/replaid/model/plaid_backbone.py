@@ -126,6 +126,9 @@ class PlaidModel(RePlaid):
         with torch.autocast(device_type=feats.device.type, enabled=False):
             return self.final.linear(feats.float()).float()
 
+    def head_dtype(self, device: torch.device) -> torch.dtype:
+        return torch.float32  # Plaid's head runs in float32
+
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """RePlaid's groups with the backbone split as the paper's Plaid table: ``backbone`` holds the
         attention QKV/out and MLP matrices, ``norms_head`` the RMSNorm scales, the output LayerNorm and

@@ -16,12 +16,12 @@ from typing import Optional
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from replaid.config import DiffusionConfig, ModelConfig
 from replaid.diffusion.denoiser import DenoiserOutput, alpha_sigma, prior_logits
 from replaid.diffusion.schedule import NoiseSchedule
 from replaid.model.dit import Backbone, FinalLayer, TimeEmbedding
+from replaid.model.head import chunk_rows, plain_head, prior_softmax_head
 
 N_TIME_FEATURES = 64
 
@@ -118,54 +118,46 @@ class RePlaid(nn.Module):
         return self.final.linear(feats).float()
 
     def forward(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None,
-                detach_E_rows: Optional[Tensor] = None, logits_rows: Optional[int] = None,
                 prior_scale: float = 1.0) -> DenoiserOutput:
-        """(z_t, gamma, e_sc) -> (logits, e_hat).
+        """(z_t, gamma, e_sc) -> (logits, e_hat) for sampling and evaluation (plain autograd).
 
-        detach_E_rows: (B,) bool, rows whose output prior logits and reparameterisation use
-            ``E.detach()`` (self-conditioned training rows do not train the embeddings).
-        logits_rows: return logits only for rows ``[0, logits_rows)`` (e.g. the reconstruction rows);
-            with ``model.head_chunk_rows > 0`` the other rows' (L, V) logits are computed in chunks
-            and recomputed in the backward pass, so the full float32 logits are never held.
         prior_scale: multiplies the output prior logits (Plaid's ``bias_scale`` ramp; 1 = RePlaid).
         """
         feats, _ = self.hidden_states(z, gamma, e_sc)  # (B, L, hidden)
-        E = self.embedding()
-        B = z.shape[0]
-        need = B if logits_rows is None else int(logits_rows)
-        if need == B and not self.cfg.head_chunk_rows and (detach_E_rows is None or not bool(detach_E_rows.any())):
-            return self._output(feats, z, gamma, E, prior_scale)  # sampling / evaluation: no row bookkeeping
-        det = detach_E_rows if detach_E_rows is not None else torch.zeros(B, dtype=torch.bool, device=z.device)
-        chunk = self.cfg.head_chunk_rows or B
-        order, e_parts, l_parts = [], [], []
-        # groups of rows: (with logits?, E or E.detach()), processed in chunks of `chunk` rows
-        for want in (True, False):
-            for detached in (False, True):
-                sel = ((torch.arange(B, device=z.device) < need) == want) & (det == detached)
-                idx = sel.nonzero().squeeze(1)
-                Eg = E.detach() if detached else E
-                for k in range(0, idx.numel(), chunk):
-                    r = idx[k:k + chunk]
-                    if want:
-                        logits, e_hat = self._output(feats[r], z[r], gamma[r], Eg, prior_scale)
-                        l_parts.append(logits)
-                    elif self.cfg.head_chunk_rows and torch.is_grad_enabled():
-                        e_hat = checkpoint(self._e_hat_only, feats[r], z[r], gamma[r], Eg, prior_scale,
-                                           use_reentrant=False)
-                    else:
-                        e_hat = self._e_hat_only(feats[r], z[r], gamma[r], Eg, prior_scale)
-                    order.append(r)
-                    e_parts.append(e_hat)
-        inv = torch.empty(B, dtype=torch.long, device=z.device)
-        inv[torch.cat(order)] = torch.arange(B, device=z.device)
-        e_hat = torch.cat(e_parts).index_select(0, inv)
-        if not l_parts:
-            return DenoiserOutput(feats.new_zeros(0, z.shape[1], self.vocab_size), e_hat)
-        n_first = sum(p.shape[0] for p in l_parts)
-        first = torch.cat(order)[:n_first]  # rows [0, need) in processing order
-        inv_l = torch.empty(n_first, dtype=torch.long, device=z.device)
-        inv_l[first] = torch.arange(n_first, device=z.device)
-        return DenoiserOutput(torch.cat(l_parts).index_select(0, inv_l), e_hat)
+        return self._output(feats, z, gamma, self.embedding(), prior_scale)
+
+    def train_outputs(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor], tokens: Tensor,
+                      e_keep: Tensor, prior_scale: float = 1.0) -> tuple[Tensor, Tensor]:
+        """Training outputs of every row through the fused head (:mod:`replaid.model.head`):
+        the per-position reconstruction CE ``-log x_hat[tokens]`` (B, L) float32 and ``e_hat``
+        (B, L, d_e) float32, holding one (B*L, V) float32 buffer and with no row indexing.
+
+        e_keep: (B,) bool, rows whose output prior logits and reparameterisation train ``E``
+            (False on self-conditioned rows, which use ``E.detach()``).
+        """
+        B, L, d_e = z.shape
+        feats, _ = self.hidden_states(z, gamma, e_sc)  # (B, L, hidden)
+        E = self.embedding()  # (V, d_e)
+        zs = None
+        if self.cfg.output_prior:
+            alpha, sigma = alpha_sigma(gamma.double())
+            zs = (z.float() * (prior_scale * alpha / sigma**2).float().view(-1, 1, 1)).reshape(B * L, d_e)
+        lin = self.final.linear
+        args = (feats.reshape(B * L, -1), lin.weight, lin.bias, zs, E, e_keep[:, None].expand(B, L).reshape(B * L),
+                tokens.reshape(B * L))
+        mm = self.head_dtype(z.device)  # bf16 under autocast
+        with torch.autocast(z.device.type, enabled=False):
+            if torch.compiler.is_compiling():  # the compiler fuses the plain expression itself
+                e_hat, nll = plain_head(*args, mm_dtype=mm)
+            else:
+                e_hat, nll = prior_softmax_head(*args, chunk_rows(self.vocab_size, self.cfg.head_chunk_rows), mm)
+        return nll.view(B, L), e_hat.view(B, L, d_e)
+
+    def head_dtype(self, device: torch.device) -> torch.dtype:
+        """The logit head's matmul dtype: bf16 under autocast (precision table), else float32."""
+        if torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+        return torch.float32
 
     def _output(self, feats: Tensor, z: Tensor, gamma: Tensor, E: Tensor, prior_scale: float = 1.0) -> DenoiserOutput:
         logits = self.head_logits(feats)  # (b, L, V): the head in bf16 under autocast
@@ -175,9 +167,6 @@ class RePlaid(nn.Module):
                 logits = logits + (prior if prior_scale == 1.0 else prior_scale * prior)
             e_hat = torch.softmax(logits, dim=-1) @ E.float()  # (b, L, d_e) float32
         return DenoiserOutput(logits, e_hat)
-
-    def _e_hat_only(self, feats: Tensor, z: Tensor, gamma: Tensor, E: Tensor, prior_scale: float = 1.0) -> Tensor:
-        return self._output(feats, z, gamma, E, prior_scale).e_hat
 
     # ---- parameter groups (paper optimiser tables) ----------------------------------------
     def param_groups(self) -> dict[str, list[nn.Parameter]]:

@@ -7,8 +7,10 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+import torch
 from tqdm.auto import tqdm
 
+from replaid.training import dist
 from replaid.fileio import atomic_write_text
 
 
@@ -80,3 +82,33 @@ class MetricsLogger:
             self.file.close()
         if self.tb is not None:
             self.tb.close()
+
+
+class DeviceMeans:
+    """Running sums of metric means kept on the device between logging steps.
+
+    ``add`` costs no host sync; ``reduce`` averages every tensor metric over the steps added and
+    over ranks with one all-reduce of a few scalars, then copies them to the host once. Non-tensor
+    metrics (ints, floats) keep their last value."""
+
+    def __init__(self):
+        self.sums: dict[str, torch.Tensor] = {}
+        self.host: dict[str, object] = {}
+        self.n = 0
+
+    def add(self, metrics: dict) -> None:
+        for k, v in metrics.items():
+            if torch.is_tensor(v):
+                v = v.detach().double().mean()
+                self.sums[k] = self.sums[k] + v if k in self.sums else v
+            else:
+                self.host[k] = v
+        self.n += 1
+
+    def reduce(self) -> dict:
+        out, keys = dict(self.host), sorted(self.sums)
+        if keys:
+            vec = dist.all_reduce_sum(torch.stack([self.sums[k] for k in keys])) / (max(self.n, 1) * dist.world_size())
+            out.update(zip(keys, vec.tolist()))
+        self.sums, self.host, self.n = {}, {}, 0
+        return out

@@ -18,6 +18,9 @@ from replaid.training import dist, runfolder
 from replaid.config import EVAL_ONLY_METHODS, ConfigError, OptimConfig, RunConfig
 from replaid.methods import get_method
 from replaid.data.pipeline import DataPipeline
+from replaid.diffusion.nelbo import low_discrepancy
+from replaid.diffusion.rng import host_uniform
+from replaid.training.metrics_log import DeviceMeans
 
 
 class TrainingDiverged(RuntimeError):
@@ -115,27 +118,29 @@ class Trainer:
     history: list = field(default_factory=list)
     nonfinite_steps: int = 0  # steps skipped for a NaN/Inf loss or gradient, in all
     nonfinite_in_row: int = 0  # ... and in a row up to now
+    window: DeviceMeans = field(default_factory=DeviceMeans)  # metrics since the last logging step
 
-    def train_step(self, micro_batches: list[dict]) -> dict:
-        """One optimiser step over ``grad_accum`` micro-batches (Algorithm 1 + AdamW)."""
+    def train_step(self, micro_batches: list[dict], log: bool = True) -> dict:
+        """One optimiser step over ``grad_accum`` micro-batches (Algorithm 1 + AdamW).
+
+        Nothing waits for the device unless ``log``: noise is drawn there, batches are copied
+        without blocking, metrics are summed on the device; a logging step reduces them (one
+        all-reduce of a few scalars), returns the means since the last one and refreshes B_r."""
         cfg, model = self.cfg, self.loss_module
-        total = cfg.train.steps
         for g in self.optimizer.param_groups:
-            g["lr"] = lr_at(self.step, g["initial_lr"], cfg.optim, total)
+            g["lr"] = lr_at(self.step, g["initial_lr"], cfg.optim, cfg.train.steps)
         self.model.train()
         b = micro_batches[0]["tokens"].shape[0]
         n_recon = self.method.split.recon_rows(b) if hasattr(self.method, "split") else None
         # low-discrepancy t for the global batch: RePlaid's diffusion rows, or every row of MDLM/Duo
         antithetic = n_recon is not None or getattr(self.method, "global_times", False)
         t_slices = self._global_times(b, n_recon or 0, len(micro_batches)) if antithetic else None
-        agg: dict[str, list] = {}
+        rows: dict[str, list] = {}
         losses = []
         for k, mb in enumerate(micro_batches):
-            tokens = mb["tokens"].to(self.device)
-            mask = mb.get("mask")
-            mask = mask.to(self.device) if mask is not None else None
-            sync = k == len(micro_batches) - 1
-            ctx = model.no_sync() if (not sync and hasattr(model, "no_sync")) else nullcontext()
+            tokens, mask = to_device(mb["tokens"], self.device), to_device(mb.get("mask"), self.device)
+            last = k == len(micro_batches) - 1
+            ctx = model.no_sync() if (not last and hasattr(model, "no_sync")) else nullcontext()
             kw = {"t_diff": t_slices[k]} if t_slices is not None else {}
             if n_recon is not None:
                 kw["n_recon"] = n_recon
@@ -144,34 +149,44 @@ class Trainer:
                 (loss / len(micro_batches)).backward()
             losses.append(loss.detach().float())
             for key, v in m.items():
-                agg.setdefault(key, []).append(v)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                   cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf"))
+                rows.setdefault(key, []).append(v)
+        clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)  # stays on the device
         finite = self._all_finite(torch.stack(losses), grad_norm)  # else skip: weights, EMA, split unchanged
         if finite:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if finite and self.ema is not None:
             self.ema.update(self.model)
-        merged = {k: (torch.cat([dist.all_gather_cat(x.reshape(-1)) for x in v]) if torch.is_tensor(v[0]) else v[-1])
-                  for k, v in agg.items()}
+        merged = {k: (torch.cat([x.reshape(-1) for x in v]) if torch.is_tensor(v[0]) else v[-1]) for k, v in rows.items()}
         if finite and hasattr(self.method, "after_step"):
-            self.method.after_step(merged)
+            self.method.after_step(merged)  # this rank's rows; RePlaid's split all-reduces 4 means
         self.step += 1
         self.nonfinite_in_row = 0 if finite else self.nonfinite_in_row + 1
         self.nonfinite_steps += int(not finite)
-        out = {k: (float(v.mean()) if torch.is_tensor(v) else v) for k, v in merged.items()}
-        if "recon" in merged and "diffusion" in merged:
+        status = dict(step=self.step, skipped=int(not finite), nonfinite_steps=self.nonfinite_steps)
+        if finite:
+            self.window.add({**merged, "grad_norm": grad_norm})
+            if not log:
+                return status
+            out = self.window.reduce()
+            if hasattr(self.method, "refresh") and self.step % cfg.train.log_every == 0:
+                self.method.refresh()  # at fixed steps, so a resumed run takes the same B_r
+        else:  # a skipped step reports its own (non-finite) values
+            out = {k: (float(v.double().mean()) if torch.is_tensor(v) else v)
+                   for k, v in {**merged, "grad_norm": grad_norm}.items()}
+        if "recon" in out and "diffusion" in out:
             out["loss"] = out["recon"] + out["diffusion"] + out.get("prior", 0.0)
-        out.update(step=self.step, grad_norm=float(grad_norm), lr=self.optimizer.param_groups[-1]["lr"],
-                   skipped=int(not finite), nonfinite_steps=self.nonfinite_steps)
+        out.update(lr=self.optimizer.param_groups[-1]["lr"], **status)
         return out
 
     @staticmethod
     def _all_finite(losses: Tensor, grad_norm: Tensor) -> bool:
-        """Whether this step's losses and gradient norm are finite on every rank (one verdict for all)."""
-        ok = bool(torch.isfinite(losses).all()) and math.isfinite(float(grad_norm))
-        return float(dist.all_reduce_sum(torch.tensor([0.0 if ok else 1.0], device=losses.device))) == 0
+        """Whether this step's losses and gradient norm are finite on every rank (one verdict for all):
+        the one host read of a non-logging step (a device-side skip, e.g. fused AdamW's ``found_inf``,
+        would remove it)."""
+        bad = ((~torch.isfinite(losses)).any() | ~torch.isfinite(grad_norm)).double().reshape(1)
+        return float(dist.all_reduce_sum(bad)) == 0
 
     def micro_generator(self, k: int) -> torch.Generator:
         """The RNG stream of micro-batch ``k`` of this step on this rank: seeded by (seed, step, global
@@ -187,10 +202,27 @@ class Trainer:
         n_d = b - n_recon
         n_global = n_d * accum * world
         g = torch.Generator().manual_seed(self.cfg.train.seed * 1_000_003 + self.step)
-        u = float(torch.rand((), generator=g, dtype=torch.float64))
-        t = (torch.arange(n_global, dtype=torch.float64) + u) / n_global
+        t = low_discrepancy(n_global, u=host_uniform(g), device=self.device)  # on the device
         slices = t.view(n_d, accum * world).t()  # slice j = t[j::accum*world]
         return [slices[k * world + rank].contiguous() for k in range(accum)]
+
+
+def compile_loss(model: nn.Module, method) -> None:
+    """``train.compile``: the method's loss core when it has one (RePlaid, Plaid: everything but the
+    noise draws and the schedule, without a graph break), else the backbone."""
+    if hasattr(method, "compile"):
+        method.compile()
+    else:
+        model.backbone.compile()
+
+
+def to_device(x: Optional[Tensor], device: torch.device) -> Optional[Tensor]:
+    """A batch tensor on ``device`` without blocking the host (pinned first for CUDA)."""
+    if x is None or x.device == device:
+        return x
+    if device.type == "cuda" and not x.is_pinned():
+        x = x.pin_memory()
+    return x.to(device, non_blocking=True)
 
 
 class TrainModule(nn.Module):
@@ -299,7 +331,7 @@ def _train(cfg: RunConfig, run_dir: Path, device: torch.device, resume: bool, pr
     if opt_sd is not None:
         dist.load_optimizer_state(model, optimizer, opt_sd)
     if cfg.train.compile:
-        model.backbone.compile()
+        compile_loss(model, method)
 
     final = runfolder.read_final_eval(run_dir) if resume else None
     final = final if final and final.get("step") == trainer.step else None
@@ -314,13 +346,14 @@ def _train(cfg: RunConfig, run_dir: Path, device: torch.device, resume: bool, pr
     t0, tokens_seen = time.time(), 0
     while trainer.step < end:
         mbs = [next(data.train_iter) for _ in range(cfg.train.grad_accum)]
-        m = trainer.train_step(mbs)
+        logging = (trainer.step + 1) % cfg.train.log_every == 0 or trainer.step + 1 == end
+        m = trainer.train_step(mbs, log=logging)
         tokens_seen += micro * cfg.train.grad_accum * dist.world_size() * cfg.data.seq_len
-        m["tokens_per_s"] = tokens_seen / max(time.time() - t0, 1e-9)
-        trainer.history.append({k: v for k, v in m.items() if isinstance(v, (int, float))})
         bar.update(1)
         _guard_nonfinite(trainer, m, run_dir, log)
-        if trainer.step % cfg.train.log_every == 0 or trainer.step == end:
+        if logging:
+            m["tokens_per_s"] = tokens_seen / max(time.time() - t0, 1e-9)
+            trainer.history.append({k: v for k, v in m.items() if isinstance(v, (int, float))})
             log.log(trainer.step, m)
             bar.set_postfix(loss=f"{m.get('loss', float('nan')):.3f}", B_r=m.get("B_r", "-"))
         if cfg.train.eval_every and trainer.step % cfg.train.eval_every == 0 and trainer.step < end:

@@ -1,0 +1,119 @@
+"""RePlaid's output head as one autograd function with a single (N, V) float32 buffer.
+
+For N = B*L rows with features ``f`` (N, H), head ``W`` (V, H), ``b`` (V,), prior-scaled latents
+``zs = s (alpha / sigma^2) z`` (N, d_e) and unit embeddings ``E`` (V, d_e) (paper section 2):
+
+    logits = f W^T + b + zs E^T                 the head (bf16 under autocast) + output prior logits
+    p      = softmax(logits)  (float32)          x_hat
+    e_hat  = p E                                 categorical reparameterisation   (N, d_e)
+    nll    = logsumexp(logits) - logits[target]  reconstruction cross-entropy     (N,)
+
+Autograd of the plain expression keeps about three (N, V) float32 tensors from forward to
+backward (head output, prior logits, softmax). Here the forward keeps only the logits buffer;
+the backward turns it, ``head_chunk_rows`` rows at a time, into ``p`` and then in place into
+``d logits = p * (g_e E^T - <g_e, e_hat>) + g_nll (p - onehot(target))`` (the softmax Jacobian
+with ``sum_v p_v (g_e . E_v) = g_e . e_hat``), so exactly one (N, V) float32 tensor is alive plus
+one (chunk, V) temporary. No FLOP is recomputed. Rows with ``e_keep = 0`` (self-conditioned
+rows) pass no gradient to ``E`` (both through ``p E`` and the prior), without any row indexing.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+DEFAULT_CHUNK_ELEMENTS = 1 << 22  # (chunk, V) temporaries of ~16 MB when head_chunk_rows = 0
+
+
+def chunk_rows(V: int, head_chunk_rows: int = 0) -> int:
+    """Rows of the flattened B*L per chunk of the softmax pass (``model.head_chunk_rows``; 0 = auto)."""
+    return head_chunk_rows if head_chunk_rows > 0 else max(1, DEFAULT_CHUNK_ELEMENTS // V)
+
+
+class _PriorSoftmaxHead(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, f: Tensor, W: Tensor, b: Optional[Tensor], zs: Optional[Tensor], E: Tensor, e_keep: Tensor,
+                target: Tensor, chunk: int, mm_dtype: torch.dtype):
+        with torch.autocast(f.device.type, enabled=False):
+            logits = (f.to(mm_dtype) @ W.to(mm_dtype).t()).float()  # (N, V): the one float32 buffer
+            if b is not None:
+                logits += b.float()
+            Ef = E.float()
+            if zs is not None:
+                logits.addmm_(zs.float(), Ef.t())
+            N = logits.shape[0]
+            e_hat = logits.new_empty(N, Ef.shape[1])
+            lse = logits.new_empty(N)
+            for s in range(0, N, chunk):
+                lc = logits[s:s + chunk]
+                lse[s:s + chunk] = torch.logsumexp(lc, -1)
+                e_hat[s:s + chunk] = torch.softmax(lc, -1) @ Ef
+            nll = lse - logits.gather(1, target[:, None]).squeeze(1)
+        ctx.save_for_backward(logits, lse, e_hat, f, W, b, zs, E, e_keep, target)
+        ctx.chunk, ctx.mm_dtype, ctx.used = chunk, mm_dtype, False
+        return e_hat, nll
+
+    @staticmethod
+    def backward(ctx, g_e: Optional[Tensor], g_nll: Optional[Tensor]):
+        if ctx.used:
+            raise RuntimeError("the fused RePlaid head frees its buffer in backward; retain_graph is not supported")
+        ctx.used = True
+        logits, lse, e_hat, f, W, b, zs, E, e_keep, target = ctx.saved_tensors
+        mm = ctx.mm_dtype
+        with torch.autocast(f.device.type, enabled=False):
+            Ef = E.float()
+            g_e = torch.zeros_like(e_hat) if g_e is None else g_e.float()
+            g_nll = torch.zeros_like(lse) if g_nll is None else g_nll.float()
+            s_e = (g_e * e_hat).sum(-1, keepdim=True)  # (N, 1): sum_v p_v g_e.E_v
+            keep = e_keep.float()[:, None]
+            dE = torch.zeros_like(Ef)
+            for s in range(0, N, ctx.chunk):
+                d = logits[s:s + ctx.chunk]  # becomes p, then d logits, in place
+                d.sub_(lse[s:s + ctx.chunk, None]).exp_()
+                dE.addmm_(d.t(), g_e[s:s + ctx.chunk] * keep[s:s + ctx.chunk])  # from e_hat = p E
+                dp = g_e[s:s + ctx.chunk] @ Ef.t()  # (chunk, V) temporary
+                dp.sub_(s_e[s:s + ctx.chunk]).add_(g_nll[s:s + ctx.chunk, None])
+                d.mul_(dp)
+                del dp
+            d = logits  # (N, V): d loss / d logits
+            d.scatter_add_(1, target[:, None], -g_nll[:, None])
+            dm = d.to(mm)
+            df = (dm @ W.to(mm)).to(f.dtype) if ctx.needs_input_grad[0] else None
+            dW = (dm.t() @ f.to(mm)).to(W.dtype) if ctx.needs_input_grad[1] else None
+            db = d.sum(0).to(b.dtype) if b is not None and ctx.needs_input_grad[2] else None
+            dzs = None
+            if zs is not None:
+                dzs = (d @ Ef).to(zs.dtype) if ctx.needs_input_grad[3] else None
+                dE.addmm_(d.t(), zs.float() * keep)
+        return df, dW, db, dzs, dE.to(E.dtype) if ctx.needs_input_grad[4] else None, None, None, None, None
+
+
+def prior_softmax_head(f: Tensor, W: Tensor, b: Optional[Tensor], zs: Optional[Tensor], E: Tensor,
+                       e_keep: Tensor, target: Tensor, chunk: int, mm_dtype: torch.dtype = torch.float32
+                       ) -> tuple[Tensor, Tensor]:
+    """(e_hat (N, d_e) float32, nll (N,) float32) of the module docstring; f (N, H), zs (N, d_e) or
+    None (no output prior), e_keep (N,) 0/1 (0: no gradient to E from that row), target (N,) long."""
+    return _PriorSoftmaxHead.apply(f, W, b, zs, E, e_keep, target, chunk, mm_dtype)
+
+
+def plain_head(f: Tensor, W: Tensor, b: Optional[Tensor], zs: Optional[Tensor], E: Tensor, e_keep: Tensor,
+               target: Tensor, dtype: torch.dtype = torch.float32, mm_dtype: Optional[torch.dtype] = None
+               ) -> tuple[Tensor, Tensor]:
+    """The same outputs by plain autograd in ``dtype`` (the float64 test reference, and the
+    expression ``torch.compile`` fuses itself); rows with ``e_keep = 0`` see ``E.detach()``."""
+    keep = e_keep.to(dtype)[:, None]
+    Ed = E.to(dtype)
+    mm = mm_dtype or dtype
+    logits = (f.to(mm) @ W.to(mm).t()).to(dtype) + (0 if b is None else b.to(dtype))
+    if zs is not None:
+        logits = logits + keep * (zs.to(dtype) @ Ed.t()) + (1 - keep) * (zs.to(dtype) @ Ed.detach().t())
+    p = torch.softmax(logits, -1)
+    e_hat = keep * (p @ Ed) + (1 - keep) * (p @ Ed.detach())
+    nll = torch.logsumexp(logits, -1) - logits.gather(1, target[:, None]).squeeze(1)
+    return e_hat, nll
+
+
+def reference_head(f, W, b, zs, E, e_keep, target) -> tuple[Tensor, Tensor]:
+    """:func:`plain_head` in float64 (for tests)."""
+    return plain_head(f, W, b, zs, E, e_keep, target, torch.float64)

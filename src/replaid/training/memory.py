@@ -1,0 +1,164 @@
+"""A memory model of one training step per rank, and a live-heap meter to check it on a CPU.
+
+Peak of a step = the state that lives across steps (fp32 parameters, fp32 gradients, AdamW's two
+fp32 moments, the fp32 EMA) + what autograd saves from the forward for the backward + the largest
+transient of the backward. Activations are counted from the code, per token:
+
+* a DiT block (``model/dit.py``) saves 23 d values: 6 d in float32 (residual x, both LayerNorm
+  outputs, attention-out and MLP-out branches before their gates, the second residual) and 17 d that
+  are matmul operands, in bf16 under autocast (modulated inputs of qkv and fc1, the qkv output kept
+  alive by the v view, rotated q and k, the SDPA output and its (B, L, D) copy, fc1 output and GELU
+  output at 4 d each), + the SDPA log-sum-exp (H float32) + dropout masks (2 d bytes when
+  ``model.dropout > 0``). Flash/SDPA kernels never hold (L, L) scores. With activation
+  checkpointing a block keeps its float32 input (d) and one block is rebuilt at a time.
+* outside the blocks: the float32 input projection and final-layer features (4 d) and, for
+  RePlaid, the (L, d_e) latents (6 d_e).
+* the head: RePlaid's fused head (``model/head.py``) keeps one (B L, V) float32 buffer and, under
+  bf16, copies it to bf16 in the backward (+2 bytes per entry); the plain autograd head (before it)
+  keeps two float32 (B L, V) tensors (``z E^T`` and the softmax) and creates two more in the
+  backward; MDLM/AR's ``cross_entropy`` keeps its float32 log-softmax and creates two in the backward.
+
+The peak is the larger of (state without gradients + activations + head backward transient + head
+gradients) at the start of the backward and (full state + one block) at its end.
+bf16 follows from the same counts: matmul operands at 2 bytes, everything else unchanged (the
+residual stream, norms, softmax and losses stay float32 by the precision table).
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from replaid.model.head import chunk_rows
+
+GB = 1e9
+VOCAB = {"gpt2": 50257, "llama2": 32000, "bert-base-uncased": 30522}
+
+
+def preset_vocab(cfg) -> int:
+    return cfg.data.bpe_vocab_size if cfg.data.tokenizer == "bpe" else VOCAB.get(cfg.data.tokenizer, 50257)
+
+
+@dataclass
+class MemoryEstimate:
+    parts: dict[str, float] = field(default_factory=dict)  # bytes
+    peak: float = 0.0
+
+    def table(self) -> list[tuple[str, float]]:
+        return [(k, v / GB) for k, v in self.parts.items()] + [("peak", self.peak / GB)]
+
+
+def param_counts(cfg, V: int) -> tuple[int, int]:
+    """(all parameters, trainable parameters) of the method's model, built on the meta device."""
+    from replaid.methods import get_method
+
+    with torch.device("meta"):
+        model = get_method(cfg).build_model(V)
+    return sum(p.numel() for p in model.parameters()), sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def estimate(cfg, V: int, batch: int, bf16: bool = False, act_ckpt: bool | None = None,
+             fused_head: bool = True, params: tuple[int, int] | None = None) -> MemoryEstimate:
+    """Peak bytes per rank of one training step at per-device ``batch`` (module docstring).
+    ``params``: :func:`param_counts`, when already known."""
+    m = cfg.model
+    ckpt = m.activation_checkpointing if act_ckpt is None else act_ckpt
+    n_all, n_train = params or param_counts(cfg, V)
+    T, d, H, n, r = batch * cfg.data.seq_len, m.hidden, m.n_heads, m.n_layers, m.mlp_ratio
+    f, a = 4, (2 if bf16 else 4)
+    e = {"parameters": f * n_all, "gradients": f * n_train, "AdamW moments": 2 * f * n_train,
+         "EMA": f * n_all if cfg.optim.ema > 0 else 0}
+    per_block = T * (6 * f * d + a * (9 + 2 * r) * d + f * H + (2 * d if m.dropout > 0 else 0))
+    e["activations per block"] = per_block
+    e["activations, blocks"] = n * T * f * d + per_block if ckpt else n * per_block
+    continuous = cfg.method in ("replaid", "plaid")
+    e["activations, outside blocks"] = T * (4 * f * d + (6 * f * m.d_e if continuous else 0))
+    if continuous and fused_head:
+        e["head: saved (B L, V)"] = T * V * f
+        c = min(T, chunk_rows(V, m.head_chunk_rows))  # the (chunk, V) temporary; bf16 copies the buffer
+        e["head: backward transient"] = f * c * V + (2 * T * V if bf16 else 0)
+    elif continuous:  # the plain autograd head: z E^T and the softmax saved, two gradients in the backward
+        e["head: saved (B L, V)"] = 2 * T * V * f
+        e["head: backward transient"] = 2 * T * V * f + (2 * T * V if bf16 else 0)
+    else:  # MDLM / AR: cross_entropy saves its float32 log-softmax; two gradients (+ the bf16 one)
+        e["head: saved (B L, V)"] = T * V * f
+        e["head: backward transient"] = 2 * T * V * f + (2 * T * V if bf16 else 0)
+    head_grads = f * V * (d + 1 + (m.d_e if continuous else 0))
+    start_bwd = (e["parameters"] + e["AdamW moments"] + e["EMA"] + e["activations, blocks"]
+                 + e["activations, outside blocks"] + e["head: saved (B L, V)"] + e["head: backward transient"]
+                 + head_grads)
+    end_bwd = e["parameters"] + e["gradients"] + e["AdamW moments"] + e["EMA"] + per_block
+    return MemoryEstimate(e, max(start_bwd, end_bwd))
+
+
+def largest_batch(cfg, V: int, budget_bytes: float, bf16: bool = True, act_ckpt: bool | None = None) -> int:
+    """The largest per-device batch whose estimated peak fits ``budget_bytes`` (0 if none)."""
+    n = param_counts(cfg, V)
+
+    def fits(b: int) -> bool:
+        return estimate(cfg, V, b, bf16, act_ckpt, params=n).peak <= budget_bytes
+
+    lo, hi = 0, 1
+    while fits(hi) and hi < 1 << 16:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+class LiveHeap(TorchDispatchMode):
+    """Live bytes of every CPU tensor storage created under the mode (allocation accounting, not
+    RSS: freed memory leaves the count when its storage dies). ``peak`` since ``reset_peak()``."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.current = self.peak = 0
+
+    def track(self, t: torch.Tensor) -> None:
+        s = t.untyped_storage()
+        k = id(s)
+        if k in self.live:
+            return
+        self.live[k] = s.nbytes()
+        self.current += s.nbytes()
+        self.peak = max(self.peak, self.current)
+        weakref.finalize(s, self._free, k)
+
+    def _free(self, k: int) -> None:
+        self.current -= self.live.pop(k, 0)
+
+    def reset_peak(self) -> None:
+        self.peak = self.current
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                self.track(t)
+        return out
+
+
+def measure(cfg, V: int, batch: int) -> float:
+    """Measured peak live bytes of the second training step (fp32, CPU), the model, optimizer and
+    EMA created under the meter so every tensor is counted."""
+    from replaid.methods import get_method
+    from replaid.training.train import EMA, Trainer, TrainModule, build_optimizer
+
+    torch.manual_seed(0)
+    tokens = [{"tokens": torch.randint(0, V, (batch, cfg.data.seq_len))}]
+    with LiveHeap() as heap:
+        method = get_method(cfg)
+        model = method.build_model(V)
+        tr = Trainer(cfg, model, method, build_optimizer(model, cfg.optim), torch.device("cpu"),
+                     EMA(model, cfg.optim.ema) if cfg.optim.ema > 0 else None, loss_module=TrainModule(model, method))
+        for p in model.parameters():  # parameters made outside dispatch (nn.Parameter wrappers) count too
+            heap.track(p)
+        tr.train_step(tokens, log=False)
+        heap.reset_peak()
+        tr.train_step(tokens, log=False)
+    return float(heap.peak)
