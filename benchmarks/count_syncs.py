@@ -43,7 +43,8 @@ def main() -> None:
         batch = [{"tokens": torch.randint(0, 64, (8, 8))}]
         kw = {"log": False} if "log" in inspect.signature(tr.train_step).parameters else {}
         with syncs.meta_as_cpu_autocast():
-            tr.train_step(batch, **kw)
+            with syncs.SyncCounter(a.device):
+                tr.train_step(batch, **kw)
             with syncs.SyncCounter(a.device) as c:
                 tr.train_step(batch, **kw)
         n_s, n_c = c.total()

@@ -41,7 +41,8 @@ def test_train_step_has_no_sync_and_only_the_batch_copy(name):
     tr = meta_trainer(name, ["train.grad_accum=2"] if name in ("replaid", "mdlm") else [])
     accum = tr.cfg.train.grad_accum
     batch = [{"tokens": torch.randint(0, V, (8 // accum, 8))} for _ in range(accum)]
-    tr.train_step(batch, log=False)  # warm-up (optimizer state, first EMA)
+    with SyncCounter("meta"):  # warm-up (optimizer state, first EMA); the counter answers host reads on meta
+        tr.train_step(batch, log=False)
     with SyncCounter("meta") as c:
         tr.train_step(batch, log=False)
     # the one host read left: the non-finite guard's verdict (one scalar per step, training/train.py)

@@ -68,7 +68,7 @@ class _PriorSoftmaxHead(torch.autograd.Function):
             s_e = (g_e * e_hat).sum(-1, keepdim=True)  # (N, 1): sum_v p_v g_e.E_v
             keep = e_keep.float()[:, None]
             dE = torch.zeros_like(Ef)
-            for s in range(0, N, ctx.chunk):
+            for s in range(0, logits.shape[0], ctx.chunk):
                 d = logits[s:s + ctx.chunk]  # becomes p, then d logits, in place
                 d.sub_(lse[s:s + ctx.chunk, None]).exp_()
                 dE.addmm_(d.t(), g_e[s:s + ctx.chunk] * keep[s:s + ctx.chunk])  # from e_hat = p E
