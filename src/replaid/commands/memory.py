@@ -12,9 +12,9 @@ GPUS = {"H100 80GB": 80e9, "H200 141GB": 141e9}
 def register(sub) -> None:
     p = add_command(sub, "memory", "Estimate the peak memory per rank of a training step (replaid.training.memory).",
                     EXAMPLE)
-    p.add_argument("--preset", default="owt-0.1b")
+    p.add_argument("--preset", default="owt-0.1b", help="named preset whose model and batch are estimated")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, as for train")
-    p.add_argument("--per-device-batch", type=int, default=32)
+    p.add_argument("--per-device-batch", type=int, default=32, help="sequences per device per micro-step")
     p.add_argument("--gpu-memory", default="80GB", help="memory per device, e.g. 80GB, 141GB")
     p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16", help="bf16 autocast (GPU default) or fp32")
     p.add_argument("--vocab", type=int, default=None, help="default: the preset tokenizer's vocabulary")

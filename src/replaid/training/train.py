@@ -146,12 +146,16 @@ class Trainer:
                 kw["n_recon"] = n_recon
             with ctx, autocast_ctx(self.device, cfg.train.precision):
                 loss, m = model(tokens, self.micro_generator(k), mask=mask, **kw)
+                # copied before backward: under FSDP2 (torch 2.13, gloo) reading them after backward segfaulted
+                m = {key: (v.detach().clone() if torch.is_tensor(v) else v) for key, v in m.items()}
                 (loss / len(micro_batches)).backward()
             losses.append(loss.detach().float())
             for key, v in m.items():
                 rows.setdefault(key, []).append(v)
         clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)  # stays on the device
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor; collectives below need a plain tensor
+            grad_norm = grad_norm.full_tensor()
         finite = self._all_finite(torch.stack(losses), grad_norm)  # else skip: weights, EMA, split unchanged
         if finite:
             self.optimizer.step()
