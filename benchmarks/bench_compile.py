@@ -8,16 +8,14 @@ bench_step.py (hidden 256, 4 layers, L = 256, batch 8, fp32). Prints the table; 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import append_results, device_name  # noqa: E402
+from common import add_one_option, append_results, device_name, run_isolated, run_one_if_asked  # noqa: E402
 
 BASE = ["model.hidden=256", "model.n_layers=4", "model.n_heads=4", "data.seq_len=256", "train.batch_size=8",
         "train.precision=fp32", "optim.ema=0"]
@@ -55,21 +53,19 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--record", action="store_true")
-    p.add_argument("--one", help=argparse.SUPPRESS)
+    add_one_option(p)
     a = p.parse_args()
-    if a.one:
-        print(json.dumps(one(**json.loads(a.one))))
+    if run_one_if_asked(a, one):
         return
     res: dict = {}
     for r in range(a.rounds):
         for method in a.methods:
             for compiled in (False, True):
                 spec = dict(method=method, V=a.vocab, steps=a.steps, compiled=compiled)
-                out = subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)], capture_output=True,
-                                     text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-                if out.returncode:
-                    sys.exit(out.stderr[-2000:])
-                v = json.loads(out.stdout.strip().splitlines()[-1])["step_cpu_s"]
+                out, err = run_isolated(__file__, spec, {**os.environ, "OMP_NUM_THREADS": "1"})
+                if out is None:
+                    sys.exit(err[-2000:])
+                v = out["step_cpu_s"]
                 res.setdefault((method, compiled), []).append(v)
                 print(f"round {r} {method} compiled={compiled} {v:.4f} s", flush=True)
     rows = []

@@ -12,16 +12,14 @@ Model: hidden 256, 4 layers, L = 256, batch 8, fp32 (``--set k=v`` to change).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import append_results, device_name  # noqa: E402
+from common import add_one_option, append_results, device_name, run_isolated, run_one_if_asked  # noqa: E402
 
 BASE = ["model.hidden=256", "model.n_layers=4", "model.n_heads=4", "data.seq_len=256", "train.batch_size=8",
         "train.precision=fp32", "train.num_threads=1", "optim.ema=0"]
@@ -90,10 +88,9 @@ def main() -> None:
     p.add_argument("--sample", action="store_true", help="also time the samplers (mdlm, replaid DDPM)")
     p.add_argument("--set", nargs="*", default=[], help="extra config overrides k=v")
     p.add_argument("--no-record", action="store_true")
-    p.add_argument("--one", help=argparse.SUPPRESS)
+    add_one_option(p)
     a = p.parse_args()
-    if a.one:
-        print(json.dumps(one(**json.loads(a.one))))
+    if run_one_if_asked(a, one):
         return
     srcs = dict(s.split("=", 1) for s in a.src)
     res: dict = {}
@@ -103,11 +100,9 @@ def main() -> None:
                 for name, src in srcs.items():
                     spec = dict(method=method, V=V, steps=a.steps, overrides=a.set, sample=a.sample)
                     env = {**os.environ, "PYTHONPATH": str(Path(src).resolve()), "OMP_NUM_THREADS": "1"}
-                    p_ = subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)], env=env,
-                                        capture_output=True, text=True)
-                    if p_.returncode != 0:
-                        sys.exit(f"{name} {method} V={V} failed:\n{p_.stderr[-2000:]}")
-                    out = json.loads(p_.stdout.strip().splitlines()[-1])
+                    out, err = run_isolated(__file__, spec, env)
+                    if out is None:
+                        sys.exit(f"{name} {method} V={V} failed:\n{err[-2000:]}")
                     for k, v in out.items():
                         res.setdefault((name, method, V, k), []).append(v)
                     print(f"round {r} {name:7s} {method:13s} V={V:6d} {out}", flush=True)

@@ -11,9 +11,7 @@ process (bf16 on GPU, fp32 on CPU). Results are appended to docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import json
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,7 +19,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import append_results, device_name, peak_matmul_flops, sync  # noqa: E402
+from common import (add_one_option, append_results, device_name, peak_matmul_flops, run_isolated,  # noqa: E402
+                    run_one_if_asked, sync)
 
 
 def one(preset: str, L: int, B: int, steps: int, chunk: int, device: str, vocab: int | None,
@@ -83,10 +82,9 @@ def main() -> None:
     p.add_argument("--compile", action="store_true")
     p.add_argument("--act-ckpt", action="store_true")
     p.add_argument("--no-record", action="store_true")
-    p.add_argument("--one", help=argparse.SUPPRESS)
+    add_one_option(p)
     a = p.parse_args()
-    if a.one:
-        print(json.dumps(one(**json.loads(a.one))))
+    if run_one_if_asked(a, one):
         return
     rows, results = [], []
     for preset in a.preset:
@@ -95,14 +93,12 @@ def main() -> None:
                 for chunk in a.chunk:
                     spec = dict(preset=preset, L=L, B=B, steps=a.steps, chunk=chunk, device=a.device,
                                 vocab=a.vocab, compile_=a.compile, ckpt=a.act_ckpt)
-                    r = subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)],
-                                       capture_output=True, text=True)
-                    if r.returncode != 0:
-                        err = (r.stderr.strip().splitlines() or ["?"])[-1]
+                    res, stderr = run_isolated(__file__, spec)
+                    if res is None:
+                        err = (stderr.strip().splitlines() or ["?"])[-1]
                         print(f"{preset} L={L} B={B} chunk={chunk}: failed: {err}", flush=True)
                         rows.append([preset, L, B, chunk, "failed", "", "", "", err[:60]])
                         continue
-                    res = json.loads(r.stdout.strip().splitlines()[-1])
                     results.append(res)
                     print(f"{preset:9s} L={L:5d} B={B:4d} chunk={chunk:5d} step {res['step_s']:.3f}s "
                           f"{res['tokens_per_s']:9.0f} tok/s  peak {res['peak_mem_gb']:.2f} GiB  "

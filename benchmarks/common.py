@@ -51,3 +51,33 @@ def append_results(title: str, header: list[str], rows: list[list], notes: str =
         f.write("| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n")
         for r in rows:
             f.write("| " + " | ".join(f"{x:.4g}" if isinstance(x, float) else str(x) for x in r) + " |\n")
+
+
+def add_one_option(p) -> None:
+    """The hidden ``--one SPEC`` option: run a single configuration in this (fresh) process."""
+    import argparse
+
+    p.add_argument("--one", help=argparse.SUPPRESS)
+
+
+def run_one_if_asked(a, fn) -> bool:
+    """In the child: ``fn(**SPEC)`` printed as one JSON line; returns True when it ran."""
+    import json
+
+    if not getattr(a, "one", None):
+        return False
+    print(json.dumps(fn(**json.loads(a.one))))
+    return True
+
+
+def run_isolated(script: str, spec: dict, env: dict | None = None):
+    """Run ``script --one SPEC`` in a fresh interpreter (clean allocator, peak memory and CPU time);
+    returns ``(result dict or None, stderr)``."""
+    import json
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, script, "--one", json.dumps(spec)], env=env, capture_output=True, text=True)
+    if p.returncode != 0:
+        return None, p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1]), p.stderr
