@@ -119,6 +119,46 @@ def test_plan_selects_sizes_around_the_predicted_optimum_and_writes_an_editable_
         sc.write_plan(plan, tmp_path)
 
 
+def test_per_method_centres_and_the_token_cap_choose_each_methods_window():
+    """MDLM centred at 200 tokens/parameter takes smaller sizes than AR at 40; a token cap (the corpus'
+    size) drops exactly the sizes that would repeat data and keeps k sizes per budget."""
+    budgets = [3e11, 1e13]
+    plan = sc.make_plan(["ar", "mdlm"], budgets, "tiny", per_budget=4, tokens_per_param={"*": 40, "mdlm": 200})
+    for b in budgets:
+        for m, tpp in (("ar", 40), ("mdlm", 200)):
+            ns = sorted(e.params for e in plan.entries if e.budget == b and e.method == m)
+            centre = sc.predicted_optimum(b, tpp)
+            assert len(ns) == 4 and ns[0] <= centre <= ns[-1], (m, b, ns, centre)
+    ar3 = {e.size for e in plan.entries if e.method == "ar" and e.budget == 3e11}
+    md3 = {e.size for e in plan.entries if e.method == "mdlm" and e.budget == 3e11}
+    assert min(sc.TINY_SIZES[s][0] for s in md3) < min(sc.TINY_SIZES[s][0] for s in ar3)
+
+    free = sc.make_plan(["mdlm"], [1e13], "tiny", per_budget=4, tokens_per_param={"mdlm": 200})
+    cap = 1.0e7
+    assert any(e.tokens > cap for e in free.entries)  # uncapped, the small sizes read more than the cap
+    capped = sc.make_plan(["mdlm"], [1e13], "tiny", per_budget=4, tokens_per_param={"mdlm": 200}, max_tokens=cap)
+    assert len(capped.entries) == 4 and all(e.tokens <= cap for e in capped.entries)
+    smallest_fitting = min((e for e in sc.make_plan(["mdlm"], [1e13], "tiny", per_budget=0).entries
+                            if e.tokens <= cap), key=lambda e: e.params)
+    assert min(e.params for e in capped.entries) == smallest_fitting.params
+    with pytest.raises(Exception, match="max-tokens"):
+        sc.make_plan(["ar"], [1e15], "tiny", per_budget=4, max_tokens=1e3)
+    with pytest.raises(Exception, match="tokens-per-param"):
+        sc.make_plan(["ar"], [1e12], "tiny", per_budget=4, tokens_per_param={"duo": 10})
+
+
+def test_plan_cli_takes_per_method_tokens_per_param_and_rejects_a_bad_one(tmp_path):
+    cmd = [sys.executable, "-m", "replaid", "scaling", "plan", "--methods", "ar", "mdlm", "--sizes", "tiny",
+           "--budgets", "3e11", "--json"]
+    p = subprocess.run(cmd + ["--tokens-per-param", "40", "mdlm=200"], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    runs = json.loads(p.stdout)["runs"]
+    n = {m: sorted(r["params"] for r in runs if r["method"] == m) for m in ("ar", "mdlm")}
+    assert n["mdlm"][0] < n["ar"][0]
+    p = subprocess.run(cmd + ["--tokens-per-param", "mdlm=lots"], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2 and p.stderr.strip().startswith("replaid: error:") and len(p.stderr.strip().splitlines()) == 1
+
+
 # ------------------------------------------------------------------ fits on synthetic studies
 
 def _synthetic(methods: dict, budgets, sizes_per_budget=7, spread=1.2, noise=0.002, seed=0, curv=0.08):
@@ -187,6 +227,35 @@ def test_unbracketed_minimum_warns():
     res = sf.fit_points(cut, reference="ar", n_boot=20)
     assert any("not bracketed" in w and "C=6e+18" in w and "larger" in w for w in res["warnings"])
     assert not res["methods"]["ar"]["budgets"][0]["bracketed"]
+    # the laws ignore the unbracketed budget: the same as fitting without its runs at all
+    rest = sf.fit_points([r for r in cut if r["flops"] >= 8e18], reference="ar", n_boot=20)
+    for k in ("alpha", "beta", "alpha_prime", "beta_prime"):
+        assert res["methods"]["ar"][k] == pytest.approx(rest["methods"]["ar"][k], rel=1e-9), k
+
+
+def test_a_budget_still_at_the_unigram_level_is_left_out_of_the_laws():
+    """A method that has learned nothing yet at the smallest budget (every size within noise of the
+    unigram loss, its quadratic's minimum bracketed by chance) must not pull its laws."""
+    laws = {"ar": (-0.05, 3.2, 0.5, -2.0)}
+    rows = _synthetic(laws, BUDGETS[1:4], noise=0.001)
+    uni = max(r["loss"] for r in rows) * 1.05
+    rng = np.random.default_rng(1)
+    flat = [{"method": "ar", "flops": 6e18, "params": float(n), "loss": uni + 0.002 * rng.standard_normal()
+             + 0.01 * (math.log(n) - 20.5) ** 2, "tokens": 6e18 / (6 * n), "stderr": 0.01}
+            for n in np.exp(np.linspace(19.5, 21.5, 7))]
+    for r in rows:
+        r.update(unigram=uni, stderr=0.01)
+    for r in flat:
+        r["unigram"] = uni
+    res = sf.fit_points(rows + flat, reference="ar", n_boot=20)
+    b0 = res["methods"]["ar"]["budgets"][0]
+    assert b0["budget"] == 6e18 and b0["bracketed"] and b0["at_unigram_level"]
+    assert any("C=6e+18" in w and "unigram" in w for w in res["warnings"])
+    rest = sf.fit_points(rows, reference="ar", n_boot=20)
+    for k in ("alpha", "beta", "alpha_prime", "beta_prime"):
+        assert res["methods"]["ar"][k] == pytest.approx(rest["methods"]["ar"][k], rel=1e-9), k
+    assert res["methods"]["ar"]["alpha"] == pytest.approx(-0.05, abs=0.01)
+    assert not any(b["at_unigram_level"] for b in res["methods"]["ar"]["budgets"][1:])
 
 
 def test_parametric_fit_recovers_a_chinchilla_law():
@@ -325,3 +394,34 @@ def test_plan_run_fit_end_to_end_with_local_and_submitit_executors(tmp_path):
     assert set(res["methods"]) == {"ar", "mdlm"} and res["budgets"] == [1e8, 3e8]
     assert all(len(mo["budgets"]) == 2 for mo in res["methods"].values())
     assert (out / "isoflop.png").is_file() and (out / "report.md").is_file()
+
+
+def test_max_tokens_corpus_counts_one_pass_and_keeps_every_run_within_it(tmp_path):
+    """``--max-tokens corpus``: one pass over the train split in whole sequences (independently: the
+    split's token count from ``replaid.data.describe``, floored to L), and no planned run reads more."""
+    from replaid.data import describe
+
+    words = "the of and a to in is was he for it with as his on be at by had are but from or".split()
+    rng = np.random.default_rng(0)
+    src = tmp_path / "corpus"
+    src.mkdir()
+    for split, n in (("train", 300), ("valid", 20)):
+        with open(src / f"{split}.jsonl", "w") as f:
+            for _ in range(n):
+                f.write(json.dumps({"text": " ".join(rng.choice(words, 40))}) + "\n")
+    cache = tmp_path / "cache"
+    over = [f"data.source={src}", f"data.cache_dir={cache}", "data.bpe_vocab_size=300", "data.seq_len=16"]
+    n_tok = describe(str(src), "bpe", vocab_size=300, cache_dir=cache)["tokens"]
+    expect = n_tok // 16 * 16
+    cfg = sc.make_plan(["ar"], [1e9], "tiny", per_budget=1, overrides=over).entries[0]._cfg
+    assert sc.corpus_tokens(cfg) == expect
+    p = _cli("plan", "--methods", "ar", "mdlm", "--sizes", "tiny", "--budgets", "1e9", "3e9", "--max-tokens",
+             "corpus", *over)
+    assert f"corpus: {expect:,} train tokens" in p.stderr and "passes" in p.stdout
+    runs = json.loads(_cli("plan", "--methods", "ar", "--sizes", "tiny", "--budgets", "1e9", "3e9", "--json",
+                           "--max-tokens", "corpus", *over).stdout)["runs"]
+    assert len(runs) == 8 and max(r["tokens"] for r in runs) <= expect
+    assert max(r["tokens"] for r in json.loads(_cli("plan", "--methods", "ar", "--sizes", "tiny", "--budgets", "1e9",
+                                                   "3e9", "--json", *over).stdout)["runs"]) > expect
+    bad = _cli("plan", "--methods", "ar", "--sizes", "tiny", "--max-tokens", "lots", *over, check=False)
+    assert bad.returncode == 2 and bad.stderr.startswith("replaid: error: --max-tokens")

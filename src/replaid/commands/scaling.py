@@ -29,10 +29,15 @@ def register(sub) -> None:
                    help="sizes per budget around the predicted optimum (0 = all; -1: 9 for paper, 4 for tiny)")
     p.add_argument("--stride", type=int, default=-1,
                    help="take every STRIDE-th size of the table for a wider bracket (-1: 2 for paper, 1 for tiny)")
-    p.add_argument("--tokens-per-param", type=float, default=-1.0,
-                   help="centre of each budget's sizes: the N with D = this x N and C = 6 N D (-1: 100 for paper, "
-                        "between Chinchilla's 20 and the ~300 of the paper's 231M MDLM at 1e20; 40 for tiny, "
-                        "where a first AR budget put the optimum below 20 tokens/parameter)")
+    p.add_argument("--tokens-per-param", nargs="+", default=[], metavar="X|METHOD=X",
+                   help="centre of each budget's sizes: the N with D = X N and C = 6 N D; METHOD=X for one method "
+                        "(e.g. 40 mdlm=200). Absent: 100 for paper, between Chinchilla's 20 and the ~300 of the "
+                        "paper's 231M MDLM at 1e20; 40 for tiny, where a first AR budget put the optimum below 20 "
+                        "tokens/parameter")
+    p.add_argument("--max-tokens", default="0",
+                   help="leave out sizes whose run would read more tokens than this, so that no run repeats data: "
+                        "a number, or 'corpus' for the train split's tokens (tokenises it once into the cache; "
+                        "the table then shows passes per run); 0: no limit")
     p.add_argument("--protocol", choices=["paper", "tiny"], help="training protocol (absent: that of --sizes)")
     p.add_argument("--out", help="sweep folder (manifest.json/.csv, configs/, runs/)")
     p.add_argument("--force", action="store_true", help="re-plan an existing sweep folder (its runs are kept)")
@@ -90,11 +95,26 @@ def run_plan(args) -> int:
     stride = args.stride if args.stride >= 1 else (1 if table == "tiny" else 2)
     if args.mfu <= 0 or args.mfu > 1:
         raise ConfigError("--mfu must be in (0, 1]")
-    tpp = args.tokens_per_param if args.tokens_per_param != -1 else (40.0 if table == "tiny" else 100.0)
-    if tpp <= 0:
-        raise ConfigError("--tokens-per-param must be positive")
-    plan = sc.make_plan(args.methods, budgets, args.sizes, per_budget, stride, args.protocol, args.overrides,
-                        tokens_per_param=tpp)
+    tpp = {"*": 40.0 if table == "tiny" else 100.0}
+    for item in args.tokens_per_param:
+        key, _, val = item.rpartition("=")
+        try:
+            tpp[key or "*"] = float(val)
+        except ValueError:
+            raise ConfigError(f"--tokens-per-param: '{item}' is not a number or METHOD=number") from None
+    plan_args = (args.methods, budgets, args.sizes)
+    plan_kw = dict(stride=stride, protocol=args.protocol, overrides=args.overrides, tokens_per_param=tpp)
+    corpus = None
+    if args.max_tokens == "corpus":
+        corpus = sc.corpus_tokens(sc.make_plan(*plan_args, per_budget=1, **plan_kw).entries[0]._cfg)
+        max_tokens = float(corpus)
+        print(f"corpus: {corpus:,} train tokens in whole sequences (--max-tokens)", file=sys.stderr)
+    else:
+        try:
+            max_tokens = float(args.max_tokens)
+        except ValueError:
+            raise ConfigError(f"--max-tokens {args.max_tokens!r}: give a number of tokens or 'corpus'") from None
+    plan = sc.make_plan(*plan_args, per_budget=per_budget, max_tokens=max_tokens, **plan_kw)
     if args.out:
         man = sc.write_plan(plan, Path(args.out), force=args.force)
         print(f"wrote {man} ({len(plan.entries)} runs, {plan.total_flops:.3g} FLOPs) and "
@@ -107,8 +127,10 @@ def run_plan(args) -> int:
                           "runs": [{k: v for k, v in e.__dict__.items() if not k.startswith("_")} for e in plan.entries]}))
         return 0
     rows = [[e.method, f"{e.budget:.3g}", e.size, f"{e.params / 1e6:.3f}M", e.steps, f"{e.tokens:.3g}",
-             f"{e.tokens / e.params:.1f}", f"{gpu_s(e.flops) / 3600:.2f}"] for e in plan.entries]
-    print(_table(rows, ["method", "C", "size", "N (non-emb)", "steps", "tokens", "D/N", "GPU-h"]))
+             f"{e.tokens / e.params:.1f}"] + ([f"{e.tokens / corpus:.3f}"] if corpus else [])
+            + [f"{gpu_s(e.flops) / 3600:.2f}"] for e in plan.entries]
+    print(_table(rows, ["method", "C", "size", "N (non-emb)", "steps", "tokens", "D/N"] + (["passes"] if corpus else [])
+                 + ["GPU-h"]))
     print()
     by = {}
     for e in plan.entries:

@@ -4,7 +4,10 @@ Natural logarithms throughout. Per method and budget C, the paper's quadratic in
 
     log L(N; C) = a_C (log N)^2 + b_C log N + c_C,   N*_C = exp(-b_C / 2a_C),   L*_C = L(N*_C; C);
 
-per method the power laws ``log L*_C = alpha log C + beta`` and ``log N*_C = alpha' log C + beta'``;
+per method the power laws ``log L*_C = alpha log C + beta`` and ``log N*_C = alpha' log C + beta'``,
+fitted to the budgets whose minimum lies within the sizes run (bracketed; the others are reported
+and warned about, not extrapolated) and where some size beats the unigram loss by two standard
+errors (when the runs report it; before that a method has learned nothing its size could change);
 the compute multiplier of method m against a reference r at reference compute C, the k with
 ``L*_m(k C) = L*_r(C)``:
 
@@ -40,7 +43,7 @@ LOG_TOL = 0.15  # budgets whose FLOPs lie within 15% (in log) are one IsoFLOP gr
 # ------------------------------------------------------------------ reading
 
 def read_points(source: str | Path) -> list[dict]:
-    """Rows ``{method, budget, flops, params, loss, tokens?, stderr?}`` from a sweep folder or a CSV."""
+    """Rows ``{method, budget, flops, params, loss, tokens?, stderr?, unigram?}`` from a sweep folder or a CSV."""
     p = Path(source)
     if p.is_dir():
         from replaid.training.scaling import results_table
@@ -55,14 +58,14 @@ def read_points(source: str | Path) -> list[dict]:
         rows = list(csv.DictReader(f))
     need = {"method", "flops", "params", "loss"}
     if not rows or not need <= set(rows[0]):
-        raise ValueError(f"{p} needs the columns method,flops,params,loss (optional tokens, budget, stderr); "
+        raise ValueError(f"{p} needs the columns method,flops,params,loss (optional tokens, budget, stderr, unigram); "
                          f"it has {', '.join(rows[0]) if rows else 'no rows'}")
     out = []
     for i, r in enumerate(rows, start=2):
         try:
             d = {"method": r["method"], "flops": float(r["flops"]), "params": float(r["params"]),
                  "loss": float(r["loss"])}
-            for k in ("tokens", "budget", "stderr"):
+            for k in ("tokens", "budget", "stderr", "unigram"):
                 if r.get(k) not in (None, ""):
                     d[k] = float(r[k])
         except ValueError:
@@ -205,8 +208,10 @@ def crossover(pa: dict, pb: dict, kappa_a: float, kappa_b: float, npow_a: tuple[
 
 # ------------------------------------------------------------------ the whole analysis
 
-def _analyse(points: dict, budgets: list[float], reference: str, logc_grid: np.ndarray) -> dict:
-    """Per-budget minima, power laws and multipliers for perturbed or original log-losses."""
+def _analyse(points: dict, budgets: list[float], reference: str, logc_grid: np.ndarray,
+             exclude: frozenset = frozenset()) -> dict:
+    """Per-budget minima, power laws and multipliers for perturbed or original log-losses;
+    ``exclude``: (method, budget) pairs left out of the laws (at the unigram level)."""
     res = {}
     for m, pts in points.items():
         mins = []
@@ -215,10 +220,15 @@ def _analyse(points: dict, budgets: list[float], reference: str, logc_grid: np.n
             if sel.sum() < 3:
                 mins.append(None)
                 continue
-            mins.append(isoflop_min(pts["logn"][sel], pts["logl"][sel]))
-        logc = np.array([math.log(b) for b, q in zip(budgets, mins) if q is not None])
-        ln = np.array([q["log_n_opt"] for q in mins if q is not None])
-        ll = np.array([q["log_l_opt"] for q in mins if q is not None])
+            q = isoflop_min(pts["logn"][sel], pts["logl"][sel])
+            x = pts["logn"][sel]
+            q["bracketed"] = bool(np.isfinite(q["log_n_opt"]) and x.min() <= q["log_n_opt"] <= x.max())
+            mins.append(q)
+        # the laws use bracketed minima only: an extrapolated N*_C is the parabola's guess, not a measurement
+        use = [q is not None and q["bracketed"] and (m, b) not in exclude for q, b in zip(mins, budgets)]
+        logc = np.array([math.log(b) for b, u in zip(budgets, use) if u])
+        ln = np.array([q["log_n_opt"] for q, u in zip(mins, use) if u])
+        ll = np.array([q["log_l_opt"] for q, u in zip(mins, use) if u])
         res[m] = {"mins": mins, "loss_law": linfit(logc, ll), "param_law": linfit(logc, ln)}
     if reference in res:
         r = res[reference]
@@ -254,11 +264,27 @@ def fit_points(rows: list[dict], reference: str = "ar", n_boot: int = 1000, seed
                      "logl": np.log([r["loss"] for r in rs]), "loss": np.array([r["loss"] for r in rs]),
                      "params": np.array([r["params"] for r in rs]), "flops": np.array([r["flops"] for r in rs]),
                      "tokens": np.array([r.get("tokens", r["flops"] / (6 * r["params"])) for r in rs]),
-                     "stderr": np.array([r.get("stderr") or math.nan for r in rs], dtype=float)}
+                     "stderr": np.array([r.get("stderr") or math.nan for r in rs], dtype=float),
+                     "unigram": np.array([r.get("unigram") or math.nan for r in rs], dtype=float)}
     if reference not in points:
         warn.append(f"reference method '{reference}' has no runs; compute multipliers are not computed")
     logc_grid = np.linspace(math.log(budgets[0]), math.log(budgets[-1]), 25)
-    base = _analyse(points, budgets, reference, logc_grid)
+    # a budget where no size beats the unigram loss by 2 standard errors has learned nothing yet: its
+    # IsoFLOP "minimum" is noise around the unigram level, not a point of the scaling law
+    flat = set()
+    for m, p in points.items():
+        for b in budgets:
+            sel = p["budget"] == b
+            if not sel.sum() or not np.isfinite(p["unigram"][sel]).all():
+                continue
+            i = np.flatnonzero(sel)[np.argmin(p["loss"][sel])]
+            se = p["stderr"][i] if np.isfinite(p["stderr"][i]) else 0.0
+            if p["loss"][i] >= p["unigram"][i] - 2 * se:
+                flat.add((m, b))
+                warn.append(f"{m} at C={b:.3g}: no size beats the unigram loss ({p['unigram'][i]:.4f}) by 2 standard "
+                            f"errors (best {p['loss'][i]:.4f} +- {se:.4f}); left out of the laws")
+    flat = frozenset(flat)
+    base = _analyse(points, budgets, reference, logc_grid, flat)
 
     # noise scale per (method, budget): residual std of the quadratic, or the eval's stderr
     scale = {}
@@ -280,7 +306,7 @@ def fit_points(rows: list[dict], reference: str = "ar", n_boot: int = 1000, seed
     boots = []
     for _ in range(n_boot):
         pert = {m: {**p, "logl": p["logl"] + rng.standard_normal(len(p["logl"])) * scale[m]} for m, p in points.items()}
-        boots.append(_analyse(pert, budgets, reference, logc_grid))
+        boots.append(_analyse(pert, budgets, reference, logc_grid, flat))
 
     out: dict = {"reference": reference, "budgets": budgets, "log": "natural", "n_boot": n_boot, "methods": {},
                  "warnings": warn}
@@ -294,7 +320,7 @@ def fit_points(rows: list[dict], reference: str = "ar", n_boot: int = 1000, seed
                     warn.append(f"{m} at C={b:.3g}: only {int(sel.sum())} size(s); need 3 for the quadratic")
                 continue
             lo, hi = points[m]["logn"][sel].min(), points[m]["logn"][sel].max()
-            bracketed = bool(np.isfinite(q["log_n_opt"]) and lo <= q["log_n_opt"] <= hi)
+            bracketed = q["bracketed"]
             if not bracketed:
                 why = ("the quadratic opens downwards" if not np.isfinite(q["log_n_opt"]) else
                        f"N* = {math.exp(q['log_n_opt']):.3g} lies outside the sizes run "
@@ -308,7 +334,8 @@ def fit_points(rows: list[dict], reference: str = "ar", n_boot: int = 1000, seed
                 "n_opt_ci": _ci([math.exp(x["log_n_opt"]) if x and np.isfinite(x["log_n_opt"]) else None for x in bq]),
                 "loss_opt": _f(math.exp(q["log_l_opt"]) if np.isfinite(q["log_l_opt"]) else math.nan),
                 "loss_opt_ci": _ci([math.exp(x["log_l_opt"]) if x and np.isfinite(x["log_l_opt"]) else None for x in bq]),
-                "bracketed": bracketed, "quad": [float(q["a"]), float(q["b"]), float(q["c"])],
+                "bracketed": bracketed, "at_unigram_level": (m, b) in flat,
+                "quad": [float(q["a"]), float(q["b"]), float(q["c"])],
                 "sizes": int(sel.sum()), "noise_log": float(scale[m][sel].mean())})
         (al, be), (alp, bep) = v["loss_law"], v["param_law"]
         mo = {"alpha": _f(al), "beta": _f(be), "alpha_prime": _f(alp), "beta_prime": _f(bep),
@@ -325,12 +352,13 @@ def fit_points(rows: list[dict], reference: str = "ar", n_boot: int = 1000, seed
                 compute_multiplier_ci=_ci([float(np.median(bt[m]["mult"])) for bt in boots]),
                 param_ratio=_f(np.median(pr)), param_ratio_range=[_f(pr.min()), _f(pr.max())],
                 param_ratio_ci=_ci([float(np.median(bt[m]["pratio"])) for bt in boots]))
-        # Chinchilla approach 3
-        p = points[m]
+        # Chinchilla approach 3, on the runs of the budgets past the unigram level
+        keep = np.array([(m, bb) not in flat for bb in points[m]["budget"]], dtype=bool)
+        p = {k: points[m][k][keep] for k in ("params", "tokens", "loss")}
         if len(p["loss"]) >= 5:
             par = fit_parametric(p["params"], p["tokens"], p["loss"])
             bs = []
-            sc = scale[m]
+            sc = scale[m][keep]
             for _ in range(n_boot_parametric):
                 y = p["loss"] * np.exp(rng.standard_normal(len(p["loss"])) * sc)
                 bs.append(fit_parametric(p["params"], p["tokens"], y, init=np.array(par["theta"])))
@@ -459,11 +487,15 @@ def report_markdown(res: dict, source: str) -> str:
         pr = f"{_fmt(mo['param_ratio'])} {_fmt_ci(mo['param_ratio_ci'])}" if "param_ratio" in mo else "n/a"
         L.append(f"| {m} | {_fmt(mo['alpha'])} {_fmt_ci(mo['alpha_ci'])} | {_fmt(mo['alpha_prime'])} "
                  f"{_fmt_ci(mo['alpha_prime_ci'])} | {cm} | {pr} |")
-    L += ["", "## IsoFLOP minima", "", "| method | C | sizes | N* | L* (nats/token) | bracketed |", "|---|---|---|---|---|---|"]
+    L += ["", "## IsoFLOP minima", "", "A minimum enters the laws when it is bracketed and past the unigram level.", "",
+          "| method | C | sizes | N* | L* (nats/token) | bracketed | past unigram | in the laws |", "|---|---|---|---|---|---|---|---|"]
+    yn = lambda x: "yes" if x else "**no**"  # noqa: E731
     for m, mo in res["methods"].items():
         for q in mo["budgets"]:
+            past = not q.get("at_unigram_level", False)
             L.append(f"| {m} | {q['budget']:.3g} | {q['sizes']} | {_fmt(q['n_opt'])} {_fmt_ci(q['n_opt_ci'])} | "
-                     f"{_fmt(q['loss_opt'], 4)} {_fmt_ci(q['loss_opt_ci'], 4)} | {'yes' if q['bracketed'] else '**no**'} |")
+                     f"{_fmt(q['loss_opt'], 4)} {_fmt_ci(q['loss_opt_ci'], 4)} | {yn(q['bracketed'])} | {yn(past)} | "
+                     f"{yn(q['bracketed'] and past)} |")
     L += ["", "## Parametric L(N, D) = E + A / N^a + B / D^b", "", "| method | E | A | a | B | b |", "|---|---|---|---|---|---|"]
     for m, mo in res["methods"].items():
         p = mo.get("parametric")
@@ -482,6 +514,11 @@ def report_markdown(res: dict, source: str) -> str:
         L += ["", "| N | C_x | x optimal " + a + " | x optimal " + b + " |", "|---|---|---|---|"]
         for e in cx["line"]:
             L.append(f"| {e['params']:.3g} | {_fmt(e.get('flops'))} | {_fmt(e.get('mult_a'))} | {_fmt(e.get('mult_b'))} |")
+    L += ["", "## Every run", "", "| method | C | size | N | tokens | loss (nats/token) | unigram |", "|---|---|---|---|---|---|---|"]
+    for r in sorted(res["points"], key=lambda r: (r["budget"], list(res["methods"]).index(r["method"]), r["params"])):
+        se = f" +- {r['stderr']:.4f}" if r.get("stderr") else ""
+        L.append(f"| {r['method']} | {r['budget']:.3g} | {r.get('size', '')} | {r['params']:,.0f} | "
+                 f"{_fmt(r.get('tokens'))} | {r['loss']:.4f}{se} | {_fmt(r.get('unigram'), 4)} |")
     if res.get("plots"):
         L += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in res["plots"]]
     return "\n".join(L) + "\n"

@@ -27,6 +27,11 @@ def _color(m: str, i: int) -> str:
     return COLORS.get(m, f"C{i}")
 
 
+def _in_laws(q: dict) -> bool:
+    """Whether a budget's minimum entered the power laws (bracketed, past the unigram level)."""
+    return bool(q["bracketed"] and not q.get("at_unigram_level", False))
+
+
 def plot_isoflop(res: dict, path: Path) -> None:
     plt = _plt()
     methods = list(res["methods"])
@@ -46,8 +51,12 @@ def plot_isoflop(res: dict, path: Path) -> None:
                 lo, hi = math.log(sel[0]["params"]), math.log(sel[-1]["params"])
                 x = np.linspace(lo - 0.3, hi + 0.3, 100)
                 ax.plot(np.exp(x), np.exp(np.polyval(q["quad"], x)), ":", color=col)
-                if q["n_opt"] and q["loss_opt"]:
-                    ax.plot([q["n_opt"]], [q["loss_opt"]], "kx", ms=9, mew=2)
+                if q["n_opt"] and q["loss_opt"]:  # grey: a minimum the laws leave out
+                    ax.plot([q["n_opt"]], [q["loss_opt"]], "x", ms=9, mew=2,
+                            color="k" if _in_laws(q) else "0.6")
+        uni = [p["unigram"] for p in pts if p.get("unigram")]
+        if uni:
+            ax.axhline(float(np.median(uni)), ls="--", lw=0.8, color="0.5", label="unigram")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_title(m)
@@ -55,7 +64,7 @@ def plot_isoflop(res: dict, path: Path) -> None:
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel("validation loss (nats/token, bound)")
     axes[0][0].legend(fontsize=7)
-    fig.suptitle("IsoFLOP curves (dotted: quadratic in log-log; x: minimum)")
+    fig.suptitle("IsoFLOP curves (dotted: quadratic in log-log; x: minimum, grey: left out of the laws)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -68,8 +77,11 @@ def _law_plot(res: dict, path: Path, key: str, law: tuple[str, str], ylabel: str
     c = np.array(res["budgets"])
     cg = np.exp(np.linspace(math.log(c.min()) - 0.3, math.log(c.max()) + 0.3, 50))
     for i, (m, mo) in enumerate(res["methods"].items()):
-        qs = [q for q in mo["budgets"] if q[key]]
         col = _color(m, i)
+        out = [q for q in mo["budgets"] if q[key] and not _in_laws(q)]
+        if out:
+            ax.plot([q["budget"] for q in out], [q[key] for q in out], "x", color=col, alpha=0.35)
+        qs = [q for q in mo["budgets"] if q[key] and _in_laws(q)]
         if qs:
             ci = np.array([q[key + "_ci"] for q in qs], dtype=float)
             y = np.array([q[key] for q in qs])
@@ -95,7 +107,8 @@ def _law_plot(res: dict, path: Path, key: str, law: tuple[str, str], ylabel: str
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

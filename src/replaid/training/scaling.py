@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from replaid.config import ConfigError, RunConfig, parse_overrides, set_key
 from replaid.presets import ISOFLOP_SIZES, isoflop_config
@@ -33,7 +33,7 @@ PAPER_BUDGETS = (6e18, 1e19, 3e19, 6e19, 1e20)
 PAPER_SIZES: dict[str, tuple[int, int, int]] = {f"{m}M": v for m, v in ISOFLOP_SIZES.items()}
 # CPU-sized table: the same shapes scaled down (V = 1024 BPE, L = 64); labels are hidden x layers.
 TINY_SIZES: dict[str, tuple[int, int, int]] = {
-    f"{h}x{n}": (h, n, a) for h, n, a in [(16, 1, 2), (24, 1, 2), (32, 1, 2), (32, 2, 2), (48, 2, 2), (64, 2, 4), (64, 3, 4), (80, 3, 4),
+    f"{h}x{n}": (h, n, a) for h, n, a in [(8, 1, 2), (12, 1, 2), (16, 1, 2), (24, 1, 2), (32, 1, 2), (32, 2, 2), (48, 2, 2), (64, 2, 4), (64, 3, 4), (80, 3, 4),
                                           (96, 3, 4), (112, 4, 4), (128, 4, 4), (160, 5, 5)]}
 TINY_BUDGETS = (1e11, 3e11, 6e11)
 SIZE_TABLES = {"paper": PAPER_SIZES, "tiny": TINY_SIZES}
@@ -83,6 +83,14 @@ def non_embedding_params(cfg: RunConfig, vocab_size: int) -> int:
     """The IsoFLOP table's N (everything but the input token embedding) of the model ``cfg`` builds."""
     m = cfg.model
     return param_counts(cfg.method, m.hidden, m.n_layers, m.n_heads, vocab_size, cfg=_copy(cfg))["non_embedding"]
+
+
+def corpus_tokens(cfg: RunConfig) -> int:
+    """Tokens one pass over the train split feeds a run of ``cfg`` (whole sequences of ``seq_len``),
+    tokenising it into the cache if needed."""
+    from replaid.data.pipeline import DataPipeline
+
+    return len(DataPipeline(cfg, train=False).dataset("train")) * cfg.data.seq_len
 
 
 def predicted_optimum(budget: float, tokens_per_param: float = CHINCHILLA_TOKENS_PER_PARAM) -> float:
@@ -143,12 +151,16 @@ def select_sizes(table: dict[str, tuple[int, int, int]], params: dict[str, int],
 
 def make_plan(methods: Sequence[str], budgets: Sequence[float], sizes: str = "paper", per_budget: int = 0,
               stride: int = 1, protocol: Optional[str] = None, overrides: Sequence[str] = (),
-              save_checkpoints: int = 4, tokens_per_param: float = CHINCHILLA_TOKENS_PER_PARAM) -> Plan:
+              save_checkpoints: int = 4, tokens_per_param: float | Mapping[str, float] = CHINCHILLA_TOKENS_PER_PARAM,
+              max_tokens: float = 0.0) -> Plan:
     """Every (method, budget, size) run: a resolved config and its step count from the budget.
 
     ``sizes``: ``paper`` | ``tiny`` | comma-separated labels of either table. ``per_budget``: how many
     sizes around the predicted optimum (``D = tokens_per_param x N``) each budget trains (0 = all),
-    every ``stride``-th of the table. ``overrides`` (``key=value``)
+    every ``stride``-th of the table; a mapping gives each method its own centre (key ``*``: the others'),
+    since methods' optima differ (MDLM wants more tokens per parameter than AR at small scale).
+    ``max_tokens`` > 0 (the corpus' train tokens): sizes whose run would read more are left out before
+    the selection, so that no run repeats data. ``overrides`` (``key=value``)
     apply to every run after the protocol and the method variant; ``save_checkpoints`` checkpoints
     per run let an interrupted run resume (the final one is always written)."""
     for m in methods:
@@ -179,15 +191,28 @@ def make_plan(methods: Sequence[str], budgets: Sequence[float], sizes: str = "pa
                 set_key(cfg, k, v)
             cfgs[m, s] = cfg.validate()
             params[m, s] = non_embedding_params(cfg, planned_vocab_size(cfg))
+    tpp = dict(tokens_per_param) if isinstance(tokens_per_param, Mapping) else {"*": tokens_per_param}
+    unknown = set(tpp) - set(methods) - {"*"}
+    if unknown or any(v <= 0 for v in tpp.values()):
+        raise ConfigError(f"--tokens-per-param: positive numbers, per method as METHOD=X for methods of the plan "
+                          f"({', '.join(methods)}); got {sorted(unknown) or tpp}")
+    steps_of = {}
+    for (m, s), cfg in cfgs.items():
+        fpt = train_flops_per_token(cfg, planned_vocab_size(cfg), include_embedding=True)
+        steps_of[m, s] = (fpt, cfg.train.batch_size * cfg.data.seq_len)
     for b in plan.budgets:  # budget-major: an interrupted sweep still has whole budgets
         for m in methods:
-            p_m = {s: params[m, s] for s in table}
-            for s in select_sizes(table, p_m, b, per_budget, stride, tokens_per_param):
+            fits = [s for s in table
+                    if max_tokens <= 0 or _steps(b, *steps_of[m, s]) * steps_of[m, s][1] <= max_tokens]
+            if not fits:
+                raise ConfigError(f"budget {b:.3g}: every size of {m} would read more than --max-tokens "
+                                  f"{max_tokens:.3g} tokens; use smaller budgets or larger sizes")
+            p_m = {s: params[m, s] for s in fits}
+            centre = tpp.get(m, tpp.get("*", CHINCHILLA_TOKENS_PER_PARAM))
+            for s in select_sizes({s: table[s] for s in fits}, p_m, b, per_budget, stride, centre):
                 cfg = _copy(cfgs[m, s])
-                V = planned_vocab_size(cfg)
-                fpt = train_flops_per_token(cfg, V, include_embedding=True)
-                tps = cfg.train.batch_size * cfg.data.seq_len
-                steps = max(1, int(round(b / (fpt * tps))))
+                fpt, tps = steps_of[m, s]
+                steps = _steps(b, fpt, tps)
                 cfg.train.steps = steps
                 if save_checkpoints > 1 and steps >= 2 * save_checkpoints:
                     cfg.train.save_every = steps // save_checkpoints
@@ -197,6 +222,11 @@ def make_plan(methods: Sequence[str], budgets: Sequence[float], sizes: str = "pa
                 e._cfg = cfg  # type: ignore[attr-defined]
                 plan.entries.append(e)
     return plan
+
+
+def _steps(budget: float, flops_per_token: float, tokens_per_step: int) -> int:
+    """Training steps that spend ``budget`` FLOPs."""
+    return max(1, int(round(budget / (flops_per_token * tokens_per_step))))
 
 
 def _copy(cfg: RunConfig) -> RunConfig:
@@ -295,7 +325,8 @@ def results_table(sweep: Path) -> list[dict]:
         steps = json.loads(run_cfg.read_text())["train"]["steps"] if run_cfg.is_file() else e.steps
         rows.append({"method": e.method, "budget": e.budget, "size": e.size, "params": e.params,
                      "flops": steps * e.tokens_per_step * e.flops_per_token, "tokens": steps * e.tokens_per_step,
-                     "loss": r["loss"], "stderr": r.get("stderr"), "id": e.id})
+                     "loss": r["loss"], "stderr": r.get("stderr"), "unigram": r.get("unigram_nats_per_token"),
+                     "id": e.id})
     return rows
 
 
