@@ -319,6 +319,31 @@ def test_fit_cli_on_a_csv_writes_json_report_and_plots(tmp_path):
     assert p.returncode == 2 and p.stderr.startswith("replaid: error:") and "method,flops,params,loss" in p.stderr
 
 
+def test_several_sources_fit_as_one_study_and_a_shared_run_counts_once(tmp_path):
+    laws = {"ar": (-0.048, 3.2, 0.52, -2.0), "mdlm": (-0.048, 3.2 + 0.048 * math.log(14), 0.52, -2.6)}
+    rows = _synthetic(laws, BUDGETS, sizes_per_budget=5)
+
+    def write(name, rs):
+        path = tmp_path / name
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["method", "flops", "params", "loss", "tokens"])
+            w.writeheader()
+            w.writerows(rs)
+        return path
+
+    whole = sf.fit_source(write("whole.csv", rows), n_boot=20)
+    half = len(rows) // 2
+    a, b = write("a.csv", rows[:half + 3]), write("b.csv", rows[half:])  # three rows in both
+    both = sf.fit_source([a, b], n_boot=20)
+    assert len(both["points"]) == len(rows) and sum("counted once" in w for w in both["warnings"]) == 3
+    for m in laws:
+        for k in ("alpha", "alpha_prime", "compute_multiplier"):
+            assert both["methods"][m][k] == pytest.approx(whole["methods"][m][k], rel=1e-9), (m, k)
+    clash = write("clash.csv", [{**rows[0], "loss": rows[0]["loss"] * 1.1}])
+    p = _cli("fit", str(a), str(clash), "--bootstrap", "5", check=False)
+    assert p.returncode == 2 and p.stderr.startswith("replaid: error:") and "another loss" in p.stderr
+
+
 # ------------------------------------------------------------------ plan -> run -> fit
 
 DEBUG = ["data.max_docs=200", "data.bpe_vocab_size=300", "data.seq_len=16", "train.batch_size=8",

@@ -67,7 +67,8 @@ def register(sub) -> None:
 
     f = add_command(ss, "fit", "Fit IsoFLOP minima, power laws, compute multipliers, L(N, D) and the crossover.",
                     "example: replaid scaling fit runs/iso --reference ar --out runs/iso/fit --json")
-    f.add_argument("source", help="a sweep folder, or a CSV with columns method,flops,params,loss[,tokens,budget]")
+    f.add_argument("source", nargs="+", help="sweep folder(s) or CSV(s) with columns method,flops,params,loss"
+                                             "[,tokens,budget,stderr,unigram], fitted as one study")
     f.add_argument("--reference", default="ar", help="the method the compute multipliers compare to")
     f.add_argument("--out", help="folder for fit.json, report.md and the PNG plots (absent: SOURCE/fit)")
     f.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the intervals")
@@ -181,8 +182,8 @@ def run_run(args) -> int:
 def run_fit(args) -> int:
     from replaid.eval import scaling_fit as sf
 
-    out = Path(args.out) if args.out else (Path(args.source) / "fit" if Path(args.source).is_dir()
-                                           else Path(args.source).with_suffix("") .parent / "fit")
+    first = Path(args.source[0])
+    out = Path(args.out) if args.out else (first / "fit" if first.is_dir() else first.parent / "fit")
     res = sf.fit_source(args.source, reference=args.reference, n_boot=args.bootstrap, seed=args.seed,
                         crossover=args.crossover, out=out, slice_params=args.slice_params)
     for w in res.get("warnings", []):

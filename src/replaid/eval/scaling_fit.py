@@ -450,14 +450,37 @@ def _fmt_ci(ci, d=3) -> str:
     return f"[{ci[0]:.{d}g}, {ci[1]:.{d}g}]"
 
 
+def read_sources(sources) -> tuple[list[dict], list[str]]:
+    """The rows of several sweeps or CSVs as one study. A run present in more than one (the same
+    method, FLOPs and N: a finished run copied into a second sweep) counts once; so does a repeated
+    CSV row. Returns the rows and a note per duplicate left out."""
+    rows, seen, notes = [], {}, []
+    for src in [sources] if isinstance(sources, (str, Path)) else sources:
+        for r in read_points(src):
+            key = (r["method"], round(r["flops"]), round(r["params"]))
+            if key in seen:
+                if abs(seen[key]["loss"] - r["loss"]) > 1e-9:
+                    raise ValueError(f"{src}: {r['method']} with N={r['params']:.0f} and C={r['flops']:.4g} is also "
+                                     f"in an earlier source with another loss ({seen[key]['loss']:.6f} vs "
+                                     f"{r['loss']:.6f}); keep one of the two runs")
+                notes.append(f"{r.get('id') or r['method']} appears in several sources; counted once")
+                continue
+            seen[key] = r
+            rows.append(r)
+    return rows, notes
+
+
 def fit_source(source, reference: str = "ar", n_boot: int = 1000, seed: int = 0, crossover=None,
                out: Optional[Path] = None, slice_params: Optional[float] = None) -> dict:
-    """Read, fit, and write ``fit.json``, ``report.md`` and the PNG plots into ``out``."""
+    """Read one or several sources (sweep folders, CSVs), fit, and write ``fit.json``, ``report.md``
+    and the PNG plots into ``out``."""
     if n_boot < 0:
         raise ValueError("--bootstrap must be >= 0")
-    rows = read_points(source)
+    rows, notes = read_sources(source)
     res = fit_points(rows, reference, n_boot, seed, tuple(crossover) if crossover else None,
                      n_boot_parametric=min(n_boot, 100))
+    res["warnings"] += notes
+    source = source if isinstance(source, (str, Path)) else " + ".join(map(str, source))
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)

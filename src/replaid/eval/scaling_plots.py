@@ -27,6 +27,17 @@ def _color(m: str, i: int) -> str:
     return COLORS.get(m, f"C{i}")
 
 
+def _plain_log_labels(ax) -> None:
+    """Log axes labelled with plain numbers on y (losses span < 1 decade) and no minor x labels."""
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    for f in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        sf = ScalarFormatter()
+        sf.set_scientific(False)
+        f(sf)
+
+
 def _in_laws(q: dict) -> bool:
     """Whether a budget's minimum entered the power laws (bracketed, past the unigram level)."""
     return bool(q["bracketed"] and not q.get("at_unigram_level", False))
@@ -51,7 +62,8 @@ def plot_isoflop(res: dict, path: Path) -> None:
                 lo, hi = math.log(sel[0]["params"]), math.log(sel[-1]["params"])
                 x = np.linspace(lo - 0.3, hi + 0.3, 100)
                 ax.plot(np.exp(x), np.exp(np.polyval(q["quad"], x)), ":", color=col)
-                if q["n_opt"] and q["loss_opt"]:  # grey: a minimum the laws leave out
+                inside = q["n_opt"] and sel[0]["params"] <= q["n_opt"] <= sel[-1]["params"]
+                if inside and q["loss_opt"]:  # grey: a minimum the laws leave out; none when extrapolated
                     ax.plot([q["n_opt"]], [q["loss_opt"]], "x", ms=9, mew=2,
                             color="k" if _in_laws(q) else "0.6")
         uni = [p["unigram"] for p in pts if p.get("unigram")]
@@ -59,6 +71,7 @@ def plot_isoflop(res: dict, path: Path) -> None:
             ax.axhline(float(np.median(uni)), ls="--", lw=0.8, color="0.5", label="unigram")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        _plain_log_labels(ax)
         ax.set_title(m)
         ax.set_xlabel("non-embedding parameters N")
         ax.grid(alpha=0.3, which="both")
@@ -78,7 +91,7 @@ def _law_plot(res: dict, path: Path, key: str, law: tuple[str, str], ylabel: str
     cg = np.exp(np.linspace(math.log(c.min()) - 0.3, math.log(c.max()) + 0.3, 50))
     for i, (m, mo) in enumerate(res["methods"].items()):
         col = _color(m, i)
-        out = [q for q in mo["budgets"] if q[key] and not _in_laws(q)]
+        out = [q for q in mo["budgets"] if q[key] and q["bracketed"] and not _in_laws(q)]  # not extrapolated
         if out:
             ax.plot([q["budget"] for q in out], [q[key] for q in out], "x", color=col, alpha=0.35)
         qs = [q for q in mo["budgets"] if q[key] and _in_laws(q)]
@@ -94,7 +107,10 @@ def _law_plot(res: dict, path: Path, key: str, law: tuple[str, str], ylabel: str
                 lab += f", {mo['compute_multiplier']:.2g}x {res['reference']}"
             if "param_ratio" in mo and m != res["reference"] and key == "n_opt":
                 lab += f", N* x{mo['param_ratio']:.2g}"
-            ax.plot(cg, np.exp(a * np.log(cg) + b), "-", color=col, label=lab)
+            ax.plot(cg, np.exp(a * np.log(cg) + b), "--", color=col, lw=0.8)  # extrapolated
+            if qs:  # solid over the budgets the law was fitted to
+                cf = np.exp(np.linspace(math.log(min(q["budget"] for q in qs)), math.log(max(q["budget"] for q in qs)), 20))
+                ax.plot(cf, np.exp(a * np.log(cf) + b), "-", color=col, label=lab)
     if green and res.get("crossover"):
         line = [e for e in res["crossover"]["line"] if "flops" in e]
         if line:
@@ -103,6 +119,8 @@ def _law_plot(res: dict, path: Path, key: str, law: tuple[str, str], ylabel: str
                     label=f"{a_} = {b_} (equal N, equal C)")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    if key == "loss_opt":
+        _plain_log_labels(ax)
     ax.set_xlabel("training FLOPs C")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -146,6 +164,7 @@ def plot_overtraining(res: dict, path: Path, n: Optional[float] = None) -> Optio
         ax.axvline(e["flops"], color=GREEN, lw=2, label="crossover")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    _plain_log_labels(ax)
     ax.set_xlabel("training FLOPs C")
     ax.set_ylabel("validation loss (fitted L(N, D))")
     ax.set_title(f"over-training at N = {n:.3g}")
