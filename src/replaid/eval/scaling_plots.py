@@ -47,18 +47,20 @@ def plot_isoflop(res: dict, path: Path) -> None:
     plt = _plt()
     methods = list(res["methods"])
     fig, axes = plt.subplots(1, len(methods), figsize=(4.2 * len(methods), 3.6), squeeze=False)
-    cmap = plt.get_cmap("viridis")
+    cmap = plt.get_cmap("turbo")
     budgets = res["budgets"]
+    span = max(1e-9, math.log(budgets[-1] / budgets[0]))
     for ax, m in zip(axes[0], methods):
         pts = [p for p in res["points"] if p["method"] == m]
-        for j, b in enumerate(budgets):
-            col = cmap(j / max(1, len(budgets) - 1))
+        for b in budgets:
+            col = cmap(0.05 + 0.9 * math.log(b / budgets[0]) / span)
             sel = sorted((p for p in pts if p["budget"] == b), key=lambda p: p["params"])
             if not sel:
                 continue
-            ax.plot([p["params"] for p in sel], [p["loss"] for p in sel], "o", color=col, label=f"C={b:.2g}")
+            ax.plot([p["params"] for p in sel], [p["loss"] for p in sel], "o-", color=col, lw=0.5, ms=5,
+                    label=f"C={b:.2g}")
             q = next((q for q in res["methods"][m]["budgets"] if q["budget"] == b), None)
-            if q:
+            if q and q["bracketed"]:  # the fitted parabola where it has a minimum among the sizes
                 lo, hi = math.log(sel[0]["params"]), math.log(sel[-1]["params"])
                 x = np.linspace(lo - 0.3, hi + 0.3, 100)
                 ax.plot(np.exp(x), np.exp(np.polyval(q["quad"], x)), ":", color=col)
@@ -76,9 +78,14 @@ def plot_isoflop(res: dict, path: Path) -> None:
         ax.set_xlabel("non-embedding parameters N")
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel("validation loss (nats/token, bound)")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle("IsoFLOP curves (dotted: quadratic in log-log; x: minimum, grey: left out of the laws)")
-    fig.tight_layout()
+    seen = {}
+    for ax in axes[0]:  # one legend for all panels: every budget of any method
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lab, h)
+    order = sorted(seen, key=lambda lab: (lab == "unigram", float(lab[2:]) if lab.startswith("C=") else 0.0))
+    fig.legend([seen[k] for k in order], order, loc="center right", fontsize=7)
+    fig.suptitle("IsoFLOP curves (dotted: quadratic in log-log where bracketed; x: minimum, grey: left out of the laws)")
+    fig.tight_layout(rect=(0, 0, 1 - 1.0 / fig.get_figwidth(), 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

@@ -33,8 +33,9 @@ PAPER_BUDGETS = (6e18, 1e19, 3e19, 6e19, 1e20)
 PAPER_SIZES: dict[str, tuple[int, int, int]] = {f"{m}M": v for m, v in ISOFLOP_SIZES.items()}
 # CPU-sized table: the same shapes scaled down (V = 1024 BPE, L = 64); labels are hidden x layers.
 TINY_SIZES: dict[str, tuple[int, int, int]] = {
-    f"{h}x{n}": (h, n, a) for h, n, a in [(8, 1, 2), (12, 1, 2), (16, 1, 2), (24, 1, 2), (32, 1, 2), (32, 2, 2), (48, 2, 2), (64, 2, 4), (64, 3, 4), (80, 3, 4),
-                                          (96, 3, 4), (112, 4, 4), (128, 4, 4), (160, 5, 5)]}
+    f"{h}x{n}": (h, n, a) for h, n, a in [(8, 1, 2), (12, 1, 2), (16, 1, 2), (24, 1, 2), (32, 1, 2), (32, 2, 2),
+                                          (48, 2, 2), (64, 2, 4), (64, 3, 4), (80, 3, 4), (96, 3, 4), (112, 4, 4),
+                                          (128, 4, 4), (160, 5, 5)]}
 TINY_BUDGETS = (1e11, 3e11, 6e11)
 SIZE_TABLES = {"paper": PAPER_SIZES, "tiny": TINY_SIZES}
 
