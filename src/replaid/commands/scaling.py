@@ -107,7 +107,8 @@ def run_plan(args) -> int:
     plan_kw = dict(stride=stride, protocol=args.protocol, overrides=args.overrides, tokens_per_param=tpp)
     corpus = None
     if args.max_tokens == "corpus":
-        corpus = sc.corpus_tokens(sc.make_plan(*plan_args, per_budget=1, **plan_kw).entries[0]._cfg)
+        one = sc.make_plan(args.methods[:1], budgets[:1], args.sizes, per_budget=1, **plan_kw)  # runs share data
+        corpus = sc.corpus_tokens(one.entries[0]._cfg)
         max_tokens = float(corpus)
         print(f"corpus: {corpus:,} train tokens in whole sequences (--max-tokens)", file=sys.stderr)
     else:

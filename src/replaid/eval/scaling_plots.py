@@ -64,8 +64,7 @@ def plot_isoflop(res: dict, path: Path) -> None:
                 lo, hi = math.log(sel[0]["params"]), math.log(sel[-1]["params"])
                 x = np.linspace(lo - 0.3, hi + 0.3, 100)
                 ax.plot(np.exp(x), np.exp(np.polyval(q["quad"], x)), ":", color=col)
-                inside = q["n_opt"] and sel[0]["params"] <= q["n_opt"] <= sel[-1]["params"]
-                if inside and q["loss_opt"]:  # grey: a minimum the laws leave out; none when extrapolated
+                if q["n_opt"] and q["loss_opt"]:  # grey: a minimum the laws leave out
                     ax.plot([q["n_opt"]], [q["loss_opt"]], "x", ms=9, mew=2,
                             color="k" if _in_laws(q) else "0.6")
         uni = [p["unigram"] for p in pts if p.get("unigram")]

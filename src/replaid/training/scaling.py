@@ -197,14 +197,14 @@ def make_plan(methods: Sequence[str], budgets: Sequence[float], sizes: str = "pa
     if unknown or any(v <= 0 for v in tpp.values()):
         raise ConfigError(f"--tokens-per-param: positive numbers, per method as METHOD=X for methods of the plan "
                           f"({', '.join(methods)}); got {sorted(unknown) or tpp}")
-    steps_of = {}
+    cost = {}  # (method, size) -> (training FLOPs per token, tokens per step)
     for (m, s), cfg in cfgs.items():
         fpt = train_flops_per_token(cfg, planned_vocab_size(cfg), include_embedding=True)
-        steps_of[m, s] = (fpt, cfg.train.batch_size * cfg.data.seq_len)
+        cost[m, s] = (fpt, cfg.train.batch_size * cfg.data.seq_len)
     for b in plan.budgets:  # budget-major: an interrupted sweep still has whole budgets
         for m in methods:
             fits = [s for s in table
-                    if max_tokens <= 0 or _steps(b, *steps_of[m, s]) * steps_of[m, s][1] <= max_tokens]
+                    if max_tokens <= 0 or _steps(b, *cost[m, s]) * cost[m, s][1] <= max_tokens]
             if not fits:
                 raise ConfigError(f"budget {b:.3g}: every size of {m} would read more than --max-tokens "
                                   f"{max_tokens:.3g} tokens; use smaller budgets or larger sizes")
@@ -212,7 +212,7 @@ def make_plan(methods: Sequence[str], budgets: Sequence[float], sizes: str = "pa
             centre = tpp.get(m, tpp.get("*", CHINCHILLA_TOKENS_PER_PARAM))
             for s in select_sizes({s: table[s] for s in fits}, p_m, b, per_budget, stride, centre):
                 cfg = _copy(cfgs[m, s])
-                fpt, tps = steps_of[m, s]
+                fpt, tps = cost[m, s]
                 steps = _steps(b, fpt, tps)
                 cfg.train.steps = steps
                 if save_checkpoints > 1 and steps >= 2 * save_checkpoints:
