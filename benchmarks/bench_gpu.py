@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
+import re
 import resource
 import sys
 import time
@@ -103,7 +105,9 @@ def max_batch(a, cfg, tr, dev, V: int, bf16: bool) -> dict:
         try:
             tr.train_step(random_batch(V, b, L, b), log=False)
             sync(dev)
-        except torch.cuda.OutOfMemoryError as e:
+        except (torch.cuda.OutOfMemoryError, RuntimeError) as e:  # cuBLAS's workspace can fail outside the allocator
+            if not isinstance(e, torch.cuda.OutOfMemoryError) and not re.search(r"out of memory|ALLOC_FAILED", str(e)):
+                raise
             ok, err = False, str(e).splitlines()[0][:160]
         tr.optimizer.zero_grad(set_to_none=True)
         gc.collect()
@@ -133,7 +137,7 @@ def max_batch(a, cfg, tr, dev, V: int, bf16: bool) -> dict:
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return {"max_batch": lo, "first_failing_batch": hi, "predicted_max_batch": predicted,
             "device_memory_gb": total / 1e9, "resolution": max(1, lo // 50), "probes": tried,
-            "allocator": __import__("os").environ.get("PYTORCH_CUDA_ALLOC_CONF", "default")}
+            "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "default")}
 
 
 def main() -> None:

@@ -37,6 +37,7 @@ import inspect
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -468,7 +469,7 @@ def cmds_speed_compiled(ctx):
             (["replaid"] if ctx.quick else SPEED_METHODS)]
 
 
-MEMORY_BATCHES = (8, 48)
+MEMORY_BATCHES = (8, 40)
 
 
 def cmds_memory(ctx):
@@ -550,8 +551,22 @@ def select_steps(spec: Optional[str], quick: bool) -> list[Step]:
 # ================================================================== running
 
 def run_cmd(cmd: Cmd, py: str, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in its own process group; on timeout the whole group is killed (compile workers
+    and other grandchildren too, which would otherwise hold the output pipes open)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **cmd.env}
-    return subprocess.run(cmd.argv(py), cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    argv = cmd.argv(py)
+    with subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            raise subprocess.TimeoutExpired(argv, timeout, output=out, stderr=err) from None
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def last_json(stdout: str):
@@ -610,13 +625,15 @@ def execute(step: Step, ctx: Ctx, py: str, deadline: Optional[float]) -> dict:
             p = run_cmd(cmd, py, timeout)
         except subprocess.TimeoutExpired as e:
             errors.append(f"{cmd.label or step.name}: timed out after {timeout:.0f} s")
-            tail = (e.stdout or b"")[-2000:] if isinstance(e.stdout, bytes) else (e.stdout or "")[-2000:]
-            results.append({"label": cmd.label, "timed_out": True, "stdout_tail": str(tail)})
+            results.append({"label": cmd.label, "timed_out": True, "stdout_tail": (e.output or "")[-2000:],
+                            "stderr_tail": (e.stderr or "")[-2000:]})
             continue
         secs = time.time() - t0
         if cmd.kind == "pytest":
             rec = parse_junit(xml) if xml.is_file() else {}
-            rec.update(returncode=p.returncode, seconds=secs, tail=(p.stdout + p.stderr)[-3000:])
+            rec.update(returncode=p.returncode, seconds=secs, tail=(p.stdout + p.stderr)[-3000:],
+                       device=cmd.args[cmd.args.index("--device") + 1],
+                       files=[a for a in cmd.args if a.startswith("tests/")])
             if p.returncode != 0:
                 errors.append(f"pytest exit {p.returncode}: {rec.get('failures', '?')} failed, "
                               f"{rec.get('errors', '?')} errors")
@@ -804,7 +821,8 @@ def render(doc: dict) -> str:
     t = doc.get("steps", {}).get("tests", {})
     for r in t.get("results") or []:
         if "tests" in r:
-            out.append(f"\n**tests** (`--device cuda`): {r['passed']} passed, {r['failures']} failed, {r['errors']} "
+            out.append(f"\n**tests** (`pytest --device {r.get('device', 'cuda')}`: {', '.join(r.get('files', []))}): "
+                       f"{r['passed']} passed, {r['failures']} failed, {r['errors']} "
                        f"errors, {r['skipped']} skipped in {_f(r.get('seconds'), '.0f')} s\n")
             for f in r.get("failed", [])[:20]:
                 out.append(f"- FAILED {f['test']}: {f['message'][:200]}\n")

@@ -70,8 +70,12 @@ def flash_attn_shim() -> str:
         import flash_attn.layers.rotary  # noqa: F401
 
         return f"flash-attn {getattr(flash_attn, '__version__', '?')}"
-    except ImportError:
-        pass
+    except Exception as e:  # absent, or a wheel built for another torch (undefined symbols: OSError/ImportError)
+        for name in [m for m in sys.modules if m == "flash_attn" or m.startswith("flash_attn.")]:
+            del sys.modules[name]
+        if not isinstance(e, ImportError) or getattr(e, "name", None) not in ("flash_attn", None):
+            print(f"flash_attn is there but does not import ({e.__class__.__name__}: {str(e)[:120]}); using the "
+                  f"shim", file=sys.stderr)
 
     def varlen_qkvpacked(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False, **_):
         total, _, H, D = qkv.shape
