@@ -56,13 +56,14 @@ ALL_METHODS = ["replaid", "plaid", "mdlm", "duo", "ar"]
 # preset of each method at the paper's 0.1B size (plaid and duo have their own published set-ups)
 PRESET_OF = {"replaid": (PRESET, []), "ar": (PRESET, ["method=ar"]), "mdlm": (PRESET, ["method=mdlm"]),
              "plaid": ("owt-0.1b-plaid", []), "duo": ("owt-0.1b-duo", [])}
-# bf16 autocast vs float32 (same batch, noise and dropout): the precision table keeps the residual stream,
+# bf16 autocast vs float32 (same batch and noise, dropout off): the precision table keeps the residual stream,
 # norms, softmax, losses and schedule in float32/float64 and rounds matmul operands to bf16 (8 significant
 # bits, unit roundoff u = 2^-8 = 3.9e-3). A float32-accumulated product of rounded operands has a relative
-# error of order u; the scalar loss averages ~B L such errors, so 1e-2 (2.5 u) bounds it with room for a
-# bias; a gradient passes through two rounded products per layer and the errors of a 12-layer stack add up
-# in quadrature, sqrt(2 x 12) u ~ 2e-2, so 5e-2 bounds the global relative error ||g_bf16 - g_fp32|| / ||g_fp32||.
-BF16_LOSS_RTOL, BF16_GRAD_RTOL = 1e-2, 5e-2
+# error of order u; the scalar loss averages ~B L such errors, so even a bias stays under u (4e-3); a gradient
+# passes through two rounded products per layer and the errors of a 12-layer stack add up in quadrature,
+# sqrt(2 x 12) u ~ 2e-2, so 5e-2 bounds the global relative error ||g_bf16 - g_fp32|| / ||g_fp32||. Measured on
+# the CPU (12 layers, hidden 256, L = 256, V = 50,257, every method): loss <= 1.1e-5, gradient <= 6.4e-3.
+BF16_LOSS_RTOL, BF16_GRAD_RTOL = 4e-3, 5e-2
 # host syncs per non-logging step: the non-finite guard's verdict; Duo also copies t to the host once a step
 # (tests/test_sync_free.py, xfail there)
 SYNCS_EXPECTED = {"duo": 2}
@@ -791,7 +792,7 @@ def render(doc: dict) -> str:
     setup = next((r.get("setup") for r in reversed(runs) if r.get("setup")), {}) or {}
     device = env.get("device") or setup.get("gpu") or "no GPU seen"
     date = (runs[0].get("started") or "")[:10]
-    out = [f"### GPU check — {date} — {device}\n"]
+    out = [f"### GPU check — {date} — {device}\n\n"]
     facts = [("date(s)", ", ".join(sorted({(r.get('started') or '?')[:16] for r in runs}))),
              ("device", device), ("driver", setup.get("driver") or "-"),
              ("torch / CUDA", f"{env.get('torch') or runs[-1].get('torch')} / "
