@@ -38,6 +38,20 @@ def peak_matmul_flops(dev: torch.device, dtype: torch.dtype, n: int | None = Non
     return 2 * n**3 * iters / (time.perf_counter() - t0)
 
 
+# Dense bf16 tensor-core peaks from the vendors' datasheets (FLOP/s, no sparsity), by device-name pattern;
+# the first match wins, so the more specific names come first.
+DATASHEET_BF16 = [("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989.4e12), ("GH200", 989.4e12),
+                  ("H200", 989.4e12), ("B200", 2250e12), ("A100", 312e12), ("L40S", 362e12), ("A10G", 70e12)]
+
+
+def datasheet_bf16_flops(dev: torch.device) -> float | None:
+    """The datasheet's dense bf16 peak of a CUDA device (None for a CPU or an unlisted GPU)."""
+    if dev.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(dev)
+    return next((v for k, v in DATASHEET_BF16 if k in name), None)
+
+
 def append_results(title: str, header: list[str], rows: list[list], notes: str = "") -> None:
     """Append a dated markdown table to docs/benchmarks.md."""
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

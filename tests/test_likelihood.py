@@ -1,4 +1,7 @@
-"""ODE/IWAE likelihood: oracle check, Hutchinson, FD vs JVP, self-conditioning chain rule, K-curve."""
+"""ODE/IWAE likelihood: oracle check, Hutchinson, FD vs JVP, self-conditioning chain rule, K-curve.
+
+The tests that solve the ODE take the ``device`` fixture (``pytest --device cuda``): the oracle or the
+model lives there; tokens, noise and probes are drawn from the seeded CPU generators."""
 import importlib.util
 import json
 import math
@@ -16,15 +19,15 @@ from replaid.diffusion.oracle import OracleDenoiser, random_unit_embeddings
 P = torch.tensor([0.3, 0.2, 0.15, 0.1, 0.1, 0.07, 0.05, 0.03])
 
 
-def oracle():
-    return OracleDenoiser(P, random_unit_embeddings(8, 4, seed=0))
+def oracle(device="cpu"):
+    return OracleDenoiser(P, random_unit_embeddings(8, 4, seed=0)).to(device)
 
 
-def test_oracle_iwae_matches_exact_log_likelihood():
-    o = oracle()
+def test_oracle_iwae_matches_exact_log_likelihood(device):
+    o = oracle(device)
     N, L, K = 16, 4, 8
     tok = o.sample_tokens((N, L), torch.Generator().manual_seed(1))
-    exact = -o.p.log()[tok].sum(1) / L  # (N,) exact NLL per token
+    exact = (-o.p.log()[tok].sum(1) / L).cpu()  # (N,) exact NLL per token
     # gamma_1 = 10: the prior mismatch KL(q(z_1) || N(0, I)) is ~1e-5 nats
     r = estimate_likelihood(o, tok, -3.0, 10.0, K=K, batch_size=512, steps=64, n_hutch=4, seed=0)
     diff1 = -r.log_w / L - exact[:, None]  # (N, K) per-sample K=1 error
@@ -40,14 +43,15 @@ def test_oracle_iwae_matches_exact_log_likelihood():
     assert s["nfe"] > 0 and set(s["nats_per_token"]) == {"1", "2", "4", "8"}
 
 
-def test_log_weight_pieces_and_constants():
+def test_log_weight_pieces_and_constants(device):
     """With the oracle the weight is (nearly) constant, = p(x); pieces are finite."""
-    o = oracle()
+    o = oracle(device)
     tok = o.sample_tokens((4, 3), torch.Generator().manual_seed(2))
     out = ode_log_weight(o, tok, -3.0, 10.0, steps=32, n_hutch=4, generator=torch.Generator().manual_seed(0))
     exact = o.p.log()[tok].sum(1)
     assert (out["log_w"] - exact).abs().max() < 1.5 and abs(float((out["log_w"] - exact).mean())) < 0.5
     assert all(torch.isfinite(v).all() for v in out.values())
+    assert out["log_w"].device == o.p.device
 
 
 @pytest.mark.parametrize("probe", ["rademacher", "gaussian"])
@@ -65,8 +69,8 @@ def test_hutchinson_unbiased_on_linear_drift(probe):
     assert torch.allclose(exact, fd, atol=1e-6)
 
 
-def test_fd_and_jvp_paths_agree_on_oracle():
-    o = oracle()
+def test_fd_and_jvp_paths_agree_on_oracle(device):
+    o = oracle(device)
     tok = o.sample_tokens((6, 4), torch.Generator().manual_seed(3))
     kw = dict(steps=16, n_hutch=2)
     a = ode_log_weight(o, tok, -3.0, 6.0, jvp="fd", generator=torch.Generator().manual_seed(7), **kw)
@@ -74,20 +78,20 @@ def test_fd_and_jvp_paths_agree_on_oracle():
     assert torch.allclose(a["log_w"], b["log_w"], atol=2e-2), (a["log_w"], b["log_w"])
 
 
-def tiny_model(self_conditioning=True):
+def tiny_model(self_conditioning=True, device="cpu"):
     torch.manual_seed(0)
     m = RePlaid(ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4,
                             self_conditioning=self_conditioning), DiffusionConfig(), vocab_size=12)
     with torch.no_grad():  # perturb the zero-initialised parameters so every path matters
         for p in m.parameters():
             p.add_(0.3 * torch.randn_like(p))
-    return m.double().float().eval()
+    return m.double().float().eval().to(device)
 
 
-def test_selfcond_chain_rule_term():
-    m = tiny_model(True)
-    z = torch.randn(3, 5, 4)
-    gamma = torch.full((3,), -1.0, dtype=torch.float64)
+def test_selfcond_chain_rule_term(device):
+    m = tiny_model(True, device)
+    z = torch.randn(3, 5, 4).to(device)
+    gamma = torch.full((3,), -1.0, dtype=torch.float64, device=device)
     divs = {}
     for corr in (True, False):
         for jvp in ("fd", "autograd"):
@@ -100,14 +104,14 @@ def test_selfcond_chain_rule_term():
     # the chain-rule trace is present (and, here, negative as the paper argues)
     assert chain.abs().max() > 0.05, chain
 
-    m0 = tiny_model(False)
+    m0 = tiny_model(False, device)
     a = PFODE(m0, selfcond_correction=True).drift_and_div(z, gamma, generator=torch.Generator().manual_seed(0))[1]
     b = PFODE(m0, selfcond_correction=False).drift_and_div(z, gamma, generator=torch.Generator().manual_seed(0))[1]
     assert torch.equal(a, b)
 
 
-def test_selfcond_log_weights_differ_with_correction():
-    m = tiny_model(True)
+def test_selfcond_log_weights_differ_with_correction(device):
+    m = tiny_model(True, device)
     tok = torch.randint(0, 12, (2, 5), generator=torch.Generator().manual_seed(0))
     kw = dict(steps=2, n_hutch=1)
     a = ode_log_weight(m, tok, -3.0, 6.0, selfcond_correction=True, generator=torch.Generator().manual_seed(1), **kw)
@@ -151,13 +155,13 @@ def test_likelihood_command(tmp_path):
     assert (out / "kcurve.png").is_file()
 
 
-def test_dopri5_matches_the_exact_likelihood_and_heun():
+def test_dopri5_matches_the_exact_likelihood_and_heun(device):
     """The adaptive solver (probes fixed per row for the solve) on the oracle matches the exact NLL."""
     pytest.importorskip("torchdiffeq")
-    o = oracle()
+    o = oracle(device)
     N, L = 16, 4
     tok = o.sample_tokens((N, L), torch.Generator().manual_seed(1))
-    exact = -o.p.log()[tok].sum(1) / L
+    exact = (-o.p.log()[tok].sum(1) / L).cpu()
     r = estimate_likelihood(o, tok, -3.0, 10.0, K=4, batch_size=512, n_hutch=4, seed=0, solver="dopri5",
                             rtol=1e-6, atol=1e-6)
     diff = -r.log_w / L - exact[:, None]  # (N, K)
@@ -184,15 +188,15 @@ def test_hutchinson_with_given_probes_is_the_exact_quadratic_form():
         assert torch.allclose(est, ref, atol=1e-8), jvp
 
 
-def test_selfcond_divergence_is_the_exact_trace_of_the_composition():
+def test_selfcond_divergence_is_the_exact_trace_of_the_composition(device):
     """The corrected divergence equals tr d/dz v(z, gamma, e_sc(z)) with e_sc(z) = x_theta(z, gamma, 0) E,
     computed here by a full Jacobian (autograd) of a drift written from the paper's formula; the cached
     estimator equals the trace with e_sc held fixed; so the chain-rule term (their difference) has the
     right value and sign. Hutchinson with every basis vector as a probe is exact: n * mean_j e_j^T J e_j."""
-    m = tiny_model(True)
+    m = tiny_model(True, device)
     B, L, d_e = 2, 3, 4
-    z = torch.randn(B, L, d_e, generator=torch.Generator().manual_seed(0))
-    gamma = torch.full((B,), -0.5, dtype=torch.float64)
+    z = torch.randn(B, L, d_e, generator=torch.Generator().manual_seed(0)).to(device)
+    gamma = torch.full((B,), -0.5, dtype=torch.float64, device=device)
     a = torch.sigmoid(-gamma).sqrt().view(-1, 1, 1).float()
 
     def v_full(zz):  # (B, L, d_e) -> (B, L, d_e), e_sc recomputed at zz
@@ -214,7 +218,8 @@ def test_selfcond_divergence_is_the_exact_trace_of_the_composition():
     # the per-row Jacobian above uses row b's output of a batch where every row is z[b]: rows are independent
     exact_full, exact_cached = trace(v_full), trace(v_cached)
     n = L * d_e
-    basis = [torch.zeros(B, n).index_fill_(1, torch.tensor([i]), 1.0).view(B, L, d_e) for i in range(n)]
+    basis = [torch.zeros(B, n, device=device).index_fill_(1, torch.tensor([i], device=device), 1.0).view(B, L, d_e)
+             for i in range(n)]
     with torch.no_grad():
         got = {c: n * PFODE(m, selfcond_correction=c).drift_and_div(z, gamma, jvp="autograd", probes=basis)[1]
                for c in (True, False)}
@@ -241,14 +246,14 @@ def test_iwae_noise_bias_delta_method_matches_monte_carlo():
     assert float(eq) == pytest.approx(0.25 * (1 - 1 / 8))
 
 
-def test_divergence_noise_variance_matches_the_spread_of_repeated_probes():
+def test_divergence_noise_variance_matches_the_spread_of_repeated_probes(device):
     """div_var, estimated from the spread of the n_hutch probes within one solve, equals the variance
     of int div over repeated solves from one z_0 (Heun's path does not depend on the probes): 400
     copies of one z_0 in a batch draw independent probes."""
     from replaid.eval.likelihood import _solve_heun
 
-    o = oracle()
-    z0 = torch.randn(1, 3, 4, generator=torch.Generator().manual_seed(1)).expand(400, 3, 4).contiguous()
+    o = oracle(device)
+    z0 = torch.randn(1, 3, 4, generator=torch.Generator().manual_seed(1)).expand(400, 3, 4).contiguous().to(device)
     z, div, var = _solve_heun(PFODE(o), z0, -3.0, 4.0, 6, n_hutch=2, probe="rademacher", jvp="fd", h=1e-3,
                               generator=torch.Generator().manual_seed(2))
     assert torch.allclose(z, z[:1].expand_as(z))  # one trajectory

@@ -1,6 +1,8 @@
 """Tests for replaid.samplers against the closed-form i.i.d. oracle and small fake denoisers.
 
-Run with ``pytest -s`` to see the total-variation figures per sampler.
+Run with ``pytest -s`` to see the total-variation figures per sampler. The tests that run a sampler
+take the ``device`` fixture (``pytest --device cuda``: the oracle, latents and fakes live there; the
+noise is drawn there from the seeded generators); the closed-form step formulas stay on the CPU.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch
 
 from replaid.diffusion.denoiser import DenoiserOutput
 from replaid.diffusion.oracle import OracleDenoiser, random_unit_embeddings
+from replaid.diffusion.rng import device_generator
 from replaid.diffusion.samplers import (
     SAMPLERS, Inpaint, LogitTemperature, SampleResult, ScoreTemperature, ddim_step, ddpm_step,
     dpmpp_2m_extrapolate, exp_integrator_step, gamma_grid, heun_step, infill_inpaint, nfe_for,
@@ -40,13 +43,13 @@ def grid(T: int) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def E() -> torch.Tensor:
-    return random_unit_embeddings(V, D_E, seed=0)
+def E(device) -> torch.Tensor:
+    return random_unit_embeddings(V, D_E, seed=0).to(device)
 
 
 @pytest.fixture(scope="module")
 def oracle(E) -> OracleDenoiser:
-    return OracleDenoiser(P, E)
+    return OracleDenoiser(P.to(E.device), E)
 
 
 class Counting:
@@ -70,7 +73,7 @@ class Counting:
 
 
 def empirical(tokens: torch.Tensor) -> torch.Tensor:
-    return torch.bincount(tokens.flatten(), minlength=V).double() / tokens.numel()
+    return torch.bincount(tokens.flatten().cpu(), minlength=V).double() / tokens.numel()
 
 
 def tv_to_p(tokens: torch.Tensor) -> float:
@@ -83,9 +86,15 @@ def entropy(tokens: torch.Tensor) -> float:
     return float(-(q * q.log()).sum())
 
 
+def randn(*shape, seed=None, generator=None, device="cpu", dtype=torch.float32) -> torch.Tensor:
+    """Seeded (CPU) Gaussian values placed on ``device``: the same latents on every device."""
+    g = generator if generator is not None else torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=dtype).to(device)
+
+
 def run(name, den, T, seed, batch=B, length=L, **kw) -> SampleResult:
     gen = torch.Generator().manual_seed(seed)
-    z = torch.randn(batch, length, D_E, generator=gen)
+    z = randn(batch, length, D_E, generator=gen, device=den.embedding_matrix().device)
     return SAMPLERS[name](den, z, grid(T), generator=gen, **kw)
 
 
@@ -99,7 +108,7 @@ def test_sampler_common(name, oracle):
     tvs = {}
     for T in (4, 128):
         den = Counting(oracle)
-        res = SAMPLERS[name](den, torch.randn(B, L, D_E, generator=torch.Generator().manual_seed(0)),
+        res = SAMPLERS[name](den, randn(B, L, D_E, seed=0, device=oracle.p.device),
                              grid(T), generator=torch.Generator().manual_seed(1),
                              callback=infos.append if T == 4 else None)
         # interface
@@ -108,9 +117,10 @@ def test_sampler_common(name, oracle):
         assert res.logits.shape == (B, L, V)
         # NFE accounting by counting calls; every call sees (B,) float64 gamma on the grid
         assert den.calls == res.nfe == nfe_for(name, T)
-        assert all(g.shape == (B,) and g.dtype == torch.float64 for g in den.gammas)
-        assert torch.allclose(den.gammas[0], grid(T)[0].expand(B))
-        assert torch.allclose(den.gammas[-1], grid(T)[-1].expand(B))  # readout at gamma(0)
+        assert all(g.shape == (B,) and g.dtype == torch.float64 and g.device == oracle.p.device for g in den.gammas)
+        assert res.tokens.device == oracle.p.device
+        assert torch.allclose(den.gammas[0].cpu(), grid(T)[0].expand(B))
+        assert torch.allclose(den.gammas[-1].cpu(), grid(T)[-1].expand(B))  # readout at gamma(0)
         tvs[T] = tv_to_p(res.tokens)
     print(f"\n[{name}] TV(empirical, p) over {B * L} tokens: T=4: {tvs[4]:.4f}  T=128: {tvs[128]:.4f}")
     assert tvs[128] < TV_MAX_T128[name]
@@ -158,7 +168,7 @@ def test_nfe_for_and_bad_grids(oracle):
     assert nfe_for("heun", 1) == 2
     with pytest.raises(ValueError):
         nfe_for("euler", 4)
-    z = torch.randn(2, 3, D_E)
+    z = torch.randn(2, 3, D_E).to(oracle.p.device)
     for bad in (torch.tensor([1.0, 2.0], dtype=torch.float64),  # increasing
                 torch.tensor([1.0], dtype=torch.float64),  # no step
                 torch.tensor([1.0, float("inf")], dtype=torch.float64)):
@@ -199,7 +209,7 @@ def test_dpmpp_2m_steps_follow_the_formula(oracle):
     """Every step after the first is eq. (dpmpp-update) with D from eq. (dpmpp-extrap), on a
     non-uniform grid, recomputed from the callback's (z, e_hat)."""
     gammas = torch.tensor([8.0, 6.5, 2.0, 1.5, -1.0, -8.0], dtype=torch.float64)
-    z = torch.randn(3, 40, D_E, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    z = randn(3, 40, D_E, seed=0, dtype=torch.float64, device=oracle.p.device)
     infos = []
     sample_dpmpp_2m(oracle, z, gammas, callback=lambda info: infos.append(
         {k: (v.clone() if torch.is_tensor(v) else v) for k, v in info.items()}))
@@ -233,18 +243,18 @@ class ConstantEHat:
         self.e = e
 
     def embedding_matrix(self):
-        return torch.eye(V, D_E)
+        return torch.eye(V, D_E, device=self.e.device)
 
     def __call__(self, z, gamma, e_sc=None):
-        return DenoiserOutput(torch.zeros(*z.shape[:2], V), self.e.to(z.dtype))
+        return DenoiserOutput(torch.zeros(*z.shape[:2], V, device=z.device), self.e.to(z.dtype))
 
 
 @pytest.mark.parametrize("name", DETERMINISTIC)
-def test_deterministic_exact_for_constant_e_hat(name):
+def test_deterministic_exact_for_constant_e_hat(name, device):
     """With e_hat constant the PFODE solution is z_s = alpha_s e + (sigma_s / sigma_t)(z_t - alpha_t e)."""
     g = torch.Generator().manual_seed(0)
-    e = torch.randn(3, 6, D_E, generator=g, dtype=torch.float64)
-    z = torch.randn(3, 6, D_E, generator=g, dtype=torch.float64)
+    e = randn(3, 6, D_E, generator=g, dtype=torch.float64, device=device)
+    z = randn(3, 6, D_E, generator=g, dtype=torch.float64, device=device)
     den = ConstantEHat(e)
     for gammas in (torch.tensor([4.0, -6.0], dtype=torch.float64),
                    torch.tensor([7.0, 5.5, 1.0, 0.5, -3.0, -6.0], dtype=torch.float64)):
@@ -269,11 +279,12 @@ class SmoothEHat:
         self.c0, self.c1 = c0, c1
 
     def embedding_matrix(self):
-        return torch.eye(V, D_E)
+        return torch.eye(V, D_E, device=self.c0.device)
 
     def __call__(self, z, gamma, e_sc=None):
         u = torch.exp(gamma.double() / 2).view(-1, 1, 1)
-        return DenoiserOutput(torch.zeros(*z.shape[:2], V), (self.c0 + self.c1 * u / (1 + u)).to(z.dtype))
+        return DenoiserOutput(torch.zeros(*z.shape[:2], V, device=z.device),
+                              (self.c0 + self.c1 * u / (1 + u)).to(z.dtype))
 
     def exact(self, z, gamma_t, gamma_s):
         a_t, a_s = math.sqrt(1 / (1 + math.exp(gamma_t))), math.sqrt(1 / (1 + math.exp(gamma_s)))
@@ -283,11 +294,11 @@ class SmoothEHat:
         return a_s * z_bar_s
 
 
-def test_convergence_orders():
+def test_convergence_orders(device):
     """Global error vs T on a smooth, input-independent e_hat and a very non-uniform grid: DDIM is
     first order, DPM-Solver++(2M) and Heun second order (the slopes pin down their formulas)."""
     g = torch.Generator().manual_seed(0)
-    c0, c1, z = torch.randn(3, 2, 5, D_E, generator=g, dtype=torch.float64)
+    c0, c1, z = randn(3, 2, 5, D_E, generator=g, dtype=torch.float64, device=device)
     den = SmoothEHat(c0, c1)
     gt, gs = 4.0, -4.0
     exact = den.exact(z, gt, gs)
@@ -305,13 +316,13 @@ def test_convergence_orders():
     assert all(o > 1.7 for o in orders["dpmpp2m"] + orders["heun"])
 
 
-def test_heun_equals_dpmpp_2m_for_input_independent_e_hat():
+def test_heun_equals_dpmpp_2m_for_input_independent_e_hat(device):
     """An identity that checks both formulas, the 2M first-step fallback and Heun's skipped last
     corrector: for e_hat independent of z on a grid uniform in lambda, Heun's corrector at step
     i adds alpha_s (exp(h) - 1)/2 (e_{i+1} - e_i), which propagates to the end exactly like
     DPM-Solver++(2M)'s multistep term at step i + 1, so the two samplers coincide."""
     g = torch.Generator().manual_seed(1)
-    c0, c1, z = torch.randn(3, 2, 5, D_E, generator=g, dtype=torch.float64)
+    c0, c1, z = randn(3, 2, 5, D_E, generator=g, dtype=torch.float64, device=device)
     den = SmoothEHat(c0, c1)
     for T in (1, 2, 7):
         gammas = torch.linspace(5.0, -6.0, T + 1, dtype=torch.float64)
@@ -321,18 +332,17 @@ def test_heun_equals_dpmpp_2m_for_input_independent_e_hat():
 
 def test_inpaint_forces_known_tokens(E):
     """The readout is overwritten at known positions even if the denoiser disagrees."""
-    tokens = torch.full((2, 9), 3, dtype=torch.long)
-    mask = torch.zeros(2, 9, dtype=torch.bool)
+    tokens = torch.full((2, 9), 3, dtype=torch.long, device=E.device)
+    mask = torch.zeros(2, 9, dtype=torch.bool, device=E.device)
     mask[:, ::2] = True
-    den = ConstantEHat(torch.zeros(2, 9, D_E))  # logits all zero: argmax is token 0
+    den = ConstantEHat(torch.zeros(2, 9, D_E, device=E.device))  # logits all zero: argmax is token 0
     for name in ALL:
-        res = SAMPLERS[name](den, torch.randn(2, 9, D_E), grid(3), inpaint=Inpaint(tokens, mask, E))
+        res = SAMPLERS[name](den, randn(2, 9, D_E, seed=0, device=E.device), grid(3), inpaint=Inpaint(tokens, mask, E))
         assert (res.tokens[mask] == 3).all() and (res.tokens[~mask] == 0).all()
 
 
 def test_dpmpp_2m_first_step_is_ddim(oracle):
-    gen = torch.Generator().manual_seed(0)
-    z = torch.randn(4, 50, D_E, generator=gen)
+    z = randn(4, 50, D_E, seed=0, device=oracle.p.device)
     caught = {}
     for name in ("ddim", "dpmpp2m"):
         caught[name] = []
@@ -343,7 +353,7 @@ def test_dpmpp_2m_first_step_is_ddim(oracle):
 
 
 def test_deterministic_samplers_converge(oracle):
-    z = torch.randn(8, 500, D_E, generator=torch.Generator().manual_seed(1))
+    z = randn(8, 500, D_E, seed=1, device=oracle.p.device)
     dist = {}
     for T in (16, 256):
         z0 = {n: SAMPLERS[n](oracle, z, grid(T)).z0 for n in DETERMINISTIC}
@@ -367,32 +377,33 @@ class SelfCondFake:
 
     self_conditioning = True
 
-    def __init__(self):
+    def __init__(self, device="cpu"):
+        self.device = torch.device(device)
         self.received: list = []
         self.returned: list = []
 
     def embedding_matrix(self):
-        return torch.eye(V, D_E)
+        return torch.eye(V, D_E, device=self.device)
 
     def __call__(self, z, gamma, e_sc=None):
         self.received.append(e_sc)
         e_hat = 0.5 * torch.tanh(z) + 0.01 * len(self.received)
         self.returned.append(e_hat)
-        return DenoiserOutput(torch.zeros(*z.shape[:2], V), e_hat)
+        return DenoiserOutput(torch.zeros(*z.shape[:2], V, device=z.device), e_hat)
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_self_conditioning_feeds_previous_e_hat(name):
+def test_self_conditioning_feeds_previous_e_hat(name, device):
     T = 5
-    z = torch.randn(2, 7, D_E, generator=torch.Generator().manual_seed(0))
-    fake = SelfCondFake()
+    z = randn(2, 7, D_E, seed=0, device=device)
+    fake = SelfCondFake(device)
     SAMPLERS[name](fake, z, grid(T), generator=torch.Generator().manual_seed(0))
     assert len(fake.received) == nfe_for(name, T)
     assert fake.received[0] is None
     for k in range(1, len(fake.received)):
         assert fake.received[k] is not None and torch.equal(fake.received[k], fake.returned[k - 1])
     # explicit override: no self-conditioning input at all
-    fake = SelfCondFake()
+    fake = SelfCondFake(device)
     SAMPLERS[name](fake, z, grid(T), self_cond=False, generator=torch.Generator().manual_seed(0))
     assert all(e is None for e in fake.received)
 
@@ -402,9 +413,8 @@ def test_self_conditioning_feeds_previous_e_hat(name):
 # ----------------------------------------------------------------------------------------------
 
 def test_temperature_wrappers_identity_and_formulas(oracle, E):
-    gen = torch.Generator().manual_seed(0)
-    z = torch.randn(3, 10, D_E, generator=gen)
-    gamma = torch.tensor([2.0, -1.0, -5.0], dtype=torch.float64)
+    z = randn(3, 10, D_E, seed=0, device=E.device)
+    gamma = torch.tensor([2.0, -1.0, -5.0], dtype=torch.float64, device=E.device)
     ref = oracle(z, gamma)
     for W in (LogitTemperature, ScoreTemperature):
         w = W(oracle, 1.0)
@@ -466,7 +476,7 @@ def test_infilling_keeps_known_tokens(name, oracle, E):
     known = inp.known_mask
     den = Counting(oracle)
     gammas = gamma_grid(lambda t: -8.0 + 10.0 * t, T)  # gamma(1) = 2: the signal is visible at t = 1
-    res = SAMPLERS[name](den, torch.randn(Bi, Li, D_E, generator=gen), gammas, inpaint=inp,
+    res = SAMPLERS[name](den, randn(Bi, Li, D_E, generator=gen, device=E.device), gammas, inpaint=inp,
                          generator=torch.Generator().manual_seed(0))
     assert torch.equal(res.tokens[known], reference[known])
     # known latents seen by the denoiser are forward samples of the truth: standardised residuals
@@ -480,7 +490,7 @@ def test_infilling_keeps_known_tokens(name, oracle, E):
     # same seed, same output; the unknown positions are generated (not copied)
     gen = torch.Generator().manual_seed(5)
     oracle.sample_tokens((Bi, Li), gen)
-    repeat = SAMPLERS[name](oracle, torch.randn(Bi, Li, D_E, generator=gen), gammas, inpaint=inp,
+    repeat = SAMPLERS[name](oracle, randn(Bi, Li, D_E, generator=gen, device=E.device), gammas, inpaint=inp,
                             generator=torch.Generator().manual_seed(0))
     assert torch.equal(repeat.tokens, res.tokens) and torch.equal(repeat.z0, res.z0)
     assert (res.tokens[~known] != reference[~known]).any()
@@ -491,19 +501,19 @@ def test_inpainting_latents_are_exact_forward_samples(oracle, E):
     the known latents can be reproduced exactly: z = alpha_s e + sigma_s eps."""
     Bi, Li, T, seed = 4, 12, 6, 11
     tokens = oracle.sample_tokens((Bi, Li), torch.Generator().manual_seed(0))
-    mask = torch.rand(Bi, Li, generator=torch.Generator().manual_seed(1)) < 0.5
+    mask = (torch.rand(Bi, Li, generator=torch.Generator().manual_seed(1)) < 0.5).to(E.device)
     inp = Inpaint(tokens, mask, E)
     gammas = gamma_grid(lambda t: -8.0 + 10.0 * t, T)
-    z = torch.randn(Bi, Li, D_E, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    z = randn(Bi, Li, D_E, seed=2, dtype=torch.float64, device=E.device)
     den = Counting(oracle)
     after_step = []
     res = sample_ddim(den, z, gammas, inpaint=inp, generator=torch.Generator().manual_seed(seed),
                       callback=lambda info: after_step.append(info["z"].clone()))
-    gen = torch.Generator().manual_seed(seed)
+    gen = device_generator(torch.Generator().manual_seed(seed), E.device)  # as the sampler derives its stream
     e = E[tokens]  # (B, L, d_e) float64
     latents = [den.zs[0]] + after_step  # at gammas[0], gammas[1], ..., gammas[T]
     for k, zk in enumerate(latents):
-        eps = torch.randn(Bi, Li, D_E, generator=gen, dtype=torch.float64)
+        eps = torch.randn(Bi, Li, D_E, generator=gen, dtype=torch.float64, device=E.device)
         g = gammas[k]
         truth = torch.sigmoid(-g).sqrt() * e + torch.sigmoid(g).sqrt() * eps
         assert torch.allclose(zk[mask], truth[mask], atol=1e-12)
@@ -541,7 +551,7 @@ def test_trajectory_recorder(oracle):
     assert all(tok.shape == (2, 300) and tok.dtype == torch.long for _, tok in rec.records)
     assert len(rec.texts[-1][1]) == 2 and len(rec.texts[-1][1][0]) == 300
     # text emerges: the late predictions agree with the final tokens far more than the first
-    agree = [float((tok == res.tokens).float().mean()) for _, tok in rec.records]
+    agree = [float((tok == res.tokens.cpu()).float().mean()) for _, tok in rec.records]
     assert agree[-1] > 0.9 and agree[-1] > agree[0] + 0.3
 
 

@@ -33,6 +33,12 @@ class OracleDenoiser:
         self.E = E.double()  # (V, d_e)
         self.nfe = 0
 
+    def to(self, device) -> "OracleDenoiser":
+        """The same oracle with ``p`` and ``E`` on ``device`` (its computations run there)."""
+        o = OracleDenoiser.__new__(OracleDenoiser)  # p as it is (no second normalisation)
+        o.p, o.E, o.nfe = self.p.to(device), self.E.to(device), 0
+        return o
+
     def embedding_matrix(self) -> Tensor:
         return self.E.float()
 
@@ -59,9 +65,11 @@ class OracleDenoiser:
         return float(-(self.p * self.p.log()).sum())
 
     def sample_tokens(self, shape, generator: Optional[torch.Generator] = None) -> Tensor:
-        idx = torch.multinomial(self.p.float(), int(torch.tensor(shape).prod()), replacement=True,
+        """i.i.d. tokens from ``p``, drawn with the (CPU) ``generator`` on the host, so every device gets
+        the same tokens for a seed; returned on ``p``'s device."""
+        idx = torch.multinomial(self.p.float().cpu(), int(torch.tensor(shape).prod()), replacement=True,
                                 generator=generator)
-        return idx.view(*shape)
+        return idx.view(*shape).to(self.p.device)
 
 
 def random_unit_embeddings(V: int, d_e: int, seed: int = 0) -> Tensor:

@@ -1,0 +1,112 @@
+"""scripts/gpu_check.sh (issue 27) without a GPU: the dry run resolves every step's command (CI runs it),
+a broken command is reported as such, a run records a failing step and goes on, results of several
+calls merge into one table that docs/benchmarks.md can include, and bad input is one error line."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+import gpu_check  # noqa: E402
+
+SCRIPT = REPO / "scripts" / "gpu_check.sh"
+
+
+def _sh(*args, timeout=900):
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    env.pop("OUT", None)
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_dry_run_resolves_every_step(quick):
+    r = _sh("--dry-run", *(["--quick"] if quick else []))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = r.stdout
+    assert "dry run: every step resolved" in out and "BAD" not in out
+    planned = [s.name for s in gpu_check.STEPS if s.quick or not quick]
+    for name in ["setup", *planned]:
+        assert f"[{name}]" in out, name
+    n = sum(len(s.commands(gpu_check.Ctx(quick=quick))) for s in gpu_check.STEPS if s.name in planned)
+    assert f"resolved: {n + 1}/{n + 1} commands" in out
+    if not quick:  # every step of the full check is in one of the 10-minute calls it lists
+        assert {x for call in gpu_check.FULL_SPLIT for x in call.split(",")} == set(gpu_check.STEP_NAMES)
+
+
+def test_a_command_that_does_not_resolve_is_reported(tmp_path, monkeypatch):
+    py = sys.executable
+    C = gpu_check.Cmd
+    assert not gpu_check.resolve_cmd(C("script", ["benchmarks/no_such_bench.py"], 1), py)[0]
+    ok, why = gpu_check.resolve_cmd(C("script", ["benchmarks/bench_gpu.py", "--no-such-option"], 1), py)
+    assert not ok and "rejects" in why
+    assert not gpu_check.resolve_cmd(C("child", ["x", "--child", "nope", "--spec", "{}"], 1), py)[0]
+    assert not gpu_check.resolve_cmd(C("child", ["x", "--child", "bf16", "--spec", '{"method": 1}'], 1), py)[0]
+    assert gpu_check.resolve_cmd(C("child", ["x", "--child", "bf16", "--spec", '{"methods": ["ar"]}'], 1), py)[0]
+    # a planted bug: the sampler benchmark goes missing, so the dry run fails and names it
+    monkeypatch.setattr(gpu_check, "cmds_sampler", lambda ctx: [C("script", ["benchmarks/bench_missing.py"], 1)])
+    monkeypatch.setattr(gpu_check, "STEPS", [gpu_check.Step("sampler", "t", True, (1, 1), gpu_check.cmds_sampler)])
+    a = gpu_check.build_parser().parse_args(["--dry-run"])
+    assert gpu_check.dry_run(a, gpu_check.STEPS) == 1
+
+
+def test_bad_input_is_one_error_line(tmp_path):
+    for args, what in [(["--steps", "speed,warp"], "unknown step warp"), (["--bogus"], "unknown option"),
+                       (["--merge", str(tmp_path / "none.json")], "no such file"), (["--record"], "--record goes")]:
+        r = _sh(*args, timeout=120)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("replaid: error:") and what in lines[0], (args, r.stderr)
+
+
+def test_a_failing_step_is_recorded_and_the_run_goes_on(tmp_path):
+    """On a CPU the syncs step fails (it counts CUDA syncs); env still runs; both land in the JSON."""
+    out = tmp_path / "out"
+    rc = gpu_check.main(["--tiny", "--device", "cpu", "--steps", "syncs,env", "--out", str(out)])
+    assert rc == 1
+    doc = json.loads((out / "gpu_check.json").read_text())
+    assert doc["steps"]["syncs"]["status"] == "fail" and "needs --device cuda" in doc["steps"]["syncs"]["error"]
+    assert doc["steps"]["env"]["status"] == "ok"
+    env = doc["steps"]["env"]["results"][0]["data"]
+    assert env["torch"] and env["matmul_bf16_tflops"] > 0 and all(f["present"] for f in env["features"])
+    md = (out / "gpu_check.md").read_text()
+    assert "| syncs | fail |" in md and "| env | ok |" in md and "torch.get_autocast_dtype" in md
+
+
+def _doc(step, data, started="2026-11-24T10:00:00+00:00"):
+    return {"runs": [{"started": started, "mode": "full", "setup": {"setup_seconds": 31.0, "gpu": "NVIDIA H100",
+                                                                      "driver": "580"}}],
+            "steps": {step: {"status": "ok", "seconds": 5.0, "results": [{"label": "", "data": data}]}}}
+
+
+def test_merge_render_and_record(tmp_path):
+    speed = {"method": "mdlm", "precision": "bf16", "batch": 32, "L": 1024, "step_s": 0.2, "tokens_per_s": 163840.0,
+             "mfu": 0.41, "mfu_datasheet": 0.33, "peak_mem_gb": 30.1, "model_gb": 31.0, "warmup_s": 4.0,
+             "loss": 10.9}
+    ref = {"batch": 32, "L": 1024, "step_s": 0.25, "tokens_per_s": 131072.0, "peak_mem_gb": 35.0, "loss": 11.0,
+           "stand_ins": ["attention: PyTorch SDPA shim"]}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_doc("speed", speed)))
+    b.write_text(json.dumps(_doc("mdlm_ref", ref, "2026-11-24T10:20:00+00:00")))
+    doc = gpu_check.merge([str(a), str(b)])
+    assert set(doc["steps"]) == {"speed", "mdlm_ref"} and len(doc["runs"]) == 2
+    md = gpu_check.render(doc)
+    assert "NVIDIA H100" in md and "31.0 s, 31.0 s" in md and "kuleshov-group/mdlm" in md
+    assert "replaid mdlm (eager)" in md and "41.0%" in md
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text(f"# B\n\nbefore\n{gpu_check.BEGIN}\nNo GPU measured yet.\n{gpu_check.END}\nafter\n")
+    gpu_check.record(md, docs)
+    text = docs.read_text()
+    assert "No GPU measured yet" not in text and "before" in text and "after" in text and "kuleshov-group" in text
+    gpu_check.record("again", docs)  # idempotent: the block is replaced, not appended
+    assert docs.read_text().count(gpu_check.BEGIN) == 1 and "kuleshov-group" not in docs.read_text()
+
+
+def test_docs_hold_the_gpu_check_block():
+    text = (REPO / "docs" / "benchmarks.md").read_text()
+    assert text.count(gpu_check.BEGIN) == 1 and text.count(gpu_check.END) == 1
+    assert "scripts/gpu_check.sh" in (REPO / "README.md").read_text()
