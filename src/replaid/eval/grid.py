@@ -1,0 +1,315 @@
+"""Multi-seed grids: a base config, the cells that vary it, N seeds per cell; and what they allow.
+
+A grid spec (YAML or JSON, or built from ``replaid grid plan`` flags)::
+
+    base: demo                      # a preset name, or a config file (.json/.yaml) of a run
+    overrides: [data.source=../shared/data/wiki-sample, eval.split=test]   # every run
+    seeds: [0, 1, 2]                # train.seed of each run (same seed: same init and data order)
+    reference: replaid              # cell the paired differences are taken against (optional)
+    cells:                          # name -> overrides of that cell (explicit cells) ...
+      replaid: []
+      replaid-nosc: [model.self_conditioning=false]
+    vary:                           # ... and/or the Cartesian product of key -> values
+      diffusion.schedule: [learned, linear]
+
+Each (cell, seed) is one run ``runs/<cell>__s<seed>`` with the config ``base + overrides + cell +
+train.seed=<seed>`` (``vary`` cells are named ``key=value,key=value``). The report (:func:`report`)
+takes each finished run's final evaluation (the exact NLL for AR, the NELBO bound otherwise, in
+nats/token on ``eval.split``) and summarises every cell with :mod:`replaid.eval.seeds`.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from replaid.config import ConfigError, RunConfig, parse_overrides
+from replaid.eval.seeds import PLATEAU_NATS, CellSummary, paired_difference
+
+CELL_NAME = re.compile(r"^[A-Za-z0-9._=,+-]+$")
+
+
+@dataclass
+class GridSpec:
+    base: str = "demo"
+    overrides: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    cells: dict[str, list[str]] = field(default_factory=dict)
+    vary: dict[str, list[Any]] = field(default_factory=dict)
+    reference: Optional[str] = None
+
+    def cell_overrides(self) -> dict[str, list[str]]:
+        """Every cell's own overrides: the explicit cells, then the ``vary`` product (one cell, named
+        ``base``, when neither is given)."""
+        out = {k: list(v) for k, v in self.cells.items()}
+        if self.vary:
+            keys = list(self.vary)
+            for combo in itertools.product(*(self.vary[k] for k in keys)):
+                ov = [f"{k}={_fmt_value(v)}" for k, v in zip(keys, combo)]
+                name = ",".join(ov)
+                if name in out:
+                    raise ConfigError(f"grid cell '{name}' is given twice (cells and vary); name it once")
+                out[name] = ov
+        return out or {"base": []}
+
+    def validate(self) -> "GridSpec":
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or any(
+                not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds):
+            raise ConfigError(f"grid seeds must be distinct integers >= 0, got {self.seeds}")
+        for name, ov in self.cell_overrides().items():
+            if not CELL_NAME.match(name) or "__" in name:
+                raise ConfigError(f"grid cell name '{name}' may hold letters, digits and . _ = , + - (no '__'); "
+                                  f"rename it")
+            parse_overrides(ov)  # form check; keys are checked when the configs resolve
+        if self.reference is not None and self.reference not in self.cell_overrides():
+            raise ConfigError(f"grid reference '{self.reference}' is not a cell; choose one of "
+                              f"{', '.join(self.cell_overrides())}")
+        return self
+
+    def to_dict(self) -> dict:
+        return {"base": self.base, "overrides": self.overrides, "seeds": self.seeds, "cells": self.cells,
+                "vary": self.vary, "reference": self.reference}
+
+
+def _fmt_value(v: Any) -> str:
+    return ("true" if v else "false") if isinstance(v, bool) else str(v)
+
+
+def spec_from_dict(d: Any, where: str = "grid spec") -> GridSpec:
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where} must be a mapping with base/overrides/seeds/cells/vary/reference")
+    known = {"base", "overrides", "seeds", "cells", "vary", "reference"}
+    bad = sorted(set(d) - known)
+    if bad:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(bad)}; use {', '.join(sorted(known))}")
+    cells = d.get("cells") or {}
+    vary = d.get("vary") or {}
+    if not isinstance(cells, dict) or any(not isinstance(v, list) for v in cells.values()):
+        raise ConfigError(f"{where}: 'cells' maps each cell name to a list of key=value overrides")
+    if not isinstance(vary, dict) or any(not isinstance(v, list) or not v for v in vary.values()):
+        raise ConfigError(f"{where}: 'vary' maps config keys to non-empty lists of values")
+    ov = d.get("overrides") or []
+    if not isinstance(ov, list):
+        raise ConfigError(f"{where}: 'overrides' is a list of key=value strings")
+    seeds = d.get("seeds", [0, 1, 2])
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        seeds = list(range(seeds))
+    if not isinstance(seeds, list):
+        raise ConfigError(f"{where}: 'seeds' is a count or a list of integers")
+    return GridSpec(str(d.get("base", "demo")), [str(x) for x in ov], seeds,
+                    {str(k): [str(x) for x in v] for k, v in cells.items()}, {str(k): v for k, v in vary.items()},
+                    d.get("reference")).validate()
+
+
+def load_spec(path: str | Path) -> GridSpec:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"grid spec {p} does not exist; write a YAML/JSON spec (see 'replaid grid plan --help')")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"grid spec {p} is not UTF-8 text; save it as UTF-8") from None
+    if p.suffix == ".json":
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"grid spec {p} line {e.lineno}: not valid JSON ({e.msg}); fix its syntax") from None
+    else:
+        import yaml
+
+        try:
+            d = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"grid spec {p} is not valid YAML ({str(e).splitlines()[0]}); fix its syntax") from None
+    return spec_from_dict(d, f"grid spec {p}")
+
+
+@dataclass
+class GridRun:
+    id: str  # <cell>__s<seed>
+    cell: str
+    seed: int
+    overrides: list[str]  # the run's overrides after the base (spec overrides, cell, seed)
+    run_dir: str  # relative to the grid folder
+    config: str  # relative path of its resolved config JSON
+
+
+def resolve_base(base: str, overrides: list[str]) -> RunConfig:
+    """The base config: a preset, or the config file of a run (JSON) or a YAML of sections, then overrides."""
+    from replaid.presets import PRESETS, resolve
+
+    if base in PRESETS:
+        return resolve(base, None, overrides)
+    p = Path(base)
+    if p.is_file() and p.suffix == ".json":
+        from replaid.config import set_key
+
+        try:
+            cfg = RunConfig.from_dict(json.loads(p.read_text()))
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"grid base {p} line {e.lineno}: not valid JSON ({e.msg})") from None
+        for k, v in parse_overrides(overrides):
+            set_key(cfg, k, v)
+        return cfg.validate()
+    if p.is_file():
+        return resolve(None, str(p), overrides)
+    raise ConfigError(f"grid base '{base}' is neither a preset nor a config file; see 'replaid presets'")
+
+
+def plan(spec: GridSpec) -> list[tuple[GridRun, RunConfig]]:
+    """Every (cell, seed) run with its resolved, validated config (cell-major, then seed)."""
+    spec.validate()
+    out = []
+    for cell, cov in spec.cell_overrides().items():
+        for s in spec.seeds:
+            ov = [*spec.overrides, *cov, f"train.seed={s}"]
+            try:
+                cfg = resolve_base(spec.base, ov)
+            except ConfigError as e:
+                raise ConfigError(f"grid cell '{cell}': {e}") from None
+            rid = f"{cell}__s{s}"
+            out.append((GridRun(rid, cell, s, ov, f"runs/{rid}", f"configs/{rid}.json"), cfg))
+    return out
+
+
+# ------------------------------------------------------------------ the report
+
+def run_value(final_eval: dict) -> tuple[float, str, Optional[float]]:
+    """(bound in nats/token, its kind, unigram NLL of the same tokens) from a run's final evaluation."""
+    ev = final_eval["eval"] if "eval" in final_eval else final_eval
+    if "nll_nats_per_token" in ev:
+        return float(ev["nll_nats_per_token"]), "exact NLL", ev.get("unigram_nats_per_token")
+    return float(ev["nelbo_nats_per_token"]), "NELBO", ev.get("unigram_nats_per_token")
+
+
+def report(rows: list[dict], reference: Optional[str] = None, confidence: float = 0.95,
+           cell_order: Optional[list[str]] = None) -> dict:
+    """``rows``: one per finished run, ``{cell, seed, value, kind, unigram, split, config?}``.
+    Returns the JSON-able report: one entry per cell (``config``, ``seeds``, ``values``, ``mean``,
+    ``sd``, interval, distance below unigram, plateau flag, paired difference against ``reference``)."""
+    by_cell: dict[str, list[dict]] = {}
+    for r in rows:
+        if not math.isfinite(r["value"]):
+            raise ValueError(f"grid run {r['cell']} seed {r['seed']} has a non-finite bound ({r['value']}); "
+                             f"look at its run folder before reporting")
+        by_cell.setdefault(r["cell"], []).append(r)
+    order = [c for c in (cell_order or []) if c in by_cell] + sorted(c for c in by_cell if c not in (cell_order or []))
+    if reference is not None and reference not in by_cell:
+        raise ConfigError(f"reference cell '{reference}' has no finished run; choose one of {', '.join(order)}")
+    summaries = {}
+    for c in order:
+        rs = sorted(by_cell[c], key=lambda r: r["seed"])
+        summaries[c] = CellSummary(c, {r["seed"]: r["value"] for r in rs},
+                                   {r["seed"]: float(r["unigram"]) for r in rs if r.get("unigram") is not None},
+                                   confidence)
+    cells = []
+    for c in order:
+        s, rs = summaries[c], by_cell[c]
+        iv, bu = s.interval, s.below_unigram
+        entry: dict[str, Any] = {
+            "cell": c, "config": rs[0].get("config", {}), "kind": rs[0]["kind"], "split": rs[0].get("split"),
+            "seeds": sorted(s.values), "values": [s.values[k] for k in sorted(s.values)],
+            "mean": iv.mean, "sd": iv.sd, "lo": iv.lo, "hi": iv.hi, "n": iv.n,
+            "ppl": math.exp(iv.mean) if math.isfinite(iv.mean) and iv.mean < 700 else None,
+            "unigram_mean": (sum(s.unigram.values()) / len(s.unigram)) if s.unigram else None,
+            "below_unigram": bu.mean if bu else None, "below_unigram_lo": bu.lo if bu else None,
+            "below_unigram_hi": bu.hi if bu else None, "on_plateau": s.on_plateau}
+        if reference is not None and c != reference:
+            entry["paired"] = paired_difference(c, s.values, reference, summaries[reference].values,
+                                                confidence).as_dict()
+        cells.append(entry)
+    return {"reference": reference, "confidence": confidence, "plateau_nats": PLATEAU_NATS, "cells": cells}
+
+
+def report_markdown(rep: dict, title: str = "Grid report", command: Optional[str] = None) -> str:
+    conf = int(round(100 * rep["confidence"]))
+    ref = rep["reference"]
+    L = [f"# {title}", ""]
+    if command:
+        L += ["```bash", command, "```", ""]
+    L += [f"Bound: nats/token on the evaluation split (exact NLL for AR, NELBO otherwise). Intervals: {conf}% "
+          f"Student-t over seeds (training noise, not the evaluation's standard error). Below unigram: the "
+          f"unigram NLL of the same tokens minus the bound; a cell less than {rep['plateau_nats']} nats below is "
+          f"**on the plateau** and is not interpreted.", ""]
+    head = "| cell | seeds | per-seed | mean (PPL) | sd | interval | below unigram |"
+    sep = "|---|---|---|---|---|---|---|"
+    if ref:
+        head += f" minus `{ref}` (paired) | verdict |"
+        sep += "---|---|"
+    L += [head, sep]
+    for c in rep["cells"]:
+        vals = " ".join(f"{v:.3f}" for v in c["values"])
+        bu = "n/a" if c["below_unigram"] is None else f"{c['below_unigram']:.3f}" + (
+            " **plateau**" if c["on_plateau"] else "")
+        ppl = f" ({c['ppl']:.1f})" if c["ppl"] else ""
+        row = (f"| {c['cell']} | {c['n']} | {vals} | {c['mean']:.3f}{ppl} | {_f(c['sd'])} | "
+               f"[{_f(c['lo'])}, {_f(c['hi'])}] | {bu} |")
+        if ref:
+            if "paired" in c:
+                p = c["paired"]
+                row += f" {p['diff_mean']:+.3f} [{_f(p['diff_lo'], '+.3f')}, {_f(p['diff_hi'], '+.3f')}] | {p['verdict']} |"
+            else:
+                row += " (reference) | |"
+        L.append(row)
+    return "\n".join(L) + "\n"
+
+
+def _f(x: Optional[float], fmt: str = ".3f") -> str:
+    return "n/a" if x is None or not math.isfinite(x) else format(x, fmt)
+
+
+def plot_report(rep: dict, path: Path, title: str = "") -> Path:
+    """Every seed as a point, the mean with its interval, the unigram level; paired differences beside."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = rep["cells"]
+    paired = [c for c in cells if "paired" in c]
+    fig, axes = plt.subplots(1, 2 if paired else 1, figsize=(max(6.0, 0.75 * len(cells) + 3) * (1.6 if paired else 1),
+                                                               4.2), squeeze=False)
+    ax = axes[0][0]
+    for i, c in enumerate(cells):
+        n = len(c["values"])
+        xs = [i + 0.12 * (j - (n - 1) / 2) / max(1, n - 1) * 2 for j in range(n)]
+        ax.scatter(xs, c["values"], s=14, color="tab:blue", alpha=0.7, zorder=3,
+                   label="one seed" if i == 0 else None)
+        if c["n"] >= 2:
+            ax.errorbar([i + 0.3], [c["mean"]], yerr=[[c["mean"] - c["lo"]], [c["hi"] - c["mean"]]], fmt="o",
+                        color="black", capsize=3, zorder=4, label=f"mean, {int(100 * rep['confidence'])}% t-interval"
+                        if i == 0 else None)
+        if c["unigram_mean"] is not None:
+            ax.hlines(c["unigram_mean"], i - 0.35, i + 0.4, colors="tab:red", linestyles="dashed",
+                      label="unigram (same tokens)" if i == 0 else None)
+    ax.set_xticks(range(len(cells)))
+    ax.set_xticklabels([c["cell"] for c in cells], rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("test bound (nats/token)")
+    ax.set_title(title or "per-seed bounds")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, axis="y")
+    if paired:
+        ax2 = axes[0][1]
+        for i, c in enumerate(paired):
+            p = c["paired"]
+            ax2.scatter([i] * len(p["diffs"]), p["diffs"], s=14, color="tab:blue", alpha=0.7, zorder=3)
+            if math.isfinite(p["diff_lo"]):
+                ax2.errorbar([i + 0.2], [p["diff_mean"]], yerr=[[p["diff_mean"] - p["diff_lo"]],
+                                                                [p["diff_hi"] - p["diff_mean"]]],
+                             fmt="o", capsize=3, zorder=4,
+                             color="black" if p["verdict"] != "not determined" else "grey")
+        ax2.axhline(0, color="black", lw=0.8)
+        ax2.set_xticks(range(len(paired)))
+        ax2.set_xticklabels([c["cell"] for c in paired], rotation=35, ha="right", fontsize=8)
+        ax2.set_ylabel(f"minus {rep['reference']} (nats/token, same seed)")
+        ax2.set_title("paired differences (grey: not determined)")
+        ax2.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
