@@ -40,9 +40,9 @@ def main() -> None:
     p.add_argument("--no-record", action="store_true")
     a = p.parse_args()
 
+    from replaid import dist
     from replaid.methods import get_method
     from replaid.presets import resolve
-    from replaid.training import dist
     from replaid.training.flops import train_flops_per_token
     from replaid.training.memory import estimate, preset_vocab
     from replaid.training.train import EMA, Trainer, TrainModule, build_optimizer, compile_loss, resolve_device

@@ -17,9 +17,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import append_results, device_name, sync  # noqa: E402
 
-from replaid.presets import get_preset  # noqa: E402
 from replaid.model.replaid import RePlaid  # noqa: E402
-from replaid.diffusion.samplers import gamma_grid, get_sampler  # noqa: E402
+from replaid.presets import get_preset  # noqa: E402
+from replaid.sampling.continuous import gamma_grid, get_sampler  # noqa: E402
 
 
 def main() -> None:

@@ -60,7 +60,7 @@ def one(method: str, V: int, steps: int, overrides: list[str], sample: bool) -> 
                 m.time_conditioning = True  # a network call every step (else skipped when nothing unmasks)
                 _, nfe = m.sample(model, B, L, 4, g)
             else:
-                from replaid.diffusion.samplers import gamma_grid, get_sampler
+                from replaid.sampling.continuous import gamma_grid, get_sampler
 
                 nfe = get_sampler("ddpm")(model, torch.randn(B, L, model.d_e), gamma_grid(model.schedule, 3),
                                           generator=g).nfe

@@ -19,17 +19,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (add_one_option, append_results, device_name, peak_matmul_flops, run_isolated,  # noqa: E402
-                    run_one_if_asked, sync)
+from common import add_one_option, append_results, device_name, peak_matmul_flops, run_isolated, run_one_if_asked, sync  # noqa: E402
 
 
 def one(preset: str, L: int, B: int, steps: int, chunk: int, device: str, vocab: int | None,
         compile_: bool, ckpt: bool) -> dict:
     from replaid.config import set_key
-    from replaid.training.flops import train_flops_per_token
     from replaid.methods import get_method
     from replaid.presets import get_preset
-    from replaid.training.train import EMA, Trainer, TrainModule, autocast_ctx, build_optimizer
+    from replaid.training.flops import train_flops_per_token
+    from replaid.training.train import EMA, Trainer, TrainModule, build_optimizer
 
     cfg = get_preset(preset)
     for k, v in {"data.seq_len": L, "train.batch_size": B, "model.head_chunk_rows": chunk,

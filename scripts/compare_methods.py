@@ -40,6 +40,7 @@ def main() -> None:
     p.add_argument("--quality-steps", type=int, default=64, help="sampling steps of the diffusion methods")
     p.add_argument("--threads", type=int, default=0, help="train.num_threads of every run (0 = replaid's default)")
     a = p.parse_args()
+    from replaid.eval.evaluate import evaluate
     from replaid.presets import resolve
     from replaid.training.train import train
 
@@ -60,7 +61,7 @@ def main() -> None:
         cfg = resolve(a.preset, None, [f"method={method}", *common, *extra, *threads])
         run = Path(a.out) / label.replace(" ", "_").replace("(", "").replace(")", "").replace(".", "")
         t0 = time.time()
-        res = train(cfg, run, progress=False, overwrite=True)  # re-running retrains
+        res = train(cfg, run, evaluate=evaluate, progress=False, overwrite=True)  # re-running retrains
         ev = res["eval"]
         key = "nll" if "nll_nats_per_token" in ev else "nelbo"
         results[label] = {"method": method, "overrides": extra, "nats_per_token": ev[f"{key}_nats_per_token"],
@@ -79,9 +80,9 @@ def quality(results: dict, a) -> None:
     """GenPPL (judge: the AR run of this comparison, trained on the same data), unigram entropy and
     MAUVE of ``a.quality`` samples per method (DDPM ancestral for the continuous methods, each
     method's own sampler otherwise), all against the same held-out test windows."""
-    from replaid.loading import load_run
     from replaid.eval.quality import make_judge
-    from replaid.eval.sweep import quality_sweep
+    from replaid.sampling.sweep import quality_sweep
+    from replaid.training.loading import load_run
 
     judge = make_judge(judge_run=results["AR"]["run"])
     for label, r in results.items():

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from replaid.loading import load_run
 from replaid.training import checkpoint as ck
+from replaid.training.loading import load_run
 
 TIMING = {"time", "tokens_per_s", "eval/seconds", "seconds"}
 

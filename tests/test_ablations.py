@@ -1,12 +1,18 @@
 """RePlaid's ablation switches each train and evaluate (debug preset), and the CE term's gradient
 reaches only the embeddings and the denoiser (paper section 5.1)."""
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
 
-from replaid.presets import resolve
+from replaid.eval.evaluate import evaluate
 from replaid.methods.replaid import RePlaidMethod
-from replaid.training.train import train
+from replaid.presets import resolve
+from replaid.training.train import train as _train
+
+train = partial(_train, evaluate=evaluate)  # the trainer with the evaluation commands/train.py wires in
+
 
 ABLATIONS = {
     "no-output-prior": ["model.output_prior=false"],

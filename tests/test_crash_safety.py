@@ -8,16 +8,20 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 
 from replaid.cli import main
+from replaid.eval.evaluate import evaluate
 from replaid.presets import resolve
 from replaid.training import checkpoint as ck
 from replaid.training import runfolder
-from replaid.training.train import train
+from replaid.training.train import train as _train
+
+train = partial(_train, evaluate=evaluate)  # the trainer with the evaluation commands/train.py wires in
 
 ARGS = ("train.steps=6", "train.save_every=2", "train.log_every=1", "eval.max_batches=1", "train.num_threads=1")
 TIMING = {"time", "tokens_per_s", "eval/seconds"}
@@ -110,6 +114,7 @@ KILL = """
 import os, sys
 from replaid.training import checkpoint as ck
 from replaid.cli import main
+
 real, seen = {owner}.{name}, [0]
 def dying(*a, **kw):
     if {when}:
@@ -232,15 +237,12 @@ def test_a_start_killed_before_its_config_leaves_a_folder_that_starts_again(ref,
 
 
 def test_the_final_checkpoint_is_saved_before_the_final_evaluation(tmp_path, monkeypatch):
-    import replaid.eval.evaluate as ev
-
     def broken(*a, **k):
         raise RuntimeError("evaluation failed")
 
-    monkeypatch.setattr(ev, "evaluate", broken)
     run = tmp_path / "run"
     with pytest.raises(RuntimeError):
-        train(resolve("debug", None, ["train.steps=3"]), run, progress=False)
+        _train(resolve("debug", None, ["train.steps=3"]), run, evaluate=broken, progress=False)
     assert ck.load_state(ck.find_checkpoint(run))["step"] == 3
     assert runfolder.status(run)["state"] == "interrupted"
 

@@ -4,16 +4,33 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from replaid.data import (BatchLoader, DataError, HFSpec, SequenceDataset, build_tokenizer, describe,
-                          get_token_array, hf_spec, iter_documents, load_doc_offsets, load_saved_tokenizer,
-                          load_tokenizer_file, save_tokenizer, source_fingerprint, tokenize_to_cache,
-                          unigram_nll, validate_tokens)
+from replaid.data import (
+    BatchLoader,
+    DataError,
+    HFSpec,
+    SequenceDataset,
+    build_tokenizer,
+    describe,
+    get_token_array,
+    hf_spec,
+    iter_documents,
+    load_doc_offsets,
+    load_saved_tokenizer,
+    load_tokenizer_file,
+    save_tokenizer,
+    source_fingerprint,
+    tokenize_to_cache,
+    unigram_nll,
+    validate_tokens,
+)
 from replaid.data.cache import open_cache
 from replaid.data.sources import HF_DATASETS, _wikitext_articles, hash_split, iter_hf_documents, stdlib_modules
 
@@ -84,7 +101,12 @@ def test_stdlib_corpus_split_is_deterministic_and_disjoint():
     keys = ("json/__init__.py", "os.py", "k11", "k17")
     assert [hash_split(k) for k in keys] == ["valid", "train", "test", "valid"]
     assert list(iter_documents("stdlib", "valid")) == splits["valid"]
-    assert source_fingerprint("stdlib", "train") == source_fingerprint("stdlib", "train")
+    # the fingerprint keys the token cache across processes: a fresh interpreter (its own hash seed)
+    # must compute the same one
+    code = "from replaid.data import source_fingerprint; print(source_fingerprint('stdlib', 'train'))"
+    other = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip() for seed in ("1", "2")]
+    assert other == [source_fingerprint("stdlib", "train")] * 2
     assert source_fingerprint("stdlib", "train") != source_fingerprint("stdlib", "valid")
     assert len(list(iter_documents("stdlib", "train", max_docs=7))) == 7
 

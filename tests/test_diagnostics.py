@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from replaid.eval.diagnostics import linear_r2, measure_at_gammas, optimal_schedule, time_grid
 from replaid.diffusion.oracle import OracleDenoiser, random_unit_embeddings
+from replaid.eval.diagnostics import linear_r2, measure_at_gammas, optimal_schedule, time_grid
 
 
 def _check_flat(gg, mse):

@@ -7,16 +7,16 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
 from replaid.cli import main
-from replaid.eval.generate import check_sample_args, mark_filled
-from replaid.eval.infill import plan_infill
-from replaid.eval.sweep import SampleArgs
+from replaid.methods import METHODS, Kind
+from replaid.presets import resolve
+from replaid.sampling.generate import mark_filled
+from replaid.sampling.infill import plan_infill
+from replaid.sampling.request import SampleRequest
 
 
 class CharTok:
@@ -86,31 +86,29 @@ def test_describe_and_mark_filled():
     assert mark_filled(tok, ids.tolist(), p.known.tolist()) == "ab[[XY]]c"
 
 
-def _run(method="replaid", seq_len=8):
-    model = torch.nn.Linear(1, 1)
-    if method in ("replaid", "plaid"):
-        model.schedule = lambda t: t
-    return SimpleNamespace(cfg=SimpleNamespace(method=method, data=SimpleNamespace(seq_len=seq_len)), model=model,
-                           tokenizer=CharTok())
+def _check(req, method="replaid", seq_len=8):
+    """``req.check`` against a ``method`` run trained at ``seq_len`` with a one-character-per-token tokenizer."""
+    m = METHODS[method](resolve("debug", None, [f"method={method}"]))
+    return req.check(m, CharTok(), seq_len)
 
 
-@pytest.mark.parametrize("method", ["ar", "mdlm", "duo"])
+@pytest.mark.parametrize("method", [n for n, c in METHODS.items() if c.kind is not Kind.CONTINUOUS])
 def test_diffusion_options_on_token_methods_are_refused(method):
     with pytest.raises(ValueError, match="drop --sampler"):
-        check_sample_args(_run(method), SampleArgs(sampler="ddim"))
+        _check(SampleRequest(sampler="ddim"), method)
     with pytest.raises(ValueError, match="--context"):
-        check_sample_args(_run(method), SampleArgs(sampler=None, context="a[MASK:2]"))
-    assert check_sample_args(_run(method), SampleArgs(sampler=None)) is None
-    assert check_sample_args(_run(method), SampleArgs(sampler="ancestral")) is None  # the sweep's name
+        _check(SampleRequest(sampler=None, context="a[MASK:2]"), method)
+    assert _check(SampleRequest(sampler=None), method) is None
+    assert _check(SampleRequest(sampler="ancestral"), method) is None  # the sweep's name
 
 
 def test_prompt_longer_than_the_length_is_refused():
     with pytest.raises(ValueError, match="9 tokens but samples are 8 long"):
-        check_sample_args(_run(), SampleArgs(prompt="x" * 9))
+        _check(SampleRequest(prompt="x" * 9))
     with pytest.raises(ValueError, match="leaving nothing to generate"):
-        check_sample_args(_run(), SampleArgs(prompt="x" * 8))
-    check_sample_args(_run(), SampleArgs(prompt="x" * 7))
-    check_sample_args(_run(), SampleArgs(prompt="x" * 9, length=10))
+        _check(SampleRequest(prompt="x" * 8))
+    _check(SampleRequest(prompt="x" * 7))
+    _check(SampleRequest(prompt="x" * 9, length=10, allow_longer=True))
 
 
 def test_offline_judge_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
@@ -153,8 +151,8 @@ def test_diagnose_reports_every_prediction():
 
 def test_eval_unigram_is_on_the_evaluated_tokens(tmp_path):
     from replaid.data.loader import unigram_logp
-    from replaid.loading import load_run
     from replaid.eval.evaluate import evaluate_model
+    from replaid.training.loading import load_run
 
     run = tmp_path / "run"
     assert main(["train", "--preset", "debug", "--out", str(run), "--no-progress", "train.steps=2"]) == 0

@@ -4,9 +4,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from replaid.config import DiffusionConfig, ModelConfig
-from replaid.training.flops import forward_flops_per_token, self_conditioning_overhead, train_flops_per_token
 from replaid.model.replaid import RePlaid
 from replaid.presets import get_preset
+from replaid.training.flops import forward_flops_per_token, self_conditioning_overhead, train_flops_per_token
 
 
 @pytest.mark.parametrize("hidden,layers,L,V", [(64, 2, 32, 300), (96, 3, 64, 1000)])

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from replaid.presets import resolve
 from replaid.methods import get_method
+from replaid.presets import resolve
 from replaid.training.train import Trainer, TrainModule, build_optimizer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

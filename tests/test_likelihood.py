@@ -8,10 +8,17 @@ import pytest
 import torch
 
 from replaid.config import DiffusionConfig, ModelConfig
-from replaid.eval.likelihood import (PFODE, estimate_likelihood, fit_inverse_k, hutchinson_divergence, iwae_curve,
-                                ode_log_weight, plot_k_curve)
-from replaid.model.replaid import RePlaid
 from replaid.diffusion.oracle import OracleDenoiser, random_unit_embeddings
+from replaid.eval.likelihood import (
+    PFODE,
+    estimate_likelihood,
+    fit_inverse_k,
+    hutchinson_divergence,
+    iwae_curve,
+    ode_log_weight,
+    plot_k_curve,
+)
+from replaid.model.replaid import RePlaid
 
 P = torch.tensor([0.3, 0.2, 0.15, 0.1, 0.1, 0.07, 0.05, 0.03])
 

@@ -2,15 +2,13 @@
 import pytest
 import torch
 
-from replaid.diffusion.denoiser import prior_logits
-
 from replaid.config import ConfigError, DiffusionConfig, ModelConfig, RunConfig, set_key
-from replaid.presets import resolve
+from replaid.diffusion.denoiser import prior_logits
+from replaid.diffusion.schedule import NoiseSchedule
 from replaid.methods.replaid import RePlaidMethod, SplitState
 from replaid.model.dit import Backbone, DiTBlock
 from replaid.model.replaid import RePlaid
-from replaid.presets import PRESETS, get_preset
-from replaid.diffusion.schedule import NoiseSchedule
+from replaid.presets import PRESETS, get_preset, resolve
 
 
 def test_schedule_monotone_exact_endpoints_float64():

@@ -6,9 +6,9 @@ import torch
 
 from replaid.config import DiffusionConfig, ModelConfig
 from replaid.diffusion.denoiser import alpha_sigma
-from replaid.model.replaid import RePlaid
 from replaid.diffusion.nelbo import diffusion_loss, forward_noise, nelbo_per_sequence, prior_kl, recon_nll
 from replaid.diffusion.oracle import OracleDenoiser, random_unit_embeddings
+from replaid.model.replaid import RePlaid
 
 P = torch.tensor([0.4, 0.2, 0.15, 0.1, 0.1, 0.05])
 

@@ -3,14 +3,19 @@ too many in a row stop the run naming the likely causes and the checkpoint still
 stays the last one saved before the streak; perplexity overflows to inf, never to an exception."""
 import json
 import math
+from functools import partial
 
 import pytest
 import torch
 
-from replaid.eval.evaluate import ppl
+from replaid.eval.evaluate import evaluate, ppl
 from replaid.presets import resolve
 from replaid.training import checkpoint as ck
-from replaid.training.train import TrainingDiverged, TrainModule, train
+from replaid.training.train import TrainingDiverged, TrainModule
+from replaid.training.train import train as _train
+
+train = partial(_train, evaluate=evaluate)  # the trainer with the evaluation commands/train.py wires in
+
 
 
 def poison(monkeypatch, bad_calls, snapshots=None):

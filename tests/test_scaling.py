@@ -12,8 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from replaid.eval import scaling_fit as sf
-from replaid.training import scaling as sc
+from replaid.scaling import fit as sf
+from replaid.scaling import plan as sc
+from replaid.scaling import report, runner
 from replaid.training.flops import train_flops_per_token
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -331,10 +332,10 @@ def test_several_sources_fit_as_one_study_and_a_shared_run_counts_once(tmp_path)
             w.writerows(rs)
         return path
 
-    whole = sf.fit_source(write("whole.csv", rows), n_boot=20)
+    whole = report.fit_source(write("whole.csv", rows), n_boot=20)
     half = len(rows) // 2
     a, b = write("a.csv", rows[:half + 3]), write("b.csv", rows[half:])  # three rows in both
-    both = sf.fit_source([a, b], n_boot=20)
+    both = report.fit_source([a, b], n_boot=20)
     assert len(both["points"]) == len(rows) and sum("counted once" in w for w in both["warnings"]) == 3
     for m in laws:
         for k in ("alpha", "alpha_prime", "compute_multiplier"):
@@ -370,24 +371,25 @@ def test_run_resumes_an_interrupted_run_and_skips_a_finished_one(tmp_path, monke
     DebugExecutor's job (in-process) finishes it; a second pass has nothing to do."""
     pytest.importorskip("submitit")
     from replaid.config import RunConfig
+    from replaid.eval.evaluate import evaluate
     from replaid.training.train import train
 
     monkeypatch.setenv("REPLAID_CACHE_DIR", str(tmp_path / "cache"))
     plan = sc.make_plan(["ar"], [2e8], "32x1", per_budget=0, overrides=DEBUG)
     sc.write_plan(plan, tmp_path)
     (e,) = sc.read_manifest(tmp_path)
-    assert sc.run_status(tmp_path, e) == ("new", 0)
+    assert runner.run_status(tmp_path, e) == ("new", 0)
     cfg = RunConfig.from_dict(json.loads((tmp_path / e.config).read_text()))
     assert 0 < cfg.train.save_every < cfg.train.steps
-    train(cfg, tmp_path / e.run_dir, progress=False, stop_after=cfg.train.save_every)
-    assert sc.run_status(tmp_path, e) == ("partial", cfg.train.save_every)
-    assert "--resume" in sc.train_command(tmp_path, e, "replaid")
-    res = sc.run_submitit(tmp_path, [e], executor="debug", log=lambda s: None)
-    assert res[0]["state"] == "done" and sc.run_status(tmp_path, e)[0] == "done"
+    train(cfg, tmp_path / e.run_dir, evaluate=evaluate, progress=False, stop_after=cfg.train.save_every)
+    assert runner.run_status(tmp_path, e) == ("partial", cfg.train.save_every)
+    assert "--resume" in runner.train_command(tmp_path, e, "replaid")
+    res = runner.run_submitit(tmp_path, [e], executor="debug", log=lambda s: None)
+    assert res[0]["state"] == "done" and runner.run_status(tmp_path, e)[0] == "done"
     log = (tmp_path / "logs" / f"{e.id}.log").read_text()
     assert "--resume" in log
-    assert sc.run_submitit(tmp_path, [e], executor="debug", log=lambda s: None) == []
-    job = sc.RunJob(str(tmp_path), e.__dict__, "replaid")
+    assert runner.run_submitit(tmp_path, [e], executor="debug", log=lambda s: None) == []
+    job = runner.RunJob(str(tmp_path), e, "replaid")
     assert type(job.checkpoint()).__name__ == "DelayedSubmission"  # requeue on preemption
 
 

@@ -2,16 +2,20 @@
 import json
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 
-from replaid.training import checkpoint as ck
 from replaid.cli import main
-from replaid.presets import resolve
-from replaid.training.train import lr_at, train
-from replaid.presets import optim_scaling
+from replaid.eval.evaluate import evaluate
+from replaid.presets import optim_scaling, resolve
+from replaid.training import checkpoint as ck
+from replaid.training.train import lr_at
+from replaid.training.train import train as _train
+
+train = partial(_train, evaluate=evaluate)  # the trainer with the evaluation commands/train.py wires in
 
 
 def debug_cfg(*overrides):
@@ -156,8 +160,9 @@ def test_damaged_checkpoint_is_reported(trained, tmp_path):
 
 
 def test_tokens_out_of_range_are_rejected(tmp_path):
-    from replaid.data import DataError, validate_tokens
     import numpy as np
+
+    from replaid.data import DataError, validate_tokens
 
     with pytest.raises(DataError, match="range|vocab"):
         validate_tokens(np.array([1, 2, 600], dtype=np.uint16), 512)

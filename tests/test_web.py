@@ -13,14 +13,13 @@ import shutil
 import socket
 import threading
 import time
-from argparse import Namespace
 from pathlib import Path
 
 import pytest
-import torch
 
 from replaid.cli import main
-from replaid.loading import load_run
+from replaid.sampling.request import SampleRequest
+from replaid.training.loading import load_run
 from replaid.web.engine import MASK, GenRequest, Limits, generate_stream, parse_text, prepare
 
 fastapi = pytest.importorskip("fastapi", reason="the 'web' extra (FastAPI, uvicorn) is not installed")
@@ -58,17 +57,15 @@ def _tiny_png(path: Path) -> None:
 
 
 def _sample_args(**kw):
-    a = dict(sampler="ddpm", steps=8, num=1, length=None, temperature=1.0, score_temperature=1.0, prompt=None,
-             infill=None, context=None, batch_size=16, seed=0, no_self_cond=False, trajectory=0, json=True)
-    a.update(kw)
-    return Namespace(**a)
+    """What ``replaid sample`` asks for (its defaults, one sample)."""
+    return SampleRequest(**{"sampler": "ddpm", "steps": 8, "num": 1, **kw})
 
 
 # ------------------------------------------------------------------ engine
 
 @pytest.mark.parametrize("method,sampler", [("replaid", "dpmpp2m"), ("mdlm", "ancestral"), ("ar", "ancestral")])
 def test_engine_matches_replaid_sample_and_streams_one_frame_per_step(loaded, method, sampler):
-    from replaid.eval.generate import generate
+    from replaid.sampling.generate import generate
 
     run = loaded[method]
     events = []
@@ -141,6 +138,7 @@ def test_infill_on_a_discrete_run_is_refused(loaded):
 @pytest.fixture(scope="module")
 def client(runs, loaded):
     from fastapi.testclient import TestClient
+
     from replaid.web.app import create_app
 
     paths = [str(runs[m]) for m in ("replaid", "mdlm", "ar")]
@@ -205,6 +203,7 @@ def test_one_generation_at_a_time_per_run_with_a_bounded_queue(runs, loaded, mon
     """Three simultaneous requests on one run with max_queue=1: one runs, one waits (told it is
     queued behind one), one is refused with 429; the runs never overlap."""
     import httpx
+
     from replaid.web.app import create_app
 
     app = create_app([str(runs["replaid"])], Limits(max_queue=1), runs=[loaded["replaid"]])
@@ -216,7 +215,7 @@ def test_one_generation_at_a_time_per_run_with_a_bounded_queue(runs, loaded, mon
 
     lock = threading.Lock()
     import replaid.web.engine as engine
-    orig = engine._continuous
+    orig = engine.generate
 
     def counted(*a, **k):
         with lock:
@@ -228,7 +227,7 @@ def test_one_generation_at_a_time_per_run_with_a_bounded_queue(runs, loaded, mon
                 active[0] -= 1
 
     h = loaded["replaid"].model.register_forward_hook(hook)
-    monkeypatch.setattr(engine, "_continuous", counted)
+    monkeypatch.setattr(engine, "generate", counted)
     try:
         with _serving(app) as port:
             results = [None] * 3
@@ -259,6 +258,7 @@ def test_one_generation_at_a_time_per_run_with_a_bounded_queue(runs, loaded, mon
 def test_a_page_that_goes_away_cancels_its_generation(runs, loaded):
     """Closing the stream after the first step stops the job at its next step (the queue is freed)."""
     import httpx
+
     from replaid.web.app import create_app
 
     app = create_app([str(runs["replaid"])], Limits(), runs=[loaded["replaid"]])

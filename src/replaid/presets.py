@@ -4,7 +4,17 @@ from __future__ import annotations
 import difflib
 from typing import Callable
 
-from replaid.config import ConfigError, OptimConfig, RunConfig, apply_dict, load_yaml, parse_overrides, set_key
+from replaid.config import (
+    ConfigError,
+    OptimConfig,
+    RunConfig,
+    apply_dict,
+    flat_keys,
+    load_yaml,
+    parse_overrides,
+    refuse_foreign_keys,
+    set_key,
+)
 
 # Paper Table "IsoFLOP transformer configurations": non-embedding params (M) -> (hidden, layers, heads)
 ISOFLOP_SIZES: dict[int, tuple[int, int, int]] = {
@@ -105,10 +115,10 @@ def owt_01b_duo() -> RunConfig:
     over the first 500k of the 1M steps, then the true NELBO."""
     c = owt_01b()
     c.preset, c.method = "owt-0.1b-duo", "duo"
-    b = c.baseline
-    b.duo_curriculum_start, b.duo_curriculum_end = 0.0, 0.5
-    b.duo_gamma_min, b.duo_gamma_max = -3.55, -1.85
-    b.duo_tau_log10_start = b.duo_tau_log10_end = -3.0
+    d = c.duo
+    d.curriculum_start, d.curriculum_end = 0.0, 0.5
+    d.gamma_min, d.gamma_max = -3.55, -1.85
+    d.tau_log10_start = d.tau_log10_end = -3.0
     return c
 
 
@@ -157,8 +167,13 @@ def get_preset(name: str) -> RunConfig:
 def resolve(preset: str | None, yaml_path: str | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Preset, then YAML file, then ``key=value`` overrides; validated."""
     cfg = get_preset(preset or "demo")
+    keys: list[str] = []
     if yaml_path:
-        apply_dict(cfg, load_yaml(yaml_path), root=cfg)
+        d = load_yaml(yaml_path)
+        apply_dict(cfg, d, root=cfg)
+        keys += flat_keys(d)
     for k, v in parse_overrides(overrides or []):
         set_key(cfg, k, v)
+        keys.append(k)
+    refuse_foreign_keys(cfg, keys)
     return cfg.validate()

@@ -33,14 +33,15 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from replaid.eval.diagnostics import ce_overlay, plot_ce_overlay
-    from replaid.loading import load_run
+    from replaid.methods import Kind
+    from replaid.training.loading import load_run
 
     if args.batches < 1 or args.grid < 2:
         raise ValueError("--batches must be >= 1 and --grid >= 2")
     labels = run_labels(args.runs, args.labels)
     runs = [load_run(p, use_ema=not args.no_ema) for p in args.runs]  # all inputs checked before writing
     for p, r in zip(args.runs, runs):
-        if not hasattr(r.model, "schedule"):
+        if r.method.kind is not Kind.CONTINUOUS:
             raise ValueError(f"{p}: diagnose needs a diffusion run with a noise schedule (RePlaid/Plaid)")
     out = Path(args.out)
     summaries, curves = {}, []
@@ -72,7 +73,7 @@ def _diagnose_one(r, args, out: Path) -> tuple[dict, dict]:
     batches = [b["tokens"] for b in r.data.eval_batches(args.split, bs, args.batches)]
     if not batches:
         raise ValueError(f"the {args.split} split produced no batches")
-    sc = bool(getattr(r.model, "self_conditioning", False)) and not args.no_self_cond
+    sc = r.model.self_conditioning and not args.no_self_cond
     with tqdm(total=len(batches) * diagnose_predictions(args.grid), desc="diagnose", unit="pred") as bar:  # stderr
         res = diagnose(r.model, batches, grid=args.grid, self_cond=sc, seed=args.seed, advance=bar.update)
     out.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from replaid.config import apply_cli
     from replaid.eval.evaluate import evaluate_model
-    from replaid.loading import load_run
+    from replaid.training.loading import load_run
 
     run_ = load_run(args.run, use_ema=not args.no_ema)
     cfg = run_.cfg

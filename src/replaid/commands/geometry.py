@@ -68,8 +68,8 @@ def run(args) -> int:
 
     from replaid.eval import geometry as geo
     from replaid.eval.pos import UPOS
-    from replaid.loading import load_run
     from replaid.training.checkpoint import load_state
+    from replaid.training.loading import load_run
     from replaid.training.runfolder import recorded_final_eval
 
     if args.min_count < 1 or args.tsne_max < 10 or args.pos_row_len < 2 or args.knn < 1:
@@ -80,7 +80,7 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     summary, screes_all, screes_freq, rows = {}, [], [], []
     for label, r in zip(labels, runs):
-        E = geo.embedding_rows(r.model)  # (V, d)
+        E = geo.embedding_rows(r.method, r.model)  # (V, d)
         freq = geo.token_frequency(r.data.array("train")[0], r.data.vocab_size)
         ids = geo.frequent_rows(freq, args.min_count)
         s_all = geo.pca_scree(E)

@@ -67,16 +67,19 @@ def run(args) -> int:
     import torch
 
     from replaid.eval.likelihood import estimate_likelihood, plot_k_curve, schedule_endpoints
-    from replaid.loading import load_run
+    from replaid.methods import Kind
+    from replaid.training.loading import load_run
 
     if args.num_seqs < 1 or args.K < 1 or args.steps < 1 or args.n_hutch < 1:
         raise ValueError("--num-seqs, --K, --steps and --n-hutch must be positive")
     run_ = load_run(args.run, use_ema=not args.no_ema)
+    if run_.method.kind is not Kind.CONTINUOUS:
+        raise ValueError(f"{args.run}: ODE likelihood needs a continuous-diffusion run with a noise schedule "
+                         f"(RePlaid/Plaid/LangFlow); this is a {run_.cfg.method} run")
     model = run_.model
     g0, g1 = schedule_endpoints(model)
     tokens = _tokens(run_, args.split, args.num_seqs)
-    sc = bool(getattr(model, "self_conditioning", False)) and not args.no_self_cond \
-        and bool(getattr(run_.cfg.eval, "self_conditioning", True))
+    sc = model.self_conditioning and not args.no_self_cond and run_.cfg.eval.self_conditioning
     from tqdm.auto import tqdm
 
     # stderr (JSON goes to stdout); advances at every solver step, in rows (sequence x sample) solved

@@ -38,8 +38,14 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from replaid.eval.quality import (make_judge, mauve_score, read_samples, reference_texts, sentence_features,
-                           unigram_entropy)
+    from replaid.eval.quality import (
+        make_judge,
+        mauve_score,
+        read_samples,
+        reference_texts,
+        sentence_features,
+        unigram_entropy,
+    )
 
     texts, ids = read_samples(args.samples)
     if not texts:

@@ -88,7 +88,7 @@ def _table(rows: list[list[str]], head: list[str]) -> str:
 
 def run_plan(args) -> int:
     from replaid.config import ConfigError
-    from replaid.training import scaling as sc
+    from replaid.scaling import plan as sc
 
     table = "tiny" if args.sizes == "tiny" else "paper"
     budgets = args.budgets or (sc.TINY_BUDGETS if table == "tiny" else sc.PAPER_BUDGETS)
@@ -148,7 +148,8 @@ def run_plan(args) -> int:
 
 def run_run(args) -> int:
     from replaid.config import ConfigError, parse_overrides
-    from replaid.training import scaling as sc
+    from replaid.scaling import plan as sc
+    from replaid.scaling import runner
 
     sweep = Path(args.sweep)
     entries = sc.read_manifest(sweep)
@@ -157,11 +158,11 @@ def run_run(args) -> int:
         if not entries:
             raise ConfigError(f"--only {' '.join(args.only)} matches no run of {sweep}")
     if args.status:
-        print(sc.progress_line(sweep, entries))
+        print(runner.progress_line(sweep, entries))
         return 0
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     if args.executor == "local":
-        res = sc.run_local(sweep, entries, args.max_parallel, args.python, args.prefix, not args.no_progress, log)
+        res = runner.run_local(sweep, entries, args.max_parallel, args.python, args.prefix, not args.no_progress, log)
     else:
         extra = {}
         for k, v in parse_overrides(args.slurm):
@@ -169,9 +170,9 @@ def run_run(args) -> int:
                 extra[k] = json.loads(v)
             except json.JSONDecodeError:
                 extra[k] = v
-        res = sc.run_submitit(sweep, entries, args.executor, args.max_parallel, args.python, args.prefix,
+        res = runner.run_submitit(sweep, entries, args.executor, args.max_parallel, args.python, args.prefix,
                               args.gpus_per_job, extra, wait=not args.no_wait, log=log)
-    log(sc.progress_line(sweep, entries))
+    log(runner.progress_line(sweep, entries))
     failed = [r for r in res if r["state"] != "done"]
     if failed:
         log(f"scaling run: {len(failed)} run(s) did not finish: {', '.join(r['id'] for r in failed[:5])}; "
@@ -181,11 +182,12 @@ def run_run(args) -> int:
 
 
 def run_fit(args) -> int:
-    from replaid.eval import scaling_fit as sf
+    from replaid.scaling import fit as sf
+    from replaid.scaling import report
 
     first = Path(args.source[0])
     out = Path(args.out) if args.out else (first / "fit" if first.is_dir() else first.parent / "fit")
-    res = sf.fit_source(args.source, reference=args.reference, n_boot=args.bootstrap, seed=args.seed,
+    res = report.fit_source(args.source, reference=args.reference, n_boot=args.bootstrap, seed=args.seed,
                         crossover=args.crossover, out=out, slice_params=args.slice_params)
     for w in res.get("warnings", []):
         print(f"replaid: warning: {w}", file=sys.stderr)

@@ -38,14 +38,14 @@ def register(sub) -> None:
 def run(args) -> int:
     from dataclasses import asdict
 
-    from replaid.loading import load_run
     from replaid.eval.quality import make_judge
-    from replaid.diffusion.samplers import SAMPLERS
-    from replaid.eval.sweep import markdown_table, quality_sweep, write_sweep
+    from replaid.sampling.registry import SAMPLER_NAMES
+    from replaid.sampling.sweep import markdown_table, quality_sweep, write_sweep
+    from replaid.training.loading import load_run
 
     for s in args.samplers + [args.temp_sampler]:
-        if s not in SAMPLERS:
-            raise ValueError(f"unknown sampler {s!r}; choose from {', '.join(SAMPLERS)}")
+        if s not in SAMPLER_NAMES:
+            raise ValueError(f"unknown sampler {s!r}; choose from {', '.join(SAMPLER_NAMES)}")
     if min(args.steps + [args.temp_steps]) < 1 or args.num < 2:
         raise ValueError("--steps and --temp-steps must be positive and --num at least 2")
     judge = make_judge(args.judge, args.judge_run, args.context, device="cpu" if args.device == "auto" else args.device)

@@ -29,9 +29,11 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from replaid import dist
     from replaid.config import ConfigError, RunConfig, parse_overrides, set_key
+    from replaid.eval.evaluate import evaluate
     from replaid.presets import resolve
-    from replaid.training import dist, runfolder
+    from replaid.training import runfolder
     from replaid.training.train import train
 
     overrides = list(args.overrides)
@@ -65,7 +67,7 @@ def run(args) -> int:
         raise ConfigError("train needs --out DIR (where the run's checkpoints and metrics go)")
     t0 = time.time()
     try:
-        res = train(cfg, Path(args.out), resume=args.resume, progress=not args.no_progress,
+        res = train(cfg, Path(args.out), evaluate=evaluate, resume=args.resume, progress=not args.no_progress,
                     overwrite=args.overwrite, weights_only=args.resume_weights_only)
     finally:
         main_rank = dist.is_main()

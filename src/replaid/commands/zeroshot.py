@@ -31,7 +31,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from replaid.eval.zeroshot import markdown_table, zeroshot_run
-    from replaid.loading import load_run
+    from replaid.training.loading import load_run
 
     if args.out and Path(args.out).exists() and any(Path(args.out).glob("zeroshot.*")):
         raise ValueError(f"--out {args.out} already holds zeroshot results; choose a new folder")

@@ -14,8 +14,14 @@ from replaid.data.cache import get_token_array, load_doc_offsets, open_cache, to
 from replaid.data.errors import DataError
 from replaid.data.loader import BatchLoader, SequenceDataset, unigram_logp, unigram_nll
 from replaid.data.sources import HF_DATASETS, SPLITS, HFSpec, hf_spec, holdout_split, iter_documents, source_fingerprint
-from replaid.data.tokenizers import (Tokenizer, build_tokenizer, load_saved_tokenizer, load_tokenizer_file, save_tokenizer,
-                         tokenizer_for_source)
+from replaid.data.tokenizers import (
+    Tokenizer,
+    build_tokenizer,
+    load_saved_tokenizer,
+    load_tokenizer_file,
+    save_tokenizer,
+    tokenizer_for_source,
+)
 
 __all__ = [
     "DataError", "SPLITS", "HF_DATASETS", "HFSpec", "hf_spec", "holdout_split", "iter_documents",

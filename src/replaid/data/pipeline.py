@@ -8,9 +8,17 @@ from typing import Optional
 import numpy as np
 
 from replaid.config import RunConfig
+from replaid.data import (
+    BatchLoader,
+    DataError,
+    SequenceDataset,
+    get_token_array,
+    load_saved_tokenizer,
+    save_tokenizer,
+    tokenizer_for_source,
+    unigram_logp,
+)
 from replaid.data.tokenizers import SPEC_FILE
-from replaid.data import (BatchLoader, DataError, SequenceDataset, get_token_array, load_saved_tokenizer, save_tokenizer,
-                   tokenizer_for_source, unigram_logp)
 
 
 def cache_dir(cfg: RunConfig) -> str:

@@ -47,7 +47,6 @@ import numpy as np
 
 from replaid.data.errors import DataError
 
-
 # ------------------------------------------------------------------ detokenisers (MDLM dataloader.py)
 
 def wt_detokenizer(string: str) -> str:

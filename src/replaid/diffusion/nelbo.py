@@ -97,8 +97,8 @@ def nelbo_per_sequence(denoiser, schedule: ScheduleFn, tokens: Tensor, t_samples
     gamma_1, _ = schedule(one)
 
     eps = torch.randn(e.shape, generator=generator, device="cpu").to(dev)
-    out = predict(forward_noise(e, gamma_0, eps), gamma_0)
-    recon = recon_nll(out.logits if hasattr(out, "logits") else out[0], tokens, mask)
+    logits, _ = predict(forward_noise(e, gamma_0, eps), gamma_0)  # a DenoiserOutput or a (logits, e_hat) pair
+    recon = recon_nll(logits, tokens, mask)
 
     diff = torch.zeros(B, dtype=torch.float64, device=dev)
     u = torch.rand(B, generator=generator, dtype=torch.float64).to(dev)
@@ -106,8 +106,7 @@ def nelbo_per_sequence(denoiser, schedule: ScheduleFn, tokens: Tensor, t_samples
         t = (k + u) / t_samples
         gamma, dgamma = schedule(t)
         eps = torch.randn(e.shape, generator=generator, device="cpu").to(dev)
-        out = predict(forward_noise(e, gamma, eps), gamma)
-        e_hat = out.e_hat if hasattr(out, "e_hat") else out[1]
+        _, e_hat = predict(forward_noise(e, gamma, eps), gamma)
         diff += diffusion_loss(e_hat, e, gamma, dgamma, mask) / t_samples
 
     prior = prior_kl(e, gamma_1, mask)

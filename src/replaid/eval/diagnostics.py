@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from replaid.diffusion.nelbo import forward_noise
+from replaid.model.replaid import denoise
 
 Predict = Callable[[Tensor, Tensor], object]  # (z, gamma) -> DenoiserOutput
 
@@ -126,8 +127,6 @@ def diagnose(model, batches: list[Tensor], grid: int = 33, self_cond: Optional[b
     ``{"t": {...arrays over the t grid}, "gamma": {...arrays over the gamma grid}, "summary": {...}}``.
     ``advance(1)`` is called after each of the ``len(batches) * diagnose_predictions(grid)`` predictions.
     """
-    from replaid.model.replaid import denoise
-
     dev = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     E = model.embedding_matrix()
@@ -160,7 +159,7 @@ def diagnose(model, batches: list[Tensor], grid: int = 33, self_cond: Optional[b
         "err_linear_r2": linear_r2(t, at_t["err"]),
         "gamma_star_max_abs_dev": float(np.abs(gstar - gam).max()),
         "grid": grid, "tokens": int(sum(b.numel() for b in batches)),
-        "self_conditioning": bool(getattr(model, "self_conditioning", False) if self_cond is None else self_cond),
+        "self_conditioning": bool(model.self_conditioning if self_cond is None else self_cond),
     }
     summary["ce_near_linear"] = summary["ce_linear_r2"] >= 0.95
     return {"t": curves_t, "gamma": curves_g, "summary": summary}
@@ -178,8 +177,9 @@ def plot_diagnostics(res: dict, out_dir, title: str = "") -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from pathlib import Path
+
+    import matplotlib.pyplot as plt
 
     c = res["t"]
     out = Path(out_dir)

@@ -8,6 +8,9 @@ from contextlib import nullcontext
 import torch
 from tqdm.auto import tqdm
 
+from replaid import dist
+from replaid.methods.base import Method
+
 
 def ppl(nats: float) -> float:
     """exp(nats), ``inf`` where it overflows (a diverged model) rather than an OverflowError."""
@@ -15,7 +18,7 @@ def ppl(nats: float) -> float:
 
 
 @torch.no_grad()
-def evaluate_model(model, method, data, cfg, split: str | None = None, ema=None,
+def evaluate_model(model, method: Method, data, cfg, split: str | None = None, ema=None,
                    max_batches: int | None = None, progress: bool = False) -> dict:
     """Token-weighted mean of the per-token bound over the split (``cfg.eval``; the first ``max_batches``
     batches when set), beside the train-split unigram model's NLL on exactly the tokens evaluated."""
@@ -46,12 +49,10 @@ def evaluate_model(model, method, data, cfg, split: str | None = None, ema=None,
             uni = -uni_logp[tokens]  # (B, L)
             sums["unigram_nats_per_token"] = sums.get("unigram_nats_per_token", 0.0) + float(
                 (uni * mask).sum() if mask is not None else uni.sum())
-            per_seq.append((r["nelbo"] if "nelbo" in r else r["nll"]).double().cpu())
+            per_seq.append(r[method.bound].double().cpu())
             n_tok += int(w.sum())
-        endpoints = [float(g) for g in model.schedule.endpoints()] if hasattr(model, "schedule") else None
+        extra = method.eval_summary(model)  # of the weights evaluated (EMA when used)
     model.train(was_training)
-    from replaid.training import dist
-
     if dist.is_dist():  # sums over every rank's share of the split
         keys = sorted(sums)
         tot = dist.all_reduce_sum(torch.tensor([sums[k] for k in keys] + [float(n_tok)], dtype=torch.float64))
@@ -59,7 +60,7 @@ def evaluate_model(model, method, data, cfg, split: str | None = None, ema=None,
         per_seq = [dist.all_gather_cat(torch.cat(per_seq))] if per_seq else per_seq
     if n_tok == 0:
         raise ValueError(f"the {split} split produced no evaluation tokens; use a larger split or a smaller data.seq_len")
-    key = "nelbo" if "nelbo" in sums else "nll"
+    key = method.bound
     nats = sums[key] / n_tok
     seq = torch.cat(per_seq)
     out = {
@@ -69,8 +70,7 @@ def evaluate_model(model, method, data, cfg, split: str | None = None, ema=None,
         "tokens": n_tok, "sequences": len(seq), "split": split,
         "ema": bool(ema is not None and ecfg.use_ema), "seconds": time.time() - t0,
     }
-    if endpoints is not None:  # of the weights evaluated (EMA when used)
-        out.update(gamma_0=endpoints[0], gamma_1=endpoints[1], t_samples=ecfg.t_samples)
+    out.update(extra)
     out.update(unigram_ppl=ppl(out["unigram_nats_per_token"]), batches=len(batches),
                unigram_on="the evaluated tokens (train-split add-one unigram model)")
     return out
@@ -79,9 +79,7 @@ def evaluate_model(model, method, data, cfg, split: str | None = None, ema=None,
 def evaluate(trainer, data, split: str | None = None, progress: bool = False) -> dict:
     """Evaluate a training run's model (its EMA weights when kept). Sharded (FSDP2) parameters are
     gathered into a plain replica first; each rank then scores its share of the split."""
-    from replaid.training import dist
-
-    if not any(hasattr(p, "device_mesh") for p in trainer.model.parameters()):
+    if not dist.is_sharded(trainer.model):
         return evaluate_model(trainer.model, trainer.method, data, trainer.cfg, split, trainer.ema,
                               progress=progress)
     full = dist.full_tensors(trainer.ema.shadow if trainer.ema and trainer.cfg.eval.use_ema

@@ -20,16 +20,14 @@ from typing import Optional
 import numpy as np
 import torch
 
+from replaid.methods.base import Method
 
-def embedding_rows(model) -> np.ndarray:
-    """(V, d) float64 embedding rows of a RePlaid/Plaid or token-DiT (AR/MDLM/Duo) model."""
+
+def embedding_rows(method: Method, model) -> np.ndarray:
+    """(V, d) float64 token-embedding rows of ``model`` as its method defines them
+    (:meth:`~replaid.methods.base.Method.embedding_rows`)."""
     with torch.no_grad():
-        if hasattr(model, "embedding_matrix"):
-            E = model.embedding_matrix()
-        elif hasattr(model, "rows") and hasattr(model, "n_out"):
-            E = model.rows(model.n_out)
-        else:
-            raise ValueError(f"{type(model).__name__} has no token-embedding matrix")
+        E = method.embedding_rows(model)
     return E.detach().double().cpu().numpy()
 
 

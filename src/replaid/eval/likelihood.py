@@ -60,7 +60,7 @@ class PFODE:
 
     def __init__(self, denoiser, self_cond: Optional[bool] = None, selfcond_correction: bool = True):
         self.den = denoiser
-        self.sc = bool(getattr(denoiser, "self_conditioning", False) if self_cond is None else self_cond)
+        self.sc = bool(denoiser.self_conditioning if self_cond is None else self_cond)
         self.correction = selfcond_correction
         self.nfe = 0
         self.last_div_var: Optional[Tensor] = None  # (B,) variance of the last divergence estimate
@@ -435,9 +435,7 @@ def estimate_likelihood(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float
 
 
 def schedule_endpoints(model) -> tuple[float, float]:
-    """``(gamma(0), gamma(1))`` of a model with a ``schedule(t) -> (gamma, gamma')``."""
-    if not hasattr(model, "schedule"):
-        raise ValueError("ODE likelihood needs a diffusion model with a noise schedule (model.schedule)")
+    """``(gamma(0), gamma(1))`` of a continuous model's ``schedule(t) -> (gamma, gamma')``."""
     dev = next(model.parameters()).device
     with torch.no_grad():
         g, _ = model.schedule(torch.tensor([0.0, 1.0], dtype=torch.float64, device=dev))

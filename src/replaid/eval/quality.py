@@ -41,6 +41,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from replaid.methods.base import Kind
+from replaid.training.loading import load_run
+
 
 def unigram_entropy(samples: Sequence[Sequence[int]]) -> dict:
     """Mean (and per-sample) entropy in nats of each sample's token-id frequencies."""
@@ -196,10 +199,8 @@ def make_judge(judge: Optional[str] = None, judge_run: Optional[str] = None, con
         model, tok = load_judge(judge, device)
         return Judge(lambda texts: gen_ppl(texts, model, tok, context, batch_size), judge, tok)
     if judge_run:
-        from replaid.loading import load_run
-
         run = load_run(judge_run, device=device)
-        if run.cfg.method != "ar":
+        if run.method.kind is not Kind.AUTOREGRESSIVE:
             raise ValueError(f"--judge-run {judge_run} is a {run.cfg.method} run; the judge must be an AR run "
                              f"(replaid train --method ar)")
         return Judge(lambda texts: gen_ppl_ar_run(texts, run), str(judge_run), None, run.cfg.data.source)

@@ -21,12 +21,15 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 import torch
 from safetensors.torch import save_file
 
+from replaid.config import RunConfig
+from replaid.data.tokenizers import SPEC_FILE
+from replaid.methods import get_method, method_class
 from replaid.training import checkpoint as ck
+from replaid.training.loading import load_run, resolve, run_dir_of
 
 MODELING_FILE = "modeling_replaid.py"
 HF_FIELDS = ("model_type", "architectures", "auto_map", "replaid_method", "replaid_config", "vocab_size",
@@ -55,9 +58,6 @@ def hf_config(cfg_dict: dict, vocab_size: int, step: int, weights: str) -> dict:
 
 def build_from_hf_config(d: dict):
     """(network, method) of the shape an exported ``config.json`` describes (fresh weights)."""
-    from replaid.config import RunConfig
-    from replaid.methods import get_method
-
     cfg = RunConfig.from_dict(d["replaid_config"])
     method = get_method(cfg)
     return method.build_model(int(d["vocab_size"])), method
@@ -81,8 +81,6 @@ def last_eval(run_dir: Path) -> dict:
 
 def _copy_tokenizer(tok, dst: Path, seq_len: int) -> None:
     """The run's tokenizer as a self-contained ``tokenizer/`` folder, plus transformers' files."""
-    from replaid.data.tokenizers import SPEC_FILE
-
     (dst / "tokenizer").mkdir()
     spec = {"kind": "file", "name": tok.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
             "pad_id": tok.pad_id}
@@ -114,11 +112,7 @@ def model_card(cfg: dict, step: int, weights: str, n_params: int, ev: dict, tok_
     if datasets:
         front += ["datasets:"] + [f"- {x}" for x in datasets]
     front += ["---", ""]
-    what = {"replaid": "RePlaid (continuous diffusion on learned embeddings; NELBO bound)",
-            "plaid": "Plaid (continuous diffusion, original backbone; NELBO bound)",
-            "mdlm": "MDLM (masked discrete diffusion; NELBO bound)",
-            "duo": "Duo (uniform-state discrete diffusion; NELBO bound)",
-            "ar": "autoregressive (exact NLL)"}.get(cfg["method"], cfg["method"])
+    what = method_class(cfg["method"]).description
     body = [f"# {cfg['method']} model exported by replaid", "",
             f"- method: {what}",
             f"- network: hidden {m['hidden']}, {m['n_layers']} layers, {m['n_heads']} heads "
@@ -149,18 +143,11 @@ def refuse_existing(out: Path) -> None:
 
 def export_run(run: str | os.PathLike, out: str | os.PathLike, raw: bool = False) -> Path:
     """Write ``run``'s latest checkpoint as a Hub folder at ``out``; returns ``out``."""
-    from replaid.hub import resolve
-    from replaid.loading import load_run, run_dir_of
-
-    ckpt = ck.find_checkpoint(resolve(run))
+    stored = ck.Stored.open(resolve(run), need=("step", "config", "vocab_size"))
+    ckpt, st = stored.path, stored.state
     refuse_existing(Path(out))
-    st = ck.load_state(ckpt)
-    weights = None if raw else ck.load_tensors(ckpt, "ema")
-    kind = "raw" if weights is None else "ema"
-    if weights is None:
-        weights = ck.load_tensors(ckpt, "model")
-    if weights is None:
-        raise ck.CheckpointError(f"checkpoint {ckpt} has no model.safetensors; it is incomplete")
+    weights, from_ema = stored.weights(ema=not raw)
+    kind = "ema" if from_ema else "raw"
     r = load_run(ckpt, use_ema=(kind == "ema"))  # validates config, tokenizer and shapes
     cfg = st["config"]
     n_params = sum(p.numel() for p in r.model.parameters())

@@ -36,11 +36,10 @@ import json
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from replaid.hub import resolve
 from replaid.training.checkpoint import CheckpointError
+from replaid.training.loading import resolve
 
 PEERS = ("mdlm", "duo", "langflow")
 
@@ -132,7 +131,7 @@ def run_config(kind: str, shape: dict, overrides: list[str]):
     base = [f"method={kind}", f"model.hidden={shape['hidden']}", f"model.n_layers={shape['n_layers']}",
             f"model.n_heads={shape['n_heads']}", f"model.cond_dim={shape['cond_dim']}", "model.mlp_ratio=4",
             "model.dropout=0.0", f"data.seq_len={shape['length']}", "data.tokenizer=gpt2"]
-    base += {"mdlm": ["model.time_embedding=dit", "baseline.mdlm_time_conditioning=false"],
+    base += {"mdlm": ["model.time_embedding=dit", "mdlm.time_conditioning=false"],
              "duo": ["model.time_embedding=dit"]}.get(kind, [])
     return resolve("owt-0.1b", None, base + shape.get("extra", []) + list(overrides))
 
@@ -155,8 +154,8 @@ def convert(kind: str, src: str, out: str, overrides: list[str]) -> Path:
                      cond_dim=lf.cond[0].out_features, vocab=lf.vocab_size,
                      length=json.loads((resolve(src) / "config.json").read_text()).get("model_length", 1024),
                      extra=[f"model.self_conditioning={str(lf.self_conditioning).lower()}",
-                            f"baseline.langflow_gumbel_loc={sched.loc!r}", f"baseline.langflow_gumbel_scale={sched.scale!r}",
-                            f"baseline.langflow_gumbel_cutoff={sched.cutoff!r}"])
+                            f"langflow.gumbel_loc={sched.loc!r}", f"langflow.gumbel_scale={sched.scale!r}",
+                            f"langflow.gumbel_cutoff={sched.cutoff!r}"])
     else:
         cfg_in, sd = read_peer(src)
         shape, weights = (mdlm_to_tokendit if kind == "mdlm" else duo_to_tokendit)(cfg_in, sd)

@@ -1,4 +1,5 @@
-"""RePlaid as a method: Algorithm 1 (training loss), the NELBO bound, and a sampler."""
+"""RePlaid as a method: Algorithm 1 (training loss) and the NELBO bound; its samplers are
+:mod:`replaid.sampling.continuous`."""
 from __future__ import annotations
 
 import math
@@ -8,12 +9,19 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from replaid.config import RunConfig
-from replaid.model.replaid import RePlaid, denoise
-from replaid.diffusion.nelbo import (diffusion_loss, forward_noise, low_discrepancy, masked_mean, nelbo_per_sequence,
-                                     prior_kl)
+from replaid import dist
+from replaid.config import ConfigError, RunConfig
+from replaid.diffusion.nelbo import (
+    diffusion_loss,
+    forward_noise,
+    low_discrepancy,
+    masked_mean,
+    nelbo_per_sequence,
+    prior_kl,
+)
 from replaid.diffusion.rng import device_generator, host_uniform
-from replaid.training import dist
+from replaid.methods.base import Kind, Method
+from replaid.model.replaid import RePlaid, denoise
 
 
 @dataclass
@@ -75,13 +83,37 @@ def sc_rows(B: int, rate: float, generator: Optional[torch.Generator], device) -
     return torch.randperm(B, generator=generator, device=device)[:k]
 
 
-class RePlaidMethod:
+CONTINUOUS_SAMPLERS = ("ddpm", "ddim", "dpmpp2m", "heun")  # replaid.sampling.continuous; the default first
+
+
+def continuous_eval_bound(cfg: RunConfig, model, tokens: Tensor, generator: Optional[torch.Generator],
+                          mask: Optional[Tensor] = None) -> dict[str, Tensor]:
+    """The continuous-time VDM NELBO (``nelbo_per_sequence``) of a continuous model, self-conditioning
+    as at evaluation (``eval.self_conditioning``: a first pass feeds the second)."""
+    ecfg = cfg.eval
+    sc = model.self_conditioning and ecfg.self_conditioning
+    return nelbo_per_sequence(model, model.schedule, tokens, ecfg.t_samples, mask, generator,
+                              predict=lambda z, g: denoise(model, z, g, sc))
+
+
+def schedule_summary(cfg: RunConfig, model) -> dict:
+    """The noise schedule's endpoints (of the weights evaluated) and the evaluation's time samples."""
+    with torch.no_grad():
+        g0, g1 = (float(g) for g in model.schedule.endpoints())  # floats (LangFlow) or tensors (RePlaid)
+    return {"gamma_0": g0, "gamma_1": g1, "t_samples": cfg.eval.t_samples}
+
+
+class RePlaidMethod(Method[RePlaid]):
     """RePlaid (and the original Plaid's diffusion math): VDM NELBO with the adaptive split."""
 
     name = "replaid"
+    kind = Kind.CONTINUOUS
+    description = "RePlaid (continuous diffusion on learned embeddings; NELBO bound)"
+    samplers = CONTINUOUS_SAMPLERS
+    global_times = True  # the diffusion rows' times come from the global batch
 
     def __init__(self, cfg: RunConfig):
-        self.cfg = cfg
+        super().__init__(cfg)
         self.split = SplitState(decay=cfg.diffusion.split_ema)
         self.core = self.loss_core  # compiled by compile()
         self.step = 0  # optimiser steps taken (for the output-prior ramp)
@@ -97,7 +129,7 @@ class RePlaidMethod:
 
     # ------------------------------------------------------------------ training (Algorithm 1)
     def train_loss(self, model: RePlaid, tokens: Tensor, generator: torch.Generator,
-                   t_diff: Optional[Tensor] = None, mask: Optional[Tensor] = None,
+                   mask: Optional[Tensor] = None, t_diff: Optional[Tensor] = None,
                    n_recon: Optional[int] = None) -> tuple[Tensor, dict]:
         """One micro-batch of Algorithm 1. tokens: (B, L). ``t_diff``: the low-discrepancy times of
         the diffusion rows (B - B_r,), sliced from the global batch by the caller; drawn here if None.
@@ -159,10 +191,22 @@ class RePlaidMethod:
         prior = prior_kl(e, g1, mask)  # (B,)
         return recon.mean() + diff.mean() + prior.mean(), recon, diff, prior
 
-    def compile(self) -> None:
+    def compile(self, model: RePlaid) -> None:
         """``train.compile``: compile :meth:`loss_core` (the whole loss but the noise draws and the
         schedule with its variance hook)."""
         self.core = torch.compile(self.loss_core)
+
+    def recon_rows(self, batch: int) -> int:
+        """B_r of Algorithm 1 line 2 (the adaptive split, as of the last :meth:`refresh`)."""
+        return self.split.recon_rows(batch)
+
+    def check_training(self, cfg: RunConfig, world_size: int = 1) -> None:
+        micro = cfg.train.batch_size // (cfg.train.grad_accum * world_size)
+        if micro < 2:
+            raise ConfigError(f"invalid config value train.batch_size: method={self.name} needs micro-batches of at "
+                              f"least 2 rows (one reconstruction row, one diffusion row), but batch_size "
+                              f"{cfg.train.batch_size} / (grad_accum {cfg.train.grad_accum} x {world_size} ranks) "
+                              f"gives {micro}; raise train.batch_size or lower train.grad_accum")
 
     def _ce_term(self, model: RePlaid, tokens: Tensor, t_diff: Tensor, gen: Optional[torch.Generator],
                  mask: Optional[Tensor], B_r: int, prior_scale: float = 1.0) -> Tensor:
@@ -188,12 +232,20 @@ class RePlaidMethod:
 
     # ------------------------------------------------------------------ evaluation bound
     @torch.no_grad()
-    def eval_bound(self, model: RePlaid, tokens: Tensor, generator: torch.Generator,
+    def eval_bound(self, model: RePlaid, tokens: Tensor, generator: Optional[torch.Generator],
                    mask: Optional[Tensor] = None) -> dict[str, Tensor]:
-        ecfg = self.cfg.eval
-        sc = model.self_conditioning and ecfg.self_conditioning
-        return nelbo_per_sequence(model, model.schedule, tokens, ecfg.t_samples, mask, generator,
-                                  predict=lambda z, g: denoise(model, z, g, sc))
+        return continuous_eval_bound(self.cfg, model, tokens, generator, mask)
+
+    def eval_summary(self, model: RePlaid) -> dict:
+        return schedule_summary(self.cfg, model)
+
+    def divergence_hint(self, model: RePlaid) -> str:
+        ends = [round(float(g.detach()), 3) for g in model.schedule.endpoints()]
+        d = self.cfg.diffusion
+        return f"noise-schedule endpoints (gamma_0, gamma_1 now {ends}, started at {d.gamma_0:g}, {d.gamma_1:g})"
+
+    def embedding_rows(self, model: RePlaid) -> Tensor:
+        return model.embedding_matrix()
 
     def state_dict(self) -> dict:
         return {"split": self.split.state_dict(), "step": self.step}

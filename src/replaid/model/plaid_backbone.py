@@ -35,7 +35,6 @@ from replaid.config import DiffusionConfig, ModelConfig
 from replaid.model.dit import FinalLayer, Rotary, apply_rotary
 from replaid.model.replaid import RePlaid
 
-
 MUP_BASE_WIDTH = 256  # Plaid's muP base shapes: the readout multiplier is MUP_BASE_WIDTH / hidden
 RMS_EPS = 1e-5  # apex FusedRMSNorm's default
 

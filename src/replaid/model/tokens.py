@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from replaid.config import ModelConfig
-from replaid.model.dit import Backbone, FinalLayer, DiTTimestepFeatures, TimeEmbedding, apply_rotary, modulate
+from replaid.model.dit import Backbone, DiTTimestepFeatures, FinalLayer, TimeEmbedding, apply_rotary, modulate
 
 N_TIME_FEATURES = 64
 N_DIT_FEATURES = 256

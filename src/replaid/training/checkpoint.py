@@ -25,6 +25,7 @@ import re
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,6 +33,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from replaid.config import ConfigError, RunConfig
 from replaid.fileio import atomic_write_text, fsync_dir, fsync_file
 
 STEP_NAME = re.compile(r"step_\d{7,}")
@@ -278,3 +280,54 @@ def load_model_weights(model: torch.nn.Module, sd: dict[str, torch.Tensor], wher
         raise CheckpointError(f"checkpoint {where} does not match this model ({detail}); "
                               f"it was written by another model or config: load it with its own config.json")
     model.load_state_dict(sd, strict=True)
+
+
+@dataclass
+class Stored:
+    """The one checkpoint reader: what a checkpoint (or exported / converted folder) holds, read on
+    demand. Resuming (``training/train.py``), :func:`replaid.training.loading.load_run` and the
+    exporter all read through it; nothing is unpickled."""
+
+    path: Path
+    state: dict
+
+    @classmethod
+    def open(cls, path: str | Path, need: tuple[str, ...] = ("step", "config", "vocab_size")) -> "Stored":
+        """The checkpoint in force at ``path`` (a run, its ``checkpoints/`` or one checkpoint folder)."""
+        ckpt = find_checkpoint(path)
+        return cls(ckpt, load_state(ckpt, need))
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+    def config(self) -> RunConfig:
+        """The run's config, migrated to today's layout and validated."""
+        try:
+            return RunConfig.from_dict(self.state["config"])
+        except ConfigError as e:
+            raise CheckpointError(f"checkpoint {self.path} carries an invalid config ({e}); it is from another "
+                                  f"version") from None
+
+    def tensors(self, name: str) -> Optional[dict[str, torch.Tensor]]:
+        """``model`` / ``ema`` / ``optimizer`` / ``rng`` tensors, None when the file is absent."""
+        return load_tensors(self.path, name)
+
+    def weights(self, ema: bool = True) -> tuple[dict[str, torch.Tensor], bool]:
+        """(network weights, whether they are the EMA file's): the EMA when asked for and stored, else
+        the trained ones; refuses a missing weights file and non-finite weights."""
+        w = self.tensors("ema") if ema else None
+        from_ema = w is not None
+        if w is None:
+            w = self.tensors("model")
+        if w is None:
+            raise CheckpointError(f"checkpoint {self.path} has no model.safetensors; it is incomplete")
+        bad = nonfinite_tensor(w)
+        if bad is not None:
+            raise CheckpointError(f"checkpoint {self.path} holds non-finite weights (NaN/Inf in {bad}); it comes "
+                                  f"from a diverged run: use an earlier checkpoint or retrain with a smaller "
+                                  f"learning rate")
+        return w, from_ema
+
+    def optimizer(self) -> Optional[dict]:
+        return load_optimizer(self.path)

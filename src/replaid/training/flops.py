@@ -20,6 +20,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+from replaid.methods import METHODS, Kind
+from replaid.presets import get_preset
+
 
 @dataclass
 class FlopCount:
@@ -44,7 +49,7 @@ def forward_flops_per_token(hidden: int, n_layers: int, seq_len: int, vocab_size
 def train_flops_per_token(cfg, vocab_size: int, include_embedding: bool = True) -> float:
     """Training FLOPs per token for a :class:`~replaid.config.RunConfig` (3 x forward, + s.c. pass)."""
     m = cfg.model
-    continuous = cfg.method in ("replaid", "plaid")
+    continuous = METHODS[cfg.method].kind is Kind.CONTINUOUS
     d_e = (vocab_size if m.embeddings == "one-hot" else m.d_e) if continuous else None
     f = forward_flops_per_token(m.hidden, m.n_layers, cfg.data.seq_len, vocab_size, m.mlp_ratio, d_e)
     per = f.forward if include_embedding else f.non_embedding
@@ -97,11 +102,6 @@ def param_counts(method: str, hidden: int, n_layers: int, n_heads: int, vocab_si
     scaling-law axis: everything but the input token embedding (the output head counts), the
     convention of the paper's IsoFLOP table. ``cfg`` (a RunConfig) supplies the other options
     (default: the ``isoflop`` preset's)."""
-    import torch
-
-    from replaid.methods import METHODS
-    from replaid.presets import get_preset
-
     cfg = cfg or get_preset("isoflop-14m")
     cfg.model.hidden, cfg.model.n_layers, cfg.model.n_heads, cfg.method = hidden, n_layers, n_heads, method
     with torch.device("meta"):

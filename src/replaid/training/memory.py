@@ -32,7 +32,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from replaid.methods import Kind, get_method, method_class
 from replaid.model.head import chunk_rows
+from replaid.training.train import EMA, Trainer, TrainModule, build_optimizer
 
 GB = 1e9
 VOCAB = {"gpt2": 50257, "llama2": 32000, "bert-base-uncased": 30522}
@@ -53,8 +55,6 @@ class MemoryEstimate:
 
 def param_counts(cfg, V: int) -> tuple[int, int]:
     """(all parameters, trainable parameters) of the method's model, built on the meta device."""
-    from replaid.methods import get_method
-
     with torch.device("meta"):
         model = get_method(cfg).build_model(V)
     return sum(p.numel() for p in model.parameters()), sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -74,7 +74,7 @@ def estimate(cfg, V: int, batch: int, bf16: bool = False, act_ckpt: bool | None 
     per_block = T * (6 * f * d + a * (9 + 2 * r) * d + f * H + (2 * d if m.dropout > 0 else 0))
     e["activations per block"] = per_block
     e["activations, blocks"] = n * T * f * d + per_block if ckpt else n * per_block
-    continuous = cfg.method in ("replaid", "plaid")
+    continuous = method_class(cfg.method).kind is Kind.CONTINUOUS
     e["activations, outside blocks"] = T * (4 * f * d + (6 * f * m.d_e if continuous else 0))
     if continuous and fused_head:
         e["head: saved (B L, V)"] = T * V * f
@@ -146,9 +146,6 @@ class LiveHeap(TorchDispatchMode):
 def measure(cfg, V: int, batch: int) -> float:
     """Measured peak live bytes of the second training step (fp32, CPU), the model, optimizer and
     EMA created under the meter so every tensor is counted."""
-    from replaid.methods import get_method
-    from replaid.training.train import EMA, Trainer, TrainModule, build_optimizer
-
     torch.manual_seed(0)
     tokens = [{"tokens": torch.randint(0, V, (batch, cfg.data.seq_len))}]
     with LiveHeap() as heap:

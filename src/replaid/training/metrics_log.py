@@ -10,7 +10,7 @@ from typing import Callable, Optional
 import torch
 from tqdm.auto import tqdm
 
-from replaid.training import dist
+from replaid import dist
 from replaid.fileio import atomic_write_text
 
 

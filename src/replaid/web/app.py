@@ -27,6 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
+from replaid.methods.base import Kind
 from replaid.web.engine import Cancelled, GenRequest, Limits, generate_stream, prepare, samplers_for
 
 PLOT_DIRS_SKIP = {"checkpoints", "tb", "tokenizer"}
@@ -130,14 +131,14 @@ def one_line(e: BaseException) -> str:
 
 def create_app(run_paths: list[str], limits: Limits | None = None, device: str = "auto", runs: list | None = None):
     """The FastAPI app over ``run_paths`` (loaded now, EMA weights). ``runs`` may pass already
-    loaded :class:`replaid.loading.Run` objects (tests)."""
-    from replaid.loading import load_run, run_dir_of
+    loaded :class:`replaid.training.loading.Run` objects (tests)."""
+    from replaid.training.loading import load_run, run_dir_of
 
     limits = limits or Limits()
     slots: dict[str, Slot] = {}
     for k, (rid, p) in enumerate(zip(run_ids(run_paths), run_paths)):
         run = runs[k] if runs is not None else load_run(p, use_ema=True, train_data=False, device=device)
-        rdir = run_dir_of(Path(run.ckpt)) if hasattr(run, "ckpt") else Path(p)
+        rdir = run_dir_of(Path(run.ckpt))
         slots[rid] = Slot(rid, Path(rdir), run, ThreadPoolExecutor(1, thread_name_prefix=f"gen-{rid}"),
                           find_figures(Path(rdir)))
 
@@ -168,7 +169,7 @@ def create_app(run_paths: list[str], limits: Limits | None = None, device: str =
             cfg = s.run.cfg
             out.append({"id": s.id, "method": cfg.method, "preset": cfg.preset, "step": s.run.step,
                         "seq_len": cfg.data.seq_len, "samplers": samplers_for(s.run),
-                        "continuous": hasattr(s.run.model, "schedule"),
+                        "continuous": s.run.method.kind is Kind.CONTINUOUS,
                         "params": sum(p.numel() for p in s.run.model.parameters())})
         return {"runs": out, "limits": asdict(limits)}
 

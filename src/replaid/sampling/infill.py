@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from replaid.diffusion.samplers import parse_infill_spans
+from replaid.sampling.continuous import parse_infill_spans
 
 MARKER = re.compile(r"\[MASK:(\d+)\]")
 

@@ -7,8 +7,8 @@ the token-embedding lookup free), so self-conditioning's extra 8.3% is paid for 
 
 A sweep folder holds ``manifest.json`` (and the same rows as ``manifest.csv``), one resolved config
 per run in ``configs/ID.json`` (the file ``replaid train --config`` reads; edit it to change a run),
-and the runs in ``runs/ID``. Running a sweep skips finished runs (a final checkpoint with its
-evaluation), resumes interrupted ones with ``replaid train --resume`` and starts the rest.
+and the runs in ``runs/ID``. :mod:`replaid.scaling.runner` runs such a manifest: it skips finished
+runs (a final checkpoint with its evaluation), resumes interrupted ones and starts the rest.
 """
 from __future__ import annotations
 
@@ -16,16 +16,15 @@ import csv
 import json
 import math
 import os
-import shlex
-import subprocess
-import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 from replaid.config import ConfigError, RunConfig, parse_overrides, set_key
+from replaid.data.pipeline import DataPipeline
 from replaid.presets import ISOFLOP_SIZES, isoflop_config
+from replaid.scaling.runner import legacy_final_eval, run_status
+from replaid.training import runfolder
 from replaid.training.flops import param_counts, train_flops_per_token
 
 # The paper's budgets (sec. 4.3) and its size table (hidden, layers, heads), labelled by size in M.
@@ -42,7 +41,7 @@ SIZE_TABLES = {"paper": PAPER_SIZES, "tiny": TINY_SIZES}
 # Method variants of the study: label -> (replaid --method, extra overrides).
 VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ar": ("ar", ()),
-    "mdlm": ("mdlm", ("baseline.mdlm_low_variance=true",)),  # MDLM (low var.)
+    "mdlm": ("mdlm", ("mdlm.low_variance=true",)),  # MDLM (low var.)
     "duo": ("duo", ()),
     "replaid": ("replaid", ("model.self_conditioning=true",)),  # RePlaid (s.c.)
     "replaid-nosc": ("replaid", ("model.self_conditioning=false",)),
@@ -89,8 +88,6 @@ def non_embedding_params(cfg: RunConfig, vocab_size: int) -> int:
 def corpus_tokens(cfg: RunConfig) -> int:
     """Tokens one pass over the train split feeds a run of ``cfg`` (whole sequences of ``seq_len``),
     tokenising it into the cache if needed."""
-    from replaid.data.pipeline import DataPipeline
-
     return len(DataPipeline(cfg, train=False).dataset("train")) * cfg.data.seq_len
 
 
@@ -117,10 +114,9 @@ class PlanEntry:
     config: str  # configs/ID.json, relative to the sweep folder
     run_dir: str  # runs/ID, relative to the sweep folder
 
-    def command(self, sweep: Path, python: str = "replaid", resume: bool = False) -> list[str]:
-        """The ``replaid train`` command of this run (``python``: how replaid is called)."""
-        head = shlex.split(python) + ["train", "--out", str(sweep / self.run_dir), "--no-progress"]
-        return head + (["--resume"] if resume else ["--config", str(sweep / self.config)])
+    def cost(self) -> float:
+        """The runner's progress weight: the FLOPs this run spends."""
+        return self.flops
 
 
 @dataclass
@@ -271,44 +267,15 @@ def read_manifest(sweep: Path) -> list[PlanEntry]:
         raise ConfigError(f"{man} is not a scaling manifest ({e.__class__.__name__}); re-plan with 'replaid scaling plan'") from None
 
 
-# ------------------------------------------------------------------ run state
-
-def _legacy_final_eval(run: Path) -> Optional[dict]:
-    """Runs written before ``final_eval.json`` existed kept the final evaluation in the last checkpoint."""
-    from replaid.training import checkpoint as ck
-
-    try:
-        st = ck.load_state(ck.find_checkpoint(run))
-    except ck.CheckpointError:
-        return None
-    steps = int(st.get("config", {}).get("train", {}).get("steps", -1))
-    return st["final_eval"] if st.get("final_eval") and int(st.get("step", 0)) >= steps else None
-
-
-def run_status(sweep: Path, e: PlanEntry) -> tuple[str, int]:
-    """``(state, step)`` from the run folder's own status (``training/runfolder.py``): ``done``
-    (final checkpoint and its ``final_eval.json``), ``partial`` (config written, not finished:
-    ``replaid train --resume`` continues it, from step 0 when no checkpoint was saved yet), ``new``."""
-    from replaid.training import runfolder
-
-    run = Path(sweep) / e.run_dir
-    st = runfolder.status(run)
-    if st["state"] == "finished" or (st["state"] == "interrupted" and _legacy_final_eval(run) is not None):
-        return "done", int(st["step"])
-    if st["state"] == "interrupted":
-        return "partial", int(st["step"] or 0)
-    return "new", 0
-
+# ------------------------------------------------------------------ results
 
 def final_loss(sweep: Path, e: PlanEntry) -> Optional[dict]:
     """The finished run's final validation evaluation (``nelbo``/``nll`` nats per token and more)."""
-    from replaid.training import runfolder
-
     run = Path(sweep) / e.run_dir
     if run_status(sweep, e)[0] != "done":
         return None
     fe = runfolder.read_final_eval(run)
-    ev = fe["eval"] if fe and isinstance(fe.get("eval"), dict) else _legacy_final_eval(run)
+    ev = fe["eval"] if fe and isinstance(fe.get("eval"), dict) else legacy_final_eval(run)
     if not ev:
         return None
     key = "nelbo_nats_per_token" if "nelbo_nats_per_token" in ev else "nll_nats_per_token"
@@ -329,207 +296,3 @@ def results_table(sweep: Path) -> list[dict]:
                      "loss": r["loss"], "stderr": r.get("stderr"), "unigram": r.get("unigram_nats_per_token"),
                      "id": e.id})
     return rows
-
-
-# ------------------------------------------------------------------ executors
-
-def train_command(sweep: Path, e: PlanEntry, python: str, prefix: str = "") -> list[str]:
-    """The command that brings ``e`` to completion from where it stands (resume when it can)."""
-    state, _ = run_status(sweep, e)
-    return shlex.split(prefix) + e.command(sweep, python, resume=state == "partial")
-
-
-@dataclass
-class RunJob:
-    """One run as a picklable callable (submitit): runs ``replaid train`` to completion, resuming
-    from the run's last checkpoint when there is one. ``checkpoint()`` makes a preempted or timed-out
-    SLURM job requeue itself; the requeued job resumes."""
-
-    sweep: str
-    entry: dict
-    python: str
-    prefix: str = ""
-    torchrun_gpus: int = 0
-
-    def _cmd(self) -> list[str]:
-        e = PlanEntry(**self.entry)
-        py = self.python
-        if self.torchrun_gpus > 0:
-            py = f"torchrun --standalone --nproc_per_node {self.torchrun_gpus} -m replaid"
-        return train_command(Path(self.sweep), e, py, self.prefix)
-
-    def __call__(self) -> dict:
-        e = PlanEntry(**self.entry)
-        sweep = Path(self.sweep)
-        if run_status(sweep, e)[0] == "done":
-            return {"id": e.id, "state": "done", "returncode": 0}
-        log = sweep / "logs" / f"{e.id}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        cmd = self._cmd()
-        with open(log, "a") as f:
-            f.write(f"$ {shlex.join(cmd)}\n")
-            f.flush()
-            if cmd[0] == INPROCESS:
-                rc = _main_inprocess(cmd[1:], f)
-            else:
-                rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=_env())
-        return {"id": e.id, "state": run_status(sweep, e)[0], "returncode": rc}
-
-    def checkpoint(self, *args, **kwargs):  # submitit: requeue on preemption/timeout
-        import submitit
-
-        return submitit.helpers.DelayedSubmission(RunJob(self.sweep, self.entry, self.python, self.prefix,
-                                                         self.torchrun_gpus))
-
-
-INPROCESS = "inprocess"  # --python inprocess: call replaid's main() in this process (no new interpreter)
-
-
-def _main_inprocess(argv: list[str], log) -> int:
-    """``replaid ARGV`` in this process, its output into ``log`` (one run at a time)."""
-    from contextlib import redirect_stderr, redirect_stdout
-
-    from replaid.cli import main
-
-    with redirect_stdout(log), redirect_stderr(log):
-        try:
-            return int(main(argv) or 0)
-        except SystemExit as ex:  # argparse
-            return int(ex.code or 0)
-        except Exception:  # one failed run must not end the sweep
-            import traceback
-
-            traceback.print_exc()
-            return 1
-
-
-def _env() -> dict:
-    """Child environment: this process's, with this ``replaid`` package importable."""
-    env = dict(os.environ)
-    src = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
-
-
-def default_python() -> str:
-    return f"{shlex.quote(sys.executable)} -m replaid"
-
-
-def progress_line(sweep: Path, entries: list[PlanEntry]) -> str:
-    states = [run_status(sweep, e) for e in entries]
-    done = [e for e, (s, _) in zip(entries, states) if s == "done"]
-    spent = sum(e.flops for e in done) + sum(e.flops * st / max(1, e.steps)
-                                             for e, (s, st) in zip(entries, states) if s == "partial")
-    total = sum(e.flops for e in entries)
-    return (f"{len(done)}/{len(entries)} runs done, {spent:.3g} FLOPs spent, {total - spent:.3g} left "
-            f"({100 * spent / max(total, 1e-30):.0f}%)")
-
-
-def run_local(sweep: Path, entries: list[PlanEntry], max_parallel: int = 1, python: Optional[str] = None,
-              prefix: str = "", progress: bool = True, log: Callable[[str], None] = print) -> list[dict]:
-    """Run every unfinished entry, ``max_parallel`` at a time, in subprocesses (logs in ``logs/``)."""
-    from tqdm import tqdm
-
-    python = python or default_python()
-    todo = [e for e in entries if run_status(sweep, e)[0] != "done"]
-    log(f"scaling run: {len(entries) - len(todo)} of {len(entries)} runs already done; {len(todo)} to run")
-    bar = tqdm(total=sum(e.flops for e in entries), initial=sum(e.flops for e in entries if e not in todo),
-               unit="FLOP", unit_scale=True, disable=not progress, desc="FLOPs")
-    results, running = [], []
-    queue = list(todo)
-    while queue or running:
-        while queue and len(running) < max(1, max_parallel):
-            e = queue.pop(0)
-            job = RunJob(str(sweep), asdict(e), python, prefix)
-            if python == INPROCESS:
-                t0 = time.time()
-                r = job()
-                results.append({**r, "seconds": time.time() - t0})
-                bar.update(e.flops)
-                log(f"{e.id}: {r['state']} (exit {r['returncode']}); " + progress_line(sweep, entries))
-                continue
-            logf = Path(sweep) / "logs" / f"{e.id}.log"
-            logf.parent.mkdir(parents=True, exist_ok=True)
-            f = open(logf, "a")
-            cmd = job._cmd()
-            f.write(f"$ {shlex.join(cmd)}\n")
-            f.flush()
-            running.append((e, subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=_env()), f, time.time()))
-        time.sleep(0.2)
-        for item in list(running):
-            e, p, f, t0 = item
-            if p.poll() is None:
-                continue
-            f.close()
-            running.remove(item)
-            state = run_status(sweep, e)[0]
-            results.append({"id": e.id, "state": state, "returncode": p.returncode, "seconds": time.time() - t0})
-            bar.update(e.flops)
-            msg = f"{e.id}: {state} (exit {p.returncode}, {time.time() - t0:.0f}s)"
-            if state != "done":
-                msg += f"; see {Path(sweep) / 'logs' / (e.id + '.log')}"
-            log(msg + "; " + progress_line(sweep, entries))
-    bar.close()
-    return results
-
-
-def run_submitit(sweep: Path, entries: list[PlanEntry], executor: str = "slurm", max_parallel: int = 0,
-                 python: Optional[str] = None, prefix: str = "", gpus_per_job: int = 0,
-                 slurm_params: Optional[dict] = None, wait: bool = True, log: Callable[[str], None] = print) -> list[dict]:
-    """Submit the unfinished entries as one job array through submitit.
-
-    ``executor``: ``slurm`` (``submitit.AutoExecutor``, a SLURM array with ``max_parallel`` jobs at
-    once, each a ``torchrun`` over ``gpus_per_job`` GPUs when > 0; preempted/timed-out jobs requeue
-    and resume), ``submitit-local`` (``submitit.LocalExecutor``: subprocesses, same code path) or
-    ``debug`` (``submitit.DebugExecutor``: in this process)."""
-    import submitit
-
-    python = python or default_python()
-    todo = [e for e in entries if run_status(sweep, e)[0] != "done"]
-    log(f"scaling run ({executor}): {len(entries) - len(todo)} of {len(entries)} runs already done; "
-        f"{len(todo)} to submit")
-    if not todo:
-        return []
-    folder = Path(sweep) / "submitit" / "%j"
-    if executor == "slurm":
-        import shutil
-
-        if not shutil.which("sbatch"):
-            raise ConfigError("--executor slurm needs SLURM's sbatch on PATH (run it on a login node); "
-                              "here use --executor local or submitit-local")
-        ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
-        params = {"slurm_array_parallelism": max_parallel or len(todo), "timeout_min": 24 * 60,
-                  "slurm_signal_delay_s": 120, "nodes": 1, "tasks_per_node": 1}
-        if gpus_per_job:
-            params.update(gpus_per_node=gpus_per_job, cpus_per_task=8 * gpus_per_job)
-        params.update(slurm_params or {})
-        ex.update_parameters(**params)
-    elif executor == "submitit-local":
-        ex = submitit.LocalExecutor(folder=folder)
-        ex.update_parameters(timeout_min=60 * 24, **(slurm_params or {}))
-    elif executor == "debug":
-        ex = submitit.DebugExecutor(folder=folder)
-    else:
-        raise ConfigError(f"unknown executor '{executor}'; choose local, slurm, submitit-local or debug")
-    # a submitit job is itself a Python worker: it runs replaid in-process unless it needs torchrun or a prefix
-    job_python = python if (prefix or (gpus_per_job and executor == "slurm")) else INPROCESS
-    jobs_in = [RunJob(str(sweep), asdict(e), job_python, prefix, gpus_per_job if executor == "slurm" else 0)
-               for e in todo]
-    if executor == "submitit-local" and max_parallel:
-        # LocalExecutor has no array throttle: submit in waves of max_parallel
-        waves = [jobs_in[i:i + max_parallel] for i in range(0, len(jobs_in), max_parallel)]
-    else:
-        waves = [jobs_in]
-    results = []
-    for wave in waves:
-        with ex.batch():
-            jobs = [ex.submit(j) for j in wave]
-        log(f"submitted {len(jobs)} job(s): {', '.join(str(j.job_id) for j in jobs[:5])}"
-            f"{' ...' if len(jobs) > 5 else ''}")
-        if not wait:
-            continue
-        for j, job in zip(wave, jobs):
-            r = job.result()
-            results.append(r)
-            log(f"{r['id']}: {r['state']} (exit {r['returncode']}); {progress_line(sweep, entries)}")
-    return results

@@ -29,13 +29,14 @@ standard error where a budget has only three sizes) and redoes every fit; interv
 from __future__ import annotations
 
 import csv
-import json
 import math
 import warnings
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
+
+from replaid.scaling.plan import results_table
 
 LOG_TOL = 0.15  # budgets whose FLOPs lie within 15% (in log) are one IsoFLOP group
 
@@ -46,8 +47,6 @@ def read_points(source: str | Path) -> list[dict]:
     """Rows ``{method, budget, flops, params, loss, tokens?, stderr?, unigram?}`` from a sweep folder or a CSV."""
     p = Path(source)
     if p.is_dir():
-        from replaid.training.scaling import results_table
-
         rows = results_table(p)
         if not rows:
             raise ValueError(f"sweep {p} has no finished run yet; run 'replaid scaling run {p}' first")
@@ -418,33 +417,33 @@ def _theta_to_p(th) -> dict:
 def summary_text(res: dict) -> str:
     lines = [f"reference: {res['reference']}   budgets: {', '.join(f'{b:.3g}' for b in res['budgets'])}"]
     for m, mo in res["methods"].items():
-        lines.append(f"\n{m}: alpha = {_fmt(mo['alpha'])} {_fmt_ci(mo['alpha_ci'])}   "
-                     f"alpha' = {_fmt(mo['alpha_prime'])} {_fmt_ci(mo['alpha_prime_ci'])}")
+        lines.append(f"\n{m}: alpha = {fmt(mo['alpha'])} {fmt_ci(mo['alpha_ci'])}   "
+                     f"alpha' = {fmt(mo['alpha_prime'])} {fmt_ci(mo['alpha_prime_ci'])}")
         for q in mo["budgets"]:
-            lines.append(f"  C={q['budget']:.3g}: N* = {_fmt(q['n_opt'])} {_fmt_ci(q['n_opt_ci'])}  "
-                         f"L* = {_fmt(q['loss_opt'], 4)} {_fmt_ci(q['loss_opt_ci'], 4)}"
+            lines.append(f"  C={q['budget']:.3g}: N* = {fmt(q['n_opt'])} {fmt_ci(q['n_opt_ci'])}  "
+                         f"L* = {fmt(q['loss_opt'], 4)} {fmt_ci(q['loss_opt_ci'], 4)}"
                          f"{'' if q['bracketed'] else '  (not bracketed)'}")
         if "compute_multiplier" in mo:
-            lines.append(f"  compute multiplier vs {res['reference']}: {_fmt(mo['compute_multiplier'])} "
-                         f"{_fmt_ci(mo['compute_multiplier_ci'])} (range over budgets "
-                         f"{_fmt(mo['compute_multiplier_range'][0])}-{_fmt(mo['compute_multiplier_range'][1])})   "
-                         f"N* ratio: {_fmt(mo['param_ratio'])} {_fmt_ci(mo['param_ratio_ci'])}")
+            lines.append(f"  compute multiplier vs {res['reference']}: {fmt(mo['compute_multiplier'])} "
+                         f"{fmt_ci(mo['compute_multiplier_ci'])} (range over budgets "
+                         f"{fmt(mo['compute_multiplier_range'][0])}-{fmt(mo['compute_multiplier_range'][1])})   "
+                         f"N* ratio: {fmt(mo['param_ratio'])} {fmt_ci(mo['param_ratio_ci'])}")
         if "parametric" in mo:
             p = mo["parametric"]
             lines.append(f"  L(N,D) = {p['E']:.3g} + {p['A']:.3g}/N^{p['a']:.3g} + {p['B']:.3g}/D^{p['b']:.3g}")
     cx = res.get("crossover")
     if cx and "mult_a_median" in cx:
         a, b = cx["methods"]
-        lines.append(f"\ncrossover: {a} at {cx['mult_a_median']:.3g}x its optimal compute {_fmt_ci(cx['mult_a_ci'])} "
-                     f"matches {b} at {cx['mult_b_median']:.3g}x {_fmt_ci(cx['mult_b_ci'])}")
+        lines.append(f"\ncrossover: {a} at {cx['mult_a_median']:.3g}x its optimal compute {fmt_ci(cx['mult_a_ci'])} "
+                     f"matches {b} at {cx['mult_b_median']:.3g}x {fmt_ci(cx['mult_b_ci'])}")
     return "\n".join(lines)
 
 
-def _fmt(x, d=3) -> str:
+def fmt(x, d=3) -> str:
     return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{d}g}"
 
 
-def _fmt_ci(ci, d=3) -> str:
+def fmt_ci(ci, d=3) -> str:
     if not ci or any(c is None or not math.isfinite(c) for c in ci):
         return "[n/a]"
     return f"[{ci[0]:.{d}g}, {ci[1]:.{d}g}]"
@@ -468,80 +467,3 @@ def read_sources(sources) -> tuple[list[dict], list[str]]:
             seen[key] = r
             rows.append(r)
     return rows, notes
-
-
-def fit_source(source, reference: str = "ar", n_boot: int = 1000, seed: int = 0, crossover=None,
-               out: Optional[Path] = None, slice_params: Optional[float] = None) -> dict:
-    """Read one or several sources (sweep folders, CSVs), fit, and write ``fit.json``, ``report.md``
-    and the PNG plots into ``out``."""
-    if n_boot < 0:
-        raise ValueError("--bootstrap must be >= 0")
-    rows, notes = read_sources(source)
-    res = fit_points(rows, reference, n_boot, seed, tuple(crossover) if crossover else None,
-                     n_boot_parametric=min(n_boot, 100))
-    res["warnings"] += notes
-    source = source if isinstance(source, (str, Path)) else " + ".join(map(str, source))
-    if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "fit.json").write_text(json.dumps(res, indent=1))
-        from replaid.eval import scaling_plots
-
-        res["plots"] = scaling_plots.plot_all(res, out, slice_params)
-        (out / "report.md").write_text(report_markdown(res, str(source)))
-        (out / "fit.json").write_text(json.dumps(res, indent=1))
-    return res
-
-
-def report_markdown(res: dict, source: str) -> str:
-    ref = res["reference"]
-    L = [f"# Scaling-law fit of `{source}`", "",
-         f"Reference: **{ref}**. Budgets: {', '.join(f'{b:.3g}' for b in res['budgets'])} FLOPs. Natural logs. "
-         f"Intervals: 95% parametric bootstrap ({res['n_boot']} replicates).", ""]
-    if res["warnings"]:
-        L += ["## Warnings", ""] + [f"- {w}" for w in res["warnings"]] + [""]
-    L += ["## Power laws and multipliers", "",
-          f"| method | alpha (L*) | alpha' (N*) | compute multiplier vs {ref} (median; range over budgets) | N* ratio vs {ref} |",
-          "|---|---|---|---|---|"]
-    for m, mo in res["methods"].items():
-        cm = (f"{_fmt(mo['compute_multiplier'])} {_fmt_ci(mo['compute_multiplier_ci'])}; "
-              f"{_fmt(mo['compute_multiplier_range'][0])}-{_fmt(mo['compute_multiplier_range'][1])}"
-              if "compute_multiplier" in mo else "n/a")
-        pr = f"{_fmt(mo['param_ratio'])} {_fmt_ci(mo['param_ratio_ci'])}" if "param_ratio" in mo else "n/a"
-        L.append(f"| {m} | {_fmt(mo['alpha'])} {_fmt_ci(mo['alpha_ci'])} | {_fmt(mo['alpha_prime'])} "
-                 f"{_fmt_ci(mo['alpha_prime_ci'])} | {cm} | {pr} |")
-    L += ["", "## IsoFLOP minima", "", "A minimum enters the laws when it is bracketed and past the unigram level.", "",
-          "| method | C | sizes | N* | L* (nats/token) | bracketed | past unigram | in the laws |", "|---|---|---|---|---|---|---|---|"]
-    yn = lambda x: "yes" if x else "**no**"  # noqa: E731
-    for m, mo in res["methods"].items():
-        for q in mo["budgets"]:
-            past = not q.get("at_unigram_level", False)
-            L.append(f"| {m} | {q['budget']:.3g} | {q['sizes']} | {_fmt(q['n_opt'])} {_fmt_ci(q['n_opt_ci'])} | "
-                     f"{_fmt(q['loss_opt'], 4)} {_fmt_ci(q['loss_opt_ci'], 4)} | {yn(q['bracketed'])} | {yn(past)} | "
-                     f"{yn(q['bracketed'] and past)} |")
-    L += ["", "## Parametric L(N, D) = E + A / N^a + B / D^b", "", "| method | E | A | a | B | b |", "|---|---|---|---|---|---|"]
-    for m, mo in res["methods"].items():
-        p = mo.get("parametric")
-        if p:
-            L.append(f"| {m} | {_fmt(p['E'])} {_fmt_ci(p['E_ci'])} | {_fmt(p['A'])} | {_fmt(p['a'])} {_fmt_ci(p['a_ci'])} | "
-                     f"{_fmt(p['B'])} | {_fmt(p['b'])} {_fmt_ci(p['b_ci'])} |")
-    cx = res.get("crossover")
-    if cx:
-        a, b = cx["methods"]
-        L += ["", f"## Over-training crossover ({a} vs {b})", ""]
-        if "mult_a_median" in cx:
-            L.append(f"At equal size N and equal training compute, {a} at **{cx['mult_a_median']:.3g}x** its own "
-                     f"compute-optimal compute {_fmt_ci(cx['mult_a_ci'])} matches {b} at **{cx['mult_b_median']:.3g}x** "
-                     f"{_fmt_ci(cx['mult_b_ci'])} (medians over N; bootstrap replicates with a crossing: "
-                     f"{cx.get('boot_found')}).")
-        L += ["", "| N | C_x | x optimal " + a + " | x optimal " + b + " |", "|---|---|---|---|"]
-        for e in cx["line"]:
-            L.append(f"| {e['params']:.3g} | {_fmt(e.get('flops'))} | {_fmt(e.get('mult_a'))} | {_fmt(e.get('mult_b'))} |")
-    L += ["", "## Every run", "", "| method | C | size | N | tokens | loss (nats/token) | unigram |", "|---|---|---|---|---|---|---|"]
-    for r in sorted(res["points"], key=lambda r: (r["budget"], list(res["methods"]).index(r["method"]), r["params"])):
-        se = f" +- {r['stderr']:.4f}" if r.get("stderr") else ""
-        L.append(f"| {r['method']} | {r['budget']:.3g} | {r.get('size', '')} | {r['params']:,.0f} | "
-                 f"{_fmt(r.get('tokens'))} | {r['loss']:.4f}{se} | {_fmt(r.get('unigram'), 4)} |")
-    if res.get("plots"):
-        L += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in res["plots"]]
-    return "\n".join(L) + "\n"

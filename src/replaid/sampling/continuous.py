@@ -1,5 +1,5 @@
-"""Samplers for RePlaid: plain functions in the style of k-diffusion (paper appendix
-"Sampler Update Formulas").
+"""Samplers of the continuous methods (RePlaid, Plaid, LangFlow): plain functions in the style of
+k-diffusion (paper appendix "Sampler Update Formulas").
 
 Every sampler has the signature
 
@@ -20,9 +20,11 @@ are computed in float64 from the grid, and the working latent is kept in float64
 receives the latent in the dtype of the caller's ``z`` and ``SampleResult.z0`` is returned in
 that dtype.
 
-Options that change the denoiser (temperatures) are denoiser -> denoiser wrappers
-(:class:`LogitTemperature`, :class:`ScoreTemperature`), so samplers never see them.
-Inpainting / infilling uses the replacement scheme (:class:`Inpaint`).
+Options that change the denoiser (temperatures; later a guidance term adding ``w grad log p`` to
+the prediction) are denoiser -> denoiser wrappers (:class:`LogitTemperature`, :class:`ScoreTemperature`),
+so samplers never see them. Inpainting / infilling uses the replacement scheme (:class:`Inpaint`).
+Editing (SDEdit) starts part-way: a grid from ``t_start < 1`` (:func:`time_grid`) and a ``z`` drawn
+at ``gamma(t_start)`` by the caller; the samplers need nothing else.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from replaid.diffusion.denoiser import DenoiserOutput, alpha_sigma
+from replaid.diffusion.denoiser import Denoiser, DenoiserOutput, alpha_sigma
 from replaid.diffusion.rng import device_generator
 
 __all__ = [
@@ -52,15 +54,18 @@ Callback = Callable[[dict], None]
 # grids and scalar coefficients
 # ----------------------------------------------------------------------------------------------
 
-def time_grid(T: int) -> Tensor:
-    """Uniform diffusion-time grid ``t_i = 1 - i / T``, i = 0..T: (T + 1,) float64 from 1 to 0."""
+def time_grid(T: int, t_start: float = 1.0) -> Tensor:
+    """Uniform diffusion-time grid ``t_i = t_start (1 - i / T)``, i = 0..T: (T + 1,) float64 from
+    ``t_start`` (1: pure noise) to 0."""
     if int(T) < 1:
         raise ValueError(f"need at least one sampling step, got T={T}")
-    return torch.linspace(1.0, 0.0, int(T) + 1, dtype=torch.float64)
+    if not 0.0 < t_start <= 1.0:
+        raise ValueError(f"t_start must be in (0, 1], got {t_start}")
+    return torch.linspace(t_start, 0.0, int(T) + 1, dtype=torch.float64)
 
 
 def gamma_grid(schedule_fn: Callable[[Tensor], Any], T: int, *,
-               device: Optional[torch.device] = None) -> Tensor:
+               device: Optional[torch.device] = None, t_start: float = 1.0) -> Tensor:
     """Noise grid ``gammas[i] = gamma(t_i)`` on :func:`time_grid`; (T + 1,) float64 on the CPU.
 
     ``schedule_fn`` maps a (T + 1,) float64 time tensor to gamma; a tuple result (e.g.
@@ -68,7 +73,7 @@ def gamma_grid(schedule_fn: Callable[[Tensor], Any], T: int, *,
     ``t`` is placed on ``device``, by default the device of ``schedule_fn``'s parameters when it
     is an ``nn.Module`` with any, else the CPU.
     """
-    t = time_grid(T)
+    t = time_grid(T, t_start)
     if device is None and isinstance(schedule_fn, torch.nn.Module):
         p = next(iter(schedule_fn.parameters()), None)
         device = p.device if p is not None else None
@@ -295,7 +300,7 @@ class _Run:
         self.generator = device_generator(generator, z.device)  # noise drawn where z lives
         self.callback = callback
         self.inpaint = inpaint
-        self.sc = bool(getattr(denoiser, "self_conditioning", False)) if self_cond is None else bool(self_cond)
+        self.sc = bool(denoiser.self_conditioning) if self_cond is None else bool(self_cond)
         self.e_sc: Optional[Tensor] = None
         self.nfe = 0
         self.name = name
@@ -456,34 +461,21 @@ def nfe_for(name: str, T: int) -> int:
 # denoiser wrappers
 # ----------------------------------------------------------------------------------------------
 
-class _Wrapper:
-    """Denoiser -> denoiser wrapper forwarding the interface (and other attributes) to ``inner``."""
+class _Tempered:
+    """A denoiser -> denoiser wrapper with a positive temperature ``tau`` (tau = 1 is the identity);
+    it offers the :class:`~replaid.diffusion.denoiser.Denoiser` interface of the one it wraps."""
 
-    def __init__(self, denoiser):
-        self.inner = denoiser
-
-
-class _Tempered(_Wrapper):
-    """A wrapper with a positive temperature ``tau`` (tau = 1 is the identity)."""
-
-    def __init__(self, denoiser, tau: float):
-        super().__init__(denoiser)
+    def __init__(self, denoiser: Denoiser, tau: float):
         if not tau > 0:
             raise ValueError(f"temperature must be positive, got {tau}")
-        self.tau = float(tau)
+        self.inner, self.tau = denoiser, float(tau)
 
     @property
     def self_conditioning(self) -> bool:
-        return bool(getattr(self.inner, "self_conditioning", False))
+        return self.inner.self_conditioning
 
     def embedding_matrix(self) -> Tensor:
         return self.inner.embedding_matrix()
-
-    def __getattr__(self, name):
-        inner = self.__dict__.get("inner")
-        if inner is None:
-            raise AttributeError(name)
-        return getattr(inner, name)
 
 
 class LogitTemperature(_Tempered):
@@ -535,7 +527,7 @@ class TrajectoryRecorder:
         self.texts: list[tuple[int, Any]] = []
 
     def __call__(self, info: dict) -> None:
-        i, T = info["i"], info.get("T")
+        i, T = info["i"], info["T"]
         if i % self.every != 0 and (T is None or i != T - 1):
             return
         tokens = info["logits"].argmax(-1).cpu()

@@ -8,6 +8,8 @@ from typing import Optional
 
 import numpy as np
 
+from replaid.scaling.fit import parametric_loss
+
 
 def _plt():
     import matplotlib
@@ -140,8 +142,6 @@ def _law_plot(res: dict, path: Path, key: str, law: tuple[str, str], ylabel: str
 
 def plot_overtraining(res: dict, path: Path, n: Optional[float] = None) -> Optional[float]:
     """Loss of the crossover pair at one N as training compute grows (slices of the IsoFLOP plots)."""
-    from replaid.eval.scaling_fit import parametric_loss
-
     cx = res.get("crossover")
     if not cx:
         return None

@@ -23,28 +23,9 @@ from pathlib import Path
 from typing import Optional
 
 from replaid.eval.quality import Judge, mauve_score, reference_windows, sentence_features, unigram_entropy
-
-
-@dataclass
-class SampleArgs:
-    """The options ``replaid sample`` passes to :func:`replaid.generate.generate`."""
-
-    sampler: str = "ddpm"
-    steps: int = 64
-    num: int = 64
-    length: Optional[int] = None
-    temperature: float = 1.0
-    score_temperature: float = 1.0
-    prompt: Optional[str] = None
-    infill: Optional[str] = None
-    infill_chars: Optional[str] = None
-    context: Optional[str] = None
-    batch_size: int = 16
-    seed: int = 0
-    no_self_cond: bool = False
-    trajectory: int = 0
-    json: bool = True
-    progress: bool = False  # the sweep shows its own bar
+from replaid.methods.base import Kind
+from replaid.sampling.generate import generate
+from replaid.sampling.request import SampleRequest
 
 
 @dataclass
@@ -68,12 +49,10 @@ def quality_sweep(run, judge: Judge, *, samplers: list[str], steps: list[int], t
     """Score every configuration (module docstring); samples go to ``out/samples/*.jsonl``."""
     from tqdm.auto import tqdm
 
-    from replaid.eval.generate import generate
-
-    continuous = hasattr(run.model, "schedule")
-    if not continuous:  # AR/MDLM/Duo: one ancestral sampler; AR ignores the step count
-        samplers, temp_sampler = ["ancestral"], "ancestral"
-        if run.cfg.method == "ar":
+    method = run.method
+    if method.kind is not Kind.CONTINUOUS:  # AR/MDLM/Duo: their own sampler; AR ignores the step count
+        samplers, temp_sampler = list(method.samplers), method.samplers[0]
+        if method.kind is Kind.AUTOREGRESSIVE:
             steps, temp_steps = [run.cfg.data.seq_len], run.cfg.data.seq_len
     ref_texts, _ = reference_windows(run, split, num)
     ref_feat = sentence_features(ref_texts, encoder)
@@ -94,9 +73,10 @@ def quality_sweep(run, judge: Judge, *, samplers: list[str], steps: list[int], t
         if (sampler, T, tau) in done:  # same seed, same samples: reuse the scores
             points.append(replace(done[(sampler, T, tau)], kind=kind))
             continue
-        args = SampleArgs(sampler=sampler, steps=T, num=num, temperature=tau, batch_size=batch_size, seed=seed)
+        req = SampleRequest(sampler=sampler, steps=T, num=num, temperature=tau, batch_size=batch_size, seed=seed,
+                            progress=False)  # the sweep shows its own bar
         t0 = time.time()
-        rows = generate(run, args)
+        rows = generate(run, req)
         secs = (time.time() - t0) / num
         texts = [r["text"] for r in rows]
         if out is not None:
