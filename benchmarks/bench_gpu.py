@@ -12,6 +12,7 @@ on GPU, fp32 on CPU). Peak memory: ``torch.cuda.max_memory_allocated`` on GPU (n
 model's estimate, ``replaid memory``), the process's max RSS on CPU. Rank 0 appends a dated row to
 docs/benchmarks.md unless ``--no-record``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,9 +51,17 @@ def main() -> None:
     dev = dist.setup_device(resolve_device(a.device))
     world = dist.world_size()
     L = a.length
-    cfg = resolve(a.preset, None, [f"train.batch_size={a.per_device_batch * world}", f"train.precision={a.precision}",
-                                   f"train.compile={str(a.compile).lower()}", *([f"data.seq_len={L}"] if L else []),
-                                   *a.set])
+    cfg = resolve(
+        a.preset,
+        None,
+        [
+            f"train.batch_size={a.per_device_batch * world}",
+            f"train.precision={a.precision}",
+            f"train.compile={str(a.compile).lower()}",
+            *([f"data.seq_len={L}"] if L else []),
+            *a.set,
+        ],
+    )
     L, V, B = cfg.data.seq_len, preset_vocab(cfg), a.per_device_batch
     torch.manual_seed(0)
     method = get_method(cfg)
@@ -78,21 +87,55 @@ def main() -> None:
     step_s = (time.perf_counter() - t0) / a.steps
     tok_s = B * L * world / step_s
     mfu = train_flops_per_token(cfg, V) * tok_s / world / peak
-    mem = (torch.cuda.max_memory_allocated(dev) if dev.type == "cuda"
-           else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    mem = (
+        torch.cuda.max_memory_allocated(dev)
+        if dev.type == "cuda"
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    )
     est = estimate(cfg, V, B, bf16).peak
-    row = [a.preset, cfg.method, L, B, world, "bf16" if bf16 else "fp32", cfg.train.compile, f"{step_s:.4g}",
-           f"{tok_s:.4g}", f"{mem / 1e9:.3g}", f"{est / 1e9:.3g}", f"{100 * mfu:.1f}%", f"{peak / 1e12:.3g}",
-           f"{m.get('loss', float('nan')):.4g}"]
-    header = ["preset", "method", "L", "batch/device", "devices", "precision", "compile", "step s", "tokens/s",
-              "peak mem GB", "model GB", "MFU", "matmul TFLOP/s", "loss"]
+    row = [
+        a.preset,
+        cfg.method,
+        L,
+        B,
+        world,
+        "bf16" if bf16 else "fp32",
+        cfg.train.compile,
+        f"{step_s:.4g}",
+        f"{tok_s:.4g}",
+        f"{mem / 1e9:.3g}",
+        f"{est / 1e9:.3g}",
+        f"{100 * mfu:.1f}%",
+        f"{peak / 1e12:.3g}",
+        f"{m.get('loss', float('nan')):.4g}",
+    ]
+    header = [
+        "preset",
+        "method",
+        "L",
+        "batch/device",
+        "devices",
+        "precision",
+        "compile",
+        "step s",
+        "tokens/s",
+        "peak mem GB",
+        "model GB",
+        "MFU",
+        "matmul TFLOP/s",
+        "loss",
+    ]
     if dist.is_main():
         print(" | ".join(f"{h}={x}" for h, x in zip(header, row)), flush=True)
         if not a.no_record:
-            append_results(f"Training step, {device_name(dev)} x{world}", header, [row],
-                           f"`{'torchrun --nproc_per_node ' + str(world) + ' ' if world > 1 else 'python '}"
-                           f"benchmarks/bench_gpu.py {' '.join(sys.argv[1:])}`. Peak memory: max allocated on GPU "
-                           f"(max RSS on CPU); 'model GB' is `replaid memory`'s estimate for this batch.")
+            append_results(
+                f"Training step, {device_name(dev)} x{world}",
+                header,
+                [row],
+                f"`{'torchrun --nproc_per_node ' + str(world) + ' ' if world > 1 else 'python '}"
+                f"benchmarks/bench_gpu.py {' '.join(sys.argv[1:])}`. Peak memory: max allocated on GPU "
+                f"(max RSS on CPU); 'model GB' is `replaid memory`'s estimate for this batch.",
+            )
     dist.cleanup()
 
 

@@ -5,6 +5,7 @@
 Weights do not change the cost, so an untrained model of the preset's size is timed.
 Results are appended to docs/benchmarks.md with date and device.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,14 +52,20 @@ def main() -> None:
                 sync(dev)
             secs = time.perf_counter() - t0
             rows.append([name, T, res.nfe, a.batch, L, secs, a.batch * L / secs, res.nfe / secs])
-            print(f"{name:8s} T={T:5d} nfe={res.nfe:5d} {secs:8.2f}s  {a.batch * L / secs:10.1f} tok/s  "
-                  f"{res.nfe / secs:8.2f} NFE/s", flush=True)
+            print(
+                f"{name:8s} T={T:5d} nfe={res.nfe:5d} {secs:8.2f}s  {a.batch * L / secs:10.1f} tok/s  "
+                f"{res.nfe / secs:8.2f} NFE/s",
+                flush=True,
+            )
     if not a.no_record:
-        append_results(f"Sampling throughput, preset {a.preset}, {device_name(dev)}",
-                       ["sampler", "T", "NFE", "batch", "L", "seconds", "tokens/s", "NFE/s"], rows,
-                       f"`python benchmarks/bench_sample.py --preset {a.preset} --batch {a.batch} "
-                       f"--steps {' '.join(map(str, a.steps))}`; untrained weights of the preset's size, "
-                       f"self-conditioning on (each NFE is one network pass; its e_hat is fed to the next).")
+        append_results(
+            f"Sampling throughput, preset {a.preset}, {device_name(dev)}",
+            ["sampler", "T", "NFE", "batch", "L", "seconds", "tokens/s", "NFE/s"],
+            rows,
+            f"`python benchmarks/bench_sample.py --preset {a.preset} --batch {a.batch} "
+            f"--steps {' '.join(map(str, a.steps))}`; untrained weights of the preset's size, "
+            f"self-conditioning on (each NFE is one network pass; its e_hat is fed to the next).",
+        )
 
 
 if __name__ == "__main__":

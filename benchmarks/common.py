@@ -1,4 +1,5 @@
 """Shared helpers for the benchmark scripts: device, peak matmul throughput, result table."""
+
 from __future__ import annotations
 
 import datetime
@@ -44,7 +45,9 @@ def append_results(title: str, header: list[str], rows: list[list], notes: str =
     new = not RESULTS.exists()
     with open(RESULTS, "a") as f:
         if new:
-            f.write("# Benchmarks\n\nAppended by the scripts in `benchmarks/`; each table carries its date and device.\n")
+            f.write(
+                "# Benchmarks\n\nAppended by the scripts in `benchmarks/`; each table carries its date and device.\n"
+            )
         f.write(f"\n## {title} — {datetime.date.today().isoformat()}\n\n")
         if notes:
             f.write(notes.strip() + "\n\n")

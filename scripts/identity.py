@@ -15,6 +15,7 @@ share) in fresh processes at one thread, with ``PYTHONPATH`` set to ``--src``:
   fixture inputs (SHA-256 of the float32 bytes and the max |difference| to the peer's), its evaluation
   and its samples.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,13 @@ def sha(obj) -> str:
 class Env:
     def __init__(self, src: Path, work: Path):
         self.src, self.work = src.resolve(), work
-        self.env = {**os.environ, "PYTHONPATH": str(self.src), "OMP_NUM_THREADS": "1", "REPLAID_CACHE_DIR": str(work / "cache"),
-                    "HF_HUB_OFFLINE": "1"}
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": str(self.src),
+            "OMP_NUM_THREADS": "1",
+            "REPLAID_CACHE_DIR": str(work / "cache"),
+            "HF_HUB_OFFLINE": "1",
+        }
 
     def replaid(self, *args: str) -> str:
         r = subprocess.run([sys.executable, "-m", "replaid", *args], env=self.env, capture_output=True, text=True)
@@ -114,11 +120,46 @@ print(json.dumps({"sha": h.hexdigest()[:16], "max_abs_diff": max(float((o - r).a
 def word_tokenizer(path: Path) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    words = ["<|endoftext|>", "[UNK]"] + ["the", "of", "a", "to", "and", "in", "is", "for", "return", "value",
-                                          "if", "be", "by", "this", "that", "with", "as", "an", "or", "on",
-                                          "not", "are", "it", "from", "can", "object", "string", "list",
-                                          "file", "name", "new", "will", "type", "default", "used", "when",
-                                          "data", "set"]
+    words = ["<|endoftext|>", "[UNK]"] + [
+        "the",
+        "of",
+        "a",
+        "to",
+        "and",
+        "in",
+        "is",
+        "for",
+        "return",
+        "value",
+        "if",
+        "be",
+        "by",
+        "this",
+        "that",
+        "with",
+        "as",
+        "an",
+        "or",
+        "on",
+        "not",
+        "are",
+        "it",
+        "from",
+        "can",
+        "object",
+        "string",
+        "list",
+        "file",
+        "name",
+        "new",
+        "will",
+        "type",
+        "default",
+        "used",
+        "when",
+        "data",
+        "set",
+    ]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.add_special_tokens(["<|endoftext|>"])
@@ -135,8 +176,11 @@ def sample_variants(continuous: bool) -> dict[str, list[str]]:
         v["ddpm-temps"] = ["--temperature", "0.7", "--score-temperature", "0.8", *base]
         v["heun-nosc-traj"] = ["--sampler", "heun", "--no-self-cond", "--trajectory", "3", *base]
     else:
-        v = {"ancestral": base, "prompt": ["--prompt", "Return the", *base],
-             "temperature": ["--temperature", "0.7", *base]}
+        v = {
+            "ancestral": base,
+            "prompt": ["--prompt", "Return the", *base],
+            "temperature": ["--temperature", "0.7", *base],
+        }
     return v
 
 
@@ -154,22 +198,30 @@ def fingerprints(src: Path, methods: list[str], peers: list[str], web: bool) -> 
         env = Env(src, Path(tmp))
         for m in methods:
             run = Path(tmp) / m
-            env.replaid("train", "--preset", "debug", "--method", m, "--out", str(run), "--no-progress",
-                        "train.num_threads=1")
+            env.replaid(
+                "train", "--preset", "debug", "--method", m, "--out", str(run), "--no-progress", "train.num_threads=1"
+            )
             ev = json.loads((run / "final_eval.json").read_text())["eval"]
             losses = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
             ck = run / "checkpoints" / (run / "checkpoints" / "LATEST").read_text().strip()
             res[f"{m}/eval"] = {k: v for k, v in ev.items() if k != "seconds"}
-            res[f"{m}/train_losses"] = sha([{k: v for k, v in r.items() if k in ("step", "loss", "grad_norm", "B_r")}
-                                            for r in losses])
+            res[f"{m}/train_losses"] = sha(
+                [{k: v for k, v in r.items() if k in ("step", "loss", "grad_norm", "B_r")} for r in losses]
+            )
             res[f"{m}/weights"] = json.loads(env.python(WEIGHTS, str(ck)))
             res[f"{m}/samples"] = samples(env, run, m in ("replaid", "plaid"))
             if web:
                 res[f"{m}/web"] = json.loads(env.python(WEB, str(run)))
             print(f"{m}: {res[f'{m}/eval']}", file=sys.stderr, flush=True)
         tj = word_tokenizer(Path(tmp) / "tok.json")
-        over = ["data.tokenizer=file", f"data.tokenizer_path={tj}", "data.source=stdlib", "data.max_docs=200",
-                "eval.batch_size=4", "eval.t_samples=2"]
+        over = [
+            "data.tokenizer=file",
+            f"data.tokenizer_path={tj}",
+            "data.source=stdlib",
+            "data.max_docs=200",
+            "eval.batch_size=4",
+            "eval.t_samples=2",
+        ]
         for kind in peers:
             out = Path(tmp) / f"peer-{kind}"
             env.replaid("convert", kind, str(FX / kind), "--out", str(out), "--set", *over)

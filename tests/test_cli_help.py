@@ -1,4 +1,5 @@
 """The command line's help: every option documented, defaults shown, methods listed from the registry."""
+
 from __future__ import annotations
 
 import argparse

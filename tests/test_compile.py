@@ -1,5 +1,6 @@
 """train.compile: RePlaid's loss core (all of Algorithm 1 but the noise draws and the schedule with its
 variance hook) compiles as one graph, and the compiled step equals the eager one."""
+
 import pytest
 import torch
 

@@ -9,6 +9,7 @@
 * Parameter counts: every method at every size of the paper's IsoFLOP table against the table and
   against the reference implementations' counts.
 """
+
 import math
 
 import pytest
@@ -42,6 +43,7 @@ def perturbed(model, seed=0, scale=0.3):
 
 
 # ------------------------------------------------------------------ MDLM
+
 
 def test_mdlm_masks_with_one_minus_eps_t_and_weights_one_over_t():
     """One draw of the estimator against float64 from MDLM's formulas: masked iff u < (1 - eps) t,
@@ -102,6 +104,7 @@ def test_mdlm_and_duo_training_times_come_from_the_global_batch():
 
         m.train_loss = spy
         from replaid.training.train import TrainModule
+
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
         for g in opt.param_groups:
             g["initial_lr"] = 0.0
@@ -122,6 +125,7 @@ def test_mdlm_and_duo_training_times_come_from_the_global_batch():
 
 
 # ------------------------------------------------------------------ Duo
+
 
 def test_duo_loss_uses_reference_alpha_and_derivative():
     """UDLM integrand at alpha = 1 - (1 - eps) t, alpha' = -(1 - eps), in float64 from the formula."""
@@ -163,13 +167,12 @@ def test_duo_eval_integrates_over_eps_to_one():
 def test_duo_curriculum_active_from_step_zero_until_end():
     cfg = cfg_for("duo", "train.steps=100")  # window fractions 0.1 / 0.2, log10 tau -1 -> -2
     m = DuoMethod(cfg)
-    for step, tau in [(0, 0.1), (5, 0.1), (10, 0.1), (15, 10 ** -1.5), (20, 0.01)]:
+    for step, tau in [(0, 0.1), (5, 0.1), (10, 0.1), (15, 10**-1.5), (20, 0.01)]:
         m.step = step
         assert m.curriculum_tau() == pytest.approx(tau, rel=1e-12), step
     m.step = 21
     assert m.curriculum_tau() is None  # then the true NELBO
-    off = DuoMethod(cfg_for("duo", "train.steps=100", "duo.curriculum_end=0",
-                            "duo.curriculum_start=0"))
+    off = DuoMethod(cfg_for("duo", "train.steps=100", "duo.curriculum_end=0", "duo.curriculum_start=0"))
     assert off.curriculum_tau() is None
     model = m.build_model(V)
     m.step = 3
@@ -191,6 +194,7 @@ def test_duo_owt_preset_is_the_published_run():
 
 # ------------------------------------------------------------------ Plaid (original backbone)
 
+
 def test_plaid_block_uses_tanh_gelu_and_rmsnorm_eps_1e5():
     torch.manual_seed(0)
     blk = PlaidBlock(32, 2).eval()
@@ -205,9 +209,11 @@ def test_plaid_block_uses_tanh_gelu_and_rmsnorm_eps_1e5():
     assert not torch.allclose(got, erf_gelu @ W2.T, atol=1e-5)
     x = torch.full((1, 4), 1e-3)  # tiny inputs: the epsilon matters
     with torch.no_grad():
-        assert torch.allclose(blk.norm1(torch.nn.functional.pad(x, (0, 28))),
-                              torch.nn.functional.pad(x, (0, 28)) * torch.rsqrt(torch.tensor(4e-6 / 32 + 1e-5)),
-                              rtol=1e-5)
+        assert torch.allclose(
+            blk.norm1(torch.nn.functional.pad(x, (0, 28))),
+            torch.nn.functional.pad(x, (0, 28)) * torch.rsqrt(torch.tensor(4e-6 / 32 + 1e-5)),
+            rtol=1e-5,
+        )
 
 
 def test_plaid_default_linear_init_and_mup_readout():
@@ -229,6 +235,7 @@ def test_plaid_default_linear_init_and_mup_readout():
     out = model(z, gamma)
     # reference: head(LayerNorm(h) * base_width / width) + prior logits
     from replaid.diffusion.denoiser import alpha_sigma, prior_logits
+
     alpha, sigma = alpha_sigma(gamma)
     scale = torch.rsqrt(alpha**2 / model.d_e + sigma**2).float().view(-1, 1, 1)
     h = model.in_z(z * scale) + model.in_t(model.time_features(gamma))[:, None]
@@ -239,6 +246,7 @@ def test_plaid_default_linear_init_and_mup_readout():
 
 
 # ------------------------------------------------------------------ precision
+
 
 @pytest.mark.parametrize("method", ["ar", "mdlm", "duo"])
 def test_token_model_head_runs_in_bf16_under_autocast(method):
@@ -259,6 +267,7 @@ def test_token_model_head_runs_in_bf16_under_autocast(method):
 
 # ------------------------------------------------------------------ parameter counts
 
+
 def test_reference_dit_count_at_0_1b():
     # hand count of the reference DiT at d = 768, 12 layers, V = 32,001 (issue 10: "about 117.0M")
     assert reference_dit_params(768, 12, 32001) == 116_989_441
@@ -275,8 +284,12 @@ def test_param_counts_match_the_isoflop_table_and_the_references(size):
     which lists AR, MDLM and RePlaid)."""
     h, n, heads = ISOFLOP_SIZES[size]
     assert int(reference_dit_params(h, n, 32001) // 10**6) == size
-    ref = {"ar": reference_dit_params(h, n, 32001), "mdlm": reference_dit_params(h, n, 32001),
-           "duo": reference_dit_params(h, n, 32000), "replaid": reference_dit_params(h, n, 32001)}
+    ref = {
+        "ar": reference_dit_params(h, n, 32001),
+        "mdlm": reference_dit_params(h, n, 32001),
+        "duo": reference_dit_params(h, n, 32000),
+        "replaid": reference_dit_params(h, n, 32001),
+    }
     got = {m: param_counts(m, h, n, heads)["non_embedding"] for m in ("ar", "mdlm", "duo", "replaid")}
     for method, v in got.items():
         assert abs(v - ref[method]) / ref[method] < 2e-3, (method, size, v, ref[method])

@@ -1,5 +1,6 @@
 """A new user's first hour (issue 17): infill in the user's terms, refusals up front, offline judge,
 progress of long phases, the unigram reference on the evaluated tokens, reproducible runs."""
+
 from __future__ import annotations
 
 import json
@@ -64,13 +65,16 @@ def test_length_extends_with_generated_positions_and_never_shrinks():
         plan_infill(CharTok(), "abcdef[MASK:1]", length=4)
 
 
-@pytest.mark.parametrize("kw,needle", [
-    (dict(context="abc"), "needs what to fill"),
-    (dict(context="a[MASK:2]", spans="0:1"), "one or the other"),
-    (dict(context="abc", spans="0:1", char_spans="0:1"), "not both"),
-    (dict(context="abc", char_spans="2:9"), "--infill-chars"),
-    (dict(context="abc", char_spans="0:2,1:3"), "overlap"),
-])
+@pytest.mark.parametrize(
+    "kw,needle",
+    [
+        (dict(context="abc"), "needs what to fill"),
+        (dict(context="a[MASK:2]", spans="0:1"), "one or the other"),
+        (dict(context="abc", spans="0:1", char_spans="0:1"), "not both"),
+        (dict(context="abc", char_spans="2:9"), "--infill-chars"),
+        (dict(context="abc", char_spans="0:2,1:3"), "overlap"),
+    ],
+)
 def test_infill_request_errors(kw, needle):
     with pytest.raises(ValueError, match=needle):
         plan_infill(CharTok(), kw.pop("context"), **kw)
@@ -130,8 +134,17 @@ def test_likelihood_progress_advances_within_each_batch():
     o = oracle()
     tokens = o.sample_tokens((3, 4), torch.Generator().manual_seed(0))
     calls = []
-    ode_log_weights(o, tokens, -3.0, 6.0, K=2, batch_size=4, steps=4, generator=torch.Generator().manual_seed(1),
-                    progress=lambda done, n: calls.append((done, n)))
+    ode_log_weights(
+        o,
+        tokens,
+        -3.0,
+        6.0,
+        K=2,
+        batch_size=4,
+        steps=4,
+        generator=torch.Generator().manual_seed(1),
+        progress=lambda done, n: calls.append((done, n)),
+    )
     # 6 rows in batches of 4 and 2: a report after each of the 4 Heun steps of each batch
     assert [c[0] for c in calls if c[0] <= 4][:4] == [1.0, 2.0, 3.0, 4.0]
     assert calls[-1] == (6, 6) and all(b >= a for (a, _), (b, _) in zip(calls, calls[1:]))
@@ -170,8 +183,11 @@ def test_embedding_lookup_backward_is_deterministic_with_two_threads():
     two identical demo runs drift apart (issue 17). Under ``use_deterministic_kernels`` it is serial."""
     from replaid.training.train import use_deterministic_kernels
 
-    threads, det, warn = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
-                          torch.is_deterministic_algorithms_warn_only_enabled())
+    threads, det, warn = (
+        torch.get_num_threads(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
     try:
         torch.set_num_threads(2)
         use_deterministic_kernels()
@@ -193,9 +209,27 @@ def test_embedding_lookup_backward_is_deterministic_with_two_threads():
 def _train(out: Path, hashseed: str) -> None:
     env = dict(os.environ, PYTHONHASHSEED=hashseed, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
     # batch 64 x 32 positions x d_e 16 = 32768 elements: the parallel (racy without the fix) backward path
-    subprocess.run([sys.executable, "-m", "replaid", "train", "--preset", "debug", "--out", str(out), "--no-progress",
-                    "train.steps=12", "train.log_every=3", "train.num_threads=2", "train.batch_size=64",
-                    "eval.max_batches=1"], check=True, env=env, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replaid",
+            "train",
+            "--preset",
+            "debug",
+            "--out",
+            str(out),
+            "--no-progress",
+            "train.steps=12",
+            "train.log_every=3",
+            "train.num_threads=2",
+            "train.batch_size=64",
+            "eval.max_batches=1",
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
 
 
 def test_same_seed_threads_and_device_give_bit_identical_runs(tmp_path):

@@ -1,5 +1,6 @@
 """Embedding geometry: PCA scree against an independent eigen-decomposition, k_90, the POS
 neighbourhood score, the rows each model contributes, the CE-overlay normalisation, and the commands."""
+
 import json
 
 import numpy as np
@@ -111,8 +112,25 @@ def test_geometry_and_multi_run_diagnose_commands(tmp_path, capsys):
     a = tmp_path / "a"
     assert main(["train", "--preset", "debug", "--out", str(a), "--no-progress", "train.steps=2"]) == 0
     out = tmp_path / "geo"
-    assert main(["geometry", str(a), str(a), "--labels", "rp", "rp2", "--out", str(out), "--min-count", "1",
-                 "--no-tsne", "--json"]) == 0
+    assert (
+        main(
+            [
+                "geometry",
+                str(a),
+                str(a),
+                "--labels",
+                "rp",
+                "rp2",
+                "--out",
+                str(out),
+                "--min-count",
+                "1",
+                "--no-tsne",
+                "--json",
+            ]
+        )
+        == 0
+    )
     s = json.loads((out / "geometry.json").read_text())
     from replaid.training.loading import load_run
 
@@ -132,8 +150,27 @@ def test_geometry_and_multi_run_diagnose_commands(tmp_path, capsys):
     assert "replaid: error:" in capsys.readouterr().err and not (tmp_path / "bad").exists()
     # several runs through diagnose: one folder each and the normalised CE overlay
     d = tmp_path / "diag"
-    assert main(["diagnose", str(a), str(a), "--labels", "x", "y", "--out", str(d), "--batches", "1",
-                 "--grid", "3", "--batch-size", "2"]) == 0
+    assert (
+        main(
+            [
+                "diagnose",
+                str(a),
+                str(a),
+                "--labels",
+                "x",
+                "y",
+                "--out",
+                str(d),
+                "--batches",
+                "1",
+                "--grid",
+                "3",
+                "--batch-size",
+                "2",
+            ]
+        )
+        == 0
+    )
     j = json.loads((d / "diagnose.json").read_text())
     assert set(j["ce_overlay"]) == {"x", "y"} and (d / "x" / "curves.csv").is_file()
     assert j["ce_overlay"]["x"]["ce_linear_r2"] == pytest.approx(j["runs"]["x"]["ce_linear_r2"])
@@ -158,8 +195,29 @@ def test_geometry_tsne_and_pos_path(tmp_path):
     a = tmp_path / "a"
     assert main(["train", "--preset", "debug", "--out", str(a), "--no-progress", "train.steps=2"]) == 0
     out = tmp_path / "geo"
-    assert main(["geometry", str(a), "--labels", "rp", "--out", str(out), "--min-count", "1", "--tsne-max", "80",
-                 "--pos-row-len", "64", "--pos-max-rows", "6", "--knn", "3"]) == 0
+    assert (
+        main(
+            [
+                "geometry",
+                str(a),
+                "--labels",
+                "rp",
+                "--out",
+                str(out),
+                "--min-count",
+                "1",
+                "--tsne-max",
+                "80",
+                "--pos-row-len",
+                "64",
+                "--pos-max-rows",
+                "6",
+                "--knn",
+                "3",
+            ]
+        )
+        == 0
+    )
     s = json.loads((out / "geometry.json").read_text())["rp"]
     assert (out / "tsne_rp.png").is_file() and not s["pos_counts_cached"]
     import csv

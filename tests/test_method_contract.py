@@ -6,6 +6,7 @@ finiteness), every sampler it declares through ``replaid.sampling.generate`` (sh
 seed, callback frames, noise drawn on the model's device), the state round trip, and export/load.
 Adding a method to the registry adds it to every test here.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -70,6 +71,7 @@ def loss_kwargs(m, b: int) -> dict:
 
 # ------------------------------------------------------------------ declarations
 
+
 @pytest.mark.parametrize("name", NAMES)
 def test_capabilities_are_declared_and_consistent(name):
     cls = METHODS[name]
@@ -84,6 +86,7 @@ def test_langflow_is_evaluation_only_and_the_rest_train():
 
 
 # ------------------------------------------------------------------ build, loss, bound
+
 
 @pytest.mark.parametrize("name", NAMES)
 def test_train_loss_is_finite_with_gradients(name):
@@ -112,7 +115,7 @@ def test_eval_bound_shape_and_finiteness(name):
     b = r[m.bound]
     assert b.shape == (B,) and b.dtype == torch.float64 and bool(torch.isfinite(b).all()) and bool((b > 0).all())
     mask = torch.ones(B, L, dtype=torch.bool)
-    mask[0, L // 2:] = False
+    mask[0, L // 2 :] = False
     rm = m.eval_bound(model, tokens(), torch.Generator().manual_seed(0), mask=mask)
     assert bool(torch.isfinite(rm[m.bound]).all())
     assert m.embedding_rows(model).shape[0] == V
@@ -120,6 +123,7 @@ def test_eval_bound_shape_and_finiteness(name):
 
 
 # ------------------------------------------------------------------ samplers
+
 
 def _run(name):
     cfg, m, model = setup(name)
@@ -168,6 +172,7 @@ def test_discrete_samplers_draw_on_the_device(name, sampler):
 
 
 # ------------------------------------------------------------------ state, checkpoints, export
+
 
 @pytest.mark.parametrize("name", NAMES)
 def test_method_state_round_trip(name):
@@ -235,6 +240,7 @@ def test_export_and_load_give_the_same_network_and_state(name, exported):
 
 # ------------------------------------------------------------------ config per method
 
+
 def test_a_key_of_another_method_is_refused_naming_its_method():
     with pytest.raises(ConfigError, match=r"duo\.gamma_min belongs to method duo.*method=replaid"):
         resolve("debug", None, ["method=replaid", "duo.gamma_min=-4"])
@@ -267,15 +273,27 @@ def test_configs_written_before_the_method_sections_migrate_on_read():
     old = dataclasses.asdict(RunConfig())  # every section, as configs were stored then
     for sec in ("ar", "mdlm", "duo", "langflow"):
         old.pop(sec)
-    old["baseline"] = {"mdlm_low_variance": False, "mdlm_time_conditioning": True, "duo_curriculum_start": 0.0,
-                       "duo_curriculum_end": 0.5, "duo_gamma_min": -3.55, "duo_gamma_max": -1.85,
-                       "duo_tau_log10_start": -3.0, "duo_tau_log10_end": -3.0, "ar_top_p": 0.9,
-                       "langflow_gumbel_loc": 4.0, "langflow_gumbel_scale": 0.8, "langflow_gumbel_cutoff": 1e-5}
-    for method, check in (("mdlm", lambda c: c.mdlm.low_variance is False and c.mdlm.time_conditioning),
-                          ("duo", lambda c: c.duo.gamma_min == -3.55 and c.duo.tau_log10_end == -3.0),
-                          ("ar", lambda c: c.ar.top_p == 0.9),
-                          ("langflow", lambda c: c.langflow.gumbel_loc == 4.0),
-                          ("replaid", lambda c: c.mdlm.low_variance and c.ar.top_p == 1.0)):  # others' keys: defaults
+    old["baseline"] = {
+        "mdlm_low_variance": False,
+        "mdlm_time_conditioning": True,
+        "duo_curriculum_start": 0.0,
+        "duo_curriculum_end": 0.5,
+        "duo_gamma_min": -3.55,
+        "duo_gamma_max": -1.85,
+        "duo_tau_log10_start": -3.0,
+        "duo_tau_log10_end": -3.0,
+        "ar_top_p": 0.9,
+        "langflow_gumbel_loc": 4.0,
+        "langflow_gumbel_scale": 0.8,
+        "langflow_gumbel_cutoff": 1e-5,
+    }
+    for method, check in (
+        ("mdlm", lambda c: c.mdlm.low_variance is False and c.mdlm.time_conditioning),
+        ("duo", lambda c: c.duo.gamma_min == -3.55 and c.duo.tau_log10_end == -3.0),
+        ("ar", lambda c: c.ar.top_p == 0.9),
+        ("langflow", lambda c: c.langflow.gumbel_loc == 4.0),
+        ("replaid", lambda c: c.mdlm.low_variance and c.ar.top_p == 1.0),
+    ):  # others' keys: defaults
         d = {**old, "method": method}
         cfg = RunConfig.from_dict(d)
         assert check(cfg), method

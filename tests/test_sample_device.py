@@ -1,6 +1,7 @@
 """Every sampler draws its noise on the model's device: run on ``meta`` (standing in for a GPU)
 with :class:`~replaid.training.syncs.SyncCounter`, a CPU generator must never fill a device
 tensor (which raises on a GPU) and no noise may be drawn on the host and copied over."""
+
 import pytest
 import torch
 
@@ -27,9 +28,11 @@ def test_continuous_samplers_draw_on_the_device(name, inpaint):
     model = model.to(META).eval()
     ip = prefix_inpaint(torch.zeros(2, 3, dtype=torch.long, device=META), 6, model.embedding()) if inpaint else None
     with torch.no_grad(), SyncCounter("meta") as c:
-        res = get_sampler(name)(model, torch.randn(2, 6, 4, device=META), gammas,
-                                generator=torch.Generator().manual_seed(0), inpaint=ip)
+        res = get_sampler(name)(
+            model, torch.randn(2, 6, 4, device=META), gammas, generator=torch.Generator().manual_seed(0), inpaint=ip
+        )
     assert res.tokens.device.type == "meta"
     assert not c.host_random and not c.copies, (dict(c.host_random), dict(c.copies))
+
 
 # the discrete samplers' device test runs for every registered method in test_method_contract.py

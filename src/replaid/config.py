@@ -4,6 +4,7 @@ Overrides come as ``section.key=value`` strings or a YAML file of the same nesti
 key or a value of the wrong type raises :class:`ConfigError` naming the key and the nearest
 valid key. The resolved config is saved as JSON with every run and checkpoint.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,20 +55,35 @@ class ModelConfig:
     time_embedding: str = "plaid"
 
     def validate(self) -> None:
-        _check(self.hidden % self.n_heads == 0, "model.hidden",
-               f"must be divisible by model.n_heads ({self.hidden} % {self.n_heads} != 0)")
-        _check((self.hidden // self.n_heads) % 2 == 0, "model.hidden",
-               "hidden / n_heads must be even for rotary embeddings")
+        _check(
+            self.hidden % self.n_heads == 0,
+            "model.hidden",
+            f"must be divisible by model.n_heads ({self.hidden} % {self.n_heads} != 0)",
+        )
+        _check(
+            (self.hidden // self.n_heads) % 2 == 0,
+            "model.hidden",
+            "hidden / n_heads must be even for rotary embeddings",
+        )
         for k in ("hidden", "n_layers", "n_heads", "mlp_ratio", "cond_dim", "d_e"):
             _check(getattr(self, k) > 0, f"model.{k}", "must be positive")
         _check(0.0 <= self.dropout < 1.0, "model.dropout", "must be in [0, 1)")
-        _check(self.embeddings in ("learned", "frozen-random", "one-hot", "file"), "model.embeddings",
-               "must be one of learned, frozen-random, one-hot, file")
-        _check(self.embeddings != "file" or bool(self.embeddings_path), "model.embeddings_path",
-               "is required when model.embeddings=file")
+        _check(
+            self.embeddings in ("learned", "frozen-random", "one-hot", "file"),
+            "model.embeddings",
+            "must be one of learned, frozen-random, one-hot, file",
+        )
+        _check(
+            self.embeddings != "file" or bool(self.embeddings_path),
+            "model.embeddings_path",
+            "is required when model.embeddings=file",
+        )
         _check(self.head_chunk_rows >= 0, "model.head_chunk_rows", "must be >= 0")
-        _check(self.up_projection or (self.d_e == self.hidden and self.embeddings != "one-hot"), "model.up_projection",
-               f"false needs model.d_e == model.hidden ({self.d_e} != {self.hidden}); set model.d_e={self.hidden}")
+        _check(
+            self.up_projection or (self.d_e == self.hidden and self.embeddings != "one-hot"),
+            "model.up_projection",
+            f"false needs model.d_e == model.hidden ({self.d_e} != {self.hidden}); set model.d_e={self.hidden}",
+        )
         _check(self.time_embedding in ("plaid", "dit"), "model.time_embedding", "must be plaid or dit")
 
 
@@ -151,8 +167,9 @@ class OptimConfig:
         _check(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 = off)")
         _check(self.eps > 0, "optim.eps", "must be > 0")
         _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "optim.beta1", "beta1 and beta2 must be in [0, 1)")
-        _check(self.lr_min >= 0 and self.min_warmup_steps >= 0, "optim.lr_min",
-               "lr_min and min_warmup_steps must be >= 0")
+        _check(
+            self.lr_min >= 0 and self.min_warmup_steps >= 0, "optim.lr_min", "lr_min and min_warmup_steps must be >= 0"
+        )
         for k in ("lr_norms_head", "wd_norms_head"):
             _check(getattr(self, k) >= 0 or getattr(self, k) == -1, f"optim.{k}", "must be >= 0 or -1 (as backbone)")
 
@@ -177,15 +194,24 @@ class TrainConfig:
         _check(self.steps > 0, "train.steps", "must be positive")
         _check(self.batch_size >= 1, "train.batch_size", "must be >= 1")
         _check(self.grad_accum >= 1, "train.grad_accum", "must be >= 1")
-        _check(self.batch_size % self.grad_accum == 0, "train.batch_size",
-               f"must be divisible by train.grad_accum ({self.grad_accum})")
+        _check(
+            self.batch_size % self.grad_accum == 0,
+            "train.batch_size",
+            f"must be divisible by train.grad_accum ({self.grad_accum})",
+        )
         _check(self.precision in ("auto", "fp32", "bf16"), "train.precision", "must be auto, fp32 or bf16")
         _check(self.parallel in ("ddp", "fsdp"), "train.parallel", "must be ddp or fsdp")
-        _check(re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device) is not None, "train.device",
-               f"must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
+        _check(
+            re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device) is not None,
+            "train.device",
+            f"must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}",
+        )
         _check(self.log_every >= 1, "train.log_every", "must be >= 1")
-        for k, zero in (("eval_every", "only at the end"), ("save_every", "only at the end"),
-                        ("num_threads", "torch's default")):
+        for k, zero in (
+            ("eval_every", "only at the end"),
+            ("save_every", "only at the end"),
+            ("num_threads", "torch's default"),
+        ):
             _check(getattr(self, k) >= 0, f"train.{k}", f"must be >= 0 (0 = {zero})")
         _check(self.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", "must be >= 1")
 
@@ -224,6 +250,7 @@ def apply_cli(cfg: "RunConfig", flags: dict[str, tuple[str, Any]]) -> None:
 # user sets in another method's section (or a model key only another method reads) is refused, naming
 # its method (refuse_foreign_keys).
 
+
 @dataclass
 class ARConfig:
     """``method=ar``."""
@@ -258,8 +285,11 @@ class DuoConfig:
     tau_log10_end: float = -2.0
 
     def validate(self) -> None:
-        _check(0 <= self.curriculum_start <= self.curriculum_end <= 1, "duo.curriculum_start",
-               "need 0 <= curriculum_start <= curriculum_end <= 1")
+        _check(
+            0 <= self.curriculum_start <= self.curriculum_end <= 1,
+            "duo.curriculum_start",
+            "need 0 <= curriculum_start <= curriculum_end <= 1",
+        )
         _check(self.gamma_min < self.gamma_max, "duo.gamma_min", "must be < duo.gamma_max")
 
 
@@ -283,12 +313,19 @@ EVAL_ONLY_METHODS = ("langflow",)
 CONTINUOUS_METHODS = ("replaid", "plaid")  # trained on Algorithm 1 (the diffusion section)
 # method sections and the methods that read them
 SECTION_OWNERS: dict[str, tuple[str, ...]] = {
-    "diffusion": CONTINUOUS_METHODS, "ar": ("ar",), "mdlm": ("mdlm",), "duo": ("duo",), "langflow": ("langflow",)}
+    "diffusion": CONTINUOUS_METHODS,
+    "ar": ("ar",),
+    "mdlm": ("mdlm",),
+    "duo": ("duo",),
+    "langflow": ("langflow",),
+}
 # model keys that only some methods' networks read (the others are every method's)
 MODEL_KEY_OWNERS: dict[str, tuple[str, ...]] = {
     "self_conditioning": CONTINUOUS_METHODS + ("langflow",),
-    **{k: CONTINUOUS_METHODS for k in ("output_prior", "embeddings", "embeddings_path", "up_projection",
-                                       "head_chunk_rows")},
+    **{
+        k: CONTINUOUS_METHODS
+        for k in ("output_prior", "embeddings", "embeddings_path", "up_projection", "head_chunk_rows")
+    },
     **{k: ("ar", "mdlm", "duo") for k in ("factored_embedding", "time_embedding")},
 }
 
@@ -309,22 +346,32 @@ class RunConfig:
     langflow: LangFlowConfig = field(default_factory=LangFlowConfig)
 
     def validate(self) -> "RunConfig":
-        _check(self.method in METHOD_NAMES + EVAL_ONLY_METHODS, "method", f"unknown method {self.method!r}; "
-               "choose one of " + ", ".join(METHOD_NAMES))
+        _check(
+            self.method in METHOD_NAMES + EVAL_ONLY_METHODS,
+            "method",
+            f"unknown method {self.method!r}; choose one of " + ", ".join(METHOD_NAMES),
+        )
         for f in dataclasses.fields(self):
             v: Section = getattr(self, f.name)
             if not dataclasses.is_dataclass(v) or self.method not in SECTION_OWNERS.get(f.name, (self.method,)):
                 continue  # another method's section: not used, not validated
             for g in dataclasses.fields(v):  # NaN passes no comparison, inf passes ">= 0": refuse both
                 x = getattr(v, g.name)
-                _check(not isinstance(x, float) or math.isfinite(x), f"{f.name}.{g.name}",
-                       f"must be a finite number, got {x}")
+                _check(
+                    not isinstance(x, float) or math.isfinite(x),
+                    f"{f.name}.{g.name}",
+                    f"must be a finite number, got {x}",
+                )
             v.validate()
         if self.method in CONTINUOUS_METHODS:  # Algorithm 1 needs a reconstruction row and a diffusion row
             micro = self.train.batch_size // self.train.grad_accum
-            _check(micro >= 2, "train.batch_size", f"method={self.method} needs micro-batches of at least 2 rows "
-                   f"(one reconstruction row, one diffusion row); batch_size {self.train.batch_size} / grad_accum "
-                   f"{self.train.grad_accum} gives {micro}: raise train.batch_size or lower train.grad_accum")
+            _check(
+                micro >= 2,
+                "train.batch_size",
+                f"method={self.method} needs micro-batches of at least 2 rows "
+                f"(one reconstruction row, one diffusion row); batch_size {self.train.batch_size} / grad_accum "
+                f"{self.train.grad_accum} gives {micro}: raise train.batch_size or lower train.grad_accum",
+            )
         return self
 
     def to_dict(self) -> dict:
@@ -363,8 +410,10 @@ def refuse_foreign_keys(cfg: RunConfig, keys: list[str]) -> None:
     for key in keys:
         owners = owners_of(LEGACY_KEYS.get(key, key))
         if owners is not None and cfg.method not in owners:
-            raise ConfigError(f"config key {key} belongs to method {'/'.join(owners)}, but this run is "
-                              f"method={cfg.method}: drop it (or set method={owners[0]})")
+            raise ConfigError(
+                f"config key {key} belongs to method {'/'.join(owners)}, but this run is "
+                f"method={cfg.method}: drop it (or set method={owners[0]})"
+            )
 
 
 def flat_keys(d: dict, prefix: str = "") -> list[str]:
@@ -377,10 +426,13 @@ def flat_keys(d: dict, prefix: str = "") -> list[str]:
 
 # Keys of configs written before the per-method sections (issue 23): old key -> new key.
 LEGACY_KEYS: dict[str, str] = {
-    "baseline.mdlm_low_variance": "mdlm.low_variance", "baseline.mdlm_time_conditioning": "mdlm.time_conditioning",
+    "baseline.mdlm_low_variance": "mdlm.low_variance",
+    "baseline.mdlm_time_conditioning": "mdlm.time_conditioning",
     "baseline.ar_top_p": "ar.top_p",
-    **{f"baseline.duo_{k}": f"duo.{k}" for k in ("curriculum_start", "curriculum_end", "gamma_min", "gamma_max",
-                                                  "tau_log10_start", "tau_log10_end")},
+    **{
+        f"baseline.duo_{k}": f"duo.{k}"
+        for k in ("curriculum_start", "curriculum_end", "gamma_min", "gamma_max", "tau_log10_start", "tau_log10_end")
+    },
     **{f"baseline.langflow_gumbel_{k}": f"langflow.gumbel_{k}" for k in ("loc", "scale", "cutoff")},
 }
 
@@ -421,6 +473,7 @@ def _check(ok: bool, key: str, msg: str) -> None:
 
 
 # --------------------------------------------------------------------------- overrides
+
 
 def _all_keys(obj: Any, prefix: str = "") -> list[str]:
     keys = []
@@ -500,7 +553,9 @@ def set_key(cfg: RunConfig, key: str, value: Any) -> None:
             sub = getattr(obj, p)
             if dataclasses.is_dataclass(sub):
                 if not isinstance(value, dict):
-                    raise ConfigError(f"config key {key} is a section; set one of its keys, e.g. {key}.{dataclasses.fields(sub)[0].name}=...")
+                    raise ConfigError(
+                        f"config key {key} is a section; set one of its keys, e.g. {key}.{dataclasses.fields(sub)[0].name}=..."
+                    )
                 apply_dict(sub, value, prefix=key + ".", root=cfg)
                 return
             hints = typing.get_type_hints(type(obj))

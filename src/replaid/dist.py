@@ -3,6 +3,7 @@
 Everything degrades to single-process no-ops when not launched by torchrun, so the same
 ``replaid train`` command runs on a laptop and under ``torchrun --nproc_per_node N``.
 """
+
 from __future__ import annotations
 
 import os
@@ -134,8 +135,9 @@ def params_in_sync(model: nn.Module) -> bool:
     """True when every rank holds the same parameters (float64 checksums all-gathered)."""
     if not is_dist():
         return True
-    v = torch.stack([torch.stack([p.detach().double().sum(), (p.detach().double() ** 2).sum()])
-                     for p in model.parameters()]).flatten()
+    v = torch.stack(
+        [torch.stack([p.detach().double().sum(), (p.detach().double() ** 2).sum()]) for p in model.parameters()]
+    ).flatten()
     v = plain(v)
     out = [torch.zeros_like(v) for _ in range(world_size())]
     tdist.all_gather(out, v)

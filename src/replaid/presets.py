@@ -1,4 +1,5 @@
 """Named presets: the paper's model sizes and optimiser tables, plus small CPU presets."""
+
 from __future__ import annotations
 
 import difflib
@@ -18,12 +19,33 @@ from replaid.config import (
 
 # Paper Table "IsoFLOP transformer configurations": non-embedding params (M) -> (hidden, layers, heads)
 ISOFLOP_SIZES: dict[int, tuple[int, int, int]] = {
-    14: (256, 6, 4), 29: (384, 8, 6), 44: (512, 8, 8), 58: (576, 9, 9), 74: (640, 10, 10),
-    91: (640, 13, 10), 107: (640, 16, 8), 116: (768, 12, 12), 140: (768, 15, 12), 163: (768, 18, 12),
-    173: (896, 14, 14), 194: (896, 16, 14), 214: (896, 18, 14), 247: (1024, 16, 16), 274: (1024, 18, 16),
-    300: (1024, 20, 16), 413: (1280, 18, 10), 475: (1280, 21, 10), 493: (1408, 18, 11),
-    537: (1280, 24, 10), 568: (1408, 21, 11), 642: (1408, 24, 11), 698: (1536, 22, 12),
-    787: (1536, 25, 12), 1016: (1792, 24, 14), 1208: (2048, 22, 16), 1364: (2048, 25, 16),
+    14: (256, 6, 4),
+    29: (384, 8, 6),
+    44: (512, 8, 8),
+    58: (576, 9, 9),
+    74: (640, 10, 10),
+    91: (640, 13, 10),
+    107: (640, 16, 8),
+    116: (768, 12, 12),
+    140: (768, 15, 12),
+    163: (768, 18, 12),
+    173: (896, 14, 14),
+    194: (896, 16, 14),
+    214: (896, 18, 14),
+    247: (1024, 16, 16),
+    274: (1024, 18, 16),
+    300: (1024, 20, 16),
+    413: (1280, 18, 10),
+    475: (1280, 21, 10),
+    493: (1408, 18, 11),
+    537: (1280, 24, 10),
+    568: (1408, 21, 11),
+    642: (1408, 24, 11),
+    698: (1536, 22, 12),
+    787: (1536, 25, 12),
+    1016: (1792, 24, 14),
+    1208: (2048, 22, 16),
+    1364: (2048, 25, 16),
     1708: (2176, 28, 17),
 }
 
@@ -31,10 +53,22 @@ ISOFLOP_SIZES: dict[int, tuple[int, int, int]] = {
 def optim_small() -> OptimConfig:
     """Paper table "Optimization details for RePlaid at the 0.1B scale"."""
     return OptimConfig(
-        lr_schedule="constant", warmup_steps=2500, warmup_frac=0.0,
-        lr_backbone=3e-4, lr_projections=3e-4, lr_embedding=1e-2, lr_schedule_mlp=1e-2, lr_endpoints=1e-2,
-        wd_backbone=0.0, wd_projections=0.0, wd_embedding=0.0, wd_schedule_mlp=0.0, wd_endpoints=0.1,
-        beta1=0.9, beta2=0.999, ema=0.9999,
+        lr_schedule="constant",
+        warmup_steps=2500,
+        warmup_frac=0.0,
+        lr_backbone=3e-4,
+        lr_projections=3e-4,
+        lr_embedding=1e-2,
+        lr_schedule_mlp=1e-2,
+        lr_endpoints=1e-2,
+        wd_backbone=0.0,
+        wd_projections=0.0,
+        wd_embedding=0.0,
+        wd_schedule_mlp=0.0,
+        wd_endpoints=0.1,
+        beta1=0.9,
+        beta2=0.999,
+        ema=0.9999,
     )
 
 
@@ -42,20 +76,47 @@ def optim_plaid() -> OptimConfig:
     """Paper table "Optimization details for Plaid at the 0.1B scale": Plaid's per-component values
     after muP rescaling (MuAdam), passed to AdamW as they are."""
     return OptimConfig(
-        lr_schedule="constant", warmup_steps=2500, warmup_frac=0.0,
-        lr_backbone=4.67e-4, lr_norms_head=1.4e-3, lr_projections=1.4e-3, lr_embedding=1e-2, lr_schedule_mlp=1e-2,
-        lr_endpoints=1e-2, wd_backbone=0.086, wd_norms_head=0.029, wd_projections=0.029, wd_embedding=0.0,
-        wd_schedule_mlp=0.0, wd_endpoints=0.1, beta1=0.9, beta2=0.99, ema=0.9999,
+        lr_schedule="constant",
+        warmup_steps=2500,
+        warmup_frac=0.0,
+        lr_backbone=4.67e-4,
+        lr_norms_head=1.4e-3,
+        lr_projections=1.4e-3,
+        lr_embedding=1e-2,
+        lr_schedule_mlp=1e-2,
+        lr_endpoints=1e-2,
+        wd_backbone=0.086,
+        wd_norms_head=0.029,
+        wd_projections=0.029,
+        wd_embedding=0.0,
+        wd_schedule_mlp=0.0,
+        wd_endpoints=0.1,
+        beta1=0.9,
+        beta2=0.99,
+        ema=0.9999,
     )
 
 
 def optim_scaling() -> OptimConfig:
     """Paper table "Optimization details for RePlaid in scaling law experiments"."""
     return OptimConfig(
-        lr_schedule="cosine", warmup_frac=0.01, min_warmup_steps=100, lr_min=2e-5,
-        lr_backbone=2e-4, lr_projections=2e-4, lr_embedding=1e-2, lr_schedule_mlp=1e-2, lr_endpoints=1e-2,
-        wd_backbone=0.1, wd_projections=0.1, wd_embedding=0.0, wd_schedule_mlp=0.0, wd_endpoints=0.1,
-        beta1=0.9, beta2=0.95, ema=0.0,
+        lr_schedule="cosine",
+        warmup_frac=0.01,
+        min_warmup_steps=100,
+        lr_min=2e-5,
+        lr_backbone=2e-4,
+        lr_projections=2e-4,
+        lr_embedding=1e-2,
+        lr_schedule_mlp=1e-2,
+        lr_endpoints=1e-2,
+        wd_backbone=0.1,
+        wd_projections=0.1,
+        wd_embedding=0.0,
+        wd_schedule_mlp=0.0,
+        wd_endpoints=0.1,
+        beta1=0.9,
+        beta2=0.95,
+        ema=0.0,
     )
 
 
@@ -150,7 +211,11 @@ def isoflop(size_m: int) -> Callable[[], RunConfig]:
 
 
 PRESETS: dict[str, Callable[[], RunConfig]] = {
-    "debug": debug, "demo": demo, "owt-0.1b": owt_01b, "owt-0.1b-plaid": owt_01b_plaid, "owt-0.1b-duo": owt_01b_duo,
+    "debug": debug,
+    "demo": demo,
+    "owt-0.1b": owt_01b,
+    "owt-0.1b-plaid": owt_01b_plaid,
+    "owt-0.1b-duo": owt_01b_duo,
     "lm1b": lm1b,
     **{f"isoflop-{m}m": isoflop(m) for m in ISOFLOP_SIZES},
 }

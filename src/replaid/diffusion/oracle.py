@@ -12,6 +12,7 @@ last term is a constant and the logits are ``log p`` plus the output prior logit
 
 The exact data log-likelihood is ``sum_l log p(x_l)`` and the entropy per token ``H(p)``.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -59,8 +60,7 @@ class OracleDenoiser:
         return float(-(self.p * self.p.log()).sum())
 
     def sample_tokens(self, shape, generator: Optional[torch.Generator] = None) -> Tensor:
-        idx = torch.multinomial(self.p.float(), int(torch.tensor(shape).prod()), replacement=True,
-                                generator=generator)
+        idx = torch.multinomial(self.p.float(), int(torch.tensor(shape).prod()), replacement=True, generator=generator)
         return idx.view(*shape)
 
 

@@ -1,4 +1,5 @@
 """NELBO evaluation: per-token bound, its pieces, and the unigram reference on the same tokens."""
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,16 @@ def ppl(nats: float) -> float:
 
 
 @torch.no_grad()
-def evaluate_model(model, method: Method, data, cfg, split: str | None = None, ema=None,
-                   max_batches: int | None = None, progress: bool = False) -> dict:
+def evaluate_model(
+    model,
+    method: Method,
+    data,
+    cfg,
+    split: str | None = None,
+    ema=None,
+    max_batches: int | None = None,
+    progress: bool = False,
+) -> dict:
     """Token-weighted mean of the per-token bound over the split (``cfg.eval``; the first ``max_batches``
     batches when set), beside the train-split unigram model's NLL on exactly the tokens evaluated."""
     ecfg = cfg.eval
@@ -42,13 +51,17 @@ def evaluate_model(model, method: Method, data, cfg, split: str | None = None, e
             mask = batch.get("mask")
             mask = mask.to(device) if mask is not None else None
             r = method.eval_bound(model, tokens, gen, mask=mask)
-            w = (mask.double().sum(1) if mask is not None
-                 else torch.full((tokens.shape[0],), float(tokens.shape[1]), dtype=torch.float64, device=device))
+            w = (
+                mask.double().sum(1)
+                if mask is not None
+                else torch.full((tokens.shape[0],), float(tokens.shape[1]), dtype=torch.float64, device=device)
+            )
             for k, v in r.items():
                 sums[k] = sums.get(k, 0.0) + float((v.double() * w).sum())
             uni = -uni_logp[tokens]  # (B, L)
             sums["unigram_nats_per_token"] = sums.get("unigram_nats_per_token", 0.0) + float(
-                (uni * mask).sum() if mask is not None else uni.sum())
+                (uni * mask).sum() if mask is not None else uni.sum()
+            )
             per_seq.append(r[method.bound].double().cpu())
             n_tok += int(w.sum())
         extra = method.eval_summary(model)  # of the weights evaluated (EMA when used)
@@ -59,20 +72,29 @@ def evaluate_model(model, method: Method, data, cfg, split: str | None = None, e
         sums, n_tok = dict(zip(keys, tot[:-1].tolist())), int(tot[-1])
         per_seq = [dist.all_gather_cat(torch.cat(per_seq))] if per_seq else per_seq
     if n_tok == 0:
-        raise ValueError(f"the {split} split produced no evaluation tokens; use a larger split or a smaller data.seq_len")
+        raise ValueError(
+            f"the {split} split produced no evaluation tokens; use a larger split or a smaller data.seq_len"
+        )
     key = method.bound
     nats = sums[key] / n_tok
     seq = torch.cat(per_seq)
     out = {
-        f"{key}_nats_per_token": nats, f"{key}_ppl": ppl(nats),
+        f"{key}_nats_per_token": nats,
+        f"{key}_ppl": ppl(nats),
         **{k: v / n_tok for k, v in sums.items() if k != key},
         "stderr_nats": float(seq.std() / math.sqrt(len(seq))) if len(seq) > 1 else float("nan"),
-        "tokens": n_tok, "sequences": len(seq), "split": split,
-        "ema": bool(ema is not None and ecfg.use_ema), "seconds": time.time() - t0,
+        "tokens": n_tok,
+        "sequences": len(seq),
+        "split": split,
+        "ema": bool(ema is not None and ecfg.use_ema),
+        "seconds": time.time() - t0,
     }
     out.update(extra)
-    out.update(unigram_ppl=ppl(out["unigram_nats_per_token"]), batches=len(batches),
-               unigram_on="the evaluated tokens (train-split add-one unigram model)")
+    out.update(
+        unigram_ppl=ppl(out["unigram_nats_per_token"]),
+        batches=len(batches),
+        unigram_on="the evaluated tokens (train-split add-one unigram model)",
+    )
     return out
 
 
@@ -80,11 +102,10 @@ def evaluate(trainer, data, split: str | None = None, progress: bool = False) ->
     """Evaluate a training run's model (its EMA weights when kept). Sharded (FSDP2) parameters are
     gathered into a plain replica first; each rank then scores its share of the split."""
     if not dist.is_sharded(trainer.model):
-        return evaluate_model(trainer.model, trainer.method, data, trainer.cfg, split, trainer.ema,
-                              progress=progress)
-    full = dist.full_tensors(trainer.ema.shadow if trainer.ema and trainer.cfg.eval.use_ema
-                             else trainer.model.state_dict())
+        return evaluate_model(trainer.model, trainer.method, data, trainer.cfg, split, trainer.ema, progress=progress)
+    full = dist.full_tensors(
+        trainer.ema.shadow if trainer.ema and trainer.cfg.eval.use_ema else trainer.model.state_dict()
+    )
     replica = trainer.method.build_model(data.vocab_size)
     replica.load_state_dict({k: v.to(dtype=replica.state_dict()[k].dtype) for k, v in full.items()})
-    return evaluate_model(replica.to(trainer.device), trainer.method, data, trainer.cfg, split, None,
-                          progress=progress)
+    return evaluate_model(replica.to(trainer.device), trainer.method, data, trainer.cfg, split, None, progress=progress)

@@ -9,6 +9,7 @@
 * ``replaid.hub.export`` writes a run as a Hub folder; ``replaid.hub.peers`` converts the official
   MDLM / Duo checkpoints into such folders.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,6 +17,7 @@ import os
 from replaid.training.loading import Run, load_run, looks_like_hub_id, resolve
 
 __all__ = ["Run", "from_pretrained", "looks_like_hub_id", "resolve"]
+
 
 def from_pretrained(path_or_id: str | os.PathLike, use_ema: bool = True, device: str = "auto"):
     """Load a run, an exported folder or a Hub id; returns a :class:`replaid.training.loading.Run` with

@@ -5,6 +5,7 @@ converted peer checkpoints); :func:`get_method` builds the method a config names
 (kind, trainable, samplers, bound) are class attributes; nothing outside this registry compares
 method names.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -18,8 +19,9 @@ from replaid.methods.mdlm import MDLMMethod
 from replaid.methods.plaid import PlaidMethod
 from replaid.methods.replaid import RePlaidMethod
 
-METHODS: dict[str, type[Method[Any]]] = {c.name: c for c in (RePlaidMethod, PlaidMethod, ARMethod, MDLMMethod, DuoMethod,
-                                                         LangFlowMethod)}
+METHODS: dict[str, type[Method[Any]]] = {
+    c.name: c for c in (RePlaidMethod, PlaidMethod, ARMethod, MDLMMethod, DuoMethod, LangFlowMethod)
+}
 assert tuple(n for n, c in METHODS.items() if c.trainable) == METHOD_NAMES, "keep config.METHOD_NAMES in step"
 assert tuple(n for n, c in METHODS.items() if not c.trainable) == EVAL_ONLY_METHODS, "keep config.EVAL_ONLY_METHODS"
 

@@ -10,6 +10,7 @@ Sampling is ancestral (temperature, optional nucleus/top-p) with a KV cache
 (:meth:`~replaid.model.tokens.TokenDiT.forward_cached`), one network call per token
 (:func:`replaid.sampling.discrete.sample_ar`).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -44,15 +45,22 @@ class ARMethod(Method[TokenDiT]):
         ce = F.cross_entropy(logits.float().reshape(B * L, -1), tokens.reshape(B * L), reduction="none")
         return masked_mean(ce.view(B, L), mask)  # (B,) float64
 
-    def train_loss(self, model: TokenDiT, tokens: Tensor, generator: torch.Generator,
-                   mask: Optional[Tensor] = None, t_diff: Optional[Tensor] = None,
-                   n_recon: Optional[int] = None) -> tuple[Tensor, dict]:
+    def train_loss(
+        self,
+        model: TokenDiT,
+        tokens: Tensor,
+        generator: torch.Generator,
+        mask: Optional[Tensor] = None,
+        t_diff: Optional[Tensor] = None,
+        n_recon: Optional[int] = None,
+    ) -> tuple[Tensor, dict]:
         nll = self._nll_rows(model, tokens, mask)
         return nll.mean(), {"loss": nll.detach(), "nll": nll.detach()}
 
     @torch.no_grad()
-    def eval_bound(self, model: TokenDiT, tokens: Tensor, generator: Optional[torch.Generator],
-                   mask: Optional[Tensor] = None) -> dict[str, Tensor]:
+    def eval_bound(
+        self, model: TokenDiT, tokens: Tensor, generator: Optional[torch.Generator], mask: Optional[Tensor] = None
+    ) -> dict[str, Tensor]:
         return {"nll": self._nll_rows(model, tokens, mask)}
 
     def embedding_rows(self, model: TokenDiT) -> Tensor:

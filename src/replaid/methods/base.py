@@ -21,6 +21,7 @@ step), :meth:`refresh` (on logging steps: the one host read of method statistics
 diverges) and :meth:`embedding_rows` (the token embeddings ``replaid geometry`` draws).
 The test module ``tests/test_method_contract.py`` runs every registered method through all of them.
 """
+
 from __future__ import annotations
 
 import enum
@@ -65,13 +66,20 @@ class Method(ABC, Generic[ModelT]):
         """A fresh network for a vocabulary of ``vocab_size`` tokens (on the current default device)."""
 
     @abstractmethod
-    def eval_bound(self, model: ModelT, tokens: Tensor, generator: Optional[torch.Generator],
-                   mask: Optional[Tensor] = None) -> dict[str, Tensor]:
+    def eval_bound(
+        self, model: ModelT, tokens: Tensor, generator: Optional[torch.Generator], mask: Optional[Tensor] = None
+    ) -> dict[str, Tensor]:
         """Per-sequence per-token nats (B,) float64 under ``bound`` (and its pieces) for tokens (B, L)."""
 
-    def train_loss(self, model: ModelT, tokens: Tensor, generator: torch.Generator,
-                   mask: Optional[Tensor] = None, t_diff: Optional[Tensor] = None,
-                   n_recon: Optional[int] = None) -> tuple[Tensor, dict]:
+    def train_loss(
+        self,
+        model: ModelT,
+        tokens: Tensor,
+        generator: torch.Generator,
+        mask: Optional[Tensor] = None,
+        t_diff: Optional[Tensor] = None,
+        n_recon: Optional[int] = None,
+    ) -> tuple[Tensor, dict]:
         """(scalar loss, per-row metrics) of one micro-batch tokens (B, L). ``t_diff``: this micro-batch's
         slice of the global low-discrepancy times (``global_times``); ``n_recon``: :meth:`recon_rows`.
         Only trainable methods define it; the trainer never calls it on the others."""

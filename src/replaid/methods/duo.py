@@ -31,6 +31,7 @@ the published OWT run (``scripts/train_owt_duo.sh``: tau = 1e-3 throughout, gamm
 [-3.55, -1.85], curriculum over the first 500k of 1M steps) is the ``owt-0.1b-duo`` preset.
 The network is conditioned on ``1 - alpha_t`` in both phases.
 """
+
 from __future__ import annotations
 
 import math
@@ -93,6 +94,7 @@ def duo_alpha(gamma: Tensor, V: int) -> tuple[Tensor, Tensor]:
 
 
 # ------------------------------------------------------------------ the UDLM NELBO integrand
+
 
 def udlm_integrand(logits: Tensor, x: Tensor, z: Tensor, alpha: Tensor, dalpha: Tensor) -> Tensor:
     """Per position (B, L) float64: ``-alpha'/(N alpha) [ ... ]`` (module docstring).
@@ -175,8 +177,14 @@ class DuoMethod(Method[TokenDiT]):
         l0, l1 = self.tau_log10
         return float(10 ** (l0 + (l1 - l0) * min(f, 1.0)))
 
-    def loss_rows(self, model: TokenDiT, tokens: Tensor, t: Tensor, generator: Optional[torch.Generator],
-                  mask: Optional[Tensor] = None) -> Tensor:
+    def loss_rows(
+        self,
+        model: TokenDiT,
+        tokens: Tensor,
+        t: Tensor,
+        generator: Optional[torch.Generator],
+        mask: Optional[Tensor] = None,
+    ) -> Tensor:
         """UDLM NELBO estimate per row at times t (B,) in [eps, 1] (no curriculum)."""
         V = model.n_out
         alpha, dalpha = (a.to(tokens.device) for a in self.schedule(t.double()))
@@ -185,9 +193,15 @@ class DuoMethod(Method[TokenDiT]):
         f = udlm_integrand(logits, tokens, z, alpha, dalpha)
         return masked_mean(f, mask)
 
-    def train_loss(self, model: TokenDiT, tokens: Tensor, generator: torch.Generator,
-                   mask: Optional[Tensor] = None, t_diff: Optional[Tensor] = None,
-                   n_recon: Optional[int] = None) -> tuple[Tensor, dict]:
+    def train_loss(
+        self,
+        model: TokenDiT,
+        tokens: Tensor,
+        generator: torch.Generator,
+        mask: Optional[Tensor] = None,
+        t_diff: Optional[Tensor] = None,
+        n_recon: Optional[int] = None,
+    ) -> tuple[Tensor, dict]:
         B, L = tokens.shape
         V = model.n_out
         dev = tokens.device
@@ -218,12 +232,19 @@ class DuoMethod(Method[TokenDiT]):
         self.step += 1
 
     @torch.no_grad()
-    def eval_bound(self, model: TokenDiT, tokens: Tensor, generator: Optional[torch.Generator],
-                   mask: Optional[Tensor] = None) -> dict[str, Tensor]:
+    def eval_bound(
+        self, model: TokenDiT, tokens: Tensor, generator: Optional[torch.Generator], mask: Optional[Tensor] = None
+    ) -> dict[str, Tensor]:
         """UDLM NELBO, reference log-linear alpha, ``eval.t_samples`` stratified times per sequence in [eps, 1]."""
-        total = stratified_time_average(lambda t: self.loss_rows(model, tokens, t, generator, mask),
-                                        tokens.shape[0], self.cfg.eval.t_samples, generator, self.eps, 1.0,
-                                        tokens.device)
+        total = stratified_time_average(
+            lambda t: self.loss_rows(model, tokens, t, generator, mask),
+            tokens.shape[0],
+            self.cfg.eval.t_samples,
+            generator,
+            self.eps,
+            1.0,
+            tokens.device,
+        )
         return {"nelbo": total}
 
     def state_dict(self) -> dict:

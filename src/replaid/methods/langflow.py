@@ -12,6 +12,7 @@ behind the same denoiser interface (``kind = continuous``), so they share the ev
 * sampling: replaid's continuous samplers on LangFlow's gamma grid (``replaid sample``).
 * training: not offered (``trainable = False``: the config validation and the trainer refuse it).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -33,12 +34,26 @@ class LangFlowMethod(Method[LangFlowDenoiser]):
 
     def build_model(self, vocab_size: int) -> LangFlowDenoiser:
         m, lf = self.cfg.model, self.cfg.langflow
-        return LangFlowDenoiser(vocab_size, m.hidden, m.n_layers, m.n_heads, m.cond_dim, m.self_conditioning,
-                                lf.gumbel_loc, lf.gumbel_scale, lf.gumbel_cutoff)
+        return LangFlowDenoiser(
+            vocab_size,
+            m.hidden,
+            m.n_layers,
+            m.n_heads,
+            m.cond_dim,
+            m.self_conditioning,
+            lf.gumbel_loc,
+            lf.gumbel_scale,
+            lf.gumbel_cutoff,
+        )
 
     @torch.no_grad()
-    def eval_bound(self, model: LangFlowDenoiser, tokens: Tensor, generator: Optional[torch.Generator],
-                   mask: Optional[Tensor] = None) -> dict[str, Tensor]:
+    def eval_bound(
+        self,
+        model: LangFlowDenoiser,
+        tokens: Tensor,
+        generator: Optional[torch.Generator],
+        mask: Optional[Tensor] = None,
+    ) -> dict[str, Tensor]:
         return continuous_eval_bound(self.cfg, model, tokens, generator, mask)
 
     def eval_summary(self, model: LangFlowDenoiser) -> dict:

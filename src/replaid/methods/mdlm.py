@@ -22,6 +22,7 @@
   network input unchanged and its output is reused exactly; with ``time_conditioning=True`` every
   step calls the network.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -57,8 +58,9 @@ class MDLMMethod(Method[TokenDiT]):
     samplers = ("ancestral",)
     global_times = True  # the trainer passes t_diff, sliced from the global batch
 
-    def __init__(self, cfg: RunConfig, low_variance: bool | None = None,
-                 time_conditioning: bool | None = None, eps: float = EPS):
+    def __init__(
+        self, cfg: RunConfig, low_variance: bool | None = None, time_conditioning: bool | None = None, eps: float = EPS
+    ):
         """Options default to ``cfg.mdlm.low_variance`` / ``cfg.mdlm.time_conditioning``."""
         super().__init__(cfg)
         self.low_variance = cfg.mdlm.low_variance if low_variance is None else low_variance
@@ -66,12 +68,19 @@ class MDLMMethod(Method[TokenDiT]):
         self.eps = eps
 
     def build_model(self, vocab_size: int) -> TokenDiT:
-        return TokenDiT(self.cfg.model, vocab_size + 1, vocab_size, time_conditioning=self.time_conditioning,
-                        causal=False)
+        return TokenDiT(
+            self.cfg.model, vocab_size + 1, vocab_size, time_conditioning=self.time_conditioning, causal=False
+        )
 
     # ------------------------------------------------------------------ the per-row loss
-    def masked_ce(self, model: TokenDiT, tokens: Tensor, t: Tensor, generator: Optional[torch.Generator],
-                  mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    def masked_ce(
+        self,
+        model: TokenDiT,
+        tokens: Tensor,
+        t: Tensor,
+        generator: Optional[torch.Generator],
+        mask: Optional[Tensor] = None,
+    ) -> tuple[Tensor, Tensor]:
         """Draw z_t ~ q(z_t | x) at per-row times t (B,) float64 and return
         ``(S, n)``: S = (1/L) sum over masked (valid) positions of the CE (B,) float64, and the
         number of valid positions per row. The NELBO estimate is ``S / t``."""
@@ -85,13 +94,22 @@ class MDLMMethod(Method[TokenDiT]):
         ce = F.cross_entropy(logits.float().reshape(B * L, V), tokens.reshape(B * L), reduction="none").view(B, L)
         keep = is_masked if mask is None else (is_masked & mask.bool())
         ce = torch.where(keep, ce.double(), torch.zeros((), dtype=torch.float64, device=dev))  # SUBS carry-over
-        n = (torch.full((B,), float(L), dtype=torch.float64, device=dev) if mask is None
-             else mask.double().sum(1).clamp_min(1))
+        n = (
+            torch.full((B,), float(L), dtype=torch.float64, device=dev)
+            if mask is None
+            else mask.double().sum(1).clamp_min(1)
+        )
         return ce.sum(1) / n, n
 
-    def train_loss(self, model: TokenDiT, tokens: Tensor, generator: torch.Generator,
-                   mask: Optional[Tensor] = None, t_diff: Optional[Tensor] = None,
-                   n_recon: Optional[int] = None) -> tuple[Tensor, dict]:
+    def train_loss(
+        self,
+        model: TokenDiT,
+        tokens: Tensor,
+        generator: torch.Generator,
+        mask: Optional[Tensor] = None,
+        t_diff: Optional[Tensor] = None,
+        n_recon: Optional[int] = None,
+    ) -> tuple[Tensor, dict]:
         """t_diff: (B,) low-discrepancy values in [0, 1), this micro-batch's slice of the global batch
         (the trainer's); mapped to ``t = eps + (1 - eps) t_diff``. Drawn here when None."""
         if t_diff is None:
@@ -105,14 +123,17 @@ class MDLMMethod(Method[TokenDiT]):
         return loss_rows.mean(), {"loss": loss_rows.detach(), "nelbo": nelbo.detach()}
 
     @torch.no_grad()
-    def eval_bound(self, model: TokenDiT, tokens: Tensor, generator: Optional[torch.Generator],
-                   mask: Optional[Tensor] = None) -> dict[str, Tensor]:
+    def eval_bound(
+        self, model: TokenDiT, tokens: Tensor, generator: Optional[torch.Generator], mask: Optional[Tensor] = None
+    ) -> dict[str, Tensor]:
         """NELBO with ``eval.t_samples`` stratified times per sequence (``t_k = eps + (1-eps)(k + u_b)/K``)."""
+
         def weighted_ce(t: Tensor) -> Tensor:
             return self.masked_ce(model, tokens, t, generator, mask)[0] / t
 
-        total = stratified_time_average(weighted_ce, tokens.shape[0], self.cfg.eval.t_samples, generator,
-                                        self.eps, 1.0, tokens.device)
+        total = stratified_time_average(
+            weighted_ce, tokens.shape[0], self.cfg.eval.t_samples, generator, self.eps, 1.0, tokens.device
+        )
         return {"nelbo": total}
 
     def embedding_rows(self, model: TokenDiT) -> Tensor:

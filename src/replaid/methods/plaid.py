@@ -9,6 +9,7 @@ muP-rescaled AdamW values, with the backbone matrices apart from the norms and t
 set by the ``owt-0.1b-plaid`` preset. The table's values are for hidden 768; at other widths
 muP would rescale the matrix learning rates, which the small presets do not do.
 """
+
 from __future__ import annotations
 
 from replaid.methods.replaid import RePlaidMethod

@@ -1,5 +1,6 @@
 """RePlaid as a method: Algorithm 1 (training loss) and the NELBO bound; its samplers are
 :mod:`replaid.sampling.continuous`."""
+
 from __future__ import annotations
 
 import math
@@ -59,13 +60,20 @@ class SplitState:
         """Copy the standard deviations to the host (one sync)."""
         if self.stats is None or self.n == 0:
             return
-        m_r, s_r, m_d, s_d = (self.stats / (1.0 - self.decay ** self.n)).tolist()
+        m_r, s_r, m_d, s_d = (self.stats / (1.0 - self.decay**self.n)).tolist()
         self.host_std = (math.sqrt(max(s_r - m_r**2, 0.0)), math.sqrt(max(s_d - m_d**2, 0.0)))
 
     def state_dict(self) -> dict:
         st = [0.0] * 4 if self.stats is None else self.stats.tolist()
-        return {"decay": self.decay, "m_r": st[0], "s_r": st[1], "m_d": st[2], "s_d": st[3], "n": self.n,
-                "host_std": list(self.host_std)}
+        return {
+            "decay": self.decay,
+            "m_r": st[0],
+            "s_r": st[1],
+            "m_d": st[2],
+            "s_d": st[3],
+            "n": self.n,
+            "host_std": list(self.host_std),
+        }
 
     def load_state_dict(self, d: dict) -> None:
         self.decay, self.n = d["decay"], int(d["n"])
@@ -86,14 +94,16 @@ def sc_rows(B: int, rate: float, generator: Optional[torch.Generator], device) -
 CONTINUOUS_SAMPLERS = ("ddpm", "ddim", "dpmpp2m", "heun")  # replaid.sampling.continuous; the default first
 
 
-def continuous_eval_bound(cfg: RunConfig, model, tokens: Tensor, generator: Optional[torch.Generator],
-                          mask: Optional[Tensor] = None) -> dict[str, Tensor]:
+def continuous_eval_bound(
+    cfg: RunConfig, model, tokens: Tensor, generator: Optional[torch.Generator], mask: Optional[Tensor] = None
+) -> dict[str, Tensor]:
     """The continuous-time VDM NELBO (``nelbo_per_sequence``) of a continuous model, self-conditioning
     as at evaluation (``eval.self_conditioning``: a first pass feeds the second)."""
     ecfg = cfg.eval
     sc = model.self_conditioning and ecfg.self_conditioning
-    return nelbo_per_sequence(model, model.schedule, tokens, ecfg.t_samples, mask, generator,
-                              predict=lambda z, g: denoise(model, z, g, sc))
+    return nelbo_per_sequence(
+        model, model.schedule, tokens, ecfg.t_samples, mask, generator, predict=lambda z, g: denoise(model, z, g, sc)
+    )
 
 
 def schedule_summary(cfg: RunConfig, model) -> dict:
@@ -128,9 +138,15 @@ class RePlaidMethod(Method[RePlaid]):
         return RePlaid(self.cfg.model, self.cfg.diffusion, vocab_size)
 
     # ------------------------------------------------------------------ training (Algorithm 1)
-    def train_loss(self, model: RePlaid, tokens: Tensor, generator: torch.Generator,
-                   mask: Optional[Tensor] = None, t_diff: Optional[Tensor] = None,
-                   n_recon: Optional[int] = None) -> tuple[Tensor, dict]:
+    def train_loss(
+        self,
+        model: RePlaid,
+        tokens: Tensor,
+        generator: torch.Generator,
+        mask: Optional[Tensor] = None,
+        t_diff: Optional[Tensor] = None,
+        n_recon: Optional[int] = None,
+    ) -> tuple[Tensor, dict]:
         """One micro-batch of Algorithm 1. tokens: (B, L). ``t_diff``: the low-discrepancy times of
         the diffusion rows (B - B_r,), sliced from the global batch by the caller; drawn here if None.
         Returns the scalar loss (float64) and per-row losses / metrics (device tensors: nothing
@@ -156,8 +172,14 @@ class RePlaidMethod(Method[RePlaid]):
         gamma, dgamma = model.schedule(t, var_hook_weight=hook_w, detach_shape=is_recon | sc)
         loss, recon, diff, prior = self.core(model, tokens, gamma, dgamma, sc, sc_idx, eps, B_r, ps, mask)
         hook_w[B_r:] = diff.detach()  # variance-minimisation hook weight (paper code figure)
-        metrics = {"recon": recon.detach(), "diffusion": diff.detach(), "prior": prior.detach(), "B_r": B_r,
-                   "gamma_0": model.schedule.gamma_0.detach(), "gamma_1": model.schedule.gamma_1.detach()}
+        metrics = {
+            "recon": recon.detach(),
+            "diffusion": diff.detach(),
+            "prior": prior.detach(),
+            "B_r": B_r,
+            "gamma_0": model.schedule.gamma_0.detach(),
+            "gamma_1": model.schedule.gamma_1.detach(),
+        }
         if dcfg.prior_ramp_steps > 0:
             metrics["prior_scale"] = ps
         if dcfg.ce_weight > 0:
@@ -166,8 +188,19 @@ class RePlaidMethod(Method[RePlaid]):
             metrics["ce"] = ce.detach()
         return loss, metrics
 
-    def loss_core(self, model: RePlaid, tokens: Tensor, gamma: Tensor, dgamma: Tensor, sc: Tensor, sc_idx: Tensor,
-                  eps: Tensor, B_r: int, ps: float, mask: Optional[Tensor]):
+    def loss_core(
+        self,
+        model: RePlaid,
+        tokens: Tensor,
+        gamma: Tensor,
+        dgamma: Tensor,
+        sc: Tensor,
+        sc_idx: Tensor,
+        eps: Tensor,
+        B_r: int,
+        ps: float,
+        mask: Optional[Tensor],
+    ):
         """Algorithm 1 from the drawn noise and the schedule's (gamma, gamma') (B,) float64 on: no
         generator, hook or host sync, so ``train.compile`` compiles it whole (:meth:`compile`).
         Returns (loss, recon (B_r,), diffusion (B - B_r,), prior (B,))."""
@@ -185,8 +218,9 @@ class RePlaidMethod(Method[RePlaid]):
             e_sc = torch.zeros_like(z).index_copy(0, sc_idx, first)
         nll, e_hat = model.train_outputs(z, gamma, e_sc, tokens, ~sc, ps)  # (B, L), (B, L, d_e)
         recon = masked_mean(nll[:B_r], None if mask is None else mask[:B_r])  # (B_r,)
-        diff = diffusion_loss(e_hat[B_r:], e[B_r:], gamma[B_r:], dgamma[B_r:],
-                              None if mask is None else mask[B_r:])  # (n_d,)
+        diff = diffusion_loss(
+            e_hat[B_r:], e[B_r:], gamma[B_r:], dgamma[B_r:], None if mask is None else mask[B_r:]
+        )  # (n_d,)
         _, g1 = model.schedule.endpoints()
         prior = prior_kl(e, g1, mask)  # (B,)
         return recon.mean() + diff.mean() + prior.mean(), recon, diff, prior
@@ -203,13 +237,23 @@ class RePlaidMethod(Method[RePlaid]):
     def check_training(self, cfg: RunConfig, world_size: int = 1) -> None:
         micro = cfg.train.batch_size // (cfg.train.grad_accum * world_size)
         if micro < 2:
-            raise ConfigError(f"invalid config value train.batch_size: method={self.name} needs micro-batches of at "
-                              f"least 2 rows (one reconstruction row, one diffusion row), but batch_size "
-                              f"{cfg.train.batch_size} / (grad_accum {cfg.train.grad_accum} x {world_size} ranks) "
-                              f"gives {micro}; raise train.batch_size or lower train.grad_accum")
+            raise ConfigError(
+                f"invalid config value train.batch_size: method={self.name} needs micro-batches of at "
+                f"least 2 rows (one reconstruction row, one diffusion row), but batch_size "
+                f"{cfg.train.batch_size} / (grad_accum {cfg.train.grad_accum} x {world_size} ranks) "
+                f"gives {micro}; raise train.batch_size or lower train.grad_accum"
+            )
 
-    def _ce_term(self, model: RePlaid, tokens: Tensor, t_diff: Tensor, gen: Optional[torch.Generator],
-                 mask: Optional[Tensor], B_r: int, prior_scale: float = 1.0) -> Tensor:
+    def _ce_term(
+        self,
+        model: RePlaid,
+        tokens: Tensor,
+        t_diff: Tensor,
+        gen: Optional[torch.Generator],
+        mask: Optional[Tensor],
+        B_r: int,
+        prior_scale: float = 1.0,
+    ) -> Tensor:
         """Paper sec. 5.1: ``E_t[-(1/L) sum_l log x_hat(z_t)]`` on the diffusion rows, with the schedule
         detached so the gradient reaches only the embeddings and the denoiser. ``gen``: on the device."""
         dev = tokens.device
@@ -232,8 +276,9 @@ class RePlaidMethod(Method[RePlaid]):
 
     # ------------------------------------------------------------------ evaluation bound
     @torch.no_grad()
-    def eval_bound(self, model: RePlaid, tokens: Tensor, generator: Optional[torch.Generator],
-                   mask: Optional[Tensor] = None) -> dict[str, Tensor]:
+    def eval_bound(
+        self, model: RePlaid, tokens: Tensor, generator: Optional[torch.Generator], mask: Optional[Tensor] = None
+    ) -> dict[str, Tensor]:
         return continuous_eval_bound(self.cfg, model, tokens, generator, mask)
 
     def eval_summary(self, model: RePlaid) -> dict:

@@ -21,6 +21,7 @@ sizes a fresh 16 MB buffer per softmax, log-sum-exp and backward pass cost page 
 the arithmetic (issue 23: RePlaid's step went from 1.21x to below 1.15x MDLM's at the demo size). The
 log-sum-exp is ``torch.logsumexp``'s own sequence of operations, so every number is the same.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -64,8 +65,18 @@ def chunk_rows(V: int, head_chunk_rows: int = 0) -> int:
 
 class _PriorSoftmaxHead(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, f: Tensor, W: Tensor, b: Optional[Tensor], zs: Optional[Tensor], E: Tensor, e_keep: Tensor,
-                target: Tensor, chunk: int, mm_dtype: torch.dtype):
+    def forward(
+        ctx,
+        f: Tensor,
+        W: Tensor,
+        b: Optional[Tensor],
+        zs: Optional[Tensor],
+        E: Tensor,
+        e_keep: Tensor,
+        target: Tensor,
+        chunk: int,
+        mm_dtype: torch.dtype,
+    ):
         with torch.autocast(f.device.type, enabled=False):
             logits = (f.to(mm_dtype) @ W.to(mm_dtype).t()).float()  # (N, V): the one float32 buffer
             if b is not None:
@@ -78,11 +89,11 @@ class _PriorSoftmaxHead(torch.autograd.Function):
             lse = logits.new_empty(N)
             ws = workspace(min(chunk, N), V, logits)  # (chunk, V)
             for s in range(0, N, chunk):
-                lc = logits[s:s + chunk]
-                w = ws[:lc.shape[0]]
-                _logsumexp_rows(lc, lse[s:s + chunk], w)
+                lc = logits[s : s + chunk]
+                w = ws[: lc.shape[0]]
+                _logsumexp_rows(lc, lse[s : s + chunk], w)
                 torch.ops.aten._softmax.out(lc, -1, False, out=w)  # softmax(lc) into the workspace
-                torch.mm(w, Ef, out=e_hat[s:s + chunk])
+                torch.mm(w, Ef, out=e_hat[s : s + chunk])
             nll = lse - logits.gather(1, target[:, None]).squeeze(1)
         ctx.save_for_backward(logits, lse, e_hat, f, W, b, zs, E, e_keep, target)
         ctx.chunk, ctx.mm_dtype, ctx.used = chunk, mm_dtype, False
@@ -105,11 +116,11 @@ class _PriorSoftmaxHead(torch.autograd.Function):
             N, V = logits.shape
             ws = workspace(min(ctx.chunk, N), V, logits)  # (chunk, V)
             for s in range(0, N, ctx.chunk):
-                d = logits[s:s + ctx.chunk]  # becomes p, then d logits, in place
-                d.sub_(lse[s:s + ctx.chunk, None]).exp_()
-                dE.addmm_(d.t(), g_e[s:s + ctx.chunk] * keep[s:s + ctx.chunk])  # from e_hat = p E
-                dp = torch.mm(g_e[s:s + ctx.chunk], Ef.t(), out=ws[:d.shape[0]])  # (chunk, V) temporary
-                dp.sub_(s_e[s:s + ctx.chunk]).add_(g_nll[s:s + ctx.chunk, None])
+                d = logits[s : s + ctx.chunk]  # becomes p, then d logits, in place
+                d.sub_(lse[s : s + ctx.chunk, None]).exp_()
+                dE.addmm_(d.t(), g_e[s : s + ctx.chunk] * keep[s : s + ctx.chunk])  # from e_hat = p E
+                dp = torch.mm(g_e[s : s + ctx.chunk], Ef.t(), out=ws[: d.shape[0]])  # (chunk, V) temporary
+                dp.sub_(s_e[s : s + ctx.chunk]).add_(g_nll[s : s + ctx.chunk, None])
                 d.mul_(dp)
                 del dp
             d = logits  # (N, V): d loss / d logits
@@ -125,17 +136,33 @@ class _PriorSoftmaxHead(torch.autograd.Function):
         return df, dW, db, dzs, dE.to(E.dtype) if ctx.needs_input_grad[4] else None, None, None, None, None
 
 
-def prior_softmax_head(f: Tensor, W: Tensor, b: Optional[Tensor], zs: Optional[Tensor], E: Tensor,
-                       e_keep: Tensor, target: Tensor, chunk: int, mm_dtype: torch.dtype = torch.float32
-                       ) -> tuple[Tensor, Tensor]:
+def prior_softmax_head(
+    f: Tensor,
+    W: Tensor,
+    b: Optional[Tensor],
+    zs: Optional[Tensor],
+    E: Tensor,
+    e_keep: Tensor,
+    target: Tensor,
+    chunk: int,
+    mm_dtype: torch.dtype = torch.float32,
+) -> tuple[Tensor, Tensor]:
     """(e_hat (N, d_e) float32, nll (N,) float32) of the module docstring; f (N, H), zs (N, d_e) or
     None (no output prior), e_keep (N,) 0/1 (0: no gradient to E from that row), target (N,) long."""
     return _PriorSoftmaxHead.apply(f, W, b, zs, E, e_keep, target, chunk, mm_dtype)
 
 
-def plain_head(f: Tensor, W: Tensor, b: Optional[Tensor], zs: Optional[Tensor], E: Tensor, e_keep: Tensor,
-               target: Tensor, dtype: torch.dtype = torch.float32, mm_dtype: Optional[torch.dtype] = None
-               ) -> tuple[Tensor, Tensor]:
+def plain_head(
+    f: Tensor,
+    W: Tensor,
+    b: Optional[Tensor],
+    zs: Optional[Tensor],
+    E: Tensor,
+    e_keep: Tensor,
+    target: Tensor,
+    dtype: torch.dtype = torch.float32,
+    mm_dtype: Optional[torch.dtype] = None,
+) -> tuple[Tensor, Tensor]:
     """The same outputs by plain autograd in ``dtype`` (the float64 test reference, and the
     expression ``torch.compile`` fuses itself); rows with ``e_keep = 0`` see ``E.detach()``."""
     keep = e_keep.to(dtype)[:, None]

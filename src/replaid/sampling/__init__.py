@@ -7,6 +7,7 @@
 * :mod:`~replaid.sampling.infill`: infilling requests in the user's terms; :mod:`~replaid.sampling.sweep`:
   sample-quality sweeps.
 """
+
 from replaid.sampling.generate import generate
 from replaid.sampling.registry import REGISTRY, SAMPLER_NAMES, get_sampler
 from replaid.sampling.request import SampleRequest

@@ -11,6 +11,7 @@ MDLM, uniform noise for Duo, the prompt for AR), the grid it walks, a generator 
 exponential race in float64 on the model's device. The callback (what the playground draws) gets one
 dict per step, documented on each sampler.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -45,9 +46,16 @@ def exponential_race(probs: Tensor, generator: Optional[torch.Generator]) -> Ten
 
 
 @torch.no_grad()
-def sample_ar(model: TokenDiT, x: Tensor, n_prefix: int, *, generator: Optional[torch.Generator] = None,
-              temperature: float = 1.0, top_p: float = 1.0,
-              callback: Optional[Callback] = None) -> tuple[Tensor, int]:
+def sample_ar(
+    model: TokenDiT,
+    x: Tensor,
+    n_prefix: int,
+    *,
+    generator: Optional[torch.Generator] = None,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    callback: Optional[Callback] = None,
+) -> tuple[Tensor, int]:
     """Ancestral sampling with a KV cache from the prefix ``x[:, :n_prefix]`` (B, L); the rest of ``x``
     is overwritten. Returns (tokens (B, L), number of network calls).
 
@@ -68,14 +76,21 @@ def sample_ar(model: TokenDiT, x: Tensor, n_prefix: int, *, generator: Optional[
         if callback is not None:
             callback({"i": pos - n_prefix, "T": L - n_prefix, "pos": pos, "tokens": out, "probs": probs})
         if pos + 1 < L:
-            logits = model.forward_cached(out[:, pos:pos + 1], cache, pos + 1)[:, -1]
+            logits = model.forward_cached(out[:, pos : pos + 1], cache, pos + 1)[:, -1]
             nfe += 1
     return out, nfe
 
 
 @torch.no_grad()
-def sample_mdlm(model: TokenDiT, x: Tensor, ts: Tensor, *, generator: Optional[torch.Generator] = None,
-                temperature: float = 1.0, callback: Optional[Callback] = None) -> tuple[Tensor, int]:
+def sample_mdlm(
+    model: TokenDiT,
+    x: Tensor,
+    ts: Tensor,
+    *,
+    generator: Optional[torch.Generator] = None,
+    temperature: float = 1.0,
+    callback: Optional[Callback] = None,
+) -> tuple[Tensor, int]:
     """MDLM's ancestral sampler on the grid ``ts`` (1 -> 0), float64, from ``x`` (B, L): [MASK] (id V)
     where to generate, the given tokens elsewhere. Each masked position is unmasked between t and s
     with probability ``(t - s)/t`` to a token drawn from ``x_theta``; unmasked positions stay. Without
@@ -114,9 +129,16 @@ def sample_mdlm(model: TokenDiT, x: Tensor, ts: Tensor, *, generator: Optional[t
 
 
 @torch.no_grad()
-def sample_duo(model: TokenDiT, x: Tensor, ts: Tensor, *, generator: Optional[torch.Generator] = None,
-               temperature: float = 1.0, known: Optional[Tensor] = None,
-               callback: Optional[Callback] = None) -> tuple[Tensor, int]:
+def sample_duo(
+    model: TokenDiT,
+    x: Tensor,
+    ts: Tensor,
+    *,
+    generator: Optional[torch.Generator] = None,
+    temperature: float = 1.0,
+    known: Optional[Tensor] = None,
+    callback: Optional[Callback] = None,
+) -> tuple[Tensor, int]:
     """Duo's ancestral sampler, float64, on the grid ``ts`` (1 -> 0) from ``x`` (B, L) (uniform noise;
     ``known`` (L,) bool: positions of ``x`` kept as they are after every step):
     ``p(z_s = j | z_t = i) ∝ (a_ts [j = i] + (1 - a_ts)/V) (a_s x_theta_j + (1 - a_s)/V)``.

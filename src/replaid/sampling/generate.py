@@ -16,6 +16,7 @@ continuous methods one more ``{"final": True, "i": T, "T": T, "tokens", "logits"
 readout. Rows hold ids, text, sampler, steps, nfe, seconds, batch_seconds, seed, temperature (and,
 when infilling, ``filled`` / ``marked``; with ``trajectory``, the recorded texts).
 """
+
 from __future__ import annotations
 
 import time
@@ -72,6 +73,7 @@ def _both(a: Optional[Callback], b: Optional[Callback]) -> Optional[Callback]:
     def call(info: dict) -> None:
         a(info)
         b(info)
+
     return call
 
 
@@ -88,8 +90,9 @@ def generate(run, request: SampleRequest, callback: Optional[Callback] = None) -
     return _discrete(run, request, sampler, L, callback)
 
 
-def _continuous(run, req: SampleRequest, sampler, plan: Optional[InfillPlan], L: int,
-                callback: Optional[Callback]) -> list[dict]:
+def _continuous(
+    run, req: SampleRequest, sampler, plan: Optional[InfillPlan], L: int, callback: Optional[Callback]
+) -> list[dict]:
     model, tok = run.model, run.tokenizer
     dev = next(model.parameters()).device
     E = model.embedding_matrix().detach()
@@ -104,25 +107,44 @@ def _continuous(run, req: SampleRequest, sampler, plan: Optional[InfillPlan], L:
         if req.prompt:
             ids = prompt_ids(tok, req.prompt, L)
             known = torch.arange(L) < len(ids)
-            inpaint = Inpaint(torch.cat([ids, ids.new_zeros(L - len(ids))]).expand(B, -1).to(dev),
-                              known.expand(B, -1).to(dev), E)
+            inpaint = Inpaint(
+                torch.cat([ids, ids.new_zeros(L - len(ids))]).expand(B, -1).to(dev), known.expand(B, -1).to(dev), E
+            )
         elif plan is not None:
             inpaint = Inpaint(plan.ids.expand(B, -1).to(dev), plan.known.expand(B, -1).to(dev), E)
         z = torch.randn(B, L, E.shape[1], generator=gen, device=dev)  # (B, L, d_e)
-        rec = trajectory_recorder(req.trajectory, decode=lambda t: [tok.decode(r.tolist()) for r in t]) \
-            if req.trajectory else None
+        rec = (
+            trajectory_recorder(req.trajectory, decode=lambda t: [tok.decode(r.tolist()) for r in t])
+            if req.trajectory
+            else None
+        )
         t0 = time.time()
-        res = sampler.fn(den, z, gammas, generator=gen, callback=_both(rec, callback),
-                         self_cond=None if req.self_cond else False, inpaint=inpaint,
-                         disable_progress=not req.progress)  # stderr, also with --json
+        res = sampler.fn(
+            den,
+            z,
+            gammas,
+            generator=gen,
+            callback=_both(rec, callback),
+            self_cond=None if req.self_cond else False,
+            inpaint=inpaint,
+            disable_progress=not req.progress,
+        )  # stderr, also with --json
         secs = time.time() - t0
         if callback is not None:
             callback({"final": True, "i": req.steps, "T": req.steps, "tokens": res.tokens, "logits": res.logits})
         for b in range(B):
             ids_b = res.tokens[b].tolist()
-            row = {"ids": ids_b, "text": tok.decode(ids_b), "sampler": sampler.name, "steps": req.steps,
-                   "nfe": res.nfe, "seconds": secs / B, "batch_seconds": secs, "seed": req.seed,
-                   "temperature": req.temperature}
+            row = {
+                "ids": ids_b,
+                "text": tok.decode(ids_b),
+                "sampler": sampler.name,
+                "steps": req.steps,
+                "nfe": res.nfe,
+                "seconds": secs / B,
+                "batch_seconds": secs,
+                "seed": req.seed,
+                "temperature": req.temperature,
+            }
             if plan is not None:
                 row["filled"] = [list(s) for s in plan.fill_spans()]
                 row["marked"] = mark_filled(tok, ids_b, plan.known.tolist())
@@ -161,21 +183,39 @@ def _discrete(run, req: SampleRequest, sampler, L: int, callback: Optional[Callb
             x = torch.randint(0, V, (B, L), generator=g, device=dev)
             if n_pre:
                 x[:, :n_pre] = prefix.to(dev)
-            ids, nfe = sampler.fn(model, x, ts, generator=g, temperature=req.temperature,
-                                  known=(torch.arange(L) < n_pre) if n_pre else None, callback=callback)
+            ids, nfe = sampler.fn(
+                model,
+                x,
+                ts,
+                generator=g,
+                temperature=req.temperature,
+                known=(torch.arange(L) < n_pre) if n_pre else None,
+                callback=callback,
+            )
         else:
             x = torch.zeros(B, L, dtype=torch.long, device=dev)
             if n_pre:
                 x[:, :n_pre] = prefix.to(dev)
-            ids, nfe = sampler.fn(model, x, n_pre, generator=gen, temperature=req.temperature, top_p=top_p,
-                                  callback=callback)
+            ids, nfe = sampler.fn(
+                model, x, n_pre, generator=gen, temperature=req.temperature, top_p=top_p, callback=callback
+            )
         bar.update(B)
         secs = time.time() - t0
         for b in range(B):
             r = ids[b].tolist()
-            rows.append({"ids": r, "text": tok.decode(r), "sampler": sampler.name, "steps": steps, "nfe": nfe,
-                         "seconds": secs / B, "batch_seconds": secs, "seed": req.seed,
-                         "temperature": req.temperature})
+            rows.append(
+                {
+                    "ids": r,
+                    "text": tok.decode(r),
+                    "sampler": sampler.name,
+                    "steps": steps,
+                    "nfe": nfe,
+                    "seconds": secs / B,
+                    "batch_seconds": secs,
+                    "seed": req.seed,
+                    "temperature": req.temperature,
+                }
+            )
         done += B
     bar.close()
     return rows

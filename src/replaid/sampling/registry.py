@@ -4,6 +4,7 @@ A method declares the names it offers (:attr:`replaid.methods.base.Method.sample
 first); this table says which plain function each (kind, name) is and how many network calls a
 T-step run makes. The CLI's ``--sampler`` choices are :data:`SAMPLER_NAMES`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,15 +30,20 @@ def _continuous(name: str, description: str) -> Sampler:
     return Sampler(Kind.CONTINUOUS, name, continuous.SAMPLERS[name], description, nfe)
 
 
-REGISTRY: dict[tuple[Kind, str], Sampler] = {(s.kind, s.name): s for s in (
-    _continuous("ddpm", "stochastic ancestral (Plaid's), T + 1 NFE"),
-    _continuous("ddim", "deterministic DDIM, T + 1 NFE"),
-    _continuous("dpmpp2m", "DPM-Solver++(2M), T + 1 NFE"),
-    _continuous("heun", "Heun (EDM) predictor-corrector, 2T NFE"),
-    Sampler(Kind.MASKED, "ancestral", discrete.sample_mdlm, "MDLM ancestral unmasking, at most T NFE"),
-    Sampler(Kind.UNIFORM, "ancestral", discrete.sample_duo, "Duo ancestral, T NFE", lambda T: T),
-    Sampler(Kind.AUTOREGRESSIVE, "ancestral", discrete.sample_ar, "left to right with a KV cache, one NFE per token"),
-)}
+REGISTRY: dict[tuple[Kind, str], Sampler] = {
+    (s.kind, s.name): s
+    for s in (
+        _continuous("ddpm", "stochastic ancestral (Plaid's), T + 1 NFE"),
+        _continuous("ddim", "deterministic DDIM, T + 1 NFE"),
+        _continuous("dpmpp2m", "DPM-Solver++(2M), T + 1 NFE"),
+        _continuous("heun", "Heun (EDM) predictor-corrector, 2T NFE"),
+        Sampler(Kind.MASKED, "ancestral", discrete.sample_mdlm, "MDLM ancestral unmasking, at most T NFE"),
+        Sampler(Kind.UNIFORM, "ancestral", discrete.sample_duo, "Duo ancestral, T NFE", lambda T: T),
+        Sampler(
+            Kind.AUTOREGRESSIVE, "ancestral", discrete.sample_ar, "left to right with a KV cache, one NFE per token"
+        ),
+    )
+}
 SAMPLER_NAMES: tuple[str, ...] = tuple(dict.fromkeys(name for _, name in REGISTRY))
 
 
@@ -50,6 +56,7 @@ def get_sampler(method: Method[Any], name: Optional[str] = None) -> Sampler:
     """The registered sampler ``name`` (None: the method's default) for ``method``'s kind."""
     name = name or method.samplers[0]
     if name not in method.samplers or (method.kind, name) not in REGISTRY:
-        raise ValueError(f"sampler {name!r} is not available for a {method.name} run; choose "
-                         f"{', '.join(method.samplers)}")
+        raise ValueError(
+            f"sampler {name!r} is not available for a {method.name} run; choose {', '.join(method.samplers)}"
+        )
     return REGISTRY[method.kind, name]

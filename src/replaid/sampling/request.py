@@ -4,6 +4,7 @@ The one default-length rule (:meth:`SampleRequest.length_for`): an infilling tem
 or the playground's ``[[n]]`` gaps) is exactly as long as it is (``--length`` may only extend it);
 otherwise ``length``, or the run's training length ``data.seq_len`` when it is ``None``.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,22 +50,33 @@ class SampleRequest:
         returns the infilling plan, if any."""
         continuous = method.kind is Kind.CONTINUOUS
         if not continuous:
-            own = "left-to-right ancestral sampling" if method.kind is Kind.AUTOREGRESSIVE else "its own ancestral sampler"
+            own = (
+                "left-to-right ancestral sampling"
+                if method.kind is Kind.AUTOREGRESSIVE
+                else "its own ancestral sampler"
+            )
             if self.sampler is not None and self.sampler not in method.samplers:
-                raise ValueError(f"--sampler {self.sampler} is for RePlaid/Plaid runs; this '{method.name}' run "
-                                 f"samples with {own}: drop --sampler")
-            for flag, used in (("--context/--infill", self.context or self.infill or self.infill_chars
-                                or self.template is not None),
-                               ("--score-temperature", self.score_temperature != 1.0),
-                               ("--trajectory", self.trajectory), ("--no-self-cond", not self.self_cond)):
+                raise ValueError(
+                    f"--sampler {self.sampler} is for RePlaid/Plaid runs; this '{method.name}' run "
+                    f"samples with {own}: drop --sampler"
+                )
+            for flag, used in (
+                ("--context/--infill", self.context or self.infill or self.infill_chars or self.template is not None),
+                ("--score-temperature", self.score_temperature != 1.0),
+                ("--trajectory", self.trajectory),
+                ("--no-self-cond", not self.self_cond),
+            ):
                 if used:
                     raise ValueError(f"{flag} needs a RePlaid/Plaid run; this '{method.name}' run samples with {own}")
         elif self.sampler is not None and self.sampler not in method.samplers:
-            raise ValueError(f"unknown sampler {self.sampler!r} for a {method.name} run; choose from "
-                             f"{', '.join(method.samplers)}")
+            raise ValueError(
+                f"unknown sampler {self.sampler!r} for a {method.name} run; choose from {', '.join(method.samplers)}"
+            )
         if self.prompt and (self.context or self.infill or self.infill_chars or self.template is not None):
-            raise ValueError("--prompt and --context are two kinds of conditioning: give one (a prompt is "
-                             "the context 'PROMPT[MASK:N]')")
+            raise ValueError(
+                "--prompt and --context are two kinds of conditioning: give one (a prompt is "
+                "the context 'PROMPT[MASK:N]')"
+            )
         if (self.infill or self.infill_chars) and not self.context:
             raise ValueError("--infill/--infill-chars need --context TEXT whose tokens are kept outside the spans")
         plan = self.template
@@ -88,14 +100,21 @@ class SampleRequest:
         need(self.trajectory >= 0, "trajectory", "must be >= 0 (0 = off)")
         need(self.top_p is None or 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         need(L >= 2, "length", "must be >= 2", L)
-        need(L <= trained_len or self.allow_longer, "length", f"beyond the run's trained length "
-             f"(data.seq_len={trained_len}); use at most {trained_len} or pass --allow-longer to sample beyond it", L)
+        need(
+            L <= trained_len or self.allow_longer,
+            "length",
+            f"beyond the run's trained length "
+            f"(data.seq_len={trained_len}); use at most {trained_len} or pass --allow-longer to sample beyond it",
+            L,
+        )
 
 
 def prompt_ids(tok, prompt: str, L: int) -> torch.Tensor:
     """The prompt's token ids (P,), which must leave room for at least one generated token."""
     ids = tok.encode(prompt)
     if len(ids) >= L:
-        raise ConfigError(f"--prompt is {len(ids)} tokens but samples are {L} long, leaving nothing to generate; "
-                          f"shorten the prompt or pass a larger --length")
+        raise ConfigError(
+            f"--prompt is {len(ids)} tokens but samples are {L} long, leaving nothing to generate; "
+            f"shorten the prompt or pass a larger --length"
+        )
     return torch.tensor(ids, dtype=torch.long)

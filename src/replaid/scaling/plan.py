@@ -10,6 +10,7 @@ per run in ``configs/ID.json`` (the file ``replaid train --config`` reads; edit 
 and the runs in ``runs/ID``. :mod:`replaid.scaling.runner` runs such a manifest: it skips finished
 runs (a final checkpoint with its evaluation), resumes interrupted ones and starts the rest.
 """
+
 from __future__ import annotations
 
 import csv
@@ -32,9 +33,24 @@ PAPER_BUDGETS = (6e18, 1e19, 3e19, 6e19, 1e20)
 PAPER_SIZES: dict[str, tuple[int, int, int]] = {f"{m}M": v for m, v in ISOFLOP_SIZES.items()}
 # CPU-sized table: the same shapes scaled down (V = 1024 BPE, L = 64); labels are hidden x layers.
 TINY_SIZES: dict[str, tuple[int, int, int]] = {
-    f"{h}x{n}": (h, n, a) for h, n, a in [(8, 1, 2), (12, 1, 2), (16, 1, 2), (24, 1, 2), (32, 1, 2), (32, 2, 2),
-                                          (48, 2, 2), (64, 2, 4), (64, 3, 4), (80, 3, 4), (96, 3, 4), (112, 4, 4),
-                                          (128, 4, 4), (160, 5, 5)]}
+    f"{h}x{n}": (h, n, a)
+    for h, n, a in [
+        (8, 1, 2),
+        (12, 1, 2),
+        (16, 1, 2),
+        (24, 1, 2),
+        (32, 1, 2),
+        (32, 2, 2),
+        (48, 2, 2),
+        (64, 2, 4),
+        (64, 3, 4),
+        (80, 3, 4),
+        (96, 3, 4),
+        (112, 4, 4),
+        (128, 4, 4),
+        (160, 5, 5),
+    ]
+}
 TINY_BUDGETS = (1e11, 3e11, 6e11)
 SIZE_TABLES = {"paper": PAPER_SIZES, "tiny": TINY_SIZES}
 
@@ -132,8 +148,14 @@ class Plan:
         return sum(e.flops for e in self.entries)
 
 
-def select_sizes(table: dict[str, tuple[int, int, int]], params: dict[str, int], budget: float, k: int,
-                 stride: int = 1, tokens_per_param: float = CHINCHILLA_TOKENS_PER_PARAM) -> list[str]:
+def select_sizes(
+    table: dict[str, tuple[int, int, int]],
+    params: dict[str, int],
+    budget: float,
+    k: int,
+    stride: int = 1,
+    tokens_per_param: float = CHINCHILLA_TOKENS_PER_PARAM,
+) -> list[str]:
     """``k`` sizes of the table (every ``stride``-th, by N) centred in log N on the predicted optimum."""
     names = sorted(table, key=lambda s: params[s])
     if k <= 0 or (stride == 1 and k >= len(names)):
@@ -146,10 +168,18 @@ def select_sizes(table: dict[str, tuple[int, int, int]], params: dict[str, int],
     return picked
 
 
-def make_plan(methods: Sequence[str], budgets: Sequence[float], sizes: str = "paper", per_budget: int = 0,
-              stride: int = 1, protocol: Optional[str] = None, overrides: Sequence[str] = (),
-              save_checkpoints: int = 4, tokens_per_param: float | Mapping[str, float] = CHINCHILLA_TOKENS_PER_PARAM,
-              max_tokens: float = 0.0) -> Plan:
+def make_plan(
+    methods: Sequence[str],
+    budgets: Sequence[float],
+    sizes: str = "paper",
+    per_budget: int = 0,
+    stride: int = 1,
+    protocol: Optional[str] = None,
+    overrides: Sequence[str] = (),
+    save_checkpoints: int = 4,
+    tokens_per_param: float | Mapping[str, float] = CHINCHILLA_TOKENS_PER_PARAM,
+    max_tokens: float = 0.0,
+) -> Plan:
     """Every (method, budget, size) run: a resolved config and its step count from the budget.
 
     ``sizes``: ``paper`` | ``tiny`` | comma-separated labels of either table. ``per_budget``: how many
@@ -170,8 +200,10 @@ def make_plan(methods: Sequence[str], budgets: Sequence[float], sizes: str = "pa
         every = {**PAPER_SIZES, **TINY_SIZES}
         bad = [s for s in labels if s not in every]
         if bad or not labels:
-            raise ConfigError(f"unknown size(s) {bad or sizes!r}; use paper, tiny, or labels such as "
-                              f"{', '.join(list(PAPER_SIZES)[:2] + list(TINY_SIZES)[:2])}")
+            raise ConfigError(
+                f"unknown size(s) {bad or sizes!r}; use paper, tiny, or labels such as "
+                f"{', '.join(list(PAPER_SIZES)[:2] + list(TINY_SIZES)[:2])}"
+            )
         table = {s: every[s] for s in labels}
         proto = protocol or ("tiny" if all(s in TINY_SIZES for s in labels) else "paper")
     if proto not in PROTOCOLS:
@@ -191,19 +223,22 @@ def make_plan(methods: Sequence[str], budgets: Sequence[float], sizes: str = "pa
     tpp = dict(tokens_per_param) if isinstance(tokens_per_param, Mapping) else {"*": tokens_per_param}
     unknown = set(tpp) - set(methods) - {"*"}
     if unknown or any(v <= 0 for v in tpp.values()):
-        raise ConfigError(f"--tokens-per-param: positive numbers, per method as METHOD=X for methods of the plan "
-                          f"({', '.join(methods)}); got {sorted(unknown) or tpp}")
+        raise ConfigError(
+            f"--tokens-per-param: positive numbers, per method as METHOD=X for methods of the plan "
+            f"({', '.join(methods)}); got {sorted(unknown) or tpp}"
+        )
     cost = {}  # (method, size) -> (training FLOPs per token, tokens per step)
     for (m, s), cfg in cfgs.items():
         fpt = train_flops_per_token(cfg, planned_vocab_size(cfg), include_embedding=True)
         cost[m, s] = (fpt, cfg.train.batch_size * cfg.data.seq_len)
     for b in plan.budgets:  # budget-major: an interrupted sweep still has whole budgets
         for m in methods:
-            fits = [s for s in table
-                    if max_tokens <= 0 or _steps(b, *cost[m, s]) * cost[m, s][1] <= max_tokens]
+            fits = [s for s in table if max_tokens <= 0 or _steps(b, *cost[m, s]) * cost[m, s][1] <= max_tokens]
             if not fits:
-                raise ConfigError(f"budget {b:.3g}: every size of {m} would read more than --max-tokens "
-                                  f"{max_tokens:.3g} tokens; use smaller budgets or larger sizes")
+                raise ConfigError(
+                    f"budget {b:.3g}: every size of {m} would read more than --max-tokens "
+                    f"{max_tokens:.3g} tokens; use smaller budgets or larger sizes"
+                )
             p_m = {s: params[m, s] for s in fits}
             centre = tpp.get(m, tpp.get("*", CHINCHILLA_TOKENS_PER_PARAM))
             for s in select_sizes({s: table[s] for s in fits}, p_m, b, per_budget, stride, centre):
@@ -214,8 +249,23 @@ def make_plan(methods: Sequence[str], budgets: Sequence[float], sizes: str = "pa
                 if save_checkpoints > 1 and steps >= 2 * save_checkpoints:
                     cfg.train.save_every = steps // save_checkpoints
                 rid = f"{m}_C{b:.3g}_{s}".replace("+", "")
-                e = PlanEntry(rid, m, b, s, cfg.model.hidden, cfg.model.n_layers, cfg.model.n_heads, p_m[s], fpt,
-                              tps, steps, steps * tps, steps * tps * fpt, f"configs/{rid}.json", f"runs/{rid}")
+                e = PlanEntry(
+                    rid,
+                    m,
+                    b,
+                    s,
+                    cfg.model.hidden,
+                    cfg.model.n_layers,
+                    cfg.model.n_heads,
+                    p_m[s],
+                    fpt,
+                    tps,
+                    steps,
+                    steps * tps,
+                    steps * tps * fpt,
+                    f"configs/{rid}.json",
+                    f"runs/{rid}",
+                )
                 e._cfg = cfg  # type: ignore[attr-defined]
                 plan.entries.append(e)
     return plan
@@ -242,9 +292,15 @@ def write_plan(plan: Plan, sweep: Path, force: bool = False) -> Path:
     (sweep / "configs").mkdir(parents=True, exist_ok=True)
     for e in plan.entries:
         (sweep / e.config).write_text(e._cfg.to_json())  # type: ignore[attr-defined]
-    obj = {"version": 1, "protocol": plan.protocol, "methods": plan.methods, "budgets": plan.budgets,
-           "overrides": plan.overrides, "total_flops": plan.total_flops,
-           "runs": [asdict(e) for e in plan.entries]}
+    obj = {
+        "version": 1,
+        "protocol": plan.protocol,
+        "methods": plan.methods,
+        "budgets": plan.budgets,
+        "overrides": plan.overrides,
+        "total_flops": plan.total_flops,
+        "runs": [asdict(e) for e in plan.entries],
+    }
     tmp = man.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(obj, indent=1))
     os.replace(tmp, man)
@@ -264,10 +320,13 @@ def read_manifest(sweep: Path) -> list[PlanEntry]:
         rows = json.loads(man.read_text())["runs"]
         return [PlanEntry(**r) for r in rows]
     except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ConfigError(f"{man} is not a scaling manifest ({e.__class__.__name__}); re-plan with 'replaid scaling plan'") from None
+        raise ConfigError(
+            f"{man} is not a scaling manifest ({e.__class__.__name__}); re-plan with 'replaid scaling plan'"
+        ) from None
 
 
 # ------------------------------------------------------------------ results
+
 
 def final_loss(sweep: Path, e: PlanEntry) -> Optional[dict]:
     """The finished run's final validation evaluation (``nelbo``/``nll`` nats per token and more)."""
@@ -291,8 +350,18 @@ def results_table(sweep: Path) -> list[dict]:
             continue
         run_cfg = Path(sweep) / e.run_dir / "config.json"
         steps = json.loads(run_cfg.read_text())["train"]["steps"] if run_cfg.is_file() else e.steps
-        rows.append({"method": e.method, "budget": e.budget, "size": e.size, "params": e.params,
-                     "flops": steps * e.tokens_per_step * e.flops_per_token, "tokens": steps * e.tokens_per_step,
-                     "loss": r["loss"], "stderr": r.get("stderr"), "unigram": r.get("unigram_nats_per_token"),
-                     "id": e.id})
+        rows.append(
+            {
+                "method": e.method,
+                "budget": e.budget,
+                "size": e.size,
+                "params": e.params,
+                "flops": steps * e.tokens_per_step * e.flops_per_token,
+                "tokens": steps * e.tokens_per_step,
+                "loss": r["loss"],
+                "stderr": r.get("stderr"),
+                "unigram": r.get("unigram_nats_per_token"),
+                "id": e.id,
+            }
+        )
     return rows

@@ -9,6 +9,7 @@ progress bar): :class:`replaid.scaling.plan.PlanEntry` for the IsoFLOP study, an
 or by ``replaid train`` in a subprocess (``--max-parallel`` at a time, logs in ``logs/ID.log``, or a
 SLURM job array through submitit, each job under ``torchrun`` when it has several GPUs).
 """
+
 from __future__ import annotations
 
 import json
@@ -45,6 +46,7 @@ INPROCESS = "inprocess"  # --python inprocess: the training function in this pro
 
 
 # ------------------------------------------------------------------ run state
+
 
 def legacy_final_eval(run: Path) -> Optional[dict]:
     """Runs written before ``final_eval.json`` existed kept the final evaluation in the last checkpoint."""
@@ -87,6 +89,7 @@ def train_entry(sweep: Path, e: ManifestEntry, resume: bool) -> dict:
 
 
 # ------------------------------------------------------------------ executors
+
 
 def train_command(sweep: Path, e: ManifestEntry, python: str, prefix: str = "") -> list[str]:
     """The command that brings ``e`` to completion from where it stands (resume when it can)."""
@@ -133,8 +136,9 @@ class RunJob:
     def checkpoint(self, *args, **kwargs):  # submitit: requeue on preemption/timeout
         import submitit
 
-        return submitit.helpers.DelayedSubmission(RunJob(self.sweep, self.entry, self.python, self.prefix,
-                                                         self.torchrun_gpus))
+        return submitit.helpers.DelayedSubmission(
+            RunJob(self.sweep, self.entry, self.python, self.prefix, self.torchrun_gpus)
+        )
 
 
 def _train_inprocess(sweep: Path, e: ManifestEntry, log) -> int:
@@ -164,23 +168,39 @@ def default_python() -> str:
 def progress_line(sweep: Path, entries: Sequence[ManifestEntry]) -> str:
     states = [run_status(sweep, e) for e in entries]
     done = [e for e, (s, _) in zip(entries, states) if s == "done"]
-    spent = sum(e.cost() for e in done) + sum(e.cost() * st / max(1, e.steps)
-                                             for e, (s, st) in zip(entries, states) if s == "partial")
+    spent = sum(e.cost() for e in done) + sum(
+        e.cost() * st / max(1, e.steps) for e, (s, st) in zip(entries, states) if s == "partial"
+    )
     total = sum(e.cost() for e in entries)
-    return (f"{len(done)}/{len(entries)} runs done, {spent:.3g} FLOPs spent, {total - spent:.3g} left "
-            f"({100 * spent / max(total, 1e-30):.0f}%)")
+    return (
+        f"{len(done)}/{len(entries)} runs done, {spent:.3g} FLOPs spent, {total - spent:.3g} left "
+        f"({100 * spent / max(total, 1e-30):.0f}%)"
+    )
 
 
-def run_local(sweep: Path, entries: Sequence[ManifestEntry], max_parallel: int = 1, python: Optional[str] = None,
-              prefix: str = "", progress: bool = True, log: Callable[[str], None] = print) -> list[dict]:
+def run_local(
+    sweep: Path,
+    entries: Sequence[ManifestEntry],
+    max_parallel: int = 1,
+    python: Optional[str] = None,
+    prefix: str = "",
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> list[dict]:
     """Run every unfinished entry, ``max_parallel`` at a time, in subprocesses (logs in ``logs/``)."""
     from tqdm import tqdm  # noqa: PLC0415
 
     python = python or default_python()
     todo = [e for e in entries if run_status(sweep, e)[0] != "done"]
     log(f"scaling run: {len(entries) - len(todo)} of {len(entries)} runs already done; {len(todo)} to run")
-    bar = tqdm(total=sum(e.cost() for e in entries), initial=sum(e.cost() for e in entries if e not in todo),
-               unit="FLOP", unit_scale=True, disable=not progress, desc="FLOPs")
+    bar = tqdm(
+        total=sum(e.cost() for e in entries),
+        initial=sum(e.cost() for e in entries if e not in todo),
+        unit="FLOP",
+        unit_scale=True,
+        disable=not progress,
+        desc="FLOPs",
+    )
     results, running = [], []
     queue = list(todo)
     while queue or running:
@@ -219,9 +239,18 @@ def run_local(sweep: Path, entries: Sequence[ManifestEntry], max_parallel: int =
     return results
 
 
-def run_submitit(sweep: Path, entries: Sequence[ManifestEntry], executor: str = "slurm", max_parallel: int = 0,
-                 python: Optional[str] = None, prefix: str = "", gpus_per_job: int = 0,
-                 slurm_params: Optional[dict] = None, wait: bool = True, log: Callable[[str], None] = print) -> list[dict]:
+def run_submitit(
+    sweep: Path,
+    entries: Sequence[ManifestEntry],
+    executor: str = "slurm",
+    max_parallel: int = 0,
+    python: Optional[str] = None,
+    prefix: str = "",
+    gpus_per_job: int = 0,
+    slurm_params: Optional[dict] = None,
+    wait: bool = True,
+    log: Callable[[str], None] = print,
+) -> list[dict]:
     """Submit the unfinished entries as one job array through submitit.
 
     ``executor``: ``slurm`` (``submitit.AutoExecutor``, a SLURM array with ``max_parallel`` jobs at
@@ -232,8 +261,10 @@ def run_submitit(sweep: Path, entries: Sequence[ManifestEntry], executor: str = 
 
     python = python or default_python()
     todo = [e for e in entries if run_status(sweep, e)[0] != "done"]
-    log(f"scaling run ({executor}): {len(entries) - len(todo)} of {len(entries)} runs already done; "
-        f"{len(todo)} to submit")
+    log(
+        f"scaling run ({executor}): {len(entries) - len(todo)} of {len(entries)} runs already done; "
+        f"{len(todo)} to submit"
+    )
     if not todo:
         return []
     folder = Path(sweep) / "submitit" / "%j"
@@ -241,11 +272,18 @@ def run_submitit(sweep: Path, entries: Sequence[ManifestEntry], executor: str = 
         import shutil
 
         if not shutil.which("sbatch"):
-            raise ConfigError("--executor slurm needs SLURM's sbatch on PATH (run it on a login node); "
-                              "here use --executor local or submitit-local")
+            raise ConfigError(
+                "--executor slurm needs SLURM's sbatch on PATH (run it on a login node); "
+                "here use --executor local or submitit-local"
+            )
         ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
-        params = {"slurm_array_parallelism": max_parallel or len(todo), "timeout_min": 24 * 60,
-                  "slurm_signal_delay_s": 120, "nodes": 1, "tasks_per_node": 1}
+        params = {
+            "slurm_array_parallelism": max_parallel or len(todo),
+            "timeout_min": 24 * 60,
+            "slurm_signal_delay_s": 120,
+            "nodes": 1,
+            "tasks_per_node": 1,
+        }
         if gpus_per_job:
             params.update(gpus_per_node=gpus_per_job, cpus_per_task=8 * gpus_per_job)
         params.update(slurm_params or {})
@@ -259,19 +297,20 @@ def run_submitit(sweep: Path, entries: Sequence[ManifestEntry], executor: str = 
         raise ConfigError(f"unknown executor '{executor}'; choose local, slurm, submitit-local or debug")
     # a submitit job is itself a Python worker: it runs replaid in-process unless it needs torchrun or a prefix
     job_python = python if (prefix or (gpus_per_job and executor == "slurm")) else INPROCESS
-    jobs_in = [RunJob(str(sweep), e, job_python, prefix, gpus_per_job if executor == "slurm" else 0)
-               for e in todo]
+    jobs_in = [RunJob(str(sweep), e, job_python, prefix, gpus_per_job if executor == "slurm" else 0) for e in todo]
     if executor == "submitit-local" and max_parallel:
         # LocalExecutor has no array throttle: submit in waves of max_parallel
-        waves = [jobs_in[i:i + max_parallel] for i in range(0, len(jobs_in), max_parallel)]
+        waves = [jobs_in[i : i + max_parallel] for i in range(0, len(jobs_in), max_parallel)]
     else:
         waves = [jobs_in]
     results = []
     for wave in waves:
         with ex.batch():
             jobs = [ex.submit(j) for j in wave]
-        log(f"submitted {len(jobs)} job(s): {', '.join(str(j.job_id) for j in jobs[:5])}"
-            f"{' ...' if len(jobs) > 5 else ''}")
+        log(
+            f"submitted {len(jobs)} job(s): {', '.join(str(j.job_id) for j in jobs[:5])}"
+            f"{' ...' if len(jobs) > 5 else ''}"
+        )
         if not wait:
             continue
         for j, job in zip(wave, jobs):

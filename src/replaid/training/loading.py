@@ -3,6 +3,7 @@
 ``path`` may be a run directory, a checkpoint directory, a folder made by ``replaid export`` or
 ``replaid convert``, or a Hugging Face Hub id (:func:`resolve`).
 """
+
 from __future__ import annotations
 
 import os
@@ -54,8 +55,10 @@ def resolve(path_or_id: str | os.PathLike) -> Path:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import LocalEntryNotFoundError
     except ImportError:  # pragma: no cover - huggingface_hub comes with transformers
-        raise CheckpointError(f"{path_or_id} is not a local path and huggingface_hub is not installed; "
-                              f"pip install huggingface_hub or pass a local folder") from None
+        raise CheckpointError(
+            f"{path_or_id} is not a local path and huggingface_hub is not installed; "
+            f"pip install huggingface_hub or pass a local folder"
+        ) from None
     kw = dict(repo_id=repo_id, revision=revision or None)
     try:
         return Path(snapshot_download(**kw))
@@ -65,11 +68,15 @@ def resolve(path_or_id: str | os.PathLike) -> Path:
         try:
             return Path(snapshot_download(**kw, local_files_only=True))
         except Exception:
-            raise CheckpointError(f"cannot fetch {path_or_id} from the Hugging Face Hub "
-                                  f"({e.__class__.__name__}) and it is not in the local cache; check the id, "
-                                  f"or download it where online with 'hf download {repo_id}'") from None
-    raise CheckpointError(f"{path_or_id} is neither a local path nor in the local Hugging Face cache and the Hub is "
-                          f"unreachable (offline); download it with 'hf download {repo_id}' or pass a local folder")
+            raise CheckpointError(
+                f"cannot fetch {path_or_id} from the Hugging Face Hub "
+                f"({e.__class__.__name__}) and it is not in the local cache; check the id, "
+                f"or download it where online with 'hf download {repo_id}'"
+            ) from None
+    raise CheckpointError(
+        f"{path_or_id} is neither a local path nor in the local Hugging Face cache and the Hub is "
+        f"unreachable (offline); download it with 'hf download {repo_id}' or pass a local folder"
+    )
 
 
 def run_dir_of(ckpt: Path) -> Path:
@@ -85,8 +92,10 @@ def load_run(path: str | Path, use_ema: bool = True, train_data: bool = False, d
     dev = resolve_device(cfg.train.device if cfg.train.device != "auto" else "auto")
     data = DataPipeline(cfg, run_dir_of(ckpt), train=train_data)
     if data.vocab_size != st["vocab_size"]:
-        raise ck.CheckpointError(f"checkpoint {ckpt} was trained with vocab size {st['vocab_size']} but its "
-                                 f"tokenizer now has {data.vocab_size}; restore the run's tokenizer/ folder")
+        raise ck.CheckpointError(
+            f"checkpoint {ckpt} was trained with vocab size {st['vocab_size']} but its "
+            f"tokenizer now has {data.vocab_size}; restore the run's tokenizer/ folder"
+        )
     method = get_method(cfg)
     model = method.build_model(st["vocab_size"])
     weights, from_ema = stored.weights(ema=use_ema)

@@ -3,6 +3,7 @@
 The trainer knows a method only through :class:`replaid.methods.base.Method`; the evaluation it runs
 (``eval_every`` and at the end) is the ``evaluate`` callable it is given (``replaid.eval.evaluate.evaluate``,
 wired in ``commands/train.py`` and by the scaling runner)."""
+
 from __future__ import annotations
 
 import math
@@ -34,6 +35,7 @@ class TrainingDiverged(RuntimeError):
 
 
 # ------------------------------------------------------------------ optimiser, LR, EMA
+
 
 def build_optimizer(model: nn.Module, ocfg: OptimConfig) -> torch.optim.AdamW:
     """AdamW with the paper's parameter groups (embedding, monotone MLP, endpoints, projections, backbone)."""
@@ -111,6 +113,7 @@ def resolve_device(name: str) -> torch.device:
 
 # ------------------------------------------------------------------ one step
 
+
 @dataclass
 class Trainer:
     cfg: RunConfig
@@ -164,7 +167,9 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if finite and self.ema is not None:
             self.ema.update(self.model)
-        merged = {k: (torch.cat([x.reshape(-1) for x in v]) if torch.is_tensor(v[0]) else v[-1]) for k, v in rows.items()}
+        merged = {
+            k: (torch.cat([x.reshape(-1) for x in v]) if torch.is_tensor(v[0]) else v[-1]) for k, v in rows.items()
+        }
         if finite:
             self.method.after_step(merged)  # this rank's rows; RePlaid's split all-reduces 4 means
         self.step += 1
@@ -179,8 +184,10 @@ class Trainer:
             if self.step % cfg.train.log_every == 0:
                 self.method.refresh()  # at fixed steps, so a resumed run takes the same B_r
         else:  # a skipped step reports its own (non-finite) values
-            out = {k: (float(v.double().mean()) if torch.is_tensor(v) else v)
-                   for k, v in {**merged, "grad_norm": grad_norm}.items()}
+            out = {
+                k: (float(v.double().mean()) if torch.is_tensor(v) else v)
+                for k, v in {**merged, "grad_norm": grad_norm}.items()
+            }
         if "recon" in out and "diffusion" in out:
             out["loss"] = out["recon"] + out["diffusion"] + out.get("prior", 0.0)
         out.update(lr=self.optimizer.param_groups[-1]["lr"], **status)
@@ -241,6 +248,7 @@ class TrainModule(nn.Module):
 
 # ------------------------------------------------------------------ the loop
 
+
 def rng_state() -> dict[str, Tensor]:
     """Global RNG states (dropout); the loss's own noise streams are derived from (seed, step)."""
     st = {"torch": torch.get_rng_state()}
@@ -263,11 +271,19 @@ def save(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: Optional[di
     in_sync = dist.params_in_sync(trainer.model)
     if not dist.is_main():
         return None
-    state = {"config": trainer.cfg.to_dict(), "method": trainer.cfg.method, "vocab_size": data.vocab_size,
-             "method_state": trainer.method.state_dict(), "data_state": data.train_loader.state_dict(),
-             "history_tail": trainer.history[-5:], "world_size": dist.world_size(), "ranks_in_sync": in_sync,
-             "nonfinite_steps": trainer.nonfinite_steps, "nonfinite_in_row": trainer.nonfinite_in_row,
-             **(extra or {})}
+    state = {
+        "config": trainer.cfg.to_dict(),
+        "method": trainer.cfg.method,
+        "vocab_size": data.vocab_size,
+        "method_state": trainer.method.state_dict(),
+        "data_state": data.train_loader.state_dict(),
+        "history_tail": trainer.history[-5:],
+        "world_size": dist.world_size(),
+        "ranks_in_sync": in_sync,
+        "nonfinite_steps": trainer.nonfinite_steps,
+        "nonfinite_in_row": trainer.nonfinite_in_row,
+        **(extra or {}),
+    }
     return ck.save_checkpoint(run_dir, trainer.step, model_sd, state, ema_sd, opt_sd, rng_state())
 
 
@@ -287,8 +303,17 @@ def use_deterministic_kernels() -> None:
 Evaluator = Callable[..., dict]
 
 
-def train(cfg: RunConfig, run_dir: Path, *, evaluate: Evaluator, resume: bool = False, progress: bool = True,
-          stop_after: Optional[int] = None, overwrite: bool = False, weights_only: bool = False) -> dict:
+def train(
+    cfg: RunConfig,
+    run_dir: Path,
+    *,
+    evaluate: Evaluator,
+    resume: bool = False,
+    progress: bool = True,
+    stop_after: Optional[int] = None,
+    overwrite: bool = False,
+    weights_only: bool = False,
+) -> dict:
     """Train ``cfg`` into ``run_dir``; returns the final metrics (and ``evaluate``'s evaluation).
 
     The run folder is locked for the duration (rank 0); a folder holding a run needs ``resume`` or
@@ -296,8 +321,10 @@ def train(cfg: RunConfig, run_dir: Path, *, evaluate: Evaluator, resume: bool = 
     """
     run_dir = Path(run_dir)
     if not method_class(cfg.method).trainable:  # before anything is written
-        raise ConfigError(f"method={cfg.method} is for converted checkpoints (evaluation and sampling); it "
-                          f"cannot be trained: use method=replaid")
+        raise ConfigError(
+            f"method={cfg.method} is for converted checkpoints (evaluation and sampling); it "
+            f"cannot be trained: use method=replaid"
+        )
     use_deterministic_kernels()
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
@@ -308,8 +335,16 @@ def train(cfg: RunConfig, run_dir: Path, *, evaluate: Evaluator, resume: bool = 
         return _train(cfg, run_dir, device, evaluate, resume, progress, stop_after, weights_only)
 
 
-def _train(cfg: RunConfig, run_dir: Path, device: torch.device, evaluate: Evaluator, resume: bool, progress: bool,
-           stop_after: Optional[int], weights_only: bool) -> dict:
+def _train(
+    cfg: RunConfig,
+    run_dir: Path,
+    device: torch.device,
+    evaluate: Evaluator,
+    resume: bool,
+    progress: bool,
+    stop_after: Optional[int],
+    weights_only: bool,
+) -> dict:
     torch.manual_seed(cfg.train.seed * 1_000_003 + 17)  # identical initial weights on every rank
     # rank 0 trains the tokenizer and fills the token caches first; the others then read them
     data = DataPipeline(cfg, run_dir, rank=0, world_size=dist.world_size()) if dist.is_main() else None
@@ -340,9 +375,14 @@ def _train(cfg: RunConfig, run_dir: Path, device: torch.device, evaluate: Evalua
 
     final = runfolder.read_final_eval(run_dir) if resume else None
     final = final if final and final.get("step") == trainer.step else None
-    log = MetricsLogger(run_dir, enabled=dist.is_main(), resume_step=trainer.step if resume else None,
-                        keep=lambda row: final is not None or row["step"] < cfg.train.steps
-                        or not any(k.startswith("eval/") for k in row))  # an unrecorded final eval is redone
+    log = MetricsLogger(
+        run_dir,
+        enabled=dist.is_main(),
+        resume_step=trainer.step if resume else None,
+        keep=lambda row: (
+            final is not None or row["step"] < cfg.train.steps or not any(k.startswith("eval/") for k in row)
+        ),
+    )  # an unrecorded final eval is redone
     micro = cfg.train.batch_size // (cfg.train.grad_accum * dist.world_size())
     end = cfg.train.steps if stop_after is None else min(cfg.train.steps, trainer.step + stop_after)
     saved = trainer.step if stored is not None else None
@@ -362,8 +402,14 @@ def _train(cfg: RunConfig, run_dir: Path, device: torch.device, evaluate: Evalua
             log.log(trainer.step, m)
             bar.set_postfix(loss=f"{m.get('loss', float('nan')):.3f}", B_r=m.get("B_r", "-"))
         if cfg.train.eval_every and trainer.step % cfg.train.eval_every == 0 and trainer.step < end:
-            log.log(trainer.step, {f"eval/{k}": v for k, v in evaluate(trainer, data, progress=show).items()
-                                   if isinstance(v, (int, float))})
+            log.log(
+                trainer.step,
+                {
+                    f"eval/{k}": v
+                    for k, v in evaluate(trainer, data, progress=show).items()
+                    if isinstance(v, (int, float))
+                },
+            )
         if cfg.train.save_every and trainer.step % cfg.train.save_every == 0 and not trainer.nonfinite_in_row:
             save(trainer, run_dir, data)
             saved = trainer.step
@@ -386,8 +432,10 @@ def _guard_nonfinite(trainer: Trainer, m: dict, run_dir: Path, log) -> None:
     if not m["skipped"]:
         return
     cfg, n = trainer.cfg, trainer.nonfinite_in_row
-    log.write(f"replaid: warning: step {trainer.step}: non-finite loss or gradient (loss {m.get('loss')}, "
-              f"grad norm {m['grad_norm']}); update skipped ({n} in a row, {trainer.nonfinite_steps} in all)")
+    log.write(
+        f"replaid: warning: step {trainer.step}: non-finite loss or gradient (loss {m.get('loss')}, "
+        f"grad norm {m['grad_norm']}); update skipped ({n} in a row, {trainer.nonfinite_steps} in all)"
+    )
     if n < cfg.train.max_nonfinite_steps:
         return
     log.log(trainer.step, m)
@@ -396,10 +444,12 @@ def _guard_nonfinite(trainer: Trainer, m: dict, run_dir: Path, log) -> None:
     causes = f"learning rate too large (optim.lr_backbone={o.lr_backbone:g}, lr_embedding={o.lr_embedding:g}"
     causes += f", grad_clip={o.grad_clip:g})" + (f" or {hint}" if hint else "")
     last = ck.latest_checkpoint(run_dir)
-    raise TrainingDiverged(f"training diverged: {n} steps in a row up to step {trainer.step} had a non-finite loss or "
-                           f"gradient; likely cause: {causes}; the last checkpoint (finite, saved before the streak) is "
-                           f"{last if last is not None else 'none (nothing was saved)'}: lower the learning rate "
-                           f"and start again with --overwrite, or raise train.max_nonfinite_steps")
+    raise TrainingDiverged(
+        f"training diverged: {n} steps in a row up to step {trainer.step} had a non-finite loss or "
+        f"gradient; likely cause: {causes}; the last checkpoint (finite, saved before the streak) is "
+        f"{last if last is not None else 'none (nothing was saved)'}: lower the learning rate "
+        f"and start again with --overwrite, or raise train.max_nonfinite_steps"
+    )
 
 
 def _resume(trainer: Trainer, run_dir: Path, data: DataPipeline, weights_only: bool = False) -> Optional[ck.Stored]:
@@ -413,12 +463,16 @@ def _resume(trainer: Trainer, run_dir: Path, data: DataPipeline, weights_only: b
     stored = ck.Stored(ckpt, ck.load_state(ckpt, need=ck.STATE_KEYS))
     st = stored.state
     if st.get("method") != trainer.cfg.method:
-        raise ck.CheckpointError(f"checkpoint {ckpt} is a '{st.get('method')}' run, not '{trainer.cfg.method}'; "
-                                 f"resume it with --method {st.get('method')} or start a new --out")
+        raise ck.CheckpointError(
+            f"checkpoint {ckpt} is a '{st.get('method')}' run, not '{trainer.cfg.method}'; "
+            f"resume it with --method {st.get('method')} or start a new --out"
+        )
     lacking = [f for f in ("optimizer.safetensors", "optimizer.json", "rng.safetensors") if not (ckpt / f).is_file()]
     if lacking and not weights_only:
-        raise ck.CheckpointError(f"checkpoint {ckpt} lacks {', '.join(lacking)}: resuming would restart the "
-                                 f"optimizer/RNG and not continue the run; pass --resume-weights-only to go on anyway")
+        raise ck.CheckpointError(
+            f"checkpoint {ckpt} lacks {', '.join(lacking)}: resuming would restart the "
+            f"optimizer/RNG and not continue the run; pass --resume-weights-only to go on anyway"
+        )
     ck.load_model_weights(trainer.model, stored.weights(ema=False)[0], str(ckpt))
     rng = stored.tensors("rng")
     if rng is not None:
@@ -427,8 +481,10 @@ def _resume(trainer: Trainer, run_dir: Path, data: DataPipeline, weights_only: b
         trainer.method.load_state_dict(st["method_state"])
         data.train_loader.load_state_dict(st["data_state"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise ck.CheckpointError(f"checkpoint file {ckpt / 'state.json'} holds a damaged method/data state "
-                                 f"({e.__class__.__name__}); remove {ckpt} to fall back on an earlier one") from None
+        raise ck.CheckpointError(
+            f"checkpoint file {ckpt / 'state.json'} holds a damaged method/data state "
+            f"({e.__class__.__name__}); remove {ckpt} to fall back on an earlier one"
+        ) from None
     trainer.step = int(st["step"])
     trainer.history = list(st.get("history_tail", []))
     trainer.nonfinite_steps, trainer.nonfinite_in_row = st.get("nonfinite_steps", 0), st.get("nonfinite_in_row", 0)

@@ -17,6 +17,7 @@ Every request goes through :func:`replaid.sampling.generate` (as ``replaid sampl
 step callback that turns the sampler's state into frames: the same run, seed and settings give the
 same final text (tested).
 """
+
 from __future__ import annotations
 
 import math
@@ -45,6 +46,7 @@ class Cancelled(Exception):
 @dataclass
 class Limits:
     """Per-request bounds (``replaid serve`` options)."""
+
     max_steps: int = 1024
     max_samples: int = 4
     max_length: int = 0  # 0: the run's training length data.seq_len
@@ -54,6 +56,7 @@ class Limits:
 @dataclass
 class GenRequest:
     """One generation: what the Generate form sends. Validated by :meth:`check`."""
+
     run: str
     sampler: str = "ddpm"
     steps: int = 64
@@ -101,12 +104,16 @@ def check(req: GenRequest, run, limits: Limits) -> None:
     """Raises ValueError (one line, naming the field and the allowed range) on a bad request."""
     names = samplers_for(run)
     if req.sampler not in names:
-        raise ValueError(f"sampler {req.sampler!r} is not available for a {run.cfg.method} run; choose {', '.join(names)}")
+        raise ValueError(
+            f"sampler {req.sampler!r} is not available for a {run.cfg.method} run; choose {', '.join(names)}"
+        )
     if not 1 <= req.steps <= limits.max_steps:
         raise ValueError(f"steps must be between 1 and {limits.max_steps}, got {req.steps}")
     max_len = limits.max_length or run.cfg.data.seq_len
     if not 0 <= req.length <= max_len:
-        raise ValueError(f"length must be between 1 and {max_len} (0 = the run's {run.cfg.data.seq_len}), got {req.length}")
+        raise ValueError(
+            f"length must be between 1 and {max_len} (0 = the run's {run.cfg.data.seq_len}), got {req.length}"
+        )
     if not 1 <= req.samples <= limits.max_samples:
         raise ValueError(f"samples must be between 1 and {limits.max_samples}, got {req.samples}")
     for k in ("temperature", "score_temperature"):
@@ -122,6 +129,7 @@ def check(req: GenRequest, run, limits: Limits) -> None:
 @dataclass
 class Template:
     """The text box parsed: ``ids`` (L,) with ``known`` (L,) True on given positions."""
+
     ids: list[int]
     known: list[bool]
     mode: str  # unconditional | prompt | infill
@@ -163,8 +171,10 @@ def prepare(req: GenRequest, run, limits: Limits) -> Template:
     cfg = run.cfg
     tpl = parse_text(req.text, run.tokenizer, req.length or cfg.data.seq_len, limits.max_length or cfg.data.seq_len)
     if tpl.mode == "infill" and run.method.kind is not Kind.CONTINUOUS:
-        raise ValueError(f"infill needs a continuous-diffusion run (replaid, plaid); {req.run!r} is a {cfg.method} "
-                         "run: give a prompt instead")
+        raise ValueError(
+            f"infill needs a continuous-diffusion run (replaid, plaid); {req.run!r} is a {cfg.method} "
+            "run: give a prompt instead"
+        )
     return tpl
 
 
@@ -183,8 +193,14 @@ class Result:
 class _Framer:
     """Turns per-step sampler state into display frames and hands them to ``emit``."""
 
-    def __init__(self, emit: Callable[[dict], None], cancelled: Callable[[], bool], tok, known: torch.Tensor,
-                 known_ids: torch.Tensor):
+    def __init__(
+        self,
+        emit: Callable[[dict], None],
+        cancelled: Callable[[], bool],
+        tok,
+        known: torch.Tensor,
+        known_ids: torch.Tensor,
+    ):
         self.emit, self.cancelled, self.tok = emit, cancelled, tok
         self.known, self.known_ids = known, known_ids  # (L,) bool, (L,) long
         self.sent: set[int] = set()
@@ -210,14 +226,25 @@ class _Framer:
         now = time.perf_counter() - self.t0
         if self.first is None:
             self.first = now
-        self.emit({"type": "step", "i": i + 1, "T": T, "final": final, "ids": ids.tolist(),
-                   "conf": (conf * 100).round().to(torch.int64).clamp(0, 100).tolist(),
-                   "tokens": self.strings(ids), "seconds": round(now, 4), "nfe": self.nfe or None})
+        self.emit(
+            {
+                "type": "step",
+                "i": i + 1,
+                "T": T,
+                "final": final,
+                "ids": ids.tolist(),
+                "conf": (conf * 100).round().to(torch.int64).clamp(0, 100).tolist(),
+                "tokens": self.strings(ids),
+                "seconds": round(now, 4),
+                "nfe": self.nfe or None,
+            }
+        )
 
 
 def _count_calls(module: torch.nn.Module, framer: _Framer):
     def hook(*_):
         framer.nfe += 1
+
     return module.register_forward_hook(hook)
 
 
@@ -228,15 +255,30 @@ def sample_request(req: GenRequest, tpl: Template) -> SampleRequest:
         prompt = req.text
     elif tpl.mode == "infill":
         infill = InfillPlan(torch.tensor(tpl.ids, dtype=torch.long), torch.tensor(tpl.known, dtype=torch.bool))
-    return SampleRequest(sampler=req.sampler, steps=req.steps, num=req.samples, batch_size=req.samples,
-                         length=len(tpl.ids) if tpl.mode != "infill" else None, temperature=req.temperature,
-                         score_temperature=req.score_temperature, seed=req.seed, prompt=prompt, template=infill,
-                         progress=False, allow_longer=True)  # the length was checked against the limits
+    return SampleRequest(
+        sampler=req.sampler,
+        steps=req.steps,
+        num=req.samples,
+        batch_size=req.samples,
+        length=len(tpl.ids) if tpl.mode != "infill" else None,
+        temperature=req.temperature,
+        score_temperature=req.score_temperature,
+        seed=req.seed,
+        prompt=prompt,
+        template=infill,
+        progress=False,
+        allow_longer=True,
+    )  # the length was checked against the limits
 
 
 @torch.no_grad()
-def generate_stream(run, req: GenRequest, emit: Callable[[dict], None],
-                    cancelled: Callable[[], bool] = lambda: False, limits: Limits = Limits()) -> Result:
+def generate_stream(
+    run,
+    req: GenRequest,
+    emit: Callable[[dict], None],
+    cancelled: Callable[[], bool] = lambda: False,
+    limits: Limits = Limits(),
+) -> Result:
     """Runs one validated request on ``run`` (a :class:`replaid.training.loading.Run`), calling ``emit`` with
     a ``start`` event, one ``step`` frame per sampler step and a ``done`` event (also returned).
 
@@ -250,10 +292,22 @@ def generate_stream(run, req: GenRequest, emit: Callable[[dict], None],
     known = torch.tensor(tpl.known, dtype=torch.bool)  # (L,)
     known_ids = torch.tensor(tpl.ids, dtype=torch.long)  # (L,)
     framer = _Framer(emit, cancelled, tok, known, known_ids)
-    emit({"type": "start", "run": req.run, "method": cfg.method, "sampler": req.sampler, "steps": steps,
-          "L": L, "B": B, "mode": tpl.mode, "known": tpl.known, "ids": known_ids.tolist(),
-          "tokens": framer.strings(known_ids[known]),
-          "nfe_expected": sampler.nfe(steps) if method.kind is Kind.CONTINUOUS and sampler.nfe else None})
+    emit(
+        {
+            "type": "start",
+            "run": req.run,
+            "method": cfg.method,
+            "sampler": req.sampler,
+            "steps": steps,
+            "L": L,
+            "B": B,
+            "mode": tpl.mode,
+            "known": tpl.known,
+            "ids": known_ids.tolist(),
+            "tokens": framer.strings(known_ids[known]),
+            "nfe_expected": sampler.nfe(steps) if method.kind is Kind.CONTINUOUS and sampler.nfe else None,
+        }
+    )
     handle = _count_calls(model, framer)
     try:
         rows = generate(run, sample_request(req, tpl), callback=_frames(method.kind, framer, B, L, model))
@@ -263,43 +317,67 @@ def generate_stream(run, req: GenRequest, emit: Callable[[dict], None],
     nfe = rows[0]["nfe"]
     secs = time.perf_counter() - framer.t0
     ids = tokens.tolist()
-    res = Result(ids=ids, texts=[tok.decode(r) for r in ids], nfe=int(nfe), steps=steps, seconds=secs,
-                 first_step_seconds=framer.first, mode=tpl.mode)
-    emit({"type": "done", "ids": ids, "texts": res.texts, "nfe": res.nfe, "steps": steps,
-          "seconds": round(secs, 4), "first_step_seconds": None if framer.first is None else round(framer.first, 4),
-          "tokens": framer.strings(tokens)})
+    res = Result(
+        ids=ids,
+        texts=[tok.decode(r) for r in ids],
+        nfe=int(nfe),
+        steps=steps,
+        seconds=secs,
+        first_step_seconds=framer.first,
+        mode=tpl.mode,
+    )
+    emit(
+        {
+            "type": "done",
+            "ids": ids,
+            "texts": res.texts,
+            "nfe": res.nfe,
+            "steps": steps,
+            "seconds": round(secs, 4),
+            "first_step_seconds": None if framer.first is None else round(framer.first, 4),
+            "tokens": framer.strings(tokens),
+        }
+    )
     return res
 
 
 def _frames(kind: Kind, framer: _Framer, B: int, L: int, model) -> Callable[[dict], None]:
     """The step callback drawing each kind's sampler state (module docstring)."""
     if kind is Kind.CONTINUOUS:
+
         def continuous(info: dict) -> None:
             p = torch.softmax(info["logits"].float(), -1)  # (B, L, V)
             conf, ids = p.max(-1)
-            framer.frame(info["i"], info["T"], info["tokens"] if info.get("final") else ids, conf,
-                         final=bool(info.get("final")))
+            framer.frame(
+                info["i"], info["T"], info["tokens"] if info.get("final") else ids, conf, final=bool(info.get("final"))
+            )
+
         return continuous
     V = model.n_out
     conf = torch.zeros(B, L, dtype=torch.float64)  # kept per position for MDLM / AR
     if kind is Kind.MASKED:
+
         def masked(info: dict) -> None:
             z, p = info["z"].cpu(), info["probs"].cpu()
             new = (z != V) & (conf == 0)
             pz = p.gather(-1, z.clamp(max=V - 1).unsqueeze(-1)).squeeze(-1)  # (B, L)
             conf[new] = pz[new]
             framer.frame(info["i"], info["T"], torch.where(z == V, MASK, z), conf.float())
+
         return masked
     if kind is Kind.UNIFORM:
+
         def uniform(info: dict) -> None:
             z, p = info["z"].cpu(), info["probs"].cpu()
             framer.frame(info["i"], info["T"], z, p.gather(-1, z.unsqueeze(-1)).squeeze(-1).float())
+
         return uniform
 
     def autoregressive(info: dict) -> None:
         pos, toks = info["pos"], info["tokens"].cpu()
-        conf[:, pos] = info["probs"].cpu().gather(-1, toks[:, pos:pos + 1]).squeeze(-1)
+        conf[:, pos] = info["probs"].cpu().gather(-1, toks[:, pos : pos + 1]).squeeze(-1)
         ids = torch.full((B, L), EMPTY, dtype=torch.long)
-        ids[:, :pos + 1] = toks[:, :pos + 1]
+        ids[:, : pos + 1] = toks[:, : pos + 1]
         framer.frame(info["i"], info["T"], ids, conf.float())
+
     return autoregressive
