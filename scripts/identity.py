@@ -117,56 +117,6 @@ print(json.dumps({"sha": h.hexdigest()[:16], "max_abs_diff": max(float((o - r).a
 """
 
 
-def word_tokenizer(path: Path) -> Path:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    words = ["<|endoftext|>", "[UNK]"] + [
-        "the",
-        "of",
-        "a",
-        "to",
-        "and",
-        "in",
-        "is",
-        "for",
-        "return",
-        "value",
-        "if",
-        "be",
-        "by",
-        "this",
-        "that",
-        "with",
-        "as",
-        "an",
-        "or",
-        "on",
-        "not",
-        "are",
-        "it",
-        "from",
-        "can",
-        "object",
-        "string",
-        "list",
-        "file",
-        "name",
-        "new",
-        "will",
-        "type",
-        "default",
-        "used",
-        "when",
-        "data",
-        "set",
-    ]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.add_special_tokens(["<|endoftext|>"])
-    tok.save(str(path))
-    return path
-
-
 def sample_variants(continuous: bool) -> dict[str, list[str]]:
     base = ["--steps", "8", "--num", "3", "--batch-size", "2", "--seed", "0", "--json"]
     if continuous:
@@ -213,7 +163,7 @@ def fingerprints(src: Path, methods: list[str], peers: list[str], web: bool) -> 
             if web:
                 res[f"{m}/web"] = json.loads(env.python(WEB, str(run)))
             print(f"{m}: {res[f'{m}/eval']}", file=sys.stderr, flush=True)
-        tj = word_tokenizer(Path(tmp) / "tok.json")
+        tj = FX / "words.json"  # a 40-word tokenizer (the fixtures' vocabulary size)
         over = [
             "data.tokenizer=file",
             f"data.tokenizer_path={tj}",

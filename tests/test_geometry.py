@@ -105,12 +105,21 @@ def test_ce_overlay_normalises_both_axes_and_reports_r2():
     assert items[1]["ce_min"] == pytest.approx(1.0 + 3.0 * 0.05**2)
 
 
-def test_geometry_and_multi_run_diagnose_commands(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def debug_run(tmp_path_factory):
+    """A two-step debug RePlaid run (the commands' input)."""
+    from replaid.cli import main
+
+    a = tmp_path_factory.mktemp("geometry") / "a"
+    assert main(["train", "--preset", "debug", "--out", str(a), "--no-progress", "train.steps=2"]) == 0
+    return a
+
+
+def test_geometry_and_multi_run_diagnose_commands(debug_run, tmp_path, capsys):
     pytest.importorskip("sklearn")
     from replaid.cli import main
 
-    a = tmp_path / "a"
-    assert main(["train", "--preset", "debug", "--out", str(a), "--no-progress", "train.steps=2"]) == 0
+    a = debug_run
     out = tmp_path / "geo"
     assert (
         main(
@@ -178,7 +187,7 @@ def test_geometry_and_multi_run_diagnose_commands(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_geometry_tsne_and_pos_path(tmp_path):
+def test_geometry_tsne_and_pos_path(debug_run, tmp_path):
     """The t-SNE / POS path of ``replaid geometry``: spaCy tags a few rows of the training split, each
     token's dominant POS colours the t-SNE; the neighbourhood scores in geometry.json are those of the
     rows and points the command wrote (recomputed here from its CSV)."""
@@ -192,8 +201,7 @@ def test_geometry_tsne_and_pos_path(tmp_path):
     from replaid.cli import main
     from replaid.training.loading import load_run
 
-    a = tmp_path / "a"
-    assert main(["train", "--preset", "debug", "--out", str(a), "--no-progress", "train.steps=2"]) == 0
+    a = debug_run
     out = tmp_path / "geo"
     assert (
         main(

@@ -203,22 +203,11 @@ def exported(tmp_path_factory):
             assert main(["export", str(root / name), "--out", str(root / f"{name}-hf")]) == 0
             out[name] = (root / name, root / f"{name}-hf")
         else:
-            tok = root / "words.json"
-            _word_tokenizer(tok)
+            tok = FX / "words.json"  # a 40-word tokenizer (the fixtures' vocabulary size)
             over = ["data.tokenizer=file", f"data.tokenizer_path={tok}", "data.source=stdlib", "data.max_docs=50"]
             assert main(["convert", name, str(FX / name), "--out", str(root / f"{name}-hf"), "--set", *over]) == 0
             out[name] = (root / f"{name}-hf", root / f"{name}-hf")
     return out
-
-
-def _word_tokenizer(path: Path) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    words = ["<|endoftext|>", "[UNK]"] + [f"w{i}" for i in range(38)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.add_special_tokens(["<|endoftext|>"])
-    tok.save(str(path))
 
 
 @pytest.mark.slow

@@ -69,60 +69,9 @@ def test_time_conditioned_mdlm_and_pickles_are_refused(tmp_path):
         peers.read_peer(tmp_path)
 
 
-def _word_tokenizer(path: Path) -> Path:
-    """A 40-entry word-level tokenizer.json (the fixtures' vocabulary size)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    words = ["<|endoftext|>", "[UNK]"] + [
-        "the",
-        "of",
-        "a",
-        "to",
-        "and",
-        "in",
-        "is",
-        "for",
-        "return",
-        "value",
-        "if",
-        "be",
-        "by",
-        "this",
-        "that",
-        "with",
-        "as",
-        "an",
-        "or",
-        "on",
-        "not",
-        "are",
-        "it",
-        "from",
-        "can",
-        "object",
-        "string",
-        "list",
-        "file",
-        "name",
-        "new",
-        "will",
-        "type",
-        "default",
-        "used",
-        "when",
-        "data",
-        "set",
-    ]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.add_special_tokens(["<|endoftext|>"])
-    tok.save(str(path))
-    return path
-
-
 @pytest.mark.parametrize("kind", ["mdlm", "duo", "langflow"])
 def test_convert_command_then_eval_and_sample(kind, tmp_path, capsys):
-    tj = _word_tokenizer(tmp_path / "tok.json")
+    tj = FX / "words.json"  # a 40-word tokenizer (the fixtures' vocabulary size)
     out = tmp_path / kind
     over = [
         "data.tokenizer=file",
