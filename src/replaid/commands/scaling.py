@@ -98,7 +98,8 @@ def register(sub) -> None:
     r.add_argument("--only", nargs="+", help="run only these methods (variant labels)")
     r.add_argument("--prefix", default="", help="command put before every run, e.g. '/work/tools/heavy -n 1'")
     r.add_argument(
-        "--python", help="how to call replaid (absent: this interpreter -m replaid; 'inprocess': in this process)"
+        "--python",
+        help="how to run each training (absent: this interpreter -m replaid train in a subprocess; 'inprocess': the training function in this process)",
     )
     r.add_argument("--gpus-per-job", type=int, default=0, help="slurm: GPUs per job, run under torchrun")
     r.add_argument(

@@ -39,7 +39,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from replaid.training.checkpoint import CheckpointError
+from replaid import presets
+from replaid.data.pipeline import DataPipeline
+from replaid.hub.export import model_card, refuse_existing, write_folder
+from replaid.methods import get_method
+from replaid.model.langflow import LangFlowDenoiser
+from replaid.training.checkpoint import CheckpointError, load_model_weights
 from replaid.training.loading import resolve
 
 PEERS = ("mdlm", "duo", "langflow")
@@ -157,7 +162,6 @@ def adaln_blocks_and_head(sd: dict, n_layers: int) -> dict[str, torch.Tensor]:
 
 def run_config(kind: str, shape: dict, overrides: list[str]):
     """Our RunConfig for a converted peer (``overrides``: data.*, eval.* ... as ``key=value``)."""
-    from replaid.presets import resolve
 
     base = [
         f"method={kind}",
@@ -174,15 +178,11 @@ def run_config(kind: str, shape: dict, overrides: list[str]):
         "mdlm": ["model.time_embedding=dit", "mdlm.time_conditioning=false"],
         "duo": ["model.time_embedding=dit"],
     }.get(kind, [])
-    return resolve("owt-0.1b", None, base + shape.get("extra", []) + list(overrides))
+    return presets.resolve("owt-0.1b", None, base + shape.get("extra", []) + list(overrides))
 
 
 def convert(kind: str, src: str, out: str, overrides: list[str]) -> Path:
     """Convert a peer checkpoint into a replaid folder (same layout as ``replaid export``)."""
-    from replaid.data.pipeline import DataPipeline
-    from replaid.hub.export import model_card, refuse_existing, write_folder
-    from replaid.methods import get_method
-    from replaid.training.checkpoint import load_model_weights
 
     if kind not in PEERS:
         raise CheckpointError(f"unknown peer '{kind}'; choose one of {', '.join(PEERS)}")
@@ -239,8 +239,6 @@ def convert(kind: str, src: str, out: str, overrides: list[str]) -> Path:
 def langflow_to_denoiser(folder: str | Path):
     """LangFlow's Hub folder (``LangFlowConfig`` + ``model.safetensors``) as a
     :class:`replaid.model.langflow.LangFlowDenoiser` with the same weights (strict)."""
-    from replaid.model.langflow import LangFlowDenoiser
-    from replaid.training.checkpoint import load_model_weights
 
     d = resolve(folder)
     if not (d / "config.json").is_file() or not (d / "model.safetensors").is_file():

@@ -1,4 +1,4 @@
-"""PNG plots of a scaling fit (``scaling_fit.fit_points`` output): IsoFLOP curves with their minima,
+"""PNG plots of a scaling fit (``replaid.scaling.fit.fit_points`` output): IsoFLOP curves with their minima,
 the likelihood and parameter scaling laws (with the crossover's green line), the over-training slice."""
 
 from __future__ import annotations
