@@ -169,7 +169,8 @@ def prepare(req: GenRequest, run, limits: Limits) -> Template:
     """Validates ``req`` for ``run`` (:func:`check`) and parses its text box into a :class:`Template`."""
     check(req, run, limits)
     cfg = run.cfg
-    tpl = parse_text(req.text, run.tokenizer, req.length or cfg.data.seq_len, limits.max_length or cfg.data.seq_len)
+    L = SampleRequest(length=req.length or None).length_for(cfg.data.seq_len)  # the one default-length rule
+    tpl = parse_text(req.text, run.tokenizer, L, limits.max_length or cfg.data.seq_len)
     if tpl.mode == "infill" and run.method.kind is not Kind.CONTINUOUS:
         raise ValueError(
             f"infill needs a continuous-diffusion run (replaid, plaid); {req.run!r} is a {cfg.method} "
