@@ -70,10 +70,19 @@ def one(method: str, V: int, steps: int, overrides: list[str], sample: bool) -> 
         t0 = time.process_time()
         with torch.no_grad():
             if method == "mdlm":
-                m.time_conditioning = True  # a network call every step (else skipped when nothing unmasks)
-                _, nfe = m.sample(model, B, L, 4, g)
+                model.time_conditioning = True  # a network call every step (else skipped when nothing unmasks)
+                try:  # the samplers as plain functions (issue 23)
+                    from replaid.sampling.continuous import time_grid
+                    from replaid.sampling.discrete import sample_mdlm
+
+                    _, nfe = sample_mdlm(model, torch.full((B, L), model.n_out), time_grid(4), generator=g)
+                except ImportError:  # an older src/: the sampler was a method
+                    _, nfe = m.sample(model, B, L, 4, g)
             else:
-                from replaid.sampling.continuous import gamma_grid, get_sampler
+                try:
+                    from replaid.sampling.continuous import gamma_grid, get_sampler
+                except ImportError:  # an older src/
+                    from replaid.diffusion.samplers import gamma_grid, get_sampler
 
                 nfe = get_sampler("ddpm")(
                     model, torch.randn(B, L, model.d_e), gamma_grid(model.schedule, 3), generator=g
