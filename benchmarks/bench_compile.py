@@ -5,6 +5,7 @@
 Each mode runs in a fresh process (compilation and two warm-up steps excluded); model as
 bench_step.py (hidden 256, 4 layers, L = 256, batch 8, fp32). Prints the table; --record appends it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_one_option, append_results, device_name, run_isolated, run_one_if_asked  # noqa: E402
 
-BASE = ["model.hidden=256", "model.n_layers=4", "model.n_heads=4", "data.seq_len=256", "train.batch_size=8",
-        "train.precision=fp32", "optim.ema=0"]
+BASE = [
+    "model.hidden=256",
+    "model.n_layers=4",
+    "model.n_heads=4",
+    "data.seq_len=256",
+    "train.batch_size=8",
+    "train.precision=fp32",
+    "optim.ema=0",
+]
 
 
 def one(method: str, V: int, steps: int, compiled: bool) -> dict:
@@ -33,8 +41,9 @@ def one(method: str, V: int, steps: int, compiled: bool) -> dict:
     torch.manual_seed(0)
     m = get_method(cfg)
     model = m.build_model(V)
-    tr = Trainer(cfg, model, m, build_optimizer(model, cfg.optim), torch.device("cpu"),
-                 loss_module=TrainModule(model, m))
+    tr = Trainer(
+        cfg, model, m, build_optimizer(model, cfg.optim), torch.device("cpu"), loss_module=TrainModule(model, m)
+    )
     if compiled:
         compile_loss(model, m)
     batch = [{"tokens": torch.randint(0, V, (8, 256))}]
@@ -76,11 +85,14 @@ def main() -> None:
     if a.record:
         import torch
 
-        append_results(f"train.compile speedup, {device_name(torch.device('cpu'))} (1 thread)",
-                       ["method", "V", "eager step CPU s", "compiled step CPU s", "speedup"], rows,
-                       f"`python benchmarks/bench_compile.py {' '.join(sys.argv[1:])}`; CPU time per step, median of "
-                       f"{a.rounds} interleaved rounds, fresh process each, compilation excluded. RePlaid compiles "
-                       f"its loss core (one graph), MDLM its backbone.")
+        append_results(
+            f"train.compile speedup, {device_name(torch.device('cpu'))} (1 thread)",
+            ["method", "V", "eager step CPU s", "compiled step CPU s", "speedup"],
+            rows,
+            f"`python benchmarks/bench_compile.py {' '.join(sys.argv[1:])}`; CPU time per step, median of "
+            f"{a.rounds} interleaved rounds, fresh process each, compilation excluded. RePlaid compiles "
+            f"its loss core (one graph), MDLM its backbone.",
+        )
 
 
 if __name__ == "__main__":

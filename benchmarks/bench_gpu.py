@@ -19,6 +19,7 @@ training steps at growing, then bisected, per-device batches from the memory mod
 (``replaid.training.memory.largest_batch`` for the device's whole memory), catching out-of-memory
 errors, and reports the largest batch that ran, the smallest that did not and the prediction.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"])
     p.add_argument("--compile", action="store_true", help="train.compile=true")
     p.add_argument("--set", nargs="*", default=[], help="config overrides k=v")
-    p.add_argument("--peak-tflops", type=float, default=None,
-                   help="the matmul peak (TFLOP/s) for MFU; default: measured here for 2 s")
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="the matmul peak (TFLOP/s) for MFU; default: measured here for 2 s",
+    )
     p.add_argument("--max-batch", action="store_true", help="measure the largest per-device batch that fits")
     p.add_argument("--max-probes", type=int, default=12, help="--max-batch: at most this many trial steps")
     p.add_argument("--json", action="store_true", help="print one JSON object (and do not record)")
@@ -59,18 +64,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build(a):
     """(cfg, trainer, device, world, V, bf16) for the arguments ``a``."""
+    from replaid import dist
     from replaid.methods import get_method
     from replaid.presets import resolve
-    from replaid.training import dist
     from replaid.training.memory import preset_vocab
     from replaid.training.train import EMA, Trainer, TrainModule, build_optimizer, compile_loss, resolve_device
 
     dev = dist.setup_device(resolve_device(a.device or ("cuda" if torch.cuda.is_available() else "cpu")))
     world = dist.world_size()
     L = a.length
-    cfg = resolve(a.preset, None, [f"train.batch_size={a.per_device_batch * world}", f"train.precision={a.precision}",
-                                   f"train.compile={str(a.compile).lower()}", *([f"data.seq_len={L}"] if L else []),
-                                   *a.set])
+    cfg = resolve(
+        a.preset,
+        None,
+        [
+            f"train.batch_size={a.per_device_batch * world}",
+            f"train.precision={a.precision}",
+            f"train.compile={str(a.compile).lower()}",
+            *([f"data.seq_len={L}"] if L else []),
+            *a.set,
+        ],
+    )
     V = preset_vocab(cfg)
     torch.manual_seed(0)
     method = get_method(cfg)
@@ -135,9 +148,15 @@ def max_batch(a, cfg, tr, dev, V: int, bf16: bool) -> dict:
     while hi is not None and hi - lo > max(1, lo // 50) and len(tried) < a.max_probes:  # bisect to 2%
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return {"max_batch": lo, "first_failing_batch": hi, "predicted_max_batch": predicted,
-            "device_memory_gb": total / 1e9, "resolution": max(1, lo // 50), "probes": tried,
-            "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "default")}
+    return {
+        "max_batch": lo,
+        "first_failing_batch": hi,
+        "predicted_max_batch": predicted,
+        "device_memory_gb": total / 1e9,
+        "resolution": max(1, lo // 50),
+        "probes": tried,
+        "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "default"),
+    }
 
 
 def main() -> None:
@@ -145,14 +164,22 @@ def main() -> None:
     if a.max_batch and not (a.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda"):
         print("replaid: error: --max-batch measures CUDA memory; run it on a GPU (--device cuda)", file=sys.stderr)
         sys.exit(2)
-    from replaid.training import dist
+    from replaid import dist
     from replaid.training.flops import train_flops_per_token
     from replaid.training.memory import estimate
 
     cfg, tr, dev, world, V, bf16 = build(a)
     L, B = cfg.data.seq_len, a.per_device_batch
-    info = {"preset": a.preset, "method": cfg.method, "L": L, "V": V, "precision": "bf16" if bf16 else "fp32",
-            "compile": cfg.train.compile, "device": device_name(dev), "devices": world}
+    info = {
+        "preset": a.preset,
+        "method": cfg.method,
+        "L": L,
+        "V": V,
+        "precision": "bf16" if bf16 else "fp32",
+        "compile": cfg.train.compile,
+        "device": device_name(dev),
+        "devices": world,
+    }
     if a.max_batch:
         res = {**info, **max_batch(a, cfg, tr, dev, V, bf16)}
         print(json.dumps(res) if a.json else res, flush=True)
@@ -176,33 +203,83 @@ def main() -> None:
     flops_tok = train_flops_per_token(cfg, V)
     mfu = flops_tok * tok_s / world / peak
     sheet = datasheet_bf16_flops(dev) if bf16 else None
-    mem = (torch.cuda.max_memory_allocated(dev) if dev.type == "cuda"
-           else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    mem = (
+        torch.cuda.max_memory_allocated(dev)
+        if dev.type == "cuda"
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    )
     reserved = torch.cuda.max_memory_reserved(dev) if dev.type == "cuda" else None
     est = estimate(cfg, V, B, bf16).peak
     if a.json:
         if dist.is_main():
-            print(json.dumps({**info, "batch": B, "steps": a.steps, "warmup": a.warmup, "warmup_s": warmup_s,
-                              "step_s": step_s, "tokens_per_s": tok_s, "train_flops_per_token": flops_tok,
-                              "peak_tflops_used": peak / 1e12, "mfu": mfu,
-                              "datasheet_tflops": sheet / 1e12 if sheet else None,
-                              "mfu_datasheet": flops_tok * tok_s / world / sheet if sheet else None,
-                              "peak_mem_gb": mem / 1e9, "reserved_gb": reserved / 1e9 if reserved else None,
-                              "model_gb": est / 1e9, "loss": m.get("loss", float("nan"))}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        **info,
+                        "batch": B,
+                        "steps": a.steps,
+                        "warmup": a.warmup,
+                        "warmup_s": warmup_s,
+                        "step_s": step_s,
+                        "tokens_per_s": tok_s,
+                        "train_flops_per_token": flops_tok,
+                        "peak_tflops_used": peak / 1e12,
+                        "mfu": mfu,
+                        "datasheet_tflops": sheet / 1e12 if sheet else None,
+                        "mfu_datasheet": flops_tok * tok_s / world / sheet if sheet else None,
+                        "peak_mem_gb": mem / 1e9,
+                        "reserved_gb": reserved / 1e9 if reserved else None,
+                        "model_gb": est / 1e9,
+                        "loss": m.get("loss", float("nan")),
+                    }
+                ),
+                flush=True,
+            )
         dist.cleanup()
         return
-    row = [a.preset, cfg.method, L, B, world, "bf16" if bf16 else "fp32", cfg.train.compile, f"{step_s:.4g}",
-           f"{tok_s:.4g}", f"{mem / 1e9:.3g}", f"{est / 1e9:.3g}", f"{100 * mfu:.1f}%", f"{peak / 1e12:.3g}",
-           f"{m.get('loss', float('nan')):.4g}"]
-    header = ["preset", "method", "L", "batch/device", "devices", "precision", "compile", "step s", "tokens/s",
-              "peak mem GB", "model GB", "MFU", "matmul TFLOP/s", "loss"]
+    row = [
+        a.preset,
+        cfg.method,
+        L,
+        B,
+        world,
+        "bf16" if bf16 else "fp32",
+        cfg.train.compile,
+        f"{step_s:.4g}",
+        f"{tok_s:.4g}",
+        f"{mem / 1e9:.3g}",
+        f"{est / 1e9:.3g}",
+        f"{100 * mfu:.1f}%",
+        f"{peak / 1e12:.3g}",
+        f"{m.get('loss', float('nan')):.4g}",
+    ]
+    header = [
+        "preset",
+        "method",
+        "L",
+        "batch/device",
+        "devices",
+        "precision",
+        "compile",
+        "step s",
+        "tokens/s",
+        "peak mem GB",
+        "model GB",
+        "MFU",
+        "matmul TFLOP/s",
+        "loss",
+    ]
     if dist.is_main():
         print(" | ".join(f"{h}={x}" for h, x in zip(header, row)), flush=True)
         if not a.no_record:
-            append_results(f"Training step, {device_name(dev)} x{world}", header, [row],
-                           f"`{'torchrun --nproc_per_node ' + str(world) + ' ' if world > 1 else 'python '}"
-                           f"benchmarks/bench_gpu.py {' '.join(sys.argv[1:])}`. Peak memory: max allocated on GPU "
-                           f"(max RSS on CPU); 'model GB' is `replaid memory`'s estimate for this batch.")
+            append_results(
+                f"Training step, {device_name(dev)} x{world}",
+                header,
+                [row],
+                f"`{'torchrun --nproc_per_node ' + str(world) + ' ' if world > 1 else 'python '}"
+                f"benchmarks/bench_gpu.py {' '.join(sys.argv[1:])}`. Peak memory: max allocated on GPU "
+                f"(max RSS on CPU); 'model GB' is `replaid memory`'s estimate for this batch.",
+            )
     dist.cleanup()
 
 

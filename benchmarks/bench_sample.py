@@ -8,6 +8,7 @@ a GPU). ``--method mdlm`` times MDLM's own sampler (``--samplers`` is then ignor
 network calls it made). Results are appended to docs/benchmarks.md with date and device, or printed
 as one JSON object per line with ``--json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,14 +23,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import append_results, device_name, sync  # noqa: E402
 
 from replaid.presets import resolve  # noqa: E402
-from replaid.diffusion.samplers import gamma_grid, get_sampler  # noqa: E402
+from replaid.sampling.continuous import gamma_grid, get_sampler  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="demo")
-    p.add_argument("--method", default="replaid", choices=["replaid", "mdlm"],
-                   help="replaid: the continuous samplers; mdlm: MDLM's ancestral sampler")
+    p.add_argument(
+        "--method",
+        default="replaid",
+        choices=["replaid", "mdlm"],
+        help="replaid: the continuous samplers; mdlm: MDLM's ancestral sampler",
+    )
     p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the preset's tokenizer's)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--length", type=int, default=None)
@@ -75,18 +80,39 @@ def main() -> None:
             secs = time.perf_counter() - t0
             rows.append([name, T, nfe, a.batch, L, secs, a.batch * L / secs, nfe / secs])
             if a.json:
-                print(json.dumps({"sampler": name, "method": a.method, "T": T, "nfe": nfe, "batch": a.batch, "L": L,
-                                  "V": V, "seconds": secs, "tokens_per_s": a.batch * L / secs, "nfe_per_s": nfe / secs,
-                                  "device": device_name(dev)}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "sampler": name,
+                            "method": a.method,
+                            "T": T,
+                            "nfe": nfe,
+                            "batch": a.batch,
+                            "L": L,
+                            "V": V,
+                            "seconds": secs,
+                            "tokens_per_s": a.batch * L / secs,
+                            "nfe_per_s": nfe / secs,
+                            "device": device_name(dev),
+                        }
+                    ),
+                    flush=True,
+                )
             else:
-                print(f"{name:8s} T={T:5d} nfe={nfe:5d} {secs:8.2f}s  {a.batch * L / secs:10.1f} tok/s  "
-                      f"{nfe / secs:8.2f} NFE/s", flush=True)
+                print(
+                    f"{name:8s} T={T:5d} nfe={nfe:5d} {secs:8.2f}s  {a.batch * L / secs:10.1f} tok/s  "
+                    f"{nfe / secs:8.2f} NFE/s",
+                    flush=True,
+                )
     if not a.no_record and not a.json:
-        append_results(f"Sampling throughput, preset {a.preset}, {device_name(dev)}",
-                       ["sampler", "T", "NFE", "batch", "L", "seconds", "tokens/s", "NFE/s"], rows,
-                       f"`python benchmarks/bench_sample.py --preset {a.preset} --batch {a.batch} "
-                       f"--steps {' '.join(map(str, a.steps))}`; untrained weights of the preset's size, "
-                       f"self-conditioning on (each NFE is one network pass; its e_hat is fed to the next).")
+        append_results(
+            f"Sampling throughput, preset {a.preset}, {device_name(dev)}",
+            ["sampler", "T", "NFE", "batch", "L", "seconds", "tokens/s", "NFE/s"],
+            rows,
+            f"`python benchmarks/bench_sample.py --preset {a.preset} --batch {a.batch} "
+            f"--steps {' '.join(map(str, a.steps))}`; untrained weights of the preset's size, "
+            f"self-conditioning on (each NFE is one network pass; its e_hat is fed to the next).",
+        )
 
 
 if __name__ == "__main__":

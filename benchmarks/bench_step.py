@@ -9,6 +9,7 @@ interleave all configurations and the median over rounds is reported, next to th
 ``replaid.training.flops``. ``--sample`` also times MDLM's and RePlaid's (DDPM) samplers over 4 NFE (NFE/s).
 Model: hidden 256, 4 layers, L = 256, batch 8, fp32 (``--set k=v`` to change).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,10 +22,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_one_option, append_results, device_name, run_isolated, run_one_if_asked  # noqa: E402
 
-BASE = ["model.hidden=256", "model.n_layers=4", "model.n_heads=4", "data.seq_len=256", "train.batch_size=8",
-        "train.precision=fp32", "train.num_threads=1", "optim.ema=0"]
-METHODS = {"mdlm": ["method=mdlm"], "replaid": ["method=replaid"],
-           "replaid-nosc": ["method=replaid", "model.self_conditioning=false"]}
+BASE = [
+    "model.hidden=256",
+    "model.n_layers=4",
+    "model.n_heads=4",
+    "data.seq_len=256",
+    "train.batch_size=8",
+    "train.precision=fp32",
+    "train.num_threads=1",
+    "optim.ema=0",
+]
+METHODS = {
+    "mdlm": ["method=mdlm"],
+    "replaid": ["method=replaid"],
+    "replaid-nosc": ["method=replaid", "model.self_conditioning=false"],
+}
 
 
 def one(method: str, V: int, steps: int, overrides: list[str], sample: bool) -> dict:
@@ -41,8 +53,9 @@ def one(method: str, V: int, steps: int, overrides: list[str], sample: bool) -> 
     torch.manual_seed(0)
     m = get_method(cfg)
     model = m.build_model(V)
-    tr = Trainer(cfg, model, m, build_optimizer(model, cfg.optim), torch.device("cpu"),
-                 loss_module=TrainModule(model, m))
+    tr = Trainer(
+        cfg, model, m, build_optimizer(model, cfg.optim), torch.device("cpu"), loss_module=TrainModule(model, m)
+    )
     batch = [{"tokens": torch.randint(0, V, (cfg.train.batch_size, cfg.data.seq_len))}]
     kw = {"log": False} if "log" in inspect.signature(tr.train_step).parameters else {}
     tr.train_step(batch)
@@ -57,13 +70,23 @@ def one(method: str, V: int, steps: int, overrides: list[str], sample: bool) -> 
         t0 = time.process_time()
         with torch.no_grad():
             if method == "mdlm":
-                m.time_conditioning = True  # a network call every step (else skipped when nothing unmasks)
-                _, nfe = m.sample(model, B, L, 4, g)
-            else:
-                from replaid.diffusion.samplers import gamma_grid, get_sampler
+                model.time_conditioning = True  # a network call every step (else skipped when nothing unmasks)
+                try:  # the samplers as plain functions (issue 23)
+                    from replaid.sampling.continuous import time_grid
+                    from replaid.sampling.discrete import sample_mdlm
 
-                nfe = get_sampler("ddpm")(model, torch.randn(B, L, model.d_e), gamma_grid(model.schedule, 3),
-                                          generator=g).nfe
+                    _, nfe = sample_mdlm(model, torch.full((B, L), model.n_out), time_grid(4), generator=g)
+                except ImportError:  # an older src/: the sampler was a method
+                    _, nfe = m.sample(model, B, L, 4, g)
+            else:
+                try:
+                    from replaid.sampling.continuous import gamma_grid, get_sampler
+                except ImportError:  # an older src/
+                    from replaid.diffusion.samplers import gamma_grid, get_sampler
+
+                nfe = get_sampler("ddpm")(
+                    model, torch.randn(B, L, model.d_e), gamma_grid(model.schedule, 3), generator=g
+                ).nfe
         out["nfe_per_s"] = nfe / (time.process_time() - t0)
     return out
 
@@ -72,15 +95,20 @@ def flop_ratio(V: int, overrides: list[str], method: str) -> float:
     from replaid.presets import resolve
     from replaid.training.flops import train_flops_per_token
 
-    f = {k: train_flops_per_token(resolve("debug", None, [*BASE, *METHODS[k], *overrides]), V)
-         for k in ("mdlm", method)}
+    f = {
+        k: train_flops_per_token(resolve("debug", None, [*BASE, *METHODS[k], *overrides]), V) for k in ("mdlm", method)
+    }
     return f[method] / f["mdlm"]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--src", nargs="+", default=[f"after={Path(__file__).resolve().parents[1] / 'src'}"],
-                   help="NAME=PATH of a src/ directory (code version) to time")
+    p.add_argument(
+        "--src",
+        nargs="+",
+        default=[f"after={Path(__file__).resolve().parents[1] / 'src'}"],
+        help="NAME=PATH of a src/ directory (code version) to time",
+    )
     p.add_argument("--vocab", type=int, nargs="+", default=[2048, 50257])
     p.add_argument("--methods", nargs="+", default=list(METHODS))
     p.add_argument("--rounds", type=int, default=3)
@@ -130,11 +158,15 @@ def main() -> None:
     if not a.no_record:
         import torch
 
-        append_results(f"Training step CPU time by method, {device_name(torch.device('cpu'))} (1 thread)", header,
-                       rows, f"`python benchmarks/bench_step.py {' '.join(sys.argv[1:])}`; hidden 256, 4 layers, "
-                       f"L = 256, batch 8, fp32; process CPU time per step, median of {a.rounds} interleaved "
-                       f"rounds of {a.steps} steps after a warm-up step, each in a fresh process at 1 thread "
-                       f"(shared machine). NFE/s: MDLM's sampler with a network call every step, RePlaid's DDPM.")
+        append_results(
+            f"Training step CPU time by method, {device_name(torch.device('cpu'))} (1 thread)",
+            header,
+            rows,
+            f"`python benchmarks/bench_step.py {' '.join(sys.argv[1:])}`; hidden 256, 4 layers, "
+            f"L = 256, batch 8, fp32; process CPU time per step, median of {a.rounds} interleaved "
+            f"rounds of {a.steps} steps after a warm-up step, each in a fresh process at 1 thread "
+            f"(shared machine). NFE/s: MDLM's sampler with a network call every step, RePlaid's DDPM.",
+        )
 
 
 if __name__ == "__main__":

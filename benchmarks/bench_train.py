@@ -8,6 +8,7 @@ then timed steps of the real training step (Algorithm 1 with self-conditioning, 
 tokens. MFU = (training FLOPs per token x tokens/s) / the peak matmul FLOP/s measured in the same
 process (bf16 on GPU, fp32 on CPU). Results are appended to docs/benchmarks.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,33 +20,48 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (add_one_option, append_results, device_name, peak_matmul_flops, run_isolated,  # noqa: E402
-                    run_one_if_asked, sync)
+from common import add_one_option, append_results, device_name, peak_matmul_flops, run_isolated, run_one_if_asked, sync  # noqa: E402
 
 
-def one(preset: str, L: int, B: int, steps: int, chunk: int, device: str, vocab: int | None,
-        compile_: bool, ckpt: bool) -> dict:
+def one(
+    preset: str, L: int, B: int, steps: int, chunk: int, device: str, vocab: int | None, compile_: bool, ckpt: bool
+) -> dict:
     from replaid.config import set_key
-    from replaid.training.flops import train_flops_per_token
     from replaid.methods import get_method
     from replaid.presets import get_preset
-    from replaid.training.train import EMA, Trainer, TrainModule, autocast_ctx, build_optimizer
+    from replaid.training.flops import train_flops_per_token
+    from replaid.training.train import EMA, Trainer, TrainModule, build_optimizer
 
     cfg = get_preset(preset)
-    for k, v in {"data.seq_len": L, "train.batch_size": B, "model.head_chunk_rows": chunk,
-                 "model.activation_checkpointing": ckpt, "train.compile": compile_}.items():
+    for k, v in {
+        "data.seq_len": L,
+        "train.batch_size": B,
+        "model.head_chunk_rows": chunk,
+        "model.activation_checkpointing": ckpt,
+        "train.compile": compile_,
+    }.items():
         set_key(cfg, k, v)
     cfg.validate()
     dev = torch.device(device)
-    V = vocab or (cfg.data.bpe_vocab_size if cfg.data.tokenizer == "bpe" else
-                  {"gpt2": 50257, "llama2": 32000}.get(cfg.data.tokenizer, 30522))
+    V = vocab or (
+        cfg.data.bpe_vocab_size
+        if cfg.data.tokenizer == "bpe"
+        else {"gpt2": 50257, "llama2": 32000}.get(cfg.data.tokenizer, 30522)
+    )
     method = get_method(cfg)
     model = method.build_model(V).to(dev)
     if compile_:
         model.backbone.compile()
     opt = build_optimizer(model, cfg.optim)
-    tr = Trainer(cfg, model, method, opt, dev,
-                 EMA(model, cfg.optim.ema) if cfg.optim.ema > 0 else None, loss_module=TrainModule(model, method))
+    tr = Trainer(
+        cfg,
+        model,
+        method,
+        opt,
+        dev,
+        EMA(model, cfg.optim.ema) if cfg.optim.ema > 0 else None,
+        loss_module=TrainModule(model, method),
+    )
     batch = [{"tokens": torch.randint(0, V, (B, L))}]
     peak_flops = peak_matmul_flops(dev, torch.bfloat16 if dev.type == "cuda" else torch.float32)
     warm = 2
@@ -62,12 +78,27 @@ def one(preset: str, L: int, B: int, steps: int, chunk: int, device: str, vocab:
     dt = (time.perf_counter() - t0) / steps
     tok_s = B * L / dt
     fpt = train_flops_per_token(cfg, V)
-    mem = (torch.cuda.max_memory_allocated(dev) if dev.type == "cuda"
-           else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-    return {"preset": preset, "L": L, "B": B, "V": V, "chunk": chunk, "step_s": dt, "tokens_per_s": tok_s,
-            "peak_mem_gb": mem / 2**30, "rss_before_gb": rss0 * 1024 / 2**30, "model_flops_per_s": fpt * tok_s,
-            "peak_matmul_flops": peak_flops, "mfu": fpt * tok_s / peak_flops,
-            "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "device": device_name(dev)}
+    mem = (
+        torch.cuda.max_memory_allocated(dev)
+        if dev.type == "cuda"
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    )
+    return {
+        "preset": preset,
+        "L": L,
+        "B": B,
+        "V": V,
+        "chunk": chunk,
+        "step_s": dt,
+        "tokens_per_s": tok_s,
+        "peak_mem_gb": mem / 2**30,
+        "rss_before_gb": rss0 * 1024 / 2**30,
+        "model_flops_per_s": fpt * tok_s,
+        "peak_matmul_flops": peak_flops,
+        "mfu": fpt * tok_s / peak_flops,
+        "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+        "device": device_name(dev),
+    }
 
 
 def main() -> None:
@@ -91,8 +122,17 @@ def main() -> None:
         for L in a.lengths:
             for B in a.batches:
                 for chunk in a.chunk:
-                    spec = dict(preset=preset, L=L, B=B, steps=a.steps, chunk=chunk, device=a.device,
-                                vocab=a.vocab, compile_=a.compile, ckpt=a.act_ckpt)
+                    spec = dict(
+                        preset=preset,
+                        L=L,
+                        B=B,
+                        steps=a.steps,
+                        chunk=chunk,
+                        device=a.device,
+                        vocab=a.vocab,
+                        compile_=a.compile,
+                        ckpt=a.act_ckpt,
+                    )
                     res, stderr = run_isolated(__file__, spec)
                     if res is None:
                         err = (stderr.strip().splitlines() or ["?"])[-1]
@@ -100,19 +140,35 @@ def main() -> None:
                         rows.append([preset, L, B, chunk, "failed", "", "", "", err[:60]])
                         continue
                     results.append(res)
-                    print(f"{preset:9s} L={L:5d} B={B:4d} chunk={chunk:5d} step {res['step_s']:.3f}s "
-                          f"{res['tokens_per_s']:9.0f} tok/s  peak {res['peak_mem_gb']:.2f} GiB  "
-                          f"MFU {100 * res['mfu']:.1f}%", flush=True)
-                    rows.append([preset, L, B, chunk, res["step_s"], res["tokens_per_s"], res["peak_mem_gb"],
-                                 f"{100 * res['mfu']:.1f}%", f"{res['peak_matmul_flops'] / 1e12:.3g}"])
+                    print(
+                        f"{preset:9s} L={L:5d} B={B:4d} chunk={chunk:5d} step {res['step_s']:.3f}s "
+                        f"{res['tokens_per_s']:9.0f} tok/s  peak {res['peak_mem_gb']:.2f} GiB  "
+                        f"MFU {100 * res['mfu']:.1f}%",
+                        flush=True,
+                    )
+                    rows.append(
+                        [
+                            preset,
+                            L,
+                            B,
+                            chunk,
+                            res["step_s"],
+                            res["tokens_per_s"],
+                            res["peak_mem_gb"],
+                            f"{100 * res['mfu']:.1f}%",
+                            f"{res['peak_matmul_flops'] / 1e12:.3g}",
+                        ]
+                    )
     if results and not a.no_record:
         dev = results[0]["device"]
-        append_results(f"Training throughput, {dev}",
-                       ["preset", "L", "batch", "head chunk", "step s", "tokens/s", "peak mem GiB", "MFU",
-                        "peak matmul TFLOP/s"], rows,
-                       f"`python benchmarks/bench_train.py {' '.join(sys.argv[1:])}`. MFU counts training FLOPs "
-                       f"(`replaid.flops`, incl. the 8.3% self-conditioning pass) over the measured matmul peak "
-                       f"({'bf16' if 'CPU' not in dev else 'fp32'}). CPU peak memory is the process's max RSS.")
+        append_results(
+            f"Training throughput, {dev}",
+            ["preset", "L", "batch", "head chunk", "step s", "tokens/s", "peak mem GiB", "MFU", "peak matmul TFLOP/s"],
+            rows,
+            f"`python benchmarks/bench_train.py {' '.join(sys.argv[1:])}`. MFU counts training FLOPs "
+            f"(`replaid.flops`, incl. the 8.3% self-conditioning pass) over the measured matmul peak "
+            f"({'bf16' if 'CPU' not in dev else 'fp32'}). CPU peak memory is the process's max RSS.",
+        )
 
 
 if __name__ == "__main__":

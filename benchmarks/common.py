@@ -1,4 +1,5 @@
 """Shared helpers for the benchmark scripts: device, peak matmul throughput, result table."""
+
 from __future__ import annotations
 
 import datetime
@@ -40,8 +41,17 @@ def peak_matmul_flops(dev: torch.device, dtype: torch.dtype, n: int | None = Non
 
 # Dense bf16 tensor-core peaks from the vendors' datasheets (FLOP/s, no sparsity), by device-name pattern;
 # the first match wins, so the more specific names come first.
-DATASHEET_BF16 = [("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989.4e12), ("GH200", 989.4e12),
-                  ("H200", 989.4e12), ("B200", 2250e12), ("A100", 312e12), ("L40S", 362e12), ("A10G", 70e12)]
+DATASHEET_BF16 = [
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H100", 989.4e12),
+    ("GH200", 989.4e12),
+    ("H200", 989.4e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("A10G", 70e12),
+]
 
 
 def datasheet_bf16_flops(dev: torch.device) -> float | None:
@@ -58,7 +68,9 @@ def append_results(title: str, header: list[str], rows: list[list], notes: str =
     new = not RESULTS.exists()
     with open(RESULTS, "a") as f:
         if new:
-            f.write("# Benchmarks\n\nAppended by the scripts in `benchmarks/`; each table carries its date and device.\n")
+            f.write(
+                "# Benchmarks\n\nAppended by the scripts in `benchmarks/`; each table carries its date and device.\n"
+            )
         f.write(f"\n## {title} — {datetime.date.today().isoformat()}\n\n")
         if notes:
             f.write(notes.strip() + "\n\n")

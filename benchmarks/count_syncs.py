@@ -6,6 +6,7 @@
 On ``meta`` every event is one a GPU would see. On ``cpu`` (for code that cannot run on meta) every
 event on a CPU tensor counts, including harmless reads of CPU-generator scalars: read the sites.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,7 +17,8 @@ from pathlib import Path
 import torch
 
 spec = importlib.util.spec_from_file_location(
-    "syncs", Path(__file__).resolve().parents[1] / "src" / "replaid" / "training" / "syncs.py")
+    "syncs", Path(__file__).resolve().parents[1] / "src" / "replaid" / "training" / "syncs.py"
+)
 syncs = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(syncs)
 
@@ -32,14 +34,26 @@ def main() -> None:
 
     dev = torch.device(a.device)
     for name in a.methods:
-        cfg = resolve("debug", None, [f"method={name}", "model.hidden=32", "model.n_layers=1", "model.n_heads=2",
-                                      "model.cond_dim=16", "diffusion.schedule_hidden=16", "train.batch_size=8",
-                                      "data.seq_len=8"])
+        cfg = resolve(
+            "debug",
+            None,
+            [
+                f"method={name}",
+                "model.hidden=32",
+                "model.n_layers=1",
+                "model.n_heads=2",
+                "model.cond_dim=16",
+                "diffusion.schedule_hidden=16",
+                "train.batch_size=8",
+                "data.seq_len=8",
+            ],
+        )
         m = get_method(cfg)
         with dev:
             model = m.build_model(64)
-        tr = Trainer(cfg, model, m, build_optimizer(model, cfg.optim), dev, EMA(model, 0.9),
-                     loss_module=TrainModule(model, m))
+        tr = Trainer(
+            cfg, model, m, build_optimizer(model, cfg.optim), dev, EMA(model, 0.9), loss_module=TrainModule(model, m)
+        )
         batch = [{"tokens": torch.randint(0, 64, (8, 8))}]
         kw = {"log": False} if "log" in inspect.signature(tr.train_step).parameters else {}
         with syncs.meta_as_cpu_autocast():

@@ -22,6 +22,7 @@ through ``torch.nn.functional.scaled_dot_product_attention`` and ``apply_rotary_
 rotary formula in PyTorch (out of place): the timing then measures the reference's model and loss with
 PyTorch's own fused attention instead of flash-attn's kernels.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,8 +75,10 @@ def flash_attn_shim() -> str:
         for name in [m for m in sys.modules if m == "flash_attn" or m.startswith("flash_attn.")]:
             del sys.modules[name]
         if not isinstance(e, ImportError) or getattr(e, "name", None) not in ("flash_attn", None):
-            print(f"flash_attn is there but does not import ({e.__class__.__name__}: {str(e)[:120]}); using the "
-                  f"shim", file=sys.stderr)
+            print(
+                f"flash_attn is there but does not import ({e.__class__.__name__}: {str(e)[:120]}); using the shim",
+                file=sys.stderr,
+            )
 
     def varlen_qkvpacked(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False, **_):
         total, _, H, D = qkv.shape
@@ -93,7 +96,7 @@ def flash_attn_shim() -> str:
         c, s = cos[:S].view(1, S, 1, half), sin[:S].view(1, S, 1, half)
 
         def rot(x):  # (B, S, H, D): the first 2 * half channels rotated (GPT-NeoX layout), the rest kept
-            x1, x2, rest = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
+            x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
             return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c, rest], -1)
 
         return torch.stack([rot(qkv[:, :, 0]), rot(qkv[:, :, 1]), qkv[:, :, 2]], 2)
@@ -131,14 +134,34 @@ def build(diffusion, device: torch.device, length: int, vocab: int = 50257):
     import noise_schedule
     import omegaconf
 
-    cfg = omegaconf.OmegaConf.create({
-        "model": {"hidden_size": 768, "cond_dim": 128, "length": length, "n_blocks": 12, "n_heads": 12,
-                  "scale_by_sigma": True, "dropout": 0.1, "tie_word_embeddings": False},
-        "noise": {"type": "loglinear", "sigma_min": 1e-4, "sigma_max": 20},
-        "training": {"ema": 0.9999, "antithetic_sampling": True, "importance_sampling": False,
-                     "sampling_eps": 1e-3, "change_of_variables": False},
-        "optim": {"weight_decay": 0, "lr": 3e-4, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8},
-        "parameterization": "subs", "T": 0, "subs_masking": False, "time_conditioning": False, "backbone": "dit"})
+    cfg = omegaconf.OmegaConf.create(
+        {
+            "model": {
+                "hidden_size": 768,
+                "cond_dim": 128,
+                "length": length,
+                "n_blocks": 12,
+                "n_heads": 12,
+                "scale_by_sigma": True,
+                "dropout": 0.1,
+                "tie_word_embeddings": False,
+            },
+            "noise": {"type": "loglinear", "sigma_min": 1e-4, "sigma_max": 20},
+            "training": {
+                "ema": 0.9999,
+                "antithetic_sampling": True,
+                "importance_sampling": False,
+                "sampling_eps": 1e-3,
+                "change_of_variables": False,
+            },
+            "optim": {"weight_decay": 0, "lr": 3e-4, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8},
+            "parameterization": "subs",
+            "T": 0,
+            "subs_masking": False,
+            "time_conditioning": False,
+            "backbone": "dit",
+        }
+    )
     obj = diffusion.Diffusion.__new__(diffusion.Diffusion)
     lightning.LightningModule.__init__(obj)
     obj.config = cfg
@@ -152,8 +175,13 @@ def build(diffusion, device: torch.device, length: int, vocab: int = 50257):
     obj.to(device)
     params = list(itertools.chain(obj.backbone.parameters(), obj.noise.parameters()))
     obj.ema = models.ema.ExponentialMovingAverage(params, decay=cfg.training.ema)
-    opt = torch.optim.AdamW(params, lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
-                            weight_decay=cfg.optim.weight_decay)
+    opt = torch.optim.AdamW(
+        params,
+        lr=cfg.optim.lr,
+        betas=(cfg.optim.beta1, cfg.optim.beta2),
+        eps=cfg.optim.eps,
+        weight_decay=cfg.optim.weight_decay,
+    )
     return obj, params, opt
 
 
@@ -176,8 +204,11 @@ def main() -> None:
     ref = Path(a.ref)
     miss = missing_files(ref)
     if miss:
-        print(f"replaid: error: --ref {ref} lacks {', '.join(miss)}; copy kuleshov-group/mdlm there "
-              f"(scripts/gpu_check.sh --fetch-mdlm SNAPSHOT)", file=sys.stderr)
+        print(
+            f"replaid: error: --ref {ref} lacks {', '.join(miss)}; copy kuleshov-group/mdlm there "
+            f"(scripts/gpu_check.sh --fetch-mdlm SNAPSHOT)",
+            file=sys.stderr,
+        )
         sys.exit(2)
     if a.check:
         print(json.dumps({"ref": str(ref), "files": list(REF_FILES)}) if a.json else f"{ref}: reference files present")
@@ -203,11 +234,20 @@ def main() -> None:
         torch.cuda.synchronize(dev)
     step_s = (time.perf_counter() - t0) / a.steps
     n_params = sum(p.numel() for p in obj.backbone.parameters())
-    res = {"ref": str(ref), "batch": a.batch, "L": a.length, "V": obj.vocab_size, "params": n_params,
-           "setup_s": setup_s, "step_s": step_s, "tokens_per_s": a.batch * a.length / step_s,
-           "peak_mem_gb": torch.cuda.max_memory_allocated(dev) / 1e9 if dev.type == "cuda" else None,
-           "loss": float(loss), "stand_ins": notes,
-           "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"}
+    res = {
+        "ref": str(ref),
+        "batch": a.batch,
+        "L": a.length,
+        "V": obj.vocab_size,
+        "params": n_params,
+        "setup_s": setup_s,
+        "step_s": step_s,
+        "tokens_per_s": a.batch * a.length / step_s,
+        "peak_mem_gb": torch.cuda.max_memory_allocated(dev) / 1e9 if dev.type == "cuda" else None,
+        "loss": float(loss),
+        "stand_ins": notes,
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+    }
     print(json.dumps(res) if a.json else res, flush=True)
 
 

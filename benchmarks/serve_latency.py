@@ -7,6 +7,7 @@ request; ``server_cpu_s`` is the server process's CPU time (user + system) over 
 
     python benchmarks/serve_latency.py runs/demo --steps 64 --repeats 3 --concurrent 5 --threads 1
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,8 +79,19 @@ def main() -> int:
     p.add_argument("--max-queue", type=int, default=8)
     a = p.parse_args()
     port = free_port()
-    cmd = [sys.executable, "-m", "replaid", "serve", a.run, "--port", str(port), "--threads", str(a.threads),
-           "--max-queue", str(a.max_queue)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "replaid",
+        "serve",
+        a.run,
+        "--port",
+        str(port),
+        "--threads",
+        str(a.threads),
+        "--max-queue",
+        str(a.max_queue),
+    ]
     srv = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     try:
         t0 = time.time()
@@ -117,11 +129,19 @@ def main() -> int:
         for t in ts:
             t.join()
         wall = time.perf_counter() - t0
-        out = {"run": a.run, "sampler": a.sampler, "steps": a.steps, "threads": a.threads, "startup_s": round(startup, 2),
-               "single": single, "concurrent": sorted(results, key=lambda r: (r["ahead"] is None, r["ahead"] or 0)),
-               "concurrent_wall_s": round(wall, 3), "concurrent_server_cpu_s": round(cpu_seconds(srv.pid) - c0, 3),
-               "rss_mb_before_after": [round(rss0, 1), round(rss_mb(srv.pid), 1)],
-               "still_serving": httpx.get(f"{base}/api/runs").status_code == 200}
+        out = {
+            "run": a.run,
+            "sampler": a.sampler,
+            "steps": a.steps,
+            "threads": a.threads,
+            "startup_s": round(startup, 2),
+            "single": single,
+            "concurrent": sorted(results, key=lambda r: (r["ahead"] is None, r["ahead"] or 0)),
+            "concurrent_wall_s": round(wall, 3),
+            "concurrent_server_cpu_s": round(cpu_seconds(srv.pid) - c0, 3),
+            "rss_mb_before_after": [round(rss0, 1), round(rss_mb(srv.pid), 1)],
+            "still_serving": httpx.get(f"{base}/api/runs").status_code == 200,
+        }
         print(json.dumps(out, indent=1))
         return 0
     finally:

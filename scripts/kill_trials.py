@@ -9,6 +9,7 @@ optimizer moments, RNG state) is compared with ``torch.equal`` against the refer
 metrics rows (timing fields aside) must equal the reference's row for row (so no duplicated or
 missing step), and ``final_eval.json`` (timing aside) must be equal.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from replaid.loading import load_run
 from replaid.training import checkpoint as ck
+from replaid.training.loading import load_run
 
 TIMING = {"time", "tokens_per_s", "eval/seconds", "seconds"}
 
@@ -52,25 +53,53 @@ TARGETS = [
     ("final save: writing a tensor file", "ck", "save_file", lambda n, r: 4 * (n - 1) + r.randint(1, 4), "True"),
     ("final save: writing state.json", "ck", "_write_json", lambda n, r: n, "str(a[0]).endswith('state.json')"),
     ("final save: after fsync, before rename", "os", "rename", lambda n, r: n, "'checkpoints' in str(a[1])"),
-    ("final save: between rename and LATEST update", "ck", "fsync_dir", lambda n, r: n,
-     "str(a[0]).endswith('checkpoints')"),
+    (
+        "final save: between rename and LATEST update",
+        "ck",
+        "fsync_dir",
+        lambda n, r: n,
+        "str(a[0]).endswith('checkpoints')",
+    ),
     ("final save: replacing LATEST", "os", "replace", lambda n, r: n, "str(a[1]).endswith('LATEST')"),
-    ("final save: pruning the oldest checkpoint", "shutil", "rmtree", lambda n, r: n - 2,
-     "'checkpoints/step_' in str(a[0])"),
-    ("after the final save: writing final_eval.json", "os", "replace", lambda n, r: 1,
-     "str(a[1]).endswith('final_eval.json')"),
+    (
+        "final save: pruning the oldest checkpoint",
+        "shutil",
+        "rmtree",
+        lambda n, r: n - 2,
+        "'checkpoints/step_' in str(a[0])",
+    ),
+    (
+        "after the final save: writing final_eval.json",
+        "os",
+        "replace",
+        lambda n, r: 1,
+        "str(a[1]).endswith('final_eval.json')",
+    ),
 ]
 
 
 def train_cmd(out: Path, a, extra=()) -> list[str]:
-    return ["train", "--preset", "debug", "--no-progress", "--out", str(out), f"train.steps={a.steps}",
-            f"train.save_every={a.save_every}", "train.log_every=1", "eval.max_batches=1", "train.num_threads=1",
-            *extra]
+    return [
+        "train",
+        "--preset",
+        "debug",
+        "--no-progress",
+        "--out",
+        str(out),
+        f"train.steps={a.steps}",
+        f"train.save_every={a.save_every}",
+        "train.log_every=1",
+        "eval.max_batches=1",
+        "train.num_threads=1",
+        *extra,
+    ]
 
 
 def rows(run: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(x).items() if k not in TIMING}
-            for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(x).items() if k not in TIMING}
+        for x in (run / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 def last_logged_step(run: Path) -> int:
@@ -85,7 +114,9 @@ def last_logged_step(run: Path) -> int:
 
 def tensors(run: Path) -> dict:
     c = ck.find_checkpoint(run)
-    return {f"{n}/{k}": v for n in ("model", "ema", "optimizer", "rng") for k, v in (ck.load_tensors(c, n) or {}).items()}
+    return {
+        f"{n}/{k}": v for n in ("model", "ema", "optimizer", "rng") for k, v in (ck.load_tensors(c, n) or {}).items()
+    }
 
 
 def final_eval(run: Path) -> dict:
@@ -94,7 +125,9 @@ def final_eval(run: Path) -> dict:
 
 def launch(argv: list[str], script: str | None = None) -> subprocess.Popen:
     code = ["-c", script] if script else ["-m", "replaid"]
-    return subprocess.Popen([sys.executable, *code, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, *code, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
 
 
 def kill_at(p: subprocess.Popen, seconds: float) -> bool:
@@ -146,7 +179,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="/tmp/kill-trials")
     p.add_argument("--window", type=float, default=0, help="random kills fall in [0.2 s, window] (0 = one run's time)")
-    p.add_argument("--kill-resume-frac", type=float, default=1 / 3, help="share of random trials whose resume is killed too")
+    p.add_argument(
+        "--kill-resume-frac", type=float, default=1 / 3, help="share of random trials whose resume is killed too"
+    )
     p.add_argument("--max-minutes", type=float, default=0, help="start no trial after this long (0 = no limit)")
     a = p.parse_args()
     out = Path(a.out)
@@ -202,17 +237,22 @@ def main() -> None:
 def summarise(logs: list[dict], a, t0: float) -> dict:
     killed = [x for x in logs if x.get("killed")]
     summary = {
-        "trials": len(logs), "killed": len(killed),
+        "trials": len(logs),
+        "killed": len(killed),
         "killed_during_final_save_or_after": sum(1 for x in killed if (x.get("last_logged") or 0) >= a.steps),
         "killed_before_first_checkpoint": sum(1 for x in killed if x.get("ckpt_step") is None),
         "resume_killed_too": sum(1 for x in logs if x.get("resume_killed")),
         "loadable": sum(1 for x in logs if x.get("loadable")),
-        "max_lost_steps": max((x.get("lost_steps", 0) for x in logs), default=0), "save_every": a.save_every,
+        "max_lost_steps": max((x.get("lost_steps", 0) for x in logs), default=0),
+        "save_every": a.save_every,
         "bit_exact": sum(1 for x in logs if x.get("bit_exact")),
-        "failures": [x for x in logs if not (x.get("loadable") and x.get("bit_exact")
-                                             and x.get("lost_steps", 0) <= a.save_every)],
-        "by_moment": {m: sum(1 for x in logs if x.get("moment") == m and x.get("bit_exact")) for m in
-                      dict.fromkeys(x["moment"] for x in logs if "moment" in x)},
+        "failures": [
+            x for x in logs if not (x.get("loadable") and x.get("bit_exact") and x.get("lost_steps", 0) <= a.save_every)
+        ],
+        "by_moment": {
+            m: sum(1 for x in logs if x.get("moment") == m and x.get("bit_exact"))
+            for m in dict.fromkeys(x["moment"] for x in logs if "moment" in x)
+        },
         "seconds": round(time.time() - t0),
     }
     return summary

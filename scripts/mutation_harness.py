@@ -11,6 +11,7 @@ timeout; a timeout counts as killed). With ``--before-tests`` (a folder holding 
 the tests) every mutant is first run against those, so one pass reports the kill share before and
 after a change of the tests. Writes a JSON list of mutants with their outcome and prints a summary.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 SWAP_BIN = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.Pow: ast.Mult}
-SWAP_CMP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
-            ast.NotEq: ast.Eq}
+SWAP_CMP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq}
 
 
 def _docstring_nodes(tree: ast.AST) -> set[int]:
@@ -57,8 +57,12 @@ def mutation_sites(tree: ast.AST) -> list[tuple[int, str]]:
                 sites.append((i, "bool"))
             elif isinstance(node.value, (int, float)):
                 sites.append((i, "number"))
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-              and node.func.attr == "detach" and not node.args):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "detach"
+            and not node.args
+        ):
             sites.append((i, "detach"))
     return sites
 
@@ -112,9 +116,24 @@ def run_tests(src: Path, tests: list[str], timeout: float, cwd: Path, select: st
     env = dict(os.environ, PYTHONPATH=str(src))
     t0 = time.time()
     try:
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests,
-                            *(["-k", select] if select else [])],
-                           cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-x",
+                "-p",
+                "no:cacheprovider",
+                *tests,
+                *(["-k", select] if select else []),
+            ],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         return "timeout", time.time() - t0
     return ("survived" if r.returncode == 0 else "killed"), time.time() - t0
@@ -130,7 +149,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=240.0, help="seconds per test run (a timeout = killed)")
     p.add_argument("--out", required=True, help="JSON file of the outcomes")
-    p.add_argument("--budget", type=float, default=0, help="stop drawing mutants after this many seconds (0 = no limit)")
+    p.add_argument(
+        "--budget", type=float, default=0, help="stop drawing mutants after this many seconds (0 = no limit)"
+    )
     p.add_argument("--scratch", default="/tmp/replaid-mutation")
     a = p.parse_args()
 
@@ -169,8 +190,11 @@ def main() -> None:
         finally:
             target.write_text(orig)
         results.append(rec)
-        print(f"[{k + 1}/{len(chosen)}] {rec['file']}:{line} {desc}: before {rec.get('before', '-')}, "
-              f"after {rec['after']}", flush=True)
+        print(
+            f"[{k + 1}/{len(chosen)}] {rec['file']}:{line} {desc}: before {rec.get('before', '-')}, "
+            f"after {rec['after']}",
+            flush=True,
+        )
         Path(a.out).write_text(json.dumps(results, indent=2))
 
     def share(key):

@@ -6,6 +6,7 @@ two are given) and the Runs page.
 
     python scripts/playground_screenshots.py runs/demo --out docs/playground
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,8 +15,15 @@ import threading
 import time
 from pathlib import Path
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 def main() -> None:
@@ -82,7 +90,9 @@ def main() -> None:
 
         # Runs page
         pg.click("#tab-runs")
-        pg.wait_for_function("document.querySelector('#run-page img.curves') && document.querySelector('#run-page img.curves').naturalWidth > 0")
+        pg.wait_for_function(
+            "document.querySelector('#run-page img.curves') && document.querySelector('#run-page img.curves').naturalWidth > 0"
+        )
         pg.screenshot(path=str(out / "runs.png"), full_page=True)
         b.close()
     server.should_exit = True

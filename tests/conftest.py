@@ -8,9 +8,12 @@ SHARED = REPO.parent / "shared"
 
 
 def pytest_addoption(parser):
-    parser.addoption("--device", default="cpu",
-                     help="device of the device-aware tests (samplers, likelihood, method contract, compile): "
-                          "cpu (default) or cuda[:N]; scripts/gpu_check.sh runs them with --device cuda")
+    parser.addoption(
+        "--device",
+        default="cpu",
+        help="device of the device-aware tests (samplers, likelihood, method contract, compile): "
+        "cpu (default) or cuda[:N]; scripts/gpu_check.sh runs them with --device cuda",
+    )
 
 
 def pytest_configure(config):

@@ -1,12 +1,19 @@
 """RePlaid's ablation switches each train and evaluate (debug preset), and the CE term's gradient
 reaches only the embeddings and the denoiser (paper section 5.1)."""
+
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
 
-from replaid.presets import resolve
+from replaid.eval.evaluate import evaluate
 from replaid.methods.replaid import RePlaidMethod
-from replaid.training.train import train
+from replaid.presets import resolve
+from replaid.training.train import train as _train
+
+train = partial(_train, evaluate=evaluate)  # the trainer with the evaluation commands/train.py wires in
+
 
 ABLATIONS = {
     "no-output-prior": ["model.output_prior=false"],
@@ -32,8 +39,17 @@ def test_frozen_embeddings_from_file(tmp_path):
 
     V = 512  # the debug preset's BPE vocabulary
     save_file({"embedding": torch.randn(V, 8)}, str(tmp_path / "emb.safetensors"))
-    cfg = resolve("debug", None, ["train.steps=2", "eval.max_batches=1", "model.embeddings=file", "model.d_e=8",
-                                  f"model.embeddings_path={tmp_path / 'emb.safetensors'}"])
+    cfg = resolve(
+        "debug",
+        None,
+        [
+            "train.steps=2",
+            "eval.max_batches=1",
+            "model.embeddings=file",
+            "model.d_e=8",
+            f"model.embeddings_path={tmp_path / 'emb.safetensors'}",
+        ],
+    )
     res = train(cfg, tmp_path / "run", progress=False)
     assert np.isfinite(res["eval"]["nelbo_nats_per_token"])
 

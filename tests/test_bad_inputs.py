@@ -1,5 +1,6 @@
 """The hostile-user table: every bad input ends in one line ``replaid: error: ...`` naming the
 problem, exit status 2, and leaves the run folder (or the absent --out) exactly as it was."""
+
 import json
 import math
 import os
@@ -19,8 +20,10 @@ NEW = ["train", "--preset", "debug", "--no-progress", "--out", "{new}"]
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("bad") / "run"
-    assert main(["train", "--preset", "debug", "--out", str(run), "--no-progress", "train.steps=2",
-                 "eval.max_batches=1"]) == 0
+    assert (
+        main(["train", "--preset", "debug", "--out", str(run), "--no-progress", "train.steps=2", "eval.max_batches=1"])
+        == 0
+    )
     return run
 
 
@@ -48,15 +51,18 @@ def nan_weights(run):
     c = ck.find_checkpoint(run)
     for name in ("model", "ema"):
         sd = load_file(str(c / f"{name}.safetensors"))
-        save_file({k: torch.full_like(v, math.nan) if v.is_floating_point() else v for k, v in sd.items()},
-                  str(c / f"{name}.safetensors"))
+        save_file(
+            {k: torch.full_like(v, math.nan) if v.is_floating_point() else v for k, v in sd.items()},
+            str(c / f"{name}.safetensors"),
+        )
 
 
 def split_folder(run):
     tmp = run.parent
     (tmp / "corpus").mkdir()
-    (tmp / "corpus" / "train.jsonl").write_text("".join(json.dumps({"text": f"doc {i} " * 40}) + "\n"
-                                                        for i in range(40)))
+    (tmp / "corpus" / "train.jsonl").write_text(
+        "".join(json.dumps({"text": f"doc {i} " * 40}) + "\n" for i in range(40))
+    )
     (tmp / "corpus" / "valid.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
 
 
@@ -71,8 +77,11 @@ CASES = [
     (NEW + ["train.max_nonfinite_steps=0"], "train.max_nonfinite_steps", None),
     (NEW + ["data.source={tmp}/corpus"], "the valid split", split_folder),
     (["train", "--preset", "debug", "--no-progress", "--out", "{run}"], "already holds a run", None),
-    (["train", "--preset", "debug", "--no-progress", "--out", "{tmp}/afile"], "is a file",
-     lambda run: (run.parent / "afile").write_text("x")),
+    (
+        ["train", "--preset", "debug", "--no-progress", "--out", "{tmp}/afile"],
+        "is a file",
+        lambda run: (run.parent / "afile").write_text("x"),
+    ),
     (["train", "--preset", "debug", "--no-progress", "--out", "/proc/replaid-run"], "cannot write to run folder", None),
     (["train", "--out", "{run}", "--resume", "--overwrite"], "pass one of them", None),
     (["train", "--out", "{run}", "--resume", "train.steps=4"], "not a replaid state", corrupt_state_list),
@@ -106,8 +115,10 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(trained, tmp_path, cap
     if damage is not None:
         damage(run)
     before = files(tmp_path)
-    argv = [a.replace("{run}", str(run)).replace("{tmp}", str(tmp_path)).replace("{new}", str(tmp_path / "new"))
-            for a in argv]
+    argv = [
+        a.replace("{run}", str(run)).replace("{tmp}", str(tmp_path)).replace("{new}", str(tmp_path / "new"))
+        for a in argv
+    ]
     assert main(argv) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     errors = [ln for ln in err if ln.startswith("replaid: error: ")]  # besides progress bars (tokenizing)

@@ -1,4 +1,5 @@
 """benchmarks/bench_gpu.py runs at debug size on the CPU (so it works the day a GPU appears)."""
+
 import os
 import socket
 import subprocess
@@ -8,8 +9,19 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu.py"
-ARGS = ["--preset", "debug", "--per-device-batch", "2", "--steps", "2", "--warmup", "1", "--device", "cpu",
-        "--no-record"]
+ARGS = [
+    "--preset",
+    "debug",
+    "--per-device-batch",
+    "2",
+    "--steps",
+    "2",
+    "--warmup",
+    "1",
+    "--device",
+    "cpu",
+    "--no-record",
+]
 
 
 def _run(cmd):
@@ -30,6 +42,17 @@ def test_bench_gpu_under_torchrun_on_cpu():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    out = _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-                str(SCRIPT), *ARGS])
+    out = _run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(port),
+            str(SCRIPT),
+            *ARGS,
+        ]
+    )
     assert "devices=2" in out

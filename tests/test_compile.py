@@ -1,6 +1,7 @@
 """train.compile: RePlaid's loss core (all of Algorithm 1 but the noise draws and the schedule with its
 variance hook) compiles as one graph, and the compiled step equals the eager one; on the ``device``
 fixture's device (``pytest --device cuda``: Inductor's GPU code)."""
+
 import pytest
 import torch
 

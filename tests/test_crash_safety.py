@@ -2,22 +2,27 @@
 the process dies with os._exit), and the run must still load, resume, and end bit for bit where the
 uninterrupted run ends. Plus: LATEST fallback and confinement, no double save, the run-folder lock,
 no silent overwrite, strict resume, stale temporaries, save before the final evaluation."""
+
 import json
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 
 from replaid.cli import main
+from replaid.eval.evaluate import evaluate
 from replaid.presets import resolve
 from replaid.training import checkpoint as ck
 from replaid.training import runfolder
-from replaid.training.train import train
+from replaid.training.train import train as _train
+
+train = partial(_train, evaluate=evaluate)  # the trainer with the evaluation commands/train.py wires in
 
 ARGS = ("train.steps=6", "train.save_every=2", "train.log_every=1", "eval.max_batches=1", "train.num_threads=1")
 TIMING = {"time", "tokens_per_s", "eval/seconds"}
@@ -28,8 +33,10 @@ def cfg(*extra):
 
 
 def rows(run: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING}
-            for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(line).items() if k not in TIMING}
+        for line in (run / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 def tensors(run: Path) -> dict[str, torch.Tensor]:
@@ -81,8 +88,15 @@ def in_checkpoints(*a, **kw):
 
 # (what fails, k-th call): first save (step 2), middle saves, the final save (step 6), pruning
 FAULTS = [
-    ("save_file", 1), ("save_file", 11), ("_write_json", 2), ("rename", 1), ("rename", 3),
-    ("replace", 2), ("replace", 3), ("rmtree", 1), ("fsync_dir", 4),
+    ("save_file", 1),
+    ("save_file", 11),
+    ("_write_json", 2),
+    ("rename", 1),
+    ("rename", 3),
+    ("replace", 2),
+    ("replace", 3),
+    ("rmtree", 1),
+    ("fsync_dir", 4),
 ]
 
 
@@ -110,6 +124,7 @@ KILL = """
 import os, sys
 from replaid.training import checkpoint as ck
 from replaid.cli import main
+
 real, seen = {owner}.{name}, [0]
 def dying(*a, **kw):
     if {when}:
@@ -122,12 +137,15 @@ sys.exit(main(["train", "--preset", "debug", "--out", sys.argv[1], "--no-progres
 """
 
 
-@pytest.mark.parametrize("owner,name,k,when", [
-    # the final save renamed step_6 into place, then died before LATEST named it
-    ("os", "replace", 3, "str(a[1]).endswith('LATEST')"),
-    # died in the middle of writing the final checkpoint's files
-    ("ck", "save_file", 9, "True"),
-])
+@pytest.mark.parametrize(
+    "owner,name,k,when",
+    [
+        # the final save renamed step_6 into place, then died before LATEST named it
+        ("os", "replace", 3, "str(a[1]).endswith('LATEST')"),
+        # died in the middle of writing the final checkpoint's files
+        ("ck", "save_file", 9, "True"),
+    ],
+)
 def test_death_at_a_save_step_leaves_a_run_that_resumes_bit_exactly(ref, tmp_path, owner, name, k, when):
     run = tmp_path / "run"
     script = KILL.format(owner=owner, name=name, k=k, when=when)
@@ -188,8 +206,9 @@ def test_existing_run_needs_resume_or_overwrite(ref, tmp_path, capsys):
     # a finished run resumed again: nothing retrained, nothing rewritten, the recorded evaluation
     res = train(cfg(), run, resume=True, progress=False)
     assert res["step"] == 6 and res["eval"] == runfolder.read_final_eval(ref)["eval"]
-    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and ".lock" not in p.name
-            and "tb" not in p.parts} == {p: b for p, b in snapshot.items() if "tb" not in p.parts}
+    assert {
+        p: p.read_bytes() for p in run.rglob("*") if p.is_file() and ".lock" not in p.name and "tb" not in p.parts
+    } == {p: b for p, b in snapshot.items() if "tb" not in p.parts}
     assert runfolder.status(run)["state"] == "finished"
     train(resolve("debug", None, ["train.steps=2"]), run, overwrite=True, progress=False)
     assert ck.load_state(ck.find_checkpoint(run))["step"] == 2
@@ -203,8 +222,9 @@ def test_resume_without_optimizer_state_is_refused_unless_weights_only(ref, tmp_
     (c / "optimizer.json").unlink()
     assert main(["train", "--out", str(run), "--resume", "--no-progress", "train.steps=7"]) == 2
     assert "lacks optimizer.json" in capsys.readouterr().err
-    assert main(["train", "--out", str(run), "--resume", "--resume-weights-only", "--no-progress",
-                 "train.steps=7"]) == 0
+    assert (
+        main(["train", "--out", str(run), "--resume", "--resume-weights-only", "--no-progress", "train.steps=7"]) == 0
+    )
     assert ck.load_state(ck.find_checkpoint(run))["step"] == 7
 
 
@@ -232,15 +252,12 @@ def test_a_start_killed_before_its_config_leaves_a_folder_that_starts_again(ref,
 
 
 def test_the_final_checkpoint_is_saved_before_the_final_evaluation(tmp_path, monkeypatch):
-    import replaid.eval.evaluate as ev
-
     def broken(*a, **k):
         raise RuntimeError("evaluation failed")
 
-    monkeypatch.setattr(ev, "evaluate", broken)
     run = tmp_path / "run"
     with pytest.raises(RuntimeError):
-        train(resolve("debug", None, ["train.steps=3"]), run, progress=False)
+        _train(resolve("debug", None, ["train.steps=3"]), run, evaluate=broken, progress=False)
     assert ck.load_state(ck.find_checkpoint(run))["step"] == 3
     assert runfolder.status(run)["state"] == "interrupted"
 

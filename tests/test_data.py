@@ -1,19 +1,37 @@
 """Tests of the data pipeline: sources, tokenizers, token cache, sequences and the batch loader."""
+
 from __future__ import annotations
 
 import json
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from replaid.data import (BatchLoader, DataError, HFSpec, SequenceDataset, build_tokenizer, describe,
-                          get_token_array, hf_spec, iter_documents, load_doc_offsets, load_saved_tokenizer,
-                          load_tokenizer_file, save_tokenizer, source_fingerprint, tokenize_to_cache,
-                          unigram_nll, validate_tokens)
+from replaid.data import (
+    BatchLoader,
+    DataError,
+    HFSpec,
+    SequenceDataset,
+    build_tokenizer,
+    describe,
+    get_token_array,
+    hf_spec,
+    iter_documents,
+    load_doc_offsets,
+    load_saved_tokenizer,
+    load_tokenizer_file,
+    save_tokenizer,
+    source_fingerprint,
+    tokenize_to_cache,
+    unigram_nll,
+    validate_tokens,
+)
 from replaid.data.cache import open_cache
 from replaid.data.sources import HF_DATASETS, _wikitext_articles, hash_split, iter_hf_documents, stdlib_modules
 
@@ -70,8 +88,9 @@ def test_stdlib_corpus_split_is_deterministic_and_disjoint():
     assert len(modules) > 200
     rels = [rel for rel, _ in modules]
     assert rels == sorted(rels)
-    assert not any(part in {"test", "tests", "idlelib", "lib2to3", "site-packages"}
-                   for rel in rels for part in rel.split("/")[:-1])
+    assert not any(
+        part in {"test", "tests", "idlelib", "lib2to3", "site-packages"} for rel in rels for part in rel.split("/")[:-1]
+    )
     assert all(len(text) >= 200 for _, text in modules)
     splits = {s: list(iter_documents("stdlib", s)) for s in ("train", "valid", "test")}
     assert all(splits.values())
@@ -84,7 +103,20 @@ def test_stdlib_corpus_split_is_deterministic_and_disjoint():
     keys = ("json/__init__.py", "os.py", "k11", "k17")
     assert [hash_split(k) for k in keys] == ["valid", "train", "test", "valid"]
     assert list(iter_documents("stdlib", "valid")) == splits["valid"]
-    assert source_fingerprint("stdlib", "train") == source_fingerprint("stdlib", "train")
+    # the fingerprint keys the token cache across processes: a fresh interpreter (its own hash seed)
+    # must compute the same one
+    code = "from replaid.data import source_fingerprint; print(source_fingerprint('stdlib', 'train'))"
+    other = [
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout.strip()
+        for seed in ("1", "2")
+    ]
+    assert other == [source_fingerprint("stdlib", "train")] * 2
     assert source_fingerprint("stdlib", "train") != source_fingerprint("stdlib", "valid")
     assert len(list(iter_documents("stdlib", "train", max_docs=7))) == 7
 
@@ -222,8 +254,7 @@ def test_bpe_training_is_deterministic_and_cached(tmp_path, small_corpus):
     def no_training():
         raise AssertionError("retrained instead of loading the cached tokenizer")
 
-    cached = build_tokenizer("bpe", "corpus-fp", corpus=lambda: iter(small_corpus), vocab_size=512,
-                             cache_dir=tmp_path)
+    cached = build_tokenizer("bpe", "corpus-fp", corpus=lambda: iter(small_corpus), vocab_size=512, cache_dir=tmp_path)
     assert len(list(tmp_path.glob("bpe-512-*.json"))) == 1
     again = build_tokenizer("bpe", corpus=no_training, vocab_size=512, cache_dir=tmp_path, fingerprint="corpus-fp")
     assert again.name == cached.name == a.name and again.encode(text) == a.encode(text)
@@ -307,7 +338,8 @@ def test_unpacked_sequences_pad_truncate_and_mask(tmp_path):
     assert b["tokens"].tolist() == [[97, 98, 99, eos, eos, eos], list(b"defghi"), [113, eos, eos, eos, eos, eos]]
     assert b["mask"].tolist() == [[1, 1, 1, 1, 0, 0], [1] * 6, [1, 1, 0, 0, 0, 0]]
     assert SequenceDataset.from_cache(arr, meta, 6, packed=False, pad_id=0).get_batch([2])["tokens"].tolist() == [
-        [113, eos, 0, 0, 0, 0]]
+        [113, eos, 0, 0, 0, 0]
+    ]
 
 
 def batches(loader, k):
@@ -322,7 +354,7 @@ def test_loader_is_deterministic_and_visits_each_sequence_once_per_epoch():
     assert all(torch.equal(x, y) for x, y in zip(first, batches(b, 10)))
     assert not torch.equal(first[0], next(BatchLoader(ds, 8, seed=4))["tokens"])
     for epoch in range(2):
-        seen = torch.cat([t[:, 0] // 4 for t in first[5 * epoch:5 * epoch + 5]])
+        seen = torch.cat([t[:, 0] // 4 for t in first[5 * epoch : 5 * epoch + 5]])
         assert seen.tolist() == torch.randperm(40, generator=torch.Generator().manual_seed(3 + epoch)).tolist()
     plain = BatchLoader(ds, 8, shuffle=False)
     assert next(plain)["tokens"][:, 0].tolist() == [4 * i for i in range(8)]
@@ -382,18 +414,21 @@ def test_data_errors_are_one_line_and_name_the_fix(tmp_path):
         (lambda: next(iter_documents(str(tmp_path / "missing"), "train")), ["does not exist", "data.source"]),
         (lambda: next(iter_documents(str(tmp_path / "empty.jsonl"), "train")), ["no documents", "data.source"]),
         (lambda: next(iter_documents(str(tmp_path / "emptydir"), "train")), ["no documents", "data.source"]),
-        (lambda: next(iter_documents(str(tmp_path / "nofield.jsonl"), "train")),
-         ["nofield.jsonl:1", "'text'", "data.text_field"]),
+        (
+            lambda: next(iter_documents(str(tmp_path / "nofield.jsonl"), "train")),
+            ["nofield.jsonl:1", "'text'", "data.text_field"],
+        ),
         (lambda: next(iter_documents(str(tmp_path / "split"), "test")), ["split 'test' not found", "test.jsonl"]),
         (lambda: next(iter_documents("stdlib", "dev")), ["unknown split", "train, valid, test"]),
         (lambda: build_tokenizer("wordpiece9"), ["unknown tokenizer kind", "data.tokenizer"]),
         (lambda: build_tokenizer("llama2", str(tmp_path / "nope.model")), ["not found", "data.tokenizer_path"]),
         (lambda: build_tokenizer("gpt2", str(tmp_path / "emptydir")), ["not found", "data.tokenizer_path"]),
         (lambda: SequenceDataset(np.arange(5), 8), ["5 tokens", "seq_len=8", "smaller data.seq_len"]),
-        (lambda: BatchLoader(SequenceDataset(np.arange(40), 4), 4, world_size=3),
-         ["only 10 sequences", "global batch of 12", "smaller batch size or seq_len"]),
-        (lambda: validate_tokens(np.array([1, 600, 3], np.uint16), 512),
-         ["token id 600 >= vocab size 512", "delete"]),
+        (
+            lambda: BatchLoader(SequenceDataset(np.arange(40), 4), 4, world_size=3),
+            ["only 10 sequences", "global batch of 12", "smaller batch size or seq_len"],
+        ),
+        (lambda: validate_tokens(np.array([1, 600, 3], np.uint16), 512), ["token id 600 >= vocab size 512", "delete"]),
     ]
     for fn, needles in cases:
         with pytest.raises(DataError) as e:

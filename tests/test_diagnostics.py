@@ -1,12 +1,13 @@
 """Per-timestep diagnostics: the closed-form gamma* flattens the diffusion loss; the command runs."""
+
 import json
 
 import numpy as np
 import pytest
 import torch
 
-from replaid.eval.diagnostics import linear_r2, measure_at_gammas, optimal_schedule, time_grid
 from replaid.diffusion.oracle import OracleDenoiser, random_unit_embeddings
+from replaid.eval.diagnostics import linear_r2, measure_at_gammas, optimal_schedule, time_grid
 
 
 def _check_flat(gg, mse):
@@ -36,8 +37,9 @@ def test_optimal_schedule_flattens_oracle_mse():
     o = OracleDenoiser(torch.tensor([0.4, 0.3, 0.2, 0.1]), random_unit_embeddings(4, 3, seed=1))
     tokens = [o.sample_tokens((32, 8), torch.Generator().manual_seed(0))]
     gg = np.linspace(-4.0, 6.0, 41)
-    m = measure_at_gammas(lambda z, g: o(z, g), o.embedding_matrix(), tokens, torch.tensor(gg),
-                          torch.Generator().manual_seed(0))
+    m = measure_at_gammas(
+        lambda z, g: o(z, g), o.embedding_matrix(), tokens, torch.tensor(gg), torch.Generator().manual_seed(0)
+    )
     assert m["mse"][0] < m["mse"][-1] and m["ce"][0] < m["ce"][-1]
     assert m["ce"][-1] == pytest.approx(o.entropy(), abs=0.2)  # pure noise: CE -> H(p) (sample noise)
     _check_flat(gg, m["mse"])
@@ -72,12 +74,18 @@ def test_oracle_ce_is_linear_in_t_along_gamma_star():
     o = OracleDenoiser(torch.tensor([0.4, 0.3, 0.2, 0.1]), random_unit_embeddings(4, 3, seed=1))
     tokens = [o.sample_tokens((512, 16), torch.Generator().manual_seed(0))]
     gg = np.linspace(-4.0, 6.0, 81)
-    m = measure_at_gammas(lambda z, g: o(z, g), o.embedding_matrix(), tokens, torch.tensor(gg),
-                          torch.Generator().manual_seed(1))
+    m = measure_at_gammas(
+        lambda z, g: o(z, g), o.embedding_matrix(), tokens, torch.tensor(gg), torch.Generator().manual_seed(1)
+    )
     opt = optimal_schedule(gg, m["mse"])
     t = np.linspace(0.0, 1.0, 17)
-    ce = measure_at_gammas(lambda z, g: o(z, g), o.embedding_matrix(), tokens, torch.tensor(opt["gamma_star"](t)),
-                           torch.Generator().manual_seed(2))["ce"]
+    ce = measure_at_gammas(
+        lambda z, g: o(z, g),
+        o.embedding_matrix(),
+        tokens,
+        torch.tensor(opt["gamma_star"](t)),
+        torch.Generator().manual_seed(2),
+    )["ce"]
     assert linear_r2(t, ce) > 0.999, linear_r2(t, ce)
     slope = np.polyfit(t, ce, 1)[0]
     assert slope == pytest.approx(opt["kappa"], rel=0.03), (slope, opt["kappa"])

@@ -1,5 +1,6 @@
 """torchrun with the gloo backend on CPU: DDP (and FSDP2) training equals single-process training
 with the same global batch (gradient accumulation standing in for the ranks)."""
+
 import json
 import os
 import socket
@@ -43,8 +44,24 @@ def single(tmp_path_factory):
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_torchrun_two_ranks_match_single_process(single, tmp_path, parallel):
     out = tmp_path / parallel
-    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-         "-m", "replaid", "train", "--out", str(out), *COMMON, f"train.parallel={parallel}"])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(free_port()),
+            "-m",
+            "replaid",
+            "train",
+            "--out",
+            str(out),
+            *COMMON,
+            f"train.parallel={parallel}",
+        ]
+    )
     a, b = curve(single), curve(out)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4, 5]
     for x, y in zip(a, b):

@@ -1,12 +1,13 @@
 """The embedding-exchange ablation switches (appendix "Exchanging Embedding Configurations"):
 RePlaid with MDLM's embeddings (d_e = hidden, no up-projection, raw rows) and MDLM with RePlaid's
 (d_e-dim unit rows, bias-free up-projection, the embedding optimiser group)."""
+
 import math
 
 import pytest
 import torch
 
-from replaid.config import ConfigError, RunConfig
+from replaid.config import ConfigError
 from replaid.diffusion.denoiser import alpha_sigma, prior_logits
 from replaid.methods import get_method
 from replaid.model.replaid import RePlaid
@@ -70,9 +71,15 @@ def test_up_projection_off_needs_d_e_equal_hidden():
 
 
 def test_mdlm_with_replaid_embeddings_unit_rows_up_projection_and_embedding_group():
-    cfg = _cfg("model.factored_embedding=true", "model.d_e=8", "optim.lr_embedding=0.01", "optim.wd_embedding=0",
-               "optim.lr_backbone=0.001", "optim.wd_backbone=0.1")
-    cfg.method = "mdlm"
+    cfg = _cfg(
+        "method=mdlm",
+        "model.factored_embedding=true",
+        "model.d_e=8",
+        "optim.lr_embedding=0.01",
+        "optim.wd_embedding=0",
+        "optim.lr_backbone=0.001",
+        "optim.wd_backbone=0.1",
+    )
     model = get_method(cfg).build_model(20)  # 20 tokens + [MASK]
     assert model.embed.weight.shape == (21, 8) and model.embed_up.bias is None
     assert model.embed_up.weight.shape == (cfg.model.hidden, 8)
@@ -101,11 +108,13 @@ def test_mdlm_with_replaid_embeddings_unit_rows_up_projection_and_embedding_grou
 
 
 def test_exchanged_runs_train_and_evaluate_through_the_same_code(tmp_path):
+    from replaid.eval.evaluate import evaluate
     from replaid.training.train import train
 
-    for method, over in (("mdlm", ["model.factored_embedding=true"]),
-                         ("replaid", ["model.d_e=32", "model.up_projection=false", "model.normalize_embeddings=false"])):
-        cfg = _cfg("train.steps=3", "eval.max_batches=1", *over)
-        cfg.method = method
-        res = train(cfg, str(tmp_path / method), progress=False)
+    for method, over in (
+        ("mdlm", ["model.factored_embedding=true"]),
+        ("replaid", ["model.d_e=32", "model.up_projection=false", "model.normalize_embeddings=false"]),
+    ):
+        cfg = _cfg(f"method={method}", "train.steps=3", "eval.max_batches=1", *over)
+        res = train(cfg, str(tmp_path / method), evaluate=evaluate, progress=False)
         assert math.isfinite(res["eval"]["nelbo_nats_per_token"])

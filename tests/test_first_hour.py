@@ -1,5 +1,6 @@
 """A new user's first hour (issue 17): infill in the user's terms, refusals up front, offline judge,
 progress of long phases, the unigram reference on the evaluated tokens, reproducible runs."""
+
 from __future__ import annotations
 
 import json
@@ -7,16 +8,16 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
 from replaid.cli import main
-from replaid.eval.generate import check_sample_args, mark_filled
-from replaid.eval.infill import plan_infill
-from replaid.eval.sweep import SampleArgs
+from replaid.methods import METHODS, Kind
+from replaid.presets import resolve
+from replaid.sampling.generate import mark_filled
+from replaid.sampling.infill import plan_infill
+from replaid.sampling.request import SampleRequest
 
 
 class CharTok:
@@ -64,13 +65,16 @@ def test_length_extends_with_generated_positions_and_never_shrinks():
         plan_infill(CharTok(), "abcdef[MASK:1]", length=4)
 
 
-@pytest.mark.parametrize("kw,needle", [
-    (dict(context="abc"), "needs what to fill"),
-    (dict(context="a[MASK:2]", spans="0:1"), "one or the other"),
-    (dict(context="abc", spans="0:1", char_spans="0:1"), "not both"),
-    (dict(context="abc", char_spans="2:9"), "--infill-chars"),
-    (dict(context="abc", char_spans="0:2,1:3"), "overlap"),
-])
+@pytest.mark.parametrize(
+    "kw,needle",
+    [
+        (dict(context="abc"), "needs what to fill"),
+        (dict(context="a[MASK:2]", spans="0:1"), "one or the other"),
+        (dict(context="abc", spans="0:1", char_spans="0:1"), "not both"),
+        (dict(context="abc", char_spans="2:9"), "--infill-chars"),
+        (dict(context="abc", char_spans="0:2,1:3"), "overlap"),
+    ],
+)
 def test_infill_request_errors(kw, needle):
     with pytest.raises(ValueError, match=needle):
         plan_infill(CharTok(), kw.pop("context"), **kw)
@@ -86,31 +90,29 @@ def test_describe_and_mark_filled():
     assert mark_filled(tok, ids.tolist(), p.known.tolist()) == "ab[[XY]]c"
 
 
-def _run(method="replaid", seq_len=8):
-    model = torch.nn.Linear(1, 1)
-    if method in ("replaid", "plaid"):
-        model.schedule = lambda t: t
-    return SimpleNamespace(cfg=SimpleNamespace(method=method, data=SimpleNamespace(seq_len=seq_len)), model=model,
-                           tokenizer=CharTok())
+def _check(req, method="replaid", seq_len=8):
+    """``req.check`` against a ``method`` run trained at ``seq_len`` with a one-character-per-token tokenizer."""
+    m = METHODS[method](resolve("debug", None, [f"method={method}"]))
+    return req.check(m, CharTok(), seq_len)
 
 
-@pytest.mark.parametrize("method", ["ar", "mdlm", "duo"])
+@pytest.mark.parametrize("method", [n for n, c in METHODS.items() if c.kind is not Kind.CONTINUOUS])
 def test_diffusion_options_on_token_methods_are_refused(method):
     with pytest.raises(ValueError, match="drop --sampler"):
-        check_sample_args(_run(method), SampleArgs(sampler="ddim"))
+        _check(SampleRequest(sampler="ddim"), method)
     with pytest.raises(ValueError, match="--context"):
-        check_sample_args(_run(method), SampleArgs(sampler=None, context="a[MASK:2]"))
-    assert check_sample_args(_run(method), SampleArgs(sampler=None)) is None
-    assert check_sample_args(_run(method), SampleArgs(sampler="ancestral")) is None  # the sweep's name
+        _check(SampleRequest(sampler=None, context="a[MASK:2]"), method)
+    assert _check(SampleRequest(sampler=None), method) is None
+    assert _check(SampleRequest(sampler="ancestral"), method) is None  # the sweep's name
 
 
 def test_prompt_longer_than_the_length_is_refused():
     with pytest.raises(ValueError, match="9 tokens but samples are 8 long"):
-        check_sample_args(_run(), SampleArgs(prompt="x" * 9))
+        _check(SampleRequest(prompt="x" * 9))
     with pytest.raises(ValueError, match="leaving nothing to generate"):
-        check_sample_args(_run(), SampleArgs(prompt="x" * 8))
-    check_sample_args(_run(), SampleArgs(prompt="x" * 7))
-    check_sample_args(_run(), SampleArgs(prompt="x" * 9, length=10))
+        _check(SampleRequest(prompt="x" * 8))
+    _check(SampleRequest(prompt="x" * 7))
+    _check(SampleRequest(prompt="x" * 9, length=10, allow_longer=True))
 
 
 def test_offline_judge_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
@@ -132,8 +134,17 @@ def test_likelihood_progress_advances_within_each_batch():
     o = oracle()
     tokens = o.sample_tokens((3, 4), torch.Generator().manual_seed(0))
     calls = []
-    ode_log_weights(o, tokens, -3.0, 6.0, K=2, batch_size=4, steps=4, generator=torch.Generator().manual_seed(1),
-                    progress=lambda done, n: calls.append((done, n)))
+    ode_log_weights(
+        o,
+        tokens,
+        -3.0,
+        6.0,
+        K=2,
+        batch_size=4,
+        steps=4,
+        generator=torch.Generator().manual_seed(1),
+        progress=lambda done, n: calls.append((done, n)),
+    )
     # 6 rows in batches of 4 and 2: a report after each of the 4 Heun steps of each batch
     assert [c[0] for c in calls if c[0] <= 4][:4] == [1.0, 2.0, 3.0, 4.0]
     assert calls[-1] == (6, 6) and all(b >= a for (a, _), (b, _) in zip(calls, calls[1:]))
@@ -153,8 +164,8 @@ def test_diagnose_reports_every_prediction():
 
 def test_eval_unigram_is_on_the_evaluated_tokens(tmp_path):
     from replaid.data.loader import unigram_logp
-    from replaid.loading import load_run
     from replaid.eval.evaluate import evaluate_model
+    from replaid.training.loading import load_run
 
     run = tmp_path / "run"
     assert main(["train", "--preset", "debug", "--out", str(run), "--no-progress", "train.steps=2"]) == 0
@@ -172,8 +183,11 @@ def test_embedding_lookup_backward_is_deterministic_with_two_threads():
     two identical demo runs drift apart (issue 17). Under ``use_deterministic_kernels`` it is serial."""
     from replaid.training.train import use_deterministic_kernels
 
-    threads, det, warn = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
-                          torch.is_deterministic_algorithms_warn_only_enabled())
+    threads, det, warn = (
+        torch.get_num_threads(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
     try:
         torch.set_num_threads(2)
         use_deterministic_kernels()
@@ -195,9 +209,27 @@ def test_embedding_lookup_backward_is_deterministic_with_two_threads():
 def _train(out: Path, hashseed: str) -> None:
     env = dict(os.environ, PYTHONHASHSEED=hashseed, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
     # batch 64 x 32 positions x d_e 16 = 32768 elements: the parallel (racy without the fix) backward path
-    subprocess.run([sys.executable, "-m", "replaid", "train", "--preset", "debug", "--out", str(out), "--no-progress",
-                    "train.steps=12", "train.log_every=3", "train.num_threads=2", "train.batch_size=64",
-                    "eval.max_batches=1"], check=True, env=env, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replaid",
+            "train",
+            "--preset",
+            "debug",
+            "--out",
+            str(out),
+            "--no-progress",
+            "train.steps=12",
+            "train.log_every=3",
+            "train.num_threads=2",
+            "train.batch_size=64",
+            "eval.max_batches=1",
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
 
 
 def test_same_seed_threads_and_device_give_bit_identical_runs(tmp_path):

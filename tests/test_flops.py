@@ -1,12 +1,13 @@
 """FLOP accounting against PyTorch's own FLOP counter."""
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from replaid.config import DiffusionConfig, ModelConfig
-from replaid.training.flops import forward_flops_per_token, self_conditioning_overhead, train_flops_per_token
 from replaid.model.replaid import RePlaid
 from replaid.presets import get_preset
+from replaid.training.flops import forward_flops_per_token, self_conditioning_overhead, train_flops_per_token
 
 
 @pytest.mark.parametrize("hidden,layers,L,V", [(64, 2, 32, 300), (96, 3, 64, 1000)])
@@ -18,7 +19,8 @@ def test_forward_flops_match_torch_counter(hidden, layers, L, V):
     with FlopCounterMode(display=False) as fc:
         m(torch.randn(B, L, d_e), torch.zeros(B, dtype=torch.float64), None)  # no s.c. input
     per_seq = {"RePlaid.in_t", "RePlaid.cond", "RePlaid.final.adaLN"} | {
-        f"RePlaid.backbone.blocks.{i}.adaLN" for i in range(layers)}
+        f"RePlaid.backbone.blocks.{i}.adaLN" for i in range(layers)
+    }
     counts = fc.get_flop_counts()
     per_sequence = sum(sum(counts[k].values()) for k in per_seq)
     counted = (fc.get_total_flops() - per_sequence) / (B * L)

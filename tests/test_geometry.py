@@ -1,10 +1,10 @@
 """Embedding geometry: PCA scree against an independent eigen-decomposition, k_90, the POS
 neighbourhood score, the rows each model contributes, the CE-overlay normalisation, and the commands."""
+
 import json
 
 import numpy as np
 import pytest
-import torch
 
 from replaid.eval import geometry as geo
 from replaid.eval.diagnostics import ce_overlay, linear_r2
@@ -26,6 +26,23 @@ def test_pca_scree_matches_covariance_eigenvalues_and_k90():
     sp = geo.pca_scree(Y)
     assert np.allclose(sp["ratio"], [0.5, 0.3, 0.1, 0.05, 0.03, 0.02], atol=1e-9)
     assert sp["k90"] == 3
+
+
+def test_scree_of_a_matrix_of_known_rank():
+    """Rows spanning exactly r dimensions (plus an offset, removed by centring): r non-zero components
+    with the planted variances, nothing after them."""
+    rng = np.random.default_rng(2)
+    r, d = 3, 10
+    Q, _ = np.linalg.qr(rng.normal(size=(d, r)))  # r orthonormal directions in R^d
+    Z = rng.normal(size=(400, r))
+    Z = (Z - Z.mean(0)) @ np.linalg.inv(np.linalg.cholesky(np.cov(Z, rowvar=False))).T  # exactly white
+    X = (Z * np.sqrt([6.0, 3.0, 1.0])) @ Q.T + 5.0
+    s = geo.pca_scree(X)
+    assert s["explained_variance"].shape == (d,)
+    assert np.allclose(s["explained_variance"][:r], [6.0, 3.0, 1.0], rtol=1e-10)
+    assert np.all(s["explained_variance"][r:] < 1e-20 * s["explained_variance"][0])
+    assert s["cumulative"][r - 1] == pytest.approx(1.0, abs=1e-12) and s["k90"] == 2  # 0.6 + 0.3 reaches 0.9
+    assert np.allclose(s["ratio"][:r], [0.6, 0.3, 0.1])
 
 
 def test_components_for_boundaries():
@@ -55,19 +72,21 @@ def test_pos_knn_agreement_planted_clusters_and_chance():
 
 
 def test_embedding_rows_of_each_model_family():
+    from replaid.methods import get_method
     from replaid.model.replaid import RePlaid
     from replaid.model.tokens import TokenDiT
     from replaid.presets import resolve
 
     cfg = resolve("debug", None, [])
     m = RePlaid(cfg.model, cfg.diffusion, 40)
-    E = geo.embedding_rows(m)
+    E = geo.embedding_rows(get_method(cfg), m)
     assert E.shape == (40, 16) and np.allclose(np.linalg.norm(E, axis=1), 1.0, atol=1e-6)
-    t = TokenDiT(cfg.model, 41, 40)  # + [MASK]
-    assert np.allclose(geo.embedding_rows(t), t.embed.weight[:40].detach().double().numpy())
-    f = resolve("debug", None, ["model.factored_embedding=true", "model.d_e=4"])
+    md = resolve("debug", None, ["method=mdlm"])
+    t = TokenDiT(md.model, 41, 40)  # + [MASK]
+    assert np.allclose(geo.embedding_rows(get_method(md), t), t.embed.weight[:40].detach().double().numpy())
+    f = resolve("debug", None, ["method=mdlm", "model.factored_embedding=true", "model.d_e=4"])
     tf = TokenDiT(f.model, 41, 40)
-    Ef = geo.embedding_rows(tf)
+    Ef = geo.embedding_rows(get_method(f), tf)
     assert Ef.shape == (40, 4) and np.allclose(np.linalg.norm(Ef, axis=1), 1.0, atol=1e-6)
 
 
@@ -86,17 +105,51 @@ def test_ce_overlay_normalises_both_axes_and_reports_r2():
     assert items[1]["ce_min"] == pytest.approx(1.0 + 3.0 * 0.05**2)
 
 
-def test_geometry_and_multi_run_diagnose_commands(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def debug_run(tmp_path_factory):
+    """A two-step debug RePlaid run (the commands' input)."""
+    from replaid.cli import main
+
+    a = tmp_path_factory.mktemp("geometry") / "a"
+    assert main(["train", "--preset", "debug", "--out", str(a), "--no-progress", "train.steps=2"]) == 0
+    return a
+
+
+def test_geometry_and_multi_run_diagnose_commands(debug_run, tmp_path, capsys):
     pytest.importorskip("sklearn")
     from replaid.cli import main
 
-    a = tmp_path / "a"
-    assert main(["train", "--preset", "debug", "--out", str(a), "--no-progress", "train.steps=2"]) == 0
+    a = debug_run
     out = tmp_path / "geo"
-    assert main(["geometry", str(a), str(a), "--labels", "rp", "rp2", "--out", str(out), "--min-count", "1",
-                 "--no-tsne", "--json"]) == 0
+    assert (
+        main(
+            [
+                "geometry",
+                str(a),
+                str(a),
+                "--labels",
+                "rp",
+                "rp2",
+                "--out",
+                str(out),
+                "--min-count",
+                "1",
+                "--no-tsne",
+                "--json",
+            ]
+        )
+        == 0
+    )
     s = json.loads((out / "geometry.json").read_text())
-    assert s["rp"]["d"] == 16 and 1 <= s["rp"]["k90_all_rows"] <= 16 and s["rp"]["nelbo_ppl"] > 1
+    from replaid.training.loading import load_run
+
+    r = load_run(a)
+    E = r.model.embedding_matrix().detach().double().numpy()  # the rows, independently of the command
+    ratio = np.linalg.svd(E - E.mean(0), compute_uv=False) ** 2
+    ratio = ratio / ratio.sum()
+    assert s["rp"]["d"] == 16 and s["rp"]["k90_all_rows"] == int(np.searchsorted(np.cumsum(ratio), 0.9 - 1e-12) + 1)
+    assert s["rp"]["top_ratio_all_rows"] == pytest.approx(ratio[0], rel=1e-9)
+    assert s["rp"]["nelbo_ppl"] == pytest.approx(json.loads((a / "final_eval.json").read_text())["eval"]["nelbo_ppl"])
     assert (out / "scree.png").is_file() and (out / "scree_all_rows.png").is_file()
     lines = (out / "scree.csv").read_text().splitlines()
     assert lines[0] == "label,rows,component,explained_ratio,cumulative" and len(lines) == 1 + 4 * 16
@@ -106,9 +159,82 @@ def test_geometry_and_multi_run_diagnose_commands(tmp_path, capsys):
     assert "replaid: error:" in capsys.readouterr().err and not (tmp_path / "bad").exists()
     # several runs through diagnose: one folder each and the normalised CE overlay
     d = tmp_path / "diag"
-    assert main(["diagnose", str(a), str(a), "--labels", "x", "y", "--out", str(d), "--batches", "1",
-                 "--grid", "3", "--batch-size", "2"]) == 0
+    assert (
+        main(
+            [
+                "diagnose",
+                str(a),
+                str(a),
+                "--labels",
+                "x",
+                "y",
+                "--out",
+                str(d),
+                "--batches",
+                "1",
+                "--grid",
+                "3",
+                "--batch-size",
+                "2",
+            ]
+        )
+        == 0
+    )
     j = json.loads((d / "diagnose.json").read_text())
     assert set(j["ce_overlay"]) == {"x", "y"} and (d / "x" / "curves.csv").is_file()
     assert j["ce_overlay"]["x"]["ce_linear_r2"] == pytest.approx(j["runs"]["x"]["ce_linear_r2"])
     assert (d / "ce_overlay.png").is_file()
+
+
+@pytest.mark.slow
+def test_geometry_tsne_and_pos_path(debug_run, tmp_path):
+    """The t-SNE / POS path of ``replaid geometry``: spaCy tags a few rows of the training split, each
+    token's dominant POS colours the t-SNE; the neighbourhood scores in geometry.json are those of the
+    rows and points the command wrote (recomputed here from its CSV)."""
+    pytest.importorskip("sklearn")
+    from replaid.eval import pos
+
+    try:
+        pos.load_spacy()
+    except Exception as e:  # noqa: BLE001 - the geometry extra is optional
+        pytest.skip(f"spaCy's English model is not installed ({e.__class__.__name__})")
+    from replaid.cli import main
+    from replaid.training.loading import load_run
+
+    a = debug_run
+    out = tmp_path / "geo"
+    assert (
+        main(
+            [
+                "geometry",
+                str(a),
+                "--labels",
+                "rp",
+                "--out",
+                str(out),
+                "--min-count",
+                "1",
+                "--tsne-max",
+                "80",
+                "--pos-row-len",
+                "64",
+                "--pos-max-rows",
+                "6",
+                "--knn",
+                "3",
+            ]
+        )
+        == 0
+    )
+    s = json.loads((out / "geometry.json").read_text())["rp"]
+    assert (out / "tsne_rp.png").is_file() and not s["pos_counts_cached"]
+    import csv
+
+    with open(out / "tsne_rp.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 80 and {r["pos"] for r in rows} - {""} <= set(pos.UPOS) and any(r["pos"] for r in rows)
+    dom = np.array([pos.UPOS.index(r["pos"]) if r["pos"] else -1 for r in rows])
+    Y = np.array([[float(r["x"]), float(r["y"])] for r in rows])
+    assert s["pos_knn_tsne"]["agreement"] == pytest.approx(geo.pos_knn_agreement(Y, dom, 3)["agreement"], abs=1e-3)
+    E = geo.embedding_rows(load_run(a).method, load_run(a).model)[[int(r["token_id"]) for r in rows]]
+    assert s["pos_knn"] == pytest.approx(geo.pos_knn_agreement(E, dom, 3))

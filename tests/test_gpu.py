@@ -1,9 +1,10 @@
 """CUDA checks (skipped without a GPU): bf16 training step, flash SDPA, chunked head equivalence."""
+
 import pytest
 import torch
 
-from replaid.presets import resolve
 from replaid.methods import get_method
+from replaid.presets import resolve
 from replaid.training.train import Trainer, TrainModule, build_optimizer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -13,8 +14,14 @@ def test_bf16_train_step_on_gpu():
     cfg = resolve("debug", None, ["train.device=cuda", "train.precision=bf16"])
     method = get_method(cfg)
     model = method.build_model(512).cuda()
-    tr = Trainer(cfg, model, method, build_optimizer(model, cfg.optim), torch.device("cuda"),
-                 loss_module=TrainModule(model, method))
+    tr = Trainer(
+        cfg,
+        model,
+        method,
+        build_optimizer(model, cfg.optim),
+        torch.device("cuda"),
+        loss_module=TrainModule(model, method),
+    )
     m1 = tr.train_step([{"tokens": torch.randint(0, 512, (8, 32))}])
     for _ in range(20):
         m2 = tr.train_step([{"tokens": torch.randint(0, 512, (8, 32))}])

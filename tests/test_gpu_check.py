@@ -1,6 +1,7 @@
 """scripts/gpu_check.sh (issue 27) without a GPU: the dry run resolves every step's command (CI runs it),
 a broken command is reported as such, a run records a failing step and goes on, results of several
 calls merge into one table that docs/benchmarks.md can include, and bad input is one error line."""
+
 import json
 import os
 import subprocess
@@ -19,8 +20,9 @@ SCRIPT = REPO / "scripts" / "gpu_check.sh"
 def _sh(*args, timeout=900):
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     env.pop("OUT", None)
-    return subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.parametrize("quick", [False, True])
@@ -55,8 +57,12 @@ def test_a_command_that_does_not_resolve_is_reported(tmp_path, monkeypatch):
 
 
 def test_bad_input_is_one_error_line(tmp_path):
-    for args, what in [(["--steps", "speed,warp"], "unknown step warp"), (["--bogus"], "unknown option"),
-                       (["--merge", str(tmp_path / "none.json")], "no such file"), (["--record"], "--record goes")]:
+    for args, what in [
+        (["--steps", "speed,warp"], "unknown step warp"),
+        (["--bogus"], "unknown option"),
+        (["--merge", str(tmp_path / "none.json")], "no such file"),
+        (["--record"], "--record goes"),
+    ]:
         r = _sh(*args, timeout=120)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         lines = r.stderr.strip().splitlines()
@@ -78,17 +84,42 @@ def test_a_failing_step_is_recorded_and_the_run_goes_on(tmp_path):
 
 
 def _doc(step, data, started="2026-11-24T10:00:00+00:00"):
-    return {"runs": [{"started": started, "mode": "full", "setup": {"setup_seconds": 31.0, "gpu": "NVIDIA H100",
-                                                                      "driver": "580"}}],
-            "steps": {step: {"status": "ok", "seconds": 5.0, "results": [{"label": "", "data": data}]}}}
+    return {
+        "runs": [
+            {
+                "started": started,
+                "mode": "full",
+                "setup": {"setup_seconds": 31.0, "gpu": "NVIDIA H100", "driver": "580"},
+            }
+        ],
+        "steps": {step: {"status": "ok", "seconds": 5.0, "results": [{"label": "", "data": data}]}},
+    }
 
 
 def test_merge_render_and_record(tmp_path):
-    speed = {"method": "mdlm", "precision": "bf16", "batch": 32, "L": 1024, "step_s": 0.2, "tokens_per_s": 163840.0,
-             "mfu": 0.41, "mfu_datasheet": 0.33, "peak_mem_gb": 30.1, "model_gb": 31.0, "warmup_s": 4.0,
-             "loss": 10.9}
-    ref = {"batch": 32, "L": 1024, "step_s": 0.25, "tokens_per_s": 131072.0, "peak_mem_gb": 35.0, "loss": 11.0,
-           "stand_ins": ["attention: PyTorch SDPA shim"]}
+    speed = {
+        "method": "mdlm",
+        "precision": "bf16",
+        "batch": 32,
+        "L": 1024,
+        "step_s": 0.2,
+        "tokens_per_s": 163840.0,
+        "mfu": 0.41,
+        "mfu_datasheet": 0.33,
+        "peak_mem_gb": 30.1,
+        "model_gb": 31.0,
+        "warmup_s": 4.0,
+        "loss": 10.9,
+    }
+    ref = {
+        "batch": 32,
+        "L": 1024,
+        "step_s": 0.25,
+        "tokens_per_s": 131072.0,
+        "peak_mem_gb": 35.0,
+        "loss": 11.0,
+        "stand_ins": ["attention: PyTorch SDPA shim"],
+    }
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(_doc("speed", speed)))
     b.write_text(json.dumps(_doc("mdlm_ref", ref, "2026-11-24T10:20:00+00:00")))

@@ -1,4 +1,5 @@
 """Multi-seed grids (replaid.eval.grid): specs, planning, the report's statistics."""
+
 from __future__ import annotations
 
 import json
@@ -14,19 +15,34 @@ T975_2 = 4.302652729911275  # t_{0.975, 2}
 
 
 def test_spec_cells_and_vary_product():
-    s = spec_from_dict({"base": "debug", "seeds": 2, "cells": {"a": ["model.d_e=8"]},
-                        "vary": {"diffusion.schedule": ["learned", "linear"], "model.self_conditioning": [True]}})
+    s = spec_from_dict(
+        {
+            "base": "debug",
+            "seeds": 2,
+            "cells": {"a": ["model.d_e=8"]},
+            "vary": {"diffusion.schedule": ["learned", "linear"], "model.self_conditioning": [True]},
+        }
+    )
     cells = s.cell_overrides()
-    assert list(cells) == ["a", "diffusion.schedule=learned,model.self_conditioning=true",
-                           "diffusion.schedule=linear,model.self_conditioning=true"]
+    assert list(cells) == [
+        "a",
+        "diffusion.schedule=learned,model.self_conditioning=true",
+        "diffusion.schedule=linear,model.self_conditioning=true",
+    ]
     assert s.seeds == [0, 1]
 
 
-@pytest.mark.parametrize("bad, msg", [
-    ({"seeds": [0, 0]}, "distinct"), ({"cells": {"a b": []}}, "rename"), ({"cells": {"a": ["nokey"]}}, "key=value"),
-    ({"reference": "zz", "cells": {"a": []}}, "not a cell"), ({"colour": 1}, "unknown key"),
-    ({"vary": {"x": []}}, "non-empty"),
-])
+@pytest.mark.parametrize(
+    "bad, msg",
+    [
+        ({"seeds": [0, 0]}, "distinct"),
+        ({"cells": {"a b": []}}, "rename"),
+        ({"cells": {"a": ["nokey"]}}, "key=value"),
+        ({"reference": "zz", "cells": {"a": []}}, "not a cell"),
+        ({"colour": 1}, "unknown key"),
+        ({"vary": {"x": []}}, "non-empty"),
+    ],
+)
 def test_spec_refuses_bad_input(bad, msg):
     with pytest.raises(ConfigError, match=msg):
         spec_from_dict({"base": "debug", **bad})
@@ -34,7 +50,7 @@ def test_spec_refuses_bad_input(bad, msg):
 
 def test_load_spec_names_the_file(tmp_path):
     p = tmp_path / "g.json"
-    p.write_text("{\"base\": ")
+    p.write_text('{"base": ')
     with pytest.raises(ConfigError, match="g.json line 1"):
         load_spec(p)
     p.write_bytes(b"\xff\xfe")
@@ -54,8 +70,10 @@ def test_plan_resolves_every_cell_and_seed():
 
 
 def rows(cell, vals, uni=6.0):
-    return [{"cell": cell, "seed": s, "value": v, "kind": "NELBO", "unigram": uni, "split": "test"}
-            for s, v in enumerate(vals)]
+    return [
+        {"cell": cell, "seed": s, "value": v, "kind": "NELBO", "unigram": uni, "split": "test"}
+        for s, v in enumerate(vals)
+    ]
 
 
 def test_report_paired_interval_matches_float64():

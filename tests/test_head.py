@@ -1,4 +1,5 @@
 """The fused RePlaid output head (model/head.py) against the plain float64 expression."""
+
 import pytest
 import torch
 

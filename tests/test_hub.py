@@ -1,4 +1,5 @@
 """Export round trip, loading an exported folder (CLI, Python, transformers) and Hub-id resolution."""
+
 import json
 
 import pytest
@@ -10,8 +11,21 @@ from replaid.cli import main
 @pytest.fixture(scope="module")
 def run_and_export(tmp_path_factory):
     d = tmp_path_factory.mktemp("hub")
-    assert main(["train", "--preset", "debug", "--out", str(d / "run"), "--no-progress", "train.steps=6",
-                 "train.num_threads=1"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--preset",
+                "debug",
+                "--out",
+                str(d / "run"),
+                "--no-progress",
+                "train.steps=6",
+                "train.num_threads=1",
+            ]
+        )
+        == 0
+    )
     assert main(["export", str(d / "run"), "--out", str(d / "exp")]) == 0
     return d / "run", d / "exp"
 
@@ -26,8 +40,16 @@ def _eval(path, capsys, *extra):
 def test_export_layout_and_card(run_and_export):
     run, exp = run_and_export
     names = {p.name for p in exp.iterdir()}
-    assert {"config.json", "model.safetensors", "state.json", "tokenizer", "tokenizer.json",
-            "tokenizer_config.json", "modeling_replaid.py", "README.md"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "state.json",
+        "tokenizer",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "modeling_replaid.py",
+        "README.md",
+    } <= names
     cfg = json.loads((exp / "config.json").read_text())
     assert cfg["model_type"] == "replaid" and cfg["auto_map"]["AutoModel"] == "modeling_replaid.ReplaidModel"
     card = (exp / "README.md").read_text()
@@ -65,7 +87,9 @@ def test_python_and_transformers_loading(run_and_export):
 
     run, exp = run_and_export
     r = replaid.hub.from_pretrained(exp)
-    assert r.method.name == "replaid" and r.tokenizer.encode("Return the") == replaid.hub.from_pretrained(run).tokenizer.encode("Return the")
+    assert r.method.name == "replaid" and r.tokenizer.encode("Return the") == replaid.hub.from_pretrained(
+        run
+    ).tokenizer.encode("Return the")
     m = AutoModel.from_pretrained(str(exp), trust_remote_code=True)
     a, b = m.net.state_dict(), r.model.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

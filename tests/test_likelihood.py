@@ -2,6 +2,7 @@
 
 The tests that solve the ODE take the ``device`` fixture (``pytest --device cuda``): the oracle or the
 model lives there; tokens, noise and probes are drawn from the seeded CPU generators."""
+
 import importlib.util
 import json
 import math
@@ -11,10 +12,17 @@ import pytest
 import torch
 
 from replaid.config import DiffusionConfig, ModelConfig
-from replaid.eval.likelihood import (PFODE, estimate_likelihood, fit_inverse_k, hutchinson_divergence, iwae_curve,
-                                ode_log_weight, plot_k_curve)
-from replaid.model.replaid import RePlaid
 from replaid.diffusion.oracle import OracleDenoiser, random_unit_embeddings
+from replaid.eval.likelihood import (
+    PFODE,
+    estimate_likelihood,
+    fit_inverse_k,
+    hutchinson_divergence,
+    iwae_curve,
+    ode_log_weight,
+    plot_k_curve,
+)
+from replaid.model.replaid import RePlaid
 
 P = torch.tensor([0.3, 0.2, 0.15, 0.1, 0.1, 0.07, 0.05, 0.03])
 
@@ -64,7 +72,9 @@ def test_hutchinson_unbiased_on_linear_drift(probe):
     est = hutchinson_divergence(f, z, n_hutch=1, probe=probe, jvp="fd", generator=g)
     se = float(est.std() / math.sqrt(len(est)))
     assert abs(float(est.mean()) - float(A.trace())) < 4 * se
-    exact = hutchinson_divergence(f, z[:3], n_hutch=1, probe=probe, jvp="autograd", generator=torch.Generator().manual_seed(5))
+    exact = hutchinson_divergence(
+        f, z[:3], n_hutch=1, probe=probe, jvp="autograd", generator=torch.Generator().manual_seed(5)
+    )
     fd = hutchinson_divergence(f, z[:3], n_hutch=1, probe=probe, jvp="fd", generator=torch.Generator().manual_seed(5))
     assert torch.allclose(exact, fd, atol=1e-6)
 
@@ -80,8 +90,11 @@ def test_fd_and_jvp_paths_agree_on_oracle(device):
 
 def tiny_model(self_conditioning=True, device="cpu"):
     torch.manual_seed(0)
-    m = RePlaid(ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4,
-                            self_conditioning=self_conditioning), DiffusionConfig(), vocab_size=12)
+    m = RePlaid(
+        ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4, self_conditioning=self_conditioning),
+        DiffusionConfig(),
+        vocab_size=12,
+    )
     with torch.no_grad():  # perturb the zero-initialised parameters so every path matters
         for p in m.parameters():
             p.add_(0.3 * torch.randn_like(p))
@@ -145,8 +158,26 @@ def test_likelihood_command(tmp_path):
     rc = main(["likelihood", str(run), "--num-seqs", "2", "--K", "2", "--steps", "2", "--out", str(out), "--json"])
     assert rc == 0
     if importlib.util.find_spec("torchdiffeq"):
-        assert main(["likelihood", str(run), "--num-seqs", "1", "--solver", "dopri5", "--rtol", "1e-3", "--atol",
-                     "1e-3", "--out", str(tmp_path / "adaptive"), "--json"]) == 0
+        assert (
+            main(
+                [
+                    "likelihood",
+                    str(run),
+                    "--num-seqs",
+                    "1",
+                    "--solver",
+                    "dopri5",
+                    "--rtol",
+                    "1e-3",
+                    "--atol",
+                    "1e-3",
+                    "--out",
+                    str(tmp_path / "adaptive"),
+                    "--json",
+                ]
+            )
+            == 0
+        )
         assert json.loads((tmp_path / "adaptive" / "likelihood.json").read_text())["solver"] == "dopri5"
     res = json.loads((out / "likelihood.json").read_text())
     for k in ("ppl_K1", "ppl_Kmax", "nats_per_token", "fit_a", "fit_b", "ppl_inf", "nelbo_ppl", "nfe", "seconds"):
@@ -162,8 +193,9 @@ def test_dopri5_matches_the_exact_likelihood_and_heun(device):
     N, L = 16, 4
     tok = o.sample_tokens((N, L), torch.Generator().manual_seed(1))
     exact = (-o.p.log()[tok].sum(1) / L).cpu()
-    r = estimate_likelihood(o, tok, -3.0, 10.0, K=4, batch_size=512, n_hutch=4, seed=0, solver="dopri5",
-                            rtol=1e-6, atol=1e-6)
+    r = estimate_likelihood(
+        o, tok, -3.0, 10.0, K=4, batch_size=512, n_hutch=4, seed=0, solver="dopri5", rtol=1e-6, atol=1e-6
+    )
     diff = -r.log_w / L - exact[:, None]  # (N, K)
     se = float(diff.mean(1).std() / math.sqrt(N))
     assert abs(float(diff.mean())) < 3 * se + 5e-3, (float(diff.mean()), se)
@@ -218,11 +250,15 @@ def test_selfcond_divergence_is_the_exact_trace_of_the_composition(device):
     # the per-row Jacobian above uses row b's output of a batch where every row is z[b]: rows are independent
     exact_full, exact_cached = trace(v_full), trace(v_cached)
     n = L * d_e
-    basis = [torch.zeros(B, n, device=device).index_fill_(1, torch.tensor([i], device=device), 1.0).view(B, L, d_e)
-             for i in range(n)]
+    basis = [
+        torch.zeros(B, n, device=device).index_fill_(1, torch.tensor([i], device=device), 1.0).view(B, L, d_e)
+        for i in range(n)
+    ]
     with torch.no_grad():
-        got = {c: n * PFODE(m, selfcond_correction=c).drift_and_div(z, gamma, jvp="autograd", probes=basis)[1]
-               for c in (True, False)}
+        got = {
+            c: n * PFODE(m, selfcond_correction=c).drift_and_div(z, gamma, jvp="autograd", probes=basis)[1]
+            for c in (True, False)
+        }
     exact_full, exact_cached = exact_full.double(), exact_cached.double()  # float32 model: 1e-4 tolerances
     assert torch.allclose(got[True], exact_full, rtol=1e-4, atol=1e-4), (got[True], exact_full)
     assert torch.allclose(got[False], exact_cached, rtol=1e-4, atol=1e-4), (got[False], exact_cached)
@@ -254,8 +290,18 @@ def test_divergence_noise_variance_matches_the_spread_of_repeated_probes(device)
 
     o = oracle(device)
     z0 = torch.randn(1, 3, 4, generator=torch.Generator().manual_seed(1)).expand(400, 3, 4).contiguous().to(device)
-    z, div, var = _solve_heun(PFODE(o), z0, -3.0, 4.0, 6, n_hutch=2, probe="rademacher", jvp="fd", h=1e-3,
-                              generator=torch.Generator().manual_seed(2))
+    z, div, var = _solve_heun(
+        PFODE(o),
+        z0,
+        -3.0,
+        4.0,
+        6,
+        n_hutch=2,
+        probe="rademacher",
+        jvp="fd",
+        h=1e-3,
+        generator=torch.Generator().manual_seed(2),
+    )
     assert torch.allclose(z, z[:1].expand_as(z))  # one trajectory
     ratio = float(div.var()) / float(var.mean())
     assert 0.75 < ratio < 1.33, ratio  # sampling error of a variance from 400 draws: ~7%

@@ -1,4 +1,5 @@
 """The memory model (training/memory.py) against live-heap peaks measured on the CPU, and its command."""
+
 import pytest
 import torch
 
@@ -19,8 +20,19 @@ def test_live_heap_counts_allocations_not_rss():
 @pytest.mark.parametrize("size", [(64, 32, 512, 4), (128, 64, 2048, 8)])
 def test_estimate_within_15_percent_of_measured_cpu_peak(method, size):
     d, L, V, b = size
-    cfg = resolve("debug", None, [f"method={method}", f"model.hidden={d}", "model.n_layers=2", "model.n_heads=4",
-                                  f"data.seq_len={L}", "optim.ema=0.99", "train.precision=fp32"])
+    cfg = resolve(
+        "debug",
+        None,
+        [
+            f"method={method}",
+            f"model.hidden={d}",
+            "model.n_layers=2",
+            "model.n_heads=4",
+            f"data.seq_len={L}",
+            "optim.ema=0.99",
+            "train.precision=fp32",
+        ],
+    )
     got, est = measure(cfg, V, b), estimate(cfg, V, b).peak
     assert abs(est - got) / got < 0.15, (est, got)
 

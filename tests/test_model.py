@@ -1,16 +1,15 @@
 """Schedule, variance-minimisation hook, DiT blocks, self-conditioning detach, config."""
+
 import pytest
 import torch
 
-from replaid.diffusion.denoiser import prior_logits
-
 from replaid.config import ConfigError, DiffusionConfig, ModelConfig, RunConfig, set_key
-from replaid.presets import resolve
+from replaid.diffusion.denoiser import prior_logits
+from replaid.diffusion.schedule import NoiseSchedule
 from replaid.methods.replaid import RePlaidMethod, SplitState
 from replaid.model.dit import Backbone, DiTBlock
 from replaid.model.replaid import RePlaid
-from replaid.presets import PRESETS, get_preset
-from replaid.diffusion.schedule import NoiseSchedule
+from replaid.presets import PRESETS, get_preset, resolve
 
 
 def test_schedule_monotone_exact_endpoints_float64():
@@ -139,8 +138,9 @@ def test_recon_rows_do_not_feed_the_shape():
     grads = []
     for x in (tok, other):
         model.zero_grad()
-        loss, m = method.train_loss(model, x, torch.Generator().manual_seed(0), n_recon=3,
-                                    t_diff=torch.tensor([0.5], dtype=torch.float64))
+        loss, m = method.train_loss(
+            model, x, torch.Generator().manual_seed(0), n_recon=3, t_diff=torch.tensor([0.5], dtype=torch.float64)
+        )
         loss.backward()
         grads.append((model.schedule.shape.a.grad.clone(), model.schedule.gamma_0.grad.clone(), m["diffusion"]))
     (shape_a, g0_a, diff_a), (shape_b, g0_b, diff_b) = grads
@@ -167,8 +167,10 @@ def test_self_conditioned_rows_do_not_train_the_endpoints():
     d_e = e.shape[-1]
     prior = 0.5 * (d_e * (s1 - 1 - torch.log(s1)) + a1 * (e**2).sum(-1))  # (B, L)
     prior.mean().backward()
-    assert torch.allclose(model.schedule.gamma_1.grad.double(), g1.grad, rtol=1e-5, atol=1e-10), \
-        (model.schedule.gamma_1.grad, g1.grad)
+    assert torch.allclose(model.schedule.gamma_1.grad.double(), g1.grad, rtol=1e-5, atol=1e-10), (
+        model.schedule.gamma_1.grad,
+        g1.grad,
+    )
 
 
 def test_adaptive_split_neyman():
@@ -267,8 +269,12 @@ def test_train_outputs_match_plain_forward_values_and_gradients(prior_scale, chu
         outs = []
         for E in (m.embedding(), m.embedding().detach()):
             logits = m.final.linear(feats).double() + prior_scale * prior_logits(z, gamma, E).double()
-            outs.append((F.cross_entropy(logits.reshape(-1, 23), tokens.reshape(-1), reduction="none").view(7, 5),
-                         torch.softmax(logits, -1) @ E.double()))
+            outs.append(
+                (
+                    F.cross_entropy(logits.reshape(-1, 23), tokens.reshape(-1), reduction="none").view(7, 5),
+                    torch.softmax(logits, -1) @ E.double(),
+                )
+            )
         k = keep.view(-1, 1)
         return torch.where(k, outs[0][0], outs[1][0]), torch.where(k[..., None], outs[0][1], outs[1][1])
 
@@ -277,8 +283,13 @@ def test_train_outputs_match_plain_forward_values_and_gradients(prior_scale, chu
         m.zero_grad()
         nll, e_hat = fn()
         ((e_hat.double() * w_e).sum() + (nll.double() * w_l).sum()).backward()
-        res.append((nll.detach().double(), e_hat.detach().double(),
-                    {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}))
+        res.append(
+            (
+                nll.detach().double(),
+                e_hat.detach().double(),
+                {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None},
+            )
+        )
     (n1, e1, g1), (n2, e2, g2) = res
     torch.testing.assert_close(n1, n2, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(e1, e2, atol=1e-5, rtol=1e-5)
@@ -320,7 +331,12 @@ def test_precision_policy_under_bf16_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = m(torch.randn(2, 3, 4), torch.tensor([0.0, 1.0], dtype=torch.float64))
         g, dg = m.schedule(torch.tensor([0.5], dtype=torch.float64))
-    assert seen == {"in_z": torch.float32, "mlp": torch.bfloat16, "qkv": torch.bfloat16,
-                    "head": torch.bfloat16, "residual": torch.float32}
+    assert seen == {
+        "in_z": torch.float32,
+        "mlp": torch.bfloat16,
+        "qkv": torch.bfloat16,
+        "head": torch.bfloat16,
+        "residual": torch.float32,
+    }
     assert out.logits.dtype == torch.float32 and out.e_hat.dtype == torch.float32
     assert g.dtype == torch.float64 and dg.dtype == torch.float64

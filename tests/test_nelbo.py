@@ -1,4 +1,5 @@
 """NELBO pieces against closed forms, float64 references and the Bayes-optimal oracle."""
+
 import math
 
 import pytest
@@ -6,9 +7,9 @@ import torch
 
 from replaid.config import DiffusionConfig, ModelConfig
 from replaid.diffusion.denoiser import alpha_sigma
-from replaid.model.replaid import RePlaid
 from replaid.diffusion.nelbo import diffusion_loss, forward_noise, nelbo_per_sequence, prior_kl, recon_nll
 from replaid.diffusion.oracle import OracleDenoiser, random_unit_embeddings
+from replaid.model.replaid import RePlaid
 
 P = torch.tensor([0.4, 0.2, 0.15, 0.1, 0.1, 0.05])
 
@@ -115,8 +116,9 @@ def test_zero_network_logits_are_exact_posterior_under_uniform_prior():
 
 def test_output_prior_switch():
     V, d = 11, 16
-    m = RePlaid(ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=d, output_prior=False),
-                DiffusionConfig(), V)
+    m = RePlaid(
+        ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=d, output_prior=False), DiffusionConfig(), V
+    )
     out = m(torch.randn(1, 3, d), torch.zeros(1, dtype=torch.float64))
     assert torch.allclose(out.logits, torch.zeros_like(out.logits))
 
@@ -124,8 +126,7 @@ def test_output_prior_switch():
 @pytest.mark.parametrize("mode", ["one-hot", "frozen-random"])
 def test_embedding_modes(mode):
     V = 9
-    m = RePlaid(ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4, embeddings=mode),
-                DiffusionConfig(), V)
+    m = RePlaid(ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4, embeddings=mode), DiffusionConfig(), V)
     E = m.embedding_matrix()
     assert torch.allclose(E.norm(dim=-1), torch.ones(V), atol=1e-5)
     assert not m.embedding.weight.requires_grad
@@ -147,8 +148,9 @@ def test_oracle_nelbo_gap_equals_prior_marginal_kl_narrow():
     n = 400_000
     v = torch.multinomial(p, n, replacement=True, generator=g)
     z = a1 * E[v] + s1 * torch.randn(n, 4, generator=g, dtype=torch.float64)
-    log_q = torch.logsumexp(p.log() - ((z[:, None, :] - a1 * E[None]) ** 2).sum(-1) / (2 * s1**2), 1) \
-        - 2 * math.log(2 * math.pi * s1**2)
+    log_q = torch.logsumexp(p.log() - ((z[:, None, :] - a1 * E[None]) ** 2).sum(-1) / (2 * s1**2), 1) - 2 * math.log(
+        2 * math.pi * s1**2
+    )
     log_n = -(z**2).sum(-1) / 2 - 2 * math.log(2 * math.pi)
     d = log_q - log_n
     kl, kl_se = float(d.mean()), float(d.std()) / math.sqrt(n)
@@ -162,8 +164,9 @@ def test_prior_logits_with_row_norms_are_the_gaussian_log_density():
     from replaid.diffusion.denoiser import prior_logits
 
     g = torch.Generator().manual_seed(0)
-    E = torch.randn(7, 3, generator=g, dtype=torch.float64) * torch.tensor([[0.5], [1], [2], [1.5], [0.7], [1.2], [3.0]],
-                                                                            dtype=torch.float64)
+    E = torch.randn(7, 3, generator=g, dtype=torch.float64) * torch.tensor(
+        [[0.5], [1], [2], [1.5], [0.7], [1.2], [3.0]], dtype=torch.float64
+    )
     z = torch.randn(2, 4, 3, generator=g, dtype=torch.float64)
     gamma = torch.tensor([-1.0, 0.5], dtype=torch.float64)
     a, s = alpha_sigma(gamma)

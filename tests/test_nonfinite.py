@@ -1,16 +1,21 @@
 """The NaN/Inf guard: a non-finite step is skipped (weights, EMA, statistics unchanged) and counted;
 too many in a row stop the run naming the likely causes and the checkpoint still in force, which
 stays the last one saved before the streak; perplexity overflows to inf, never to an exception."""
+
 import json
 import math
+from functools import partial
 
 import pytest
 import torch
 
-from replaid.eval.evaluate import ppl
+from replaid.eval.evaluate import evaluate, ppl
 from replaid.presets import resolve
 from replaid.training import checkpoint as ck
-from replaid.training.train import TrainingDiverged, TrainModule, train
+from replaid.training.train import TrainingDiverged, TrainModule
+from replaid.training.train import train as _train
+
+train = partial(_train, evaluate=evaluate)  # the trainer with the evaluation commands/train.py wires in
 
 
 def poison(monkeypatch, bad_calls, snapshots=None):
@@ -45,8 +50,9 @@ def test_a_nonfinite_step_is_skipped_and_counted(tmp_path, monkeypatch):
 def test_a_nonfinite_streak_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     poison(monkeypatch, set(range(3, 100)))
     run = tmp_path / "run"
-    cfg = resolve("debug", None, ["train.steps=20", "train.save_every=2", "train.max_nonfinite_steps=3",
-                                  "eval.max_batches=1"])
+    cfg = resolve(
+        "debug", None, ["train.steps=20", "train.save_every=2", "train.max_nonfinite_steps=3", "eval.max_batches=1"]
+    )
     with pytest.raises(TrainingDiverged) as e:
         train(cfg, run, progress=False)
     msg = str(e.value)

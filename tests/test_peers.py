@@ -3,6 +3,7 @@
 The fixtures were produced by the peers' own code (tests/fixtures/peers/README.md); the converted
 networks must reproduce the peers' float32 logits to 1e-5.
 """
+
 import json
 from pathlib import Path
 
@@ -68,28 +69,18 @@ def test_time_conditioned_mdlm_and_pickles_are_refused(tmp_path):
         peers.read_peer(tmp_path)
 
 
-def _word_tokenizer(path: Path) -> Path:
-    """A 40-entry word-level tokenizer.json (the fixtures' vocabulary size)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    words = ["<|endoftext|>", "[UNK]"] + ["the", "of", "a", "to", "and", "in", "is", "for", "return", "value",
-                                          "if", "be", "by", "this", "that", "with", "as", "an", "or", "on",
-                                          "not", "are", "it", "from", "can", "object", "string", "list",
-                                          "file", "name", "new", "will", "type", "default", "used", "when",
-                                          "data", "set"]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.add_special_tokens(["<|endoftext|>"])
-    tok.save(str(path))
-    return path
-
-
 @pytest.mark.parametrize("kind", ["mdlm", "duo", "langflow"])
 def test_convert_command_then_eval_and_sample(kind, tmp_path, capsys):
-    tj = _word_tokenizer(tmp_path / "tok.json")
+    tj = FX / "words.json"  # a 40-word tokenizer (the fixtures' vocabulary size)
     out = tmp_path / kind
-    over = ["data.tokenizer=file", f"data.tokenizer_path={tj}", "data.source=stdlib", "data.max_docs=200",
-            "eval.batch_size=4", "eval.t_samples=2"]
+    over = [
+        "data.tokenizer=file",
+        f"data.tokenizer_path={tj}",
+        "data.source=stdlib",
+        "data.max_docs=200",
+        "eval.batch_size=4",
+        "eval.t_samples=2",
+    ]
     assert main(["convert", kind, str(FX / kind), "--out", str(out), "--set", *over]) == 0
     capsys.readouterr()
     assert main(["eval", str(out), "--max-batches", "1", "--json"]) == 0
@@ -100,8 +91,26 @@ def test_convert_command_then_eval_and_sample(kind, tmp_path, capsys):
     assert main(["convert", kind, str(FX / kind), "--out", str(out), "--set", *over]) == 2  # never overwrites
     if kind == "langflow":  # the ODE likelihood with and without the chain-rule term, from the CLI
         for corr in ("on", "off"):
-            assert main(["likelihood", str(out), "--num-seqs", "2", "--K", "1", "--steps", "2",
-                         "--selfcond-correction", corr, "--out", str(tmp_path / f"lik-{corr}"), "--json"]) == 0
+            assert (
+                main(
+                    [
+                        "likelihood",
+                        str(out),
+                        "--num-seqs",
+                        "2",
+                        "--K",
+                        "1",
+                        "--steps",
+                        "2",
+                        "--selfcond-correction",
+                        corr,
+                        "--out",
+                        str(tmp_path / f"lik-{corr}"),
+                        "--json",
+                    ]
+                )
+                == 0
+            )
         a, b = (json.loads((tmp_path / f"lik-{c}" / "likelihood.json").read_text()) for c in ("on", "off"))
         assert a["gamma_0"] == pytest.approx(2.6411633) and a["selfcond_correction"] and not b["selfcond_correction"]
 

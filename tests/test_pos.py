@@ -1,4 +1,5 @@
 """Dominant POS per subword: the appendix's worked example and the tally/argmax/entropy formulas."""
+
 import numpy as np
 import pytest
 
@@ -26,8 +27,9 @@ class FakeWord:
 
 
 def test_tally_argmax_unseen_and_entropy_against_hand_counts():
-    doc = [FakeWord(EXAMPLE[a:b], a, p) for (a, b), p in
-           zip(EXAMPLE_WORDS, ["DET", "NOUN", "AUX", "VERB", "ADV", "PUNCT"])]
+    doc = [
+        FakeWord(EXAMPLE[a:b], a, p) for (a, b), p in zip(EXAMPLE_WORDS, ["DET", "NOUN", "AUX", "VERB", "ADV", "PUNCT"])
+    ]
     enc = lambda text: (EXAMPLE_IDS + [220], EXAMPLE_SPANS + [(26, 27)])  # noqa: E731  a trailing " "
     ids, tags = pos.subword_tags(EXAMPLE + " ", doc, enc)
     names = [pos.UPOS[t] for t in tags]
@@ -63,9 +65,14 @@ def test_worked_example_end_to_end_with_gpt2_and_spacy(shared):
     ids, spans = enc(EXAMPLE)
     assert ids == EXAMPLE_IDS and [tuple(s) for s in spans] == EXAMPLE_SPANS
     doc = nlp(EXAMPLE)
-    assert [(w.text, w.idx, w.pos_) for w in doc] == [("The", 0, "DET"), ("cat", 4, "NOUN"), ("is", 8, "AUX"),
-                                                      ("purring", 11, "VERB"), ("loudly", 19, "ADV"),
-                                                      (".", 25, "PUNCT")]
+    assert [(w.text, w.idx, w.pos_) for w in doc] == [
+        ("The", 0, "DET"),
+        ("cat", 4, "NOUN"),
+        ("is", 8, "AUX"),
+        ("purring", 11, "VERB"),
+        ("loudly", 19, "ADV"),
+        (".", 25, "PUNCT"),
+    ]
     C = pos.count_pos([EXAMPLE_IDS, tok.encode("\n\nThe cat.")], tok.decode, enc, tok.vocab_size, nlp=nlp)
     dom = pos.dominant_pos(C)
     want = {464: "DET", 3797: "NOUN", 318: "AUX", 1308: "VERB", 1806: "VERB", 23112: "ADV", 13: "PUNCT"}

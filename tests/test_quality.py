@@ -1,4 +1,5 @@
 """Sample-quality metrics: unigram entropy, MAUVE, generative perplexity with a tiny judge."""
+
 import json
 import math
 import random
@@ -63,7 +64,7 @@ def test_gen_ppl_equals_unbatched_float64_reference():
         for t in texts:
             ids = tok(t, add_special_tokens=False)["input_ids"]
             for s in range(0, len(ids), ctx - 1):
-                c = ids[s:s + ctx - 1]
+                c = ids[s : s + ctx - 1]
                 logp = torch.log_softmax(model(input_ids=torch.tensor([[0] + c])).logits[0, :-1].double(), -1)
                 total -= float(logp[torch.arange(len(c)), torch.tensor(c)].sum())
                 n += len(c)
@@ -96,22 +97,53 @@ def test_quality_command(tmp_path):
 
 # ------------------------------------------------------------------ a replaid AR run as the judge
 
+
 @pytest.fixture(scope="module")
 def ar_and_diffusion_runs(tmp_path_factory):
     """A debug AR judge trained long enough to beat shuffled text, and a debug RePlaid run."""
     from replaid.cli import main
 
     d = tmp_path_factory.mktemp("judge")
-    assert main(["train", "--preset", "debug", "--method", "ar", "--out", str(d / "ar"), "--no-progress",
-                 "train.steps=150", "optim.lr_backbone=3e-3", "optim.ema=0", "eval.max_batches=1"]) == 0
-    assert main(["train", "--preset", "debug", "--out", str(d / "rp"), "--no-progress", "train.steps=10",
-                 "eval.max_batches=1"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--preset",
+                "debug",
+                "--method",
+                "ar",
+                "--out",
+                str(d / "ar"),
+                "--no-progress",
+                "train.steps=150",
+                "optim.lr_backbone=3e-3",
+                "optim.ema=0",
+                "eval.max_batches=1",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "train",
+                "--preset",
+                "debug",
+                "--out",
+                str(d / "rp"),
+                "--no-progress",
+                "train.steps=10",
+                "eval.max_batches=1",
+            ]
+        )
+        == 0
+    )
     return d / "ar", d / "rp"
 
 
 def test_ar_run_judge_prefers_training_like_text(ar_and_diffusion_runs):
-    from replaid.loading import load_run
     from replaid.eval.quality import gen_ppl_ar_run, make_judge
+    from replaid.training.loading import load_run
 
     ar, _ = ar_and_diffusion_runs
     run = load_run(ar)
@@ -177,8 +209,33 @@ def test_sweep_command_writes_points_and_plots(ar_and_diffusion_runs, tmp_path, 
 
     ar, rp = ar_and_diffusion_runs
     out = tmp_path / "sweep"
-    assert main(["sweep", str(rp), "--judge-run", str(ar), "--samplers", "ddpm", "heun", "--steps", "2", "4",
-                 "--temperatures", "0.5", "1.0", "--temp-steps", "4", "--num", "20", "--out", str(out), "--json"]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                str(rp),
+                "--judge-run",
+                str(ar),
+                "--samplers",
+                "ddpm",
+                "heun",
+                "--steps",
+                "2",
+                "4",
+                "--temperatures",
+                "0.5",
+                "1.0",
+                "--temp-steps",
+                "4",
+                "--num",
+                "20",
+                "--out",
+                str(out),
+                "--json",
+            ]
+        )
+        == 0
+    )
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     kinds = [p["kind"] for p in res["points"]]
     assert kinds == ["data"] + ["steps"] * 4 + ["temperature"] * 2
@@ -190,16 +247,34 @@ def test_sweep_command_writes_points_and_plots(ar_and_diffusion_runs, tmp_path, 
     assert main(["sweep", str(rp), "--out", str(out)]) == 2  # no judge: one-line error
     assert "judge" in capsys.readouterr().err
     # methods with their own sampler (here AR, its own judge): one ancestral point per temperature
-    assert main(["sweep", str(ar), "--judge-run", str(ar), "--temperatures", "0.7", "--num", "20", "--out",
-                 str(tmp_path / "ar"), "--json"]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                str(ar),
+                "--judge-run",
+                str(ar),
+                "--temperatures",
+                "0.7",
+                "--num",
+                "20",
+                "--out",
+                str(tmp_path / "ar"),
+                "--json",
+            ]
+        )
+        == 0
+    )
     pts = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["points"]
-    assert [(p["kind"], p["sampler"], p["steps"], p["temperature"]) for p in pts[1:]] == \
-        [("steps", "ancestral", 32, 1.0), ("temperature", "ancestral", 32, 0.7)]
+    assert [(p["kind"], p["sampler"], p["steps"], p["temperature"]) for p in pts[1:]] == [
+        ("steps", "ancestral", 32, 1.0),
+        ("temperature", "ancestral", 32, 0.7),
+    ]
 
 
 def test_reference_windows_are_disjoint_and_bounded(ar_and_diffusion_runs):
-    from replaid.loading import load_run
     from replaid.eval.quality import reference_windows
+    from replaid.training.loading import load_run
 
     run = load_run(ar_and_diffusion_runs[0])
     n = len(run.data.dataset("valid")) // 2

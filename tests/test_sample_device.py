@@ -1,18 +1,16 @@
 """Every sampler draws its noise on the model's device: run on ``meta`` (standing in for a GPU)
 with :class:`~replaid.training.syncs.SyncCounter`, a CPU generator must never fill a device
 tensor (which raises on a GPU) and no noise may be drawn on the host and copied over."""
+
 import pytest
 import torch
 
 from replaid.config import DiffusionConfig, ModelConfig
-from replaid.diffusion.samplers import SAMPLERS, gamma_grid, get_sampler, prefix_inpaint
-from replaid.methods import get_method
 from replaid.model.replaid import RePlaid
-from replaid.presets import resolve
+from replaid.sampling.continuous import SAMPLERS, gamma_grid, get_sampler, prefix_inpaint
 from replaid.training.syncs import SyncCounter, meta_as_cpu_autocast
 
 META = torch.device("meta")
-TINY = ["model.hidden=32", "model.n_layers=1", "model.n_heads=2", "model.cond_dim=16"]
 
 
 @pytest.fixture(autouse=True)
@@ -30,20 +28,11 @@ def test_continuous_samplers_draw_on_the_device(name, inpaint):
     model = model.to(META).eval()
     ip = prefix_inpaint(torch.zeros(2, 3, dtype=torch.long, device=META), 6, model.embedding()) if inpaint else None
     with torch.no_grad(), SyncCounter("meta") as c:
-        res = get_sampler(name)(model, torch.randn(2, 6, 4, device=META), gammas,
-                                generator=torch.Generator().manual_seed(0), inpaint=ip)
+        res = get_sampler(name)(
+            model, torch.randn(2, 6, 4, device=META), gammas, generator=torch.Generator().manual_seed(0), inpaint=ip
+        )
     assert res.tokens.device.type == "meta"
     assert not c.host_random and not c.copies, (dict(c.host_random), dict(c.copies))
 
 
-@pytest.mark.parametrize("method", ["mdlm", "duo", "ar"])
-def test_discrete_samplers_draw_on_the_device(method):
-    cfg = resolve("debug", None, [f"method={method}", *TINY])
-    m = get_method(cfg)
-    with META:
-        model = m.build_model(50).eval()
-    kw = {} if method == "ar" else {"steps": 3}
-    with torch.no_grad(), SyncCounter("meta") as c:
-        z, _ = m.sample(model, 2, 5, generator=torch.Generator().manual_seed(0), **kw)
-    assert z.device.type == "meta"
-    assert not c.host_random and not c.copies, (dict(c.host_random), dict(c.copies))
+# the discrete samplers' device test runs for every registered method in test_method_contract.py

@@ -1,5 +1,6 @@
 """IsoFLOP study: the planner's FLOP accounting against independent counters, the fits against
 synthetic studies drawn from known laws, and plan -> run -> fit end to end at debug size."""
+
 import csv
 import json
 import math
@@ -12,14 +13,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from replaid.eval import scaling_fit as sf
-from replaid.training import scaling as sc
+from replaid.scaling import fit as sf
+from replaid.scaling import plan as sc
+from replaid.scaling import report, runner
 from replaid.training.flops import train_flops_per_token
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------ FLOPs per token
+
 
 def _sdpa_math(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
     """Attention as explicit matmuls, so FLOP counters see QK^T and AV (the full L x L product)."""
@@ -49,8 +52,11 @@ def _counted_forward_per_token(cfg, monkeypatch) -> float:
         model = get_method(cfg).build_model(sc.planned_vocab_size(cfg))
         with FlopCounterMode(display=False) as fc:
             model(*_forward_args(cfg.method, L))
-    per_seq = sum(sum(v.values()) for k, v in fc.get_flop_counts().items()
-                  if k.split(".")[-1] in ("cond", "in_t", "adaLN") or ".adaLN" in k)
+    per_seq = sum(
+        sum(v.values())
+        for k, v in fc.get_flop_counts().items()
+        if k.split(".")[-1] in ("cond", "in_t", "adaLN") or ".adaLN" in k
+    )
     return (fc.get_total_flops() - per_seq) / L
 
 
@@ -74,8 +80,10 @@ def test_planner_flops_per_token_match_torch_flop_counter_for_every_paper_size(m
             assert counted / ours == pytest.approx(1.0, abs=2e-3), (label, method, counted, ours)
     with capsys.disabled():
         worst = max(ratios, key=lambda r: abs(r[2] - 1))
-        print(f"\nFlopCounterMode / planner FLOPs per token over {len(ratios)} (size, method): "
-              f"min {min(r[2] for r in ratios):.5f}, max {max(r[2] for r in ratios):.5f} (worst {worst})")
+        print(
+            f"\nFlopCounterMode / planner FLOPs per token over {len(ratios)} (size, method): "
+            f"min {min(r[2] for r in ratios):.5f}, max {max(r[2] for r in ratios):.5f} (worst {worst})"
+        )
 
 
 def test_self_conditioning_costs_8_3_percent_more_flops_so_fewer_steps():
@@ -99,8 +107,9 @@ def test_calflops_matches_the_planner_without_attention():
         from replaid.methods import get_method
 
         model = get_method(cfg).build_model(sc.planned_vocab_size(cfg))
-        fl, _, _ = calflops.calculate_flops(model=model, args=[torch.zeros(1, 64, dtype=torch.long)],
-                                            print_results=False, output_as_string=False)
+        fl, _, _ = calflops.calculate_flops(
+            model=model, args=[torch.zeros(1, 64, dtype=torch.long)], print_results=False, output_as_string=False
+        )
         ours = train_flops_per_token(cfg, sc.planned_vocab_size(cfg)) / 3 - 4 * n * 64 * h
         assert fl / 64 / ours == pytest.approx(1.0, abs=0.01), (h, fl / 64, ours)
 
@@ -138,8 +147,10 @@ def test_per_method_centres_and_the_token_cap_choose_each_methods_window():
     assert any(e.tokens > cap for e in free.entries)  # uncapped, the small sizes read more than the cap
     capped = sc.make_plan(["mdlm"], [1e13], "tiny", per_budget=4, tokens_per_param={"mdlm": 200}, max_tokens=cap)
     assert len(capped.entries) == 4 and all(e.tokens <= cap for e in capped.entries)
-    smallest_fitting = min((e for e in sc.make_plan(["mdlm"], [1e13], "tiny", per_budget=0).entries
-                            if e.tokens <= cap), key=lambda e: e.params)
+    smallest_fitting = min(
+        (e for e in sc.make_plan(["mdlm"], [1e13], "tiny", per_budget=0).entries if e.tokens <= cap),
+        key=lambda e: e.params,
+    )
     assert min(e.params for e in capped.entries) == smallest_fitting.params
     with pytest.raises(Exception, match="max-tokens"):
         sc.make_plan(["ar"], [1e15], "tiny", per_budget=4, max_tokens=1e3)
@@ -148,18 +159,34 @@ def test_per_method_centres_and_the_token_cap_choose_each_methods_window():
 
 
 def test_plan_cli_takes_per_method_tokens_per_param_and_rejects_a_bad_one(tmp_path):
-    cmd = [sys.executable, "-m", "replaid", "scaling", "plan", "--methods", "ar", "mdlm", "--sizes", "tiny",
-           "--budgets", "3e11", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "replaid",
+        "scaling",
+        "plan",
+        "--methods",
+        "ar",
+        "mdlm",
+        "--sizes",
+        "tiny",
+        "--budgets",
+        "3e11",
+        "--json",
+    ]
     p = subprocess.run(cmd + ["--tokens-per-param", "40", "mdlm=200"], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr
     runs = json.loads(p.stdout)["runs"]
     n = {m: sorted(r["params"] for r in runs if r["method"] == m) for m in ("ar", "mdlm")}
     assert n["mdlm"][0] < n["ar"][0]
     p = subprocess.run(cmd + ["--tokens-per-param", "mdlm=lots"], capture_output=True, text=True, cwd=ROOT)
-    assert p.returncode == 2 and p.stderr.strip().startswith("replaid: error:") and len(p.stderr.strip().splitlines()) == 1
+    assert (
+        p.returncode == 2 and p.stderr.strip().startswith("replaid: error:") and len(p.stderr.strip().splitlines()) == 1
+    )
 
 
 # ------------------------------------------------------------------ fits on synthetic studies
+
 
 def _synthetic(methods: dict, budgets, sizes_per_budget=7, spread=1.2, noise=0.002, seed=0, curv=0.08):
     """Rows from ``log L = curv (log N - log N*_C)^2 + log L*_C`` with ``L*_C = e^beta C^alpha`` and
@@ -171,8 +198,15 @@ def _synthetic(methods: dict, budgets, sizes_per_budget=7, spread=1.2, noise=0.0
             lnopt = alp * math.log(c) + bep
             for x in np.linspace(lnopt - spread, lnopt + spread, sizes_per_budget) + rng.uniform(-0.1, 0.1):
                 ll = curv * (x - lnopt) ** 2 + al * math.log(c) + be + noise * rng.standard_normal()
-                rows.append({"method": m, "flops": c * (1 + 0.01 * rng.uniform(-1, 1)), "params": math.exp(x),
-                             "loss": math.exp(ll), "tokens": c / (6 * math.exp(x))})
+                rows.append(
+                    {
+                        "method": m,
+                        "flops": c * (1 + 0.01 * rng.uniform(-1, 1)),
+                        "params": math.exp(x),
+                        "loss": math.exp(ll),
+                        "tokens": c / (6 * math.exp(x)),
+                    }
+                )
     return rows
 
 
@@ -182,11 +216,13 @@ BUDGETS = [6e18, 1e19, 3e19, 6e19, 1e20]
 def test_fits_recover_exponents_optima_and_compute_multipliers():
     al, be, alp, bep = -0.048, 3.2, 0.52, -2.0
     k_true = 14.0
-    laws = {"ar": (al, be, alp, bep),
-            # same slope: L*_m(k C) = L*_ar(C) for k = 14 exactly; 1.8x fewer parameters at equal C
-            "mdlm": (al, be - al * math.log(k_true), alp, bep - math.log(1.8)),
-            # a steeper law: k(C) varies over the budget range, known in closed form
-            "replaid": (-0.055, be - (-0.055) * math.log(20.0) + 0.007 * math.log(1e19), 0.5, bep)}
+    laws = {
+        "ar": (al, be, alp, bep),
+        # same slope: L*_m(k C) = L*_ar(C) for k = 14 exactly; 1.8x fewer parameters at equal C
+        "mdlm": (al, be - al * math.log(k_true), alp, bep - math.log(1.8)),
+        # a steeper law: k(C) varies over the budget range, known in closed form
+        "replaid": (-0.055, be - (-0.055) * math.log(20.0) + 0.007 * math.log(1e19), 0.5, bep),
+    }
     res = sf.fit_points(_synthetic(laws, BUDGETS), reference="ar", n_boot=200, seed=1)
     for m, (a_, b_, ap, bp) in laws.items():
         mo = res["methods"][m]
@@ -240,9 +276,17 @@ def test_a_budget_still_at_the_unigram_level_is_left_out_of_the_laws():
     rows = _synthetic(laws, BUDGETS[1:4], noise=0.001)
     uni = max(r["loss"] for r in rows) * 1.05
     rng = np.random.default_rng(1)
-    flat = [{"method": "ar", "flops": 6e18, "params": float(n), "loss": uni + 0.002 * rng.standard_normal()
-             + 0.01 * (math.log(n) - 20.5) ** 2, "tokens": 6e18 / (6 * n), "stderr": 0.01}
-            for n in np.exp(np.linspace(19.5, 21.5, 7))]
+    flat = [
+        {
+            "method": "ar",
+            "flops": 6e18,
+            "params": float(n),
+            "loss": uni + 0.002 * rng.standard_normal() + 0.01 * (math.log(n) - 20.5) ** 2,
+            "tokens": 6e18 / (6 * n),
+            "stderr": 0.01,
+        }
+        for n in np.exp(np.linspace(19.5, 21.5, 7))
+    ]
     for r in rows:
         r.update(unigram=uni, stderr=0.01)
     for r in flat:
@@ -290,8 +334,11 @@ def test_crossover_matches_a_brute_force_search():
 
 
 def test_fit_cli_on_a_csv_writes_json_report_and_plots(tmp_path):
-    laws = {"ar": (-0.048, 3.2, 0.52, -2.0), "mdlm": (-0.048, 3.2 + 0.048 * math.log(14), 0.52, -2.6),
-            "replaid": (-0.05, 3.35, 0.5, -2.9)}
+    laws = {
+        "ar": (-0.048, 3.2, 0.52, -2.0),
+        "mdlm": (-0.048, 3.2 + 0.048 * math.log(14), 0.52, -2.6),
+        "replaid": (-0.05, 3.35, 0.5, -2.9),
+    }
     rows = _synthetic(laws, BUDGETS, sizes_per_budget=6)
     csv_path = tmp_path / "study.csv"
     with open(csv_path, "w", newline="") as f:
@@ -299,9 +346,25 @@ def test_fit_cli_on_a_csv_writes_json_report_and_plots(tmp_path):
         w.writeheader()
         w.writerows(rows)
     out = tmp_path / "fit"
-    p = subprocess.run([sys.executable, "-m", "replaid", "scaling", "fit", str(csv_path), "--out", str(out), "--json",
-                        "--bootstrap", "30"], capture_output=True, text=True, cwd=ROOT,
-                       env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")})
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replaid",
+            "scaling",
+            "fit",
+            str(csv_path),
+            "--out",
+            str(out),
+            "--json",
+            "--bootstrap",
+            "30",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")},
+    )
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout)
     for m in laws:
@@ -314,8 +377,13 @@ def test_fit_cli_on_a_csv_writes_json_report_and_plots(tmp_path):
         assert (out / name).is_file(), name
     bad = tmp_path / "bad.csv"
     bad.write_text("method,flops\nar,1e18\n")
-    p = subprocess.run([sys.executable, "-m", "replaid", "scaling", "fit", str(bad)], capture_output=True, text=True,
-                       cwd=ROOT, env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")})
+    p = subprocess.run(
+        [sys.executable, "-m", "replaid", "scaling", "fit", str(bad)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")},
+    )
     assert p.returncode == 2 and p.stderr.startswith("replaid: error:") and "method,flops,params,loss" in p.stderr
 
 
@@ -331,10 +399,10 @@ def test_several_sources_fit_as_one_study_and_a_shared_run_counts_once(tmp_path)
             w.writerows(rs)
         return path
 
-    whole = sf.fit_source(write("whole.csv", rows), n_boot=20)
+    whole = report.fit_source(write("whole.csv", rows), n_boot=20)
     half = len(rows) // 2
-    a, b = write("a.csv", rows[:half + 3]), write("b.csv", rows[half:])  # three rows in both
-    both = sf.fit_source([a, b], n_boot=20)
+    a, b = write("a.csv", rows[: half + 3]), write("b.csv", rows[half:])  # three rows in both
+    both = report.fit_source([a, b], n_boot=20)
     assert len(both["points"]) == len(rows) and sum("counted once" in w for w in both["warnings"]) == 3
     for m in laws:
         for k in ("alpha", "alpha_prime", "compute_multiplier"):
@@ -346,9 +414,17 @@ def test_several_sources_fit_as_one_study_and_a_shared_run_counts_once(tmp_path)
 
 # ------------------------------------------------------------------ plan -> run -> fit
 
-DEBUG = ["data.max_docs=200", "data.bpe_vocab_size=300", "data.seq_len=16", "train.batch_size=8",
-         "eval.max_batches=2", "eval.batch_size=8", "eval.t_samples=1", "train.num_threads=1",
-         "diffusion.schedule_hidden=16"]
+DEBUG = [
+    "data.max_docs=200",
+    "data.bpe_vocab_size=300",
+    "data.seq_len=16",
+    "train.batch_size=8",
+    "eval.max_batches=2",
+    "eval.batch_size=8",
+    "eval.t_samples=1",
+    "train.num_threads=1",
+    "diffusion.schedule_hidden=16",
+]
 
 
 def _env():
@@ -358,8 +434,9 @@ def _env():
 
 
 def _cli(*args, check=True):
-    p = subprocess.run([sys.executable, "-m", "replaid", "scaling", *args], capture_output=True, text=True,
-                       cwd=ROOT, env=_env())
+    p = subprocess.run(
+        [sys.executable, "-m", "replaid", "scaling", *args], capture_output=True, text=True, cwd=ROOT, env=_env()
+    )
     if check:
         assert p.returncode == 0, p.stderr[-2000:]
     return p
@@ -370,24 +447,25 @@ def test_run_resumes_an_interrupted_run_and_skips_a_finished_one(tmp_path, monke
     DebugExecutor's job (in-process) finishes it; a second pass has nothing to do."""
     pytest.importorskip("submitit")
     from replaid.config import RunConfig
+    from replaid.eval.evaluate import evaluate
     from replaid.training.train import train
 
     monkeypatch.setenv("REPLAID_CACHE_DIR", str(tmp_path / "cache"))
     plan = sc.make_plan(["ar"], [2e8], "32x1", per_budget=0, overrides=DEBUG)
     sc.write_plan(plan, tmp_path)
     (e,) = sc.read_manifest(tmp_path)
-    assert sc.run_status(tmp_path, e) == ("new", 0)
+    assert runner.run_status(tmp_path, e) == ("new", 0)
     cfg = RunConfig.from_dict(json.loads((tmp_path / e.config).read_text()))
     assert 0 < cfg.train.save_every < cfg.train.steps
-    train(cfg, tmp_path / e.run_dir, progress=False, stop_after=cfg.train.save_every)
-    assert sc.run_status(tmp_path, e) == ("partial", cfg.train.save_every)
-    assert "--resume" in sc.train_command(tmp_path, e, "replaid")
-    res = sc.run_submitit(tmp_path, [e], executor="debug", log=lambda s: None)
-    assert res[0]["state"] == "done" and sc.run_status(tmp_path, e)[0] == "done"
+    train(cfg, tmp_path / e.run_dir, evaluate=evaluate, progress=False, stop_after=cfg.train.save_every)
+    assert runner.run_status(tmp_path, e) == ("partial", cfg.train.save_every)
+    assert "--resume" in runner.train_command(tmp_path, e, "replaid")
+    res = runner.run_submitit(tmp_path, [e], executor="debug", log=lambda s: None)
+    assert res[0]["state"] == "done" and runner.run_status(tmp_path, e)[0] == "done"
     log = (tmp_path / "logs" / f"{e.id}.log").read_text()
     assert "--resume" in log
-    assert sc.run_submitit(tmp_path, [e], executor="debug", log=lambda s: None) == []
-    job = sc.RunJob(str(tmp_path), e.__dict__, "replaid")
+    assert runner.run_submitit(tmp_path, [e], executor="debug", log=lambda s: None) == []
+    job = runner.RunJob(str(tmp_path), e, "replaid")
     assert type(job.checkpoint()).__name__ == "DelayedSubmission"  # requeue on preemption
 
 
@@ -408,8 +486,23 @@ def test_plan_run_fit_end_to_end_with_local_and_submitit_executors(tmp_path):
     pytest.importorskip("submitit")
     sweep = tmp_path / "sweep"
     cache = f"data.cache_dir={tmp_path / 'cache'}"
-    _cli("plan", "--methods", "ar", "mdlm", "--sizes", "32x1,32x2,48x2", "--budgets", "1e8", "3e8",
-         "--per-budget", "0", "--out", str(sweep), *DEBUG, cache)
+    _cli(
+        "plan",
+        "--methods",
+        "ar",
+        "mdlm",
+        "--sizes",
+        "32x1,32x2,48x2",
+        "--budgets",
+        "1e8",
+        "3e8",
+        "--per-budget",
+        "0",
+        "--out",
+        str(sweep),
+        *DEBUG,
+        cache,
+    )
     p = _cli("run", str(sweep), "--only", "ar", "--max-parallel", "2", "--no-progress")
     assert "3/6 runs done" in p.stderr or "6/6" in p.stderr
     _cli("run", str(sweep), "--only", "mdlm", "--executor", "submitit-local", "--max-parallel", "3")
@@ -440,13 +533,35 @@ def test_max_tokens_corpus_counts_one_pass_and_keeps_every_run_within_it(tmp_pat
     expect = n_tok // 16 * 16
     cfg = sc.make_plan(["ar"], [1e9], "tiny", per_budget=1, overrides=over).entries[0]._cfg
     assert sc.corpus_tokens(cfg) == expect
-    p = _cli("plan", "--methods", "ar", "mdlm", "--sizes", "tiny", "--budgets", "1e9", "3e9", "--max-tokens",
-             "corpus", *over)
+    p = _cli(
+        "plan", "--methods", "ar", "mdlm", "--sizes", "tiny", "--budgets", "1e9", "3e9", "--max-tokens", "corpus", *over
+    )
     assert f"corpus: {expect:,} train tokens" in p.stderr and "passes" in p.stdout
-    runs = json.loads(_cli("plan", "--methods", "ar", "--sizes", "tiny", "--budgets", "1e9", "3e9", "--json",
-                           "--max-tokens", "corpus", *over).stdout)["runs"]
+    runs = json.loads(
+        _cli(
+            "plan",
+            "--methods",
+            "ar",
+            "--sizes",
+            "tiny",
+            "--budgets",
+            "1e9",
+            "3e9",
+            "--json",
+            "--max-tokens",
+            "corpus",
+            *over,
+        ).stdout
+    )["runs"]
     assert len(runs) == 8 and max(r["tokens"] for r in runs) <= expect
-    assert max(r["tokens"] for r in json.loads(_cli("plan", "--methods", "ar", "--sizes", "tiny", "--budgets", "1e9",
-                                                   "3e9", "--json", *over).stdout)["runs"]) > expect
+    assert (
+        max(
+            r["tokens"]
+            for r in json.loads(
+                _cli("plan", "--methods", "ar", "--sizes", "tiny", "--budgets", "1e9", "3e9", "--json", *over).stdout
+            )["runs"]
+        )
+        > expect
+    )
     bad = _cli("plan", "--methods", "ar", "--sizes", "tiny", "--max-tokens", "lots", *over, check=False)
     assert bad.returncode == 2 and bad.stderr.startswith("replaid: error: --max-tokens")

@@ -1,4 +1,5 @@
 """Statistics over seeds (replaid.eval.seeds) against independent float64 computations."""
+
 from __future__ import annotations
 
 import math

@@ -1,17 +1,22 @@
 """End-to-end training, checkpoints, resume, evaluation and the CLI's handling of bad input."""
+
 import json
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 
-from replaid.training import checkpoint as ck
 from replaid.cli import main
-from replaid.presets import resolve
-from replaid.training.train import lr_at, train
-from replaid.presets import optim_scaling
+from replaid.eval.evaluate import evaluate
+from replaid.presets import optim_scaling, resolve
+from replaid.training import checkpoint as ck
+from replaid.training.train import lr_at
+from replaid.training.train import train as _train
+
+train = partial(_train, evaluate=evaluate)  # the trainer with the evaluation commands/train.py wires in
 
 
 def debug_cfg(*overrides):
@@ -28,10 +33,12 @@ def losses(run: Path) -> dict[int, float]:
 
 
 def test_debug_training_lowers_the_nelbo(tmp_path):
-    cfg = debug_cfg("train.steps=60", "train.log_every=1", "optim.ema=0", "eval.max_batches=4",
-                    "eval.t_samples=4")
-    first = train(debug_cfg("train.steps=1", "optim.ema=0", "eval.max_batches=4", "eval.t_samples=4"),
-                  tmp_path / "a", progress=False)
+    cfg = debug_cfg("train.steps=60", "train.log_every=1", "optim.ema=0", "eval.max_batches=4", "eval.t_samples=4")
+    first = train(
+        debug_cfg("train.steps=1", "optim.ema=0", "eval.max_batches=4", "eval.t_samples=4"),
+        tmp_path / "a",
+        progress=False,
+    )
     res = train(cfg, tmp_path / "b", progress=False)
     before, after = first["eval"]["nelbo_nats_per_token"], res["eval"]["nelbo_nats_per_token"]
     assert after < before - 0.3, (before, after)
@@ -58,8 +65,14 @@ def test_checkpoint_is_atomic_and_pickle_free(tmp_path, monkeypatch):
     train(debug_cfg("train.steps=2"), run, progress=False)
     good = ck.find_checkpoint(run)
     files = sorted(p.name for p in good.iterdir())
-    assert files == ["ema.safetensors", "model.safetensors", "optimizer.json", "optimizer.safetensors",
-                     "rng.safetensors", "state.json"]
+    assert files == [
+        "ema.safetensors",
+        "model.safetensors",
+        "optimizer.json",
+        "optimizer.safetensors",
+        "rng.safetensors",
+        "state.json",
+    ]
     state = json.loads((good / "state.json").read_text())
     assert state["config"]["preset"] == "debug" and state["step"] == 2
 
@@ -110,15 +123,18 @@ def test_cli_sample_json(trained, capsys):
     assert len(rows) == 2 and rows[0]["nfe"] == 5 and len(rows[0]["ids"]) == 8
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["train", "--preset", "debug", "--out", "{tmp}/x", "model.hiden=3"], "did you mean 'model.hidden'"),
-    (["train", "--preset", "debug", "--out", "{tmp}/x", "train.steps=ten"], "expects an int"),
-    (["train", "--preset", "debug", "--out", "{tmp}/x", "data.source={tmp}/missing.jsonl"], "missing.jsonl"),
-    (["train", "--preset", "debug", "--out", "{tmp}/x", "data.source={tmp}/empty.jsonl"], "empty"),
-    (["train", "--preset", "nope"], "unknown preset"),
-    (["eval", "{tmp}/no-run"], "no run or checkpoint"),
-    (["train", "--preset", "debug", "--out", "{tmp}/x", "data.tokenizer=wordpiece"], "tokenizer"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["train", "--preset", "debug", "--out", "{tmp}/x", "model.hiden=3"], "did you mean 'model.hidden'"),
+        (["train", "--preset", "debug", "--out", "{tmp}/x", "train.steps=ten"], "expects an int"),
+        (["train", "--preset", "debug", "--out", "{tmp}/x", "data.source={tmp}/missing.jsonl"], "missing.jsonl"),
+        (["train", "--preset", "debug", "--out", "{tmp}/x", "data.source={tmp}/empty.jsonl"], "empty"),
+        (["train", "--preset", "nope"], "unknown preset"),
+        (["eval", "{tmp}/no-run"], "no run or checkpoint"),
+        (["train", "--preset", "debug", "--out", "{tmp}/x", "data.tokenizer=wordpiece"], "tokenizer"),
+    ],
+)
 def test_cli_bad_input_one_line_error(tmp_path, args, needle):
     (tmp_path / "empty.jsonl").write_text("")
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
@@ -156,8 +172,9 @@ def test_damaged_checkpoint_is_reported(trained, tmp_path):
 
 
 def test_tokens_out_of_range_are_rejected(tmp_path):
-    from replaid.data import DataError, validate_tokens
     import numpy as np
+
+    from replaid.data import DataError, validate_tokens
 
     with pytest.raises(DataError, match="range|vocab"):
         validate_tokens(np.array([1, 2, 600], dtype=np.uint16), 512)

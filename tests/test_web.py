@@ -4,6 +4,7 @@ Tiny debug runs are trained once per module (seconds). The engine must give exac
 ``replaid sample`` gives for the same seed (it reuses the samplers' random stream), keep given
 text, and report one frame per step; the server must validate, queue, cancel and survive errors.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -13,14 +14,13 @@ import shutil
 import socket
 import threading
 import time
-from argparse import Namespace
 from pathlib import Path
 
 import pytest
-import torch
 
 from replaid.cli import main
-from replaid.loading import load_run
+from replaid.sampling.request import SampleRequest
+from replaid.training.loading import load_run
 from replaid.web.engine import MASK, GenRequest, Limits, generate_stream, parse_text, prepare
 
 fastapi = pytest.importorskip("fastapi", reason="the 'web' extra (FastAPI, uvicorn) is not installed")
@@ -33,8 +33,23 @@ def runs(tmp_path_factory):
     paths = {}
     for m in ("replaid", "mdlm", "ar"):
         out = root / m
-        assert main(["train", "--preset", "debug", "--out", str(out), "--no-progress", f"method={m}",
-                     "train.steps=6", "train.num_threads=1", "eval.max_batches=1"]) == 0
+        assert (
+            main(
+                [
+                    "train",
+                    "--preset",
+                    "debug",
+                    "--out",
+                    str(out),
+                    "--no-progress",
+                    f"method={m}",
+                    "train.steps=6",
+                    "train.num_threads=1",
+                    "eval.max_batches=1",
+                ]
+            )
+            == 0
+        )
         paths[m] = out
     (paths["replaid"] / "diagnose").mkdir()
     _tiny_png(paths["replaid"] / "diagnose" / "loss_vs_t.png")
@@ -48,6 +63,7 @@ def loaded(runs):
 
 def _tiny_png(path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -58,22 +74,22 @@ def _tiny_png(path: Path) -> None:
 
 
 def _sample_args(**kw):
-    a = dict(sampler="ddpm", steps=8, num=1, length=None, temperature=1.0, score_temperature=1.0, prompt=None,
-             infill=None, context=None, batch_size=16, seed=0, no_self_cond=False, trajectory=0, json=True)
-    a.update(kw)
-    return Namespace(**a)
+    """What ``replaid sample`` asks for (its defaults, one sample)."""
+    return SampleRequest(**{"sampler": "ddpm", "steps": 8, "num": 1, **kw})
 
 
 # ------------------------------------------------------------------ engine
 
+
 @pytest.mark.parametrize("method,sampler", [("replaid", "dpmpp2m"), ("mdlm", "ancestral"), ("ar", "ancestral")])
 def test_engine_matches_replaid_sample_and_streams_one_frame_per_step(loaded, method, sampler):
-    from replaid.eval.generate import generate
+    from replaid.sampling.generate import generate
 
     run = loaded[method]
     events = []
-    res = generate_stream(run, GenRequest(run=method, sampler=sampler, steps=6, seed=3, text="Return the",
-                                          temperature=0.9), events.append)
+    res = generate_stream(
+        run, GenRequest(run=method, sampler=sampler, steps=6, seed=3, text="Return the", temperature=0.9), events.append
+    )
     want = generate(run, _sample_args(sampler=sampler, steps=6, seed=3, prompt="Return the", temperature=0.9))
     assert res.ids[0] == want[0]["ids"] and res.texts[0] == want[0]["text"]
     assert res.nfe == want[0]["nfe"]
@@ -99,12 +115,13 @@ def test_engine_matches_replaid_sample_and_streams_one_frame_per_step(loaded, me
 def test_infill_keeps_the_given_text_and_fills_the_gaps(loaded):
     run = loaded["replaid"]
     tok = run.tokenizer
-    res = generate_stream(run, GenRequest(run="replaid", steps=5, text="def f(x):[[3]] return x[[]]", samples=2),
-                          lambda e: None)
+    res = generate_stream(
+        run, GenRequest(run="replaid", steps=5, text="def f(x):[[3]] return x[[]]", samples=2), lambda e: None
+    )
     left, right = tok.encode("def f(x):"), tok.encode(" return x")
     for row, text in zip(res.ids, res.texts):
         assert len(row) == len(left) + 3 + len(right) + 8
-        assert row[:len(left)] == left and row[len(left) + 3:len(left) + 3 + len(right)] == right
+        assert row[: len(left)] == left and row[len(left) + 3 : len(left) + 3 + len(right)] == right
         assert text.startswith("def f(x):") and " return x" in text
     assert res.mode == "infill"
 
@@ -120,11 +137,17 @@ def test_parse_text_modes(loaded):
         parse_text("a [[40]]", tok, 10, 32)
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("steps", 0, "steps must be between 1 and 64"), ("steps", 65, "steps must be between 1 and 64"),
-    ("length", 33, "length must be between 1 and 32"), ("samples", 3, "samples must be between 1 and 2"),
-    ("temperature", 0.0, "temperature must be between"), ("sampler", "euler", "sampler 'euler' is not available"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("steps", 0, "steps must be between 1 and 64"),
+        ("steps", 65, "steps must be between 1 and 64"),
+        ("length", 33, "length must be between 1 and 32"),
+        ("samples", 3, "samples must be between 1 and 2"),
+        ("temperature", 0.0, "temperature must be between"),
+        ("sampler", "euler", "sampler 'euler' is not available"),
+    ],
+)
 def test_bounds_give_one_line_messages(loaded, field, value, message):
     req = GenRequest(run="replaid", **{field: value})
     with pytest.raises(ValueError, match=message):
@@ -138,14 +161,17 @@ def test_infill_on_a_discrete_run_is_refused(loaded):
 
 # ------------------------------------------------------------------ server (no browser)
 
+
 @pytest.fixture(scope="module")
 def client(runs, loaded):
     from fastapi.testclient import TestClient
+
     from replaid.web.app import create_app
 
     paths = [str(runs[m]) for m in ("replaid", "mdlm", "ar")]
-    app = create_app(paths, Limits(max_steps=256, max_samples=2, max_queue=1),
-                     runs=[loaded[m] for m in ("replaid", "mdlm", "ar")])
+    app = create_app(
+        paths, Limits(max_steps=256, max_samples=2, max_queue=1), runs=[loaded[m] for m in ("replaid", "mdlm", "ar")]
+    )
     return TestClient(app)
 
 
@@ -164,12 +190,15 @@ def test_server_lists_runs_and_streams_a_generation(client):
     assert ev[-1]["nfe"] == 5 and ev[-1]["texts"][0].startswith("The")
 
 
-@pytest.mark.parametrize("body,status,message", [
-    ({"run": "replaid", "steps": 100000}, 400, "steps must be between 1 and 256"),
-    ({"run": "../../etc", "steps": 4}, 400, "unknown run '../../etc'"),
-    ({"run": "replaid", "path": "/etc/passwd"}, 400, "unknown field 'path'"),
-    ({"run": "replaid", "steps": "many"}, 400, "field 'steps' must be int"),
-])
+@pytest.mark.parametrize(
+    "body,status,message",
+    [
+        ({"run": "replaid", "steps": 100000}, 400, "steps must be between 1 and 256"),
+        ({"run": "../../etc", "steps": 4}, 400, "unknown run '../../etc'"),
+        ({"run": "replaid", "path": "/etc/passwd"}, 400, "unknown field 'path'"),
+        ({"run": "replaid", "steps": "many"}, 400, "field 'steps' must be int"),
+    ],
+)
 def test_server_rejects_bad_requests_with_one_line(client, body, status, message):
     resp = client.post("/api/generate", json=body)
     assert resp.status_code == status
@@ -205,6 +234,7 @@ def test_one_generation_at_a_time_per_run_with_a_bounded_queue(runs, loaded, mon
     """Three simultaneous requests on one run with max_queue=1: one runs, one waits (told it is
     queued behind one), one is refused with 429; the runs never overlap."""
     import httpx
+
     from replaid.web.app import create_app
 
     app = create_app([str(runs["replaid"])], Limits(max_queue=1), runs=[loaded["replaid"]])
@@ -216,7 +246,8 @@ def test_one_generation_at_a_time_per_run_with_a_bounded_queue(runs, loaded, mon
 
     lock = threading.Lock()
     import replaid.web.engine as engine
-    orig = engine._continuous
+
+    orig = engine.generate
 
     def counted(*a, **k):
         with lock:
@@ -228,7 +259,7 @@ def test_one_generation_at_a_time_per_run_with_a_bounded_queue(runs, loaded, mon
                 active[0] -= 1
 
     h = loaded["replaid"].model.register_forward_hook(hook)
-    monkeypatch.setattr(engine, "_continuous", counted)
+    monkeypatch.setattr(engine, "generate", counted)
     try:
         with _serving(app) as port:
             results = [None] * 3
@@ -259,6 +290,7 @@ def test_one_generation_at_a_time_per_run_with_a_bounded_queue(runs, loaded, mon
 def test_a_page_that_goes_away_cancels_its_generation(runs, loaded):
     """Closing the stream after the first step stops the job at its next step (the queue is freed)."""
     import httpx
+
     from replaid.web.app import create_app
 
     app = create_app([str(runs["replaid"])], Limits(), runs=[loaded["replaid"]])
@@ -330,8 +362,15 @@ def _wait_port(port: int, timeout: float = 20) -> None:
 # ------------------------------------------------------------------ the page in a real browser
 
 CHROMIUM = os.environ.get("REPLAID_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 @pytest.fixture(scope="module")
@@ -341,8 +380,9 @@ def page_url(runs, loaded):
     pytest.importorskip("playwright", reason="the 'web' extra (playwright) is not installed")
     from replaid.web.app import create_app
 
-    app = create_app([str(runs["replaid"]), str(runs["mdlm"])], Limits(max_steps=256),
-                     runs=[loaded["replaid"], loaded["mdlm"]])
+    app = create_app(
+        [str(runs["replaid"]), str(runs["mdlm"])], Limits(max_steps=256), runs=[loaded["replaid"], loaded["mdlm"]]
+    )
     with _serving(app) as port:
         yield f"http://127.0.0.1:{port}/"
 
@@ -368,8 +408,11 @@ def page(browser, page_url):
 
 def _record_states(page, sel: str) -> None:
     """Records every status text the view shows (the stream is faster than polling)."""
-    page.evaluate("""sel => { window.seen = []; const el = document.querySelector(sel);
-        new MutationObserver(() => window.seen.push(el.textContent)).observe(el, {childList: true, subtree: true, characterData: true}); }""", sel)
+    page.evaluate(
+        """sel => { window.seen = []; const el = document.querySelector(sel);
+        new MutationObserver(() => window.seen.push(el.textContent)).observe(el, {childList: true, subtree: true, characterData: true}); }""",
+        sel,
+    )
 
 
 def _generate(page, text: str, steps: int = 24, **fields):

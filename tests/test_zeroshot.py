@@ -1,4 +1,5 @@
 """Zero-shot suite: MDLM's detokenisers, row conventions, [BOS]...[EOS] wrapping, float64 aggregation, CLI."""
+
 import json
 import math
 
@@ -17,9 +18,14 @@ def test_wikitext_detokenizer_rules():
 
 
 def test_ptb_lm1b_lambada_and_papers_detokenizers():
-    assert Z.ptb_detokenizer("the company 's shares do n't fall N N to $ N a\\/b <unk>") == \
-        "the company's shares don't fall 1 1 to $1 a/b ?"
-    assert Z.lm1b_detokenizer('see http : / / x.org , he said " yes " ( ok ) .') == 'see http://x.org, he said "yes" (ok) .'
+    assert (
+        Z.ptb_detokenizer("the company 's shares do n't fall N N to $ N a\\/b <unk>")
+        == "the company's shares don't fall 1 1 to $1 a/b ?"
+    )
+    assert (
+        Z.lm1b_detokenizer('see http : / / x.org , he said " yes " ( ok ) .')
+        == 'see http://x.org, he said "yes" (ok) .'
+    )
     assert Z.lm1b_detokenizer("He won .") == "He won."
     assert Z.lambada_detokenizer("  “Hi,” she said  ") == '\n"Hi," she said'
     s = "a @-@ b , c"
@@ -56,6 +62,7 @@ def test_unknown_set_and_missing_file_are_one_line_errors(tmp_path, capsys):
 
 class _ConstMethod:
     """Per-row bound = row index (nats/token): the suite must average tokens in float64."""
+
     name = "stub"
 
     def eval_bound(self, model, tokens, gen):
@@ -90,11 +97,39 @@ def test_ppl_is_the_token_weighted_mean_in_float64(tmp_path):
 def test_zeroshot_command_on_an_ar_run(tmp_path, capsys, monkeypatch):
     (tmp_path / "zs" / "wikitext2").mkdir(parents=True)
     (tmp_path / "zs" / "wikitext2" / "valid.txt").write_text(" = Title = \n \n Return the value of the key . \n" * 40)
-    assert main(["train", "--preset", "debug", "--method", "ar", "--out", str(tmp_path / "ar"), "--no-progress",
-                 "train.steps=2", "train.num_threads=1"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--preset",
+                "debug",
+                "--method",
+                "ar",
+                "--out",
+                str(tmp_path / "ar"),
+                "--no-progress",
+                "train.steps=2",
+                "train.num_threads=1",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
-    assert main(["zeroshot", str(tmp_path / "ar"), "--datasets", "wikitext2", "--data-dir", str(tmp_path / "zs"),
-                 "--out", str(tmp_path / "out")]) == 0
+    assert (
+        main(
+            [
+                "zeroshot",
+                str(tmp_path / "ar"),
+                "--datasets",
+                "wikitext2",
+                "--data-dir",
+                str(tmp_path / "zs"),
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
     res = json.loads((tmp_path / "out" / "zeroshot.json").read_text())
     d = next(iter(res.values()))["datasets"]["wikitext2"]
     assert d["bound"] == "exact NLL" and d["rows"] > 0 and math.isclose(d["ppl"], math.exp(d["nats_per_token"]))

@@ -2,6 +2,7 @@
 
 Every bad input ends in one line ``replaid: error: ...`` naming the problem and the fix, exit 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,10 +21,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="replaid", description="RePlaid: likelihood-based continuous diffusion LMs.",
-                                epilog="run 'replaid COMMAND --help' for each command's options and an example")
-    p.add_argument("--debug", action="store_true",
-                   help="show the full traceback of an error (also REPLAID_DEBUG=1)")
+    p = _Parser(
+        prog="replaid",
+        description="RePlaid: likelihood-based continuous diffusion LMs.",
+        epilog="run 'replaid COMMAND --help' for each command's options and an example",
+    )
+    p.add_argument("--debug", action="store_true", help="show the full traceback of an error (also REPLAID_DEBUG=1)")
     sub = p.add_subparsers(dest="cmd", required=True)
     for name in COMMANDS:
         importlib.import_module(f"replaid.commands.{name}").register(sub)

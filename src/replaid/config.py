@@ -4,6 +4,7 @@ Overrides come as ``section.key=value`` strings or a YAML file of the same nesti
 key or a value of the wrong type raises :class:`ConfigError` naming the key and the nearest
 valid key. The resolved config is saved as JSON with every run and checkpoint.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,11 +15,17 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 
 class ConfigError(ValueError):
     """A bad configuration key or value (one-line message naming the key and the fix)."""
+
+
+class Section(Protocol):
+    """A config section: a dataclass that checks its own values."""
+
+    def validate(self) -> None: ...
 
 
 @dataclass
@@ -48,20 +55,35 @@ class ModelConfig:
     time_embedding: str = "plaid"
 
     def validate(self) -> None:
-        _check(self.hidden % self.n_heads == 0, "model.hidden",
-               f"must be divisible by model.n_heads ({self.hidden} % {self.n_heads} != 0)")
-        _check((self.hidden // self.n_heads) % 2 == 0, "model.hidden",
-               "hidden / n_heads must be even for rotary embeddings")
+        _check(
+            self.hidden % self.n_heads == 0,
+            "model.hidden",
+            f"must be divisible by model.n_heads ({self.hidden} % {self.n_heads} != 0)",
+        )
+        _check(
+            (self.hidden // self.n_heads) % 2 == 0,
+            "model.hidden",
+            "hidden / n_heads must be even for rotary embeddings",
+        )
         for k in ("hidden", "n_layers", "n_heads", "mlp_ratio", "cond_dim", "d_e"):
             _check(getattr(self, k) > 0, f"model.{k}", "must be positive")
         _check(0.0 <= self.dropout < 1.0, "model.dropout", "must be in [0, 1)")
-        _check(self.embeddings in ("learned", "frozen-random", "one-hot", "file"), "model.embeddings",
-               "must be one of learned, frozen-random, one-hot, file")
-        _check(self.embeddings != "file" or bool(self.embeddings_path), "model.embeddings_path",
-               "is required when model.embeddings=file")
+        _check(
+            self.embeddings in ("learned", "frozen-random", "one-hot", "file"),
+            "model.embeddings",
+            "must be one of learned, frozen-random, one-hot, file",
+        )
+        _check(
+            self.embeddings != "file" or bool(self.embeddings_path),
+            "model.embeddings_path",
+            "is required when model.embeddings=file",
+        )
         _check(self.head_chunk_rows >= 0, "model.head_chunk_rows", "must be >= 0")
-        _check(self.up_projection or (self.d_e == self.hidden and self.embeddings != "one-hot"), "model.up_projection",
-               f"false needs model.d_e == model.hidden ({self.d_e} != {self.hidden}); set model.d_e={self.hidden}")
+        _check(
+            self.up_projection or (self.d_e == self.hidden and self.embeddings != "one-hot"),
+            "model.up_projection",
+            f"false needs model.d_e == model.hidden ({self.d_e} != {self.hidden}); set model.d_e={self.hidden}",
+        )
         _check(self.time_embedding in ("plaid", "dit"), "model.time_embedding", "must be plaid or dit")
 
 
@@ -145,8 +167,9 @@ class OptimConfig:
         _check(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 = off)")
         _check(self.eps > 0, "optim.eps", "must be > 0")
         _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "optim.beta1", "beta1 and beta2 must be in [0, 1)")
-        _check(self.lr_min >= 0 and self.min_warmup_steps >= 0, "optim.lr_min",
-               "lr_min and min_warmup_steps must be >= 0")
+        _check(
+            self.lr_min >= 0 and self.min_warmup_steps >= 0, "optim.lr_min", "lr_min and min_warmup_steps must be >= 0"
+        )
         for k in ("lr_norms_head", "wd_norms_head"):
             _check(getattr(self, k) >= 0 or getattr(self, k) == -1, f"optim.{k}", "must be >= 0 or -1 (as backbone)")
 
@@ -169,17 +192,26 @@ class TrainConfig:
 
     def validate(self) -> None:
         _check(self.steps > 0, "train.steps", "must be positive")
-        _check(self.batch_size >= 2, "train.batch_size", "must be >= 2 (one recon row + one diffusion row)")
+        _check(self.batch_size >= 1, "train.batch_size", "must be >= 1")
         _check(self.grad_accum >= 1, "train.grad_accum", "must be >= 1")
-        _check(self.batch_size % self.grad_accum == 0, "train.batch_size",
-               f"must be divisible by train.grad_accum ({self.grad_accum})")
+        _check(
+            self.batch_size % self.grad_accum == 0,
+            "train.batch_size",
+            f"must be divisible by train.grad_accum ({self.grad_accum})",
+        )
         _check(self.precision in ("auto", "fp32", "bf16"), "train.precision", "must be auto, fp32 or bf16")
         _check(self.parallel in ("ddp", "fsdp"), "train.parallel", "must be ddp or fsdp")
-        _check(re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device) is not None, "train.device",
-               f"must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
+        _check(
+            re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device) is not None,
+            "train.device",
+            f"must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}",
+        )
         _check(self.log_every >= 1, "train.log_every", "must be >= 1")
-        for k, zero in (("eval_every", "only at the end"), ("save_every", "only at the end"),
-                        ("num_threads", "torch's default")):
+        for k, zero in (
+            ("eval_every", "only at the end"),
+            ("save_every", "only at the end"),
+            ("num_threads", "torch's default"),
+        ):
             _check(getattr(self, k) >= 0, f"train.{k}", f"must be >= 0 (0 = {zero})")
         _check(self.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", "must be >= 1")
 
@@ -200,34 +232,6 @@ class EvalConfig:
         _check(self.max_batches >= 0, "eval.max_batches", "must be >= 0")
 
 
-@dataclass
-class SampleConfig:
-    """The numbers of ``replaid sample``, checked like the run config (``validate(trained_len)``)."""
-
-    steps: int = 64
-    num: int = 4
-    length: int = 0  # 0 = the run's data.seq_len
-    batch_size: int = 16
-    temperature: float = 1.0
-    score_temperature: float = 1.0
-    trajectory: int = 0
-
-    def validate(self, trained_len: int, allow_longer: bool = False) -> "SampleConfig":
-        def need(ok: bool, k: str, msg: str) -> None:
-            if not ok:
-                raise ConfigError(f"--{k.replace('_', '-')} {getattr(self, k)}: {msg}")
-
-        for k in ("steps", "num", "batch_size"):
-            need(getattr(self, k) >= 1, k, "must be >= 1")
-        for k in ("temperature", "score_temperature"):
-            need(math.isfinite(getattr(self, k)) and getattr(self, k) > 0, k, "must be a finite number > 0")
-        need(self.trajectory >= 0, "trajectory", "must be >= 0 (0 = off)")
-        need(self.length == 0 or self.length >= 2, "length", "must be >= 2")
-        need(self.length <= trained_len or allow_longer, "length", f"beyond the run's trained length "
-             f"(data.seq_len={trained_len}); use at most {trained_len} or pass --allow-longer to sample beyond it")
-        return self
-
-
 def apply_cli(cfg: "RunConfig", flags: dict[str, tuple[str, Any]]) -> None:
     """Set ``{--flag: (section.key, value)}`` (None: not given) on ``cfg`` through the config's own
     typing and validation, so a command-line number is checked exactly as the same config key."""
@@ -241,39 +245,89 @@ def apply_cli(cfg: "RunConfig", flags: dict[str, tuple[str, Any]]) -> None:
             raise ConfigError(f"{flag} {value}: {e}") from None
 
 
-@dataclass
-class BaselineConfig:
-    """Options of the baseline methods (AR, MDLM, Duo)."""
+# ------------------------------------------------------------------ per-method sections
+# Each method's own settings live in its own section, validated only when that method runs; a key a
+# user sets in another method's section (or a model key only another method reads) is refused, naming
+# its method (refuse_foreign_keys).
 
-    mdlm_low_variance: bool = True  # train on plain masked CE (weight -1); evaluation always uses the NELBO
-    mdlm_time_conditioning: bool = False  # MDLM needs no time input (the mask count carries it)
-    # Duo's Gaussian curriculum (s-sahoo/duo configs/algo/duo.yaml; fractions of train.steps): active
-    # from step 0 to duo_curriculum_end (0 = off), log10 tau ramps from start to end over [start, end]
-    duo_curriculum_start: float = 0.1
-    duo_curriculum_end: float = 0.2
-    duo_gamma_min: float = -3.5
-    duo_gamma_max: float = -1.75
-    duo_tau_log10_start: float = -1.0
-    duo_tau_log10_end: float = -2.0
-    ar_top_p: float = 1.0  # nucleus sampling mass for AR (1.0 = off)
-    # LangFlow's Gumbel noise schedule (converted checkpoints: method=langflow, evaluation only)
-    langflow_gumbel_loc: float = 4.723
-    langflow_gumbel_scale: float = 0.852
-    langflow_gumbel_cutoff: float = 1e-5
+
+@dataclass
+class ARConfig:
+    """``method=ar``."""
+
+    top_p: float = 1.0  # nucleus sampling mass (1.0 = off)
 
     def validate(self) -> None:
-        _check(0 <= self.duo_curriculum_start <= self.duo_curriculum_end <= 1, "baseline.duo_curriculum_start",
-               "need 0 <= duo_curriculum_start <= duo_curriculum_end <= 1")
-        _check(self.duo_gamma_min < self.duo_gamma_max, "baseline.duo_gamma_min", "must be < duo_gamma_max")
-        _check(0 < self.ar_top_p <= 1, "baseline.ar_top_p", "must be in (0, 1]")
-        _check(self.langflow_gumbel_scale > 0, "baseline.langflow_gumbel_scale", "must be positive")
-        _check(0 < self.langflow_gumbel_cutoff < 0.5, "baseline.langflow_gumbel_cutoff", "must be in (0, 0.5)")
+        _check(0 < self.top_p <= 1, "ar.top_p", "must be in (0, 1]")
+
+
+@dataclass
+class MDLMConfig:
+    """``method=mdlm``."""
+
+    low_variance: bool = True  # train on plain masked CE (weight 1); evaluation always uses the NELBO
+    time_conditioning: bool = False  # MDLM needs no time input (the mask count carries it)
+
+    def validate(self) -> None:
+        pass
+
+
+@dataclass
+class DuoConfig:
+    """``method=duo``: the Gaussian curriculum (s-sahoo/duo configs/algo/duo.yaml; fractions of train.steps):
+    active from step 0 to curriculum_end (0 = off), log10 tau ramps from start to end over [start, end]."""
+
+    curriculum_start: float = 0.1
+    curriculum_end: float = 0.2
+    gamma_min: float = -3.5
+    gamma_max: float = -1.75
+    tau_log10_start: float = -1.0
+    tau_log10_end: float = -2.0
+
+    def validate(self) -> None:
+        _check(
+            0 <= self.curriculum_start <= self.curriculum_end <= 1,
+            "duo.curriculum_start",
+            "need 0 <= curriculum_start <= curriculum_end <= 1",
+        )
+        _check(self.gamma_min < self.gamma_max, "duo.gamma_min", "must be < duo.gamma_max")
+
+
+@dataclass
+class LangFlowConfig:
+    """``method=langflow`` (converted checkpoints, evaluation only): LangFlow's Gumbel noise schedule."""
+
+    gumbel_loc: float = 4.723
+    gumbel_scale: float = 0.852
+    gumbel_cutoff: float = 1e-5
+
+    def validate(self) -> None:
+        _check(self.gumbel_scale > 0, "langflow.gumbel_scale", "must be positive")
+        _check(0 < self.gumbel_cutoff < 0.5, "langflow.gumbel_cutoff", "must be in (0, 0.5)")
 
 
 # The methods of ``replaid.methods.METHODS`` (named here so the parser and config validation need no torch).
 METHOD_NAMES = ("replaid", "plaid", "ar", "mdlm", "duo")
 # Methods of converted peer checkpoints: evaluated and sampled, not trained (``replaid convert``).
 EVAL_ONLY_METHODS = ("langflow",)
+CONTINUOUS_METHODS = ("replaid", "plaid")  # trained on Algorithm 1 (the diffusion section)
+# method sections and the methods that read them
+SECTION_OWNERS: dict[str, tuple[str, ...]] = {
+    "diffusion": CONTINUOUS_METHODS,
+    "ar": ("ar",),
+    "mdlm": ("mdlm",),
+    "duo": ("duo",),
+    "langflow": ("langflow",),
+}
+# model keys that only some methods' networks read (the others are every method's)
+MODEL_KEY_OWNERS: dict[str, tuple[str, ...]] = {
+    "self_conditioning": CONTINUOUS_METHODS + ("langflow",),
+    **{
+        k: CONTINUOUS_METHODS
+        for k in ("output_prior", "embeddings", "embeddings_path", "up_projection", "head_chunk_rows")
+    },
+    **{k: ("ar", "mdlm", "duo") for k in ("factored_embedding", "time_embedding")},
+}
 
 
 @dataclass
@@ -281,37 +335,136 @@ class RunConfig:
     method: str = "replaid"
     preset: str = ""
     model: ModelConfig = field(default_factory=ModelConfig)
-    diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
+    diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)  # replaid, plaid
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    baseline: BaselineConfig = field(default_factory=BaselineConfig)
+    ar: ARConfig = field(default_factory=ARConfig)
+    mdlm: MDLMConfig = field(default_factory=MDLMConfig)
+    duo: DuoConfig = field(default_factory=DuoConfig)
+    langflow: LangFlowConfig = field(default_factory=LangFlowConfig)
 
     def validate(self) -> "RunConfig":
-        _check(self.method in METHOD_NAMES + EVAL_ONLY_METHODS, "method", f"unknown method {self.method!r}; "
-               "choose one of " + ", ".join(METHOD_NAMES))
+        _check(
+            self.method in METHOD_NAMES + EVAL_ONLY_METHODS,
+            "method",
+            f"unknown method {self.method!r}; choose one of " + ", ".join(METHOD_NAMES),
+        )
         for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if dataclasses.is_dataclass(v):
-                for g in dataclasses.fields(v):  # NaN passes no comparison, inf passes ">= 0": refuse both
-                    x = getattr(v, g.name)
-                    _check(not isinstance(x, float) or math.isfinite(x), f"{f.name}.{g.name}",
-                           f"must be a finite number, got {x}")
-                v.validate()
+            v: Section = getattr(self, f.name)
+            if not dataclasses.is_dataclass(v) or self.method not in SECTION_OWNERS.get(f.name, (self.method,)):
+                continue  # another method's section: not used, not validated
+            for g in dataclasses.fields(v):  # NaN passes no comparison, inf passes ">= 0": refuse both
+                x = getattr(v, g.name)
+                _check(
+                    not isinstance(x, float) or math.isfinite(x),
+                    f"{f.name}.{g.name}",
+                    f"must be a finite number, got {x}",
+                )
+            v.validate()
+        if self.method in CONTINUOUS_METHODS:  # Algorithm 1 needs a reconstruction row and a diffusion row
+            micro = self.train.batch_size // self.train.grad_accum
+            _check(
+                micro >= 2,
+                "train.batch_size",
+                f"method={self.method} needs micro-batches of at least 2 rows "
+                f"(one reconstruction row, one diffusion row); batch_size {self.train.batch_size} / grad_accum "
+                f"{self.train.grad_accum} gives {micro}: raise train.batch_size or lower train.grad_accum",
+            )
         return self
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Every key this run's method reads (other methods' sections and model keys are left out)."""
+        d = dataclasses.asdict(self)
+        for sec, owners in SECTION_OWNERS.items():
+            if self.method not in owners:
+                d.pop(sec)
+        for k, owners in MODEL_KEY_OWNERS.items():
+            if self.method not in owners:
+                d["model"].pop(k)
+        return d
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunConfig":
+        """A config from its dict (a run's config.json, a checkpoint's state.json), migrated first."""
         cfg = cls()
-        apply_dict(cfg, d)
+        apply_dict(cfg, migrate_config(d))
         return cfg.validate()
+
+
+def owners_of(key: str) -> tuple[str, ...] | None:
+    """The methods that read config key ``section.key`` (None: every method)."""
+    sec, _, name = key.partition(".")
+    if sec == "model":
+        return MODEL_KEY_OWNERS.get(name)
+    return SECTION_OWNERS.get(sec)
+
+
+def refuse_foreign_keys(cfg: RunConfig, keys: list[str]) -> None:
+    """Refuse (one line naming the method it belongs to) any of the keys a user set (``key=value``
+    overrides, a YAML file) that ``cfg.method`` never reads: it would be accepted without effect."""
+    for key in keys:
+        owners = owners_of(LEGACY_KEYS.get(key, key))
+        if owners is not None and cfg.method not in owners:
+            raise ConfigError(
+                f"config key {key} belongs to method {'/'.join(owners)}, but this run is "
+                f"method={cfg.method}: drop it (or set method={owners[0]})"
+            )
+
+
+def flat_keys(d: dict, prefix: str = "") -> list[str]:
+    """``section.key`` of every leaf of a nested mapping (a YAML config file)."""
+    out = []
+    for k, v in d.items():
+        out += flat_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"{prefix}{k}"]
+    return out
+
+
+# Keys of configs written before the per-method sections (issue 23): old key -> new key.
+LEGACY_KEYS: dict[str, str] = {
+    "baseline.mdlm_low_variance": "mdlm.low_variance",
+    "baseline.mdlm_time_conditioning": "mdlm.time_conditioning",
+    "baseline.ar_top_p": "ar.top_p",
+    **{
+        f"baseline.duo_{k}": f"duo.{k}"
+        for k in ("curriculum_start", "curriculum_end", "gamma_min", "gamma_max", "tau_log10_start", "tau_log10_end")
+    },
+    **{f"baseline.langflow_gumbel_{k}": f"langflow.gumbel_{k}" for k in ("loc", "scale", "cutoff")},
+}
+
+
+def migrate_config(d: dict) -> dict:
+    """A stored config (any version) in today's layout; the input is not modified.
+
+    Before the per-method sections every run stored every method's options in one flat ``baseline``
+    section: each key moves to its method's section (:data:`LEGACY_KEYS`). Keys of sections and model
+    keys that the run's method never read are reset to their defaults (they had no effect), so an
+    old run keeps loading under the foreign-key check."""
+    if not isinstance(d, dict):
+        return d
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in d.items()}
+    old = out.pop("baseline", None)
+    if isinstance(old, dict):
+        for k, v in old.items():
+            new = LEGACY_KEYS.get(f"baseline.{k}")
+            if new is None:
+                raise ConfigError(f"unknown config key 'baseline.{k}' in a stored config; it is from another version")
+            sec, key = new.split(".")
+            out.setdefault(sec, {})[key] = v
+        method = out.get("method", "replaid")
+        for sec, owners in SECTION_OWNERS.items():
+            if method not in owners:
+                out.pop(sec, None)
+        model = out.get("model")
+        if isinstance(model, dict):
+            for k, owners in MODEL_KEY_OWNERS.items():
+                if method not in owners:
+                    model.pop(k, None)
+    return out
 
 
 def _check(ok: bool, key: str, msg: str) -> None:
@@ -320,6 +473,7 @@ def _check(ok: bool, key: str, msg: str) -> None:
 
 
 # --------------------------------------------------------------------------- overrides
+
 
 def _all_keys(obj: Any, prefix: str = "") -> list[str]:
     keys = []
@@ -387,7 +541,8 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
 
 
 def set_key(cfg: RunConfig, key: str, value: Any) -> None:
-    """Set ``section.key`` on ``cfg`` with type checking."""
+    """Set ``section.key`` on ``cfg`` with type checking (keys of older versions, :data:`LEGACY_KEYS`, too)."""
+    key = LEGACY_KEYS.get(key, key)
     parts = key.split(".")
     obj: Any = cfg
     for i, p in enumerate(parts):
@@ -398,7 +553,9 @@ def set_key(cfg: RunConfig, key: str, value: Any) -> None:
             sub = getattr(obj, p)
             if dataclasses.is_dataclass(sub):
                 if not isinstance(value, dict):
-                    raise ConfigError(f"config key {key} is a section; set one of its keys, e.g. {key}.{dataclasses.fields(sub)[0].name}=...")
+                    raise ConfigError(
+                        f"config key {key} is a section; set one of its keys, e.g. {key}.{dataclasses.fields(sub)[0].name}=..."
+                    )
                 apply_dict(sub, value, prefix=key + ".", root=cfg)
                 return
             hints = typing.get_type_hints(type(obj))

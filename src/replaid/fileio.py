@@ -1,6 +1,7 @@
 """Crash-safe file writes: a file is either its old content or its complete new content, never a
 truncated mix (write a temporary file in the same folder, fsync it, ``os.replace`` it in, fsync the
 folder). Temporaries are named ``.NAME.tmp.PID`` so a later run can recognise and remove them."""
+
 from __future__ import annotations
 
 import os

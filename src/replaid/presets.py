@@ -1,19 +1,51 @@
 """Named presets: the paper's model sizes and optimiser tables, plus small CPU presets."""
+
 from __future__ import annotations
 
 import difflib
 from typing import Callable
 
-from replaid.config import ConfigError, OptimConfig, RunConfig, apply_dict, load_yaml, parse_overrides, set_key
+from replaid.config import (
+    ConfigError,
+    OptimConfig,
+    RunConfig,
+    apply_dict,
+    flat_keys,
+    load_yaml,
+    parse_overrides,
+    refuse_foreign_keys,
+    set_key,
+)
 
 # Paper Table "IsoFLOP transformer configurations": non-embedding params (M) -> (hidden, layers, heads)
 ISOFLOP_SIZES: dict[int, tuple[int, int, int]] = {
-    14: (256, 6, 4), 29: (384, 8, 6), 44: (512, 8, 8), 58: (576, 9, 9), 74: (640, 10, 10),
-    91: (640, 13, 10), 107: (640, 16, 8), 116: (768, 12, 12), 140: (768, 15, 12), 163: (768, 18, 12),
-    173: (896, 14, 14), 194: (896, 16, 14), 214: (896, 18, 14), 247: (1024, 16, 16), 274: (1024, 18, 16),
-    300: (1024, 20, 16), 413: (1280, 18, 10), 475: (1280, 21, 10), 493: (1408, 18, 11),
-    537: (1280, 24, 10), 568: (1408, 21, 11), 642: (1408, 24, 11), 698: (1536, 22, 12),
-    787: (1536, 25, 12), 1016: (1792, 24, 14), 1208: (2048, 22, 16), 1364: (2048, 25, 16),
+    14: (256, 6, 4),
+    29: (384, 8, 6),
+    44: (512, 8, 8),
+    58: (576, 9, 9),
+    74: (640, 10, 10),
+    91: (640, 13, 10),
+    107: (640, 16, 8),
+    116: (768, 12, 12),
+    140: (768, 15, 12),
+    163: (768, 18, 12),
+    173: (896, 14, 14),
+    194: (896, 16, 14),
+    214: (896, 18, 14),
+    247: (1024, 16, 16),
+    274: (1024, 18, 16),
+    300: (1024, 20, 16),
+    413: (1280, 18, 10),
+    475: (1280, 21, 10),
+    493: (1408, 18, 11),
+    537: (1280, 24, 10),
+    568: (1408, 21, 11),
+    642: (1408, 24, 11),
+    698: (1536, 22, 12),
+    787: (1536, 25, 12),
+    1016: (1792, 24, 14),
+    1208: (2048, 22, 16),
+    1364: (2048, 25, 16),
     1708: (2176, 28, 17),
 }
 
@@ -21,10 +53,22 @@ ISOFLOP_SIZES: dict[int, tuple[int, int, int]] = {
 def optim_small() -> OptimConfig:
     """Paper table "Optimization details for RePlaid at the 0.1B scale"."""
     return OptimConfig(
-        lr_schedule="constant", warmup_steps=2500, warmup_frac=0.0,
-        lr_backbone=3e-4, lr_projections=3e-4, lr_embedding=1e-2, lr_schedule_mlp=1e-2, lr_endpoints=1e-2,
-        wd_backbone=0.0, wd_projections=0.0, wd_embedding=0.0, wd_schedule_mlp=0.0, wd_endpoints=0.1,
-        beta1=0.9, beta2=0.999, ema=0.9999,
+        lr_schedule="constant",
+        warmup_steps=2500,
+        warmup_frac=0.0,
+        lr_backbone=3e-4,
+        lr_projections=3e-4,
+        lr_embedding=1e-2,
+        lr_schedule_mlp=1e-2,
+        lr_endpoints=1e-2,
+        wd_backbone=0.0,
+        wd_projections=0.0,
+        wd_embedding=0.0,
+        wd_schedule_mlp=0.0,
+        wd_endpoints=0.1,
+        beta1=0.9,
+        beta2=0.999,
+        ema=0.9999,
     )
 
 
@@ -32,20 +76,47 @@ def optim_plaid() -> OptimConfig:
     """Paper table "Optimization details for Plaid at the 0.1B scale": Plaid's per-component values
     after muP rescaling (MuAdam), passed to AdamW as they are."""
     return OptimConfig(
-        lr_schedule="constant", warmup_steps=2500, warmup_frac=0.0,
-        lr_backbone=4.67e-4, lr_norms_head=1.4e-3, lr_projections=1.4e-3, lr_embedding=1e-2, lr_schedule_mlp=1e-2,
-        lr_endpoints=1e-2, wd_backbone=0.086, wd_norms_head=0.029, wd_projections=0.029, wd_embedding=0.0,
-        wd_schedule_mlp=0.0, wd_endpoints=0.1, beta1=0.9, beta2=0.99, ema=0.9999,
+        lr_schedule="constant",
+        warmup_steps=2500,
+        warmup_frac=0.0,
+        lr_backbone=4.67e-4,
+        lr_norms_head=1.4e-3,
+        lr_projections=1.4e-3,
+        lr_embedding=1e-2,
+        lr_schedule_mlp=1e-2,
+        lr_endpoints=1e-2,
+        wd_backbone=0.086,
+        wd_norms_head=0.029,
+        wd_projections=0.029,
+        wd_embedding=0.0,
+        wd_schedule_mlp=0.0,
+        wd_endpoints=0.1,
+        beta1=0.9,
+        beta2=0.99,
+        ema=0.9999,
     )
 
 
 def optim_scaling() -> OptimConfig:
     """Paper table "Optimization details for RePlaid in scaling law experiments"."""
     return OptimConfig(
-        lr_schedule="cosine", warmup_frac=0.01, min_warmup_steps=100, lr_min=2e-5,
-        lr_backbone=2e-4, lr_projections=2e-4, lr_embedding=1e-2, lr_schedule_mlp=1e-2, lr_endpoints=1e-2,
-        wd_backbone=0.1, wd_projections=0.1, wd_embedding=0.0, wd_schedule_mlp=0.0, wd_endpoints=0.1,
-        beta1=0.9, beta2=0.95, ema=0.0,
+        lr_schedule="cosine",
+        warmup_frac=0.01,
+        min_warmup_steps=100,
+        lr_min=2e-5,
+        lr_backbone=2e-4,
+        lr_projections=2e-4,
+        lr_embedding=1e-2,
+        lr_schedule_mlp=1e-2,
+        lr_endpoints=1e-2,
+        wd_backbone=0.1,
+        wd_projections=0.1,
+        wd_embedding=0.0,
+        wd_schedule_mlp=0.0,
+        wd_endpoints=0.1,
+        beta1=0.9,
+        beta2=0.95,
+        ema=0.0,
     )
 
 
@@ -105,10 +176,10 @@ def owt_01b_duo() -> RunConfig:
     over the first 500k of the 1M steps, then the true NELBO."""
     c = owt_01b()
     c.preset, c.method = "owt-0.1b-duo", "duo"
-    b = c.baseline
-    b.duo_curriculum_start, b.duo_curriculum_end = 0.0, 0.5
-    b.duo_gamma_min, b.duo_gamma_max = -3.55, -1.85
-    b.duo_tau_log10_start = b.duo_tau_log10_end = -3.0
+    d = c.duo
+    d.curriculum_start, d.curriculum_end = 0.0, 0.5
+    d.gamma_min, d.gamma_max = -3.55, -1.85
+    d.tau_log10_start = d.tau_log10_end = -3.0
     return c
 
 
@@ -140,7 +211,11 @@ def isoflop(size_m: int) -> Callable[[], RunConfig]:
 
 
 PRESETS: dict[str, Callable[[], RunConfig]] = {
-    "debug": debug, "demo": demo, "owt-0.1b": owt_01b, "owt-0.1b-plaid": owt_01b_plaid, "owt-0.1b-duo": owt_01b_duo,
+    "debug": debug,
+    "demo": demo,
+    "owt-0.1b": owt_01b,
+    "owt-0.1b-plaid": owt_01b_plaid,
+    "owt-0.1b-duo": owt_01b_duo,
     "lm1b": lm1b,
     **{f"isoflop-{m}m": isoflop(m) for m in ISOFLOP_SIZES},
 }
@@ -157,8 +232,13 @@ def get_preset(name: str) -> RunConfig:
 def resolve(preset: str | None, yaml_path: str | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Preset, then YAML file, then ``key=value`` overrides; validated."""
     cfg = get_preset(preset or "demo")
+    keys: list[str] = []
     if yaml_path:
-        apply_dict(cfg, load_yaml(yaml_path), root=cfg)
+        d = load_yaml(yaml_path)
+        apply_dict(cfg, d, root=cfg)
+        keys += flat_keys(d)
     for k, v in parse_overrides(overrides or []):
         set_key(cfg, k, v)
+        keys.append(k)
+    refuse_foreign_keys(cfg, keys)
     return cfg.validate()

@@ -3,13 +3,31 @@
 ``replaid.cli`` builds the parser from ``COMMANDS``; the helpers here give every command the same
 help layout and output format.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 
 # Sub-command modules in the order ``replaid --help`` lists them.
-COMMANDS = ("train", "eval", "sample", "data", "presets", "likelihood", "diagnose", "geometry", "quality", "sweep", "export", "convert", "zeroshot", "scaling", "serve", "memory")
+COMMANDS = (
+    "train",
+    "eval",
+    "sample",
+    "data",
+    "presets",
+    "likelihood",
+    "diagnose",
+    "geometry",
+    "quality",
+    "sweep",
+    "export",
+    "convert",
+    "zeroshot",
+    "scaling",
+    "serve",
+    "memory",
+)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -27,8 +45,9 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 def add_command(sub, name: str, help_: str, example: str, description: str | None = None):
     """A sub-command parser with the project's help layout (description, then an example)."""
-    return sub.add_parser(name, help=help_, description=description or help_, epilog=example,
-                          formatter_class=HelpFormatter)
+    return sub.add_parser(
+        name, help=help_, description=description or help_, epilog=example, formatter_class=HelpFormatter
+    )
 
 
 def run_title(run) -> str:

@@ -1,4 +1,5 @@
 """``replaid convert``: an official MDLM / Duo / LangFlow checkpoint as a replaid folder (see ``replaid/hub/peers.py``)."""
+
 from __future__ import annotations
 
 from replaid.commands import add_command
@@ -9,13 +10,23 @@ then:    replaid eval peers/mdlm-owt   |   replaid sample peers/mdlm-owt   |   r
 
 
 def register(sub) -> None:
-    e = add_command(sub, "convert", "Convert an official MDLM, Duo or LangFlow checkpoint (Hub layout, safetensors) to a replaid folder.",
-                    EXAMPLE)
+    e = add_command(
+        sub,
+        "convert",
+        "Convert an official MDLM, Duo or LangFlow checkpoint (Hub layout, safetensors) to a replaid folder.",
+        EXAMPLE,
+    )
     e.add_argument("peer", choices=["mdlm", "duo", "langflow"], help="which peer's layout src is in")
     e.add_argument("src", help="the peer's folder (config.json + model.safetensors) or Hub id")
     e.add_argument("--out", required=True, help="new folder to write")
-    e.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="overrides",
-                   help="config overrides for the converted run: data.tokenizer_path=..., data.source=..., eval.* ...")
+    e.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="overrides",
+        help="config overrides for the converted run: data.tokenizer_path=..., data.source=..., eval.* ...",
+    )
     e.set_defaults(func=run)
 
 

@@ -1,4 +1,5 @@
 """``replaid diagnose``: per-timestep diffusion loss, CE, error rate and the closed-form gamma*."""
+
 from __future__ import annotations
 
 import json
@@ -6,23 +7,33 @@ from pathlib import Path
 
 from replaid.commands import add_command, emit, run_labels, run_title
 
-EXAMPLE = ("example: replaid diagnose runs/demo --out runs/demo/diagnose --split valid --batches 4 --grid 33\n"
-           "         replaid diagnose runs/learned runs/frozen --labels learned frozen --out runs/ce-overlay")
+EXAMPLE = (
+    "example: replaid diagnose runs/demo --out runs/demo/diagnose --split valid --batches 4 --grid 33\n"
+    "         replaid diagnose runs/learned runs/frozen --labels learned frozen --out runs/ce-overlay"
+)
 
 
 def register(sub) -> None:
-    p = add_command(sub, "diagnose", "Per-timestep loss / CE / error curves and the optimal schedule gamma*.", EXAMPLE,
-                    description="Per-timestep loss / CE / error curves and the closed-form optimal "
-                                   "schedule gamma* (CSV, PNG plots and a JSON summary). With several runs, "
-                                   "each goes to OUT/<label>/ and ce_overlay.png overlays their CE(t), t and CE "
-                                   "each normalised to [0, 1], with the R^2 of a straight-line fit.")
+    p = add_command(
+        sub,
+        "diagnose",
+        "Per-timestep loss / CE / error curves and the optimal schedule gamma*.",
+        EXAMPLE,
+        description="Per-timestep loss / CE / error curves and the closed-form optimal "
+        "schedule gamma* (CSV, PNG plots and a JSON summary). With several runs, "
+        "each goes to OUT/<label>/ and ce_overlay.png overlays their CE(t), t and CE "
+        "each normalised to [0, 1], with the R^2 of a straight-line fit.",
+    )
     p.add_argument("runs", nargs="+", metavar="run", help="run or checkpoint directories")
     p.add_argument("--labels", nargs="+", help="one label per run (default: the run folder names)")
-    p.add_argument("--out", required=True, help="folder for curves.csv, gamma_curves.csv, *.png, diagnose.json, "
-                                                "ce_overlay.png/csv")
+    p.add_argument(
+        "--out", required=True, help="folder for curves.csv, gamma_curves.csv, *.png, diagnose.json, ce_overlay.png/csv"
+    )
     p.add_argument("--split", default="valid", choices=["train", "valid", "test"], help="split evaluated")
     p.add_argument("--batches", type=int, default=4, help="evaluation batches averaged")
-    p.add_argument("--batch-size", type=int, default=None, help="evaluation batch size (default: the run's eval.batch_size)")
+    p.add_argument(
+        "--batch-size", type=int, default=None, help="evaluation batch size (default: the run's eval.batch_size)"
+    )
     p.add_argument("--grid", type=int, default=33, help="points of the t grid in (0, 1)")
     p.add_argument("--no-self-cond", action="store_true", help="predict without self-conditioning")
     p.add_argument("--no-ema", action="store_true", help="use the raw weights, not the EMA")
@@ -33,14 +44,15 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from replaid.eval.diagnostics import ce_overlay, plot_ce_overlay
-    from replaid.loading import load_run
+    from replaid.methods import Kind
+    from replaid.training.loading import load_run
 
     if args.batches < 1 or args.grid < 2:
         raise ValueError("--batches must be >= 1 and --grid >= 2")
     labels = run_labels(args.runs, args.labels)
     runs = [load_run(p, use_ema=not args.no_ema) for p in args.runs]  # all inputs checked before writing
     for p, r in zip(args.runs, runs):
-        if not hasattr(r.model, "schedule"):
+        if r.method.kind is not Kind.CONTINUOUS:
             raise ValueError(f"{p}: diagnose needs a diffusion run with a noise schedule (RePlaid/Plaid)")
     out = Path(args.out)
     summaries, curves = {}, []
@@ -72,15 +84,20 @@ def _diagnose_one(r, args, out: Path) -> tuple[dict, dict]:
     batches = [b["tokens"] for b in r.data.eval_batches(args.split, bs, args.batches)]
     if not batches:
         raise ValueError(f"the {args.split} split produced no batches")
-    sc = bool(getattr(r.model, "self_conditioning", False)) and not args.no_self_cond
+    sc = r.model.self_conditioning and not args.no_self_cond
     with tqdm(total=len(batches) * diagnose_predictions(args.grid), desc="diagnose", unit="pred") as bar:  # stderr
         res = diagnose(r.model, batches, grid=args.grid, self_cond=sc, seed=args.seed, advance=bar.update)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "curves.csv", res["t"])
     write_csv(out / "gamma_curves.csv", res["gamma"])
     plots = plot_diagnostics(res, out, title=f"{run_title(r)}, {args.split}, {res['summary']['tokens']} tokens")
-    summary = dict(res["summary"], split=args.split, checkpoint=str(r.ckpt), step=r.step,
-                   weights="ema" if r.ema_loaded else "raw", files=["curves.csv", "gamma_curves.csv"]
-                   + [Path(p).name for p in plots])
+    summary = dict(
+        res["summary"],
+        split=args.split,
+        checkpoint=str(r.ckpt),
+        step=r.step,
+        weights="ema" if r.ema_loaded else "raw",
+        files=["curves.csv", "gamma_curves.csv"] + [Path(p).name for p in plots],
+    )
     (out / "diagnose.json").write_text(json.dumps(summary, indent=2))
     return summary, res

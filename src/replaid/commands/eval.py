@@ -1,4 +1,5 @@
 """``replaid eval``: a run's per-token NELBO (or exact NLL for AR) and perplexity."""
+
 from __future__ import annotations
 
 from replaid.commands import add_command, emit
@@ -9,10 +10,21 @@ EXAMPLE = "example: replaid eval runs/demo --split valid --json"
 def register(sub) -> None:
     e = add_command(sub, "eval", "Evaluate a run's per-token NELBO (or NLL) bound and perplexity.", EXAMPLE)
     e.add_argument("run", help="run directory or checkpoint directory")
-    e.add_argument("--split", default=None, choices=["train", "valid", "test"],
-                   help="split evaluated (default: the run's eval.split)")
-    e.add_argument("--max-batches", type=int, default=None, help="batches evaluated, 0 = the whole split (default: the run's eval.max_batches)")
-    e.add_argument("--t-samples", type=int, default=None, help="diffusion times per sequence (default: the run's eval.t_samples)")
+    e.add_argument(
+        "--split",
+        default=None,
+        choices=["train", "valid", "test"],
+        help="split evaluated (default: the run's eval.split)",
+    )
+    e.add_argument(
+        "--max-batches",
+        type=int,
+        default=None,
+        help="batches evaluated, 0 = the whole split (default: the run's eval.max_batches)",
+    )
+    e.add_argument(
+        "--t-samples", type=int, default=None, help="diffusion times per sequence (default: the run's eval.t_samples)"
+    )
     e.add_argument("--no-ema", action="store_true", help="evaluate the raw weights, not the EMA")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=run)
@@ -21,15 +33,23 @@ def register(sub) -> None:
 def run(args) -> int:
     from replaid.config import apply_cli
     from replaid.eval.evaluate import evaluate_model
-    from replaid.loading import load_run
+    from replaid.training.loading import load_run
 
     run_ = load_run(args.run, use_ema=not args.no_ema)
     cfg = run_.cfg
-    apply_cli(cfg, {"--t-samples": ("eval.t_samples", args.t_samples),
-                    "--max-batches": ("eval.max_batches", args.max_batches)})
-    res = evaluate_model(run_.model, run_.method, run_.data, cfg, args.split, None,
-                         max_batches=cfg.eval.max_batches, progress=True)  # bar on stderr
-    res.update(checkpoint=str(run_.ckpt), step=run_.step, method=cfg.method, ema=run_.ema_loaded,
-               weights="ema" if run_.ema_loaded else "raw")
+    apply_cli(
+        cfg,
+        {"--t-samples": ("eval.t_samples", args.t_samples), "--max-batches": ("eval.max_batches", args.max_batches)},
+    )
+    res = evaluate_model(
+        run_.model, run_.method, run_.data, cfg, args.split, None, max_batches=cfg.eval.max_batches, progress=True
+    )  # bar on stderr
+    res.update(
+        checkpoint=str(run_.ckpt),
+        step=run_.step,
+        method=cfg.method,
+        ema=run_.ema_loaded,
+        weights="ema" if run_.ema_loaded else "raw",
+    )
     emit(res, args.json)
     return 0

@@ -1,4 +1,5 @@
 """``replaid export``: write a run as a Hugging Face Hub folder (see ``replaid/hub/export.py``)."""
+
 from __future__ import annotations
 
 from replaid.commands import add_command
@@ -9,8 +10,9 @@ then:    hf upload OWNER/NAME exports/demo      (the Hub's own client; or huggin
 
 
 def register(sub) -> None:
-    e = add_command(sub, "export", "Export a run as a Hugging Face Hub folder (config, safetensors, tokenizer, card).",
-                    EXAMPLE)
+    e = add_command(
+        sub, "export", "Export a run as a Hugging Face Hub folder (config, safetensors, tokenizer, card).", EXAMPLE
+    )
     e.add_argument("run", help="run directory, checkpoint directory or Hub id")
     e.add_argument("--out", required=True, help="new folder to write (refused if it exists and is not empty)")
     e.add_argument("--raw", action="store_true", help="export the trained weights, not the EMA")

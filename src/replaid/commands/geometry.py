@@ -1,4 +1,5 @@
 """``replaid geometry``: PCA scree, t-SNE by dominant part of speech, POS neighbourhood agreement."""
+
 from __future__ import annotations
 
 import csv
@@ -7,26 +8,38 @@ from pathlib import Path
 
 from replaid.commands import add_command, emit, run_labels
 
-EXAMPLE = ("example: replaid geometry runs/wiki runs/wiki-ce1 --labels nelbo ce1 --out runs/geometry "
-           "--min-count 20 --tsne-max 3000")
+EXAMPLE = (
+    "example: replaid geometry runs/wiki runs/wiki-ce1 --labels nelbo ce1 --out runs/geometry "
+    "--min-count 20 --tsne-max 3000"
+)
 
 
 def register(sub) -> None:
-    p = add_command(sub, "geometry", "Embedding geometry: PCA scree, t-SNE coloured by part of speech.", EXAMPLE,
-                    description="For each run's token-embedding matrix (RePlaid/Plaid E; AR/MDLM/Duo input table): "
-                                "the PCA scree (CSV/JSON, components for 90%, one PNG overlaying the runs, on all "
-                                "rows and on the tokens frequent in the training data) and a t-SNE of the frequent "
-                                "rows coloured by each token's dominant POS (spaCy en_core_web_sm over the run's "
-                                "training split, cached per tokenizer and corpus; needs the 'geometry' extra).")
+    p = add_command(
+        sub,
+        "geometry",
+        "Embedding geometry: PCA scree, t-SNE coloured by part of speech.",
+        EXAMPLE,
+        description="For each run's token-embedding matrix (RePlaid/Plaid E; AR/MDLM/Duo input table): "
+        "the PCA scree (CSV/JSON, components for 90%, one PNG overlaying the runs, on all "
+        "rows and on the tokens frequent in the training data) and a t-SNE of the frequent "
+        "rows coloured by each token's dominant POS (spaCy en_core_web_sm over the run's "
+        "training split, cached per tokenizer and corpus; needs the 'geometry' extra).",
+    )
     p.add_argument("runs", nargs="+", help="run or checkpoint directories")
     p.add_argument("--out", required=True, help="folder for scree.csv, scree*.png, tsne_*.png/csv, geometry.json")
     p.add_argument("--labels", nargs="+", help="one label per run (default: the run folder names)")
-    p.add_argument("--min-count", type=int, default=20,
-                   help="'frequent' tokens: seen at least this often in the run's training split")
+    p.add_argument(
+        "--min-count",
+        type=int,
+        default=20,
+        help="'frequent' tokens: seen at least this often in the run's training split",
+    )
     p.add_argument("--tsne-max", type=int, default=3000, help="t-SNE on at most this many most frequent tokens")
     p.add_argument("--no-tsne", action="store_true", help="skip t-SNE and POS tagging (PCA only)")
-    p.add_argument("--pos-split", default="train", choices=["train", "valid", "test"],
-                   help="split whose rows are POS-tagged")
+    p.add_argument(
+        "--pos-split", default="train", choices=["train", "valid", "test"], help="split whose rows are POS-tagged"
+    )
     p.add_argument("--pos-row-len", type=int, default=1024, help="token rows decoded and tagged (paper: 1024)")
     p.add_argument("--pos-max-rows", type=int, default=0, help="tag at most this many rows (0 = the whole split)")
     p.add_argument("--knn", type=int, default=10, help="neighbours for the POS agreement score")
@@ -45,8 +58,15 @@ def _pos_counts(r, args):
 
     d, tok = r.cfg.data, r.data.tokenizer
     nlp = pos.load_spacy()
-    key = "|".join([cache_key(d.source, args.pos_split, tok, d.text_field, d.max_docs), f"rows{args.pos_row_len}",
-                    f"max{args.pos_max_rows}", pos.spacy_name(nlp), "v1"])
+    key = "|".join(
+        [
+            cache_key(d.source, args.pos_split, tok, d.text_field, d.max_docs),
+            f"rows{args.pos_row_len}",
+            f"max{args.pos_max_rows}",
+            pos.spacy_name(nlp),
+            "v1",
+        ]
+    )
     encode = pos.hf_offsets(tok)
 
     def compute():
@@ -55,9 +75,11 @@ def _pos_counts(r, args):
         if args.pos_max_rows:
             n = min(n, args.pos_max_rows)
         if n == 0:
-            raise ValueError(f"the {args.pos_split} split has fewer than --pos-row-len={args.pos_row_len} tokens; "
-                             f"lower --pos-row-len")
-        rows = (arr[i * args.pos_row_len:(i + 1) * args.pos_row_len].tolist() for i in range(n))
+            raise ValueError(
+                f"the {args.pos_split} split has fewer than --pos-row-len={args.pos_row_len} tokens; "
+                f"lower --pos-row-len"
+            )
+        rows = (arr[i * args.pos_row_len : (i + 1) * args.pos_row_len].tolist() for i in range(n))
         return pos.count_pos(rows, tok.decode, encode, r.data.vocab_size, nlp=nlp, progress=True, total=n)
 
     return pos.cached_pos_counts(r.data.cache, key, compute)
@@ -68,8 +90,8 @@ def run(args) -> int:
 
     from replaid.eval import geometry as geo
     from replaid.eval.pos import UPOS
-    from replaid.loading import load_run
     from replaid.training.checkpoint import load_state
+    from replaid.training.loading import load_run
     from replaid.training.runfolder import recorded_final_eval
 
     if args.min_count < 1 or args.tsne_max < 10 or args.pos_row_len < 2 or args.knn < 1:
@@ -80,7 +102,7 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     summary, screes_all, screes_freq, rows = {}, [], [], []
     for label, r in zip(labels, runs):
-        E = geo.embedding_rows(r.model)  # (V, d)
+        E = geo.embedding_rows(r.method, r.model)  # (V, d)
         freq = geo.token_frequency(r.data.array("train")[0], r.data.vocab_size)
         ids = geo.frequent_rows(freq, args.min_count)
         s_all = geo.pca_scree(E)
@@ -95,20 +117,29 @@ def run(args) -> int:
                 rows.append([label, which, k + 1, f"{s['ratio'][k]:.8g}", f"{s['cumulative'][k]:.8g}"])
         st = load_state(r.ckpt)
         ev = recorded_final_eval(r.ckpt, st) or {}
-        info = {"run": str(r.ckpt), "method": r.cfg.method, "step": r.step, "weights": "ema" if r.ema_loaded else "raw",
-                "V": int(E.shape[0]), "d": int(E.shape[1]), "k90_all_rows": s_all["k90"],
-                "top_ratio_all_rows": float(s_all["ratio"][0]),
-                "frequent_tokens": int(len(ids)), "min_count": args.min_count,
-                "k90_frequent": s_freq["k90"] if s_freq else None,
-                "top_ratio_frequent": float(s_freq["ratio"][0]) if s_freq else None,
-                "row_norm_mean": float(np.linalg.norm(E, axis=1).mean()),
-                "nelbo_ppl": ev.get("nelbo_ppl"), "nelbo_nats_per_token": ev.get("nelbo_nats_per_token")}
+        info = {
+            "run": str(r.ckpt),
+            "method": r.cfg.method,
+            "step": r.step,
+            "weights": "ema" if r.ema_loaded else "raw",
+            "V": int(E.shape[0]),
+            "d": int(E.shape[1]),
+            "k90_all_rows": s_all["k90"],
+            "top_ratio_all_rows": float(s_all["ratio"][0]),
+            "frequent_tokens": int(len(ids)),
+            "min_count": args.min_count,
+            "k90_frequent": s_freq["k90"] if s_freq else None,
+            "top_ratio_frequent": float(s_freq["ratio"][0]) if s_freq else None,
+            "row_norm_mean": float(np.linalg.norm(E, axis=1).mean()),
+            "nelbo_ppl": ev.get("nelbo_ppl"),
+            "nelbo_nats_per_token": ev.get("nelbo_nats_per_token"),
+        }
         if not args.no_tsne:
             C, cpath, hit = _pos_counts(r, args)
             from replaid.eval.pos import dominant_pos, pos_entropy
 
             dom, H = dominant_pos(C), pos_entropy(C)
-            sel = ids[:args.tsne_max]
+            sel = ids[: args.tsne_max]
             info["pos_counts"] = str(cpath)
             info["pos_counts_cached"] = bool(hit)
             info["pos_knn"] = geo.pos_knn_agreement(E[sel], dom[sel], args.knn)
@@ -118,16 +149,32 @@ def run(args) -> int:
                 names = [tok.decode([int(i)]) for i in sel]
                 info["pos_knn_tsne"] = geo.pos_knn_agreement(Y, dom[sel], args.knn)
                 kk = info["pos_knn"]
-                geo.plot_tsne(Y, dom[sel], freq[sel], UPOS, out / f"tsne_{label}.png", annotate=names,
-                              title=f"{label}: t-SNE of the {len(sel)} most frequent tokens (count >= {args.min_count}), "
-                                    f"d={E.shape[1]}\nPOS agreement of {args.knn} nearest neighbours "
-                                    f"{kk['agreement']:.3f} (chance {kk['chance']:.3f})")
+                geo.plot_tsne(
+                    Y,
+                    dom[sel],
+                    freq[sel],
+                    UPOS,
+                    out / f"tsne_{label}.png",
+                    annotate=names,
+                    title=f"{label}: t-SNE of the {len(sel)} most frequent tokens (count >= {args.min_count}), "
+                    f"d={E.shape[1]}\nPOS agreement of {args.knn} nearest neighbours "
+                    f"{kk['agreement']:.3f} (chance {kk['chance']:.3f})",
+                )
                 with open(out / f"tsne_{label}.csv", "w", newline="") as f:
                     w = csv.writer(f)
                     w.writerow(["token_id", "token", "x", "y", "count", "pos", "pos_entropy_bits"])
                     for j, i in enumerate(sel):
-                        w.writerow([int(i), names[j], f"{Y[j, 0]:.5g}", f"{Y[j, 1]:.5g}", int(freq[i]),
-                                    UPOS[dom[i]] if dom[i] >= 0 else "", f"{H[i]:.4g}"])
+                        w.writerow(
+                            [
+                                int(i),
+                                names[j],
+                                f"{Y[j, 0]:.5g}",
+                                f"{Y[j, 1]:.5g}",
+                                int(freq[i]),
+                                UPOS[dom[i]] if dom[i] >= 0 else "",
+                                f"{H[i]:.4g}",
+                            ]
+                        )
                 info["tsne_png"] = f"tsne_{label}.png"
         summary[label] = info
     with open(out / "scree.csv", "w", newline="") as f:
@@ -136,9 +183,17 @@ def run(args) -> int:
         w.writerows(rows)
     geo.plot_scree(screes_all, out / "scree_all_rows.png", "PCA scree of all V embedding rows")
     if screes_freq:
-        geo.plot_scree(screes_freq, out / "scree.png",
-                       f"PCA scree of the rows of tokens seen >= {args.min_count} times in training")
+        geo.plot_scree(
+            screes_freq,
+            out / "scree.png",
+            f"PCA scree of the rows of tokens seen >= {args.min_count} times in training",
+        )
     (out / "geometry.json").write_text(json.dumps(summary, indent=2))
-    emit({k: {kk: v[kk] for kk in ("d", "k90_all_rows", "k90_frequent", "frequent_tokens", "nelbo_ppl")}
-          for k, v in summary.items()}, args.json)
+    emit(
+        {
+            k: {kk: v[kk] for kk in ("d", "k90_all_rows", "k90_frequent", "frequent_tokens", "nelbo_ppl")}
+            for k, v in summary.items()
+        },
+        args.json,
+    )
     return 0

@@ -1,4 +1,5 @@
 """``replaid likelihood``: ODE-based K-IWAE likelihood of a run next to its VDM NELBO."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,31 +10,50 @@ from pathlib import Path
 
 from replaid.commands import add_command, emit, run_title
 
-EXAMPLE = ("example: replaid likelihood runs/demo --split valid --num-seqs 64 --K 8 --steps 128 "
-           "--out runs/demo/likelihood --json")
+EXAMPLE = (
+    "example: replaid likelihood runs/demo --split valid --num-seqs 64 --K 8 --steps 128 "
+    "--out runs/demo/likelihood --json"
+)
 
 
 def register(sub) -> None:
-    p = add_command(sub, "likelihood", "ODE (PFODE) K-IWAE likelihood bound with the VDM NELBO beside it.", EXAMPLE,
-                    description="ODE (PFODE) K-IWAE likelihood bound with the VDM NELBO beside it.")
+    p = add_command(
+        sub,
+        "likelihood",
+        "ODE (PFODE) K-IWAE likelihood bound with the VDM NELBO beside it.",
+        EXAMPLE,
+        description="ODE (PFODE) K-IWAE likelihood bound with the VDM NELBO beside it.",
+    )
     p.add_argument("run", help="run directory or checkpoint directory")
     p.add_argument("--split", default="valid", choices=["train", "valid", "test"], help="split scored")
     p.add_argument("--num-seqs", type=int, default=64, help="number of sequences scored")
     p.add_argument("--K", type=int, default=8, help="importance samples per sequence (K_max of the K-curve)")
     p.add_argument("--steps", type=int, default=128, help="Heun steps on the uniform gamma grid")
-    p.add_argument("--solver", default="heun", choices=["heun", "dopri5"],
-                   help="fixed-step Heun, or torchdiffeq's adaptive dopri5 (fixed probes per row)")
+    p.add_argument(
+        "--solver",
+        default="heun",
+        choices=["heun", "dopri5"],
+        help="fixed-step Heun, or torchdiffeq's adaptive dopri5 (fixed probes per row)",
+    )
     p.add_argument("--rtol", type=float, default=1e-5, help="dopri5 relative tolerance")
     p.add_argument("--atol", type=float, default=1e-5, help="dopri5 absolute tolerance")
-    p.add_argument("--n-hutch", type=int, default=1,
-                   help="Hutchinson probes per drift evaluation; 2 or more also estimate the upward IWAE bias "
-                        "their noise causes (hutchinson_bias_nats in the output)")
+    p.add_argument(
+        "--n-hutch",
+        type=int,
+        default=1,
+        help="Hutchinson probes per drift evaluation; 2 or more also estimate the upward IWAE bias "
+        "their noise causes (hutchinson_bias_nats in the output)",
+    )
     p.add_argument("--probe", default="rademacher", choices=["rademacher", "gaussian"], help="Hutchinson probe law")
     p.add_argument("--jvp", default="fd", choices=["fd", "autograd"], help="finite differences or torch.func.jvp")
     p.add_argument("--fd-step", dest="h", type=float, default=1e-3, help="finite-difference step of --jvp fd")
     p.add_argument("--h", dest="h", type=float, default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # old spelling
-    p.add_argument("--selfcond-correction", default="on", choices=["on", "off"],
-                   help="recompute the self-conditioning input at perturbed states (chain-rule-correct)")
+    p.add_argument(
+        "--selfcond-correction",
+        default="on",
+        choices=["on", "off"],
+        help="recompute the self-conditioning input at perturbed states (chain-rule-correct)",
+    )
     p.add_argument("--no-self-cond", action="store_true", help="evaluate with self-conditioning off")
     p.add_argument("--subsample", default="groups", choices=["groups", "random"], help="K-curve subsampling")
     p.add_argument("--batch-size", type=int, default=16, help="rows (sequence x sample) per ODE batch")
@@ -51,8 +71,10 @@ def _tokens(run, split: str, n: int):
     rows, got = [], 0
     for batch in run.data.eval_batches(split, bs, -(-n // bs)):
         if batch.get("mask") is not None and not bool(batch["mask"].all()):
-            raise ValueError("the ODE likelihood scores every position but this run pads documents "
-                             "(data.packing=false); evaluate a packed run or use 'replaid eval' (masked NELBO)")
+            raise ValueError(
+                "the ODE likelihood scores every position but this run pads documents "
+                "(data.packing=false); evaluate a packed run or use 'replaid eval' (masked NELBO)"
+            )
         rows.append(batch["tokens"])
         got += batch["tokens"].shape[0]
         if got >= n:
@@ -67,29 +89,55 @@ def run(args) -> int:
     import torch
 
     from replaid.eval.likelihood import estimate_likelihood, plot_k_curve, schedule_endpoints
-    from replaid.loading import load_run
+    from replaid.methods import Kind
+    from replaid.training.loading import load_run
 
     if args.num_seqs < 1 or args.K < 1 or args.steps < 1 or args.n_hutch < 1:
         raise ValueError("--num-seqs, --K, --steps and --n-hutch must be positive")
     run_ = load_run(args.run, use_ema=not args.no_ema)
+    if run_.method.kind is not Kind.CONTINUOUS:
+        raise ValueError(
+            f"{args.run}: ODE likelihood needs a continuous-diffusion run with a noise schedule "
+            f"(RePlaid/Plaid/LangFlow); this is a {run_.cfg.method} run"
+        )
     model = run_.model
     g0, g1 = schedule_endpoints(model)
     tokens = _tokens(run_, args.split, args.num_seqs)
-    sc = bool(getattr(model, "self_conditioning", False)) and not args.no_self_cond \
-        and bool(getattr(run_.cfg.eval, "self_conditioning", True))
+    sc = model.self_conditioning and not args.no_self_cond and run_.cfg.eval.self_conditioning
     from tqdm.auto import tqdm
 
     # stderr (JSON goes to stdout); advances at every solver step, in rows (sequence x sample) solved
-    bar = tqdm(total=tokens.shape[0] * args.K, desc="ODE log-weights", unit="row",
-               bar_format="{l_bar}{bar}| {n:.1f}/{total} rows [{elapsed}<{remaining}]")
+    bar = tqdm(
+        total=tokens.shape[0] * args.K,
+        desc="ODE log-weights",
+        unit="row",
+        bar_format="{l_bar}{bar}| {n:.1f}/{total} rows [{elapsed}<{remaining}]",
+    )
 
     def progress(done: float, n: int) -> None:
         bar.update(done - bar.n)
-    res = estimate_likelihood(model, tokens, g0, g1, K=args.K, batch_size=args.batch_size, seed=args.seed,
-                              subsample=args.subsample, steps=args.steps, n_hutch=args.n_hutch, probe=args.probe,
-                              jvp=args.jvp, h=args.h, self_cond=sc, solver=args.solver, rtol=args.rtol,
-                              atol=args.atol,
-                              selfcond_correction=args.selfcond_correction == "on", progress=progress)
+
+    res = estimate_likelihood(
+        model,
+        tokens,
+        g0,
+        g1,
+        K=args.K,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        subsample=args.subsample,
+        steps=args.steps,
+        n_hutch=args.n_hutch,
+        probe=args.probe,
+        jvp=args.jvp,
+        h=args.h,
+        self_cond=sc,
+        solver=args.solver,
+        rtol=args.rtol,
+        atol=args.atol,
+        selfcond_correction=args.selfcond_correction == "on",
+        progress=progress,
+    )
     bar.close()
     # the matched VDM NELBO on the same sequences
     t0 = time.time()
@@ -98,31 +146,48 @@ def run(args) -> int:
     nel = []
     with torch.no_grad():
         for i in range(0, tokens.shape[0], run_.cfg.eval.batch_size):
-            r = run_.method.eval_bound(model, tokens[i:i + run_.cfg.eval.batch_size].to(dev), gen)
+            r = run_.method.eval_bound(model, tokens[i : i + run_.cfg.eval.batch_size].to(dev), gen)
             nel.append((r["nelbo"] if "nelbo" in r else r["nll"]).double().cpu())
     nel = torch.cat(nel)
     summary = res.summary()
     nelbo_nats = float(nel.mean())
-    summary.update(nelbo_nats_per_token=nelbo_nats, nelbo_ppl=math.exp(nelbo_nats),
-                   nelbo_stderr=float(nel.std() / math.sqrt(len(nel))) if len(nel) > 1 else float("nan"),
-                   nelbo_seconds=time.time() - t0, gamma_0=g0, gamma_1=g1, self_conditioning=sc,
-                   selfcond_correction=args.selfcond_correction == "on", solver=args.solver,
-                   steps=args.steps if args.solver == "heun" else None,
-                   tolerances=None if args.solver == "heun" else [args.rtol, args.atol], n_hutch=args.n_hutch,
-                   probe=args.probe, jvp=args.jvp, h=args.h, split=args.split, checkpoint=str(run_.ckpt),
-                   step=run_.step, weights="ema" if run_.ema_loaded else "raw")
+    summary.update(
+        nelbo_nats_per_token=nelbo_nats,
+        nelbo_ppl=math.exp(nelbo_nats),
+        nelbo_stderr=float(nel.std() / math.sqrt(len(nel))) if len(nel) > 1 else float("nan"),
+        nelbo_seconds=time.time() - t0,
+        gamma_0=g0,
+        gamma_1=g1,
+        self_conditioning=sc,
+        selfcond_correction=args.selfcond_correction == "on",
+        solver=args.solver,
+        steps=args.steps if args.solver == "heun" else None,
+        tolerances=None if args.solver == "heun" else [args.rtol, args.atol],
+        n_hutch=args.n_hutch,
+        probe=args.probe,
+        jvp=args.jvp,
+        h=args.h,
+        split=args.split,
+        checkpoint=str(run_.ckpt),
+        step=run_.step,
+        weights="ema" if run_.ema_loaded else "raw",
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     np.save(out / "log_weights.npy", res.log_w.numpy())
     (out / "likelihood.json").write_text(json.dumps(summary, indent=2))
-    title = (f"ODE K-IWAE of {run_title(run_)}: {args.split}, {tokens.shape[0]} sequences, "
-             f"{args.solver}" + (f" {args.steps} steps" if args.solver == "heun" else ""))
-    plot_k_curve(res.curve, res.fit, str(out / "kcurve.png"), nelbo_nats=nelbo_nats, title=title,
-                 sequences=tokens.shape[0])
+    title = f"ODE K-IWAE of {run_title(run_)}: {args.split}, {tokens.shape[0]} sequences, {args.solver}" + (
+        f" {args.steps} steps" if args.solver == "heun" else ""
+    )
+    plot_k_curve(
+        res.curve, res.fit, str(out / "kcurve.png"), nelbo_nats=nelbo_nats, title=title, sequences=tokens.shape[0]
+    )
     emit(summary, args.json)
     if summary["hutchinson_bias_nats"] is None:
         import sys
 
-        print("replaid: note: the Hutchinson IWAE bias is not estimated (needs --n-hutch >= 2 and --solver heun)",
-              file=sys.stderr)
+        print(
+            "replaid: note: the Hutchinson IWAE bias is not estimated (needs --n-hutch >= 2 and --solver heun)",
+            file=sys.stderr,
+        )
     return 0

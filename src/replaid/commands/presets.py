@@ -1,4 +1,5 @@
 """``replaid presets``: list the named presets."""
+
 from __future__ import annotations
 
 from replaid.commands import add_command

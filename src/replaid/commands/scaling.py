@@ -1,4 +1,5 @@
 """``replaid scaling plan|run|fit``: the paper's IsoFLOP study (sec. 4.3-4.4) as three commands."""
+
 from __future__ import annotations
 
 import json
@@ -19,63 +20,126 @@ def register(sub) -> None:
     s = add_command(sub, "scaling", "IsoFLOP scaling study: plan runs, run them, fit the scaling laws.", EXAMPLE)
     ss = s.add_subparsers(dest="scaling_cmd", required=True, help="plan | run | fit (each has --help)")
 
-    p = add_command(ss, "plan", "Resolve every (method, budget, size) run; print the table, write a manifest.",
-                    "example: replaid scaling plan --methods ar mdlm replaid --sizes paper --mfu 0.4")
-    p.add_argument("--methods", nargs="+", default=["ar", "mdlm", "replaid"],
-                   help="any of ar mdlm duo replaid replaid-nosc plaid")
-    p.add_argument("--budgets", nargs="+", type=float, help="compute budgets C in FLOPs (absent: the paper's five, or 1e11 3e11 6e11 for tiny)")
-    p.add_argument("--sizes", default="paper", help="paper | tiny | comma-separated size labels (e.g. 116M,140M or 32x1,48x2)")
-    p.add_argument("--per-budget", type=int, default=-1,
-                   help="sizes per budget around the predicted optimum (0 = all; -1: 9 for paper, 4 for tiny)")
-    p.add_argument("--stride", type=int, default=-1,
-                   help="take every STRIDE-th size of the table for a wider bracket (-1: 2 for paper, 1 for tiny)")
-    p.add_argument("--tokens-per-param", nargs="+", default=[], metavar="X|METHOD=X",
-                   help="centre of each budget's sizes: the N with D = X N and C = 6 N D; METHOD=X for one method "
-                        "(e.g. 40 mdlm=200). Absent: 100 for paper, between Chinchilla's 20 and the ~300 of the "
-                        "paper's 231M MDLM at 1e20; 40 for tiny, where a first AR budget put the optimum below 20 "
-                        "tokens/parameter")
-    p.add_argument("--max-tokens", default="0",
-                   help="leave out sizes whose run would read more tokens than this, so that no run repeats data: "
-                        "a number, or 'corpus' for the train split's tokens (tokenises it once into the cache; "
-                        "the table then shows passes per run); 0: no limit")
+    p = add_command(
+        ss,
+        "plan",
+        "Resolve every (method, budget, size) run; print the table, write a manifest.",
+        "example: replaid scaling plan --methods ar mdlm replaid --sizes paper --mfu 0.4",
+    )
+    p.add_argument(
+        "--methods", nargs="+", default=["ar", "mdlm", "replaid"], help="any of ar mdlm duo replaid replaid-nosc plaid"
+    )
+    p.add_argument(
+        "--budgets",
+        nargs="+",
+        type=float,
+        help="compute budgets C in FLOPs (absent: the paper's five, or 1e11 3e11 6e11 for tiny)",
+    )
+    p.add_argument(
+        "--sizes", default="paper", help="paper | tiny | comma-separated size labels (e.g. 116M,140M or 32x1,48x2)"
+    )
+    p.add_argument(
+        "--per-budget",
+        type=int,
+        default=-1,
+        help="sizes per budget around the predicted optimum (0 = all; -1: 9 for paper, 4 for tiny)",
+    )
+    p.add_argument(
+        "--stride",
+        type=int,
+        default=-1,
+        help="take every STRIDE-th size of the table for a wider bracket (-1: 2 for paper, 1 for tiny)",
+    )
+    p.add_argument(
+        "--tokens-per-param",
+        nargs="+",
+        default=[],
+        metavar="X|METHOD=X",
+        help="centre of each budget's sizes: the N with D = X N and C = 6 N D; METHOD=X for one method "
+        "(e.g. 40 mdlm=200). Absent: 100 for paper, between Chinchilla's 20 and the ~300 of the "
+        "paper's 231M MDLM at 1e20; 40 for tiny, where a first AR budget put the optimum below 20 "
+        "tokens/parameter",
+    )
+    p.add_argument(
+        "--max-tokens",
+        default="0",
+        help="leave out sizes whose run would read more tokens than this, so that no run repeats data: "
+        "a number, or 'corpus' for the train split's tokens (tokenises it once into the cache; "
+        "the table then shows passes per run); 0: no limit",
+    )
     p.add_argument("--protocol", choices=["paper", "tiny"], help="training protocol (absent: that of --sizes)")
     p.add_argument("--out", help="sweep folder (manifest.json/.csv, configs/, runs/)")
     p.add_argument("--force", action="store_true", help="re-plan an existing sweep folder (its runs are kept)")
     p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation for the GPU-hour estimate")
-    p.add_argument("--gpu-tflops", type=float, default=989.0,
-                   help="peak bf16 dense TFLOP/s of one GPU for the estimate (989: H100 SXM)")
+    p.add_argument(
+        "--gpu-tflops",
+        type=float,
+        default=989.0,
+        help="peak bf16 dense TFLOP/s of one GPU for the estimate (989: H100 SXM)",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
     p.add_argument("overrides", nargs="*", help="section.key=value applied to every run, e.g. data.source=...")
     p.set_defaults(func=run_plan)
 
-    r = add_command(ss, "run", "Run every unfinished entry of a sweep (skip done, resume interrupted).",
-                    "example: replaid scaling run runs/iso --max-parallel 2 --prefix '/work/tools/heavy -n 1'")
+    r = add_command(
+        ss,
+        "run",
+        "Run every unfinished entry of a sweep (skip done, resume interrupted).",
+        "example: replaid scaling run runs/iso --max-parallel 2 --prefix '/work/tools/heavy -n 1'",
+    )
     r.add_argument("sweep", help="sweep folder made by 'replaid scaling plan'")
-    r.add_argument("--executor", default="local", choices=["local", "slurm", "submitit-local", "debug"],
-                   help="local subprocesses, SLURM job arrays (submitit), or submitit's local/debug executors")
+    r.add_argument(
+        "--executor",
+        default="local",
+        choices=["local", "slurm", "submitit-local", "debug"],
+        help="local subprocesses, SLURM job arrays (submitit), or submitit's local/debug executors",
+    )
     r.add_argument("--max-parallel", type=int, default=1, help="runs at once (local) / array parallelism (slurm)")
     r.add_argument("--only", nargs="+", help="run only these methods (variant labels)")
     r.add_argument("--prefix", default="", help="command put before every run, e.g. '/work/tools/heavy -n 1'")
-    r.add_argument("--python", help="how to call replaid (absent: this interpreter -m replaid; 'inprocess': in this process)")
+    r.add_argument(
+        "--python",
+        help="how to run each training (absent: this interpreter -m replaid train in a subprocess; 'inprocess': the training function in this process)",
+    )
     r.add_argument("--gpus-per-job", type=int, default=0, help="slurm: GPUs per job, run under torchrun")
-    r.add_argument("--slurm", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="extra submitit parameters, e.g. slurm_partition=gpu timeout_min=600")
+    r.add_argument(
+        "--slurm",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra submitit parameters, e.g. slurm_partition=gpu timeout_min=600",
+    )
     r.add_argument("--no-wait", action="store_true", help="slurm: submit and return")
     r.add_argument("--status", action="store_true", help="print the sweep's progress and exit")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.set_defaults(func=run_run)
 
-    f = add_command(ss, "fit", "Fit IsoFLOP minima, power laws, compute multipliers, L(N, D) and the crossover.",
-                    "example: replaid scaling fit runs/iso --reference ar --out runs/iso/fit --json")
-    f.add_argument("source", nargs="+", help="sweep folder(s) or CSV(s) with columns method,flops,params,loss"
-                                             "[,tokens,budget,stderr,unigram], fitted as one study")
+    f = add_command(
+        ss,
+        "fit",
+        "Fit IsoFLOP minima, power laws, compute multipliers, L(N, D) and the crossover.",
+        "example: replaid scaling fit runs/iso --reference ar --out runs/iso/fit --json",
+    )
+    f.add_argument(
+        "source",
+        nargs="+",
+        help="sweep folder(s) or CSV(s) with columns method,flops,params,loss"
+        "[,tokens,budget,stderr,unigram], fitted as one study",
+    )
     f.add_argument("--reference", default="ar", help="the method the compute multipliers compare to")
     f.add_argument("--out", help="folder for fit.json, report.md and the PNG plots (absent: SOURCE/fit)")
     f.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the intervals")
     f.add_argument("--seed", type=int, default=0, help="bootstrap seed")
-    f.add_argument("--crossover", nargs=2, metavar=("A", "B"), default=None,
-                   help="the two methods of the over-training crossover (absent: replaid mdlm when both ran)")
-    f.add_argument("--slice-params", type=float, help="N of the over-training slice plot (absent: a crossover N in the middle)")
+    f.add_argument(
+        "--crossover",
+        nargs=2,
+        metavar=("A", "B"),
+        default=None,
+        help="the two methods of the over-training crossover (absent: replaid mdlm when both ran)",
+    )
+    f.add_argument(
+        "--slice-params", type=float, help="N of the over-training slice plot (absent: a crossover N in the middle)"
+    )
     f.add_argument("--json", action="store_true", help="print every fitted number as one JSON object")
     f.set_defaults(func=run_fit)
 
@@ -88,7 +152,7 @@ def _table(rows: list[list[str]], head: list[str]) -> str:
 
 def run_plan(args) -> int:
     from replaid.config import ConfigError
-    from replaid.training import scaling as sc
+    from replaid.scaling import plan as sc
 
     table = "tiny" if args.sizes == "tiny" else "paper"
     budgets = args.budgets or (sc.TINY_BUDGETS if table == "tiny" else sc.PAPER_BUDGETS)
@@ -119,20 +183,48 @@ def run_plan(args) -> int:
     plan = sc.make_plan(*plan_args, per_budget=per_budget, max_tokens=max_tokens, **plan_kw)
     if args.out:
         man = sc.write_plan(plan, Path(args.out), force=args.force)
-        print(f"wrote {man} ({len(plan.entries)} runs, {plan.total_flops:.3g} FLOPs) and "
-              f"{Path(args.out) / 'manifest.csv'}", file=sys.stderr)
+        print(
+            f"wrote {man} ({len(plan.entries)} runs, {plan.total_flops:.3g} FLOPs) and "
+            f"{Path(args.out) / 'manifest.csv'}",
+            file=sys.stderr,
+        )
     gpu_s = lambda fl: fl / (args.mfu * args.gpu_tflops * 1e12)  # noqa: E731
     if args.json:
-        print(json.dumps({"protocol": plan.protocol, "total_flops": plan.total_flops,
-                          "gpu_hours": gpu_s(plan.total_flops) / 3600, "mfu": args.mfu,
-                          "gpu_tflops": args.gpu_tflops,
-                          "runs": [{k: v for k, v in e.__dict__.items() if not k.startswith("_")} for e in plan.entries]}))
+        print(
+            json.dumps(
+                {
+                    "protocol": plan.protocol,
+                    "total_flops": plan.total_flops,
+                    "gpu_hours": gpu_s(plan.total_flops) / 3600,
+                    "mfu": args.mfu,
+                    "gpu_tflops": args.gpu_tflops,
+                    "runs": [{k: v for k, v in e.__dict__.items() if not k.startswith("_")} for e in plan.entries],
+                }
+            )
+        )
         return 0
-    rows = [[e.method, f"{e.budget:.3g}", e.size, f"{e.params / 1e6:.3f}M", e.steps, f"{e.tokens:.3g}",
-             f"{e.tokens / e.params:.1f}"] + ([f"{e.tokens / corpus:.3f}"] if corpus else [])
-            + [f"{gpu_s(e.flops) / 3600:.2f}"] for e in plan.entries]
-    print(_table(rows, ["method", "C", "size", "N (non-emb)", "steps", "tokens", "D/N"] + (["passes"] if corpus else [])
-                 + ["GPU-h"]))
+    rows = [
+        [
+            e.method,
+            f"{e.budget:.3g}",
+            e.size,
+            f"{e.params / 1e6:.3f}M",
+            e.steps,
+            f"{e.tokens:.3g}",
+            f"{e.tokens / e.params:.1f}",
+        ]
+        + ([f"{e.tokens / corpus:.3f}"] if corpus else [])
+        + [f"{gpu_s(e.flops) / 3600:.2f}"]
+        for e in plan.entries
+    ]
+    print(
+        _table(
+            rows,
+            ["method", "C", "size", "N (non-emb)", "steps", "tokens", "D/N"]
+            + (["passes"] if corpus else [])
+            + ["GPU-h"],
+        )
+    )
     print()
     by = {}
     for e in plan.entries:
@@ -140,15 +232,18 @@ def run_plan(args) -> int:
         by[e.method] += e.flops
     for m, fl in by.items():
         print(f"{m:14s} {fl:.3g} FLOPs  {gpu_s(fl) / 3600:,.0f} GPU-hours")
-    print(f"{'total':14s} {plan.total_flops:.3g} FLOPs  {gpu_s(plan.total_flops) / 3600:,.0f} GPU-hours "
-          f"at MFU {args.mfu:.0%} of {args.gpu_tflops:g} TFLOP/s per GPU ({len(plan.entries)} runs, protocol "
-          f"{plan.protocol})")
+    print(
+        f"{'total':14s} {plan.total_flops:.3g} FLOPs  {gpu_s(plan.total_flops) / 3600:,.0f} GPU-hours "
+        f"at MFU {args.mfu:.0%} of {args.gpu_tflops:g} TFLOP/s per GPU ({len(plan.entries)} runs, protocol "
+        f"{plan.protocol})"
+    )
     return 0
 
 
 def run_run(args) -> int:
     from replaid.config import ConfigError, parse_overrides
-    from replaid.training import scaling as sc
+    from replaid.scaling import plan as sc
+    from replaid.scaling import runner
 
     sweep = Path(args.sweep)
     entries = sc.read_manifest(sweep)
@@ -157,11 +252,11 @@ def run_run(args) -> int:
         if not entries:
             raise ConfigError(f"--only {' '.join(args.only)} matches no run of {sweep}")
     if args.status:
-        print(sc.progress_line(sweep, entries))
+        print(runner.progress_line(sweep, entries))
         return 0
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     if args.executor == "local":
-        res = sc.run_local(sweep, entries, args.max_parallel, args.python, args.prefix, not args.no_progress, log)
+        res = runner.run_local(sweep, entries, args.max_parallel, args.python, args.prefix, not args.no_progress, log)
     else:
         extra = {}
         for k, v in parse_overrides(args.slurm):
@@ -169,24 +264,44 @@ def run_run(args) -> int:
                 extra[k] = json.loads(v)
             except json.JSONDecodeError:
                 extra[k] = v
-        res = sc.run_submitit(sweep, entries, args.executor, args.max_parallel, args.python, args.prefix,
-                              args.gpus_per_job, extra, wait=not args.no_wait, log=log)
-    log(sc.progress_line(sweep, entries))
+        res = runner.run_submitit(
+            sweep,
+            entries,
+            args.executor,
+            args.max_parallel,
+            args.python,
+            args.prefix,
+            args.gpus_per_job,
+            extra,
+            wait=not args.no_wait,
+            log=log,
+        )
+    log(runner.progress_line(sweep, entries))
     failed = [r for r in res if r["state"] != "done"]
     if failed:
-        log(f"scaling run: {len(failed)} run(s) did not finish: {', '.join(r['id'] for r in failed[:5])}; "
-            f"rerun 'replaid scaling run {sweep}' to resume them")
+        log(
+            f"scaling run: {len(failed)} run(s) did not finish: {', '.join(r['id'] for r in failed[:5])}; "
+            f"rerun 'replaid scaling run {sweep}' to resume them"
+        )
         return 1
     return 0
 
 
 def run_fit(args) -> int:
-    from replaid.eval import scaling_fit as sf
+    from replaid.scaling import fit as sf
+    from replaid.scaling import report
 
     first = Path(args.source[0])
     out = Path(args.out) if args.out else (first / "fit" if first.is_dir() else first.parent / "fit")
-    res = sf.fit_source(args.source, reference=args.reference, n_boot=args.bootstrap, seed=args.seed,
-                        crossover=args.crossover, out=out, slice_params=args.slice_params)
+    res = report.fit_source(
+        args.source,
+        reference=args.reference,
+        n_boot=args.bootstrap,
+        seed=args.seed,
+        crossover=args.crossover,
+        out=out,
+        slice_params=args.slice_params,
+    )
     for w in res.get("warnings", []):
         print(f"replaid: warning: {w}", file=sys.stderr)
     if args.json:

@@ -1,4 +1,5 @@
 """``replaid serve``: the browser playground over trained runs (``replaid/web``)."""
+
 from __future__ import annotations
 
 import sys
@@ -9,11 +10,16 @@ EXAMPLE = "example: replaid serve runs/demo runs/demo-mdlm --port 8000   (then o
 
 
 def register(sub) -> None:
-    s = add_command(sub, "serve", "Browser playground: watch generation step by step, infill, compare runs.", EXAMPLE,
-                    description="Serve a local web app over the given runs: Generate (live denoising trajectory), "
-                                "Compare (two runs or samplers, same seed), Runs (config, curves, figures). "
-                                "Binds to 127.0.0.1 unless --host says otherwise; needs the 'web' extra "
-                                "(pip install -e '.[web]').")
+    s = add_command(
+        sub,
+        "serve",
+        "Browser playground: watch generation step by step, infill, compare runs.",
+        EXAMPLE,
+        description="Serve a local web app over the given runs: Generate (live denoising trajectory), "
+        "Compare (two runs or samplers, same seed), Runs (config, curves, figures). "
+        "Binds to 127.0.0.1 unless --host says otherwise; needs the 'web' extra "
+        "(pip install -e '.[web]').",
+    )
     s.add_argument("runs", nargs="+", metavar="RUN", help="run (or checkpoint) directories to serve")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
@@ -49,7 +55,9 @@ def run(args) -> int:
 
         from replaid.web.app import create_app
     except ImportError as e:
-        raise ValueError(f"replaid serve needs FastAPI and uvicorn ({e.name} is missing): pip install -e '.[web]'") from None
+        raise ValueError(
+            f"replaid serve needs FastAPI and uvicorn ({e.name} is missing): pip install -e '.[web]'"
+        ) from None
     import torch
 
     from replaid.web.engine import Limits
@@ -67,7 +75,9 @@ def run(args) -> int:
     names = ", ".join(app.state.slots)
     print(f"replaid serve: {names} on http://{args.host}:{args.port}  (Ctrl-C stops)", file=sys.stderr)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"replaid serve: warning: listening on {args.host}; anyone who can reach it can run generations",
-              file=sys.stderr)
+        print(
+            f"replaid serve: warning: listening on {args.host}; anyone who can reach it can run generations",
+            file=sys.stderr,
+        )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

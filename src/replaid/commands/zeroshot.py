@@ -1,4 +1,5 @@
 """``replaid zeroshot``: zero-shot perplexities on the MDLM-lineage suite (one table for several runs)."""
+
 from __future__ import annotations
 
 import json
@@ -13,16 +14,24 @@ datasets: wikitext2 wikitext103 ptb lambada lm1b ag_news pubmed arxiv (local fil
 def register(sub) -> None:
     from replaid.data.zeroshot import SETS
 
-    e = add_command(sub, "zeroshot", "Zero-shot perplexity (MDLM-lineage protocol): NELBO bounds, exact NLL for AR.",
-                    EXAMPLE)
+    e = add_command(
+        sub, "zeroshot", "Zero-shot perplexity (MDLM-lineage protocol): NELBO bounds, exact NLL for AR.", EXAMPLE
+    )
     e.add_argument("runs", nargs="+", help="run directories, exported folders or Hub ids")
-    e.add_argument("--datasets", nargs="+", default=["wikitext2", "ptb"], choices=list(SETS),
-                   help="zero-shot sets to score, each with its protocol split (replaid/data/zeroshot.py)")
+    e.add_argument(
+        "--datasets",
+        nargs="+",
+        default=["wikitext2", "ptb"],
+        choices=list(SETS),
+        help="zero-shot sets to score, each with its protocol split (replaid/data/zeroshot.py)",
+    )
     e.add_argument("--split", default=None, help="override each set's protocol split (validation/test)")
     e.add_argument("--data-dir", default="../shared/data/zeroshot", help="local NAME/SPLIT.txt|jsonl files")
     e.add_argument("--batch-size", type=int, default=8, help="wrapped rows per forward pass")
     e.add_argument("--max-rows", type=int, default=0, help="score only the first N wrapped rows (0 = all)")
-    e.add_argument("--t-samples", type=int, default=None, help="diffusion times per row (default: the run's eval.t_samples)")
+    e.add_argument(
+        "--t-samples", type=int, default=None, help="diffusion times per row (default: the run's eval.t_samples)"
+    )
     e.add_argument("--no-ema", action="store_true", help="score the raw weights, not the EMA")
     e.add_argument("--out", default=None, help="folder for zeroshot.json and zeroshot.md")
     e.add_argument("--json", action="store_true", help="print the JSON instead of the table")
@@ -31,18 +40,24 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from replaid.eval.zeroshot import markdown_table, zeroshot_run
-    from replaid.loading import load_run
+    from replaid.training.loading import load_run
 
     if args.out and Path(args.out).exists() and any(Path(args.out).glob("zeroshot.*")):
         raise ValueError(f"--out {args.out} already holds zeroshot results; choose a new folder")
     results = {}
     for path in args.runs:
         r = load_run(path, use_ema=not args.no_ema)
-        res = zeroshot_run(r, args.datasets, args.data_dir, args.split, args.batch_size, args.max_rows,
-                           args.t_samples, progress=True)
+        res = zeroshot_run(
+            r, args.datasets, args.data_dir, args.split, args.batch_size, args.max_rows, args.t_samples, progress=True
+        )
         label = path if path not in results else f"{path} ({len(results)})"
-        results[label] = {"method": r.cfg.method, "checkpoint": str(r.ckpt), "step": r.step,
-                          "weights": "ema" if r.ema_loaded else "raw", "datasets": res}
+        results[label] = {
+            "method": r.cfg.method,
+            "checkpoint": str(r.ckpt),
+            "step": r.step,
+            "weights": "ema" if r.ema_loaded else "raw",
+            "datasets": res,
+        }
     table = markdown_table(results, args.datasets)
     if args.out:
         out = Path(args.out)

@@ -1,10 +1,11 @@
 """Data pipeline: document sources -> tokenizer -> token cache -> fixed-length batches.
 
-    tok = tokenizer_for_source("bpe", source="stdlib", cache_dir=cache)
-    arr, meta = get_token_array("stdlib", "train", tok, cache)
-    loader = BatchLoader(SequenceDataset.from_cache(arr, meta, seq_len=128), batch_size=32, seed=0)
-    batch = next(loader)  # {"tokens": LongTensor (32, 128), "mask": None}
+tok = tokenizer_for_source("bpe", source="stdlib", cache_dir=cache)
+arr, meta = get_token_array("stdlib", "train", tok, cache)
+loader = BatchLoader(SequenceDataset.from_cache(arr, meta, seq_len=128), batch_size=32, seed=0)
+batch = next(loader)  # {"tokens": LongTensor (32, 128), "mask": None}
 """
+
 from __future__ import annotations
 
 import os
@@ -14,14 +15,40 @@ from replaid.data.cache import get_token_array, load_doc_offsets, open_cache, to
 from replaid.data.errors import DataError
 from replaid.data.loader import BatchLoader, SequenceDataset, unigram_logp, unigram_nll
 from replaid.data.sources import HF_DATASETS, SPLITS, HFSpec, hf_spec, holdout_split, iter_documents, source_fingerprint
-from replaid.data.tokenizers import (Tokenizer, build_tokenizer, load_saved_tokenizer, load_tokenizer_file, save_tokenizer,
-                         tokenizer_for_source)
+from replaid.data.tokenizers import (
+    Tokenizer,
+    build_tokenizer,
+    load_saved_tokenizer,
+    load_tokenizer_file,
+    save_tokenizer,
+    tokenizer_for_source,
+)
 
 __all__ = [
-    "DataError", "SPLITS", "HF_DATASETS", "HFSpec", "hf_spec", "holdout_split", "iter_documents",
-    "source_fingerprint", "Tokenizer", "build_tokenizer", "tokenizer_for_source", "load_tokenizer_file",
-    "save_tokenizer", "load_saved_tokenizer", "tokenize_to_cache", "open_cache", "load_doc_offsets",
-    "get_token_array", "validate_tokens", "SequenceDataset", "BatchLoader", "unigram_logp", "unigram_nll", "describe",
+    "DataError",
+    "SPLITS",
+    "HF_DATASETS",
+    "HFSpec",
+    "hf_spec",
+    "holdout_split",
+    "iter_documents",
+    "source_fingerprint",
+    "Tokenizer",
+    "build_tokenizer",
+    "tokenizer_for_source",
+    "load_tokenizer_file",
+    "save_tokenizer",
+    "load_saved_tokenizer",
+    "tokenize_to_cache",
+    "open_cache",
+    "load_doc_offsets",
+    "get_token_array",
+    "validate_tokens",
+    "SequenceDataset",
+    "BatchLoader",
+    "unigram_logp",
+    "unigram_nll",
+    "describe",
     "default_cache_dir",
 ]
 
@@ -33,23 +60,40 @@ def default_cache_dir() -> Path:
     return Path(os.path.expanduser(os.environ.get("REPLAID_CACHE_DIR", DataConfig.cache_dir)))
 
 
-def describe(source: str, tokenizer_kind: str, tokenizer_path: str = "", split: str = "train", *,
-             text_field: str = "text", max_docs: int = 0, vocab_size: int = 2048,
-             cache_dir: str | os.PathLike | None = None, show_progress: bool = False) -> dict:
+def describe(
+    source: str,
+    tokenizer_kind: str,
+    tokenizer_path: str = "",
+    split: str = "train",
+    *,
+    text_field: str = "text",
+    max_docs: int = 0,
+    vocab_size: int = 2048,
+    cache_dir: str | os.PathLike | None = None,
+    show_progress: bool = False,
+) -> dict:
     """Summary of one split: documents, tokens (incl. one EOS per document), vocab, and an example.
 
     Tokenises the split into the token cache (``cache_dir``, default ``default_cache_dir()``).
     """
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    tok = tokenizer_for_source(tokenizer_kind, tokenizer_path, source, text_field=text_field,
-                               vocab_size=vocab_size, cache_dir=cache)
-    arr, meta = get_token_array(source, split, tok, cache, text_field=text_field, max_docs=max_docs,
-                                show_progress=show_progress)
+    tok = tokenizer_for_source(
+        tokenizer_kind, tokenizer_path, source, text_field=text_field, vocab_size=vocab_size, cache_dir=cache
+    )
+    arr, meta = get_token_array(
+        source, split, tok, cache, text_field=text_field, max_docs=max_docs, show_progress=show_progress
+    )
     first = next(iter_documents(source, split, text_field, max_docs=1))
     ids = tok.encode(first[:4000])[:32]
     return {
-        "source": source, "split": split, "documents": meta["n_docs"], "tokens": meta["n_tokens"],
-        "vocab_size": tok.vocab_size, "tokenizer": tok.name, "eos_id": tok.eos_id, "pad_id": tok.pad_id,
+        "source": source,
+        "split": split,
+        "documents": meta["n_docs"],
+        "tokens": meta["n_tokens"],
+        "vocab_size": tok.vocab_size,
+        "tokenizer": tok.name,
+        "eos_id": tok.eos_id,
+        "pad_id": tok.pad_id,
         "cache": meta["path"],
         "example": {"text": first[:200], "ids": ids, "decoded": tok.decode(ids)},
     }

@@ -4,6 +4,7 @@ Beside ``x.bin`` live ``x.json`` (meta: dtype, n_tokens, n_docs, vocab_size, tok
 ``x.idx.npy`` (int64 document start offsets, ``n_docs + 1`` entries). Every file is written to a
 temporary name and renamed, the meta last, so a present meta means a complete cache.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -61,12 +62,16 @@ def open_cache(cache_path: str | os.PathLike) -> tuple[np.memmap, dict]:
         dtype = np.dtype(meta["dtype"])
         int(meta["n_tokens"])
     except (ValueError, KeyError, TypeError) as e:
-        raise DataError(f"token cache meta {meta_path(cache_path)} is damaged ({e.__class__.__name__}): delete it "
-                        f"and {cache_path.name} to rebuild") from None
+        raise DataError(
+            f"token cache meta {meta_path(cache_path)} is damaged ({e.__class__.__name__}): delete it "
+            f"and {cache_path.name} to rebuild"
+        ) from None
     size = cache_path.stat().st_size if cache_path.exists() else -1
     if size != meta["n_tokens"] * dtype.itemsize:
-        raise DataError(f"token cache {cache_path} is incomplete ({size} bytes, expected "
-                        f"{meta['n_tokens'] * dtype.itemsize}): delete it and its .json to rebuild")
+        raise DataError(
+            f"token cache {cache_path} is incomplete ({size} bytes, expected "
+            f"{meta['n_tokens'] * dtype.itemsize}): delete it and its .json to rebuild"
+        )
     meta["path"] = str(cache_path)
     return np.memmap(cache_path, dtype=dtype, mode="r", shape=(meta["n_tokens"],)), meta
 
@@ -79,9 +84,15 @@ def load_doc_offsets(cache_path: str | os.PathLike) -> np.ndarray:
     return np.load(path)
 
 
-def tokenize_to_cache(docs: Iterable[str], tok: Tokenizer, cache_path: str | os.PathLike, *,
-                      show_progress: bool = True, batch_docs: int = 64, extra_meta: dict | None = None
-                      ) -> np.memmap:
+def tokenize_to_cache(
+    docs: Iterable[str],
+    tok: Tokenizer,
+    cache_path: str | os.PathLike,
+    *,
+    show_progress: bool = True,
+    batch_docs: int = 64,
+    extra_meta: dict | None = None,
+) -> np.memmap:
     """Tokenise ``docs`` (EOS after each) into ``cache_path`` unless it already exists; return the memmap."""
     cache_path = Path(cache_path)
     if cache_path.exists() and meta_path(cache_path).exists():
@@ -94,24 +105,29 @@ def tokenize_to_cache(docs: Iterable[str], tok: Tokenizer, cache_path: str | os.
     def write_tokens(tmp: Path) -> None:
         nonlocal max_id
         total = len(docs) if hasattr(docs, "__len__") else None  # type: ignore[arg-type]
-        with open(tmp, "wb") as f, tqdm(total=total, desc=f"tokenizing {cache_path.name}", unit="doc",
-                                        disable=not show_progress) as bar:
+        with (
+            open(tmp, "wb") as f,
+            tqdm(total=total, desc=f"tokenizing {cache_path.name}", unit="doc", disable=not show_progress) as bar,
+        ):
             for batch in _batched(docs, batch_docs):
                 encoded = tok.encode_batch(batch)
-                flat = np.fromiter(itertools.chain.from_iterable(ids + [tok.eos_id] for ids in encoded),
-                                   dtype=np.int64)
+                flat = np.fromiter(itertools.chain.from_iterable(ids + [tok.eos_id] for ids in encoded), dtype=np.int64)
                 if flat.size:
                     max_id = max(max_id, int(flat.max()))
                     if int(flat.min()) < 0 or max_id >= tok.vocab_size:
-                        raise DataError(f"tokenizer {tok.name!r} produced id {max_id} outside its vocab "
-                                        f"{tok.vocab_size}: use a consistent tokenizer")
+                        raise DataError(
+                            f"tokenizer {tok.name!r} produced id {max_id} outside its vocab "
+                            f"{tok.vocab_size}: use a consistent tokenizer"
+                        )
                 f.write(flat.astype(dtype).tobytes())
                 for ids in encoded:
                     offsets.append(offsets[-1] + len(ids) + 1)
                 bar.update(len(batch))
         if len(offsets) == 1:
-            raise DataError(f"no documents to tokenise for {cache_path.name}: the source is empty; point "
-                            f"data.source at a non-empty corpus")
+            raise DataError(
+                f"no documents to tokenise for {cache_path.name}: the source is empty; point "
+                f"data.source at a non-empty corpus"
+            )
 
     _replace_atomically(cache_path, write_tokens)
 
@@ -120,21 +136,35 @@ def tokenize_to_cache(docs: Iterable[str], tok: Tokenizer, cache_path: str | os.
             np.save(f, np.asarray(offsets, dtype=np.int64))
 
     _replace_atomically(index_path(cache_path), write_index)
-    meta = {"version": CACHE_VERSION, "dtype": dtype.name, "n_tokens": offsets[-1], "n_docs": len(offsets) - 1,
-            "vocab_size": tok.vocab_size, "tokenizer": tok.name, "eos_id": tok.eos_id, "pad_id": tok.pad_id,
-            "max_id": max_id, "bin": cache_path.name, "index": index_path(cache_path).name, **(extra_meta or {})}
-    _replace_atomically(meta_path(cache_path),
-                        lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8"))
+    meta = {
+        "version": CACHE_VERSION,
+        "dtype": dtype.name,
+        "n_tokens": offsets[-1],
+        "n_docs": len(offsets) - 1,
+        "vocab_size": tok.vocab_size,
+        "tokenizer": tok.name,
+        "eos_id": tok.eos_id,
+        "pad_id": tok.pad_id,
+        "max_id": max_id,
+        "bin": cache_path.name,
+        "index": index_path(cache_path).name,
+        **(extra_meta or {}),
+    }
+    _replace_atomically(
+        meta_path(cache_path), lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    )
     return open_cache(cache_path)[0]
 
 
 def validate_tokens(arr: np.ndarray, vocab_size: int, where: str = "the token array") -> None:
     """Raise DataError (naming the max id) if any id is >= ``vocab_size``."""
     chunk = 1 << 24
-    max_id = max((int(np.max(arr[s:s + chunk])) for s in range(0, len(arr), chunk)), default=-1)
+    max_id = max((int(np.max(arr[s : s + chunk])) for s in range(0, len(arr), chunk)), default=-1)
     if max_id >= vocab_size:
-        raise DataError(f"token id {max_id} >= vocab size {vocab_size} in {where}: it was built with another "
-                        f"tokenizer; delete the cache file(s) or use the matching data.tokenizer")
+        raise DataError(
+            f"token id {max_id} >= vocab size {vocab_size} in {where}: it was built with another "
+            f"tokenizer; delete the cache file(s) or use the matching data.tokenizer"
+        )
 
 
 def cache_key(source: str, split: str, tok: Tokenizer, text_field: str = "text", max_docs: int = 0) -> str:
@@ -145,18 +175,33 @@ def cache_key(source: str, split: str, tok: Tokenizer, text_field: str = "text",
     return f"{split}-{slug}-{hashlib.sha256(raw.encode()).hexdigest()[:16]}"
 
 
-def get_token_array(source: str, split: str, tok: Tokenizer, cache_dir: str | os.PathLike, *,
-                    text_field: str = "text", max_docs: int = 0, show_progress: bool = True,
-                    validate: bool = True) -> tuple[np.memmap, dict]:
+def get_token_array(
+    source: str,
+    split: str,
+    tok: Tokenizer,
+    cache_dir: str | os.PathLike,
+    *,
+    text_field: str = "text",
+    max_docs: int = 0,
+    show_progress: bool = True,
+    validate: bool = True,
+) -> tuple[np.memmap, dict]:
     """Token array of ``split`` of ``source`` (tokenised once into ``cache_dir``) and its meta."""
     path = Path(cache_dir) / f"{cache_key(source, split, tok, text_field, max_docs)}.bin"
     docs = iter_documents(source, split, text_field, max_docs)
-    arr = tokenize_to_cache(docs, tok, path, show_progress=show_progress,
-                            extra_meta={"source": source, "split": split, "text_field": text_field})
+    arr = tokenize_to_cache(
+        docs,
+        tok,
+        path,
+        show_progress=show_progress,
+        extra_meta={"source": source, "split": split, "text_field": text_field},
+    )
     meta = open_cache(path)[1]
     if meta["vocab_size"] != tok.vocab_size or meta["tokenizer"] != tok.name:
-        raise DataError(f"token cache {path} was built with tokenizer {meta['tokenizer']!r} (vocab "
-                        f"{meta['vocab_size']}), not {tok.name!r}: delete it to rebuild")
+        raise DataError(
+            f"token cache {path} was built with tokenizer {meta['tokenizer']!r} (vocab "
+            f"{meta['vocab_size']}), not {tok.name!r}: delete it to rebuild"
+        )
     if validate:
         validate_tokens(arr, tok.vocab_size, str(path))
     return arr, meta

@@ -1,4 +1,5 @@
 """The single error type of the data pipeline."""
+
 from __future__ import annotations
 
 

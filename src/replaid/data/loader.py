@@ -1,4 +1,5 @@
 """Fixed-length sequences from a token array, and a deterministic, resumable, sharded batch loader."""
+
 from __future__ import annotations
 
 import math
@@ -25,20 +26,31 @@ class SequenceDataset:
     ``pad_id`` to ``seq_len``; ``mask`` marks real tokens. Needs ``doc_offsets``.
     """
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, *, packed: bool = True,
-                 doc_offsets: np.ndarray | None = None, pad_id: int | None = None):
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        seq_len: int,
+        *,
+        packed: bool = True,
+        doc_offsets: np.ndarray | None = None,
+        pad_id: int | None = None,
+    ):
         if seq_len < 1:
             raise DataError(f"seq_len must be positive, got {seq_len}: set data.seq_len to e.g. 128")
         self.tokens, self.seq_len, self.packed = tokens, seq_len, packed
         if packed:
             self.n = len(tokens) // seq_len
             if self.n == 0:
-                raise DataError(f"corpus too short: {len(tokens)} tokens is less than one sequence of "
-                                f"seq_len={seq_len}; use a smaller data.seq_len or a larger corpus")
+                raise DataError(
+                    f"corpus too short: {len(tokens)} tokens is less than one sequence of "
+                    f"seq_len={seq_len}; use a smaller data.seq_len or a larger corpus"
+                )
             return
         if doc_offsets is None or pad_id is None:
-            raise DataError("the unpacked (no sentence packing) mode needs document offsets and a pad id: "
-                            "build it with SequenceDataset.from_cache")
+            raise DataError(
+                "the unpacked (no sentence packing) mode needs document offsets and a pad id: "
+                "build it with SequenceDataset.from_cache"
+            )
         self.offsets = np.asarray(doc_offsets, dtype=np.int64)
         self.pad_id = int(pad_id)
         self.n = len(self.offsets) - 1
@@ -46,8 +58,9 @@ class SequenceDataset:
             raise DataError("no documents in the token array: point data.source at a non-empty corpus")
 
     @classmethod
-    def from_cache(cls, tokens: np.ndarray, meta: dict, seq_len: int, *, packed: bool = True,
-                   pad_id: int | None = None) -> "SequenceDataset":
+    def from_cache(
+        cls, tokens: np.ndarray, meta: dict, seq_len: int, *, packed: bool = True, pad_id: int | None = None
+    ) -> "SequenceDataset":
         """Build from ``get_token_array``'s ``(array, meta)``; pads with the pad id, else EOS."""
         if packed:
             return cls(tokens, seq_len)
@@ -88,19 +101,31 @@ class BatchLoader:
     short global batch is filled up from the start of the permutation (fixed shapes).
     """
 
-    def __init__(self, dataset: SequenceDataset, batch_size: int, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, shuffle: bool = True, drop_last: bool = True):
+    def __init__(
+        self,
+        dataset: SequenceDataset,
+        batch_size: int,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = True,
+        drop_last: bool = True,
+    ):
         if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
-            raise DataError(f"bad loader setup batch_size={batch_size} rank={rank} world_size={world_size}: "
-                            f"need batch_size >= 1 and 0 <= rank < world_size")
+            raise DataError(
+                f"bad loader setup batch_size={batch_size} rank={rank} world_size={world_size}: "
+                f"need batch_size >= 1 and 0 <= rank < world_size"
+            )
         self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
         self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
         self.global_batch = batch_size * world_size
         n = len(dataset)
         if n < self.global_batch:
-            raise DataError(f"only {n} sequences of length {getattr(dataset, 'seq_len', '?')}, fewer than one "
-                            f"global batch of {self.global_batch} (batch_size {batch_size} x world_size "
-                            f"{world_size}): use a smaller batch size or seq_len, or more data")
+            raise DataError(
+                f"only {n} sequences of length {getattr(dataset, 'seq_len', '?')}, fewer than one "
+                f"global batch of {self.global_batch} (batch_size {batch_size} x world_size "
+                f"{world_size}): use a smaller batch size or seq_len, or more data"
+            )
         self.steps_per_epoch = n // self.global_batch if drop_last else math.ceil(n / self.global_batch)
         self.epoch, self.index = 0, 0
         self._perm: tuple[int, Tensor] | None = None
@@ -120,10 +145,10 @@ class BatchLoader:
         """This rank's sequence indices for global batch ``index`` of ``epoch``."""
         perm = self.permutation(epoch)
         start = index * self.global_batch
-        glob = perm[start:start + self.global_batch]
+        glob = perm[start : start + self.global_batch]
         if len(glob) < self.global_batch:
             glob = torch.cat([glob, perm[: self.global_batch - len(glob)]])
-        return glob[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+        return glob[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
 
     def __iter__(self) -> Iterator[Batch]:
         return self
@@ -146,7 +171,7 @@ def _counts(arr: np.ndarray, vocab_size: int) -> np.ndarray:
     counts = np.zeros(vocab_size, dtype=np.int64)
     chunk = 1 << 24
     for s in range(0, len(arr), chunk):
-        counts += np.bincount(np.asarray(arr[s:s + chunk], dtype=np.int64), minlength=vocab_size)
+        counts += np.bincount(np.asarray(arr[s : s + chunk], dtype=np.int64), minlength=vocab_size)
     return counts
 
 

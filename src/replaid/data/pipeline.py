@@ -1,4 +1,5 @@
 """From a :class:`~replaid.config.DataConfig` to batches: tokenizer, token caches, loaders."""
+
 from __future__ import annotations
 
 import os
@@ -8,9 +9,17 @@ from typing import Optional
 import numpy as np
 
 from replaid.config import RunConfig
+from replaid.data import (
+    BatchLoader,
+    DataError,
+    SequenceDataset,
+    get_token_array,
+    load_saved_tokenizer,
+    save_tokenizer,
+    tokenizer_for_source,
+    unigram_logp,
+)
 from replaid.data.tokenizers import SPEC_FILE
-from replaid.data import (BatchLoader, DataError, SequenceDataset, get_token_array, load_saved_tokenizer, save_tokenizer,
-                   tokenizer_for_source, unigram_logp)
 
 
 def cache_dir(cfg: RunConfig) -> str:
@@ -32,16 +41,23 @@ def load_run_tokenizer(run_dir: Path):
 class DataPipeline:
     """Tokenizer + train loader + evaluation batches for one run (per rank)."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Optional[Path] = None, rank: int = 0, world_size: int = 1,
-                 train: bool = True):
+    def __init__(
+        self, cfg: RunConfig, run_dir: Optional[Path] = None, rank: int = 0, world_size: int = 1, train: bool = True
+    ):
         self.cfg, d = cfg, cfg.data
         self.cache = cache_dir(cfg)
         if run_dir is not None and has_saved_tokenizer(run_dir):
             self.tokenizer = load_run_tokenizer(Path(run_dir))
         else:
-            self.tokenizer = tokenizer_for_source(d.tokenizer, d.tokenizer_path, d.source, text_field=d.text_field,
-                                                  vocab_size=d.bpe_vocab_size, cache_dir=self.cache,
-                                                  max_docs=d.max_docs)
+            self.tokenizer = tokenizer_for_source(
+                d.tokenizer,
+                d.tokenizer_path,
+                d.source,
+                text_field=d.text_field,
+                vocab_size=d.bpe_vocab_size,
+                cache_dir=self.cache,
+                max_docs=d.max_docs,
+            )
             if run_dir is not None and rank == 0:
                 save_tokenizer(self.tokenizer, Path(run_dir) / "tokenizer")
         self.vocab_size = self.tokenizer.vocab_size
@@ -50,18 +66,22 @@ class DataPipeline:
         if train:
             micro = cfg.train.batch_size // (cfg.train.grad_accum * world_size)
             if micro < 2:
-                raise DataError(f"train.batch_size={cfg.train.batch_size} leaves {micro} rows per rank and "
-                                f"accumulation step; raise the batch or lower train.grad_accum / the world size")
-            self.train_loader = BatchLoader(self.dataset("train"), micro, seed=cfg.train.seed, rank=rank,
-                                            world_size=world_size, shuffle=True)
+                raise DataError(
+                    f"train.batch_size={cfg.train.batch_size} leaves {micro} rows per rank and "
+                    f"accumulation step; raise the batch or lower train.grad_accum / the world size"
+                )
+            self.train_loader = BatchLoader(
+                self.dataset("train"), micro, seed=cfg.train.seed, rank=rank, world_size=world_size, shuffle=True
+            )
             self.train_iter = self.train_loader
 
     def array(self, split: str) -> tuple[np.ndarray, dict]:
         """The split's token array (tokenised once into the cache) and its meta."""
         if split not in self._arrays:
             d = self.cfg.data
-            self._arrays[split] = get_token_array(d.source, split, self.tokenizer, self.cache,
-                                                  text_field=d.text_field, max_docs=d.max_docs)
+            self._arrays[split] = get_token_array(
+                d.source, split, self.tokenizer, self.cache, text_field=d.text_field, max_docs=d.max_docs
+            )
         return self._arrays[split]
 
     def dataset(self, split: str) -> SequenceDataset:
@@ -77,8 +97,10 @@ class DataPipeline:
             except DataError as e:
                 raise DataError(f"the {split} split of data.source={self.cfg.data.source} is unusable: {e}") from None
             if n < 1:
-                raise DataError(f"the {split} split of data.source={self.cfg.data.source} holds no sequence of "
-                                f"data.seq_len={self.cfg.data.seq_len}; use a larger corpus or a smaller seq_len")
+                raise DataError(
+                    f"the {split} split of data.source={self.cfg.data.source} holds no sequence of "
+                    f"data.seq_len={self.cfg.data.seq_len}; use a larger corpus or a smaller seq_len"
+                )
 
     def eval_batches(self, split: str, batch_size: int, max_batches: int = 0) -> list[dict]:
         """Deterministic, in-order batches of the split (this rank's share)."""
@@ -86,7 +108,7 @@ class DataPipeline:
         idx = list(range(self.rank, len(ds), self.world_size))
         out = []
         for s in range(0, len(idx), batch_size):
-            b = ds.get_batch(idx[s:s + batch_size])
+            b = ds.get_batch(idx[s : s + batch_size])
             out.append({k: v for k, v in b.items() if v is not None})
             if max_batches and len(out) >= max_batches:
                 break

@@ -9,6 +9,7 @@
   by a hash of each document;
 * ``"hf:NAME"`` or ``"hf:NAME:CONFIG"``: a Hugging Face dataset (needs network or a local copy).
 """
+
 from __future__ import annotations
 
 import ast
@@ -50,8 +51,11 @@ def iter_documents(source: str, split: str, text_field: str = "text", max_docs: 
     check_split(split)
     if source == "stdlib":
         docs: Iterable[str] = (text for rel, text in stdlib_modules() if hash_split(rel) == split)
-        docs = _nonempty(docs, f"no documents in split {split!r} of the stdlib corpus: no docstrings found "
-                               f"under {stdlib_root()}; use a local data.source instead")
+        docs = _nonempty(
+            docs,
+            f"no documents in split {split!r} of the stdlib corpus: no docstrings found "
+            f"under {stdlib_root()}; use a local data.source instead",
+        )
     elif source.startswith("hf:"):
         docs = iter_hf_documents(hf_spec(source), split, text_field)
     else:
@@ -155,14 +159,20 @@ def _local_files(root: Path, split: str) -> tuple[list[Path], bool]:
         found = by_split[split]
         if found is None:
             have = ", ".join(s for s, f in by_split.items() if f)
-            raise DataError(f"split {split!r} not found in {root} (it has {have}): add a {split}.jsonl "
-                            f"or {split}.txt file there, or use one of the existing splits")
+            raise DataError(
+                f"split {split!r} not found in {root} (it has {have}): add a {split}.jsonl "
+                f"or {split}.txt file there, or use one of the existing splits"
+            )
         return [found], True
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in DOC_SUFFIXES
-                   and not any(part.startswith(".") for part in p.relative_to(root).parts))
+    files = sorted(
+        p
+        for p in root.rglob("*")
+        if p.is_file()
+        and p.suffix in DOC_SUFFIXES
+        and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    )
     if not files:
-        raise DataError(f"no documents found in {root}: the directory has no .jsonl/.txt/.md/.rst files; "
-                        f"{_FIX_SOURCE}")
+        raise DataError(f"no documents found in {root}: the directory has no .jsonl/.txt/.md/.rst files; {_FIX_SOURCE}")
     return files, False
 
 
@@ -180,16 +190,22 @@ def _file_documents(path: Path, text_field: str) -> Iterator[str]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno} is not valid JSON ({e.msg}): each line of a .jsonl file "
-                                f"must be one JSON object like {{\"{text_field}\": \"...\"}}") from None
+                raise DataError(
+                    f"{path}:{lineno} is not valid JSON ({e.msg}): each line of a .jsonl file "
+                    f'must be one JSON object like {{"{text_field}": "..."}}'
+                ) from None
             if not isinstance(obj, dict) or text_field not in obj:
                 keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
-                raise DataError(f"{path}:{lineno} has no {text_field!r} field (found {keys}): set "
-                                f"data.text_field to the field that holds the text")
+                raise DataError(
+                    f"{path}:{lineno} has no {text_field!r} field (found {keys}): set "
+                    f"data.text_field to the field that holds the text"
+                )
             text = obj[text_field]
             if not isinstance(text, str):
-                raise DataError(f"{path}:{lineno} field {text_field!r} is {type(text).__name__}, not text: "
-                                f"set data.text_field to a string field")
+                raise DataError(
+                    f"{path}:{lineno} field {text_field!r} is {type(text).__name__}, not text: "
+                    f"set data.text_field to a string field"
+                )
             if text:
                 yield text
 
@@ -197,8 +213,9 @@ def _file_documents(path: Path, text_field: str) -> Iterator[str]:
 def _local_documents(root: Path, split: str, text_field: str) -> Iterator[str]:
     files, presplit = _local_files(root, split)
     if presplit:
-        yield from _nonempty(_file_documents(files[0], text_field),
-                             f"no documents found in {files[0]}: the file is empty; {_FIX_SOURCE}")
+        yield from _nonempty(
+            _file_documents(files[0], text_field), f"no documents found in {files[0]}: the file is empty; {_FIX_SOURCE}"
+        )
         return
     total = 0
     kept = 0
@@ -211,8 +228,10 @@ def _local_documents(root: Path, split: str, text_field: str) -> Iterator[str]:
     if total == 0:
         raise DataError(f"no documents found in {root}: the file(s) are empty; {_FIX_SOURCE}")
     if kept == 0:
-        raise DataError(f"no documents for split {split!r} in {root}: all {total} document(s) hash to other "
-                        f"splits (90/5/5); add more documents or give a directory with train/valid/test files")
+        raise DataError(
+            f"no documents for split {split!r} in {root}: all {total} document(s) hash to other "
+            f"splits (90/5/5); add more documents or give a directory with train/valid/test files"
+        )
 
 
 # ------------------------------------------------------------------------------- Hugging Face
@@ -229,8 +248,7 @@ class HFSpec:
 
     path: str
     config: str | None = None
-    splits: dict[str, str] = field(default_factory=lambda: {"train": "train", "valid": "validation",
-                                                            "test": "test"})
+    splits: dict[str, str] = field(default_factory=lambda: {"train": "train", "valid": "validation", "test": "test"})
     holdout: int = 0
     streaming: bool = False
     data_files: Any = None
@@ -261,8 +279,10 @@ def holdout_split(ds: Any, split: str, holdout: int) -> Any:
     """OWT convention on a map-style dataset: the last ``holdout`` rows are valid/test."""
     n = len(ds)
     if n <= holdout:
-        raise DataError(f"dataset has {n} documents, not more than the {holdout}-document holdout: "
-                        f"use a larger dataset or a smaller holdout")
+        raise DataError(
+            f"dataset has {n} documents, not more than the {holdout}-document holdout: "
+            f"use a larger dataset or a smaller holdout"
+        )
     return ds.select(range(n - holdout)) if split == "train" else ds.select(range(n - holdout, n))
 
 
@@ -272,17 +292,22 @@ def load_hf_split(spec: HFSpec, split: str, cache_dir: str | None = None) -> Any
     try:
         import datasets
 
-        dsets = datasets.load_dataset(spec.path, spec.config, data_files=spec.data_files,
-                                      streaming=spec.streaming, cache_dir=cache_dir)
+        dsets = datasets.load_dataset(
+            spec.path, spec.config, data_files=spec.data_files, streaming=spec.streaming, cache_dir=cache_dir
+        )
     except Exception as e:  # network, missing dataset, bad files: all the same fix
         reason = f"{type(e).__name__}: {str(e)[:200]}"
-        raise DataError(f"cannot load Hugging Face dataset {spec.path!r} ({reason}): it needs network access "
-                        f"or a local copy; set data.source to a local .jsonl/.txt path or directory "
-                        f"(e.g. ../shared/data/wiki-sample) or data.source=stdlib") from None
+        raise DataError(
+            f"cannot load Hugging Face dataset {spec.path!r} ({reason}): it needs network access "
+            f"or a local copy; set data.source to a local .jsonl/.txt path or directory "
+            f"(e.g. ../shared/data/wiki-sample) or data.source=stdlib"
+        ) from None
     hub_split = spec.splits.get(split, split)
     if hub_split not in dsets:
-        raise DataError(f"split {hub_split!r} does not exist in Hugging Face dataset {spec.path!r} (it has "
-                        f"{', '.join(dsets)}): use one of those splits or another data.source")
+        raise DataError(
+            f"split {hub_split!r} does not exist in Hugging Face dataset {spec.path!r} (it has "
+            f"{', '.join(dsets)}): use one of those splits or another data.source"
+        )
     ds = dsets[hub_split]
     return holdout_split(ds, split, spec.holdout) if spec.holdout else ds
 
@@ -303,18 +328,23 @@ def _wikitext_articles(lines: Iterable[str]) -> Iterator[str]:
 
 def _row_text(row: dict, text_field: str, name: str) -> str:
     if text_field not in row:
-        raise DataError(f"Hugging Face dataset {name!r} has no {text_field!r} field (it has {', '.join(row)}): "
-                        f"set data.text_field to the field holding the text")
+        raise DataError(
+            f"Hugging Face dataset {name!r} has no {text_field!r} field (it has {', '.join(row)}): "
+            f"set data.text_field to the field holding the text"
+        )
     return row[text_field]
 
 
-def iter_hf_documents(spec: HFSpec, split: str, text_field: str = "text",
-                      cache_dir: str | None = None) -> Iterator[str]:
+def iter_hf_documents(
+    spec: HFSpec, split: str, text_field: str = "text", cache_dir: str | None = None
+) -> Iterator[str]:
     """Yield the non-empty texts of our ``split`` of a Hugging Face dataset."""
     ds = load_hf_split(spec, split, cache_dir)
     texts = (_row_text(row, text_field, spec.path) for row in ds)
     if spec.wikitext:
         texts = _wikitext_articles(texts)
-    yield from _nonempty((t for t in texts if t and t.strip()),
-                         f"no documents in split {split!r} of Hugging Face dataset {spec.path!r}: "
-                         f"the split is empty; use another split or data.source")
+    yield from _nonempty(
+        (t for t in texts if t and t.strip()),
+        f"no documents in split {split!r} of Hugging Face dataset {spec.path!r}: "
+        f"the split is empty; use another split or data.source",
+    )

@@ -5,6 +5,7 @@ Kinds: ``gpt2`` (local ``tokenizer.json`` or ``vocab.json``+``merges.txt``, else
 (a local ``vocab.txt``/``tokenizer.json``, else the hub), ``bpe`` (a byte-level BPE trained on
 the corpus and cached by corpus fingerprint) and ``file`` (any saved ``tokenizer.json``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -48,8 +49,10 @@ class HFTokenizer:
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
         eos = tok.token_to_id(eos_token) if eos_token else _first_id(tok, _EOS_CANDIDATES)
         if eos is None:
-            raise DataError(f"tokenizer {name!r} has no end-of-text token ({', '.join(_EOS_CANDIDATES)}): "
-                            f"use a tokenizer that defines one")
+            raise DataError(
+                f"tokenizer {name!r} has no end-of-text token ({', '.join(_EOS_CANDIDATES)}): "
+                f"use a tokenizer that defines one"
+            )
         self.eos_id: int = eos
         self.pad_id: int | None = _first_id(tok, _PAD_CANDIDATES)
 
@@ -75,8 +78,10 @@ class SentencePieceTokenizer:
         try:
             self._sp = spm.SentencePieceProcessor(model_file=str(model_file))
         except (OSError, RuntimeError) as e:
-            raise DataError(f"cannot load sentencepiece model {model_file} ({str(e)[:120]}): set "
-                            f"data.tokenizer_path to a valid tokenizer.model") from None
+            raise DataError(
+                f"cannot load sentencepiece model {model_file} ({str(e)[:120]}): set "
+                f"data.tokenizer_path to a valid tokenizer.model"
+            ) from None
         self.name, self.kind, self.path = name, kind, str(model_file)
         self.vocab_size = self._sp.get_piece_size()
         self.eos_id = self._sp.eos_id()
@@ -112,8 +117,10 @@ def _from_hub(name: str):
     try:
         return tokenizers.Tokenizer.from_pretrained(name)
     except Exception as e:
-        raise DataError(f"cannot download tokenizer {name!r} from the Hugging Face hub ({type(e).__name__}): "
-                        f"it needs network access; set data.tokenizer_path=... to a local copy") from None
+        raise DataError(
+            f"cannot download tokenizer {name!r} from the Hugging Face hub ({type(e).__name__}): "
+            f"it needs network access; set data.tokenizer_path=... to a local copy"
+        ) from None
 
 
 # ------------------------------------------------------------------------------------ builders
@@ -140,8 +147,9 @@ def _gpt2(path: str) -> HFTokenizer:
 
 def _llama2(path: str) -> SentencePieceTokenizer:
     if not path:
-        raise DataError("the llama2 tokenizer needs a local sentencepiece model: set "
-                        "data.tokenizer_path=.../tokenizer.model")
+        raise DataError(
+            "the llama2 tokenizer needs a local sentencepiece model: set data.tokenizer_path=.../tokenizer.model"
+        )
     p = Path(path)
     if p.is_dir():
         p = p / "tokenizer.model"
@@ -165,8 +173,9 @@ def _bert(kind: str, path: str) -> HFTokenizer:
         tok.normalizer = normalizers.BertNormalizer(lowercase=kind.endswith("uncased"))
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece()
-        tok.add_special_tokens([t for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-                                if tok.token_to_id(t) is not None])
+        tok.add_special_tokens(
+            [t for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") if tok.token_to_id(t) is not None]
+        )
     return HFTokenizer(tok, name=kind, kind=kind, path=str(Path(path).resolve()), eos_token="[SEP]")
 
 
@@ -180,8 +189,12 @@ def train_bpe(texts: Iterator[str], vocab_size: int):
     tok = tokenizers.Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=True,  # stderr
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOT],
+        show_progress=True,  # stderr
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(split_long_words(texts), trainer=trainer)
     return tok
 
@@ -202,9 +215,9 @@ def split_long_words(texts: Iterator[str], n: int = MAX_WORD_CHARS) -> Iterator[
         start = 0
         for m in _LONG_WORD.finditer(text):
             word = m.group()
-            yield text[start:m.start()] + word[:n]
+            yield text[start : m.start()] + word[:n]
             for i in range(n, len(word), n):
-                yield word[i:i + n]
+                yield word[i : i + n]
             start = m.end()
         yield text[start:]
 
@@ -214,8 +227,13 @@ def _content_name(kind: str, tok) -> str:
     return f"{kind}-{tok.get_vocab_size(with_added_tokens=True)}-{digest}"
 
 
-def _bpe(path: str, corpus: Callable[[], Iterator[str]] | None, vocab_size: int,
-         cache_dir: str | os.PathLike | None, fingerprint: str) -> HFTokenizer:
+def _bpe(
+    path: str,
+    corpus: Callable[[], Iterator[str]] | None,
+    vocab_size: int,
+    cache_dir: str | os.PathLike | None,
+    fingerprint: str,
+) -> HFTokenizer:
     if path.endswith(".json"):
         return load_tokenizer_file(path, kind="bpe")
     fingerprint = fingerprint or path
@@ -226,8 +244,10 @@ def _bpe(path: str, corpus: Callable[[], Iterator[str]] | None, vocab_size: int,
         if cached.is_file():
             return load_tokenizer_file(cached, kind="bpe")
     if corpus is None:
-        raise DataError("the bpe tokenizer is not cached and has no corpus to train on: pass the training "
-                        "corpus (data.source) or set data.tokenizer_path to a saved tokenizer.json")
+        raise DataError(
+            "the bpe tokenizer is not cached and has no corpus to train on: pass the training "
+            "corpus (data.source) or set data.tokenizer_path to a saved tokenizer.json"
+        )
     tok = train_bpe(corpus(), vocab_size)
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
@@ -237,9 +257,15 @@ def _bpe(path: str, corpus: Callable[[], Iterator[str]] | None, vocab_size: int,
     return HFTokenizer(tok, name=_content_name("bpe", tok), kind="bpe", eos_token=EOT)
 
 
-def build_tokenizer(kind: str, path: str = "", *, corpus: Callable[[], Iterator[str]] | None = None,
-                    vocab_size: int = 2048, cache_dir: str | os.PathLike | None = None,
-                    fingerprint: str = "") -> Tokenizer:
+def build_tokenizer(
+    kind: str,
+    path: str = "",
+    *,
+    corpus: Callable[[], Iterator[str]] | None = None,
+    vocab_size: int = 2048,
+    cache_dir: str | os.PathLike | None = None,
+    fingerprint: str = "",
+) -> Tokenizer:
     """Build a tokenizer of ``kind`` from ``path`` (bpe: train on ``corpus()`` or load from cache).
 
     For ``bpe``, the cache key is ``fingerprint`` (or ``path``) plus ``vocab_size``; a ``path``
@@ -260,8 +286,7 @@ def build_tokenizer(kind: str, path: str = "", *, corpus: Callable[[], Iterator[
     raise DataError(f"unknown tokenizer kind {kind!r}: set data.tokenizer to one of {', '.join(KINDS)}")
 
 
-def load_tokenizer_file(json_path: str | os.PathLike, *, kind: str = "file",
-                        name: str | None = None) -> HFTokenizer:
+def load_tokenizer_file(json_path: str | os.PathLike, *, kind: str = "file", name: str | None = None) -> HFTokenizer:
     """Load a Hugging Face ``tokenizer.json`` (e.g. one a run directory carries)."""
     import tokenizers
 
@@ -269,8 +294,9 @@ def load_tokenizer_file(json_path: str | os.PathLike, *, kind: str = "file",
     try:
         tok = tokenizers.Tokenizer.from_file(str(p))
     except Exception as e:
-        raise DataError(f"cannot read tokenizer file {p} ({str(e)[:120]}): set data.tokenizer_path to a "
-                        f"valid tokenizer.json") from None
+        raise DataError(
+            f"cannot read tokenizer file {p} ({str(e)[:120]}): set data.tokenizer_path to a valid tokenizer.json"
+        ) from None
     return HFTokenizer(tok, name=name or _content_name(kind, tok), kind=kind, path=str(p.resolve()))
 
 
@@ -284,8 +310,7 @@ def save_tokenizer(tok: Tokenizer, out_dir: str | os.PathLike) -> dict:
         raise DataError(f"cannot save tokenizer {tok.name!r} of unknown kind: build it with build_tokenizer")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    spec = {"kind": kind, "name": tok.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
-            "pad_id": tok.pad_id}
+    spec = {"kind": kind, "name": tok.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id, "pad_id": tok.pad_id}
     if kind in ("bpe", "file"):
         atomic_write_text(out / "tokenizer.json", tok.to_json())  # type: ignore[attr-defined]
         spec["file"] = "tokenizer.json"
@@ -303,27 +328,42 @@ def load_saved_tokenizer(spec: dict | None, out_dir: str | os.PathLike) -> Token
             spec = json.loads(spec_path.read_text(encoding="utf-8"))
             assert isinstance(spec, dict) and "kind" in spec and "vocab_size" in spec
         except (ValueError, AssertionError):
-            raise DataError(f"tokenizer file {spec_path} is damaged (not a tokenizer spec): restore the run's "
-                            f"tokenizer/ folder or retrain with --overwrite") from None
+            raise DataError(
+                f"tokenizer file {spec_path} is damaged (not a tokenizer spec): restore the run's "
+                f"tokenizer/ folder or retrain with --overwrite"
+            ) from None
     if "file" in spec:
         tok: Tokenizer = load_tokenizer_file(Path(out_dir) / spec["file"], kind=spec["kind"], name=spec["name"])
     else:
         tok = build_tokenizer(spec["kind"], spec.get("path", ""))
     if tok.vocab_size != spec["vocab_size"]:
-        raise DataError(f"restored tokenizer {spec['name']!r} has vocab {tok.vocab_size}, the saved one "
-                        f"{spec['vocab_size']}: point data.tokenizer_path at the original tokenizer files")
+        raise DataError(
+            f"restored tokenizer {spec['name']!r} has vocab {tok.vocab_size}, the saved one "
+            f"{spec['vocab_size']}: point data.tokenizer_path at the original tokenizer files"
+        )
     return tok
 
 
-
-def tokenizer_for_source(kind: str, path: str = "", source: str = "", *, text_field: str = "text",
-                         vocab_size: int = 2048, cache_dir: str | os.PathLike | None = None,
-                         max_docs: int = 0) -> Tokenizer:
+def tokenizer_for_source(
+    kind: str,
+    path: str = "",
+    source: str = "",
+    *,
+    text_field: str = "text",
+    vocab_size: int = 2048,
+    cache_dir: str | os.PathLike | None = None,
+    max_docs: int = 0,
+) -> Tokenizer:
     """``build_tokenizer``, training a ``bpe`` on the train split of ``source`` when needed."""
     if kind.lower() != "bpe" or str(path).endswith(".json"):
         return build_tokenizer(kind, path, vocab_size=vocab_size, cache_dir=cache_dir)
     from replaid.data.sources import iter_documents, source_fingerprint
 
     fingerprint = f"{source_fingerprint(source, 'train')}|{text_field}|{max_docs}"
-    return build_tokenizer("bpe", corpus=lambda: iter_documents(source, "train", text_field, max_docs),
-                           vocab_size=vocab_size, cache_dir=cache_dir, fingerprint=fingerprint)
+    return build_tokenizer(
+        "bpe",
+        corpus=lambda: iter_documents(source, "train", text_field, max_docs),
+        vocab_size=vocab_size,
+        cache_dir=cache_dir,
+        fingerprint=fingerprint,
+    )

@@ -35,6 +35,7 @@ Local files (``--data-dir``, default ``../shared/data/zeroshot``): ``NAME/SPLIT.
 line as above) or ``NAME/SPLIT.jsonl`` (``{"text": ...}`` rows); ``valid`` and ``validation`` are the
 same split. Otherwise the Hub is tried through ``datasets`` (needs the network).
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,8 @@ import numpy as np
 
 from replaid.data.errors import DataError
 
-
 # ------------------------------------------------------------------ detokenisers (MDLM dataloader.py)
+
 
 def wt_detokenizer(string: str) -> str:
     """MDLM's ``wt_detokenizer`` (WikiText)."""
@@ -108,6 +109,7 @@ def scientific_papers_detokenizer(x: str) -> str:
 
 # ------------------------------------------------------------------ dataset table
 
+
 @dataclass(frozen=True)
 class ZeroShotSet:
     name: str
@@ -120,17 +122,25 @@ class ZeroShotSet:
 
 SETS = {
     "wikitext2": ZeroShotSet("wikitext2", ("wikitext", "wikitext-2-raw-v1"), "validation", "text", wt_detokenizer),
-    "wikitext103": ZeroShotSet("wikitext103", ("wikitext", "wikitext-103-raw-v1"), "validation", "text",
-                               wt_detokenizer),
+    "wikitext103": ZeroShotSet(
+        "wikitext103", ("wikitext", "wikitext-103-raw-v1"), "validation", "text", wt_detokenizer
+    ),
     "ptb": ZeroShotSet("ptb", ("ptb_text_only",), "validation", "sentence", ptb_detokenizer, rows="stripped"),
-    "lambada": ZeroShotSet("lambada", ("json-url", "https://openaipublic.blob.core.windows.net/gpt-2/data/"
-                                       "lambada_test.jsonl"), "test", "text", lambada_detokenizer),
+    "lambada": ZeroShotSet(
+        "lambada",
+        ("json-url", "https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl"),
+        "test",
+        "text",
+        lambada_detokenizer,
+    ),
     "lm1b": ZeroShotSet("lm1b", ("lm1b",), "test", "text", lm1b_detokenizer),
     "ag_news": ZeroShotSet("ag_news", ("ag_news",), "test", "text", None),
-    "pubmed": ZeroShotSet("pubmed", ("scientific_papers", "pubmed"), "validation", "article",
-                          scientific_papers_detokenizer),
-    "arxiv": ZeroShotSet("arxiv", ("scientific_papers", "arxiv"), "validation", "article",
-                         scientific_papers_detokenizer),
+    "pubmed": ZeroShotSet(
+        "pubmed", ("scientific_papers", "pubmed"), "validation", "article", scientific_papers_detokenizer
+    ),
+    "arxiv": ZeroShotSet(
+        "arxiv", ("scientific_papers", "arxiv"), "validation", "article", scientific_papers_detokenizer
+    ),
 }
 _SPLIT_FILES = {"validation": ("validation", "valid"), "test": ("test",), "train": ("train",)}
 
@@ -185,8 +195,10 @@ def _hub_rows(s: ZeroShotSet, split: str) -> tuple[list[str], str]:
             ds = datasets.load_dataset(*s.hub, split=split)
         return [r[s.field] for r in ds], "hf:" + "/".join(s.hub) + f":{split}"
     except Exception as e:
-        raise DataError(f"zero-shot set '{s.name}' ({split}) is not in --data-dir and cannot be loaded from the "
-                        f"Hub ({e.__class__.__name__}); put it at DATA_DIR/{s.name}/{split}.txt or go online") from None
+        raise DataError(
+            f"zero-shot set '{s.name}' ({split}) is not in --data-dir and cannot be loaded from the "
+            f"Hub ({e.__class__.__name__}); put it at DATA_DIR/{s.name}/{split}.txt or go online"
+        ) from None
 
 
 # ------------------------------------------------------------------ wrapping
@@ -202,9 +214,9 @@ def wrap_documents(docs: list[list[int]], seq_len: int, bos: int, eos: int, grou
     n = seq_len - 2
     rows = []
     for g in range(0, len(docs), group):
-        stream = [t for d in docs[g:g + group] for t in (*d, eos)]
+        stream = [t for d in docs[g : g + group] for t in (*d, eos)]
         for i in range(0, len(stream) // n * n, n):
-            rows.append([bos, *stream[i:i + n], eos])
+            rows.append([bos, *stream[i : i + n], eos])
     return np.asarray(rows, dtype=np.int64).reshape(-1, seq_len)
 
 

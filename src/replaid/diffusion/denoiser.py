@@ -15,6 +15,7 @@ of the clean tokens and the implied clean embedding (paper eq. (3) and section 2
 The wrapper hides the parameterisation (network, output prior logits, temperature) from the
 samplers, in the spirit of k-diffusion's ``Denoiser`` wrappers.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,8 +44,7 @@ class Denoiser(Protocol):
     def embedding_matrix(self) -> Tensor:  # (V, d_e), unit rows
         ...
 
-    def __call__(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None) -> DenoiserOutput:
-        ...
+    def __call__(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None) -> DenoiserOutput: ...
 
 
 def alpha_sigma(gamma: Tensor) -> tuple[Tensor, Tensor]:

@@ -4,6 +4,7 @@ All terms are *per token* (sequence sums divided by the number of positions) and
 float64 (precision table). Functions take any :class:`~replaid.denoiser.Denoiser` and a schedule
 callable ``t -> (gamma(t), gamma'(t))``, so the closed-form oracle plugs into the same code.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -49,23 +50,30 @@ def recon_nll(logits: Tensor, tokens: Tensor, mask: Optional[Tensor] = None) -> 
     return masked_mean(ce.view(B, L), mask)
 
 
-def diffusion_loss(e_hat: Tensor, e: Tensor, gamma: Tensor, dgamma: Tensor,
-                   mask: Optional[Tensor] = None) -> Tensor:
+def diffusion_loss(e_hat: Tensor, e: Tensor, gamma: Tensor, dgamma: Tensor, mask: Optional[Tensor] = None) -> Tensor:
     """``-1/2 SNR'(t) (1/L) sum_l ||e_hat - e||^2`` per row (B,) float64, ``SNR' = -gamma' e^{-gamma}``."""
     mse = masked_mean(((e_hat.float() - e.float()) ** 2).sum(-1), mask)  # (B,)
     return 0.5 * dgamma.double() * torch.exp(-gamma.double()) * mse
 
 
-def low_discrepancy(n: int, generator: Optional[torch.Generator] = None, device=None,
-                    u: Optional[float] = None) -> Tensor:
+def low_discrepancy(
+    n: int, generator: Optional[torch.Generator] = None, device=None, u: Optional[float] = None
+) -> Tensor:
     """``t_i = (i + u) / n`` with one shared ``u ~ U[0, 1)`` (float64, shape (n,))."""
     if u is None:
         u = float(torch.rand((), generator=generator, dtype=torch.float64))
     return (torch.arange(n, dtype=torch.float64, device=device) + u) / n
 
 
-def stratified_time_average(fn: Callable[[Tensor], Tensor], B: int, K: int, generator: Optional[torch.Generator],
-                            lo: float = 0.0, hi: float = 1.0, device=None) -> Tensor:
+def stratified_time_average(
+    fn: Callable[[Tensor], Tensor],
+    B: int,
+    K: int,
+    generator: Optional[torch.Generator],
+    lo: float = 0.0,
+    hi: float = 1.0,
+    device=None,
+) -> Tensor:
     """``(1/K) sum_k fn(t_k)`` with per-sequence stratified times ``t_k = lo + (hi - lo)(k + u_b)/K``,
     ``u_b ~ U[0, 1)``: an unbiased, low-variance estimate of ``E_{t ~ U[lo, hi]} fn(t)``. fn: (B,) -> (B,)."""
     u = torch.rand(B, generator=generator, dtype=torch.float64).to(device)
@@ -76,9 +84,15 @@ def stratified_time_average(fn: Callable[[Tensor], Tensor], B: int, K: int, gene
 
 
 @torch.no_grad()
-def nelbo_per_sequence(denoiser, schedule: ScheduleFn, tokens: Tensor, t_samples: int = 4,
-                       mask: Optional[Tensor] = None, generator: Optional[torch.Generator] = None,
-                       predict: Optional[Callable] = None) -> dict[str, Tensor]:
+def nelbo_per_sequence(
+    denoiser,
+    schedule: ScheduleFn,
+    tokens: Tensor,
+    t_samples: int = 4,
+    mask: Optional[Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+    predict: Optional[Callable] = None,
+) -> dict[str, Tensor]:
     """Unbiased estimate of the per-token NELBO of every sequence in ``tokens`` (B, L).
 
     Reconstruction at t = 0 (one z_0 per sequence), diffusion at ``t_samples`` stratified times per
@@ -97,8 +111,8 @@ def nelbo_per_sequence(denoiser, schedule: ScheduleFn, tokens: Tensor, t_samples
     gamma_1, _ = schedule(one)
 
     eps = torch.randn(e.shape, generator=generator, device="cpu").to(dev)
-    out = predict(forward_noise(e, gamma_0, eps), gamma_0)
-    recon = recon_nll(out.logits if hasattr(out, "logits") else out[0], tokens, mask)
+    logits, _ = predict(forward_noise(e, gamma_0, eps), gamma_0)  # a DenoiserOutput or a (logits, e_hat) pair
+    recon = recon_nll(logits, tokens, mask)
 
     diff = torch.zeros(B, dtype=torch.float64, device=dev)
     u = torch.rand(B, generator=generator, dtype=torch.float64).to(dev)
@@ -106,8 +120,7 @@ def nelbo_per_sequence(denoiser, schedule: ScheduleFn, tokens: Tensor, t_samples
         t = (k + u) / t_samples
         gamma, dgamma = schedule(t)
         eps = torch.randn(e.shape, generator=generator, device="cpu").to(dev)
-        out = predict(forward_noise(e, gamma, eps), gamma)
-        e_hat = out.e_hat if hasattr(out, "e_hat") else out[1]
+        _, e_hat = predict(forward_noise(e, gamma, eps), gamma)
         diff += diffusion_loss(e_hat, e, gamma, dgamma, mask) / t_samples
 
     prior = prior_kl(e, gamma_1, mask)

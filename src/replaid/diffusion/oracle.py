@@ -12,6 +12,7 @@ last term is a constant and the logits are ``log p`` plus the output prior logit
 
 The exact data log-likelihood is ``sum_l log p(x_l)`` and the entropy per token ``H(p)``.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -67,8 +68,9 @@ class OracleDenoiser:
     def sample_tokens(self, shape, generator: Optional[torch.Generator] = None) -> Tensor:
         """i.i.d. tokens from ``p``, drawn with the (CPU) ``generator`` on the host, so every device gets
         the same tokens for a seed; returned on ``p``'s device."""
-        idx = torch.multinomial(self.p.float().cpu(), int(torch.tensor(shape).prod()), replacement=True,
-                                generator=generator)
+        idx = torch.multinomial(
+            self.p.float().cpu(), int(torch.tensor(shape).prod()), replacement=True, generator=generator
+        )
         return idx.view(*shape).to(self.p.device)
 
 

@@ -5,6 +5,7 @@ large noise is drawn from a generator *on the tensors' device*, so a GPU neither
 from the host nor waits for it. Scalars (one ``u`` per batch) may be drawn on the CPU generator as
 Python floats, which never touches the device.
 """
+
 from __future__ import annotations
 
 from typing import Optional

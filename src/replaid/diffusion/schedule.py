@@ -6,6 +6,7 @@ The shape ``gamma_tilde`` is a monotone MLP evaluated in float64 and normalised 
 The endpoints are learnable scalars. The variance-minimisation hook makes the shape follow the
 gradient of E[L_diff^2] while the endpoints follow the gradient of the loss.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -56,8 +57,14 @@ class LinearShape(nn.Module):
 class NoiseSchedule(nn.Module):
     """``gamma(t)`` with learnable endpoints; all outputs float64."""
 
-    def __init__(self, gamma_0: float = -3.0, gamma_1: float = 6.0, shape: str = "learned",
-                 hidden: int = 1024, learn_endpoints: bool = True):
+    def __init__(
+        self,
+        gamma_0: float = -3.0,
+        gamma_1: float = 6.0,
+        shape: str = "learned",
+        hidden: int = 1024,
+        learn_endpoints: bool = True,
+    ):
         super().__init__()
         self.shape = MonotoneShape(hidden) if shape == "learned" else LinearShape()
         # shape (1,), not scalars, so FSDP2 can shard them like every other parameter
@@ -68,8 +75,9 @@ class NoiseSchedule(nn.Module):
         """``(gamma_0, gamma_1)`` as float64 scalars."""
         return self.gamma_0.double().reshape(()), self.gamma_1.double().reshape(())
 
-    def forward(self, t: Tensor, var_hook_weight: Optional[Tensor] = None,
-                detach_shape: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, t: Tensor, var_hook_weight: Optional[Tensor] = None, detach_shape: Optional[Tensor] = None
+    ) -> tuple[Tensor, Tensor]:
         """``(gamma(t), gamma'(t))`` in float64.
 
         var_hook_weight: (B,) float64 tensor *filled in later* (before backward) with the detached

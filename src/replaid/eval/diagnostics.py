@@ -11,6 +11,7 @@ Diffusion Loss". All quantities are per token (length-normalised):
   ``G(gamma) = int_{gamma_0}^{gamma} w``, ``kappa = G(gamma_1) / 2``, under which
   ``l_{gamma*}(t) = kappa`` for all t (eq. optimal-per-timestep-diffusion).
 """
+
 from __future__ import annotations
 
 from typing import Callable, Iterable, Optional
@@ -21,14 +22,20 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from replaid.diffusion.nelbo import forward_noise
+from replaid.model.replaid import denoise
 
 Predict = Callable[[Tensor, Tensor], object]  # (z, gamma) -> DenoiserOutput
 
 
 @torch.no_grad()
-def measure_at_gammas(predict: Predict, E: Tensor, batches: Iterable[Tensor], gammas: Tensor,
-                      generator: Optional[torch.Generator] = None,
-                      advance: Optional[Callable[[int], None]] = None) -> dict[str, np.ndarray]:
+def measure_at_gammas(
+    predict: Predict,
+    E: Tensor,
+    batches: Iterable[Tensor],
+    gammas: Tensor,
+    generator: Optional[torch.Generator] = None,
+    advance: Optional[Callable[[int], None]] = None,
+) -> dict[str, np.ndarray]:
     """MSE, CE and error rate per token at each gamma (G,), averaged over token batches (B, L).
 
     ``predict(z, gamma)`` is the evaluation-time prediction (e.g. ``denoise(model, ...)`` with s.c.).
@@ -50,8 +57,9 @@ def measure_at_gammas(predict: Predict, E: Tensor, batches: Iterable[Tensor], ga
             out = predict(forward_noise(e, g, eps), g)
             logits, e_hat = out.logits.float(), out.e_hat.float()  # (B, L, V), (B, L, d_e)
             sums["mse"][i] += float(((e_hat - e) ** 2).sum(-1).double().sum())
-            sums["ce"][i] += float(F.cross_entropy(logits.reshape(B * L, -1), tokens.reshape(-1),
-                                                   reduction="sum").double())
+            sums["ce"][i] += float(
+                F.cross_entropy(logits.reshape(B * L, -1), tokens.reshape(-1), reduction="sum").double()
+            )
             sums["err"][i] += float((logits.argmax(-1) != tokens).double().sum())
             if advance is not None:
                 advance(1)
@@ -92,8 +100,14 @@ def optimal_schedule(gammas, mse, fine: int = 4097) -> dict:
         dgs = (gamma_star(hi) - gamma_star(lo)) / (hi - lo)
         return 0.5 * dgs * w(gamma_star(t))
 
-    return {"kappa": float(kappa), "gamma_0": float(g[0]), "gamma_1": float(g[-1]), "gamma_star": gamma_star,
-            "w": w, "loss_star": loss_star}
+    return {
+        "kappa": float(kappa),
+        "gamma_0": float(g[0]),
+        "gamma_1": float(g[-1]),
+        "gamma_star": gamma_star,
+        "w": w,
+        "loss_star": loss_star,
+    }
 
 
 def linear_r2(x, y) -> float:
@@ -117,8 +131,14 @@ def diagnose_predictions(grid: int) -> int:
 
 
 @torch.no_grad()
-def diagnose(model, batches: list[Tensor], grid: int = 33, self_cond: Optional[bool] = None,
-             seed: int = 0, advance: Optional[Callable[[int], None]] = None) -> dict:
+def diagnose(
+    model,
+    batches: list[Tensor],
+    grid: int = 33,
+    self_cond: Optional[bool] = None,
+    seed: int = 0,
+    advance: Optional[Callable[[int], None]] = None,
+) -> dict:
     """Per-timestep curves of a model with a learned schedule, and the closed-form gamma*.
 
     The model needs ``schedule(t) -> (gamma, gamma')`` and the denoiser interface; predictions use
@@ -126,8 +146,6 @@ def diagnose(model, batches: list[Tensor], grid: int = 33, self_cond: Optional[b
     ``{"t": {...arrays over the t grid}, "gamma": {...arrays over the gamma grid}, "summary": {...}}``.
     ``advance(1)`` is called after each of the ``len(batches) * diagnose_predictions(grid)`` predictions.
     """
-    from replaid.model.replaid import denoise
-
     dev = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     E = model.embedding_matrix()
@@ -147,20 +165,35 @@ def diagnose(model, batches: list[Tensor], grid: int = 33, self_cond: Optional[b
     loss_star = opt["loss_star"](t)
     ce_star = np.interp(gstar, gg, at_g["ce"])
     err_star = np.interp(gstar, gg, at_g["err"])
-    curves_t = {"t": t, "gamma": gam, "dgamma": dgam, "mse": at_t["mse"], "ce": at_t["ce"], "err": at_t["err"],
-                "diffusion_loss": loss_t, "gamma_star": gstar, "diffusion_loss_star": loss_star,
-                "ce_star": ce_star, "err_star": err_star}
+    curves_t = {
+        "t": t,
+        "gamma": gam,
+        "dgamma": dgam,
+        "mse": at_t["mse"],
+        "ce": at_t["ce"],
+        "err": at_t["err"],
+        "diffusion_loss": loss_t,
+        "gamma_star": gstar,
+        "diffusion_loss_star": loss_star,
+        "ce_star": ce_star,
+        "err_star": err_star,
+    }
     curves_g = {"gamma": gg, "mse": at_g["mse"], "w": opt["w"](gg), "ce": at_g["ce"], "err": at_g["err"]}
     summary = {
-        "gamma_0": g0, "gamma_1": g1, "kappa": opt["kappa"],
-        "diffusion_loss_mean": float(loss_t.mean()), "diffusion_loss_std": float(loss_t.std()),
+        "gamma_0": g0,
+        "gamma_1": g1,
+        "kappa": opt["kappa"],
+        "diffusion_loss_mean": float(loss_t.mean()),
+        "diffusion_loss_std": float(loss_t.std()),
         "diffusion_loss_cv": float(loss_t.std() / abs(loss_t.mean())) if loss_t.mean() != 0 else float("nan"),
         "diffusion_loss_star_std": float(loss_star.std()),
-        "ce_linear_r2": linear_r2(t, at_t["ce"]), "ce_star_linear_r2": linear_r2(t, ce_star),
+        "ce_linear_r2": linear_r2(t, at_t["ce"]),
+        "ce_star_linear_r2": linear_r2(t, ce_star),
         "err_linear_r2": linear_r2(t, at_t["err"]),
         "gamma_star_max_abs_dev": float(np.abs(gstar - gam).max()),
-        "grid": grid, "tokens": int(sum(b.numel() for b in batches)),
-        "self_conditioning": bool(getattr(model, "self_conditioning", False) if self_cond is None else self_cond),
+        "grid": grid,
+        "tokens": int(sum(b.numel() for b in batches)),
+        "self_conditioning": bool(model.self_conditioning if self_cond is None else self_cond),
     }
     summary["ce_near_linear"] = summary["ce_linear_r2"] >= 0.95
     return {"t": curves_t, "gamma": curves_g, "summary": summary}
@@ -178,14 +211,18 @@ def plot_diagnostics(res: dict, out_dir, title: str = "") -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from pathlib import Path
+
+    import matplotlib.pyplot as plt
 
     c = res["t"]
     out = Path(out_dir)
     specs = [
-        ("diffusion_loss.png", "per-timestep diffusion loss (nats / token)",
-         [("diffusion_loss", "learned gamma"), ("diffusion_loss_star", "closed-form gamma*")]),
+        (
+            "diffusion_loss.png",
+            "per-timestep diffusion loss (nats / token)",
+            [("diffusion_loss", "learned gamma"), ("diffusion_loss_star", "closed-form gamma*")],
+        ),
         ("ce.png", "per-timestep CE (nats / token)", [("ce", "learned gamma"), ("ce_star", "closed-form gamma*")]),
         ("error_rate.png", "decoding error rate", [("err", "learned gamma"), ("err_star", "closed-form gamma*")]),
         ("gamma.png", "gamma(t)", [("gamma", "learned gamma"), ("gamma_star", "closed-form gamma*")]),
@@ -223,8 +260,16 @@ def ce_overlay(curves: list[tuple[str, np.ndarray, np.ndarray]]) -> list[dict]:
     out = []
     for label, t, ce in curves:
         t01, ce01 = unit_interval(t), unit_interval(ce)
-        out.append({"label": label, "t": t01, "ce": ce01, "r2": linear_r2(t01, ce01),
-                    "ce_min": float(np.min(ce)), "ce_max": float(np.max(ce))})
+        out.append(
+            {
+                "label": label,
+                "t": t01,
+                "ce": ce01,
+                "r2": linear_r2(t01, ce01),
+                "ce_min": float(np.min(ce)),
+                "ce_max": float(np.max(ce)),
+            }
+        )
     return out
 
 

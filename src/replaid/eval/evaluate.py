@@ -1,4 +1,5 @@
 """NELBO evaluation: per-token bound, its pieces, and the unigram reference on the same tokens."""
+
 from __future__ import annotations
 
 import math
@@ -8,6 +9,9 @@ from contextlib import nullcontext
 import torch
 from tqdm.auto import tqdm
 
+from replaid import dist
+from replaid.methods.base import Method
+
 
 def ppl(nats: float) -> float:
     """exp(nats), ``inf`` where it overflows (a diverged model) rather than an OverflowError."""
@@ -15,8 +19,16 @@ def ppl(nats: float) -> float:
 
 
 @torch.no_grad()
-def evaluate_model(model, method, data, cfg, split: str | None = None, ema=None,
-                   max_batches: int | None = None, progress: bool = False) -> dict:
+def evaluate_model(
+    model,
+    method: Method,
+    data,
+    cfg,
+    split: str | None = None,
+    ema=None,
+    max_batches: int | None = None,
+    progress: bool = False,
+) -> dict:
     """Token-weighted mean of the per-token bound over the split (``cfg.eval``; the first ``max_batches``
     batches when set), beside the train-split unigram model's NLL on exactly the tokens evaluated."""
     ecfg = cfg.eval
@@ -39,54 +51,61 @@ def evaluate_model(model, method, data, cfg, split: str | None = None, ema=None,
             mask = batch.get("mask")
             mask = mask.to(device) if mask is not None else None
             r = method.eval_bound(model, tokens, gen, mask=mask)
-            w = (mask.double().sum(1) if mask is not None
-                 else torch.full((tokens.shape[0],), float(tokens.shape[1]), dtype=torch.float64, device=device))
+            w = (
+                mask.double().sum(1)
+                if mask is not None
+                else torch.full((tokens.shape[0],), float(tokens.shape[1]), dtype=torch.float64, device=device)
+            )
             for k, v in r.items():
                 sums[k] = sums.get(k, 0.0) + float((v.double() * w).sum())
             uni = -uni_logp[tokens]  # (B, L)
             sums["unigram_nats_per_token"] = sums.get("unigram_nats_per_token", 0.0) + float(
-                (uni * mask).sum() if mask is not None else uni.sum())
-            per_seq.append((r["nelbo"] if "nelbo" in r else r["nll"]).double().cpu())
+                (uni * mask).sum() if mask is not None else uni.sum()
+            )
+            per_seq.append(r[method.bound].double().cpu())
             n_tok += int(w.sum())
-        endpoints = [float(g) for g in model.schedule.endpoints()] if hasattr(model, "schedule") else None
+        extra = method.eval_summary(model)  # of the weights evaluated (EMA when used)
     model.train(was_training)
-    from replaid.training import dist
-
     if dist.is_dist():  # sums over every rank's share of the split
         keys = sorted(sums)
         tot = dist.all_reduce_sum(torch.tensor([sums[k] for k in keys] + [float(n_tok)], dtype=torch.float64))
         sums, n_tok = dict(zip(keys, tot[:-1].tolist())), int(tot[-1])
         per_seq = [dist.all_gather_cat(torch.cat(per_seq))] if per_seq else per_seq
     if n_tok == 0:
-        raise ValueError(f"the {split} split produced no evaluation tokens; use a larger split or a smaller data.seq_len")
-    key = "nelbo" if "nelbo" in sums else "nll"
+        raise ValueError(
+            f"the {split} split produced no evaluation tokens; use a larger split or a smaller data.seq_len"
+        )
+    key = method.bound
     nats = sums[key] / n_tok
     seq = torch.cat(per_seq)
     out = {
-        f"{key}_nats_per_token": nats, f"{key}_ppl": ppl(nats),
+        f"{key}_nats_per_token": nats,
+        f"{key}_ppl": ppl(nats),
         **{k: v / n_tok for k, v in sums.items() if k != key},
         "stderr_nats": float(seq.std() / math.sqrt(len(seq))) if len(seq) > 1 else float("nan"),
-        "tokens": n_tok, "sequences": len(seq), "split": split,
-        "ema": bool(ema is not None and ecfg.use_ema), "seconds": time.time() - t0,
+        "tokens": n_tok,
+        "sequences": len(seq),
+        "split": split,
+        "ema": bool(ema is not None and ecfg.use_ema),
+        "seconds": time.time() - t0,
     }
-    if endpoints is not None:  # of the weights evaluated (EMA when used)
-        out.update(gamma_0=endpoints[0], gamma_1=endpoints[1], t_samples=ecfg.t_samples)
-    out.update(unigram_ppl=ppl(out["unigram_nats_per_token"]), batches=len(batches),
-               unigram_on="the evaluated tokens (train-split add-one unigram model)")
+    out.update(extra)
+    out.update(
+        unigram_ppl=ppl(out["unigram_nats_per_token"]),
+        batches=len(batches),
+        unigram_on="the evaluated tokens (train-split add-one unigram model)",
+    )
     return out
 
 
 def evaluate(trainer, data, split: str | None = None, progress: bool = False) -> dict:
     """Evaluate a training run's model (its EMA weights when kept). Sharded (FSDP2) parameters are
     gathered into a plain replica first; each rank then scores its share of the split."""
-    from replaid.training import dist
-
-    if not any(hasattr(p, "device_mesh") for p in trainer.model.parameters()):
-        return evaluate_model(trainer.model, trainer.method, data, trainer.cfg, split, trainer.ema,
-                              progress=progress)
-    full = dist.full_tensors(trainer.ema.shadow if trainer.ema and trainer.cfg.eval.use_ema
-                             else trainer.model.state_dict())
+    if not dist.is_sharded(trainer.model):
+        return evaluate_model(trainer.model, trainer.method, data, trainer.cfg, split, trainer.ema, progress=progress)
+    full = dist.full_tensors(
+        trainer.ema.shadow if trainer.ema and trainer.cfg.eval.use_ema else trainer.model.state_dict()
+    )
     replica = trainer.method.build_model(data.vocab_size)
     replica.load_state_dict({k: v.to(dtype=replica.state_dict()[k].dtype) for k, v in full.items()})
-    return evaluate_model(replica.to(trainer.device), trainer.method, data, trainer.cfg, split, None,
-                          progress=progress)
+    return evaluate_model(replica.to(trainer.device), trainer.method, data, trainer.cfg, split, None, progress=progress)

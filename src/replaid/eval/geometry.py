@@ -13,6 +13,7 @@ Which rows: RePlaid/Plaid use ``E`` as the model does (unit rows; raw rows with
 ``model.normalize_embeddings=false``); AR/MDLM/Duo their input table without the extra [MASK]/BOS
 rows (the d_e-dim unit rows when ``model.factored_embedding``).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -20,16 +21,14 @@ from typing import Optional
 import numpy as np
 import torch
 
+from replaid.methods.base import Method
 
-def embedding_rows(model) -> np.ndarray:
-    """(V, d) float64 embedding rows of a RePlaid/Plaid or token-DiT (AR/MDLM/Duo) model."""
+
+def embedding_rows(method: Method, model) -> np.ndarray:
+    """(V, d) float64 token-embedding rows of ``model`` as its method defines them
+    (:meth:`~replaid.methods.base.Method.embedding_rows`)."""
     with torch.no_grad():
-        if hasattr(model, "embedding_matrix"):
-            E = model.embedding_matrix()
-        elif hasattr(model, "rows") and hasattr(model, "n_out"):
-            E = model.rows(model.n_out)
-        else:
-            raise ValueError(f"{type(model).__name__} has no token-embedding matrix")
+        E = method.embedding_rows(model)
     return E.detach().double().cpu().numpy()
 
 
@@ -48,8 +47,14 @@ def pca_scree(X: np.ndarray) -> dict:
     var = s**2 / (X.shape[0] - 1)
     ratio = var / var.sum()
     cum = np.cumsum(ratio)
-    return {"explained_variance": var, "ratio": ratio, "cumulative": cum, "k90": components_for(cum, 0.9),
-            "n_rows": int(X.shape[0]), "dim": int(X.shape[1])}
+    return {
+        "explained_variance": var,
+        "ratio": ratio,
+        "cumulative": cum,
+        "k90": components_for(cum, 0.9),
+        "n_rows": int(X.shape[0]),
+        "dim": int(X.shape[1]),
+    }
 
 
 def token_frequency(ids: np.ndarray, vocab_size: int) -> np.ndarray:
@@ -86,11 +91,13 @@ def tsne_2d(X: np.ndarray, seed: int = 0, perplexity: float = 30.0) -> np.ndarra
     from sklearn.manifold import TSNE
 
     perplexity = min(perplexity, max(2.0, (X.shape[0] - 1) / 3))
-    return TSNE(n_components=2, init="pca", perplexity=perplexity, metric="cosine", random_state=seed,
-                learning_rate="auto").fit_transform(np.asarray(X, dtype=np.float64))
+    return TSNE(
+        n_components=2, init="pca", perplexity=perplexity, metric="cosine", random_state=seed, learning_rate="auto"
+    ).fit_transform(np.asarray(X, dtype=np.float64))
 
 
 # ------------------------------------------------------------------ plots
+
 
 def plot_scree(screes: list[tuple[str, dict]], path, title: str = "", max_components: int = 64) -> None:
     """One PNG overlaying several runs: explained-variance ratio per component (log) and cumulative."""
@@ -122,8 +129,16 @@ def plot_scree(screes: list[tuple[str, dict]], path, title: str = "", max_compon
     plt.close(fig)
 
 
-def plot_tsne(Y: np.ndarray, dom: np.ndarray, freq: np.ndarray, tag_names, path, title: str = "",
-              annotate: Optional[list[str]] = None, n_annotate: int = 40) -> None:
+def plot_tsne(
+    Y: np.ndarray,
+    dom: np.ndarray,
+    freq: np.ndarray,
+    tag_names,
+    path,
+    title: str = "",
+    annotate: Optional[list[str]] = None,
+    n_annotate: int = 40,
+) -> None:
     """Scatter of the 2-D points coloured by dominant POS (grey: unseen), area ~ log frequency; legend
     with each tag's count; the ``n_annotate`` most frequent tokens labelled when ``annotate`` is given."""
     import matplotlib
@@ -139,8 +154,7 @@ def plot_tsne(Y: np.ndarray, dom: np.ndarray, freq: np.ndarray, tag_names, path,
         m = dom == p
         name = "unseen" if p < 0 else tag_names[p]
         color = (0.7, 0.7, 0.7, 1.0) if p < 0 else cmap(p % 20)
-        ax.scatter(Y[m, 0], Y[m, 1], s=size[m], color=color, alpha=0.75, linewidths=0,
-                   label=f"{name} ({int(m.sum())})")
+        ax.scatter(Y[m, 0], Y[m, 1], s=size[m], color=color, alpha=0.75, linewidths=0, label=f"{name} ({int(m.sum())})")
     if annotate is not None:
         for i in np.argsort(-freq)[:n_annotate]:
             ax.annotate(annotate[i], Y[i], fontsize=6, alpha=0.8)

@@ -17,6 +17,7 @@ train.seed=<seed>`` (``vary`` cells are named ``key=value,key=value``). The repo
 takes each finished run's final evaluation (the exact NLL for AR, the NELBO bound otherwise, in
 nats/token on ``eval.split``) and summarises every cell with :mod:`replaid.eval.seeds`.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -57,22 +58,33 @@ class GridSpec:
         return out or {"base": []}
 
     def validate(self) -> "GridSpec":
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or any(
-                not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds):
+        if (
+            not self.seeds
+            or len(set(self.seeds)) != len(self.seeds)
+            or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds)
+        ):
             raise ConfigError(f"grid seeds must be distinct integers >= 0, got {self.seeds}")
         for name, ov in self.cell_overrides().items():
             if not CELL_NAME.match(name) or "__" in name:
-                raise ConfigError(f"grid cell name '{name}' may hold letters, digits and . _ = , + - (no '__'); "
-                                  f"rename it")
+                raise ConfigError(
+                    f"grid cell name '{name}' may hold letters, digits and . _ = , + - (no '__'); rename it"
+                )
             parse_overrides(ov)  # form check; keys are checked when the configs resolve
         if self.reference is not None and self.reference not in self.cell_overrides():
-            raise ConfigError(f"grid reference '{self.reference}' is not a cell; choose one of "
-                              f"{', '.join(self.cell_overrides())}")
+            raise ConfigError(
+                f"grid reference '{self.reference}' is not a cell; choose one of {', '.join(self.cell_overrides())}"
+            )
         return self
 
     def to_dict(self) -> dict:
-        return {"base": self.base, "overrides": self.overrides, "seeds": self.seeds, "cells": self.cells,
-                "vary": self.vary, "reference": self.reference}
+        return {
+            "base": self.base,
+            "overrides": self.overrides,
+            "seeds": self.seeds,
+            "cells": self.cells,
+            "vary": self.vary,
+            "reference": self.reference,
+        }
 
 
 def _fmt_value(v: Any) -> str:
@@ -100,9 +112,14 @@ def spec_from_dict(d: Any, where: str = "grid spec") -> GridSpec:
         seeds = list(range(seeds))
     if not isinstance(seeds, list):
         raise ConfigError(f"{where}: 'seeds' is a count or a list of integers")
-    return GridSpec(str(d.get("base", "demo")), [str(x) for x in ov], seeds,
-                    {str(k): [str(x) for x in v] for k, v in cells.items()}, {str(k): v for k, v in vary.items()},
-                    d.get("reference")).validate()
+    return GridSpec(
+        str(d.get("base", "demo")),
+        [str(x) for x in ov],
+        seeds,
+        {str(k): [str(x) for x in v] for k, v in cells.items()},
+        {str(k): v for k, v in vary.items()},
+        d.get("reference"),
+    ).validate()
 
 
 def load_spec(path: str | Path) -> GridSpec:
@@ -178,6 +195,7 @@ def plan(spec: GridSpec) -> list[tuple[GridRun, RunConfig]]:
 
 # ------------------------------------------------------------------ the report
 
+
 def run_value(final_eval: dict) -> tuple[float, str, Optional[float]]:
     """(bound in nats/token, its kind, unigram NLL of the same tokens) from a run's final evaluation."""
     ev = final_eval["eval"] if "eval" in final_eval else final_eval
@@ -186,16 +204,19 @@ def run_value(final_eval: dict) -> tuple[float, str, Optional[float]]:
     return float(ev["nelbo_nats_per_token"]), "NELBO", ev.get("unigram_nats_per_token")
 
 
-def report(rows: list[dict], reference: Optional[str] = None, confidence: float = 0.95,
-           cell_order: Optional[list[str]] = None) -> dict:
+def report(
+    rows: list[dict], reference: Optional[str] = None, confidence: float = 0.95, cell_order: Optional[list[str]] = None
+) -> dict:
     """``rows``: one per finished run, ``{cell, seed, value, kind, unigram, split, config?}``.
     Returns the JSON-able report: one entry per cell (``config``, ``seeds``, ``values``, ``mean``,
     ``sd``, interval, distance below unigram, plateau flag, paired difference against ``reference``)."""
     by_cell: dict[str, list[dict]] = {}
     for r in rows:
         if not math.isfinite(r["value"]):
-            raise ValueError(f"grid run {r['cell']} seed {r['seed']} has a non-finite bound ({r['value']}); "
-                             f"look at its run folder before reporting")
+            raise ValueError(
+                f"grid run {r['cell']} seed {r['seed']} has a non-finite bound ({r['value']}); "
+                f"look at its run folder before reporting"
+            )
         by_cell.setdefault(r["cell"], []).append(r)
     order = [c for c in (cell_order or []) if c in by_cell] + sorted(c for c in by_cell if c not in (cell_order or []))
     if reference is not None and reference not in by_cell:
@@ -203,24 +224,39 @@ def report(rows: list[dict], reference: Optional[str] = None, confidence: float 
     summaries = {}
     for c in order:
         rs = sorted(by_cell[c], key=lambda r: r["seed"])
-        summaries[c] = CellSummary(c, {r["seed"]: r["value"] for r in rs},
-                                   {r["seed"]: float(r["unigram"]) for r in rs if r.get("unigram") is not None},
-                                   confidence)
+        summaries[c] = CellSummary(
+            c,
+            {r["seed"]: r["value"] for r in rs},
+            {r["seed"]: float(r["unigram"]) for r in rs if r.get("unigram") is not None},
+            confidence,
+        )
     cells = []
     for c in order:
         s, rs = summaries[c], by_cell[c]
         iv, bu = s.interval, s.below_unigram
         entry: dict[str, Any] = {
-            "cell": c, "config": rs[0].get("config", {}), "kind": rs[0]["kind"], "split": rs[0].get("split"),
-            "seeds": sorted(s.values), "values": [s.values[k] for k in sorted(s.values)],
-            "mean": iv.mean, "sd": iv.sd, "lo": iv.lo, "hi": iv.hi, "n": iv.n,
+            "cell": c,
+            "config": rs[0].get("config", {}),
+            "kind": rs[0]["kind"],
+            "split": rs[0].get("split"),
+            "seeds": sorted(s.values),
+            "values": [s.values[k] for k in sorted(s.values)],
+            "mean": iv.mean,
+            "sd": iv.sd,
+            "lo": iv.lo,
+            "hi": iv.hi,
+            "n": iv.n,
             "ppl": math.exp(iv.mean) if math.isfinite(iv.mean) and iv.mean < 700 else None,
             "unigram_mean": (sum(s.unigram.values()) / len(s.unigram)) if s.unigram else None,
-            "below_unigram": bu.mean if bu else None, "below_unigram_lo": bu.lo if bu else None,
-            "below_unigram_hi": bu.hi if bu else None, "on_plateau": s.on_plateau}
+            "below_unigram": bu.mean if bu else None,
+            "below_unigram_lo": bu.lo if bu else None,
+            "below_unigram_hi": bu.hi if bu else None,
+            "on_plateau": s.on_plateau,
+        }
         if reference is not None and c != reference:
-            entry["paired"] = paired_difference(c, s.values, reference, summaries[reference].values,
-                                                confidence).as_dict()
+            entry["paired"] = paired_difference(
+                c, s.values, reference, summaries[reference].values, confidence
+            ).as_dict()
         cells.append(entry)
     return {"reference": reference, "confidence": confidence, "plateau_nats": PLATEAU_NATS, "cells": cells}
 
@@ -231,10 +267,13 @@ def report_markdown(rep: dict, title: str = "Grid report", command: Optional[str
     L = [f"# {title}", ""]
     if command:
         L += ["```bash", command, "```", ""]
-    L += [f"Bound: nats/token on the evaluation split (exact NLL for AR, NELBO otherwise). Intervals: {conf}% "
-          f"Student-t over seeds (training noise, not the evaluation's standard error). Below unigram: the "
-          f"unigram NLL of the same tokens minus the bound; a cell less than {rep['plateau_nats']} nats below is "
-          f"**on the plateau** and is not interpreted.", ""]
+    L += [
+        f"Bound: nats/token on the evaluation split (exact NLL for AR, NELBO otherwise). Intervals: {conf}% "
+        f"Student-t over seeds (training noise, not the evaluation's standard error). Below unigram: the "
+        f"unigram NLL of the same tokens minus the bound; a cell less than {rep['plateau_nats']} nats below is "
+        f"**on the plateau** and is not interpreted.",
+        "",
+    ]
     head = "| cell | seeds | per-seed | mean (PPL) | sd | interval | below unigram |"
     sep = "|---|---|---|---|---|---|---|"
     if ref:
@@ -243,11 +282,16 @@ def report_markdown(rep: dict, title: str = "Grid report", command: Optional[str
     L += [head, sep]
     for c in rep["cells"]:
         vals = " ".join(f"{v:.3f}" for v in c["values"])
-        bu = "n/a" if c["below_unigram"] is None else f"{c['below_unigram']:.3f}" + (
-            " **plateau**" if c["on_plateau"] else "")
+        bu = (
+            "n/a"
+            if c["below_unigram"] is None
+            else f"{c['below_unigram']:.3f}" + (" **plateau**" if c["on_plateau"] else "")
+        )
         ppl = f" ({c['ppl']:.1f})" if c["ppl"] else ""
-        row = (f"| {c['cell']} | {c['n']} | {vals} | {c['mean']:.3f}{ppl} | {_f(c['sd'])} | "
-               f"[{_f(c['lo'])}, {_f(c['hi'])}] | {bu} |")
+        row = (
+            f"| {c['cell']} | {c['n']} | {vals} | {c['mean']:.3f}{ppl} | {_f(c['sd'])} | "
+            f"[{_f(c['lo'])}, {_f(c['hi'])}] | {bu} |"
+        )
         if ref:
             if "paired" in c:
                 p = c["paired"]
@@ -271,21 +315,34 @@ def plot_report(rep: dict, path: Path, title: str = "") -> Path:
 
     cells = rep["cells"]
     paired = [c for c in cells if "paired" in c]
-    fig, axes = plt.subplots(1, 2 if paired else 1, figsize=(max(6.0, 0.75 * len(cells) + 3) * (1.6 if paired else 1),
-                                                               4.2), squeeze=False)
+    fig, axes = plt.subplots(
+        1, 2 if paired else 1, figsize=(max(6.0, 0.75 * len(cells) + 3) * (1.6 if paired else 1), 4.2), squeeze=False
+    )
     ax = axes[0][0]
     for i, c in enumerate(cells):
         n = len(c["values"])
         xs = [i + 0.12 * (j - (n - 1) / 2) / max(1, n - 1) * 2 for j in range(n)]
-        ax.scatter(xs, c["values"], s=14, color="tab:blue", alpha=0.7, zorder=3,
-                   label="one seed" if i == 0 else None)
+        ax.scatter(xs, c["values"], s=14, color="tab:blue", alpha=0.7, zorder=3, label="one seed" if i == 0 else None)
         if c["n"] >= 2:
-            ax.errorbar([i + 0.3], [c["mean"]], yerr=[[c["mean"] - c["lo"]], [c["hi"] - c["mean"]]], fmt="o",
-                        color="black", capsize=3, zorder=4, label=f"mean, {int(100 * rep['confidence'])}% t-interval"
-                        if i == 0 else None)
+            ax.errorbar(
+                [i + 0.3],
+                [c["mean"]],
+                yerr=[[c["mean"] - c["lo"]], [c["hi"] - c["mean"]]],
+                fmt="o",
+                color="black",
+                capsize=3,
+                zorder=4,
+                label=f"mean, {int(100 * rep['confidence'])}% t-interval" if i == 0 else None,
+            )
         if c["unigram_mean"] is not None:
-            ax.hlines(c["unigram_mean"], i - 0.35, i + 0.4, colors="tab:red", linestyles="dashed",
-                      label="unigram (same tokens)" if i == 0 else None)
+            ax.hlines(
+                c["unigram_mean"],
+                i - 0.35,
+                i + 0.4,
+                colors="tab:red",
+                linestyles="dashed",
+                label="unigram (same tokens)" if i == 0 else None,
+            )
     ax.set_xticks(range(len(cells)))
     ax.set_xticklabels([c["cell"] for c in cells], rotation=35, ha="right", fontsize=8)
     ax.set_ylabel("test bound (nats/token)")
@@ -298,10 +355,15 @@ def plot_report(rep: dict, path: Path, title: str = "") -> Path:
             p = c["paired"]
             ax2.scatter([i] * len(p["diffs"]), p["diffs"], s=14, color="tab:blue", alpha=0.7, zorder=3)
             if math.isfinite(p["diff_lo"]):
-                ax2.errorbar([i + 0.2], [p["diff_mean"]], yerr=[[p["diff_mean"] - p["diff_lo"]],
-                                                                [p["diff_hi"] - p["diff_mean"]]],
-                             fmt="o", capsize=3, zorder=4,
-                             color="black" if p["verdict"] != "not determined" else "grey")
+                ax2.errorbar(
+                    [i + 0.2],
+                    [p["diff_mean"]],
+                    yerr=[[p["diff_mean"] - p["diff_lo"]], [p["diff_hi"] - p["diff_mean"]]],
+                    fmt="o",
+                    capsize=3,
+                    zorder=4,
+                    color="black" if p["verdict"] != "not determined" else "grey",
+                )
         ax2.axhline(0, color="black", lw=0.8)
         ax2.set_xticks(range(len(paired)))
         ax2.set_xticklabels([c["cell"] for c in paired], rotation=35, ha="right", fontsize=8)

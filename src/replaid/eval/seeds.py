@@ -14,6 +14,7 @@ Distance below unigram: ``u_s - x_s`` with ``u_s`` the unigram NLL of the same e
 A cell less than :data:`PLATEAU_NATS` below unigram (on the mean) is *on the plateau*: its
 embeddings, schedule and geometry say nothing about what training does, and are not interpreted.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,8 +42,14 @@ class Interval:
         return not (self.lo > 0 or self.hi < 0)  # NaN bounds (n < 2) count as containing 0
 
     def as_dict(self) -> dict:
-        return {"n": self.n, "mean": self.mean, "sd": self.sd, "lo": self.lo, "hi": self.hi,
-                "confidence": self.confidence}
+        return {
+            "n": self.n,
+            "mean": self.mean,
+            "sd": self.sd,
+            "lo": self.lo,
+            "hi": self.hi,
+            "confidence": self.confidence,
+        }
 
 
 def t_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
@@ -82,12 +89,19 @@ class PairedDifference:
         return "lower" if self.interval.hi < 0 else "higher"
 
     def as_dict(self) -> dict:
-        return {"cell": self.cell, "reference": self.reference, "seeds": self.seeds, "diffs": self.diffs,
-                **{f"diff_{k}": v for k, v in self.interval.as_dict().items()}, "verdict": self.verdict}
+        return {
+            "cell": self.cell,
+            "reference": self.reference,
+            "seeds": self.seeds,
+            "diffs": self.diffs,
+            **{f"diff_{k}": v for k, v in self.interval.as_dict().items()},
+            "verdict": self.verdict,
+        }
 
 
-def paired_difference(cell: str, values: dict[int, float], reference: str, ref_values: dict[int, float],
-                      confidence: float = 0.95) -> PairedDifference:
+def paired_difference(
+    cell: str, values: dict[int, float], reference: str, ref_values: dict[int, float], confidence: float = 0.95
+) -> PairedDifference:
     """``values``/``ref_values``: seed -> bound. Only seeds present in both enter."""
     seeds = sorted(set(values) & set(ref_values))
     diffs = [values[s] - ref_values[s] for s in seeds]

@@ -6,6 +6,7 @@ diffusion times per row) or the exact NLL (AR: all L tokens, the first given the
 BOS id, see ``replaid/methods/ar.py``). Token-level PPL = ``exp(sum of nats / number of tokens)``,
 the sums in float64 (MDLM aggregates the same way across batches).
 """
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,17 @@ from replaid.data.zeroshot import bos_eos, load_documents, wrap_documents
 
 
 @torch.no_grad()
-def zeroshot_run(run, names: list[str], data_dir: str | None, split: str | None = None, batch_size: int = 8,
-                 max_rows: int = 0, t_samples: int | None = None, seed: int = 0, progress: bool = True) -> dict:
+def zeroshot_run(
+    run,
+    names: list[str],
+    data_dir: str | None,
+    split: str | None = None,
+    batch_size: int = 8,
+    max_rows: int = 0,
+    t_samples: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
     """``{dataset: {bound, nats_per_token, ppl, tokens, rows, source, ...}}`` for one loaded run."""
     cfg = run.cfg
     if t_samples is not None:
@@ -39,16 +49,24 @@ def zeroshot_run(run, names: list[str], data_dir: str | None, split: str | None 
         gen = torch.Generator().manual_seed(seed)
         total, n_tok, t0, key = 0.0, 0, time.time(), None
         for s in tqdm(range(0, len(rows), batch_size), desc=f"zeroshot {name}", disable=not progress, leave=False):
-            x = torch.from_numpy(rows[s:s + batch_size]).to(device)
+            x = torch.from_numpy(rows[s : s + batch_size]).to(device)
             r = run.method.eval_bound(run.model, x, gen)
             key = "nelbo" if "nelbo" in r else "nll"
             total += float(r[key].double().sum()) * L  # per-token mean of each row x L tokens
             n_tok += x.numel()
         nats = total / n_tok
-        out[name] = {"bound": "NELBO (upper bound)" if key == "nelbo" else "exact NLL", "nats_per_token": nats,
-                     "ppl": math.exp(nats), "tokens": n_tok, "rows": int(len(rows)), "documents": len(docs),
-                     "source": origin, "seq_len": L, "seconds": round(time.time() - t0, 1),
-                     **({"t_samples": cfg.eval.t_samples} if key == "nelbo" else {})}
+        out[name] = {
+            "bound": "NELBO (upper bound)" if key == "nelbo" else "exact NLL",
+            "nats_per_token": nats,
+            "ppl": math.exp(nats),
+            "tokens": n_tok,
+            "rows": int(len(rows)),
+            "documents": len(docs),
+            "source": origin,
+            "seq_len": L,
+            "seconds": round(time.time() - t0, 1),
+            **({"t_samples": cfg.eval.t_samples} if key == "nelbo" else {}),
+        }
     return out
 
 

@@ -14,6 +14,7 @@ the Hub's own client, e.g. ``hf upload OWNER/NAME DIR`` or ``huggingface_hub.upl
 The folder is written into a temporary sibling and renamed into place; an existing non-empty
 ``--out`` is refused, never overwritten.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,16 +22,28 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 import torch
 from safetensors.torch import save_file
 
+from replaid.config import RunConfig
+from replaid.data.tokenizers import SPEC_FILE
+from replaid.methods import get_method, method_class
 from replaid.training import checkpoint as ck
+from replaid.training.loading import load_run, resolve, run_dir_of
 
 MODELING_FILE = "modeling_replaid.py"
-HF_FIELDS = ("model_type", "architectures", "auto_map", "replaid_method", "replaid_config", "vocab_size",
-             "replaid_step", "replaid_weights", "torch_dtype")
+HF_FIELDS = (
+    "model_type",
+    "architectures",
+    "auto_map",
+    "replaid_method",
+    "replaid_config",
+    "vocab_size",
+    "replaid_step",
+    "replaid_weights",
+    "torch_dtype",
+)
 
 
 def hf_config(cfg_dict: dict, vocab_size: int, step: int, weights: str) -> dict:
@@ -39,12 +52,16 @@ def hf_config(cfg_dict: dict, vocab_size: int, step: int, weights: str) -> dict:
     return {
         "model_type": "replaid",
         "architectures": ["ReplaidModel"],
-        "auto_map": {"AutoConfig": "modeling_replaid.ReplaidConfig",
-                     "AutoModel": "modeling_replaid.ReplaidModel",
-                     "AutoModelForMaskedLM": "modeling_replaid.ReplaidModel"},
+        "auto_map": {
+            "AutoConfig": "modeling_replaid.ReplaidConfig",
+            "AutoModel": "modeling_replaid.ReplaidModel",
+            "AutoModelForMaskedLM": "modeling_replaid.ReplaidModel",
+        },
         "replaid_method": cfg_dict["method"],
         "vocab_size": vocab_size,
-        "hidden_size": m["hidden"], "num_hidden_layers": m["n_layers"], "num_attention_heads": m["n_heads"],
+        "hidden_size": m["hidden"],
+        "num_hidden_layers": m["n_layers"],
+        "num_attention_heads": m["n_heads"],
         "max_position_embeddings": cfg_dict["data"]["seq_len"],
         "replaid_step": step,
         "replaid_weights": weights,
@@ -55,9 +72,6 @@ def hf_config(cfg_dict: dict, vocab_size: int, step: int, weights: str) -> dict:
 
 def build_from_hf_config(d: dict):
     """(network, method) of the shape an exported ``config.json`` describes (fresh weights)."""
-    from replaid.config import RunConfig
-    from replaid.methods import get_method
-
     cfg = RunConfig.from_dict(d["replaid_config"])
     method = get_method(cfg)
     return method.build_model(int(d["vocab_size"])), method
@@ -81,63 +95,84 @@ def last_eval(run_dir: Path) -> dict:
 
 def _copy_tokenizer(tok, dst: Path, seq_len: int) -> None:
     """The run's tokenizer as a self-contained ``tokenizer/`` folder, plus transformers' files."""
-    from replaid.data.tokenizers import SPEC_FILE
-
     (dst / "tokenizer").mkdir()
-    spec = {"kind": "file", "name": tok.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
-            "pad_id": tok.pad_id}
+    spec = {"kind": "file", "name": tok.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id, "pad_id": tok.pad_id}
     if hasattr(tok, "to_json"):  # Hugging Face tokenizers: one tokenizer.json
         text = tok.to_json()
         (dst / "tokenizer" / "tokenizer.json").write_text(text, encoding="utf-8")
         (dst / "tokenizer.json").write_text(text, encoding="utf-8")
         spec["file"] = "tokenizer.json"
         eos = tok._tok.id_to_token(tok.eos_id)
-        tc = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "bos_token": eos,
-              "model_max_length": seq_len, "clean_up_tokenization_spaces": False}
+        tc = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "eos_token": eos,
+            "bos_token": eos,
+            "model_max_length": seq_len,
+            "clean_up_tokenization_spaces": False,
+        }
         if tok.pad_id is not None:
             tc["pad_token"] = tok._tok.id_to_token(tok.pad_id)
         (dst / "tokenizer_config.json").write_text(json.dumps(tc, indent=2) + "\n")
     else:  # sentencepiece (llama2): keep the spec that names the model file
-        spec = {"kind": getattr(tok, "kind", "llama2"), "name": tok.name, "vocab_size": tok.vocab_size,
-                "eos_id": tok.eos_id, "pad_id": tok.pad_id, "path": getattr(tok, "path", "")}
+        spec = {
+            "kind": getattr(tok, "kind", "llama2"),
+            "name": tok.name,
+            "vocab_size": tok.vocab_size,
+            "eos_id": tok.eos_id,
+            "pad_id": tok.pad_id,
+            "path": getattr(tok, "path", ""),
+        }
     (dst / "tokenizer" / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")
 
 
-def model_card(cfg: dict, step: int, weights: str, n_params: int, ev: dict, tok_name: str,
-               repo_hint: str = "OWNER/NAME") -> str:
+def model_card(
+    cfg: dict, step: int, weights: str, n_params: int, ev: dict, tok_name: str, repo_hint: str = "OWNER/NAME"
+) -> str:
     d, m = cfg["data"], cfg["model"]
     tags = list(dict.fromkeys(["replaid", "diffusion-language-model", cfg["method"], "safetensors"]))
     src = d["source"]
     datasets = [src[3:].split(":")[0]] if src.startswith("hf:") else []
-    front = ["---", "library_name: replaid", "license: mit", "pipeline_tag: fill-mask",
-             "tags:"] + [f"- {t}" for t in tags]
+    front = ["---", "library_name: replaid", "license: mit", "pipeline_tag: fill-mask", "tags:"] + [
+        f"- {t}" for t in tags
+    ]
     if datasets:
         front += ["datasets:"] + [f"- {x}" for x in datasets]
     front += ["---", ""]
-    what = {"replaid": "RePlaid (continuous diffusion on learned embeddings; NELBO bound)",
-            "plaid": "Plaid (continuous diffusion, original backbone; NELBO bound)",
-            "mdlm": "MDLM (masked discrete diffusion; NELBO bound)",
-            "duo": "Duo (uniform-state discrete diffusion; NELBO bound)",
-            "ar": "autoregressive (exact NLL)"}.get(cfg["method"], cfg["method"])
-    body = [f"# {cfg['method']} model exported by replaid", "",
-            f"- method: {what}",
-            f"- network: hidden {m['hidden']}, {m['n_layers']} layers, {m['n_heads']} heads "
-            f"({n_params:,} parameters)",
-            f"- data: `{src}`, tokenizer `{tok_name}`, sequence length {d['seq_len']}",
-            f"- training: {step} steps (batch {cfg['train']['batch_size']}), weights: {weights}", ""]
+    what = method_class(cfg["method"]).description
+    body = [
+        f"# {cfg['method']} model exported by replaid",
+        "",
+        f"- method: {what}",
+        f"- network: hidden {m['hidden']}, {m['n_layers']} layers, {m['n_heads']} heads ({n_params:,} parameters)",
+        f"- data: `{src}`, tokenizer `{tok_name}`, sequence length {d['seq_len']}",
+        f"- training: {step} steps (batch {cfg['train']['batch_size']}), weights: {weights}",
+        "",
+    ]
     if ev:
         body += ["## Evaluation (the run's last evaluation, from metrics.jsonl)", "", "| metric | value |", "|---|---|"]
         for k, v in ev.items():
             body.append(f"| {k} | {v:.6g} |" if isinstance(v, float) else f"| {k} | {v} |")
         body.append("")
-    body += ["## Use", "", "```bash", "pip install replaid",
-             f"replaid eval {repo_hint} --split valid     # or a local copy of this folder",
-             f"replaid sample {repo_hint} --num 4 --steps 64", "```", "", "```python",
-             "import replaid.hub", f'run = replaid.hub.from_pretrained("{repo_hint}")   # .model .method .tokenizer',
-             "from transformers import AutoModel, AutoTokenizer",
-             f'm = AutoModel.from_pretrained("{repo_hint}", trust_remote_code=True)  # m.net, m.method, m.tokenizer',
-             f'tok = AutoTokenizer.from_pretrained("{repo_hint}", trust_remote_code=True)  # the same tokenizer',
-             "```", "", "Upload: `hf upload OWNER/NAME THIS_FOLDER` (the Hub's own client).", ""]
+    body += [
+        "## Use",
+        "",
+        "```bash",
+        "pip install replaid",
+        f"replaid eval {repo_hint} --split valid     # or a local copy of this folder",
+        f"replaid sample {repo_hint} --num 4 --steps 64",
+        "```",
+        "",
+        "```python",
+        "import replaid.hub",
+        f'run = replaid.hub.from_pretrained("{repo_hint}")   # .model .method .tokenizer',
+        "from transformers import AutoModel, AutoTokenizer",
+        f'm = AutoModel.from_pretrained("{repo_hint}", trust_remote_code=True)  # m.net, m.method, m.tokenizer',
+        f'tok = AutoTokenizer.from_pretrained("{repo_hint}", trust_remote_code=True)  # the same tokenizer',
+        "```",
+        "",
+        "Upload: `hf upload OWNER/NAME THIS_FOLDER` (the Hub's own client).",
+        "",
+    ]
     return "\n".join(front + body)
 
 
@@ -149,24 +184,23 @@ def refuse_existing(out: Path) -> None:
 
 def export_run(run: str | os.PathLike, out: str | os.PathLike, raw: bool = False) -> Path:
     """Write ``run``'s latest checkpoint as a Hub folder at ``out``; returns ``out``."""
-    from replaid.hub import resolve
-    from replaid.loading import load_run, run_dir_of
-
-    ckpt = ck.find_checkpoint(resolve(run))
+    stored = ck.Stored.open(resolve(run), need=("step", "config", "vocab_size"))
+    ckpt, st = stored.path, stored.state
     refuse_existing(Path(out))
-    st = ck.load_state(ckpt)
-    weights = None if raw else ck.load_tensors(ckpt, "ema")
-    kind = "raw" if weights is None else "ema"
-    if weights is None:
-        weights = ck.load_tensors(ckpt, "model")
-    if weights is None:
-        raise ck.CheckpointError(f"checkpoint {ckpt} has no model.safetensors; it is incomplete")
+    weights, from_ema = stored.weights(ema=not raw)
+    kind = "ema" if from_ema else "raw"
     r = load_run(ckpt, use_ema=(kind == "ema"))  # validates config, tokenizer and shapes
     cfg = st["config"]
     n_params = sum(p.numel() for p in r.model.parameters())
     card = model_card(cfg, int(st["step"]), kind, n_params, last_eval(run_dir_of(ckpt)), r.tokenizer.name)
-    state = {"step": int(st["step"]), "config": cfg, "vocab_size": st["vocab_size"], "weights": kind,
-             "method_state": st.get("method_state", {}), "exported_from": str(ckpt.resolve())}
+    state = {
+        "step": int(st["step"]),
+        "config": cfg,
+        "vocab_size": st["vocab_size"],
+        "weights": kind,
+        "method_state": st.get("method_state", {}),
+        "exported_from": str(ckpt.resolve()),
+    }
     return write_folder(out, state, weights, r.tokenizer, card)
 
 
@@ -178,11 +212,13 @@ def write_folder(out: Path, state: dict, weights: dict[str, torch.Tensor], token
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"),
-                  metadata={"format": "pt"})
+        save_file(
+            {k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"}
+        )
         (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")
-        (tmp / "config.json").write_text(json.dumps(hf_config(cfg, state["vocab_size"], state["step"],
-                                                              state["weights"]), indent=2) + "\n")
+        (tmp / "config.json").write_text(
+            json.dumps(hf_config(cfg, state["vocab_size"], state["step"], state["weights"]), indent=2) + "\n"
+        )
         _copy_tokenizer(tokenizer, tmp, cfg["data"]["seq_len"])
         shutil.copyfile(Path(__file__).with_name(MODELING_FILE), tmp / MODELING_FILE)
         (tmp / "README.md").write_text(card)

@@ -9,6 +9,7 @@
 The network, weights and tokenizer come from the installed ``replaid`` package
 (``replaid.hub.from_pretrained``); this file only adapts them to ``PreTrainedModel``.
 """
+
 from transformers import PretrainedConfig, PreTrainedModel
 
 

@@ -30,17 +30,22 @@ Verified against each peer's own code (tests/fixtures/peers, built from the peer
 a tiny size with random weights; max |logit difference| in the closing note of issue 15).
 Pickled checkpoints (``.bin``/``.ckpt``) are refused: loading never unpickles.
 """
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from replaid.hub import resolve
-from replaid.training.checkpoint import CheckpointError
+from replaid import presets
+from replaid.data.pipeline import DataPipeline
+from replaid.hub.export import model_card, refuse_existing, write_folder
+from replaid.methods import get_method
+from replaid.model.langflow import LangFlowDenoiser
+from replaid.training.checkpoint import CheckpointError, load_model_weights
+from replaid.training.loading import resolve
 
 PEERS = ("mdlm", "duo", "langflow")
 
@@ -51,23 +56,37 @@ def read_peer(folder: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     if not (d / "config.json").is_file():
         raise CheckpointError(f"{d} has no config.json; pass the peer's Hub folder (config.json + model.safetensors)")
     if not (d / "model.safetensors").is_file():
-        raise CheckpointError(f"{d} has no model.safetensors (pickled .bin/.ckpt files are not read); "
-                              f"use the Hub's safetensors revision")
+        raise CheckpointError(
+            f"{d} has no model.safetensors (pickled .bin/.ckpt files are not read); use the Hub's safetensors revision"
+        )
     cfg = json.loads((d / "config.json").read_text())
     sd = load_file(str(d / "model.safetensors"))
-    return cfg, {k[len("backbone."):] if k.startswith("backbone.") else k: v for k, v in sd.items()}
+    return cfg, {k[len("backbone.") :] if k.startswith("backbone.") else k: v for k, v in sd.items()}
 
 
 def dit_shape(cfg: dict) -> dict:
     """hidden, n_layers, n_heads, cond_dim, vocab (the network's rows), length, time_conditioning."""
     if "model" in cfg and isinstance(cfg["model"], dict):  # PyTorchModelHubMixin (hydra config) layout
         m = cfg["model"]
-        return dict(hidden=m["hidden_size"], n_layers=m["n_blocks"], n_heads=m["n_heads"], cond_dim=m["cond_dim"],
-                    vocab=cfg["vocab_size"], length=m.get("length", 1024), time_conditioning=True)
+        return dict(
+            hidden=m["hidden_size"],
+            n_layers=m["n_blocks"],
+            n_heads=m["n_heads"],
+            cond_dim=m["cond_dim"],
+            vocab=cfg["vocab_size"],
+            length=m.get("length", 1024),
+            time_conditioning=True,
+        )
     try:
-        return dict(hidden=cfg["hidden_dim"], n_layers=cfg["n_blocks"], n_heads=cfg["n_heads"],
-                    cond_dim=cfg["cond_dim"], vocab=cfg["vocab_size"], length=cfg.get("model_length", 1024),
-                    time_conditioning=bool(cfg.get("time_conditioning", False)))
+        return dict(
+            hidden=cfg["hidden_dim"],
+            n_layers=cfg["n_blocks"],
+            n_heads=cfg["n_heads"],
+            cond_dim=cfg["cond_dim"],
+            vocab=cfg["vocab_size"],
+            length=cfg.get("model_length", 1024),
+            time_conditioning=bool(cfg.get("time_conditioning", False)),
+        )
     except KeyError as e:
         raise CheckpointError(f"config.json lacks {e}; it is not an MDLM/Duo DiT config") from None
 
@@ -75,9 +94,14 @@ def dit_shape(cfg: dict) -> dict:
 def _block(sd: dict, i: int) -> dict[str, torch.Tensor]:
     """Block ``i``'s weights under our names (norm biases zero: the peers' LayerNorm has none)."""
     p = f"blocks.{i}."
-    out = {"qkv.weight": sd[p + "attn_qkv.weight"], "attn_out.weight": sd[p + "attn_out.weight"],
-           "mlp.0.weight": sd[p + "mlp.0.weight"], "mlp.0.bias": sd[p + "mlp.0.bias"],
-           "mlp.2.weight": sd[p + "mlp.2.weight"], "mlp.2.bias": sd[p + "mlp.2.bias"]}
+    out = {
+        "qkv.weight": sd[p + "attn_qkv.weight"],
+        "attn_out.weight": sd[p + "attn_out.weight"],
+        "mlp.0.weight": sd[p + "mlp.0.weight"],
+        "mlp.0.bias": sd[p + "mlp.0.bias"],
+        "mlp.2.weight": sd[p + "mlp.2.weight"],
+        "mlp.2.bias": sd[p + "mlp.2.bias"],
+    }
     for n in ("norm1", "norm2"):
         out[f"{n}.weight"] = sd[p + f"{n}.weight"]
         out[f"{n}.bias"] = torch.zeros_like(sd[p + f"{n}.weight"])
@@ -90,8 +114,10 @@ def mdlm_to_tokendit(cfg: dict, sd: dict) -> tuple[dict, dict[str, torch.Tensor]
     so they are copied as they are; the head's [MASK] row is dropped."""
     s = dit_shape(cfg)
     if s["time_conditioning"]:
-        raise CheckpointError("this MDLM checkpoint is time-conditioned; only the released sigma=0 models "
-                              "(time_conditioning=false, e.g. kuleshov-group/mdlm-owt) convert exactly")
+        raise CheckpointError(
+            "this MDLM checkpoint is time-conditioned; only the released sigma=0 models "
+            "(time_conditioning=false, e.g. kuleshov-group/mdlm-owt) convert exactly"
+        )
     V = s["vocab"] - 1  # [MASK] is the last input id
     _, out = duo_to_tokendit(cfg, sd)
     out["final.linear.weight"] = sd["output_layer.linear.weight"][:V]
@@ -102,9 +128,13 @@ def mdlm_to_tokendit(cfg: dict, sd: dict) -> tuple[dict, dict[str, torch.Tensor]
 def duo_to_tokendit(cfg: dict, sd: dict) -> tuple[dict, dict[str, torch.Tensor]]:
     """(shape, our TokenDiT state dict) for Duo: AdaLN and the time MLP copied as they are."""
     s = dit_shape(cfg)
-    out = {"embed.weight": sd["vocab_embed.embedding"],
-           "cond.0.weight": sd["sigma_map.mlp.0.weight"], "cond.0.bias": sd["sigma_map.mlp.0.bias"],
-           "cond.2.weight": sd["sigma_map.mlp.2.weight"], "cond.2.bias": sd["sigma_map.mlp.2.bias"]}
+    out = {
+        "embed.weight": sd["vocab_embed.embedding"],
+        "cond.0.weight": sd["sigma_map.mlp.0.weight"],
+        "cond.0.bias": sd["sigma_map.mlp.0.bias"],
+        "cond.2.weight": sd["sigma_map.mlp.2.weight"],
+        "cond.2.bias": sd["sigma_map.mlp.2.bias"],
+    }
     out.update(adaln_blocks_and_head(sd, s["n_layers"]))
     return s, out
 
@@ -117,32 +147,42 @@ def adaln_blocks_and_head(sd: dict, n_layers: int) -> dict[str, torch.Tensor]:
         b["adaLN.weight"] = sd[f"blocks.{i}.adaLN_modulation.weight"]
         b["adaLN.bias"] = sd[f"blocks.{i}.adaLN_modulation.bias"]
         out.update({f"backbone.blocks.{i}.{k}": v for k, v in b.items()})
-    out.update({"final.norm.weight": sd["output_layer.norm_final.weight"],
-                "final.norm.bias": torch.zeros_like(sd["output_layer.norm_final.weight"]),
-                "final.linear.weight": sd["output_layer.linear.weight"], "final.linear.bias": sd["output_layer.linear.bias"],
-                "final.adaLN.weight": sd["output_layer.adaLN_modulation.weight"],
-                "final.adaLN.bias": sd["output_layer.adaLN_modulation.bias"]})
+    out.update(
+        {
+            "final.norm.weight": sd["output_layer.norm_final.weight"],
+            "final.norm.bias": torch.zeros_like(sd["output_layer.norm_final.weight"]),
+            "final.linear.weight": sd["output_layer.linear.weight"],
+            "final.linear.bias": sd["output_layer.linear.bias"],
+            "final.adaLN.weight": sd["output_layer.adaLN_modulation.weight"],
+            "final.adaLN.bias": sd["output_layer.adaLN_modulation.bias"],
+        }
+    )
     return out
 
 
 def run_config(kind: str, shape: dict, overrides: list[str]):
     """Our RunConfig for a converted peer (``overrides``: data.*, eval.* ... as ``key=value``)."""
-    from replaid.presets import resolve
 
-    base = [f"method={kind}", f"model.hidden={shape['hidden']}", f"model.n_layers={shape['n_layers']}",
-            f"model.n_heads={shape['n_heads']}", f"model.cond_dim={shape['cond_dim']}", "model.mlp_ratio=4",
-            "model.dropout=0.0", f"data.seq_len={shape['length']}", "data.tokenizer=gpt2"]
-    base += {"mdlm": ["model.time_embedding=dit", "baseline.mdlm_time_conditioning=false"],
-             "duo": ["model.time_embedding=dit"]}.get(kind, [])
-    return resolve("owt-0.1b", None, base + shape.get("extra", []) + list(overrides))
+    base = [
+        f"method={kind}",
+        f"model.hidden={shape['hidden']}",
+        f"model.n_layers={shape['n_layers']}",
+        f"model.n_heads={shape['n_heads']}",
+        f"model.cond_dim={shape['cond_dim']}",
+        "model.mlp_ratio=4",
+        "model.dropout=0.0",
+        f"data.seq_len={shape['length']}",
+        "data.tokenizer=gpt2",
+    ]
+    base += {
+        "mdlm": ["model.time_embedding=dit", "mdlm.time_conditioning=false"],
+        "duo": ["model.time_embedding=dit"],
+    }.get(kind, [])
+    return presets.resolve("owt-0.1b", None, base + shape.get("extra", []) + list(overrides))
 
 
 def convert(kind: str, src: str, out: str, overrides: list[str]) -> Path:
     """Convert a peer checkpoint into a replaid folder (same layout as ``replaid export``)."""
-    from replaid.data.pipeline import DataPipeline
-    from replaid.hub.export import model_card, refuse_existing, write_folder
-    from replaid.methods import get_method
-    from replaid.training.checkpoint import load_model_weights
 
     if kind not in PEERS:
         raise CheckpointError(f"unknown peer '{kind}'; choose one of {', '.join(PEERS)}")
@@ -151,53 +191,87 @@ def convert(kind: str, src: str, out: str, overrides: list[str]) -> Path:
         lf = langflow_to_denoiser(src)
         weights = {k: v.detach() for k, v in lf.state_dict().items()}
         sched = lf.schedule
-        shape = dict(hidden=lf.hidden, n_layers=len(lf.backbone.blocks), n_heads=lf.backbone.blocks[0].n_heads,
-                     cond_dim=lf.cond[0].out_features, vocab=lf.vocab_size,
-                     length=json.loads((resolve(src) / "config.json").read_text()).get("model_length", 1024),
-                     extra=[f"model.self_conditioning={str(lf.self_conditioning).lower()}",
-                            f"baseline.langflow_gumbel_loc={sched.loc!r}", f"baseline.langflow_gumbel_scale={sched.scale!r}",
-                            f"baseline.langflow_gumbel_cutoff={sched.cutoff!r}"])
+        shape = dict(
+            hidden=lf.hidden,
+            n_layers=len(lf.backbone.blocks),
+            n_heads=lf.backbone.blocks[0].n_heads,
+            cond_dim=lf.cond[0].out_features,
+            vocab=lf.vocab_size,
+            length=json.loads((resolve(src) / "config.json").read_text()).get("model_length", 1024),
+            extra=[
+                f"model.self_conditioning={str(lf.self_conditioning).lower()}",
+                f"langflow.gumbel_loc={sched.loc!r}",
+                f"langflow.gumbel_scale={sched.scale!r}",
+                f"langflow.gumbel_cutoff={sched.cutoff!r}",
+            ],
+        )
     else:
         cfg_in, sd = read_peer(src)
         shape, weights = (mdlm_to_tokendit if kind == "mdlm" else duo_to_tokendit)(cfg_in, sd)
     cfg = run_config(kind, shape, overrides)
     data = DataPipeline(cfg, None, train=False)
     if data.vocab_size != shape["vocab"]:
-        raise CheckpointError(f"{src} has vocabulary {shape['vocab']} but tokenizer {data.tokenizer.name} has "
-                              f"{data.vocab_size}; pass data.tokenizer=... data.tokenizer_path=... of the peer")
+        raise CheckpointError(
+            f"{src} has vocabulary {shape['vocab']} but tokenizer {data.tokenizer.name} has "
+            f"{data.vocab_size}; pass data.tokenizer=... data.tokenizer_path=... of the peer"
+        )
     model = get_method(cfg).build_model(shape["vocab"])
     load_model_weights(model, weights, str(src))  # strict: every key and shape
     n = sum(p.numel() for p in model.parameters())
     cfg_d = cfg.to_dict()
     card = model_card(cfg_d, 0, "converted", n, {}, data.tokenizer.name).replace(
-        "# ", f"# Converted from {src} ({kind}); ", 1)
-    state = {"step": 0, "config": cfg_d, "vocab_size": shape["vocab"], "weights": "converted",
-             "method_state": {}, "converted_from": str(src)}
+        "# ", f"# Converted from {src} ({kind}); ", 1
+    )
+    state = {
+        "step": 0,
+        "config": cfg_d,
+        "vocab_size": shape["vocab"],
+        "weights": "converted",
+        "method_state": {},
+        "converted_from": str(src),
+    }
     return write_folder(Path(out), state, weights, data.tokenizer, card)
 
 
 # ------------------------------------------------------------------ LangFlow
 
+
 def langflow_to_denoiser(folder: str | Path):
     """LangFlow's Hub folder (``LangFlowConfig`` + ``model.safetensors``) as a
     :class:`replaid.model.langflow.LangFlowDenoiser` with the same weights (strict)."""
-    from replaid.model.langflow import LangFlowDenoiser
-    from replaid.training.checkpoint import load_model_weights
 
     d = resolve(folder)
     if not (d / "config.json").is_file() or not (d / "model.safetensors").is_file():
         raise CheckpointError(f"{d} needs config.json and model.safetensors (LangFlow's save_pretrained layout)")
     cfg = json.loads((d / "config.json").read_text())
-    if not cfg.get("use_normalized_embedding", True) or cfg.get("embedding_norm_method", "layernorm") != "layernorm" \
-            or not cfg.get("use_bias", True):
+    if (
+        not cfg.get("use_normalized_embedding", True)
+        or cfg.get("embedding_norm_method", "layernorm") != "layernorm"
+        or not cfg.get("use_bias", True)
+    ):
         raise CheckpointError("only LangFlow's released configuration converts (normalised embeddings, use_bias)")
-    sd = {k[len("backbone."):] if k.startswith("backbone.") else k: v for k, v in load_file(str(d / "model.safetensors")).items()}
-    model = LangFlowDenoiser(cfg["vocab_size"], cfg["hidden_size"], cfg["n_blocks"], cfg["n_heads"], cfg["cond_dim"],
-                             cfg.get("self_conditioning", True), float(sd.get("proposal.loc", cfg["gumbel_loc"])),
-                             float(sd.get("proposal.scale", cfg["gumbel_scale"])), cfg["gumbel_cutoff"])
-    w = {"weight": sd["vocab_embed.embedding"], "cond.0.weight": sd["sigma_map.mlp.0.weight"],
-         "cond.0.bias": sd["sigma_map.mlp.0.bias"], "cond.2.weight": sd["sigma_map.mlp.2.weight"],
-         "cond.2.bias": sd["sigma_map.mlp.2.bias"]}
+    sd = {
+        k[len("backbone.") :] if k.startswith("backbone.") else k: v
+        for k, v in load_file(str(d / "model.safetensors")).items()
+    }
+    model = LangFlowDenoiser(
+        cfg["vocab_size"],
+        cfg["hidden_size"],
+        cfg["n_blocks"],
+        cfg["n_heads"],
+        cfg["cond_dim"],
+        cfg.get("self_conditioning", True),
+        float(sd.get("proposal.loc", cfg["gumbel_loc"])),
+        float(sd.get("proposal.scale", cfg["gumbel_scale"])),
+        cfg["gumbel_cutoff"],
+    )
+    w = {
+        "weight": sd["vocab_embed.embedding"],
+        "cond.0.weight": sd["sigma_map.mlp.0.weight"],
+        "cond.0.bias": sd["sigma_map.mlp.0.bias"],
+        "cond.2.weight": sd["sigma_map.mlp.2.weight"],
+        "cond.2.bias": sd["sigma_map.mlp.2.bias"],
+    }
     if model.sc_proj is not None:
         w["sc_proj.weight"] = sd["self_cond_proj.weight"]
     w.update(adaln_blocks_and_head(sd, cfg["n_blocks"]))

@@ -26,26 +26,27 @@ at ``curriculum_end``; the loss is the UDLM NELBO integrand at ``z_t = argmax(w)
 diffusion transformation operator ``alpha = T(gamma) = (V p(gamma) - 1)/(V - 1)``,
 ``p(gamma) = int phi(u - exp(-gamma/2)) Phi(u)^(V-1) du``, tabulated once per V in float64, and
 ``alpha' = (gamma_max - gamma_min) dT/dgamma`` (exact derivative; the reference takes a forward
-difference of step 1e-3). Window and ranges: ``baseline.duo_*`` (fractions of ``train.steps``);
+difference of step 1e-3). Window and ranges: ``duo.*`` (fractions of ``train.steps``);
 the published OWT run (``scripts/train_owt_duo.sh``: tau = 1e-3 throughout, gamma in
 [-3.55, -1.85], curriculum over the first 500k of 1M steps) is the ``owt-0.1b-duo`` preset.
 The network is conditioned on ``1 - alpha_t`` in both phases.
 """
+
 from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from replaid.config import RunConfig
+from replaid.diffusion.nelbo import masked_mean, stratified_time_average
+from replaid.diffusion.rng import device_generator
+from replaid.methods.base import Kind, Method
 from replaid.model.tokens import TokenDiT
-from replaid.diffusion.nelbo import low_discrepancy, masked_mean, stratified_time_average
-from replaid.diffusion.rng import device_generator, host_uniform
-from replaid.methods.ar import exponential_race
 
 EPS = 1e-3
 
@@ -94,6 +95,7 @@ def duo_alpha(gamma: Tensor, V: int) -> tuple[Tensor, Tensor]:
 
 # ------------------------------------------------------------------ the UDLM NELBO integrand
 
+
 def udlm_integrand(logits: Tensor, x: Tensor, z: Tensor, alpha: Tensor, dalpha: Tensor) -> Tensor:
     """Per position (B, L) float64: ``-alpha'/(N alpha) [ ... ]`` (module docstring).
     logits (B, L, V); x, z (B, L) clean and noisy ids; alpha, dalpha (B,) float64.
@@ -124,7 +126,7 @@ def udlm_integrand(logits: Tensor, x: Tensor, z: Tensor, alpha: Tensor, dalpha: 
     return (-da / (V * a)) * bracket
 
 
-def uniform_corrupt(x: Tensor, alpha: Tensor, V: int, generator: torch.Generator) -> Tensor:
+def uniform_corrupt(x: Tensor, alpha: Tensor, V: int, generator: Optional[torch.Generator]) -> Tensor:
     """Sample ``z ~ alpha onehot(x) + (1 - alpha)/V`` per position. alpha: (B,)."""
     B, L = x.shape
     gen = device_generator(generator, x.device)
@@ -133,17 +135,21 @@ def uniform_corrupt(x: Tensor, alpha: Tensor, V: int, generator: torch.Generator
     return torch.where(keep, x, rnd)
 
 
-class DuoMethod:
+class DuoMethod(Method[TokenDiT]):
     name = "duo"
+    kind = Kind.UNIFORM
+    description = "Duo (uniform-state discrete diffusion; NELBO bound)"
+    samplers = ("ancestral",)
     global_times = True  # the trainer passes t_diff, sliced from the global batch
 
     def __init__(self, cfg: RunConfig, eps: float = EPS):
-        """Curriculum window and ranges from ``cfg.baseline.duo_*`` (module docstring)."""
-        self.cfg, self.eps = cfg, eps
-        b = cfg.baseline
-        self.curriculum = (b.duo_curriculum_start, b.duo_curriculum_end)
-        self.gamma_range = (b.duo_gamma_min, b.duo_gamma_max)
-        self.tau_log10 = (b.duo_tau_log10_start, b.duo_tau_log10_end)
+        """Curriculum window and ranges from ``cfg.duo`` (module docstring)."""
+        super().__init__(cfg)
+        self.eps = eps
+        d = cfg.duo
+        self.curriculum = (d.curriculum_start, d.curriculum_end)
+        self.gamma_range = (d.gamma_min, d.gamma_max)
+        self.tau_log10 = (d.tau_log10_start, d.tau_log10_end)
         self.step = 0
 
     def build_model(self, vocab_size: int) -> TokenDiT:
@@ -171,8 +177,14 @@ class DuoMethod:
         l0, l1 = self.tau_log10
         return float(10 ** (l0 + (l1 - l0) * min(f, 1.0)))
 
-    def loss_rows(self, model: TokenDiT, tokens: Tensor, t: Tensor, generator: torch.Generator,
-                  mask: Optional[Tensor] = None) -> Tensor:
+    def loss_rows(
+        self,
+        model: TokenDiT,
+        tokens: Tensor,
+        t: Tensor,
+        generator: Optional[torch.Generator],
+        mask: Optional[Tensor] = None,
+    ) -> Tensor:
         """UDLM NELBO estimate per row at times t (B,) in [eps, 1] (no curriculum)."""
         V = model.n_out
         alpha, dalpha = (a.to(tokens.device) for a in self.schedule(t.double()))
@@ -181,8 +193,15 @@ class DuoMethod:
         f = udlm_integrand(logits, tokens, z, alpha, dalpha)
         return masked_mean(f, mask)
 
-    def train_loss(self, model: TokenDiT, tokens: Tensor, generator: torch.Generator,
-                   mask: Optional[Tensor] = None, t_diff: Optional[Tensor] = None) -> tuple[Tensor, dict]:
+    def train_loss(
+        self,
+        model: TokenDiT,
+        tokens: Tensor,
+        generator: torch.Generator,
+        mask: Optional[Tensor] = None,
+        t_diff: Optional[Tensor] = None,
+        n_recon: Optional[int] = None,
+    ) -> tuple[Tensor, dict]:
         B, L = tokens.shape
         V = model.n_out
         dev = tokens.device
@@ -213,12 +232,19 @@ class DuoMethod:
         self.step += 1
 
     @torch.no_grad()
-    def eval_bound(self, model: TokenDiT, tokens: Tensor, generator: torch.Generator,
-                   mask: Optional[Tensor] = None) -> dict[str, Tensor]:
+    def eval_bound(
+        self, model: TokenDiT, tokens: Tensor, generator: Optional[torch.Generator], mask: Optional[Tensor] = None
+    ) -> dict[str, Tensor]:
         """UDLM NELBO, reference log-linear alpha, ``eval.t_samples`` stratified times per sequence in [eps, 1]."""
-        total = stratified_time_average(lambda t: self.loss_rows(model, tokens, t, generator, mask),
-                                        tokens.shape[0], self.cfg.eval.t_samples, generator, self.eps, 1.0,
-                                        tokens.device)
+        total = stratified_time_average(
+            lambda t: self.loss_rows(model, tokens, t, generator, mask),
+            tokens.shape[0],
+            self.cfg.eval.t_samples,
+            generator,
+            self.eps,
+            1.0,
+            tokens.device,
+        )
         return {"nelbo": total}
 
     def state_dict(self) -> dict:
@@ -227,42 +253,5 @@ class DuoMethod:
     def load_state_dict(self, d: dict) -> None:
         self.step = int(d.get("step", 0))
 
-    # ------------------------------------------------------------------ sampling
-    @torch.no_grad()
-    def sample(self, model: TokenDiT, B: int, L: int, steps: int, generator: torch.Generator,
-               temperature: float = 1.0, prefix: Optional[Tensor] = None,
-               callback: Optional[Callable[[dict], None]] = None) -> tuple[Tensor, int]:
-        """Ancestral sampling, float64, ``t`` from 1 to 0 in ``steps`` equal steps, from uniform noise:
-        ``p(z_s = j | z_t = i) ∝ (a_ts [j = i] + (1 - a_ts)/V) (a_s x_theta_j + (1 - a_s)/V)``.
-
-        ``callback`` is called after each step with ``{"i", "T", "t", "s", "z": (B, L) state at s,
-        "probs": (B, L, V) float64 x_theta at t}``."""
-        dev = next(model.parameters()).device
-        V = model.n_out
-        gen = device_generator(generator, dev)  # all draws on the model's device
-        z = torch.randint(0, V, (B, L), generator=gen, device=dev)
-        n = 0 if prefix is None else min(int(prefix.shape[-1]), L)
-        if n:
-            z[:, :n] = prefix[..., :n].to(dev)
-        ts = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
-        for k in range(steps):
-            t, s = float(ts[k]), float(ts[k + 1])
-            a_t, a_s = 1 - t, 1 - s
-            a_ts = a_t / a_s
-            logits = model(z, torch.full((B,), t, device=dev))
-            xt = torch.softmax(logits.double() / max(temperature, 1e-8), -1)
-            prior = a_s * xt + (1 - a_s) / V
-            trans = torch.full_like(prior, (1 - a_ts) / V)
-            trans.scatter_add_(-1, z.unsqueeze(-1), torch.full((B, L, 1), a_ts, dtype=torch.float64, device=dev))
-            post = prior * trans
-            z = exponential_race(post / post.sum(-1, keepdim=True), gen)
-            if n:
-                z[:, :n] = prefix[..., :n].to(dev)
-            if callback is not None:
-                callback({"i": k, "T": steps, "t": t, "s": s, "z": z, "probs": xt})
-        return z, steps
-
-    def sample_rows(self, run, args) -> list[dict]:
-        from replaid.eval.generate import ancestral_rows
-
-        return ancestral_rows(run, args, lambda B, L, gen, prefix: self.sample(run.model, B, L, args.steps, gen, args.temperature, prefix), args.steps)
+    def embedding_rows(self, model: TokenDiT) -> Tensor:
+        return model.rows(model.n_out)

@@ -1,38 +1,63 @@
 """LangFlow (converted official checkpoints) as an evaluation-only method.
 
 The network is :class:`replaid.model.langflow.LangFlowDenoiser` (LangFlow's parameterisation on our
-DiT blocks) with its Gumbel noise schedule. Everything else is RePlaid's, because both are VP
-diffusions on token embeddings behind the same denoiser interface:
+DiT blocks) with its Gumbel noise schedule. Both it and RePlaid are VP diffusions on token embeddings
+behind the same denoiser interface (``kind = continuous``), so they share the evaluation and samplers:
 
 * ``eval_bound``: the continuous-time VDM NELBO (``nelbo_per_sequence``: reconstruction at
   ``gamma(0) = gamma_min``, diffusion term ``-1/2 SNR'(t) ||e - e_hat||^2`` at stratified t, prior KL at
   ``gamma(1) = gamma_max``) under LangFlow's schedule, with self-conditioning as at RePlaid's
   evaluation (a first pass feeds the second). LangFlow itself reports its ODE bound instead:
   ``replaid likelihood`` (``--selfcond-correction off`` is LangFlow's estimator).
-* sampling: replaid's samplers on LangFlow's gamma grid (``replaid sample``).
-* training: not implemented (one-line error).
+* sampling: replaid's continuous samplers on LangFlow's gamma grid (``replaid sample``).
+* training: not offered (``trainable = False``: the config validation and the trainer refuse it).
 """
+
 from __future__ import annotations
 
-from replaid.config import ConfigError
-from replaid.methods.replaid import RePlaidMethod
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from replaid.methods.base import Kind, Method
+from replaid.methods.replaid import CONTINUOUS_SAMPLERS, continuous_eval_bound, schedule_summary
 from replaid.model.langflow import LangFlowDenoiser
 
 
-class LangFlowMethod(RePlaidMethod):
+class LangFlowMethod(Method[LangFlowDenoiser]):
     name = "langflow"
+    kind = Kind.CONTINUOUS
+    description = "LangFlow (converted checkpoint; continuous diffusion, evaluation only)"
+    samplers = CONTINUOUS_SAMPLERS
+    trainable = False
 
     def build_model(self, vocab_size: int) -> LangFlowDenoiser:
-        m, b = self.cfg.model, self.cfg.baseline
-        return LangFlowDenoiser(vocab_size, m.hidden, m.n_layers, m.n_heads, m.cond_dim, m.self_conditioning,
-                                b.langflow_gumbel_loc, b.langflow_gumbel_scale, b.langflow_gumbel_cutoff)
+        m, lf = self.cfg.model, self.cfg.langflow
+        return LangFlowDenoiser(
+            vocab_size,
+            m.hidden,
+            m.n_layers,
+            m.n_heads,
+            m.cond_dim,
+            m.self_conditioning,
+            lf.gumbel_loc,
+            lf.gumbel_scale,
+            lf.gumbel_cutoff,
+        )
 
-    def train_loss(self, *args, **kwargs):
-        raise ConfigError("method=langflow is for converted LangFlow checkpoints (evaluation and sampling); "
-                          "training it is not implemented: train method=replaid instead")
+    @torch.no_grad()
+    def eval_bound(
+        self,
+        model: LangFlowDenoiser,
+        tokens: Tensor,
+        generator: Optional[torch.Generator],
+        mask: Optional[Tensor] = None,
+    ) -> dict[str, Tensor]:
+        return continuous_eval_bound(self.cfg, model, tokens, generator, mask)
 
-    def state_dict(self) -> dict:
-        return {}
+    def eval_summary(self, model: LangFlowDenoiser) -> dict:
+        return schedule_summary(self.cfg, model)
 
-    def load_state_dict(self, d: dict) -> None:
-        pass  # no training statistics (RePlaid's adaptive split is a training device)
+    def embedding_rows(self, model: LangFlowDenoiser) -> Tensor:
+        return model.embedding_matrix()

@@ -17,24 +17,25 @@
   uses the NELBO.
 * The network keeps its AdaLN modulation; without time conditioning (the default, as MDLM) its
   condition is the constant of ``t = 0`` (:class:`~replaid.model.tokens.TokenDiT`).
-* Ancestral sampler in float64 (exponential race). By default the network is *not*
+* Ancestral sampler (:func:`replaid.sampling.discrete.sample_mdlm`) in float64 (exponential race). By default the network is *not*
   time-conditioned (the number of masks reveals t), so a step that unmasks nothing leaves the
   network input unchanged and its output is reused exactly; with ``time_conditioning=True`` every
   step calls the network.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from replaid.config import RunConfig
-from replaid.model.tokens import TokenDiT
 from replaid.diffusion.nelbo import stratified_time_average
-from replaid.diffusion.rng import device_generator, host_uniform
-from replaid.methods.ar import exponential_race
+from replaid.diffusion.rng import device_generator
+from replaid.methods.base import Kind, Method
+from replaid.model.tokens import TokenDiT
 
 EPS = 1e-3
 
@@ -50,26 +51,36 @@ def mask_probability(t: Tensor, eps: float = EPS) -> Tensor:
     return (1 - eps) * t
 
 
-class MDLMMethod:
+class MDLMMethod(Method[TokenDiT]):
     name = "mdlm"
+    kind = Kind.MASKED
+    description = "MDLM (masked discrete diffusion; NELBO bound)"
+    samplers = ("ancestral",)
     global_times = True  # the trainer passes t_diff, sliced from the global batch
 
-    def __init__(self, cfg: RunConfig, low_variance: bool | None = None,
-                 time_conditioning: bool | None = None, eps: float = EPS):
-        """Options default to ``cfg.baseline.mdlm_low_variance`` / ``mdlm_time_conditioning``."""
-        self.cfg = cfg
-        b = cfg.baseline
-        self.low_variance = b.mdlm_low_variance if low_variance is None else low_variance
-        self.time_conditioning = b.mdlm_time_conditioning if time_conditioning is None else time_conditioning
+    def __init__(
+        self, cfg: RunConfig, low_variance: bool | None = None, time_conditioning: bool | None = None, eps: float = EPS
+    ):
+        """Options default to ``cfg.mdlm.low_variance`` / ``cfg.mdlm.time_conditioning``."""
+        super().__init__(cfg)
+        self.low_variance = cfg.mdlm.low_variance if low_variance is None else low_variance
+        self.time_conditioning = cfg.mdlm.time_conditioning if time_conditioning is None else time_conditioning
         self.eps = eps
 
     def build_model(self, vocab_size: int) -> TokenDiT:
-        return TokenDiT(self.cfg.model, vocab_size + 1, vocab_size, time_conditioning=self.time_conditioning,
-                        causal=False)
+        return TokenDiT(
+            self.cfg.model, vocab_size + 1, vocab_size, time_conditioning=self.time_conditioning, causal=False
+        )
 
     # ------------------------------------------------------------------ the per-row loss
-    def masked_ce(self, model: TokenDiT, tokens: Tensor, t: Tensor, generator: torch.Generator,
-                  mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    def masked_ce(
+        self,
+        model: TokenDiT,
+        tokens: Tensor,
+        t: Tensor,
+        generator: Optional[torch.Generator],
+        mask: Optional[Tensor] = None,
+    ) -> tuple[Tensor, Tensor]:
         """Draw z_t ~ q(z_t | x) at per-row times t (B,) float64 and return
         ``(S, n)``: S = (1/L) sum over masked (valid) positions of the CE (B,) float64, and the
         number of valid positions per row. The NELBO estimate is ``S / t``."""
@@ -83,12 +94,22 @@ class MDLMMethod:
         ce = F.cross_entropy(logits.float().reshape(B * L, V), tokens.reshape(B * L), reduction="none").view(B, L)
         keep = is_masked if mask is None else (is_masked & mask.bool())
         ce = torch.where(keep, ce.double(), torch.zeros((), dtype=torch.float64, device=dev))  # SUBS carry-over
-        n = (torch.full((B,), float(L), dtype=torch.float64, device=dev) if mask is None
-             else mask.double().sum(1).clamp_min(1))
+        n = (
+            torch.full((B,), float(L), dtype=torch.float64, device=dev)
+            if mask is None
+            else mask.double().sum(1).clamp_min(1)
+        )
         return ce.sum(1) / n, n
 
-    def train_loss(self, model: TokenDiT, tokens: Tensor, generator: torch.Generator,
-                   mask: Optional[Tensor] = None, t_diff: Optional[Tensor] = None) -> tuple[Tensor, dict]:
+    def train_loss(
+        self,
+        model: TokenDiT,
+        tokens: Tensor,
+        generator: torch.Generator,
+        mask: Optional[Tensor] = None,
+        t_diff: Optional[Tensor] = None,
+        n_recon: Optional[int] = None,
+    ) -> tuple[Tensor, dict]:
         """t_diff: (B,) low-discrepancy values in [0, 1), this micro-batch's slice of the global batch
         (the trainer's); mapped to ``t = eps + (1 - eps) t_diff``. Drawn here when None."""
         if t_diff is None:
@@ -102,64 +123,18 @@ class MDLMMethod:
         return loss_rows.mean(), {"loss": loss_rows.detach(), "nelbo": nelbo.detach()}
 
     @torch.no_grad()
-    def eval_bound(self, model: TokenDiT, tokens: Tensor, generator: torch.Generator,
-                   mask: Optional[Tensor] = None) -> dict[str, Tensor]:
+    def eval_bound(
+        self, model: TokenDiT, tokens: Tensor, generator: Optional[torch.Generator], mask: Optional[Tensor] = None
+    ) -> dict[str, Tensor]:
         """NELBO with ``eval.t_samples`` stratified times per sequence (``t_k = eps + (1-eps)(k + u_b)/K``)."""
+
         def weighted_ce(t: Tensor) -> Tensor:
             return self.masked_ce(model, tokens, t, generator, mask)[0] / t
 
-        total = stratified_time_average(weighted_ce, tokens.shape[0], self.cfg.eval.t_samples, generator,
-                                        self.eps, 1.0, tokens.device)
+        total = stratified_time_average(
+            weighted_ce, tokens.shape[0], self.cfg.eval.t_samples, generator, self.eps, 1.0, tokens.device
+        )
         return {"nelbo": total}
 
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, d: dict) -> None:
-        pass
-
-    # ------------------------------------------------------------------ sampling
-    @torch.no_grad()
-    def sample(self, model: TokenDiT, B: int, L: int, steps: int, generator: torch.Generator,
-               temperature: float = 1.0, prefix: Optional[Tensor] = None,
-               callback: Optional[Callable[[dict], None]] = None) -> tuple[Tensor, int]:
-        """Ancestral sampling on the grid ``t_k = 1 - k/steps`` down to 0, float64. Each masked
-        position is unmasked between t and s with probability ``(t - s)/t`` to a token drawn from
-        ``x_theta``; unmasked positions stay. Returns (tokens, network calls).
-
-        ``callback`` (k-diffusion style) is called after each step with ``{"i", "T", "t", "s",
-        "z": (B, L) state at s (mask id ``V``), "probs": (B, L, V) float64 x_theta used}``."""
-        dev = next(model.parameters()).device
-        V = model.n_out
-        z = torch.full((B, L), V, dtype=torch.long, device=dev)
-        if prefix is not None:
-            n = min(int(prefix.shape[-1]), L)
-            z[:, :n] = prefix[..., :n].to(dev)
-        ts = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
-        gen = device_generator(generator, dev)  # all draws on the model's device
-        probs, nfe = None, 0
-        for k in range(steps):
-            t, s = float(ts[k]), float(ts[k + 1])
-            if probs is None or model.time_conditioning:
-                tt = torch.full((B,), t, device=dev) if model.time_conditioning else None
-                logits = model(z, tt).double() / max(temperature, 1e-8)
-                probs = torch.softmax(logits, -1)  # (B, L, V) float64: x_theta
-                nfe += 1
-            # q(z_s | z_t = mask, x_theta): mask with probability s/t, else a token drawn from x_theta
-            stay = torch.rand(B, L, generator=gen, dtype=torch.float64, device=dev) < s / t
-            draw = torch.where(stay, V, exponential_race(probs, gen))
-            is_m = z == V
-            z_new = torch.where(is_m, draw, z)
-            if not torch.equal(z_new, z):
-                probs_used, probs = probs, None  # the input changed: recompute at the next step
-            else:
-                probs_used = probs
-            z = z_new
-            if callback is not None:
-                callback({"i": k, "T": steps, "t": t, "s": s, "z": z, "probs": probs_used})
-        return z, nfe
-
-    def sample_rows(self, run, args) -> list[dict]:
-        from replaid.eval.generate import ancestral_rows
-
-        return ancestral_rows(run, args, lambda B, L, gen, prefix: self.sample(run.model, B, L, args.steps, gen, args.temperature, prefix), args.steps)
+    def embedding_rows(self, model: TokenDiT) -> Tensor:
+        return model.rows(model.n_out)

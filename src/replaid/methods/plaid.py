@@ -9,14 +9,16 @@ muP-rescaled AdamW values, with the backbone matrices apart from the norms and t
 set by the ``owt-0.1b-plaid`` preset. The table's values are for hidden 768; at other widths
 muP would rescale the matrix learning rates, which the small presets do not do.
 """
+
 from __future__ import annotations
 
-from replaid.model.plaid_backbone import PlaidModel
 from replaid.methods.replaid import RePlaidMethod
+from replaid.model.plaid_backbone import PlaidModel
 
 
 class PlaidMethod(RePlaidMethod):
     name = "plaid"
+    description = "Plaid (continuous diffusion, original backbone; NELBO bound)"
 
     def build_model(self, vocab_size: int) -> PlaidModel:
         return PlaidModel(self.cfg.model, self.cfg.diffusion, vocab_size)

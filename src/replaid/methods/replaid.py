@@ -1,4 +1,6 @@
-"""RePlaid as a method: Algorithm 1 (training loss), the NELBO bound, and a sampler."""
+"""RePlaid as a method: Algorithm 1 (training loss) and the NELBO bound; its samplers are
+:mod:`replaid.sampling.continuous`."""
+
 from __future__ import annotations
 
 import math
@@ -8,12 +10,19 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from replaid.config import RunConfig
-from replaid.model.replaid import RePlaid, denoise
-from replaid.diffusion.nelbo import (diffusion_loss, forward_noise, low_discrepancy, masked_mean, nelbo_per_sequence,
-                                     prior_kl)
+from replaid import dist
+from replaid.config import ConfigError, RunConfig
+from replaid.diffusion.nelbo import (
+    diffusion_loss,
+    forward_noise,
+    low_discrepancy,
+    masked_mean,
+    nelbo_per_sequence,
+    prior_kl,
+)
 from replaid.diffusion.rng import device_generator, host_uniform
-from replaid.training import dist
+from replaid.methods.base import Kind, Method
+from replaid.model.replaid import RePlaid, denoise
 
 
 @dataclass
@@ -51,13 +60,20 @@ class SplitState:
         """Copy the standard deviations to the host (one sync)."""
         if self.stats is None or self.n == 0:
             return
-        m_r, s_r, m_d, s_d = (self.stats / (1.0 - self.decay ** self.n)).tolist()
+        m_r, s_r, m_d, s_d = (self.stats / (1.0 - self.decay**self.n)).tolist()
         self.host_std = (math.sqrt(max(s_r - m_r**2, 0.0)), math.sqrt(max(s_d - m_d**2, 0.0)))
 
     def state_dict(self) -> dict:
         st = [0.0] * 4 if self.stats is None else self.stats.tolist()
-        return {"decay": self.decay, "m_r": st[0], "s_r": st[1], "m_d": st[2], "s_d": st[3], "n": self.n,
-                "host_std": list(self.host_std)}
+        return {
+            "decay": self.decay,
+            "m_r": st[0],
+            "s_r": st[1],
+            "m_d": st[2],
+            "s_d": st[3],
+            "n": self.n,
+            "host_std": list(self.host_std),
+        }
 
     def load_state_dict(self, d: dict) -> None:
         self.decay, self.n = d["decay"], int(d["n"])
@@ -75,13 +91,39 @@ def sc_rows(B: int, rate: float, generator: Optional[torch.Generator], device) -
     return torch.randperm(B, generator=generator, device=device)[:k]
 
 
-class RePlaidMethod:
+CONTINUOUS_SAMPLERS = ("ddpm", "ddim", "dpmpp2m", "heun")  # replaid.sampling.continuous; the default first
+
+
+def continuous_eval_bound(
+    cfg: RunConfig, model, tokens: Tensor, generator: Optional[torch.Generator], mask: Optional[Tensor] = None
+) -> dict[str, Tensor]:
+    """The continuous-time VDM NELBO (``nelbo_per_sequence``) of a continuous model, self-conditioning
+    as at evaluation (``eval.self_conditioning``: a first pass feeds the second)."""
+    ecfg = cfg.eval
+    sc = model.self_conditioning and ecfg.self_conditioning
+    return nelbo_per_sequence(
+        model, model.schedule, tokens, ecfg.t_samples, mask, generator, predict=lambda z, g: denoise(model, z, g, sc)
+    )
+
+
+def schedule_summary(cfg: RunConfig, model) -> dict:
+    """The noise schedule's endpoints (of the weights evaluated) and the evaluation's time samples."""
+    with torch.no_grad():
+        g0, g1 = (float(g) for g in model.schedule.endpoints())  # floats (LangFlow) or tensors (RePlaid)
+    return {"gamma_0": g0, "gamma_1": g1, "t_samples": cfg.eval.t_samples}
+
+
+class RePlaidMethod(Method[RePlaid]):
     """RePlaid (and the original Plaid's diffusion math): VDM NELBO with the adaptive split."""
 
     name = "replaid"
+    kind = Kind.CONTINUOUS
+    description = "RePlaid (continuous diffusion on learned embeddings; NELBO bound)"
+    samplers = CONTINUOUS_SAMPLERS
+    global_times = True  # the diffusion rows' times come from the global batch
 
     def __init__(self, cfg: RunConfig):
-        self.cfg = cfg
+        super().__init__(cfg)
         self.split = SplitState(decay=cfg.diffusion.split_ema)
         self.core = self.loss_core  # compiled by compile()
         self.step = 0  # optimiser steps taken (for the output-prior ramp)
@@ -96,9 +138,15 @@ class RePlaidMethod:
         return RePlaid(self.cfg.model, self.cfg.diffusion, vocab_size)
 
     # ------------------------------------------------------------------ training (Algorithm 1)
-    def train_loss(self, model: RePlaid, tokens: Tensor, generator: torch.Generator,
-                   t_diff: Optional[Tensor] = None, mask: Optional[Tensor] = None,
-                   n_recon: Optional[int] = None) -> tuple[Tensor, dict]:
+    def train_loss(
+        self,
+        model: RePlaid,
+        tokens: Tensor,
+        generator: torch.Generator,
+        mask: Optional[Tensor] = None,
+        t_diff: Optional[Tensor] = None,
+        n_recon: Optional[int] = None,
+    ) -> tuple[Tensor, dict]:
         """One micro-batch of Algorithm 1. tokens: (B, L). ``t_diff``: the low-discrepancy times of
         the diffusion rows (B - B_r,), sliced from the global batch by the caller; drawn here if None.
         Returns the scalar loss (float64) and per-row losses / metrics (device tensors: nothing
@@ -124,8 +172,14 @@ class RePlaidMethod:
         gamma, dgamma = model.schedule(t, var_hook_weight=hook_w, detach_shape=is_recon | sc)
         loss, recon, diff, prior = self.core(model, tokens, gamma, dgamma, sc, sc_idx, eps, B_r, ps, mask)
         hook_w[B_r:] = diff.detach()  # variance-minimisation hook weight (paper code figure)
-        metrics = {"recon": recon.detach(), "diffusion": diff.detach(), "prior": prior.detach(), "B_r": B_r,
-                   "gamma_0": model.schedule.gamma_0.detach(), "gamma_1": model.schedule.gamma_1.detach()}
+        metrics = {
+            "recon": recon.detach(),
+            "diffusion": diff.detach(),
+            "prior": prior.detach(),
+            "B_r": B_r,
+            "gamma_0": model.schedule.gamma_0.detach(),
+            "gamma_1": model.schedule.gamma_1.detach(),
+        }
         if dcfg.prior_ramp_steps > 0:
             metrics["prior_scale"] = ps
         if dcfg.ce_weight > 0:
@@ -134,8 +188,19 @@ class RePlaidMethod:
             metrics["ce"] = ce.detach()
         return loss, metrics
 
-    def loss_core(self, model: RePlaid, tokens: Tensor, gamma: Tensor, dgamma: Tensor, sc: Tensor, sc_idx: Tensor,
-                  eps: Tensor, B_r: int, ps: float, mask: Optional[Tensor]):
+    def loss_core(
+        self,
+        model: RePlaid,
+        tokens: Tensor,
+        gamma: Tensor,
+        dgamma: Tensor,
+        sc: Tensor,
+        sc_idx: Tensor,
+        eps: Tensor,
+        B_r: int,
+        ps: float,
+        mask: Optional[Tensor],
+    ):
         """Algorithm 1 from the drawn noise and the schedule's (gamma, gamma') (B,) float64 on: no
         generator, hook or host sync, so ``train.compile`` compiles it whole (:meth:`compile`).
         Returns (loss, recon (B_r,), diffusion (B - B_r,), prior (B,))."""
@@ -153,19 +218,42 @@ class RePlaidMethod:
             e_sc = torch.zeros_like(z).index_copy(0, sc_idx, first)
         nll, e_hat = model.train_outputs(z, gamma, e_sc, tokens, ~sc, ps)  # (B, L), (B, L, d_e)
         recon = masked_mean(nll[:B_r], None if mask is None else mask[:B_r])  # (B_r,)
-        diff = diffusion_loss(e_hat[B_r:], e[B_r:], gamma[B_r:], dgamma[B_r:],
-                              None if mask is None else mask[B_r:])  # (n_d,)
+        diff = diffusion_loss(
+            e_hat[B_r:], e[B_r:], gamma[B_r:], dgamma[B_r:], None if mask is None else mask[B_r:]
+        )  # (n_d,)
         _, g1 = model.schedule.endpoints()
         prior = prior_kl(e, g1, mask)  # (B,)
         return recon.mean() + diff.mean() + prior.mean(), recon, diff, prior
 
-    def compile(self) -> None:
+    def compile(self, model: RePlaid) -> None:
         """``train.compile``: compile :meth:`loss_core` (the whole loss but the noise draws and the
         schedule with its variance hook)."""
         self.core = torch.compile(self.loss_core)
 
-    def _ce_term(self, model: RePlaid, tokens: Tensor, t_diff: Tensor, gen: Optional[torch.Generator],
-                 mask: Optional[Tensor], B_r: int, prior_scale: float = 1.0) -> Tensor:
+    def recon_rows(self, batch: int) -> int:
+        """B_r of Algorithm 1 line 2 (the adaptive split, as of the last :meth:`refresh`)."""
+        return self.split.recon_rows(batch)
+
+    def check_training(self, cfg: RunConfig, world_size: int = 1) -> None:
+        micro = cfg.train.batch_size // (cfg.train.grad_accum * world_size)
+        if micro < 2:
+            raise ConfigError(
+                f"invalid config value train.batch_size: method={self.name} needs micro-batches of at "
+                f"least 2 rows (one reconstruction row, one diffusion row), but batch_size "
+                f"{cfg.train.batch_size} / (grad_accum {cfg.train.grad_accum} x {world_size} ranks) "
+                f"gives {micro}; raise train.batch_size or lower train.grad_accum"
+            )
+
+    def _ce_term(
+        self,
+        model: RePlaid,
+        tokens: Tensor,
+        t_diff: Tensor,
+        gen: Optional[torch.Generator],
+        mask: Optional[Tensor],
+        B_r: int,
+        prior_scale: float = 1.0,
+    ) -> Tensor:
         """Paper sec. 5.1: ``E_t[-(1/L) sum_l log x_hat(z_t)]`` on the diffusion rows, with the schedule
         detached so the gradient reaches only the embeddings and the denoiser. ``gen``: on the device."""
         dev = tokens.device
@@ -188,12 +276,21 @@ class RePlaidMethod:
 
     # ------------------------------------------------------------------ evaluation bound
     @torch.no_grad()
-    def eval_bound(self, model: RePlaid, tokens: Tensor, generator: torch.Generator,
-                   mask: Optional[Tensor] = None) -> dict[str, Tensor]:
-        ecfg = self.cfg.eval
-        sc = model.self_conditioning and ecfg.self_conditioning
-        return nelbo_per_sequence(model, model.schedule, tokens, ecfg.t_samples, mask, generator,
-                                  predict=lambda z, g: denoise(model, z, g, sc))
+    def eval_bound(
+        self, model: RePlaid, tokens: Tensor, generator: Optional[torch.Generator], mask: Optional[Tensor] = None
+    ) -> dict[str, Tensor]:
+        return continuous_eval_bound(self.cfg, model, tokens, generator, mask)
+
+    def eval_summary(self, model: RePlaid) -> dict:
+        return schedule_summary(self.cfg, model)
+
+    def divergence_hint(self, model: RePlaid) -> str:
+        ends = [round(float(g.detach()), 3) for g in model.schedule.endpoints()]
+        d = self.cfg.diffusion
+        return f"noise-schedule endpoints (gamma_0, gamma_1 now {ends}, started at {d.gamma_0:g}, {d.gamma_1:g})"
+
+    def embedding_rows(self, model: RePlaid) -> Tensor:
+        return model.embedding_matrix()
 
     def state_dict(self) -> dict:
         return {"split": self.split.state_dict(), "step": self.step}

@@ -4,6 +4,7 @@ LayerNorm, bidirectional (or causal) attention with rotary embeddings through Py
 MLP with biases and GELU(tanh), AdaLN-Zero modulation with learnable gates on both residual
 branches. The residual stream stays float32; under bf16 autocast the matmuls run in bf16.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,16 +47,24 @@ def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
 class DiTBlock(nn.Module):
     """One pre-LN transformer block with AdaLN-Zero (identity at initialisation)."""
 
-    def __init__(self, hidden: int, n_heads: int, cond_dim: Optional[int], mlp_ratio: int = 4,
-                 dropout: float = 0.0, causal: bool = False):
+    def __init__(
+        self,
+        hidden: int,
+        n_heads: int,
+        cond_dim: Optional[int],
+        mlp_ratio: int = 4,
+        dropout: float = 0.0,
+        causal: bool = False,
+    ):
         super().__init__()
         self.n_heads, self.causal, self.dropout = n_heads, causal, dropout
         self.norm1 = nn.LayerNorm(hidden)
         self.qkv = nn.Linear(hidden, 3 * hidden, bias=False)
         self.attn_out = nn.Linear(hidden, hidden, bias=False)
         self.norm2 = nn.LayerNorm(hidden)
-        self.mlp = nn.Sequential(nn.Linear(hidden, mlp_ratio * hidden), nn.GELU(approximate="tanh"),
-                                 nn.Linear(mlp_ratio * hidden, hidden))
+        self.mlp = nn.Sequential(
+            nn.Linear(hidden, mlp_ratio * hidden), nn.GELU(approximate="tanh"), nn.Linear(mlp_ratio * hidden, hidden)
+        )
         if cond_dim is not None:  # AdaLN-Zero: shift, scale, gate for attention and MLP
             self.adaLN = nn.Linear(cond_dim, 6 * hidden)
             nn.init.zeros_(self.adaLN.weight)
@@ -112,8 +121,9 @@ class TimeEmbedding(nn.Module):
 
     def __init__(self, n_features: int = 64):
         super().__init__()
-        self.register_buffer("freqs", torch.exp(torch.linspace(-5, 5, n_features // 2, dtype=torch.float64)),
-                             persistent=False)
+        self.register_buffer(
+            "freqs", torch.exp(torch.linspace(-5, 5, n_features // 2, dtype=torch.float64)), persistent=False
+        )
 
     def forward(self, gamma: Tensor) -> Tensor:  # (B,) float64 -> (B, n) float32
         a = gamma.double()[:, None] * self.freqs
@@ -142,11 +152,21 @@ class DiTTimestepFeatures(nn.Module):
 class Backbone(nn.Module):
     """Stack of DiT blocks on an input sequence of hidden vectors (the shared transformer)."""
 
-    def __init__(self, hidden: int, n_layers: int, n_heads: int, cond_dim: Optional[int], mlp_ratio: int = 4,
-                 dropout: float = 0.0, causal: bool = False, activation_checkpointing: bool = False):
+    def __init__(
+        self,
+        hidden: int,
+        n_layers: int,
+        n_heads: int,
+        cond_dim: Optional[int],
+        mlp_ratio: int = 4,
+        dropout: float = 0.0,
+        causal: bool = False,
+        activation_checkpointing: bool = False,
+    ):
         super().__init__()
-        self.blocks = nn.ModuleList(DiTBlock(hidden, n_heads, cond_dim, mlp_ratio, dropout, causal)
-                                    for _ in range(n_layers))
+        self.blocks = nn.ModuleList(
+            DiTBlock(hidden, n_heads, cond_dim, mlp_ratio, dropout, causal) for _ in range(n_layers)
+        )
         self.rotary = Rotary(hidden // n_heads)
         self.activation_checkpointing = activation_checkpointing
         self.reset_parameters()

@@ -15,7 +15,13 @@ the backward turns it, ``head_chunk_rows`` rows at a time, into ``p`` and then i
 with ``sum_v p_v (g_e . E_v) = g_e . e_hat``), so exactly one (N, V) float32 tensor is alive plus
 one (chunk, V) temporary. No FLOP is recomputed. Rows with ``e_keep = 0`` (self-conditioned
 rows) pass no gradient to ``E`` (both through ``p E`` and the prior), without any row indexing.
+
+On the CPU that (chunk, V) temporary is one workspace kept between calls (:func:`workspace`): at small
+sizes a fresh 16 MB buffer per softmax, log-sum-exp and backward pass cost page faults comparable to
+the arithmetic (issue 23: RePlaid's step went from 1.21x to below 1.15x MDLM's at the demo size). The
+log-sum-exp is ``torch.logsumexp``'s own sequence of operations, so every number is the same.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -26,6 +32,32 @@ from torch import Tensor
 DEFAULT_CHUNK_ELEMENTS = 1 << 22  # (chunk, V) temporaries of ~16 MB when head_chunk_rows = 0
 
 
+_WORKSPACE: dict[tuple[int, int], Tensor] = {}
+
+
+def workspace(rows: int, V: int, like: Tensor) -> Tensor:
+    """A (rows, V) float32 scratch buffer: on the CPU one kept between calls (the largest asked for, per
+    V); elsewhere a new one (the device's caching allocator reuses memory by itself)."""
+    if like.device.type != "cpu":
+        return like.new_empty(rows, V, dtype=torch.float32)
+    buf = _WORKSPACE.get((V, like.device.index or 0))
+    if buf is None or buf.shape[0] < rows:
+        _WORKSPACE.clear()  # one size in use at a time
+        buf = _WORKSPACE[V, like.device.index or 0] = torch.empty(rows, V, dtype=torch.float32)
+    return buf[:rows]
+
+
+def _logsumexp_rows(x: Tensor, out: Tensor, scratch: Tensor) -> None:
+    """``out = torch.logsumexp(x, -1)`` (N,) for x (N, V) float32, by the same operations in the same order
+    (max, shift, exp, sum, log, add back the max), the shifted copy written into ``scratch`` (N, V)."""
+    m = torch.amax(x, -1, keepdim=True)
+    m.masked_fill_(m.abs() == float("inf"), 0)
+    torch.sub(x, m, out=scratch)
+    scratch.exp_()
+    torch.sum(scratch, -1, out=out)
+    out.log_().add_(m.squeeze(-1))
+
+
 def chunk_rows(V: int, head_chunk_rows: int = 0) -> int:
     """Rows of the flattened B*L per chunk of the softmax pass (``model.head_chunk_rows``; 0 = auto)."""
     return head_chunk_rows if head_chunk_rows > 0 else max(1, DEFAULT_CHUNK_ELEMENTS // V)
@@ -33,8 +65,18 @@ def chunk_rows(V: int, head_chunk_rows: int = 0) -> int:
 
 class _PriorSoftmaxHead(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, f: Tensor, W: Tensor, b: Optional[Tensor], zs: Optional[Tensor], E: Tensor, e_keep: Tensor,
-                target: Tensor, chunk: int, mm_dtype: torch.dtype):
+    def forward(
+        ctx,
+        f: Tensor,
+        W: Tensor,
+        b: Optional[Tensor],
+        zs: Optional[Tensor],
+        E: Tensor,
+        e_keep: Tensor,
+        target: Tensor,
+        chunk: int,
+        mm_dtype: torch.dtype,
+    ):
         with torch.autocast(f.device.type, enabled=False):
             logits = (f.to(mm_dtype) @ W.to(mm_dtype).t()).float()  # (N, V): the one float32 buffer
             if b is not None:
@@ -42,13 +84,16 @@ class _PriorSoftmaxHead(torch.autograd.Function):
             Ef = E.float()
             if zs is not None:
                 logits.addmm_(zs.float(), Ef.t())
-            N = logits.shape[0]
+            N, V = logits.shape
             e_hat = logits.new_empty(N, Ef.shape[1])
             lse = logits.new_empty(N)
+            ws = workspace(min(chunk, N), V, logits)  # (chunk, V)
             for s in range(0, N, chunk):
-                lc = logits[s:s + chunk]
-                lse[s:s + chunk] = torch.logsumexp(lc, -1)
-                e_hat[s:s + chunk] = torch.softmax(lc, -1) @ Ef
+                lc = logits[s : s + chunk]
+                w = ws[: lc.shape[0]]
+                _logsumexp_rows(lc, lse[s : s + chunk], w)
+                torch.ops.aten._softmax.out(lc, -1, False, out=w)  # softmax(lc) into the workspace
+                torch.mm(w, Ef, out=e_hat[s : s + chunk])
             nll = lse - logits.gather(1, target[:, None]).squeeze(1)
         ctx.save_for_backward(logits, lse, e_hat, f, W, b, zs, E, e_keep, target)
         ctx.chunk, ctx.mm_dtype, ctx.used = chunk, mm_dtype, False
@@ -68,12 +113,14 @@ class _PriorSoftmaxHead(torch.autograd.Function):
             s_e = (g_e * e_hat).sum(-1, keepdim=True)  # (N, 1): sum_v p_v g_e.E_v
             keep = e_keep.float()[:, None]
             dE = torch.zeros_like(Ef)
-            for s in range(0, logits.shape[0], ctx.chunk):
-                d = logits[s:s + ctx.chunk]  # becomes p, then d logits, in place
-                d.sub_(lse[s:s + ctx.chunk, None]).exp_()
-                dE.addmm_(d.t(), g_e[s:s + ctx.chunk] * keep[s:s + ctx.chunk])  # from e_hat = p E
-                dp = g_e[s:s + ctx.chunk] @ Ef.t()  # (chunk, V) temporary
-                dp.sub_(s_e[s:s + ctx.chunk]).add_(g_nll[s:s + ctx.chunk, None])
+            N, V = logits.shape
+            ws = workspace(min(ctx.chunk, N), V, logits)  # (chunk, V)
+            for s in range(0, N, ctx.chunk):
+                d = logits[s : s + ctx.chunk]  # becomes p, then d logits, in place
+                d.sub_(lse[s : s + ctx.chunk, None]).exp_()
+                dE.addmm_(d.t(), g_e[s : s + ctx.chunk] * keep[s : s + ctx.chunk])  # from e_hat = p E
+                dp = torch.mm(g_e[s : s + ctx.chunk], Ef.t(), out=ws[: d.shape[0]])  # (chunk, V) temporary
+                dp.sub_(s_e[s : s + ctx.chunk]).add_(g_nll[s : s + ctx.chunk, None])
                 d.mul_(dp)
                 del dp
             d = logits  # (N, V): d loss / d logits
@@ -89,17 +136,33 @@ class _PriorSoftmaxHead(torch.autograd.Function):
         return df, dW, db, dzs, dE.to(E.dtype) if ctx.needs_input_grad[4] else None, None, None, None, None
 
 
-def prior_softmax_head(f: Tensor, W: Tensor, b: Optional[Tensor], zs: Optional[Tensor], E: Tensor,
-                       e_keep: Tensor, target: Tensor, chunk: int, mm_dtype: torch.dtype = torch.float32
-                       ) -> tuple[Tensor, Tensor]:
+def prior_softmax_head(
+    f: Tensor,
+    W: Tensor,
+    b: Optional[Tensor],
+    zs: Optional[Tensor],
+    E: Tensor,
+    e_keep: Tensor,
+    target: Tensor,
+    chunk: int,
+    mm_dtype: torch.dtype = torch.float32,
+) -> tuple[Tensor, Tensor]:
     """(e_hat (N, d_e) float32, nll (N,) float32) of the module docstring; f (N, H), zs (N, d_e) or
     None (no output prior), e_keep (N,) 0/1 (0: no gradient to E from that row), target (N,) long."""
     return _PriorSoftmaxHead.apply(f, W, b, zs, E, e_keep, target, chunk, mm_dtype)
 
 
-def plain_head(f: Tensor, W: Tensor, b: Optional[Tensor], zs: Optional[Tensor], E: Tensor, e_keep: Tensor,
-               target: Tensor, dtype: torch.dtype = torch.float32, mm_dtype: Optional[torch.dtype] = None
-               ) -> tuple[Tensor, Tensor]:
+def plain_head(
+    f: Tensor,
+    W: Tensor,
+    b: Optional[Tensor],
+    zs: Optional[Tensor],
+    E: Tensor,
+    e_keep: Tensor,
+    target: Tensor,
+    dtype: torch.dtype = torch.float32,
+    mm_dtype: Optional[torch.dtype] = None,
+) -> tuple[Tensor, Tensor]:
     """The same outputs by plain autograd in ``dtype`` (the float64 test reference, and the
     expression ``torch.compile`` fuses itself); rows with ``e_keep = 0`` see ``E.detach()``."""
     keep = e_keep.to(dtype)[:, None]

@@ -18,6 +18,7 @@ Noise schedule: LangFlow's Gumbel proposal, ``gamma(t) = loc - scale log(-log t)
 ``[gamma_min, gamma_max]`` with ``gamma_min = loc - scale log(-log c)``, ``gamma_max = loc - scale log c``
 (``c`` = cutoff); only its endpoints enter the ODE likelihood (integrated in gamma).
 """
+
 from __future__ import annotations
 
 import math
@@ -54,8 +55,18 @@ class GumbelSchedule(nn.Module):
 class LangFlowDenoiser(nn.Module):
     """``(z, gamma, e_sc) -> (logits, e_hat)`` with LangFlow's parameterisation (module docstring)."""
 
-    def __init__(self, vocab_size: int, hidden: int, n_layers: int, n_heads: int, cond_dim: int,
-                 self_conditioning: bool = True, loc: float = 4.723, scale: float = 0.852, cutoff: float = 1e-5):
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden: int,
+        n_layers: int,
+        n_heads: int,
+        cond_dim: int,
+        self_conditioning: bool = True,
+        loc: float = 4.723,
+        scale: float = 0.852,
+        cutoff: float = 1e-5,
+    ):
         super().__init__()
         self.vocab_size, self.hidden, self.self_conditioning = vocab_size, hidden, self_conditioning
         self.weight = nn.Parameter(torch.randn(vocab_size, hidden))

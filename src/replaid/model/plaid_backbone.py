@@ -21,6 +21,7 @@ backbone, so the schedule, embeddings, input projections, self-conditioning, ``p
 the NELBO and the RePlaid samplers all apply unchanged. muP learning-rate scaling (paper's Plaid
 0.1B optimiser table) is *not* applied here; it belongs in a preset.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,7 +35,6 @@ from torch.utils.checkpoint import checkpoint
 from replaid.config import DiffusionConfig, ModelConfig
 from replaid.model.dit import FinalLayer, Rotary, apply_rotary
 from replaid.model.replaid import RePlaid
-
 
 MUP_BASE_WIDTH = 256  # Plaid's muP base shapes: the readout multiplier is MUP_BASE_WIDTH / hidden
 RMS_EPS = 1e-5  # apex FusedRMSNorm's default
@@ -54,16 +54,20 @@ class RMSNorm(nn.Module):
 class PlaidBlock(nn.Module):
     """``x + s attn(RMSNorm(x))``, then ``x + s MLP(RMSNorm(x))`` with ``s = residual_scale``."""
 
-    def __init__(self, hidden: int, n_heads: int, mlp_ratio: int = 4, dropout: float = 0.0,
-                 residual_scale: float = 1.0):
+    def __init__(
+        self, hidden: int, n_heads: int, mlp_ratio: int = 4, dropout: float = 0.0, residual_scale: float = 1.0
+    ):
         super().__init__()
         self.n_heads, self.dropout, self.residual_scale = n_heads, dropout, residual_scale
         self.norm1 = RMSNorm(hidden)
         self.qkv = nn.Linear(hidden, 3 * hidden, bias=False)
         self.attn_out = nn.Linear(hidden, hidden, bias=False)
         self.norm2 = RMSNorm(hidden)
-        self.mlp = nn.Sequential(nn.Linear(hidden, mlp_ratio * hidden, bias=False), nn.GELU(approximate="tanh"),
-                                 nn.Linear(mlp_ratio * hidden, hidden, bias=False))
+        self.mlp = nn.Sequential(
+            nn.Linear(hidden, mlp_ratio * hidden, bias=False),
+            nn.GELU(approximate="tanh"),
+            nn.Linear(mlp_ratio * hidden, hidden, bias=False),
+        )
 
     def attention(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
         B, L, D = x.shape
@@ -80,8 +84,15 @@ class PlaidBlock(nn.Module):
 
 
 class PlaidBackbone(nn.Module):
-    def __init__(self, hidden: int, n_layers: int, n_heads: int, mlp_ratio: int = 4, dropout: float = 0.0,
-                 activation_checkpointing: bool = False):
+    def __init__(
+        self,
+        hidden: int,
+        n_layers: int,
+        n_heads: int,
+        mlp_ratio: int = 4,
+        dropout: float = 0.0,
+        activation_checkpointing: bool = False,
+    ):
         super().__init__()
         scale = 1.0 / math.sqrt(n_layers)
         self.blocks = nn.ModuleList(PlaidBlock(hidden, n_heads, mlp_ratio, dropout, scale) for _ in range(n_layers))
@@ -104,8 +115,9 @@ class PlaidModel(RePlaid):
     def __init__(self, cfg: ModelConfig, dcfg: DiffusionConfig, vocab_size: int):
         super().__init__(cfg, dcfg, vocab_size)
         del self.cond  # no AdaLN conditioning: time enters through in_t only
-        self.backbone = PlaidBackbone(cfg.hidden, cfg.n_layers, cfg.n_heads, cfg.mlp_ratio, cfg.dropout,
-                                      cfg.activation_checkpointing)
+        self.backbone = PlaidBackbone(
+            cfg.hidden, cfg.n_layers, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, cfg.activation_checkpointing
+        )
         self.final = FinalLayer(cfg.hidden, vocab_size, None)  # LayerNorm + zero-initialised head
         self.final.norm = nn.LayerNorm(cfg.hidden, bias=False)  # Plaid's LayerNorm has a weight only
         self.in_z.reset_parameters()  # Plaid's input_linear: PyTorch's default init

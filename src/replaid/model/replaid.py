@@ -8,6 +8,7 @@
 
 ``E`` holds unit-norm rows, renormalised on every forward from the raw learnable matrix.
 """
+
 from __future__ import annotations
 
 import math
@@ -64,8 +65,10 @@ def load_embedding_file(path: str, vocab_size: int, d_e: int) -> Tensor:
     else:
         w = torch.load(p, weights_only=True, map_location="cpu")
     if tuple(w.shape) != (vocab_size, d_e):
-        raise ValueError(f"embedding file {p} has shape {tuple(w.shape)}, expected ({vocab_size}, {d_e}); "
-                         f"set model.d_e to match or use another file")
+        raise ValueError(
+            f"embedding file {p} has shape {tuple(w.shape)}, expected ({vocab_size}, {d_e}); "
+            f"set model.d_e to match or use another file"
+        )
     return w.float()
 
 
@@ -78,8 +81,9 @@ class RePlaid(nn.Module):
         self.vocab_size, self.d_e, self.cfg = vocab_size, d_e, cfg
         self.self_conditioning = cfg.self_conditioning
         self.embedding = TokenEmbedding(vocab_size, d_e, cfg.embeddings, cfg.embeddings_path, cfg.normalize_embeddings)
-        self.schedule = NoiseSchedule(dcfg.gamma_0, dcfg.gamma_1, dcfg.schedule, dcfg.schedule_hidden,
-                                      dcfg.learn_endpoints)
+        self.schedule = NoiseSchedule(
+            dcfg.gamma_0, dcfg.gamma_1, dcfg.schedule, dcfg.schedule_hidden, dcfg.learn_endpoints
+        )
         self.time_features = TimeEmbedding(N_TIME_FEATURES)
         # the three input projections (bias-free); self-cond and time start at zero
         # model.up_projection=false (exchange ablation, d_e == hidden): z enters the backbone as it is
@@ -90,10 +94,19 @@ class RePlaid(nn.Module):
             nn.init.normal_(self.in_z.weight, std=1.0 / math.sqrt(d_e))
         nn.init.zeros_(self.in_sc.weight)
         nn.init.zeros_(self.in_t.weight)
-        self.cond = nn.Sequential(nn.Linear(N_TIME_FEATURES, cfg.cond_dim), nn.SiLU(),
-                                  nn.Linear(cfg.cond_dim, cfg.cond_dim), nn.SiLU())
-        self.backbone = Backbone(cfg.hidden, cfg.n_layers, cfg.n_heads, cfg.cond_dim, cfg.mlp_ratio,
-                                 cfg.dropout, causal=False, activation_checkpointing=cfg.activation_checkpointing)
+        self.cond = nn.Sequential(
+            nn.Linear(N_TIME_FEATURES, cfg.cond_dim), nn.SiLU(), nn.Linear(cfg.cond_dim, cfg.cond_dim), nn.SiLU()
+        )
+        self.backbone = Backbone(
+            cfg.hidden,
+            cfg.n_layers,
+            cfg.n_heads,
+            cfg.cond_dim,
+            cfg.mlp_ratio,
+            cfg.dropout,
+            causal=False,
+            activation_checkpointing=cfg.activation_checkpointing,
+        )
         self.final = FinalLayer(cfg.hidden, vocab_size, cfg.cond_dim)
 
     # ---- denoiser interface -------------------------------------------------------------
@@ -117,8 +130,9 @@ class RePlaid(nn.Module):
         """The logit head, bf16 under autocast (precision table), returned as float32 (B, L, V)."""
         return self.final.linear(feats).float()
 
-    def forward(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None,
-                prior_scale: float = 1.0) -> DenoiserOutput:
+    def forward(
+        self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None, prior_scale: float = 1.0
+    ) -> DenoiserOutput:
         """(z_t, gamma, e_sc) -> (logits, e_hat) for sampling and evaluation (plain autograd).
 
         prior_scale: multiplies the output prior logits (Plaid's ``bias_scale`` ramp; 1 = RePlaid).
@@ -126,8 +140,9 @@ class RePlaid(nn.Module):
         feats, _ = self.hidden_states(z, gamma, e_sc)  # (B, L, hidden)
         return self._output(feats, z, gamma, self.embedding(), prior_scale)
 
-    def train_outputs(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor], tokens: Tensor,
-                      e_keep: Tensor, prior_scale: float = 1.0) -> tuple[Tensor, Tensor]:
+    def train_outputs(
+        self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor], tokens: Tensor, e_keep: Tensor, prior_scale: float = 1.0
+    ) -> tuple[Tensor, Tensor]:
         """Training outputs of every row through the fused head (:mod:`replaid.model.head`):
         the per-position reconstruction CE ``-log x_hat[tokens]`` (B, L) float32 and ``e_hat``
         (B, L, d_e) float32, holding one (B*L, V) float32 buffer and with no row indexing.
@@ -143,8 +158,15 @@ class RePlaid(nn.Module):
             alpha, sigma = alpha_sigma(gamma.double())
             zs = (z.float() * (prior_scale * alpha / sigma**2).float().view(-1, 1, 1)).reshape(B * L, d_e)
         lin = self.final.linear
-        args = (feats.reshape(B * L, -1), lin.weight, lin.bias, zs, E, e_keep[:, None].expand(B, L).reshape(B * L),
-                tokens.reshape(B * L))
+        args = (
+            feats.reshape(B * L, -1),
+            lin.weight,
+            lin.bias,
+            zs,
+            E,
+            e_keep[:, None].expand(B, L).reshape(B * L),
+            tokens.reshape(B * L),
+        )
         mm = self.head_dtype(z.device)  # bf16 under autocast
         with torch.autocast(z.device.type, enabled=False):
             if torch.compiler.is_compiling():  # the compiler fuses the plain expression itself

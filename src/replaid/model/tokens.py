@@ -21,6 +21,7 @@ non-embedding parameter count ``N`` (blocks + AdaLN + time MLP + output head) is
 MDLM and Duo at a given size and matches the paper's IsoFLOP table
 (:func:`replaid.training.flops.param_counts`).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from replaid.config import ModelConfig
-from replaid.model.dit import Backbone, FinalLayer, DiTTimestepFeatures, TimeEmbedding, apply_rotary, modulate
+from replaid.model.dit import Backbone, DiTTimestepFeatures, FinalLayer, TimeEmbedding, apply_rotary, modulate
 
 N_TIME_FEATURES = 64
 N_DIT_FEATURES = 256
@@ -39,8 +40,15 @@ N_DIT_FEATURES = 256
 class TokenDiT(nn.Module):
     """``n_in`` input ids (the vocabulary plus any extra ids such as [MASK] or BOS) -> ``n_out`` logits."""
 
-    def __init__(self, cfg: ModelConfig, n_in: int, n_out: int, time_conditioning: bool = False,
-                 causal: bool = False, embed_std: float = 0.02):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        n_in: int,
+        n_out: int,
+        time_conditioning: bool = False,
+        causal: bool = False,
+        embed_std: float = 0.02,
+    ):
         super().__init__()
         self.cfg, self.n_in, self.n_out = cfg, n_in, n_out
         self.time_conditioning, self.causal = time_conditioning, causal
@@ -49,7 +57,7 @@ class TokenDiT(nn.Module):
             self.embed = nn.Embedding(n_in, cfg.d_e)
             nn.init.normal_(self.embed.weight)
             self.embed_up = nn.Linear(cfg.d_e, cfg.hidden, bias=False)
-            nn.init.normal_(self.embed_up.weight, std=cfg.d_e ** -0.5)
+            nn.init.normal_(self.embed_up.weight, std=cfg.d_e**-0.5)
         else:
             self.embed = nn.Embedding(n_in, cfg.hidden)
             nn.init.normal_(self.embed.weight, std=embed_std)
@@ -57,10 +65,19 @@ class TokenDiT(nn.Module):
         dit = cfg.time_embedding == "dit"  # MDLM/Duo's features (converted checkpoints)
         n_feat = N_DIT_FEATURES if dit else N_TIME_FEATURES
         self.time_features = DiTTimestepFeatures(n_feat) if dit else TimeEmbedding(n_feat)
-        self.cond = nn.Sequential(nn.Linear(n_feat, cfg.cond_dim), nn.SiLU(),
-                                  nn.Linear(cfg.cond_dim, cfg.cond_dim), nn.SiLU())
-        self.backbone = Backbone(cfg.hidden, cfg.n_layers, cfg.n_heads, cond_dim, cfg.mlp_ratio, cfg.dropout,
-                                 causal=causal, activation_checkpointing=cfg.activation_checkpointing)
+        self.cond = nn.Sequential(
+            nn.Linear(n_feat, cfg.cond_dim), nn.SiLU(), nn.Linear(cfg.cond_dim, cfg.cond_dim), nn.SiLU()
+        )
+        self.backbone = Backbone(
+            cfg.hidden,
+            cfg.n_layers,
+            cfg.n_heads,
+            cond_dim,
+            cfg.mlp_ratio,
+            cfg.dropout,
+            causal=causal,
+            activation_checkpointing=cfg.activation_checkpointing,
+        )
         self.final = FinalLayer(cfg.hidden, n_out, cond_dim)
 
     # ------------------------------------------------------------------ full forward
@@ -74,7 +91,7 @@ class TokenDiT(nn.Module):
             return e
         if x.dtype in (torch.long, torch.int32, torch.int64):
             e = self._normalize(e)
-        return self.embed_up(e * self.cfg.d_e ** 0.5)  # (B, L, hidden)
+        return self.embed_up(e * self.cfg.d_e**0.5)  # (B, L, hidden)
 
     def _normalize(self, w: Tensor) -> Tensor:
         return w / (w.norm(dim=-1, keepdim=True) + 1e-8) if self.cfg.normalize_embeddings else w
@@ -117,7 +134,7 @@ class TokenDiT(nn.Module):
         x = self.input_states(ids)
         c = self.conditioning(None, B, x.device)  # the constant condition
         cos, sin = self.backbone.rotary(start + T, x.device)
-        cos, sin = cos[start:start + T], sin[start:start + T]
+        cos, sin = cos[start : start + T], sin[start : start + T]
         mask = None
         if T > 1:  # new query j may see the old keys and new keys <= j
             mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(diagonal=start)
@@ -144,8 +161,10 @@ class TokenDiT(nn.Module):
         ``model.factored_embedding`` the d_e-dim rows form the ``embedding`` group (optim.lr/wd_embedding)."""
         if not self.factored:
             return {"backbone": [p for p in self.parameters() if p.requires_grad]}
-        return {"embedding": [self.embed.weight],
-                "backbone": [p for p in self.parameters() if p.requires_grad and p is not self.embed.weight]}
+        return {
+            "embedding": [self.embed.weight],
+            "backbone": [p for p in self.parameters() if p.requires_grad and p is not self.embed.weight],
+        }
 
     def non_embedding_params(self) -> int:
         """All parameters but the input token embedding (the IsoFLOP table's N: the output head counts)."""

@@ -17,6 +17,7 @@ Guarantees (each tested by fault injection in ``tests/test_crash_safety.py``):
 * when ``LATEST`` is missing, names something outside ``checkpoints/`` or an incomplete folder, the
   newest complete ``step_N`` is used and a warning says so.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,6 +26,7 @@ import re
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,6 +34,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from replaid.config import ConfigError, RunConfig
 from replaid.fileio import atomic_write_text, fsync_dir, fsync_file
 
 STEP_NAME = re.compile(r"step_\d{7,}")
@@ -84,9 +87,16 @@ def optimizer_from_tensors(tensors: dict[str, torch.Tensor], meta: dict) -> dict
     return {"state": state, "param_groups": meta["param_groups"]}
 
 
-def save_checkpoint(run_dir: Path, step: int, model_sd: dict, state: dict,
-                    ema_sd: Optional[dict] = None, opt_sd: Optional[dict] = None,
-                    rng: Optional[dict[str, torch.Tensor]] = None, keep: int = 2) -> Path:
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    model_sd: dict,
+    state: dict,
+    ema_sd: Optional[dict] = None,
+    opt_sd: Optional[dict] = None,
+    rng: Optional[dict[str, torch.Tensor]] = None,
+    keep: int = 2,
+) -> Path:
     """Write checkpoint ``step`` and name it in ``LATEST``; returns its directory.
 
     Never writes NaN/Inf weights (:class:`CheckpointError`), never rewrites the step ``LATEST``
@@ -128,8 +138,10 @@ def save_checkpoint(run_dir: Path, step: int, model_sd: dict, state: dict,
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, (OSError, SafetensorError)):  # e.g. a full disk: the checkpoint in force is intact
-            raise CheckpointError(f"could not write checkpoint {name} into {ckdir} ({e.__class__.__name__}: {e}); "
-                                  f"the previous one (LATEST) is intact: free disk space, then --resume") from e
+            raise CheckpointError(
+                f"could not write checkpoint {name} into {ckdir} ({e.__class__.__name__}: {e}); "
+                f"the previous one (LATEST) is intact: free disk space, then --resume"
+            ) from e
         raise
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)
@@ -208,8 +220,10 @@ def find_checkpoint(path: str | Path) -> Path:
     ckpt = latest_checkpoint(p)
     if ckpt is None:
         explain_damage(p)
-        raise CheckpointError(f"{p} holds no complete checkpoint (no checkpoints/step_N with state.json and "
-                              f"weights); train it first ('replaid train --out {p} --resume') or pass another run")
+        raise CheckpointError(
+            f"{p} holds no complete checkpoint (no checkpoints/step_N with state.json and "
+            f"weights); train it first ('replaid train --out {p} --resume') or pass another run"
+        )
     return ckpt
 
 
@@ -217,12 +231,17 @@ def explain_damage(path: Path) -> None:
     """When a run has checkpoint folders but none complete, raise the error that names what is wrong
     with the newest (its state.json, a missing weights file)."""
     ckdir = path if path.name == "checkpoints" else path / "checkpoints"
-    dirs = sorted((c for c in ckdir.glob("step_*") if STEP_NAME.fullmatch(c.name) and c.is_dir()), key=_step_of) \
-        if ckdir.is_dir() else []
+    dirs = (
+        sorted((c for c in ckdir.glob("step_*") if STEP_NAME.fullmatch(c.name) and c.is_dir()), key=_step_of)
+        if ckdir.is_dir()
+        else []
+    )
     if dirs:
         load_state(dirs[-1], need=("step",))
-        raise CheckpointError(f"checkpoint {dirs[-1]} is incomplete (no model.safetensors) and no other is complete; "
-                              f"restore it, or start again with --overwrite")
+        raise CheckpointError(
+            f"checkpoint {dirs[-1]} is incomplete (no model.safetensors) and no other is complete; "
+            f"restore it, or start again with --overwrite"
+        )
 
 
 def load_state(ckpt: Path, need: tuple[str, ...] = ("step",)) -> dict:
@@ -231,12 +250,16 @@ def load_state(ckpt: Path, need: tuple[str, ...] = ("step",)) -> dict:
     try:
         st = json.loads(f.read_text())
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"checkpoint file {f} is unreadable ({e.__class__.__name__}); it is damaged: "
-                              f"remove {ckpt} to fall back on an earlier checkpoint") from None
+        raise CheckpointError(
+            f"checkpoint file {f} is unreadable ({e.__class__.__name__}); it is damaged: "
+            f"remove {ckpt} to fall back on an earlier checkpoint"
+        ) from None
     missing = [k for k in need if k not in st] if isinstance(st, dict) else list(need)
     if missing:
-        raise CheckpointError(f"checkpoint file {f} is not a replaid state (lacks {', '.join(missing[:3])}); it is "
-                              f"damaged or foreign: remove {ckpt} to fall back on an earlier checkpoint")
+        raise CheckpointError(
+            f"checkpoint file {f} is not a replaid state (lacks {', '.join(missing[:3])}); it is "
+            f"damaged or foreign: remove {ckpt} to fall back on an earlier checkpoint"
+        )
     return st
 
 
@@ -252,8 +275,10 @@ def load_optimizer(ckpt: Path) -> Optional[dict]:
     except CheckpointError:
         raise
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"checkpoint file {f} is damaged ({e.__class__.__name__}); remove {ckpt} to fall "
-                              f"back on an earlier checkpoint") from None
+        raise CheckpointError(
+            f"checkpoint file {f} is damaged ({e.__class__.__name__}); remove {ckpt} to fall "
+            f"back on an earlier checkpoint"
+        ) from None
 
 
 def load_tensors(ckpt: Path, name: str) -> Optional[dict[str, torch.Tensor]]:
@@ -273,8 +298,69 @@ def load_model_weights(model: torch.nn.Module, sd: dict[str, torch.Tensor], wher
     unexpected = [k for k in sd if k not in own]
     bad = [k for k in own if k in sd and tuple(own[k].shape) != tuple(sd[k].shape)]
     if missing or unexpected or bad:
-        detail = (f"missing {missing[:2]}" if missing else f"unexpected {unexpected[:2]}" if unexpected
-                  else f"shape of {bad[0]} is {tuple(sd[bad[0]].shape)} vs {tuple(own[bad[0]].shape)}")
-        raise CheckpointError(f"checkpoint {where} does not match this model ({detail}); "
-                              f"it was written by another model or config: load it with its own config.json")
+        detail = (
+            f"missing {missing[:2]}"
+            if missing
+            else f"unexpected {unexpected[:2]}"
+            if unexpected
+            else f"shape of {bad[0]} is {tuple(sd[bad[0]].shape)} vs {tuple(own[bad[0]].shape)}"
+        )
+        raise CheckpointError(
+            f"checkpoint {where} does not match this model ({detail}); "
+            f"it was written by another model or config: load it with its own config.json"
+        )
     model.load_state_dict(sd, strict=True)
+
+
+@dataclass
+class Stored:
+    """The one checkpoint reader: what a checkpoint (or exported / converted folder) holds, read on
+    demand. Resuming (``training/train.py``), :func:`replaid.training.loading.load_run` and the
+    exporter all read through it; nothing is unpickled."""
+
+    path: Path
+    state: dict
+
+    @classmethod
+    def open(cls, path: str | Path, need: tuple[str, ...] = ("step", "config", "vocab_size")) -> "Stored":
+        """The checkpoint in force at ``path`` (a run, its ``checkpoints/`` or one checkpoint folder)."""
+        ckpt = find_checkpoint(path)
+        return cls(ckpt, load_state(ckpt, need))
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+    def config(self) -> RunConfig:
+        """The run's config, migrated to today's layout and validated."""
+        try:
+            return RunConfig.from_dict(self.state["config"])
+        except ConfigError as e:
+            raise CheckpointError(
+                f"checkpoint {self.path} carries an invalid config ({e}); it is from another version"
+            ) from None
+
+    def tensors(self, name: str) -> Optional[dict[str, torch.Tensor]]:
+        """``model`` / ``ema`` / ``optimizer`` / ``rng`` tensors, None when the file is absent."""
+        return load_tensors(self.path, name)
+
+    def weights(self, ema: bool = True) -> tuple[dict[str, torch.Tensor], bool]:
+        """(network weights, whether they are the EMA file's): the EMA when asked for and stored, else
+        the trained ones; refuses a missing weights file and non-finite weights."""
+        w = self.tensors("ema") if ema else None
+        from_ema = w is not None
+        if w is None:
+            w = self.tensors("model")
+        if w is None:
+            raise CheckpointError(f"checkpoint {self.path} has no model.safetensors; it is incomplete")
+        bad = nonfinite_tensor(w)
+        if bad is not None:
+            raise CheckpointError(
+                f"checkpoint {self.path} holds non-finite weights (NaN/Inf in {bad}); it comes "
+                f"from a diverged run: use an earlier checkpoint or retrain with a smaller "
+                f"learning rate"
+            )
+        return w, from_ema
+
+    def optimizer(self) -> Optional[dict]:
+        return load_optimizer(self.path)

@@ -16,9 +16,15 @@ MLP ratio r, sequence length L and output vocabulary V:
 Training = 3 x forward (forward + backward). Self-conditioning at rate p adds a no-grad forward
 on p of the rows: a factor ``1 + p / 3`` (8.3% at p = 0.25, the paper's figure).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
+
+from replaid.methods import METHODS, Kind
+from replaid.presets import get_preset
 
 
 @dataclass
@@ -31,8 +37,9 @@ class FlopCount:
         return self.non_embedding + self.embedding
 
 
-def forward_flops_per_token(hidden: int, n_layers: int, seq_len: int, vocab_size: int, mlp_ratio: int = 4,
-                            d_e: int | None = None) -> FlopCount:
+def forward_flops_per_token(
+    hidden: int, n_layers: int, seq_len: int, vocab_size: int, mlp_ratio: int = 4, d_e: int | None = None
+) -> FlopCount:
     """Forward FLOPs per token; ``d_e`` given for continuous (embedding-space) models."""
     blocks = 2 * n_layers * (4 + 2 * mlp_ratio) * hidden**2
     attn = 4 * n_layers * seq_len * hidden
@@ -44,7 +51,7 @@ def forward_flops_per_token(hidden: int, n_layers: int, seq_len: int, vocab_size
 def train_flops_per_token(cfg, vocab_size: int, include_embedding: bool = True) -> float:
     """Training FLOPs per token for a :class:`~replaid.config.RunConfig` (3 x forward, + s.c. pass)."""
     m = cfg.model
-    continuous = cfg.method in ("replaid", "plaid")
+    continuous = METHODS[cfg.method].kind is Kind.CONTINUOUS
     d_e = (vocab_size if m.embeddings == "one-hot" else m.d_e) if continuous else None
     f = forward_flops_per_token(m.hidden, m.n_layers, cfg.data.seq_len, vocab_size, m.mlp_ratio, d_e)
     per = f.forward if include_embedding else f.non_embedding
@@ -63,8 +70,9 @@ LLAMA2_VOCAB = 32_000  # the IsoFLOP study's tokenizer; MDLM/AR add one input id
 REF_COND_DIM, REF_FREQ = 128, 256  # MDLM/Duo DiT: cond_dim, TimestepEmbedder frequency features
 
 
-def reference_dit_params(hidden: int, n_layers: int, n_out: int, cond_dim: int = REF_COND_DIM,
-                         n_freq: int = REF_FREQ, mlp_ratio: int = 4) -> int:
+def reference_dit_params(
+    hidden: int, n_layers: int, n_out: int, cond_dim: int = REF_COND_DIM, n_freq: int = REF_FREQ, mlp_ratio: int = 4
+) -> int:
     """Non-embedding parameters of the reference DiT (kuleshov-group/mdlm and s-sahoo/duo
     ``models/dit.py`` with AdaLN, as MDLM, Duo and the scaling-law AR use it), counted from its
     structure: the time MLP ``Linear(n_freq, c) + Linear(c, c)``; per block two weight-only
@@ -78,8 +86,9 @@ def reference_dit_params(hidden: int, n_layers: int, n_out: int, cond_dim: int =
     return time_mlp + n_layers * block + final
 
 
-def reference_plaid_params(hidden: int, n_layers: int, vocab_size: int, d_e: int = 16, mlp_ratio: int = 4,
-                           schedule_hidden: int = 1024) -> int:
+def reference_plaid_params(
+    hidden: int, n_layers: int, vocab_size: int, d_e: int = 16, mlp_ratio: int = 4, schedule_hidden: int = 1024
+) -> int:
     """Non-embedding parameters of igul222/plaid's ``DiffusionModel`` (+ its ``NoiseSchedule`` and
     ``GammaBounds``), from its structure: input, self-conditioning (``d_e -> d``) and gamma
     (``64 -> d``) projections, bias-free; per block two RMSNorm scales, qkv, out and the bias-free
@@ -90,18 +99,14 @@ def reference_plaid_params(hidden: int, n_layers: int, vocab_size: int, d_e: int
     return 2 * d_e * d + 64 * d + n_layers * block + d + d * vocab_size + vocab_size + 3 * schedule_hidden + 2
 
 
-def param_counts(method: str, hidden: int, n_layers: int, n_heads: int, vocab_size: int = LLAMA2_VOCAB,
-                 cfg=None) -> dict[str, int]:
+def param_counts(
+    method: str, hidden: int, n_layers: int, n_heads: int, vocab_size: int = LLAMA2_VOCAB, cfg=None
+) -> dict[str, int]:
     """Our model's parameter counts for ``method`` at one size, built on the meta device (no memory):
     ``{"non_embedding": N, "embedding": the token-embedding matrix, "total"}``. ``N`` is the
     scaling-law axis: everything but the input token embedding (the output head counts), the
     convention of the paper's IsoFLOP table. ``cfg`` (a RunConfig) supplies the other options
     (default: the ``isoflop`` preset's)."""
-    import torch
-
-    from replaid.methods import METHODS
-    from replaid.presets import get_preset
-
     cfg = cfg or get_preset("isoflop-14m")
     cfg.model.hidden, cfg.model.n_layers, cfg.model.n_heads, cfg.method = hidden, n_layers, n_heads, method
     with torch.device("meta"):

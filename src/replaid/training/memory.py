@@ -23,6 +23,7 @@ gradients) at the start of the backward and (full state + one block) at its end.
 bf16 follows from the same counts: matmul operands at 2 bytes, everything else unchanged (the
 residual stream, norms, softmax and losses stay float32 by the precision table).
 """
+
 from __future__ import annotations
 
 import weakref
@@ -32,7 +33,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from replaid.methods import Kind, get_method, method_class
 from replaid.model.head import chunk_rows
+from replaid.training.train import EMA, Trainer, TrainModule, build_optimizer
 
 GB = 1e9
 VOCAB = {"gpt2": 50257, "llama2": 32000, "bert-base-uncased": 30522}
@@ -53,15 +56,20 @@ class MemoryEstimate:
 
 def param_counts(cfg, V: int) -> tuple[int, int]:
     """(all parameters, trainable parameters) of the method's model, built on the meta device."""
-    from replaid.methods import get_method
-
     with torch.device("meta"):
         model = get_method(cfg).build_model(V)
     return sum(p.numel() for p in model.parameters()), sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def estimate(cfg, V: int, batch: int, bf16: bool = False, act_ckpt: bool | None = None,
-             fused_head: bool = True, params: tuple[int, int] | None = None) -> MemoryEstimate:
+def estimate(
+    cfg,
+    V: int,
+    batch: int,
+    bf16: bool = False,
+    act_ckpt: bool | None = None,
+    fused_head: bool = True,
+    params: tuple[int, int] | None = None,
+) -> MemoryEstimate:
     """Peak bytes per rank of one training step at per-device ``batch`` (module docstring).
     ``params``: :func:`param_counts`, when already known."""
     m = cfg.model
@@ -69,12 +77,16 @@ def estimate(cfg, V: int, batch: int, bf16: bool = False, act_ckpt: bool | None 
     n_all, n_train = params or param_counts(cfg, V)
     T, d, H, n, r = batch * cfg.data.seq_len, m.hidden, m.n_heads, m.n_layers, m.mlp_ratio
     f, a = 4, (2 if bf16 else 4)
-    e = {"parameters": f * n_all, "gradients": f * n_train, "AdamW moments": 2 * f * n_train,
-         "EMA": f * n_all if cfg.optim.ema > 0 else 0}
+    e = {
+        "parameters": f * n_all,
+        "gradients": f * n_train,
+        "AdamW moments": 2 * f * n_train,
+        "EMA": f * n_all if cfg.optim.ema > 0 else 0,
+    }
     per_block = T * (6 * f * d + a * (9 + 2 * r) * d + f * H + (2 * d if m.dropout > 0 else 0))
     e["activations per block"] = per_block
     e["activations, blocks"] = n * T * f * d + per_block if ckpt else n * per_block
-    continuous = cfg.method in ("replaid", "plaid")
+    continuous = method_class(cfg.method).kind is Kind.CONTINUOUS
     e["activations, outside blocks"] = T * (4 * f * d + (6 * f * m.d_e if continuous else 0))
     if continuous and fused_head:
         e["head: saved (B L, V)"] = T * V * f
@@ -87,9 +99,16 @@ def estimate(cfg, V: int, batch: int, bf16: bool = False, act_ckpt: bool | None 
         e["head: saved (B L, V)"] = T * V * f
         e["head: backward transient"] = 2 * T * V * f + (2 * T * V if bf16 else 0)
     head_grads = f * V * (d + 1 + (m.d_e if continuous else 0))
-    start_bwd = (e["parameters"] + e["AdamW moments"] + e["EMA"] + e["activations, blocks"]
-                 + e["activations, outside blocks"] + e["head: saved (B L, V)"] + e["head: backward transient"]
-                 + head_grads)
+    start_bwd = (
+        e["parameters"]
+        + e["AdamW moments"]
+        + e["EMA"]
+        + e["activations, blocks"]
+        + e["activations, outside blocks"]
+        + e["head: saved (B L, V)"]
+        + e["head: backward transient"]
+        + head_grads
+    )
     end_bwd = e["parameters"] + e["gradients"] + e["AdamW moments"] + e["EMA"] + per_block
     return MemoryEstimate(e, max(start_bwd, end_bwd))
 
@@ -146,16 +165,20 @@ class LiveHeap(TorchDispatchMode):
 def measure(cfg, V: int, batch: int) -> float:
     """Measured peak live bytes of the second training step (fp32, CPU), the model, optimizer and
     EMA created under the meter so every tensor is counted."""
-    from replaid.methods import get_method
-    from replaid.training.train import EMA, Trainer, TrainModule, build_optimizer
-
     torch.manual_seed(0)
     tokens = [{"tokens": torch.randint(0, V, (batch, cfg.data.seq_len))}]
     with LiveHeap() as heap:
         method = get_method(cfg)
         model = method.build_model(V)
-        tr = Trainer(cfg, model, method, build_optimizer(model, cfg.optim), torch.device("cpu"),
-                     EMA(model, cfg.optim.ema) if cfg.optim.ema > 0 else None, loss_module=TrainModule(model, method))
+        tr = Trainer(
+            cfg,
+            model,
+            method,
+            build_optimizer(model, cfg.optim),
+            torch.device("cpu"),
+            EMA(model, cfg.optim.ema) if cfg.optim.ema > 0 else None,
+            loss_module=TrainModule(model, method),
+        )
         for p in model.parameters():  # parameters made outside dispatch (nn.Parameter wrappers) count too
             heap.track(p)
         tr.train_step(tokens, log=False)

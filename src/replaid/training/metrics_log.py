@@ -1,4 +1,5 @@
 """Metrics to JSONL and TensorBoard, and a tqdm progress bar."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ from typing import Callable, Optional
 import torch
 from tqdm.auto import tqdm
 
-from replaid.training import dist
+from replaid import dist
 from replaid.fileio import atomic_write_text
 
 
@@ -33,8 +34,14 @@ def truncate_metrics(path: Path, step: int, keep: Callable[[dict], bool] = lambd
 class MetricsLogger:
     """Appends ``{"step": ..., **metrics}`` lines to RUN/metrics.jsonl and scalars to RUN/tb/."""
 
-    def __init__(self, run_dir: Path, enabled: bool = True, tensorboard: bool = True,
-                 resume_step: Optional[int] = None, keep: Callable[[dict], bool] = lambda row: True):
+    def __init__(
+        self,
+        run_dir: Path,
+        enabled: bool = True,
+        tensorboard: bool = True,
+        resume_step: Optional[int] = None,
+        keep: Callable[[dict], bool] = lambda row: True,
+    ):
         """``resume_step``: a resumed run first drops the rows after that step (and those ``keep``
         rejects), so redone steps are not logged twice; TensorBoard purges them likewise."""
         self.enabled = enabled
@@ -59,8 +66,11 @@ class MetricsLogger:
     def log(self, step: int, metrics: dict) -> None:
         if not self.enabled:
             return
-        row = {"step": step, "time": time.time(),
-               **{k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}}
+        row = {
+            "step": step,
+            "time": time.time(),
+            **{k: v for k, v in metrics.items() if isinstance(v, (int, float, str))},
+        }
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
         if self.tb is not None:
@@ -74,8 +84,15 @@ class MetricsLogger:
             tqdm.write(message, file=sys.stderr)
 
     def progress(self, total: int, initial: int = 0, disable: bool = False):
-        return tqdm(total=total, initial=initial, disable=disable or not self.enabled, desc="train",
-                    dynamic_ncols=True, file=sys.stderr, mininterval=1.0)
+        return tqdm(
+            total=total,
+            initial=initial,
+            disable=disable or not self.enabled,
+            desc="train",
+            dynamic_ncols=True,
+            file=sys.stderr,
+            mininterval=1.0,
+        )
 
     def close(self) -> None:
         if self.file:

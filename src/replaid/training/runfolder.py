@@ -6,6 +6,7 @@ when the process dies, even by SIGKILL), records the holder (pid, host, start ti
 ``RUN/.lock.owner``, refuses a folder that already holds a run unless ``resume`` or ``overwrite``,
 and removes the temporaries an interrupted save left behind.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,11 +49,14 @@ def _acquire(run_dir: Path) -> FileLock:
         fl = FileLock(str(run_dir / LOCK), timeout=0, preserve_lock_file=True)
         fl.acquire()
     except Timeout:
-        raise RunFolderError(f"run folder {run_dir} is in use by another trainer ({_holder(run_dir)}); wait for it "
-                             f"to finish or stop it, or choose another --out") from None
+        raise RunFolderError(
+            f"run folder {run_dir} is in use by another trainer ({_holder(run_dir)}); wait for it "
+            f"to finish or stop it, or choose another --out"
+        ) from None
     except OSError as e:
-        raise RunFolderError(f"cannot write to run folder {run_dir} ({e.__class__.__name__}: {e.strerror}); "
-                             f"choose a writable --out") from None
+        raise RunFolderError(
+            f"cannot write to run folder {run_dir} ({e.__class__.__name__}: {e.strerror}); choose a writable --out"
+        ) from None
     return fl
 
 
@@ -68,8 +72,11 @@ def lock(run_dir: Path) -> Iterator[None]:
     run_dir = Path(run_dir)
     fl = _acquire(run_dir)
     try:
-        owner = {"pid": os.getpid(), "host": socket.gethostname(),
-                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        owner = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         atomic_write_text(run_dir / OWNER, json.dumps(owner))
         yield
     finally:
@@ -93,8 +100,10 @@ def claim(run_dir: Path, *, resume: bool = False, overwrite: bool = False) -> It
             shutil.rmtree(run_dir / "tokenizer")
             present = []
         if present and not (resume or overwrite):
-            raise RunFolderError(f"run folder {run_dir} already holds a run ({', '.join(present)}); pass --resume "
-                                 f"to continue it, --overwrite to replace it, or choose another --out")
+            raise RunFolderError(
+                f"run folder {run_dir} already holds a run ({', '.join(present)}); pass --resume "
+                f"to continue it, --overwrite to replace it, or choose another --out"
+            )
         if resume and not (run_dir / "config.json").is_file():
             raise RunFolderError(f"--resume: {run_dir} has no config.json; start a run there without --resume first")
         if overwrite and not resume:
@@ -133,8 +142,10 @@ def remove_stale(run_dir: Path) -> None:
     for folder in (run_dir, run_dir / "tokenizer"):
         stale += remove_stale_temporaries(folder)
     if stale:
-        print(f"replaid: note: removed {len(stale)} temporary file(s) an interrupted run left in {run_dir}",
-              file=sys.stderr)
+        print(
+            f"replaid: note: removed {len(stale)} temporary file(s) an interrupted run left in {run_dir}",
+            file=sys.stderr,
+        )
 
 
 def status(run_dir: Path) -> dict:

@@ -14,6 +14,7 @@ On the ``meta`` device (no values, so a CPU can stand in for a GPU) the data-dep
 cannot run; the counter answers them with placeholders (0, empty, every mask entry true) so the
 code runs on and every site is counted. Each event keeps its source line for the report.
 """
+
 from __future__ import annotations
 
 import traceback
@@ -55,16 +56,22 @@ class SyncCounter(TorchDispatchMode):
             self.syncs[f"{func.__name__} @ {_site()}"] += 1
             if meta:
                 return self._placeholder(func, args)
-        if on_dev and func in INDEX_OPS and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
-                                                for i in tree_leaves(args[1])):
+        if (
+            on_dev
+            and func in INDEX_OPS
+            and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in tree_leaves(args[1]))
+        ):
             self.syncs[f"{func.__name__}[bool] @ {_site()}"] += 1
             if meta:
                 return self._placeholder(func, args)
         if func in (aten._to_copy.default, aten.copy_.default):
             src = args[1] if func is aten.copy_.default else args[0]
             dst_dev = args[0].device if func is aten.copy_.default else kwargs.get("device", src.device)
-            if dst_dev is not None and torch.device(dst_dev).type != src.device.type and (
-                    self._on(src) or torch.device(dst_dev).type == self.device.type):
+            if (
+                dst_dev is not None
+                and torch.device(dst_dev).type != src.device.type
+                and (self._on(src) or torch.device(dst_dev).type == self.device.type)
+            ):
                 self.copies[f"{src.device.type}->{torch.device(dst_dev).type} @ {_site()}"] += 1
         out = func(*args, **kwargs)
         name = func.__name__
@@ -90,7 +97,7 @@ class SyncCounter(TorchDispatchMode):
             return x.reshape(-1)
         if func is aten.index.Tensor:  # every mask entry true: a mask over the leading dims keeps them all
             m = next(i for i in args[1] if isinstance(i, torch.Tensor))
-            return x.reshape(m.numel(), *x.shape[m.ndim:]).clone()
+            return x.reshape(m.numel(), *x.shape[m.ndim :]).clone()
         return x  # index_put(_): values land nowhere
 
     def total(self) -> tuple[int, int]:

@@ -1,4 +1,9 @@
-"""Training: ``train_step`` (one optimiser step) apart from the loop (nanoGPT/torchtitan style)."""
+"""Training: ``train_step`` (one optimiser step) apart from the loop (nanoGPT/torchtitan style).
+
+The trainer knows a method only through :class:`replaid.methods.base.Method`; the evaluation it runs
+(``eval_every`` and at the end) is the ``evaluate`` callable it is given (``replaid.eval.evaluate.evaluate``,
+wired in ``commands/train.py`` and by the scaling runner)."""
+
 from __future__ import annotations
 
 import math
@@ -8,19 +13,21 @@ import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor, nn
 
-from replaid.training import checkpoint as ck
-from replaid.training import dist, runfolder
-from replaid.config import EVAL_ONLY_METHODS, ConfigError, OptimConfig, RunConfig
-from replaid.methods import get_method
+from replaid import dist
+from replaid.config import ConfigError, OptimConfig, RunConfig
 from replaid.data.pipeline import DataPipeline
 from replaid.diffusion.nelbo import low_discrepancy
 from replaid.diffusion.rng import host_uniform
-from replaid.training.metrics_log import DeviceMeans
+from replaid.methods import get_method, method_class
+from replaid.methods.base import Method
+from replaid.training import checkpoint as ck
+from replaid.training import runfolder
+from replaid.training.metrics_log import DeviceMeans, MetricsLogger
 
 
 class TrainingDiverged(RuntimeError):
@@ -28,6 +35,7 @@ class TrainingDiverged(RuntimeError):
 
 
 # ------------------------------------------------------------------ optimiser, LR, EMA
+
 
 def build_optimizer(model: nn.Module, ocfg: OptimConfig) -> torch.optim.AdamW:
     """AdamW with the paper's parameter groups (embedding, monotone MLP, endpoints, projections, backbone)."""
@@ -105,11 +113,12 @@ def resolve_device(name: str) -> torch.device:
 
 # ------------------------------------------------------------------ one step
 
+
 @dataclass
 class Trainer:
     cfg: RunConfig
     model: nn.Module
-    method: object
+    method: Method
     optimizer: torch.optim.Optimizer
     device: torch.device
     ema: Optional[EMA] = None
@@ -130,20 +139,18 @@ class Trainer:
         for g in self.optimizer.param_groups:
             g["lr"] = lr_at(self.step, g["initial_lr"], cfg.optim, cfg.train.steps)
         self.model.train()
+        self.method.before_step()
         b = micro_batches[0]["tokens"].shape[0]
-        n_recon = self.method.split.recon_rows(b) if hasattr(self.method, "split") else None
+        n_recon = self.method.recon_rows(b)
         # low-discrepancy t for the global batch: RePlaid's diffusion rows, or every row of MDLM/Duo
-        antithetic = n_recon is not None or getattr(self.method, "global_times", False)
-        t_slices = self._global_times(b, n_recon or 0, len(micro_batches)) if antithetic else None
+        t_slices = self._global_times(b, n_recon, len(micro_batches)) if self.method.global_times else None
         rows: dict[str, list] = {}
         losses = []
         for k, mb in enumerate(micro_batches):
             tokens, mask = to_device(mb["tokens"], self.device), to_device(mb.get("mask"), self.device)
             last = k == len(micro_batches) - 1
-            ctx = model.no_sync() if (not last and hasattr(model, "no_sync")) else nullcontext()
-            kw = {"t_diff": t_slices[k]} if t_slices is not None else {}
-            if n_recon is not None:
-                kw["n_recon"] = n_recon
+            ctx = nullcontext() if last else dist.no_sync(model)
+            kw = {"t_diff": t_slices[k], "n_recon": n_recon} if t_slices is not None else {}
             with ctx, autocast_ctx(self.device, cfg.train.precision):
                 loss, m = model(tokens, self.micro_generator(k), mask=mask, **kw)
                 # copied before backward: under FSDP2 (torch 2.13, gloo) reading them after backward segfaulted
@@ -153,17 +160,17 @@ class Trainer:
             for key, v in m.items():
                 rows.setdefault(key, []).append(v)
         clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)  # stays on the device
-        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor; collectives below need a plain tensor
-            grad_norm = grad_norm.full_tensor()
+        grad_norm = dist.plain(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))  # on the device
         finite = self._all_finite(torch.stack(losses), grad_norm)  # else skip: weights, EMA, split unchanged
         if finite:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if finite and self.ema is not None:
             self.ema.update(self.model)
-        merged = {k: (torch.cat([x.reshape(-1) for x in v]) if torch.is_tensor(v[0]) else v[-1]) for k, v in rows.items()}
-        if finite and hasattr(self.method, "after_step"):
+        merged = {
+            k: (torch.cat([x.reshape(-1) for x in v]) if torch.is_tensor(v[0]) else v[-1]) for k, v in rows.items()
+        }
+        if finite:
             self.method.after_step(merged)  # this rank's rows; RePlaid's split all-reduces 4 means
         self.step += 1
         self.nonfinite_in_row = 0 if finite else self.nonfinite_in_row + 1
@@ -174,11 +181,13 @@ class Trainer:
             if not log:
                 return status
             out = self.window.reduce()
-            if hasattr(self.method, "refresh") and self.step % cfg.train.log_every == 0:
+            if self.step % cfg.train.log_every == 0:
                 self.method.refresh()  # at fixed steps, so a resumed run takes the same B_r
         else:  # a skipped step reports its own (non-finite) values
-            out = {k: (float(v.double().mean()) if torch.is_tensor(v) else v)
-                   for k, v in {**merged, "grad_norm": grad_norm}.items()}
+            out = {
+                k: (float(v.double().mean()) if torch.is_tensor(v) else v)
+                for k, v in {**merged, "grad_norm": grad_norm}.items()
+            }
         if "recon" in out and "diffusion" in out:
             out["loss"] = out["recon"] + out["diffusion"] + out.get("prior", 0.0)
         out.update(lr=self.optimizer.param_groups[-1]["lr"], **status)
@@ -211,13 +220,10 @@ class Trainer:
         return [slices[k * world + rank].contiguous() for k in range(accum)]
 
 
-def compile_loss(model: nn.Module, method) -> None:
-    """``train.compile``: the method's loss core when it has one (RePlaid, Plaid: everything but the
-    noise draws and the schedule, without a graph break), else the backbone."""
-    if hasattr(method, "compile"):
-        method.compile()
-    else:
-        model.backbone.compile()
+def compile_loss(model: nn.Module, method: Method) -> None:
+    """``train.compile``: what the method compiles (RePlaid, Plaid: the loss core, everything but the
+    noise draws and the schedule, without a graph break; the others: the backbone)."""
+    method.compile(model)
 
 
 def to_device(x: Optional[Tensor], device: torch.device) -> Optional[Tensor]:
@@ -232,7 +238,7 @@ def to_device(x: Optional[Tensor], device: torch.device) -> Optional[Tensor]:
 class TrainModule(nn.Module):
     """The whole training loss as one module forward, so DDP/FSDP wrap it from the outside."""
 
-    def __init__(self, model: nn.Module, method):
+    def __init__(self, model: nn.Module, method: Method):
         super().__init__()
         self.model, self.method = model, method
 
@@ -241,6 +247,7 @@ class TrainModule(nn.Module):
 
 
 # ------------------------------------------------------------------ the loop
+
 
 def rng_state() -> dict[str, Tensor]:
     """Global RNG states (dropout); the loss's own noise streams are derived from (seed, step)."""
@@ -264,11 +271,19 @@ def save(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: Optional[di
     in_sync = dist.params_in_sync(trainer.model)
     if not dist.is_main():
         return None
-    state = {"config": trainer.cfg.to_dict(), "method": trainer.cfg.method, "vocab_size": data.vocab_size,
-             "method_state": trainer.method.state_dict(), "data_state": data.train_loader.state_dict(),
-             "history_tail": trainer.history[-5:], "world_size": dist.world_size(), "ranks_in_sync": in_sync,
-             "nonfinite_steps": trainer.nonfinite_steps, "nonfinite_in_row": trainer.nonfinite_in_row,
-             **(extra or {})}
+    state = {
+        "config": trainer.cfg.to_dict(),
+        "method": trainer.cfg.method,
+        "vocab_size": data.vocab_size,
+        "method_state": trainer.method.state_dict(),
+        "data_state": data.train_loader.state_dict(),
+        "history_tail": trainer.history[-5:],
+        "world_size": dist.world_size(),
+        "ranks_in_sync": in_sync,
+        "nonfinite_steps": trainer.nonfinite_steps,
+        "nonfinite_in_row": trainer.nonfinite_in_row,
+        **(extra or {}),
+    }
     return ck.save_checkpoint(run_dir, trainer.step, model_sd, state, ema_sd, opt_sd, rng_state())
 
 
@@ -284,17 +299,32 @@ def use_deterministic_kernels() -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
-def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = True,
-          stop_after: Optional[int] = None, overwrite: bool = False, weights_only: bool = False) -> dict:
-    """Train ``cfg`` into ``run_dir``; returns the final metrics (and evaluation).
+# evaluate(trainer, data, progress=...) -> {metric: value} (replaid.eval.evaluate.evaluate)
+Evaluator = Callable[..., dict]
+
+
+def train(
+    cfg: RunConfig,
+    run_dir: Path,
+    *,
+    evaluate: Evaluator,
+    resume: bool = False,
+    progress: bool = True,
+    stop_after: Optional[int] = None,
+    overwrite: bool = False,
+    weights_only: bool = False,
+) -> dict:
+    """Train ``cfg`` into ``run_dir``; returns the final metrics (and ``evaluate``'s evaluation).
 
     The run folder is locked for the duration (rank 0); a folder holding a run needs ``resume`` or
     ``overwrite``; ``weights_only`` lets a resume proceed from a checkpoint without optimizer/RNG state.
     """
     run_dir = Path(run_dir)
-    if cfg.method in EVAL_ONLY_METHODS:  # before anything is written
-        raise ConfigError(f"method={cfg.method} is for converted checkpoints (evaluation and sampling); it "
-                          f"cannot be trained: use method=replaid")
+    if not method_class(cfg.method).trainable:  # before anything is written
+        raise ConfigError(
+            f"method={cfg.method} is for converted checkpoints (evaluation and sampling); it "
+            f"cannot be trained: use method=replaid"
+        )
     use_deterministic_kernels()
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
@@ -302,14 +332,19 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
     claim = runfolder.claim(run_dir, resume=resume, overwrite=overwrite) if dist.is_main() else nullcontext()
     with claim:
         dist.barrier()
-        return _train(cfg, run_dir, device, resume, progress, stop_after, weights_only)
+        return _train(cfg, run_dir, device, evaluate, resume, progress, stop_after, weights_only)
 
 
-def _train(cfg: RunConfig, run_dir: Path, device: torch.device, resume: bool, progress: bool,
-           stop_after: Optional[int], weights_only: bool) -> dict:
-    from replaid.eval.evaluate import evaluate
-    from replaid.training.metrics_log import MetricsLogger
-
+def _train(
+    cfg: RunConfig,
+    run_dir: Path,
+    device: torch.device,
+    evaluate: Evaluator,
+    resume: bool,
+    progress: bool,
+    stop_after: Optional[int],
+    weights_only: bool,
+) -> dict:
     torch.manual_seed(cfg.train.seed * 1_000_003 + 17)  # identical initial weights on every rank
     # rank 0 trains the tokenizer and fills the token caches first; the others then read them
     data = DataPipeline(cfg, run_dir, rank=0, world_size=dist.world_size()) if dist.is_main() else None
@@ -319,19 +354,20 @@ def _train(cfg: RunConfig, run_dir: Path, device: torch.device, resume: bool, pr
     if not resume and dist.is_main():
         runfolder.begin(run_dir, cfg.to_json())
     method = get_method(cfg)
+    method.check_training(cfg, dist.world_size())
     model = method.build_model(data.vocab_size).to(device)
     torch.manual_seed(cfg.train.seed * 1_000_003 + 29 + dist.rank())  # per-rank dropout streams
     trainer = Trainer(cfg, model, method, None, device)
-    ckpt = _resume(trainer, run_dir, data, weights_only) if resume else None
+    stored = _resume(trainer, run_dir, data, weights_only) if resume else None
     # parallelism applied from the outside; EMA and optimizer state follow the (sharded) parameters
     trainer.loss_module = dist.wrap_model(TrainModule(model, method), cfg.train.parallel, device)
     trainer.optimizer = optimizer = build_optimizer(model, cfg.optim)  # after sharding: FSDP2 swaps parameters
     if cfg.optim.ema > 0:
         trainer.ema = EMA(model, cfg.optim.ema)
-        full = ck.load_tensors(ckpt, "ema") if ckpt is not None else None
+        full = stored.tensors("ema") if stored is not None else None
         if full is not None:
             trainer.ema.load_full(full, model)
-    opt_sd = ck.load_optimizer(ckpt) if ckpt is not None else None
+    opt_sd = stored.optimizer() if stored is not None else None
     if opt_sd is not None:
         dist.load_optimizer_state(model, optimizer, opt_sd)
     if cfg.train.compile:
@@ -339,12 +375,17 @@ def _train(cfg: RunConfig, run_dir: Path, device: torch.device, resume: bool, pr
 
     final = runfolder.read_final_eval(run_dir) if resume else None
     final = final if final and final.get("step") == trainer.step else None
-    log = MetricsLogger(run_dir, enabled=dist.is_main(), resume_step=trainer.step if resume else None,
-                        keep=lambda row: final is not None or row["step"] < cfg.train.steps
-                        or not any(k.startswith("eval/") for k in row))  # an unrecorded final eval is redone
+    log = MetricsLogger(
+        run_dir,
+        enabled=dist.is_main(),
+        resume_step=trainer.step if resume else None,
+        keep=lambda row: (
+            final is not None or row["step"] < cfg.train.steps or not any(k.startswith("eval/") for k in row)
+        ),
+    )  # an unrecorded final eval is redone
     micro = cfg.train.batch_size // (cfg.train.grad_accum * dist.world_size())
     end = cfg.train.steps if stop_after is None else min(cfg.train.steps, trainer.step + stop_after)
-    saved = trainer.step if ckpt is not None else None
+    saved = trainer.step if stored is not None else None
     bar = log.progress(total=cfg.train.steps, initial=trainer.step, disable=not progress)
     show = progress and dist.is_main()  # evaluation bars (stderr)
     t0, tokens_seen = time.time(), 0
@@ -361,8 +402,14 @@ def _train(cfg: RunConfig, run_dir: Path, device: torch.device, resume: bool, pr
             log.log(trainer.step, m)
             bar.set_postfix(loss=f"{m.get('loss', float('nan')):.3f}", B_r=m.get("B_r", "-"))
         if cfg.train.eval_every and trainer.step % cfg.train.eval_every == 0 and trainer.step < end:
-            log.log(trainer.step, {f"eval/{k}": v for k, v in evaluate(trainer, data, progress=show).items()
-                                   if isinstance(v, (int, float))})
+            log.log(
+                trainer.step,
+                {
+                    f"eval/{k}": v
+                    for k, v in evaluate(trainer, data, progress=show).items()
+                    if isinstance(v, (int, float))
+                },
+            )
         if cfg.train.save_every and trainer.step % cfg.train.save_every == 0 and not trainer.nonfinite_in_row:
             save(trainer, run_dir, data)
             saved = trainer.step
@@ -385,51 +432,60 @@ def _guard_nonfinite(trainer: Trainer, m: dict, run_dir: Path, log) -> None:
     if not m["skipped"]:
         return
     cfg, n = trainer.cfg, trainer.nonfinite_in_row
-    log.write(f"replaid: warning: step {trainer.step}: non-finite loss or gradient (loss {m.get('loss')}, "
-              f"grad norm {m['grad_norm']}); update skipped ({n} in a row, {trainer.nonfinite_steps} in all)")
+    log.write(
+        f"replaid: warning: step {trainer.step}: non-finite loss or gradient (loss {m.get('loss')}, "
+        f"grad norm {m['grad_norm']}); update skipped ({n} in a row, {trainer.nonfinite_steps} in all)"
+    )
     if n < cfg.train.max_nonfinite_steps:
         return
     log.log(trainer.step, m)
-    o, d = cfg.optim, cfg.diffusion
-    ends = [round(float(g.detach()), 3) for g in trainer.model.schedule.endpoints()] if hasattr(trainer.model, "schedule") \
-        else None
+    o = cfg.optim
+    hint = trainer.method.divergence_hint(trainer.model)
     causes = f"learning rate too large (optim.lr_backbone={o.lr_backbone:g}, lr_embedding={o.lr_embedding:g}"
-    causes += f", grad_clip={o.grad_clip:g})" + (f" or noise-schedule endpoints (gamma_0, gamma_1 now {ends}, "
-                                                  f"started at {d.gamma_0:g}, {d.gamma_1:g})" if ends else "")
+    causes += f", grad_clip={o.grad_clip:g})" + (f" or {hint}" if hint else "")
     last = ck.latest_checkpoint(run_dir)
-    raise TrainingDiverged(f"training diverged: {n} steps in a row up to step {trainer.step} had a non-finite loss or "
-                           f"gradient; likely cause: {causes}; the last checkpoint (finite, saved before the streak) is "
-                           f"{last if last is not None else 'none (nothing was saved)'}: lower the learning rate "
-                           f"and start again with --overwrite, or raise train.max_nonfinite_steps")
+    raise TrainingDiverged(
+        f"training diverged: {n} steps in a row up to step {trainer.step} had a non-finite loss or "
+        f"gradient; likely cause: {causes}; the last checkpoint (finite, saved before the streak) is "
+        f"{last if last is not None else 'none (nothing was saved)'}: lower the learning rate "
+        f"and start again with --overwrite, or raise train.max_nonfinite_steps"
+    )
 
 
-def _resume(trainer: Trainer, run_dir: Path, data: DataPipeline, weights_only: bool = False) -> Optional[Path]:
-    """Restore weights, method and data state, RNG and step (before wrapping); returns the checkpoint,
-    or None when the run has none yet (it then starts from step 0)."""
+def _resume(trainer: Trainer, run_dir: Path, data: DataPipeline, weights_only: bool = False) -> Optional[ck.Stored]:
+    """Restore weights, method and data state, RNG and step (before wrapping); returns the checkpoint
+    read, or None when the run has none yet (it then starts from step 0)."""
     ckpt = ck.latest_checkpoint(run_dir)
     if ckpt is None:
         ck.explain_damage(run_dir)  # checkpoint folders, none complete: refuse, naming the damage
         print(f"replaid: note: {run_dir} has no checkpoint yet; starting it from step 0", file=sys.stderr)
         return None
-    st = ck.load_state(ckpt, need=ck.STATE_KEYS)
+    stored = ck.Stored(ckpt, ck.load_state(ckpt, need=ck.STATE_KEYS))
+    st = stored.state
     if st.get("method") != trainer.cfg.method:
-        raise ck.CheckpointError(f"checkpoint {ckpt} is a '{st.get('method')}' run, not '{trainer.cfg.method}'; "
-                                 f"resume it with --method {st.get('method')} or start a new --out")
+        raise ck.CheckpointError(
+            f"checkpoint {ckpt} is a '{st.get('method')}' run, not '{trainer.cfg.method}'; "
+            f"resume it with --method {st.get('method')} or start a new --out"
+        )
     lacking = [f for f in ("optimizer.safetensors", "optimizer.json", "rng.safetensors") if not (ckpt / f).is_file()]
     if lacking and not weights_only:
-        raise ck.CheckpointError(f"checkpoint {ckpt} lacks {', '.join(lacking)}: resuming would restart the "
-                                 f"optimizer/RNG and not continue the run; pass --resume-weights-only to go on anyway")
-    ck.load_model_weights(trainer.model, ck.load_tensors(ckpt, "model"), str(ckpt))
-    rng = ck.load_tensors(ckpt, "rng")
+        raise ck.CheckpointError(
+            f"checkpoint {ckpt} lacks {', '.join(lacking)}: resuming would restart the "
+            f"optimizer/RNG and not continue the run; pass --resume-weights-only to go on anyway"
+        )
+    ck.load_model_weights(trainer.model, stored.weights(ema=False)[0], str(ckpt))
+    rng = stored.tensors("rng")
     if rng is not None:
         set_rng_state(rng)
     try:
         trainer.method.load_state_dict(st["method_state"])
         data.train_loader.load_state_dict(st["data_state"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise ck.CheckpointError(f"checkpoint file {ckpt / 'state.json'} holds a damaged method/data state "
-                                 f"({e.__class__.__name__}); remove {ckpt} to fall back on an earlier one") from None
+        raise ck.CheckpointError(
+            f"checkpoint file {ckpt / 'state.json'} holds a damaged method/data state "
+            f"({e.__class__.__name__}); remove {ckpt} to fall back on an earlier one"
+        ) from None
     trainer.step = int(st["step"])
     trainer.history = list(st.get("history_tail", []))
     trainer.nonfinite_steps, trainer.nonfinite_in_row = st.get("nonfinite_steps", 0), st.get("nonfinite_in_row", 0)
-    return ckpt
+    return stored

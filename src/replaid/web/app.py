@@ -11,6 +11,7 @@ Safety (``replaid serve`` binds 127.0.0.1 by default):
   step;
 * an exception inside a generation becomes an ``error`` event (one line) and the server keeps going.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,6 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
+from replaid.methods.base import Kind
 from replaid.web.engine import Cancelled, GenRequest, Limits, generate_stream, prepare, samplers_for
 
 PLOT_DIRS_SKIP = {"checkpoints", "tb", "tokenizer"}
@@ -37,6 +39,7 @@ SKIP_CURVES = {"time", "tokens_per_s"}
 @dataclass
 class Slot:
     """One served run: the loaded model, its single-worker queue and its figures."""
+
     id: str
     path: Path
     run: object
@@ -85,6 +88,7 @@ def curves_png(rows: list[dict], title: str) -> bytes:
     """Training curves from metrics.jsonl rows: numeric series with two or more points against
     ``step``, loss-like keys first, at most six panels, log scale when they span > 20x."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -102,7 +106,7 @@ def curves_png(rows: list[dict], title: str) -> bytes:
     ncol = min(3, max(1, len(keys)))
     nrow = max(1, -(-len(keys) // ncol))
     fig, axes = plt.subplots(nrow, ncol, figsize=(3.8 * ncol, 2.7 * nrow), squeeze=False)
-    for ax in axes.flat[len(keys):]:
+    for ax in axes.flat[len(keys) :]:
         ax.set_axis_off()
     for ax, k in zip(axes.flat, keys):
         xs, ys = zip(*series[k])
@@ -130,16 +134,17 @@ def one_line(e: BaseException) -> str:
 
 def create_app(run_paths: list[str], limits: Limits | None = None, device: str = "auto", runs: list | None = None):
     """The FastAPI app over ``run_paths`` (loaded now, EMA weights). ``runs`` may pass already
-    loaded :class:`replaid.loading.Run` objects (tests)."""
-    from replaid.loading import load_run, run_dir_of
+    loaded :class:`replaid.training.loading.Run` objects (tests)."""
+    from replaid.training.loading import load_run, run_dir_of
 
     limits = limits or Limits()
     slots: dict[str, Slot] = {}
     for k, (rid, p) in enumerate(zip(run_ids(run_paths), run_paths)):
         run = runs[k] if runs is not None else load_run(p, use_ema=True, train_data=False, device=device)
-        rdir = run_dir_of(Path(run.ckpt)) if hasattr(run, "ckpt") else Path(p)
-        slots[rid] = Slot(rid, Path(rdir), run, ThreadPoolExecutor(1, thread_name_prefix=f"gen-{rid}"),
-                          find_figures(Path(rdir)))
+        rdir = run_dir_of(Path(run.ckpt))
+        slots[rid] = Slot(
+            rid, Path(rdir), run, ThreadPoolExecutor(1, thread_name_prefix=f"gen-{rid}"), find_figures(Path(rdir))
+        )
 
     app = FastAPI(title="replaid playground", docs_url=None, redoc_url=None, openapi_url=None)
     static = resources.files("replaid.web") / "static"
@@ -166,10 +171,18 @@ def create_app(run_paths: list[str], limits: Limits | None = None, device: str =
         out = []
         for s in slots.values():
             cfg = s.run.cfg
-            out.append({"id": s.id, "method": cfg.method, "preset": cfg.preset, "step": s.run.step,
-                        "seq_len": cfg.data.seq_len, "samplers": samplers_for(s.run),
-                        "continuous": hasattr(s.run.model, "schedule"),
-                        "params": sum(p.numel() for p in s.run.model.parameters())})
+            out.append(
+                {
+                    "id": s.id,
+                    "method": cfg.method,
+                    "preset": cfg.preset,
+                    "step": s.run.step,
+                    "seq_len": cfg.data.seq_len,
+                    "samplers": samplers_for(s.run),
+                    "continuous": s.run.method.kind is Kind.CONTINUOUS,
+                    "params": sum(p.numel() for p in s.run.model.parameters()),
+                }
+            )
         return {"runs": out, "limits": asdict(limits)}
 
     @app.get("/api/runs/{rid}")
@@ -181,17 +194,24 @@ def create_app(run_paths: list[str], limits: Limits | None = None, device: str =
         last = {}
         for r in rows:
             last.update({k: v for k, v in r.items() if isinstance(v, (int, float, str)) and k != "time"})
-        return {"id": s.id, "config": s.run.cfg.to_dict(),
-                "step": s.run.step, "ema": s.run.ema_loaded, "metrics_rows": len(rows), "last_metrics": last,
-                "figures": [{"index": k, "name": str(f.relative_to(s.path))} for k, f in enumerate(s.figures)]}
+        return {
+            "id": s.id,
+            "config": s.run.cfg.to_dict(),
+            "step": s.run.step,
+            "ema": s.run.ema_loaded,
+            "metrics_rows": len(rows),
+            "last_metrics": last,
+            "figures": [{"index": k, "name": str(f.relative_to(s.path))} for k, f in enumerate(s.figures)],
+        }
 
     @app.get("/api/runs/{rid}/curves.png")
     def run_curves(rid: str):
         s = slot_of(rid)
         if s is None:
             return err(f"unknown run {rid!r}", 404)
-        return Response(curves_png(read_metrics(s.path), f"{s.id}: training curves (metrics.jsonl)"),
-                        media_type="image/png")
+        return Response(
+            curves_png(read_metrics(s.path), f"{s.id}: training curves (metrics.jsonl)"), media_type="image/png"
+        )
 
     @app.get("/api/runs/{rid}/figures/{k}")
     def run_figure(rid: str, k: int):
@@ -219,8 +239,11 @@ def create_app(run_paths: list[str], limits: Limits | None = None, device: str =
             return err(one_line(e))
         with s.lock:
             if s.pending >= limits.max_queue + 1:
-                return err(f"run {s.id!r} is busy: {s.pending - 1} generations are waiting (limit "
-                           f"{limits.max_queue}); try again shortly", 429)
+                return err(
+                    f"run {s.id!r} is busy: {s.pending - 1} generations are waiting (limit "
+                    f"{limits.max_queue}); try again shortly",
+                    429,
+                )
             ahead = s.pending
             s.pending += 1
 
@@ -259,8 +282,9 @@ def create_app(run_paths: list[str], limits: Limits | None = None, device: str =
             finally:
                 gone.set()
 
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
 
     return app
 

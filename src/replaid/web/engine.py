@@ -13,9 +13,11 @@ shown" is depends on the method, so every method is drawn the same way:
 * Duo: the current state ``z_s`` (uniform noise at the start) and ``x_theta`` of that token;
 * AR: the tokens so far (later positions ``EMPTY``) and the probability each was drawn with.
 
-The random stream is that of ``replaid sample`` (``eval/generate.py``): the same run, seed and
-settings give the same final text (tested).
+Every request goes through :func:`replaid.sampling.generate` (as ``replaid sample`` does) with a
+step callback that turns the sampler's state into frames: the same run, seed and settings give the
+same final text (tested).
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +28,11 @@ from typing import Callable, Optional
 
 import torch
 
-from replaid.diffusion.samplers import SAMPLERS, Inpaint, gamma_grid, get_sampler, nfe_for
-from replaid.eval.generate import tempered
+from replaid.methods.base import Kind
+from replaid.sampling.generate import generate
+from replaid.sampling.infill import InfillPlan
+from replaid.sampling.registry import get_sampler
+from replaid.sampling.request import SampleRequest
 
 MASK, EMPTY = -1, -2  # display ids: a masked position (MDLM), a not-yet-generated one (AR)
 _GAP = re.compile(r"\[\[\s*(\d*)\s*\]\]")  # an infill gap in the text box: [[8]] = 8 tokens to fill
@@ -41,6 +46,7 @@ class Cancelled(Exception):
 @dataclass
 class Limits:
     """Per-request bounds (``replaid serve`` options)."""
+
     max_steps: int = 1024
     max_samples: int = 4
     max_length: int = 0  # 0: the run's training length data.seq_len
@@ -50,6 +56,7 @@ class Limits:
 @dataclass
 class GenRequest:
     """One generation: what the Generate form sends. Validated by :meth:`check`."""
+
     run: str
     sampler: str = "ddpm"
     steps: int = 64
@@ -89,21 +96,24 @@ class GenRequest:
 
 
 def samplers_for(run) -> list[str]:
-    """Sampler names the playground offers for a run: the k-diffusion samplers for continuous
-    methods, the method's own ancestral sampler otherwise."""
-    return list(SAMPLERS) if hasattr(run.model, "schedule") else ["ancestral"]
+    """Sampler names the playground offers for a run: those its method declares."""
+    return list(run.method.samplers)
 
 
 def check(req: GenRequest, run, limits: Limits) -> None:
     """Raises ValueError (one line, naming the field and the allowed range) on a bad request."""
     names = samplers_for(run)
     if req.sampler not in names:
-        raise ValueError(f"sampler {req.sampler!r} is not available for a {run.cfg.method} run; choose {', '.join(names)}")
+        raise ValueError(
+            f"sampler {req.sampler!r} is not available for a {run.cfg.method} run; choose {', '.join(names)}"
+        )
     if not 1 <= req.steps <= limits.max_steps:
         raise ValueError(f"steps must be between 1 and {limits.max_steps}, got {req.steps}")
     max_len = limits.max_length or run.cfg.data.seq_len
     if not 0 <= req.length <= max_len:
-        raise ValueError(f"length must be between 1 and {max_len} (0 = the run's {run.cfg.data.seq_len}), got {req.length}")
+        raise ValueError(
+            f"length must be between 1 and {max_len} (0 = the run's {run.cfg.data.seq_len}), got {req.length}"
+        )
     if not 1 <= req.samples <= limits.max_samples:
         raise ValueError(f"samples must be between 1 and {limits.max_samples}, got {req.samples}")
     for k in ("temperature", "score_temperature"):
@@ -119,6 +129,7 @@ def check(req: GenRequest, run, limits: Limits) -> None:
 @dataclass
 class Template:
     """The text box parsed: ``ids`` (L,) with ``known`` (L,) True on given positions."""
+
     ids: list[int]
     known: list[bool]
     mode: str  # unconditional | prompt | infill
@@ -158,10 +169,13 @@ def prepare(req: GenRequest, run, limits: Limits) -> Template:
     """Validates ``req`` for ``run`` (:func:`check`) and parses its text box into a :class:`Template`."""
     check(req, run, limits)
     cfg = run.cfg
-    tpl = parse_text(req.text, run.tokenizer, req.length or cfg.data.seq_len, limits.max_length or cfg.data.seq_len)
-    if tpl.mode == "infill" and not hasattr(run.model, "schedule"):
-        raise ValueError(f"infill needs a continuous-diffusion run (replaid, plaid); {req.run!r} is a {cfg.method} "
-                         "run: give a prompt instead")
+    L = SampleRequest(length=req.length or None).length_for(cfg.data.seq_len)  # the one default-length rule
+    tpl = parse_text(req.text, run.tokenizer, L, limits.max_length or cfg.data.seq_len)
+    if tpl.mode == "infill" and run.method.kind is not Kind.CONTINUOUS:
+        raise ValueError(
+            f"infill needs a continuous-diffusion run (replaid, plaid); {req.run!r} is a {cfg.method} "
+            "run: give a prompt instead"
+        )
     return tpl
 
 
@@ -180,8 +194,14 @@ class Result:
 class _Framer:
     """Turns per-step sampler state into display frames and hands them to ``emit``."""
 
-    def __init__(self, emit: Callable[[dict], None], cancelled: Callable[[], bool], tok, known: torch.Tensor,
-                 known_ids: torch.Tensor):
+    def __init__(
+        self,
+        emit: Callable[[dict], None],
+        cancelled: Callable[[], bool],
+        tok,
+        known: torch.Tensor,
+        known_ids: torch.Tensor,
+    ):
         self.emit, self.cancelled, self.tok = emit, cancelled, tok
         self.known, self.known_ids = known, known_ids  # (L,) bool, (L,) long
         self.sent: set[int] = set()
@@ -207,112 +227,158 @@ class _Framer:
         now = time.perf_counter() - self.t0
         if self.first is None:
             self.first = now
-        self.emit({"type": "step", "i": i + 1, "T": T, "final": final, "ids": ids.tolist(),
-                   "conf": (conf * 100).round().to(torch.int64).clamp(0, 100).tolist(),
-                   "tokens": self.strings(ids), "seconds": round(now, 4), "nfe": self.nfe or None})
+        self.emit(
+            {
+                "type": "step",
+                "i": i + 1,
+                "T": T,
+                "final": final,
+                "ids": ids.tolist(),
+                "conf": (conf * 100).round().to(torch.int64).clamp(0, 100).tolist(),
+                "tokens": self.strings(ids),
+                "seconds": round(now, 4),
+                "nfe": self.nfe or None,
+            }
+        )
 
 
 def _count_calls(module: torch.nn.Module, framer: _Framer):
     def hook(*_):
         framer.nfe += 1
+
     return module.register_forward_hook(hook)
 
 
+def sample_request(req: GenRequest, tpl: Template) -> SampleRequest:
+    """The :class:`~replaid.sampling.request.SampleRequest` of a playground request (one batch)."""
+    prompt = infill = None
+    if tpl.mode == "prompt":
+        prompt = req.text
+    elif tpl.mode == "infill":
+        infill = InfillPlan(torch.tensor(tpl.ids, dtype=torch.long), torch.tensor(tpl.known, dtype=torch.bool))
+    return SampleRequest(
+        sampler=req.sampler,
+        steps=req.steps,
+        num=req.samples,
+        batch_size=req.samples,
+        length=len(tpl.ids) if tpl.mode != "infill" else None,
+        temperature=req.temperature,
+        score_temperature=req.score_temperature,
+        seed=req.seed,
+        prompt=prompt,
+        template=infill,
+        progress=False,
+        allow_longer=True,
+    )  # the length was checked against the limits
+
+
 @torch.no_grad()
-def generate_stream(run, req: GenRequest, emit: Callable[[dict], None],
-                    cancelled: Callable[[], bool] = lambda: False, limits: Limits = Limits()) -> Result:
-    """Runs one validated request on ``run`` (a :class:`replaid.loading.Run`), calling ``emit`` with
+def generate_stream(
+    run,
+    req: GenRequest,
+    emit: Callable[[dict], None],
+    cancelled: Callable[[], bool] = lambda: False,
+    limits: Limits = Limits(),
+) -> Result:
+    """Runs one validated request on ``run`` (a :class:`replaid.training.loading.Run`), calling ``emit`` with
     a ``start`` event, one ``step`` frame per sampler step and a ``done`` event (also returned).
 
     Raises ValueError on a bad request and :class:`Cancelled` if ``cancelled()`` turns true."""
     tpl = prepare(req, run, limits)
-    model, tok, cfg = run.model, run.tokenizer, run.cfg
+    model, tok, cfg, method = run.model, run.tokenizer, run.cfg, run.method
     L = len(tpl.ids)
-    continuous = hasattr(model, "schedule")
-    if cfg.method == "ar" and req.sampler == "ancestral":
-        steps = L - sum(tpl.known)
-    else:
-        steps = req.steps
+    sampler = get_sampler(method, req.sampler)
+    steps = L - sum(tpl.known) if method.kind is Kind.AUTOREGRESSIVE else req.steps
     B = req.samples
-    dev = next(model.parameters()).device
     known = torch.tensor(tpl.known, dtype=torch.bool)  # (L,)
     known_ids = torch.tensor(tpl.ids, dtype=torch.long)  # (L,)
-    n_pre = int(known.sum()) if tpl.mode == "prompt" else 0
     framer = _Framer(emit, cancelled, tok, known, known_ids)
-    emit({"type": "start", "run": req.run, "method": cfg.method, "sampler": req.sampler, "steps": steps,
-          "L": L, "B": B, "mode": tpl.mode, "known": tpl.known, "ids": known_ids.tolist(),
-          "tokens": framer.strings(known_ids[known]),
-          "nfe_expected": nfe_for(req.sampler, steps) if continuous else None})
-    gen = torch.Generator(device="cpu").manual_seed(req.seed)
+    emit(
+        {
+            "type": "start",
+            "run": req.run,
+            "method": cfg.method,
+            "sampler": req.sampler,
+            "steps": steps,
+            "L": L,
+            "B": B,
+            "mode": tpl.mode,
+            "known": tpl.known,
+            "ids": known_ids.tolist(),
+            "tokens": framer.strings(known_ids[known]),
+            "nfe_expected": sampler.nfe(steps) if method.kind is Kind.CONTINUOUS and sampler.nfe else None,
+        }
+    )
     handle = _count_calls(model, framer)
     try:
-        if continuous:
-            tokens, nfe = _continuous(run, req, framer, gen, tpl, B, L, dev)
-        else:
-            tokens, nfe = _discrete(run, req, framer, gen, B, L, steps, n_pre, dev)
+        rows = generate(run, sample_request(req, tpl), callback=_frames(method.kind, framer, B, L, model))
     finally:
         handle.remove()
-    tokens = torch.where(known, known_ids, tokens.cpu())
+    tokens = torch.where(known, known_ids, torch.tensor([r["ids"] for r in rows], dtype=torch.long))
+    nfe = rows[0]["nfe"]
     secs = time.perf_counter() - framer.t0
     ids = tokens.tolist()
-    res = Result(ids=ids, texts=[tok.decode(r) for r in ids], nfe=int(nfe), steps=steps, seconds=secs,
-                 first_step_seconds=framer.first, mode=tpl.mode)
-    emit({"type": "done", "ids": ids, "texts": res.texts, "nfe": res.nfe, "steps": steps,
-          "seconds": round(secs, 4), "first_step_seconds": None if framer.first is None else round(framer.first, 4),
-          "tokens": framer.strings(tokens)})
+    res = Result(
+        ids=ids,
+        texts=[tok.decode(r) for r in ids],
+        nfe=int(nfe),
+        steps=steps,
+        seconds=secs,
+        first_step_seconds=framer.first,
+        mode=tpl.mode,
+    )
+    emit(
+        {
+            "type": "done",
+            "ids": ids,
+            "texts": res.texts,
+            "nfe": res.nfe,
+            "steps": steps,
+            "seconds": round(secs, 4),
+            "first_step_seconds": None if framer.first is None else round(framer.first, 4),
+            "tokens": framer.strings(tokens),
+        }
+    )
     return res
 
 
-def _continuous(run, req, framer: _Framer, gen, tpl: Template, B: int, L: int, dev):
-    """The k-diffusion samplers; the same draws as ``eval.generate.generate``."""
-    model = run.model
-    E = model.embedding_matrix().detach()
-    den = tempered(model, req.temperature, req.score_temperature)
-    gammas = gamma_grid(model.schedule, req.steps)
-    inpaint = None
-    if tpl.mode != "unconditional":
-        ids = torch.tensor(tpl.ids, dtype=torch.long).expand(B, -1).to(dev)
-        inpaint = Inpaint(ids, torch.tensor(tpl.known).expand(B, -1).to(dev), E)
-    z = torch.randn(B, L, E.shape[1], generator=gen).to(dev)  # (B, L, d_e)
+def _frames(kind: Kind, framer: _Framer, B: int, L: int, model) -> Callable[[dict], None]:
+    """The step callback drawing each kind's sampler state (module docstring)."""
+    if kind is Kind.CONTINUOUS:
 
-    def callback(info: dict) -> None:
-        p = torch.softmax(info["logits"].float(), -1)  # (B, L, V)
-        conf, ids = p.max(-1)
-        framer.frame(info["i"], info["T"], ids, conf)
+        def continuous(info: dict) -> None:
+            p = torch.softmax(info["logits"].float(), -1)  # (B, L, V)
+            conf, ids = p.max(-1)
+            framer.frame(
+                info["i"], info["T"], info["tokens"] if info.get("final") else ids, conf, final=bool(info.get("final"))
+            )
 
-    res = get_sampler(req.sampler)(den, z, gammas, generator=gen, callback=callback, inpaint=inpaint)
-    # the readout: one more evaluation at gammas[T] gives the final tokens (a frame of its own)
-    conf = torch.softmax(res.logits.float(), -1).max(-1).values
-    framer.frame(req.steps, req.steps, res.tokens, conf, final=True)
-    return res.tokens, res.nfe
-
-
-def _discrete(run, req, framer: _Framer, gen, B: int, L: int, steps: int, n_pre: int, dev):
-    """MDLM / Duo / AR through their own samplers and their per-step callback; the same draws as
-    ``eval.generate.ancestral_rows``."""
-    method, model, V = run.method, run.model, run.model.n_out
-    prefix = framer.known_ids[:n_pre].expand(B, -1) if n_pre else None
+        return continuous
+    V = model.n_out
     conf = torch.zeros(B, L, dtype=torch.float64)  # kept per position for MDLM / AR
+    if kind is Kind.MASKED:
 
-    if method.name == "mdlm":
-        def cb(info):
+        def masked(info: dict) -> None:
             z, p = info["z"].cpu(), info["probs"].cpu()
             new = (z != V) & (conf == 0)
             pz = p.gather(-1, z.clamp(max=V - 1).unsqueeze(-1)).squeeze(-1)  # (B, L)
             conf[new] = pz[new]
             framer.frame(info["i"], info["T"], torch.where(z == V, MASK, z), conf.float())
-        return method.sample(model, B, L, steps, gen, req.temperature, prefix, callback=cb)
-    if method.name == "duo":
-        def cb(info):
+
+        return masked
+    if kind is Kind.UNIFORM:
+
+        def uniform(info: dict) -> None:
             z, p = info["z"].cpu(), info["probs"].cpu()
             framer.frame(info["i"], info["T"], z, p.gather(-1, z.unsqueeze(-1)).squeeze(-1).float())
-        return method.sample(model, B, L, steps, gen, req.temperature, prefix, callback=cb)
-    if method.name == "ar":
-        def cb(info):
-            pos, toks = info["pos"], info["tokens"].cpu()
-            conf[:, pos] = info["probs"].cpu().gather(-1, toks[:, pos:pos + 1]).squeeze(-1)
-            ids = torch.full((B, L), EMPTY, dtype=torch.long)
-            ids[:, :pos + 1] = toks[:, :pos + 1]
-            framer.frame(info["i"], info["T"], ids, conf.float())
-        return method.sample(model, B, L, gen, req.temperature, None, prefix, callback=cb)
-    raise ValueError(f"the playground cannot sample a {method.name} run")
+
+        return uniform
+
+    def autoregressive(info: dict) -> None:
+        pos, toks = info["pos"], info["tokens"].cpu()
+        conf[:, pos] = info["probs"].cpu().gather(-1, toks[:, pos : pos + 1]).squeeze(-1)
+        ids = torch.full((B, L), EMPTY, dtype=torch.long)
+        ids[:, : pos + 1] = toks[:, : pos + 1]
+        framer.frame(info["i"], info["T"], ids, conf.float())
+
+    return autoregressive

@@ -1,5 +1,6 @@
-"""PNG plots of a scaling fit (``scaling_fit.fit_points`` output): IsoFLOP curves with their minima,
+"""PNG plots of a scaling fit (``replaid.scaling.fit.fit_points`` output): IsoFLOP curves with their minima,
 the likelihood and parameter scaling laws (with the crossover's green line), the over-training slice."""
+
 from __future__ import annotations
 
 import math
@@ -7,6 +8,8 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+
+from replaid.scaling.fit import parametric_loss
 
 
 def _plt():
@@ -18,8 +21,14 @@ def _plt():
     return plt
 
 
-COLORS = {"ar": "tab:gray", "mdlm": "tab:blue", "duo": "tab:orange", "replaid": "tab:red",
-          "replaid-nosc": "tab:pink", "plaid": "tab:purple"}
+COLORS = {
+    "ar": "tab:gray",
+    "mdlm": "tab:blue",
+    "duo": "tab:orange",
+    "replaid": "tab:red",
+    "replaid-nosc": "tab:pink",
+    "plaid": "tab:purple",
+}
 GREEN = (80 / 255, 150 / 255, 63 / 255)
 
 
@@ -57,16 +66,16 @@ def plot_isoflop(res: dict, path: Path) -> None:
             sel = sorted((p for p in pts if p["budget"] == b), key=lambda p: p["params"])
             if not sel:
                 continue
-            ax.plot([p["params"] for p in sel], [p["loss"] for p in sel], "o-", color=col, lw=0.5, ms=5,
-                    label=f"C={b:.2g}")
+            ax.plot(
+                [p["params"] for p in sel], [p["loss"] for p in sel], "o-", color=col, lw=0.5, ms=5, label=f"C={b:.2g}"
+            )
             q = next((q for q in res["methods"][m]["budgets"] if q["budget"] == b), None)
             if q and q["bracketed"]:  # the fitted parabola where it has a minimum among the sizes
                 lo, hi = math.log(sel[0]["params"]), math.log(sel[-1]["params"])
                 x = np.linspace(lo - 0.3, hi + 0.3, 100)
                 ax.plot(np.exp(x), np.exp(np.polyval(q["quad"], x)), ":", color=col)
                 if q["n_opt"] and q["loss_opt"]:  # grey: a minimum the laws leave out
-                    ax.plot([q["n_opt"]], [q["loss_opt"]], "x", ms=9, mew=2,
-                            color="k" if _in_laws(q) else "0.6")
+                    ax.plot([q["n_opt"]], [q["loss_opt"]], "x", ms=9, mew=2, color="k" if _in_laws(q) else "0.6")
         uni = [p["unigram"] for p in pts if p.get("unigram")]
         if uni:
             ax.axhline(float(np.median(uni)), ls="--", lw=0.8, color="0.5", label="unigram")
@@ -83,14 +92,17 @@ def plot_isoflop(res: dict, path: Path) -> None:
             seen.setdefault(lab, h)
     order = sorted(seen, key=lambda lab: (lab == "unigram", float(lab[2:]) if lab.startswith("C=") else 0.0))
     fig.legend([seen[k] for k in order], order, loc="center right", fontsize=7)
-    fig.suptitle("IsoFLOP curves (dotted: quadratic in log-log where bracketed; x: minimum, grey: left out of the laws)")
+    fig.suptitle(
+        "IsoFLOP curves (dotted: quadratic in log-log where bracketed; x: minimum, grey: left out of the laws)"
+    )
     fig.tight_layout(rect=(0, 0, 1 - 1.0 / fig.get_figwidth(), 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def _law_plot(res: dict, path: Path, key: str, law: tuple[str, str], ylabel: str, title: str,
-              green: bool = False) -> None:
+def _law_plot(
+    res: dict, path: Path, key: str, law: tuple[str, str], ylabel: str, title: str, green: bool = False
+) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.6, 4.2))
     c = np.array(res["budgets"])
@@ -115,14 +127,22 @@ def _law_plot(res: dict, path: Path, key: str, law: tuple[str, str], ylabel: str
                 lab += f", N* x{mo['param_ratio']:.2g}"
             ax.plot(cg, np.exp(a * np.log(cg) + b), "--", color=col, lw=0.8)  # extrapolated
             if qs:  # solid over the budgets the law was fitted to
-                cf = np.exp(np.linspace(math.log(min(q["budget"] for q in qs)), math.log(max(q["budget"] for q in qs)), 20))
+                cf = np.exp(
+                    np.linspace(math.log(min(q["budget"] for q in qs)), math.log(max(q["budget"] for q in qs)), 20)
+                )
                 ax.plot(cf, np.exp(a * np.log(cf) + b), "-", color=col, label=lab)
     if green and res.get("crossover"):
         line = [e for e in res["crossover"]["line"] if "flops" in e]
         if line:
             a_, b_ = res["crossover"]["methods"]
-            ax.plot([e["flops"] for e in line], [e["params"] for e in line], "-", color=GREEN, lw=2,
-                    label=f"{a_} = {b_} (equal N, equal C)")
+            ax.plot(
+                [e["flops"] for e in line],
+                [e["params"] for e in line],
+                "-",
+                color=GREEN,
+                lw=2,
+                label=f"{a_} = {b_} (equal N, equal C)",
+            )
     ax.set_xscale("log")
     ax.set_yscale("log")
     if key == "loss_opt":
@@ -140,8 +160,6 @@ def _law_plot(res: dict, path: Path, key: str, law: tuple[str, str], ylabel: str
 
 def plot_overtraining(res: dict, path: Path, n: Optional[float] = None) -> Optional[float]:
     """Loss of the crossover pair at one N as training compute grows (slices of the IsoFLOP plots)."""
-    from replaid.eval.scaling_fit import parametric_loss
-
     cx = res.get("crossover")
     if not cx:
         return None
@@ -187,8 +205,15 @@ def plot_all(res: dict, out: Path, slice_params: Optional[float] = None) -> list
     paths = [out / "isoflop.png", out / "likelihood_law.png", out / "param_law.png"]
     plot_isoflop(res, paths[0])
     _law_plot(res, paths[1], "loss_opt", ("alpha", "beta"), "compute-optimal loss L*", "Likelihood scaling law")
-    _law_plot(res, paths[2], "n_opt", ("alpha_prime", "beta_prime"), "compute-optimal size N*",
-              "Parameter scaling law", green=True)
+    _law_plot(
+        res,
+        paths[2],
+        "n_opt",
+        ("alpha_prime", "beta_prime"),
+        "compute-optimal size N*",
+        "Parameter scaling law",
+        green=True,
+    )
     if res.get("crossover"):
         # slice at a crossover N so the green line shows
         if slice_params is None:

@@ -26,10 +26,10 @@ scale of its budget's quadratic residuals (the fit's standard error, ddof = 3; t
 standard error where a budget has only three sizes) and redoes every fit; intervals are the 2.5 and
 97.5 percentiles.
 """
+
 from __future__ import annotations
 
 import csv
-import json
 import math
 import warnings
 from pathlib import Path
@@ -37,17 +37,18 @@ from typing import Optional
 
 import numpy as np
 
+from replaid.scaling.plan import results_table
+
 LOG_TOL = 0.15  # budgets whose FLOPs lie within 15% (in log) are one IsoFLOP group
 
 
 # ------------------------------------------------------------------ reading
 
+
 def read_points(source: str | Path) -> list[dict]:
     """Rows ``{method, budget, flops, params, loss, tokens?, stderr?, unigram?}`` from a sweep folder or a CSV."""
     p = Path(source)
     if p.is_dir():
-        from replaid.training.scaling import results_table
-
         rows = results_table(p)
         if not rows:
             raise ValueError(f"sweep {p} has no finished run yet; run 'replaid scaling run {p}' first")
@@ -58,13 +59,19 @@ def read_points(source: str | Path) -> list[dict]:
         rows = list(csv.DictReader(f))
     need = {"method", "flops", "params", "loss"}
     if not rows or not need <= set(rows[0]):
-        raise ValueError(f"{p} needs the columns method,flops,params,loss (optional tokens, budget, stderr, unigram); "
-                         f"it has {', '.join(rows[0]) if rows else 'no rows'}")
+        raise ValueError(
+            f"{p} needs the columns method,flops,params,loss (optional tokens, budget, stderr, unigram); "
+            f"it has {', '.join(rows[0]) if rows else 'no rows'}"
+        )
     out = []
     for i, r in enumerate(rows, start=2):
         try:
-            d = {"method": r["method"], "flops": float(r["flops"]), "params": float(r["params"]),
-                 "loss": float(r["loss"])}
+            d = {
+                "method": r["method"],
+                "flops": float(r["flops"]),
+                "params": float(r["params"]),
+                "loss": float(r["loss"]),
+            }
             for k in ("tokens", "budget", "stderr", "unigram"):
                 if r.get(k) not in (None, ""):
                     d[k] = float(r[k])
@@ -95,6 +102,7 @@ def group_budgets(rows: list[dict]) -> list[float]:
 
 # ------------------------------------------------------------------ per-budget quadratic
 
+
 def isoflop_min(logn: np.ndarray, logl: np.ndarray) -> dict:
     """Quadratic in log-log; its minimum (NaN when the parabola opens downwards)."""
     a, b, c = np.polyfit(logn, logl, 2)
@@ -121,14 +129,16 @@ def multiplier_curve(law_m: tuple[float, float], law_r: tuple[float, float], log
 
 # ------------------------------------------------------------------ Chinchilla approach 3
 
+
 def _lse_model(theta: np.ndarray, logn: np.ndarray, logd: np.ndarray) -> np.ndarray:
     """log L(N, D) for theta = (log A, log B, log E, a, b)."""
     la, lb, le, a, b = theta
     return np.logaddexp(np.logaddexp(la - a * logn, lb - b * logd), le)
 
 
-def fit_parametric(n: np.ndarray, d: np.ndarray, loss: np.ndarray, delta: float = 1e-3,
-                   init: Optional[np.ndarray] = None) -> dict:
+def fit_parametric(
+    n: np.ndarray, d: np.ndarray, loss: np.ndarray, delta: float = 1e-3, init: Optional[np.ndarray] = None
+) -> dict:
     """``L = E + A/N^a + B/D^b`` by L-BFGS-B on the Huber loss of log L (Hoffmann et al.'s
     approach 3) from a grid of starts (or from ``init``)."""
     from scipy.optimize import minimize
@@ -151,8 +161,14 @@ def fit_parametric(n: np.ndarray, d: np.ndarray, loss: np.ndarray, delta: float 
         starts = [init]
     else:
         le0 = math.log(max(loss.min() * 0.5, 1e-3))
-        starts = [np.array([la, lb, le, a, b]) for la in (0.0, 6.0, 12.0) for lb in (0.0, 6.0, 12.0)
-                  for le in (le0, le0 + 0.5) for a in (0.25, 0.7) for b in (0.25, 0.7)]
+        starts = [
+            np.array([la, lb, le, a, b])
+            for la in (0.0, 6.0, 12.0)
+            for lb in (0.0, 6.0, 12.0)
+            for le in (le0, le0 + 0.5)
+            for a in (0.25, 0.7)
+            for b in (0.25, 0.7)
+        ]
     best = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -161,16 +177,31 @@ def fit_parametric(n: np.ndarray, d: np.ndarray, loss: np.ndarray, delta: float 
             if best is None or r.fun < best.fun:
                 best = r
     la, lb, le, a, b = best.x
-    return {"E": math.exp(le), "A": math.exp(la), "B": math.exp(lb), "a": float(a), "b": float(b),
-            "theta": [float(v) for v in best.x], "huber": float(best.fun)}
+    return {
+        "E": math.exp(le),
+        "A": math.exp(la),
+        "B": math.exp(lb),
+        "a": float(a),
+        "b": float(b),
+        "theta": [float(v) for v in best.x],
+        "huber": float(best.fun),
+    }
 
 
 def parametric_loss(p: dict, n, d):
     return p["E"] + p["A"] / np.power(n, p["a"]) + p["B"] / np.power(d, p["b"])
 
 
-def crossover(pa: dict, pb: dict, kappa_a: float, kappa_b: float, npow_a: tuple[float, float],
-              npow_b: tuple[float, float], n_grid: np.ndarray, logc_span=(-5.0, 12.0)) -> list[dict]:
+def crossover(
+    pa: dict,
+    pb: dict,
+    kappa_a: float,
+    kappa_b: float,
+    npow_a: tuple[float, float],
+    npow_b: tuple[float, float],
+    n_grid: np.ndarray,
+    logc_span=(-5.0, 12.0),
+) -> list[dict]:
     """For each N: the compute C_x at which methods A and B of equal size N reach equal loss
     (``L_A(N, C/(kappa_A N)) = L_B(N, C/(kappa_B N))``), and C_x over each one's compute-optimal
     compute at N (from ``log N* = alpha' log C + beta'``). Empty entries where no root lies within
@@ -184,13 +215,15 @@ def crossover(pa: dict, pb: dict, kappa_a: float, kappa_b: float, npow_a: tuple[
 
         def diff(logc):
             c = math.exp(logc)
-            return math.log(parametric_loss(pa, n, c / (kappa_a * n))) - math.log(parametric_loss(pb, n, c / (kappa_b * n)))
+            return math.log(parametric_loss(pa, n, c / (kappa_a * n))) - math.log(
+                parametric_loss(pb, n, c / (kappa_b * n))
+            )
 
         lo = math.log(min(copt_a, copt_b)) + logc_span[0] * math.log(10)
         hi = math.log(max(copt_a, copt_b)) + logc_span[1] * math.log(10)
         grid = np.linspace(lo, hi, 400)
         cg = np.exp(grid)
-        vals = (np.log(parametric_loss(pa, n, cg / (kappa_a * n))) - np.log(parametric_loss(pb, n, cg / (kappa_b * n))))
+        vals = np.log(parametric_loss(pa, n, cg / (kappa_a * n))) - np.log(parametric_loss(pb, n, cg / (kappa_b * n)))
         root = None
         sign = np.nonzero(np.diff(np.sign(vals)) != 0)[0]
         if len(sign):  # several crossings: the one nearest (in log C) the two compute optima
@@ -200,16 +233,17 @@ def crossover(pa: dict, pb: dict, kappa_a: float, kappa_b: float, npow_a: tuple[
         entry = {"params": float(n), "copt_a": copt_a, "copt_b": copt_b}
         if root is not None:
             cx = math.exp(root)
-            entry.update(flops=cx, mult_a=cx / copt_a, mult_b=cx / copt_b,
-                         a_better_above=bool(diff(root + 0.1) < 0))
+            entry.update(flops=cx, mult_a=cx / copt_a, mult_b=cx / copt_b, a_better_above=bool(diff(root + 0.1) < 0))
         out.append(entry)
     return out
 
 
 # ------------------------------------------------------------------ the whole analysis
 
-def _analyse(points: dict, budgets: list[float], reference: str, logc_grid: np.ndarray,
-             exclude: frozenset = frozenset()) -> dict:
+
+def _analyse(
+    points: dict, budgets: list[float], reference: str, logc_grid: np.ndarray, exclude: frozenset = frozenset()
+) -> dict:
     """Per-budget minima, power laws and multipliers for perturbed or original log-losses;
     ``exclude``: (method, budget) pairs left out of the laws (at the unigram level)."""
     res = {}
@@ -250,8 +284,14 @@ def _f(x) -> Optional[float]:
     return None if x is None or not np.isfinite(x) else float(x)
 
 
-def fit_points(rows: list[dict], reference: str = "ar", n_boot: int = 1000, seed: int = 0,
-               crossover_pair: Optional[tuple[str, str]] = None, n_boot_parametric: int = 100) -> dict:
+def fit_points(
+    rows: list[dict],
+    reference: str = "ar",
+    n_boot: int = 1000,
+    seed: int = 0,
+    crossover_pair: Optional[tuple[str, str]] = None,
+    n_boot_parametric: int = 100,
+) -> dict:
     """Every fit of the study; see the module docstring. Returns a JSON-able dict."""
     rows = [dict(r) for r in rows]
     budgets = group_budgets(rows)
@@ -260,12 +300,17 @@ def fit_points(rows: list[dict], reference: str = "ar", n_boot: int = 1000, seed
     points = {}
     for m in methods:
         rs = [r for r in rows if r["method"] == m]
-        points[m] = {"budget": np.array([r["budget"] for r in rs]), "logn": np.log([r["params"] for r in rs]),
-                     "logl": np.log([r["loss"] for r in rs]), "loss": np.array([r["loss"] for r in rs]),
-                     "params": np.array([r["params"] for r in rs]), "flops": np.array([r["flops"] for r in rs]),
-                     "tokens": np.array([r.get("tokens", r["flops"] / (6 * r["params"])) for r in rs]),
-                     "stderr": np.array([r.get("stderr") or math.nan for r in rs], dtype=float),
-                     "unigram": np.array([r.get("unigram") or math.nan for r in rs], dtype=float)}
+        points[m] = {
+            "budget": np.array([r["budget"] for r in rs]),
+            "logn": np.log([r["params"] for r in rs]),
+            "logl": np.log([r["loss"] for r in rs]),
+            "loss": np.array([r["loss"] for r in rs]),
+            "params": np.array([r["params"] for r in rs]),
+            "flops": np.array([r["flops"] for r in rs]),
+            "tokens": np.array([r.get("tokens", r["flops"] / (6 * r["params"])) for r in rs]),
+            "stderr": np.array([r.get("stderr") or math.nan for r in rs], dtype=float),
+            "unigram": np.array([r.get("unigram") or math.nan for r in rs], dtype=float),
+        }
     if reference not in points:
         warn.append(f"reference method '{reference}' has no runs; compute multipliers are not computed")
     logc_grid = np.linspace(math.log(budgets[0]), math.log(budgets[-1]), 25)
@@ -281,8 +326,10 @@ def fit_points(rows: list[dict], reference: str = "ar", n_boot: int = 1000, seed
             se = p["stderr"][i] if np.isfinite(p["stderr"][i]) else 0.0
             if p["loss"][i] >= p["unigram"][i] - 2 * se:
                 flat.add((m, b))
-                warn.append(f"{m} at C={b:.3g}: no size beats the unigram loss ({p['unigram'][i]:.4f}) by 2 standard "
-                            f"errors (best {p['loss'][i]:.4f} +- {se:.4f}); left out of the laws")
+                warn.append(
+                    f"{m} at C={b:.3g}: no size beats the unigram loss ({p['unigram'][i]:.4f}) by 2 standard "
+                    f"errors (best {p['loss'][i]:.4f} +- {se:.4f}); left out of the laws"
+                )
     flat = frozenset(flat)
     base = _analyse(points, budgets, reference, logc_grid, flat)
 
@@ -308,8 +355,14 @@ def fit_points(rows: list[dict], reference: str = "ar", n_boot: int = 1000, seed
         pert = {m: {**p, "logl": p["logl"] + rng.standard_normal(len(p["logl"])) * scale[m]} for m, p in points.items()}
         boots.append(_analyse(pert, budgets, reference, logc_grid, flat))
 
-    out: dict = {"reference": reference, "budgets": budgets, "log": "natural", "n_boot": n_boot, "methods": {},
-                 "warnings": warn}
+    out: dict = {
+        "reference": reference,
+        "budgets": budgets,
+        "log": "natural",
+        "n_boot": n_boot,
+        "methods": {},
+        "warnings": warn,
+    }
     for m in methods:
         v = base[m]
         per_budget = []
@@ -322,36 +375,62 @@ def fit_points(rows: list[dict], reference: str = "ar", n_boot: int = 1000, seed
             lo, hi = points[m]["logn"][sel].min(), points[m]["logn"][sel].max()
             bracketed = q["bracketed"]
             if not bracketed:
-                why = ("the quadratic opens downwards" if not np.isfinite(q["log_n_opt"]) else
-                       f"N* = {math.exp(q['log_n_opt']):.3g} lies outside the sizes run "
-                       f"[{math.exp(lo):.3g}, {math.exp(hi):.3g}]")
-                where = ("sizes on both sides" if not np.isfinite(q["log_n_opt"]) else
-                         "smaller sizes" if q["log_n_opt"] < lo else "larger sizes")
+                why = (
+                    "the quadratic opens downwards"
+                    if not np.isfinite(q["log_n_opt"])
+                    else f"N* = {math.exp(q['log_n_opt']):.3g} lies outside the sizes run "
+                    f"[{math.exp(lo):.3g}, {math.exp(hi):.3g}]"
+                )
+                where = (
+                    "sizes on both sides"
+                    if not np.isfinite(q["log_n_opt"])
+                    else "smaller sizes"
+                    if q["log_n_opt"] < lo
+                    else "larger sizes"
+                )
                 warn.append(f"{m} at C={b:.3g}: minimum not bracketed ({why}); add {where}")
             bq = [bt[m]["mins"][i] for bt in boots]
-            per_budget.append({
-                "budget": b, "n_opt": _f(math.exp(q["log_n_opt"]) if np.isfinite(q["log_n_opt"]) else math.nan),
-                "n_opt_ci": _ci([math.exp(x["log_n_opt"]) if x and np.isfinite(x["log_n_opt"]) else None for x in bq]),
-                "loss_opt": _f(math.exp(q["log_l_opt"]) if np.isfinite(q["log_l_opt"]) else math.nan),
-                "loss_opt_ci": _ci([math.exp(x["log_l_opt"]) if x and np.isfinite(x["log_l_opt"]) else None for x in bq]),
-                "bracketed": bracketed, "at_unigram_level": (m, b) in flat,
-                "quad": [float(q["a"]), float(q["b"]), float(q["c"])],
-                "sizes": int(sel.sum()), "noise_log": float(scale[m][sel].mean())})
+            per_budget.append(
+                {
+                    "budget": b,
+                    "n_opt": _f(math.exp(q["log_n_opt"]) if np.isfinite(q["log_n_opt"]) else math.nan),
+                    "n_opt_ci": _ci(
+                        [math.exp(x["log_n_opt"]) if x and np.isfinite(x["log_n_opt"]) else None for x in bq]
+                    ),
+                    "loss_opt": _f(math.exp(q["log_l_opt"]) if np.isfinite(q["log_l_opt"]) else math.nan),
+                    "loss_opt_ci": _ci(
+                        [math.exp(x["log_l_opt"]) if x and np.isfinite(x["log_l_opt"]) else None for x in bq]
+                    ),
+                    "bracketed": bracketed,
+                    "at_unigram_level": (m, b) in flat,
+                    "quad": [float(q["a"]), float(q["b"]), float(q["c"])],
+                    "sizes": int(sel.sum()),
+                    "noise_log": float(scale[m][sel].mean()),
+                }
+            )
         (al, be), (alp, bep) = v["loss_law"], v["param_law"]
-        mo = {"alpha": _f(al), "beta": _f(be), "alpha_prime": _f(alp), "beta_prime": _f(bep),
-              "alpha_ci": _ci([bt[m]["loss_law"][0] for bt in boots]),
-              "beta_ci": _ci([bt[m]["loss_law"][1] for bt in boots]),
-              "alpha_prime_ci": _ci([bt[m]["param_law"][0] for bt in boots]),
-              "beta_prime_ci": _ci([bt[m]["param_law"][1] for bt in boots]),
-              "budgets": per_budget,
-              "kappa": float(np.median(points[m]["flops"] / (points[m]["params"] * points[m]["tokens"])))}
+        mo = {
+            "alpha": _f(al),
+            "beta": _f(be),
+            "alpha_prime": _f(alp),
+            "beta_prime": _f(bep),
+            "alpha_ci": _ci([bt[m]["loss_law"][0] for bt in boots]),
+            "beta_ci": _ci([bt[m]["loss_law"][1] for bt in boots]),
+            "alpha_prime_ci": _ci([bt[m]["param_law"][0] for bt in boots]),
+            "beta_prime_ci": _ci([bt[m]["param_law"][1] for bt in boots]),
+            "budgets": per_budget,
+            "kappa": float(np.median(points[m]["flops"] / (points[m]["params"] * points[m]["tokens"]))),
+        }
         if "mult" in v:
             km, pr = v["mult"], v["pratio"]
             mo.update(
-                compute_multiplier=_f(np.median(km)), compute_multiplier_range=[_f(km.min()), _f(km.max())],
+                compute_multiplier=_f(np.median(km)),
+                compute_multiplier_range=[_f(km.min()), _f(km.max())],
                 compute_multiplier_ci=_ci([float(np.median(bt[m]["mult"])) for bt in boots]),
-                param_ratio=_f(np.median(pr)), param_ratio_range=[_f(pr.min()), _f(pr.max())],
-                param_ratio_ci=_ci([float(np.median(bt[m]["pratio"])) for bt in boots]))
+                param_ratio=_f(np.median(pr)),
+                param_ratio_range=[_f(pr.min()), _f(pr.max())],
+                param_ratio_ci=_ci([float(np.median(bt[m]["pratio"])) for bt in boots]),
+            )
         # Chinchilla approach 3, on the runs of the budgets past the unigram level
         keep = np.array([(m, bb) not in flat for bb in points[m]["budget"]], dtype=bool)
         p = {k: points[m][k][keep] for k in ("params", "tokens", "loss")}
@@ -401,8 +480,9 @@ def fit_points(rows: list[dict], reference: str = "ar", n_boot: int = 1000, seed
             else:
                 warn.append(f"crossover {a} vs {b}: the fitted L(N, D) curves do not cross in the range searched")
             out["crossover"] = cx
-    out["points"] = [{k: (float(v) if isinstance(v, (int, float, np.floating)) else v) for k, v in r.items()}
-                     for r in rows]
+    out["points"] = [
+        {k: (float(v) if isinstance(v, (int, float, np.floating)) else v) for k, v in r.items()} for r in rows
+    ]
     for mo in out["methods"].values():
         mo.get("parametric", {}).pop("boot", None)
     return out
@@ -415,36 +495,45 @@ def _theta_to_p(th) -> dict:
 
 # ------------------------------------------------------------------ output
 
+
 def summary_text(res: dict) -> str:
     lines = [f"reference: {res['reference']}   budgets: {', '.join(f'{b:.3g}' for b in res['budgets'])}"]
     for m, mo in res["methods"].items():
-        lines.append(f"\n{m}: alpha = {_fmt(mo['alpha'])} {_fmt_ci(mo['alpha_ci'])}   "
-                     f"alpha' = {_fmt(mo['alpha_prime'])} {_fmt_ci(mo['alpha_prime_ci'])}")
+        lines.append(
+            f"\n{m}: alpha = {fmt(mo['alpha'])} {fmt_ci(mo['alpha_ci'])}   "
+            f"alpha' = {fmt(mo['alpha_prime'])} {fmt_ci(mo['alpha_prime_ci'])}"
+        )
         for q in mo["budgets"]:
-            lines.append(f"  C={q['budget']:.3g}: N* = {_fmt(q['n_opt'])} {_fmt_ci(q['n_opt_ci'])}  "
-                         f"L* = {_fmt(q['loss_opt'], 4)} {_fmt_ci(q['loss_opt_ci'], 4)}"
-                         f"{'' if q['bracketed'] else '  (not bracketed)'}")
+            lines.append(
+                f"  C={q['budget']:.3g}: N* = {fmt(q['n_opt'])} {fmt_ci(q['n_opt_ci'])}  "
+                f"L* = {fmt(q['loss_opt'], 4)} {fmt_ci(q['loss_opt_ci'], 4)}"
+                f"{'' if q['bracketed'] else '  (not bracketed)'}"
+            )
         if "compute_multiplier" in mo:
-            lines.append(f"  compute multiplier vs {res['reference']}: {_fmt(mo['compute_multiplier'])} "
-                         f"{_fmt_ci(mo['compute_multiplier_ci'])} (range over budgets "
-                         f"{_fmt(mo['compute_multiplier_range'][0])}-{_fmt(mo['compute_multiplier_range'][1])})   "
-                         f"N* ratio: {_fmt(mo['param_ratio'])} {_fmt_ci(mo['param_ratio_ci'])}")
+            lines.append(
+                f"  compute multiplier vs {res['reference']}: {fmt(mo['compute_multiplier'])} "
+                f"{fmt_ci(mo['compute_multiplier_ci'])} (range over budgets "
+                f"{fmt(mo['compute_multiplier_range'][0])}-{fmt(mo['compute_multiplier_range'][1])})   "
+                f"N* ratio: {fmt(mo['param_ratio'])} {fmt_ci(mo['param_ratio_ci'])}"
+            )
         if "parametric" in mo:
             p = mo["parametric"]
             lines.append(f"  L(N,D) = {p['E']:.3g} + {p['A']:.3g}/N^{p['a']:.3g} + {p['B']:.3g}/D^{p['b']:.3g}")
     cx = res.get("crossover")
     if cx and "mult_a_median" in cx:
         a, b = cx["methods"]
-        lines.append(f"\ncrossover: {a} at {cx['mult_a_median']:.3g}x its optimal compute {_fmt_ci(cx['mult_a_ci'])} "
-                     f"matches {b} at {cx['mult_b_median']:.3g}x {_fmt_ci(cx['mult_b_ci'])}")
+        lines.append(
+            f"\ncrossover: {a} at {cx['mult_a_median']:.3g}x its optimal compute {fmt_ci(cx['mult_a_ci'])} "
+            f"matches {b} at {cx['mult_b_median']:.3g}x {fmt_ci(cx['mult_b_ci'])}"
+        )
     return "\n".join(lines)
 
 
-def _fmt(x, d=3) -> str:
+def fmt(x, d=3) -> str:
     return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{d}g}"
 
 
-def _fmt_ci(ci, d=3) -> str:
+def fmt_ci(ci, d=3) -> str:
     if not ci or any(c is None or not math.isfinite(c) for c in ci):
         return "[n/a]"
     return f"[{ci[0]:.{d}g}, {ci[1]:.{d}g}]"
@@ -460,88 +549,13 @@ def read_sources(sources) -> tuple[list[dict], list[str]]:
             key = (r["method"], round(r["flops"]), round(r["params"]))
             if key in seen:
                 if abs(seen[key]["loss"] - r["loss"]) > 1e-9:
-                    raise ValueError(f"{src}: {r['method']} with N={r['params']:.0f} and C={r['flops']:.4g} is also "
-                                     f"in an earlier source with another loss ({seen[key]['loss']:.6f} vs "
-                                     f"{r['loss']:.6f}); keep one of the two runs")
+                    raise ValueError(
+                        f"{src}: {r['method']} with N={r['params']:.0f} and C={r['flops']:.4g} is also "
+                        f"in an earlier source with another loss ({seen[key]['loss']:.6f} vs "
+                        f"{r['loss']:.6f}); keep one of the two runs"
+                    )
                 notes.append(f"{r.get('id') or r['method']} appears in several sources; counted once")
                 continue
             seen[key] = r
             rows.append(r)
     return rows, notes
-
-
-def fit_source(source, reference: str = "ar", n_boot: int = 1000, seed: int = 0, crossover=None,
-               out: Optional[Path] = None, slice_params: Optional[float] = None) -> dict:
-    """Read one or several sources (sweep folders, CSVs), fit, and write ``fit.json``, ``report.md``
-    and the PNG plots into ``out``."""
-    if n_boot < 0:
-        raise ValueError("--bootstrap must be >= 0")
-    rows, notes = read_sources(source)
-    res = fit_points(rows, reference, n_boot, seed, tuple(crossover) if crossover else None,
-                     n_boot_parametric=min(n_boot, 100))
-    res["warnings"] += notes
-    source = source if isinstance(source, (str, Path)) else " + ".join(map(str, source))
-    if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "fit.json").write_text(json.dumps(res, indent=1))
-        from replaid.eval import scaling_plots
-
-        res["plots"] = scaling_plots.plot_all(res, out, slice_params)
-        (out / "report.md").write_text(report_markdown(res, str(source)))
-        (out / "fit.json").write_text(json.dumps(res, indent=1))
-    return res
-
-
-def report_markdown(res: dict, source: str) -> str:
-    ref = res["reference"]
-    L = [f"# Scaling-law fit of `{source}`", "",
-         f"Reference: **{ref}**. Budgets: {', '.join(f'{b:.3g}' for b in res['budgets'])} FLOPs. Natural logs. "
-         f"Intervals: 95% parametric bootstrap ({res['n_boot']} replicates).", ""]
-    if res["warnings"]:
-        L += ["## Warnings", ""] + [f"- {w}" for w in res["warnings"]] + [""]
-    L += ["## Power laws and multipliers", "",
-          f"| method | alpha (L*) | alpha' (N*) | compute multiplier vs {ref} (median; range over budgets) | N* ratio vs {ref} |",
-          "|---|---|---|---|---|"]
-    for m, mo in res["methods"].items():
-        cm = (f"{_fmt(mo['compute_multiplier'])} {_fmt_ci(mo['compute_multiplier_ci'])}; "
-              f"{_fmt(mo['compute_multiplier_range'][0])}-{_fmt(mo['compute_multiplier_range'][1])}"
-              if "compute_multiplier" in mo else "n/a")
-        pr = f"{_fmt(mo['param_ratio'])} {_fmt_ci(mo['param_ratio_ci'])}" if "param_ratio" in mo else "n/a"
-        L.append(f"| {m} | {_fmt(mo['alpha'])} {_fmt_ci(mo['alpha_ci'])} | {_fmt(mo['alpha_prime'])} "
-                 f"{_fmt_ci(mo['alpha_prime_ci'])} | {cm} | {pr} |")
-    L += ["", "## IsoFLOP minima", "", "A minimum enters the laws when it is bracketed and past the unigram level.", "",
-          "| method | C | sizes | N* | L* (nats/token) | bracketed | past unigram | in the laws |", "|---|---|---|---|---|---|---|---|"]
-    yn = lambda x: "yes" if x else "**no**"  # noqa: E731
-    for m, mo in res["methods"].items():
-        for q in mo["budgets"]:
-            past = not q.get("at_unigram_level", False)
-            L.append(f"| {m} | {q['budget']:.3g} | {q['sizes']} | {_fmt(q['n_opt'])} {_fmt_ci(q['n_opt_ci'])} | "
-                     f"{_fmt(q['loss_opt'], 4)} {_fmt_ci(q['loss_opt_ci'], 4)} | {yn(q['bracketed'])} | {yn(past)} | "
-                     f"{yn(q['bracketed'] and past)} |")
-    L += ["", "## Parametric L(N, D) = E + A / N^a + B / D^b", "", "| method | E | A | a | B | b |", "|---|---|---|---|---|---|"]
-    for m, mo in res["methods"].items():
-        p = mo.get("parametric")
-        if p:
-            L.append(f"| {m} | {_fmt(p['E'])} {_fmt_ci(p['E_ci'])} | {_fmt(p['A'])} | {_fmt(p['a'])} {_fmt_ci(p['a_ci'])} | "
-                     f"{_fmt(p['B'])} | {_fmt(p['b'])} {_fmt_ci(p['b_ci'])} |")
-    cx = res.get("crossover")
-    if cx:
-        a, b = cx["methods"]
-        L += ["", f"## Over-training crossover ({a} vs {b})", ""]
-        if "mult_a_median" in cx:
-            L.append(f"At equal size N and equal training compute, {a} at **{cx['mult_a_median']:.3g}x** its own "
-                     f"compute-optimal compute {_fmt_ci(cx['mult_a_ci'])} matches {b} at **{cx['mult_b_median']:.3g}x** "
-                     f"{_fmt_ci(cx['mult_b_ci'])} (medians over N; bootstrap replicates with a crossing: "
-                     f"{cx.get('boot_found')}).")
-        L += ["", "| N | C_x | x optimal " + a + " | x optimal " + b + " |", "|---|---|---|---|"]
-        for e in cx["line"]:
-            L.append(f"| {e['params']:.3g} | {_fmt(e.get('flops'))} | {_fmt(e.get('mult_a'))} | {_fmt(e.get('mult_b'))} |")
-    L += ["", "## Every run", "", "| method | C | size | N | tokens | loss (nats/token) | unigram |", "|---|---|---|---|---|---|---|"]
-    for r in sorted(res["points"], key=lambda r: (r["budget"], list(res["methods"]).index(r["method"]), r["params"])):
-        se = f" +- {r['stderr']:.4f}" if r.get("stderr") else ""
-        L.append(f"| {r['method']} | {r['budget']:.3g} | {r.get('size', '')} | {r['params']:,.0f} | "
-                 f"{_fmt(r.get('tokens'))} | {r['loss']:.4f}{se} | {_fmt(r.get('unigram'), 4)} |")
-    if res.get("plots"):
-        L += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in res["plots"]]
-    return "\n".join(L) + "\n"

@@ -13,6 +13,7 @@
 The sequence is exactly as long as the context (or ``--length``, when longer: the positions past the
 context are generated too), so nothing is ever padded.
 """
+
 from __future__ import annotations
 
 import re
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from replaid.diffusion.samplers import parse_infill_spans
+from replaid.sampling.continuous import parse_infill_spans
 
 MARKER = re.compile(r"\[MASK:(\d+)\]")
 
@@ -70,8 +71,10 @@ def _char_spans_to_markers(tok, context: str, spec: str) -> str:
         except ValueError:
             start, end, sep = 0, 0, ""
         if not sep or not 0 <= start < end <= len(context):
-            raise ValueError(f"bad --infill-chars span {part!r}: expected START:END with "
-                             f"0 <= START < END <= {len(context)} (the context's characters)")
+            raise ValueError(
+                f"bad --infill-chars span {part!r}: expected START:END with "
+                f"0 <= START < END <= {len(context)} (the context's characters)"
+            )
         spans.append((start, end))
     spans.sort()
     if any(b[0] < a[1] for a, b in zip(spans, spans[1:])):
@@ -85,8 +88,9 @@ def _char_spans_to_markers(tok, context: str, spec: str) -> str:
     return "".join(out + [context[pos:]])
 
 
-def plan_infill(tok, context: str, spans: str | None = None, char_spans: str | None = None,
-                length: int | None = None) -> InfillPlan:
+def plan_infill(
+    tok, context: str, spans: str | None = None, char_spans: str | None = None, length: int | None = None
+) -> InfillPlan:
     """The known tokens of an infilling request (module docstring); errors name the option to fix."""
     if sum(x is not None for x in (spans, char_spans)) > 1:
         raise ValueError("give --infill (token positions) or --infill-chars (characters), not both")
@@ -112,8 +116,10 @@ def plan_infill(tok, context: str, spans: str | None = None, char_spans: str | N
                 known += [True] * len(t)
     else:
         if spans is None:
-            raise ValueError("--context needs what to fill: [MASK:N] markers in the text, --infill-chars A:B "
-                             "or --infill A:B (token positions; see --show-positions)")
+            raise ValueError(
+                "--context needs what to fill: [MASK:N] markers in the text, --infill-chars A:B "
+                "or --infill A:B (token positions; see --show-positions)"
+            )
         ids = tok.encode(context)
         n_ctx = len(ids)
         ends = [int(p.partition(":")[2]) for p in spans.split(",") if p.partition(":")[2].strip().isdigit()]
@@ -123,8 +129,10 @@ def plan_infill(tok, context: str, spans: str | None = None, char_spans: str | N
     L = len(ids)
     if length is not None:
         if length < L:
-            raise ValueError(f"the infilling context is {L} tokens but --length is {length}; "
-                             f"raise --length to at least {L} or shorten --context")
+            raise ValueError(
+                f"the infilling context is {L} tokens but --length is {length}; "
+                f"raise --length to at least {L} or shorten --context"
+            )
         ids, known = ids + [0] * (length - L), known + [False] * (length - L)
     if all(known):
         raise ValueError("nothing to fill: the spans cover no position")

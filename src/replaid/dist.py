@@ -3,13 +3,17 @@
 Everything degrades to single-process no-ops when not launched by torchrun, so the same
 ``replaid train`` command runs on a laptop and under ``torchrun --nproc_per_node N``.
 """
+
 from __future__ import annotations
 
 import os
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 import torch.distributed as tdist
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 def is_dist() -> bool:
@@ -53,9 +57,22 @@ def wrap_model(module: nn.Module, parallel: str, device: torch.device) -> nn.Mod
             fully_shard(blk)
         fully_shard(module)
         return module
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     return DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def no_sync(module: nn.Module) -> AbstractContextManager:
+    """Skip the gradient all-reduce of a gradient-accumulation micro-batch (DDP; a no-op otherwise)."""
+    return module.no_sync() if isinstance(module, DDP) else nullcontext()
+
+
+def plain(x: Tensor) -> Tensor:
+    """A full plain tensor of a (possibly FSDP2-sharded) DTensor; others as they are."""
+    return x.full_tensor() if isinstance(x, DTensor) else x
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether ``model``'s parameters are FSDP2 DTensors."""
+    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def all_gather_cat(x: Tensor) -> Tensor:
@@ -83,7 +100,7 @@ def all_reduce_sum(x: Tensor) -> Tensor:
 
 def full_tensors(sd: dict[str, Tensor]) -> dict[str, Tensor]:
     """Unsharded CPU copies of a state dict's tensors (``full_tensor`` is a collective for DTensors)."""
-    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu() for k, v in sd.items()}
+    return {k: plain(v).detach().cpu() for k, v in sd.items()}
 
 
 def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
@@ -94,12 +111,10 @@ def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
 def shard_like(full: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
     """Place full tensors like the model's state: DTensors are re-sharded on their mesh, so a
     checkpoint from any world size loads into any other."""
-    from torch.distributed.tensor import distribute_tensor
-
     out = {}
     for k, v in model.state_dict().items():
         t = full[k].to(v.device, v.dtype)
-        out[k] = distribute_tensor(t, v.device_mesh, v.placements) if hasattr(v, "device_mesh") else t
+        out[k] = distribute_tensor(t, v.device_mesh, v.placements) if isinstance(v, DTensor) else t
     return out
 
 
@@ -120,10 +135,10 @@ def params_in_sync(model: nn.Module) -> bool:
     """True when every rank holds the same parameters (float64 checksums all-gathered)."""
     if not is_dist():
         return True
-    v = torch.stack([torch.stack([p.detach().double().sum(), (p.detach().double() ** 2).sum()])
-                     for p in model.parameters()]).flatten()
-    if hasattr(v, "full_tensor"):
-        v = v.full_tensor()
+    v = torch.stack(
+        [torch.stack([p.detach().double().sum(), (p.detach().double() ** 2).sum()]) for p in model.parameters()]
+    ).flatten()
+    v = plain(v)
     out = [torch.zeros_like(v) for _ in range(world_size())]
     tdist.all_gather(out, v)
     return all(torch.equal(out[0], o) for o in out[1:])

@@ -1,5 +1,5 @@
-"""Samplers for RePlaid: plain functions in the style of k-diffusion (paper appendix
-"Sampler Update Formulas").
+"""Samplers of the continuous methods (RePlaid, Plaid, LangFlow): plain functions in the style of
+k-diffusion (paper appendix "Sampler Update Formulas").
 
 Every sampler has the signature
 
@@ -20,10 +20,13 @@ are computed in float64 from the grid, and the working latent is kept in float64
 receives the latent in the dtype of the caller's ``z`` and ``SampleResult.z0`` is returned in
 that dtype.
 
-Options that change the denoiser (temperatures) are denoiser -> denoiser wrappers
-(:class:`LogitTemperature`, :class:`ScoreTemperature`), so samplers never see them.
-Inpainting / infilling uses the replacement scheme (:class:`Inpaint`).
+Options that change the denoiser (temperatures; later a guidance term adding ``w grad log p`` to
+the prediction) are denoiser -> denoiser wrappers (:class:`LogitTemperature`, :class:`ScoreTemperature`),
+so samplers never see them. Inpainting / infilling uses the replacement scheme (:class:`Inpaint`).
+Editing (SDEdit) starts part-way: a grid from ``t_start < 1`` (:func:`time_grid`) and a ``z`` drawn
+at ``gamma(t_start)`` by the caller; the samplers need nothing else.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,14 +37,32 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from replaid.diffusion.denoiser import DenoiserOutput, alpha_sigma
+from replaid.diffusion.denoiser import Denoiser, DenoiserOutput, alpha_sigma
 from replaid.diffusion.rng import device_generator
 
 __all__ = [
-    "SampleResult", "time_grid", "gamma_grid", "ddpm_step", "ddim_step", "dpmpp_2m_extrapolate",
-    "exp_integrator_step", "heun_step", "sample_ddpm", "sample_ddim", "sample_dpmpp_2m",
-    "sample_heun", "SAMPLERS", "nfe_for", "get_sampler", "LogitTemperature", "ScoreTemperature",
-    "Inpaint", "prefix_inpaint", "parse_infill_spans", "infill_inpaint", "TrajectoryRecorder",
+    "SampleResult",
+    "time_grid",
+    "gamma_grid",
+    "ddpm_step",
+    "ddim_step",
+    "dpmpp_2m_extrapolate",
+    "exp_integrator_step",
+    "heun_step",
+    "sample_ddpm",
+    "sample_ddim",
+    "sample_dpmpp_2m",
+    "sample_heun",
+    "SAMPLERS",
+    "nfe_for",
+    "get_sampler",
+    "LogitTemperature",
+    "ScoreTemperature",
+    "Inpaint",
+    "prefix_inpaint",
+    "parse_infill_spans",
+    "infill_inpaint",
+    "TrajectoryRecorder",
     "trajectory_recorder",
 ]
 
@@ -52,15 +73,20 @@ Callback = Callable[[dict], None]
 # grids and scalar coefficients
 # ----------------------------------------------------------------------------------------------
 
-def time_grid(T: int) -> Tensor:
-    """Uniform diffusion-time grid ``t_i = 1 - i / T``, i = 0..T: (T + 1,) float64 from 1 to 0."""
+
+def time_grid(T: int, t_start: float = 1.0) -> Tensor:
+    """Uniform diffusion-time grid ``t_i = t_start (1 - i / T)``, i = 0..T: (T + 1,) float64 from
+    ``t_start`` (1: pure noise) to 0."""
     if int(T) < 1:
         raise ValueError(f"need at least one sampling step, got T={T}")
-    return torch.linspace(1.0, 0.0, int(T) + 1, dtype=torch.float64)
+    if not 0.0 < t_start <= 1.0:
+        raise ValueError(f"t_start must be in (0, 1], got {t_start}")
+    return torch.linspace(t_start, 0.0, int(T) + 1, dtype=torch.float64)
 
 
-def gamma_grid(schedule_fn: Callable[[Tensor], Any], T: int, *,
-               device: Optional[torch.device] = None) -> Tensor:
+def gamma_grid(
+    schedule_fn: Callable[[Tensor], Any], T: int, *, device: Optional[torch.device] = None, t_start: float = 1.0
+) -> Tensor:
     """Noise grid ``gammas[i] = gamma(t_i)`` on :func:`time_grid`; (T + 1,) float64 on the CPU.
 
     ``schedule_fn`` maps a (T + 1,) float64 time tensor to gamma; a tuple result (e.g.
@@ -68,7 +94,7 @@ def gamma_grid(schedule_fn: Callable[[Tensor], Any], T: int, *,
     ``t`` is placed on ``device``, by default the device of ``schedule_fn``'s parameters when it
     is an ``nn.Module`` with any, else the CPU.
     """
-    t = time_grid(T)
+    t = time_grid(T, t_start)
     if device is None and isinstance(schedule_fn, torch.nn.Module):
         p = next(iter(schedule_fn.parameters()), None)
         device = p.device if p is not None else None
@@ -114,6 +140,7 @@ def _alpha_sigma(gamma: float) -> tuple[float, float]:
 # single-step updates (pure functions of float64 tensors and Python-float noise levels)
 # ----------------------------------------------------------------------------------------------
 
+
 def ddpm_step(z: Tensor, e_hat: Tensor, gamma_t: float, gamma_s: float, eps: Tensor) -> Tensor:
     """Ancestral step eq. (plaid-ancestral), ``s < t``:
 
@@ -154,8 +181,14 @@ def dpmpp_2m_extrapolate(e_prev: Tensor, e_prev2: Tensor, h_prev: float, h: floa
     return (1.0 + w) * e_prev - w * e_prev2
 
 
-def heun_step(z_bar: Tensor, e_hat: Tensor, st_t: float, st_s: float,
-              e_hat_pred: Optional[Tensor] = None, z_bar_pred: Optional[Tensor] = None) -> Tensor:
+def heun_step(
+    z_bar: Tensor,
+    e_hat: Tensor,
+    st_t: float,
+    st_s: float,
+    e_hat_pred: Optional[Tensor] = None,
+    z_bar_pred: Optional[Tensor] = None,
+) -> Tensor:
     """Heun in the VE form ``d z_bar / d sigma_tilde = (z_bar - e_hat) / sigma_tilde``
     (eqs. heun-ve-pred / heun-ve-corr), ``z_bar = z / alpha``, ``sigma_tilde = exp(gamma / 2)``.
 
@@ -175,6 +208,7 @@ def heun_step(z_bar: Tensor, e_hat: Tensor, st_t: float, st_s: float,
 # ----------------------------------------------------------------------------------------------
 # inpainting / infilling (replacement scheme)
 # ----------------------------------------------------------------------------------------------
+
 
 @dataclass
 class Inpaint:
@@ -270,6 +304,7 @@ def infill_inpaint(reference_ids: Tensor, spec: str, E: Tensor) -> Inpaint:
 # shared sampling machinery
 # ----------------------------------------------------------------------------------------------
 
+
 @dataclass
 class SampleResult:
     tokens: Tensor  # (B, L) long: argmax of the readout logits (known positions forced)
@@ -282,8 +317,18 @@ class _Run:
     """Bookkeeping shared by the samplers: denoiser calls (NFE, self-conditioning, dtypes),
     noise, inpainting replacement, callbacks and the final readout."""
 
-    def __init__(self, denoiser, z: Tensor, gammas: Tensor, generator, callback, self_cond,
-                 inpaint: Optional[Inpaint], disable_progress: bool, name: str):
+    def __init__(
+        self,
+        denoiser,
+        z: Tensor,
+        gammas: Tensor,
+        generator,
+        callback,
+        self_cond,
+        inpaint: Optional[Inpaint],
+        disable_progress: bool,
+        name: str,
+    ):
         if z.ndim != 3:
             raise ValueError(f"z must be (B, L, d_e), got shape {tuple(z.shape)}")
         self.denoiser = denoiser
@@ -295,7 +340,7 @@ class _Run:
         self.generator = device_generator(generator, z.device)  # noise drawn where z lives
         self.callback = callback
         self.inpaint = inpaint
-        self.sc = bool(getattr(denoiser, "self_conditioning", False)) if self_cond is None else bool(self_cond)
+        self.sc = bool(denoiser.self_conditioning) if self_cond is None else bool(self_cond)
         self.e_sc: Optional[Tensor] = None
         self.nfe = 0
         self.name = name
@@ -329,8 +374,17 @@ class _Run:
 
     def report(self, i: int, z: Tensor, logits: Tensor, e_hat: Tensor) -> None:
         if self.callback is not None:
-            self.callback({"i": i, "T": self.T, "gamma": self.g[i], "gamma_next": self.g[i + 1],
-                           "z": z, "e_hat": e_hat, "logits": logits})
+            self.callback(
+                {
+                    "i": i,
+                    "T": self.T,
+                    "gamma": self.g[i],
+                    "gamma_next": self.g[i + 1],
+                    "z": z,
+                    "e_hat": e_hat,
+                    "logits": logits,
+                }
+            )
 
     def finish(self, z: Tensor) -> SampleResult:
         logits, _ = self.evaluate(z, self.g[-1])
@@ -344,10 +398,19 @@ class _Run:
 # samplers
 # ----------------------------------------------------------------------------------------------
 
+
 @torch.no_grad()
-def sample_ddpm(denoiser, z: Tensor, gammas: Tensor, *, generator: Optional[torch.Generator] = None,
-                callback: Optional[Callback] = None, self_cond: Optional[bool] = None,
-                inpaint: Optional[Inpaint] = None, disable_progress: bool = True) -> SampleResult:
+def sample_ddpm(
+    denoiser,
+    z: Tensor,
+    gammas: Tensor,
+    *,
+    generator: Optional[torch.Generator] = None,
+    callback: Optional[Callback] = None,
+    self_cond: Optional[bool] = None,
+    inpaint: Optional[Inpaint] = None,
+    disable_progress: bool = True,
+) -> SampleResult:
     """Stochastic ancestral sampler, eq. (plaid-ancestral) (the paper's default). NFE = T + 1."""
     run = _Run(denoiser, z, gammas, generator, callback, self_cond, inpaint, disable_progress, "ddpm")
     g = run.g
@@ -361,9 +424,17 @@ def sample_ddpm(denoiser, z: Tensor, gammas: Tensor, *, generator: Optional[torc
 
 
 @torch.no_grad()
-def sample_ddim(denoiser, z: Tensor, gammas: Tensor, *, generator: Optional[torch.Generator] = None,
-                callback: Optional[Callback] = None, self_cond: Optional[bool] = None,
-                inpaint: Optional[Inpaint] = None, disable_progress: bool = True) -> SampleResult:
+def sample_ddim(
+    denoiser,
+    z: Tensor,
+    gammas: Tensor,
+    *,
+    generator: Optional[torch.Generator] = None,
+    callback: Optional[Callback] = None,
+    self_cond: Optional[bool] = None,
+    inpaint: Optional[Inpaint] = None,
+    disable_progress: bool = True,
+) -> SampleResult:
     """Deterministic DDIM, eq. (plaid-ddim). NFE = T + 1."""
     run = _Run(denoiser, z, gammas, generator, callback, self_cond, inpaint, disable_progress, "ddim")
     g = run.g
@@ -377,9 +448,17 @@ def sample_ddim(denoiser, z: Tensor, gammas: Tensor, *, generator: Optional[torc
 
 
 @torch.no_grad()
-def sample_dpmpp_2m(denoiser, z: Tensor, gammas: Tensor, *, generator: Optional[torch.Generator] = None,
-                    callback: Optional[Callback] = None, self_cond: Optional[bool] = None,
-                    inpaint: Optional[Inpaint] = None, disable_progress: bool = True) -> SampleResult:
+def sample_dpmpp_2m(
+    denoiser,
+    z: Tensor,
+    gammas: Tensor,
+    *,
+    generator: Optional[torch.Generator] = None,
+    callback: Optional[Callback] = None,
+    self_cond: Optional[bool] = None,
+    inpaint: Optional[Inpaint] = None,
+    disable_progress: bool = True,
+) -> SampleResult:
     """DPM-Solver++(2M), eqs. (dpmpp-extrap) and (dpmpp-update) in ``lambda = -gamma / 2``;
     the first step uses ``D_1 = e_hat`` (the DDIM update). NFE = T + 1."""
     run = _Run(denoiser, z, gammas, generator, callback, self_cond, inpaint, disable_progress, "dpmpp2m")
@@ -399,9 +478,17 @@ def sample_dpmpp_2m(denoiser, z: Tensor, gammas: Tensor, *, generator: Optional[
 
 
 @torch.no_grad()
-def sample_heun(denoiser, z: Tensor, gammas: Tensor, *, generator: Optional[torch.Generator] = None,
-                callback: Optional[Callback] = None, self_cond: Optional[bool] = None,
-                inpaint: Optional[Inpaint] = None, disable_progress: bool = True) -> SampleResult:
+def sample_heun(
+    denoiser,
+    z: Tensor,
+    gammas: Tensor,
+    *,
+    generator: Optional[torch.Generator] = None,
+    callback: Optional[Callback] = None,
+    self_cond: Optional[bool] = None,
+    inpaint: Optional[Inpaint] = None,
+    disable_progress: bool = True,
+) -> SampleResult:
     """Heun (EDM) predictor-corrector on the VE form of the PFODE (eqs. heun-ve-pred/-corr),
     ``z_bar = z / alpha``, ``sigma_tilde = exp(gamma / 2)``, ``z = alpha z_bar``. The corrector is
     skipped on the last step: NFE = 2(T - 1) + 1 + 1 (readout) = 2T.
@@ -456,34 +543,22 @@ def nfe_for(name: str, T: int) -> int:
 # denoiser wrappers
 # ----------------------------------------------------------------------------------------------
 
-class _Wrapper:
-    """Denoiser -> denoiser wrapper forwarding the interface (and other attributes) to ``inner``."""
 
-    def __init__(self, denoiser):
-        self.inner = denoiser
+class _Tempered:
+    """A denoiser -> denoiser wrapper with a positive temperature ``tau`` (tau = 1 is the identity);
+    it offers the :class:`~replaid.diffusion.denoiser.Denoiser` interface of the one it wraps."""
 
-
-class _Tempered(_Wrapper):
-    """A wrapper with a positive temperature ``tau`` (tau = 1 is the identity)."""
-
-    def __init__(self, denoiser, tau: float):
-        super().__init__(denoiser)
+    def __init__(self, denoiser: Denoiser, tau: float):
         if not tau > 0:
             raise ValueError(f"temperature must be positive, got {tau}")
-        self.tau = float(tau)
+        self.inner, self.tau = denoiser, float(tau)
 
     @property
     def self_conditioning(self) -> bool:
-        return bool(getattr(self.inner, "self_conditioning", False))
+        return self.inner.self_conditioning
 
     def embedding_matrix(self) -> Tensor:
         return self.inner.embedding_matrix()
-
-    def __getattr__(self, name):
-        inner = self.__dict__.get("inner")
-        if inner is None:
-            raise AttributeError(name)
-        return getattr(inner, name)
 
 
 class LogitTemperature(_Tempered):
@@ -521,6 +596,7 @@ class ScoreTemperature(_Tempered):
 # trajectories
 # ----------------------------------------------------------------------------------------------
 
+
 class TrajectoryRecorder:
     """Callback storing ``(i, argmax tokens (B, L) on the CPU)`` every ``every`` steps (and at
     the last step) in ``records``, and ``(i, decode(tokens))`` in ``texts`` when ``decode`` is
@@ -535,7 +611,7 @@ class TrajectoryRecorder:
         self.texts: list[tuple[int, Any]] = []
 
     def __call__(self, info: dict) -> None:
-        i, T = info["i"], info.get("T")
+        i, T = info["i"], info["T"]
         if i % self.every != 0 and (T is None or i != T - 1):
             return
         tokens = info["logits"].argmax(-1).cpu()

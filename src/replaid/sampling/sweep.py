@@ -13,6 +13,7 @@ gives real text, its entropy, and the MAUVE of real text against the references 
 this sample size). :func:`plot_sweep` draws GenPPL and MAUVE against steps (one line per sampler)
 and the temperature sweep as a GenPPL-entropy frontier.
 """
+
 from __future__ import annotations
 
 import csv
@@ -23,28 +24,9 @@ from pathlib import Path
 from typing import Optional
 
 from replaid.eval.quality import Judge, mauve_score, reference_windows, sentence_features, unigram_entropy
-
-
-@dataclass
-class SampleArgs:
-    """The options ``replaid sample`` passes to :func:`replaid.generate.generate`."""
-
-    sampler: str = "ddpm"
-    steps: int = 64
-    num: int = 64
-    length: Optional[int] = None
-    temperature: float = 1.0
-    score_temperature: float = 1.0
-    prompt: Optional[str] = None
-    infill: Optional[str] = None
-    infill_chars: Optional[str] = None
-    context: Optional[str] = None
-    batch_size: int = 16
-    seed: int = 0
-    no_self_cond: bool = False
-    trajectory: int = 0
-    json: bool = True
-    progress: bool = False  # the sweep shows its own bar
+from replaid.methods.base import Kind
+from replaid.sampling.generate import generate
+from replaid.sampling.request import SampleRequest
 
 
 @dataclass
@@ -61,19 +43,30 @@ class SweepPoint:
     example: str = field(default="", repr=False)
 
 
-def quality_sweep(run, judge: Judge, *, samplers: list[str], steps: list[int], temperatures: list[float],
-                  temp_sampler: str, temp_steps: int, num: int, split: str = "valid", seed: int = 0,
-                  batch_size: int = 16, encoder: Optional[str] = None, out: Optional[Path] = None,
-                  progress: bool = True) -> list[SweepPoint]:
+def quality_sweep(
+    run,
+    judge: Judge,
+    *,
+    samplers: list[str],
+    steps: list[int],
+    temperatures: list[float],
+    temp_sampler: str,
+    temp_steps: int,
+    num: int,
+    split: str = "valid",
+    seed: int = 0,
+    batch_size: int = 16,
+    encoder: Optional[str] = None,
+    out: Optional[Path] = None,
+    progress: bool = True,
+) -> list[SweepPoint]:
     """Score every configuration (module docstring); samples go to ``out/samples/*.jsonl``."""
     from tqdm.auto import tqdm
 
-    from replaid.eval.generate import generate
-
-    continuous = hasattr(run.model, "schedule")
-    if not continuous:  # AR/MDLM/Duo: one ancestral sampler; AR ignores the step count
-        samplers, temp_sampler = ["ancestral"], "ancestral"
-        if run.cfg.method == "ar":
+    method = run.method
+    if method.kind is not Kind.CONTINUOUS:  # AR/MDLM/Duo: their own sampler; AR ignores the step count
+        samplers, temp_sampler = list(method.samplers), method.samplers[0]
+        if method.kind is Kind.AUTOREGRESSIVE:
             steps, temp_steps = [run.cfg.data.seq_len], run.cfg.data.seq_len
     ref_texts, _ = reference_windows(run, split, num)
     ref_feat = sentence_features(ref_texts, encoder)
@@ -82,8 +75,11 @@ def quality_sweep(run, judge: Judge, *, samplers: list[str], steps: list[int], t
 
     def score(texts: list[str], ids: list[list[int]]) -> tuple[float, float, float]:
         """(GenPPL, mean unigram entropy, MAUVE against the references)"""
-        return (judge.score(texts)["gen_ppl"], unigram_entropy(ids)["entropy"],
-                mauve_score(sentence_features(texts, encoder), ref_feat))
+        return (
+            judge.score(texts)["gen_ppl"],
+            unigram_entropy(ids)["entropy"],
+            mauve_score(sentence_features(texts, encoder), ref_feat),
+        )
 
     data_texts, data_ids = reference_windows(run, split, num, offset=1)
     points = [SweepPoint("data", "data", 0, 1.0, *score(data_texts, data_ids), example=data_texts[0])]
@@ -94,17 +90,20 @@ def quality_sweep(run, judge: Judge, *, samplers: list[str], steps: list[int], t
         if (sampler, T, tau) in done:  # same seed, same samples: reuse the scores
             points.append(replace(done[(sampler, T, tau)], kind=kind))
             continue
-        args = SampleArgs(sampler=sampler, steps=T, num=num, temperature=tau, batch_size=batch_size, seed=seed)
+        req = SampleRequest(
+            sampler=sampler, steps=T, num=num, temperature=tau, batch_size=batch_size, seed=seed, progress=False
+        )  # the sweep shows its own bar
         t0 = time.time()
-        rows = generate(run, args)
+        rows = generate(run, req)
         secs = (time.time() - t0) / num
         texts = [r["text"] for r in rows]
         if out is not None:
             d = Path(out) / "samples"
             d.mkdir(parents=True, exist_ok=True)
             (d / f"{sampler}-T{T}-tau{tau:g}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        pt = SweepPoint(kind, sampler, T, tau, *score(texts, [r["ids"] for r in rows]), int(rows[0]["nfe"]), secs,
-                        texts[0])
+        pt = SweepPoint(
+            kind, sampler, T, tau, *score(texts, [r["ids"] for r in rows]), int(rows[0]["nfe"]), secs, texts[0]
+        )
         done[(sampler, T, tau)] = pt
         points.append(pt)
     return points
@@ -149,11 +148,16 @@ def plot_sweep(points: list[SweepPoint], out: Path, title: str = "") -> None:
     temps = sorted((p for p in points if p.kind == "temperature"), key=lambda p: p.temperature)
     ax = axes[2]
     if temps:
-        ax.plot([p.entropy for p in temps], [p.gen_ppl for p in temps], "o-",
-                label=f"{temps[0].sampler}, T={temps[0].steps}, temperature sweep")
+        ax.plot(
+            [p.entropy for p in temps],
+            [p.gen_ppl for p in temps],
+            "o-",
+            label=f"{temps[0].sampler}, T={temps[0].steps}, temperature sweep",
+        )
         for p in temps:
-            ax.annotate(f"{p.temperature:g}", (p.entropy, p.gen_ppl), textcoords="offset points", xytext=(4, 4),
-                        fontsize=8)
+            ax.annotate(
+                f"{p.temperature:g}", (p.entropy, p.gen_ppl), textcoords="offset points", xytext=(4, 4), fontsize=8
+            )
     for name, ps in by_sampler.items():
         ax.scatter([p.entropy for p in ps], [p.gen_ppl for p in ps], s=12, alpha=0.6, label=f"{name} (steps sweep)")
     if data is not None:
@@ -171,9 +175,13 @@ def plot_sweep(points: list[SweepPoint], out: Path, title: str = "") -> None:
 
 
 def markdown_table(points: list[SweepPoint]) -> str:
-    lines = ["| kind | sampler | steps | temperature | NFE | GenPPL | entropy | MAUVE | s/sample |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| kind | sampler | steps | temperature | NFE | GenPPL | entropy | MAUVE | s/sample |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for p in points:
-        lines.append(f"| {p.kind} | {p.sampler} | {p.steps or '-'} | {p.temperature:g} | {p.nfe or '-'} | "
-                     f"{p.gen_ppl:.1f} | {p.entropy:.3f} | {p.mauve:.3f} | {p.seconds_per_sample:.3f} |")
+        lines.append(
+            f"| {p.kind} | {p.sampler} | {p.steps or '-'} | {p.temperature:g} | {p.nfe or '-'} | "
+            f"{p.gen_ppl:.1f} | {p.entropy:.3f} | {p.mauve:.3f} | {p.seconds_per_sample:.3f} |"
+        )
     return "\n".join(lines)

@@ -1,0 +1,126 @@
+"""The method contract: every member the trainer, evaluator, samplers, exporter and web app use.
+
+A method turns a :class:`~replaid.config.RunConfig` into a network (:meth:`Method.build_model`), a
+training loss (:meth:`Method.train_loss`) and a per-sequence bound (:meth:`Method.eval_bound`). What
+a method *can do* is declared on its class, never probed:
+
+* ``kind``: :class:`Kind` -- continuous (VP diffusion on token embeddings; its network is a
+  :class:`~replaid.diffusion.denoiser.ContinuousModel`), masked, uniform (discrete diffusion on token
+  ids; a :class:`~replaid.model.tokens.TokenDiT`) or autoregressive;
+* ``trainable``: False for evaluation-only methods (converted peer checkpoints); the trainer and the
+  config validation refuse to train them;
+* ``samplers``: the names it offers in :mod:`replaid.sampling`'s registry, the default first;
+* ``bound``: the key of :meth:`Method.eval_bound`'s main figure, ``"nelbo"`` (an upper bound) or ``"nll"``;
+* ``global_times``: the trainer draws low-discrepancy times for the *global* batch and hands each
+  micro-batch its slice (``t_diff``), after :meth:`Method.recon_rows` rows kept for reconstruction.
+
+The optional hooks have defaults: :meth:`before_step` / :meth:`after_step` (around each optimiser
+step), :meth:`refresh` (on logging steps: the one host read of method statistics), :meth:`compile`,
+:meth:`state_dict` / :meth:`load_state_dict` (method state saved in checkpoints and exports),
+:meth:`eval_summary` (extra evaluation figures), :meth:`divergence_hint` (what to say when training
+diverges) and :meth:`embedding_rows` (the token embeddings ``replaid geometry`` draws).
+The test module ``tests/test_method_contract.py`` runs every registered method through all of them.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from typing import ClassVar, Generic, Optional, TypeVar
+
+import torch
+from torch import Tensor, nn
+
+from replaid.config import ConfigError, RunConfig
+
+
+class Kind(str, enum.Enum):
+    """What a method's network and samplers work on."""
+
+    CONTINUOUS = "continuous"  # VP diffusion on token embeddings (denoiser, noise schedule)
+    MASKED = "masked"  # absorbing-state discrete diffusion ([MASK] id)
+    UNIFORM = "uniform"  # uniform-state discrete diffusion
+    AUTOREGRESSIVE = "autoregressive"  # left to right, exact likelihood
+
+
+ModelT = TypeVar("ModelT", bound=nn.Module)
+
+
+class Method(ABC, Generic[ModelT]):
+    """Base class of every method (module docstring), generic in the network it builds."""
+
+    name: ClassVar[str]
+    kind: ClassVar[Kind]
+    description: ClassVar[str]  # one line for model cards
+    samplers: ClassVar[tuple[str, ...]]  # names in replaid.sampling's registry for ``kind``; default first
+    trainable: ClassVar[bool] = True
+    bound: ClassVar[str] = "nelbo"  # "nelbo" | "nll"
+    global_times: ClassVar[bool] = False
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+
+    # ------------------------------------------------------------------ required
+    @abstractmethod
+    def build_model(self, vocab_size: int) -> ModelT:
+        """A fresh network for a vocabulary of ``vocab_size`` tokens (on the current default device)."""
+
+    @abstractmethod
+    def eval_bound(
+        self, model: ModelT, tokens: Tensor, generator: Optional[torch.Generator], mask: Optional[Tensor] = None
+    ) -> dict[str, Tensor]:
+        """Per-sequence per-token nats (B,) float64 under ``bound`` (and its pieces) for tokens (B, L)."""
+
+    def train_loss(
+        self,
+        model: ModelT,
+        tokens: Tensor,
+        generator: torch.Generator,
+        mask: Optional[Tensor] = None,
+        t_diff: Optional[Tensor] = None,
+        n_recon: Optional[int] = None,
+    ) -> tuple[Tensor, dict]:
+        """(scalar loss, per-row metrics) of one micro-batch tokens (B, L). ``t_diff``: this micro-batch's
+        slice of the global low-discrepancy times (``global_times``); ``n_recon``: :meth:`recon_rows`.
+        Only trainable methods define it; the trainer never calls it on the others."""
+        raise ConfigError(f"method={self.name} is evaluation-only: it cannot be trained")
+
+    # ------------------------------------------------------------------ optional hooks
+    def recon_rows(self, batch: int) -> int:
+        """Rows of a micro-batch of ``batch`` rows that take no global time (RePlaid's adaptive split)."""
+        return 0
+
+    def check_training(self, cfg: RunConfig, world_size: int = 1) -> None:
+        """Refuse (ConfigError, one line) a training shape this method cannot learn from."""
+
+    def before_step(self) -> None:
+        """Called before each optimiser step."""
+
+    def after_step(self, metrics: dict) -> None:
+        """Called after each applied (finite) optimiser step with this rank's per-row metrics."""
+
+    def refresh(self) -> None:
+        """Called on logging steps: bring device-side statistics to the host."""
+
+    def compile(self, model: ModelT) -> None:
+        """``train.compile``: compile what the training step runs (by default the transformer blocks)."""
+        model.get_submodule("backbone").compile()
+
+    def state_dict(self) -> dict:
+        """Method state saved with every checkpoint (JSON-able)."""
+        return {}
+
+    def load_state_dict(self, d: dict) -> None:
+        """Restore :meth:`state_dict`."""
+
+    def eval_summary(self, model: ModelT) -> dict:
+        """Figures an evaluation reports beside the bound (e.g. the noise schedule's endpoints)."""
+        return {}
+
+    def divergence_hint(self, model: ModelT) -> str:
+        """A likely cause to name, beside the learning rate, when training diverges ("" for none)."""
+        return ""
+
+    @abstractmethod
+    def embedding_rows(self, model: ModelT) -> Tensor:
+        """(V, d) float32 token-embedding rows of ``model`` (the vocabulary's, no [MASK]/BOS rows)."""

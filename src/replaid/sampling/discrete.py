@@ -1,0 +1,170 @@
+"""Samplers of the discrete methods (AR, MDLM, Duo) as plain functions, k-diffusion style.
+
+Each takes the network, the initial state (B, L) of token ids drawn by the caller (all [MASK] for
+MDLM, uniform noise for Duo, the prompt for AR), the grid it walks, a generator and a callback:
+
+    sample_mdlm(model, x, ts, *, generator, temperature, callback) -> (ids (B, L), nfe)
+    sample_duo(model, x, ts, *, generator, temperature, known, callback) -> (ids, nfe)
+    sample_ar(model, x, n_prefix, *, generator, temperature, top_p, callback) -> (ids, nfe)
+
+``ts``: (T + 1,) float64 from 1 to 0 (:func:`replaid.sampling.continuous.time_grid`). Every draw is an
+exponential race in float64 on the model's device. The callback (what the playground draws) gets one
+dict per step, documented on each sampler.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from replaid.diffusion.rng import device_generator
+from replaid.model.tokens import TokenDiT
+
+Callback = Callable[[dict], None]
+
+
+def top_p_filter(probs: Tensor, top_p: float) -> Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches ``top_p``; renormalise. (B, V)."""
+    if top_p >= 1.0:
+        return probs
+    sp, idx = probs.sort(dim=-1, descending=True)
+    keep = (sp.cumsum(-1) - sp) < top_p  # the top token is always kept
+    sp = sp * keep
+    out = torch.zeros_like(probs).scatter(-1, idx, sp)
+    return out / out.sum(-1, keepdim=True)
+
+
+def exponential_race(probs: Tensor, generator: Optional[torch.Generator]) -> Tensor:
+    """Categorical draw over the last dim by Gumbel-max as an exponential race:
+    ``argmax_v p_v / E_v`` with ``E_v ~ Exp(1)`` drawn in float64 on ``probs``' device (from a
+    generator there, derived from ``generator`` when it lives elsewhere)."""
+    gen = device_generator(generator, probs.device)
+    e = torch.empty(probs.shape, dtype=torch.float64, device=probs.device).exponential_(generator=gen)
+    return (probs.double() / e).argmax(-1)
+
+
+@torch.no_grad()
+def sample_ar(
+    model: TokenDiT,
+    x: Tensor,
+    n_prefix: int,
+    *,
+    generator: Optional[torch.Generator] = None,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    callback: Optional[Callback] = None,
+) -> tuple[Tensor, int]:
+    """Ancestral sampling with a KV cache from the prefix ``x[:, :n_prefix]`` (B, L); the rest of ``x``
+    is overwritten. Returns (tokens (B, L), number of network calls).
+
+    ``callback`` is called after each new token with ``{"i", "T": number of generated positions,
+    "pos", "tokens": (B, L) (valid up to pos), "probs": (B, V) float64 distribution drawn from}``."""
+    dev = x.device
+    B, L = x.shape
+    bos = model.n_in - 1
+    out = x.clone()
+    cache: list = []
+    inp = torch.cat([torch.full((B, 1), bos, dtype=torch.long, device=dev), out[:, :n_prefix]], dim=1)
+    logits = model.forward_cached(inp, cache, 0)[:, -1]
+    nfe = 1
+    for pos in range(n_prefix, L):
+        lg = logits.double() / max(temperature, 1e-8)
+        probs = top_p_filter(torch.softmax(lg, -1), top_p)
+        out[:, pos] = exponential_race(probs, generator)  # Gumbel-max through an exponential race, in float64
+        if callback is not None:
+            callback({"i": pos - n_prefix, "T": L - n_prefix, "pos": pos, "tokens": out, "probs": probs})
+        if pos + 1 < L:
+            logits = model.forward_cached(out[:, pos : pos + 1], cache, pos + 1)[:, -1]
+            nfe += 1
+    return out, nfe
+
+
+@torch.no_grad()
+def sample_mdlm(
+    model: TokenDiT,
+    x: Tensor,
+    ts: Tensor,
+    *,
+    generator: Optional[torch.Generator] = None,
+    temperature: float = 1.0,
+    callback: Optional[Callback] = None,
+) -> tuple[Tensor, int]:
+    """MDLM's ancestral sampler on the grid ``ts`` (1 -> 0), float64, from ``x`` (B, L): [MASK] (id V)
+    where to generate, the given tokens elsewhere. Each masked position is unmasked between t and s
+    with probability ``(t - s)/t`` to a token drawn from ``x_theta``; unmasked positions stay. Without
+    time conditioning a step that unmasks nothing leaves the input unchanged and its output is reused.
+    Returns (tokens, network calls).
+
+    ``callback`` (k-diffusion style) is called after each step with ``{"i", "T", "t", "s",
+    "z": (B, L) state at s (mask id ``V``), "probs": (B, L, V) float64 x_theta used}``."""
+    dev = x.device
+    V = model.n_out
+    B, L = x.shape
+    steps = len(ts) - 1
+    z = x
+    gen = device_generator(generator, dev)  # all draws on the model's device
+    probs, nfe = None, 0
+    for k in range(steps):
+        t, s = float(ts[k]), float(ts[k + 1])
+        if probs is None or model.time_conditioning:
+            tt = torch.full((B,), t, device=dev) if model.time_conditioning else None
+            logits = model(z, tt).double() / max(temperature, 1e-8)
+            probs = torch.softmax(logits, -1)  # (B, L, V) float64: x_theta
+            nfe += 1
+        # q(z_s | z_t = mask, x_theta): mask with probability s/t, else a token drawn from x_theta
+        stay = torch.rand(B, L, generator=gen, dtype=torch.float64, device=dev) < s / t
+        draw = torch.where(stay, V, exponential_race(probs, gen))
+        is_m = z == V
+        z_new = torch.where(is_m, draw, z)
+        if not torch.equal(z_new, z):
+            probs_used, probs = probs, None  # the input changed: recompute at the next step
+        else:
+            probs_used = probs
+        z = z_new
+        if callback is not None:
+            callback({"i": k, "T": steps, "t": t, "s": s, "z": z, "probs": probs_used})
+    return z, nfe
+
+
+@torch.no_grad()
+def sample_duo(
+    model: TokenDiT,
+    x: Tensor,
+    ts: Tensor,
+    *,
+    generator: Optional[torch.Generator] = None,
+    temperature: float = 1.0,
+    known: Optional[Tensor] = None,
+    callback: Optional[Callback] = None,
+) -> tuple[Tensor, int]:
+    """Duo's ancestral sampler, float64, on the grid ``ts`` (1 -> 0) from ``x`` (B, L) (uniform noise;
+    ``known`` (L,) bool: positions of ``x`` kept as they are after every step):
+    ``p(z_s = j | z_t = i) ∝ (a_ts [j = i] + (1 - a_ts)/V) (a_s x_theta_j + (1 - a_s)/V)``.
+
+    ``callback`` is called after each step with ``{"i", "T", "t", "s", "z": (B, L) state at s,
+    "probs": (B, L, V) float64 x_theta at t}``."""
+    dev = x.device
+    V = model.n_out
+    B, L = x.shape
+    steps = len(ts) - 1
+    gen = device_generator(generator, dev)  # all draws on the model's device
+    given = x.clone()
+    z = x
+    for k in range(steps):
+        t, s = float(ts[k]), float(ts[k + 1])
+        a_t, a_s = 1 - t, 1 - s
+        a_ts = a_t / a_s
+        logits = model(z, torch.full((B,), t, device=dev))
+        xt = torch.softmax(logits.double() / max(temperature, 1e-8), -1)
+        prior = a_s * xt + (1 - a_s) / V
+        trans = torch.full_like(prior, (1 - a_ts) / V)
+        trans.scatter_add_(-1, z.unsqueeze(-1), torch.full((B, L, 1), a_ts, dtype=torch.float64, device=dev))
+        post = prior * trans
+        z = exponential_race(post / post.sum(-1, keepdim=True), gen)
+        if known is not None:
+            z = torch.where(known.to(dev), given, z)
+        if callback is not None:
+            callback({"i": k, "T": steps, "t": t, "s": s, "z": z, "probs": xt})
+    return z, steps

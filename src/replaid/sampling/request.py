@@ -1,0 +1,120 @@
+"""One sampling request (``replaid sample``, ``replaid sweep``, the playground): a validated dataclass.
+
+The one default-length rule (:meth:`SampleRequest.length_for`): an infilling template (``--context``
+or the playground's ``[[n]]`` gaps) is exactly as long as it is (``--length`` may only extend it);
+otherwise ``length``, or the run's training length ``data.seq_len`` when it is ``None``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from replaid.config import ConfigError
+from replaid.methods.base import Kind, Method
+from replaid.sampling.infill import InfillPlan, plan_infill
+
+
+@dataclass
+class SampleRequest:
+    sampler: Optional[str] = None  # None: the method's default (replaid: ddpm; AR/MDLM/Duo: ancestral)
+    steps: int = 64  # T (AR: one step per generated token, whatever this says)
+    num: int = 4
+    batch_size: int = 16
+    length: Optional[int] = None  # None: the template's length, else the run's data.seq_len
+    allow_longer: bool = False  # allow a length beyond the run's data.seq_len
+    temperature: float = 1.0  # logit temperature
+    score_temperature: float = 1.0  # Plaid's score temperature (continuous methods)
+    top_p: Optional[float] = None  # AR nucleus mass (None: the run's ar.top_p)
+    seed: int = 0
+    prompt: Optional[str] = None  # text fixed at the start of every sample
+    context: Optional[str] = None  # infilling text: [MASK:N] markers, or with infill / infill_chars
+    infill: Optional[str] = None  # token spans of context to fill
+    infill_chars: Optional[str] = None  # character spans of context to fill
+    template: Optional[InfillPlan] = None  # an already tokenised infilling template (the playground's)
+    self_cond: bool = True  # self-conditioning while sampling (continuous methods that have it)
+    trajectory: int = 0  # record the argmax text every k steps (continuous methods)
+    progress: bool = True  # progress bars on stderr
+
+    def length_for(self, trained_len: int, plan: Optional[InfillPlan] = None) -> int:
+        """The sample length (module docstring)."""
+        if plan is not None:
+            return len(plan.ids)
+        return self.length if self.length is not None else trained_len
+
+    def check(self, method: Method[Any], tok, trained_len: int) -> Optional[InfillPlan]:
+        """Refuse what ``method``'s run cannot honour, before any sampling (one line, naming the option);
+        returns the infilling plan, if any."""
+        continuous = method.kind is Kind.CONTINUOUS
+        if not continuous:
+            own = (
+                "left-to-right ancestral sampling"
+                if method.kind is Kind.AUTOREGRESSIVE
+                else "its own ancestral sampler"
+            )
+            if self.sampler is not None and self.sampler not in method.samplers:
+                raise ValueError(
+                    f"--sampler {self.sampler} is for RePlaid/Plaid runs; this '{method.name}' run "
+                    f"samples with {own}: drop --sampler"
+                )
+            for flag, used in (
+                ("--context/--infill", self.context or self.infill or self.infill_chars or self.template is not None),
+                ("--score-temperature", self.score_temperature != 1.0),
+                ("--trajectory", self.trajectory),
+                ("--no-self-cond", not self.self_cond),
+            ):
+                if used:
+                    raise ValueError(f"{flag} needs a RePlaid/Plaid run; this '{method.name}' run samples with {own}")
+        elif self.sampler is not None and self.sampler not in method.samplers:
+            raise ValueError(
+                f"unknown sampler {self.sampler!r} for a {method.name} run; choose from {', '.join(method.samplers)}"
+            )
+        if self.prompt and (self.context or self.infill or self.infill_chars or self.template is not None):
+            raise ValueError(
+                "--prompt and --context are two kinds of conditioning: give one (a prompt is "
+                "the context 'PROMPT[MASK:N]')"
+            )
+        if (self.infill or self.infill_chars) and not self.context:
+            raise ValueError("--infill/--infill-chars need --context TEXT whose tokens are kept outside the spans")
+        plan = self.template
+        if self.context:
+            plan = plan_infill(tok, self.context, self.infill, self.infill_chars, self.length)
+        L = self.length_for(trained_len, plan)
+        if self.prompt:
+            prompt_ids(tok, self.prompt, L)  # raises when it leaves nothing to generate
+        self._check_numbers(L, trained_len)
+        return plan
+
+    def _check_numbers(self, L: int, trained_len: int) -> None:
+        def need(ok: bool, k: str, msg: str, value: object = None) -> None:
+            if not ok:
+                raise ConfigError(f"--{k.replace('_', '-')} {getattr(self, k) if value is None else value}: {msg}")
+
+        for k in ("steps", "num", "batch_size"):
+            need(getattr(self, k) >= 1, k, "must be >= 1")
+        for k in ("temperature", "score_temperature"):
+            need(math.isfinite(getattr(self, k)) and getattr(self, k) > 0, k, "must be a finite number > 0")
+        need(self.trajectory >= 0, "trajectory", "must be >= 0 (0 = off)")
+        need(self.top_p is None or 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        need(L >= 2, "length", "must be >= 2", L)
+        need(
+            L <= trained_len or self.allow_longer,
+            "length",
+            f"beyond the run's trained length "
+            f"(data.seq_len={trained_len}); use at most {trained_len} or pass --allow-longer to sample beyond it",
+            L,
+        )
+
+
+def prompt_ids(tok, prompt: str, L: int) -> torch.Tensor:
+    """The prompt's token ids (P,), which must leave room for at least one generated token."""
+    ids = tok.encode(prompt)
+    if len(ids) >= L:
+        raise ConfigError(
+            f"--prompt is {len(ids)} tokens but samples are {L} long, leaving nothing to generate; "
+            f"shorten the prompt or pass a larger --length"
+        )
+    return torch.tensor(ids, dtype=torch.long)

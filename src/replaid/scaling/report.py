@@ -1,0 +1,132 @@
+"""A scaling fit written out: ``fit.json``, ``report.md`` and the plots (``replaid scaling fit``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from replaid.scaling import plots
+from replaid.scaling.fit import fit_points, fmt, fmt_ci, read_sources
+
+
+def fit_source(
+    source,
+    reference: str = "ar",
+    n_boot: int = 1000,
+    seed: int = 0,
+    crossover=None,
+    out: Optional[Path] = None,
+    slice_params: Optional[float] = None,
+) -> dict:
+    """Read one or several sources (sweep folders, CSVs), fit, and write ``fit.json``, ``report.md``
+    and the PNG plots into ``out``."""
+    if n_boot < 0:
+        raise ValueError("--bootstrap must be >= 0")
+    rows, notes = read_sources(source)
+    res = fit_points(
+        rows, reference, n_boot, seed, tuple(crossover) if crossover else None, n_boot_parametric=min(n_boot, 100)
+    )
+    res["warnings"] += notes
+    source = source if isinstance(source, (str, Path)) else " + ".join(map(str, source))
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "fit.json").write_text(json.dumps(res, indent=1))
+        res["plots"] = plots.plot_all(res, out, slice_params)
+        (out / "report.md").write_text(report_markdown(res, str(source)))
+        (out / "fit.json").write_text(json.dumps(res, indent=1))
+    return res
+
+
+def report_markdown(res: dict, source: str) -> str:
+    ref = res["reference"]
+    L = [
+        f"# Scaling-law fit of `{source}`",
+        "",
+        f"Reference: **{ref}**. Budgets: {', '.join(f'{b:.3g}' for b in res['budgets'])} FLOPs. Natural logs. "
+        f"Intervals: 95% parametric bootstrap ({res['n_boot']} replicates).",
+        "",
+    ]
+    if res["warnings"]:
+        L += ["## Warnings", ""] + [f"- {w}" for w in res["warnings"]] + [""]
+    L += [
+        "## Power laws and multipliers",
+        "",
+        f"| method | alpha (L*) | alpha' (N*) | compute multiplier vs {ref} (median; range over budgets) | N* ratio vs {ref} |",
+        "|---|---|---|---|---|",
+    ]
+    for m, mo in res["methods"].items():
+        cm = (
+            f"{fmt(mo['compute_multiplier'])} {fmt_ci(mo['compute_multiplier_ci'])}; "
+            f"{fmt(mo['compute_multiplier_range'][0])}-{fmt(mo['compute_multiplier_range'][1])}"
+            if "compute_multiplier" in mo
+            else "n/a"
+        )
+        pr = f"{fmt(mo['param_ratio'])} {fmt_ci(mo['param_ratio_ci'])}" if "param_ratio" in mo else "n/a"
+        L.append(
+            f"| {m} | {fmt(mo['alpha'])} {fmt_ci(mo['alpha_ci'])} | {fmt(mo['alpha_prime'])} "
+            f"{fmt_ci(mo['alpha_prime_ci'])} | {cm} | {pr} |"
+        )
+    L += [
+        "",
+        "## IsoFLOP minima",
+        "",
+        "A minimum enters the laws when it is bracketed and past the unigram level.",
+        "",
+        "| method | C | sizes | N* | L* (nats/token) | bracketed | past unigram | in the laws |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    yn = lambda x: "yes" if x else "**no**"  # noqa: E731
+    for m, mo in res["methods"].items():
+        for q in mo["budgets"]:
+            past = not q.get("at_unigram_level", False)
+            L.append(
+                f"| {m} | {q['budget']:.3g} | {q['sizes']} | {fmt(q['n_opt'])} {fmt_ci(q['n_opt_ci'])} | "
+                f"{fmt(q['loss_opt'], 4)} {fmt_ci(q['loss_opt_ci'], 4)} | {yn(q['bracketed'])} | {yn(past)} | "
+                f"{yn(q['bracketed'] and past)} |"
+            )
+    L += [
+        "",
+        "## Parametric L(N, D) = E + A / N^a + B / D^b",
+        "",
+        "| method | E | A | a | B | b |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m, mo in res["methods"].items():
+        p = mo.get("parametric")
+        if p:
+            L.append(
+                f"| {m} | {fmt(p['E'])} {fmt_ci(p['E_ci'])} | {fmt(p['A'])} | {fmt(p['a'])} {fmt_ci(p['a_ci'])} | "
+                f"{fmt(p['B'])} | {fmt(p['b'])} {fmt_ci(p['b_ci'])} |"
+            )
+    cx = res.get("crossover")
+    if cx:
+        a, b = cx["methods"]
+        L += ["", f"## Over-training crossover ({a} vs {b})", ""]
+        if "mult_a_median" in cx:
+            L.append(
+                f"At equal size N and equal training compute, {a} at **{cx['mult_a_median']:.3g}x** its own "
+                f"compute-optimal compute {fmt_ci(cx['mult_a_ci'])} matches {b} at **{cx['mult_b_median']:.3g}x** "
+                f"{fmt_ci(cx['mult_b_ci'])} (medians over N; bootstrap replicates with a crossing: "
+                f"{cx.get('boot_found')})."
+            )
+        L += ["", "| N | C_x | x optimal " + a + " | x optimal " + b + " |", "|---|---|---|---|"]
+        for e in cx["line"]:
+            L.append(f"| {e['params']:.3g} | {fmt(e.get('flops'))} | {fmt(e.get('mult_a'))} | {fmt(e.get('mult_b'))} |")
+    L += [
+        "",
+        "## Every run",
+        "",
+        "| method | C | size | N | tokens | loss (nats/token) | unigram |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(res["points"], key=lambda r: (r["budget"], list(res["methods"]).index(r["method"]), r["params"])):
+        se = f" +- {r['stderr']:.4f}" if r.get("stderr") else ""
+        L.append(
+            f"| {r['method']} | {r['budget']:.3g} | {r.get('size', '')} | {r['params']:,.0f} | "
+            f"{fmt(r.get('tokens'))} | {r['loss']:.4f}{se} | {fmt(r.get('unigram'), 4)} |"
+        )
+    if res.get("plots"):
+        L += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in res["plots"]]
+    return "\n".join(L) + "\n"

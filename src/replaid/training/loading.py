@@ -1,0 +1,107 @@
+"""Load a trained run (config + tokenizer + weights) for evaluation and sampling.
+
+``path`` may be a run directory, a checkpoint directory, a folder made by ``replaid export`` or
+``replaid convert``, or a Hugging Face Hub id (:func:`resolve`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from replaid.config import RunConfig
+from replaid.data.pipeline import DataPipeline
+from replaid.methods import get_method
+from replaid.methods.base import Method
+from replaid.training import checkpoint as ck
+from replaid.training.checkpoint import CheckpointError
+from replaid.training.train import resolve_device
+
+
+@dataclass
+class Run:
+    cfg: RunConfig
+    model: torch.nn.Module
+    method: Method
+    data: DataPipeline
+    ckpt: Path
+    step: int
+    ema_loaded: bool
+
+    @property
+    def tokenizer(self):
+        return self.data.tokenizer
+
+
+# owner/name with the Hub's allowed characters, optionally @revision
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?$")
+
+
+def looks_like_hub_id(s: str) -> bool:
+    return bool(_HUB_ID.match(str(s))) and not str(s).startswith((".", "/", "~"))
+
+
+def resolve(path_or_id: str | os.PathLike) -> Path:
+    """A local directory for ``path_or_id``: an existing path as is, else a Hub snapshot."""
+    p = Path(path_or_id).expanduser()
+    if p.exists() or not looks_like_hub_id(str(path_or_id)):
+        return p  # local (a missing local path is reported by the checkpoint loader)
+    repo_id, _, revision = str(path_or_id).partition("@")
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError:  # pragma: no cover - huggingface_hub comes with transformers
+        raise CheckpointError(
+            f"{path_or_id} is not a local path and huggingface_hub is not installed; "
+            f"pip install huggingface_hub or pass a local folder"
+        ) from None
+    kw = dict(repo_id=repo_id, revision=revision or None)
+    try:
+        return Path(snapshot_download(**kw))
+    except LocalEntryNotFoundError:
+        pass  # offline mode (HF_HUB_OFFLINE=1) and not cached, or the Hub is unreachable
+    except Exception as e:  # not found on the Hub, gated, network errors ...
+        try:
+            return Path(snapshot_download(**kw, local_files_only=True))
+        except Exception:
+            raise CheckpointError(
+                f"cannot fetch {path_or_id} from the Hugging Face Hub "
+                f"({e.__class__.__name__}) and it is not in the local cache; check the id, "
+                f"or download it where online with 'hf download {repo_id}'"
+            ) from None
+    raise CheckpointError(
+        f"{path_or_id} is neither a local path nor in the local Hugging Face cache and the Hub is "
+        f"unreachable (offline); download it with 'hf download {repo_id}' or pass a local folder"
+    )
+
+
+def run_dir_of(ckpt: Path) -> Path:
+    return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt
+
+
+def load_run(path: str | Path, use_ema: bool = True, train_data: bool = False, device: str = "auto") -> Run:
+    """``path``: a run or checkpoint directory, a folder made by ``replaid export``, or a Hub id."""
+    stored = ck.Stored.open(resolve(path))
+    ckpt, st = stored.path, stored.state
+    cfg = stored.config()
+    cfg.train.device = device if device != "auto" else cfg.train.device
+    dev = resolve_device(cfg.train.device if cfg.train.device != "auto" else "auto")
+    data = DataPipeline(cfg, run_dir_of(ckpt), train=train_data)
+    if data.vocab_size != st["vocab_size"]:
+        raise ck.CheckpointError(
+            f"checkpoint {ckpt} was trained with vocab size {st['vocab_size']} but its "
+            f"tokenizer now has {data.vocab_size}; restore the run's tokenizer/ folder"
+        )
+    method = get_method(cfg)
+    model = method.build_model(st["vocab_size"])
+    weights, from_ema = stored.weights(ema=use_ema)
+    ema_loaded = from_ema or st.get("weights") == "ema"  # exported folders say which
+    ck.load_model_weights(model, weights, str(ckpt))
+    if "method_state" in st:
+        method.load_state_dict(st["method_state"])
+    model.to(dev).eval()
+    return Run(cfg, model, method, data, ckpt, stored.step, ema_loaded)
