@@ -103,3 +103,39 @@ def test_report_flags_plateau_and_not_determined():
         report(rows("a", [float("nan")]))
     with pytest.raises(ConfigError, match="no finished run"):
         report(rows("a", [5.0]), reference="b")
+
+
+@pytest.mark.slow
+def test_grid_plan_run_report_end_to_end(tmp_path, capsys):
+    """2 cells x 3 seeds at debug size through the CLI, local executor; the paired interval of the
+    report equals a float64 t-interval computed here from the runs' own final evaluations."""
+    from replaid.cli import main
+
+    g = tmp_path / "g"
+    over = ["train.steps=4", "eval.max_batches=1", "train.log_every=2", "train.num_threads=1"]
+    argv = ["grid", "plan", "--base", "debug", "--out", str(g), "--seeds", "3", "--reference", "ref"]
+    argv += ["--cell", "ref", "--cell", "nosc", "model.self_conditioning=false", "--", *over]
+    assert main(argv) == 0
+    assert "2 cells x 3 seeds = 6 runs" in capsys.readouterr().out
+    assert main(["grid", "plan", "--base", "debug", "--out", str(g), "--cell", "x"]) == 2  # never re-planned
+    assert main(["grid", "run", str(g), "--python", "inprocess", "--no-progress"]) == 0
+    runs = sorted(p.name for p in (g / "runs").iterdir())
+    assert runs == [f"{c}__s{s}" for c in ("nosc", "ref") for s in range(3)]
+    before = {r: (g / "runs" / r / "final_eval.json").read_bytes() for r in runs}
+    assert main(["grid", "run", str(g), "--python", "inprocess", "--no-progress"]) == 0  # all done: skipped
+    assert before == {r: (g / "runs" / r / "final_eval.json").read_bytes() for r in runs}
+    assert main(["grid", "report", str(g), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    vals = {}
+    for r in runs:
+        ev = json.loads((g / "runs" / r / "final_eval.json").read_text())["eval"]
+        vals[r] = ev["nelbo_nats_per_token"]
+    d = np.array([vals[f"nosc__s{s}"] - vals[f"ref__s{s}"] for s in range(3)], dtype=np.float64)
+    nosc = next(c for c in rep["cells"] if c["cell"] == "nosc")
+    half = T975_2 * d.std(ddof=1) / math.sqrt(3)
+    assert nosc["paired"]["diff_mean"] == pytest.approx(d.mean(), abs=1e-12)
+    assert nosc["paired"]["diff_lo"] == pytest.approx(d.mean() - half, abs=1e-10)
+    assert nosc["paired"]["diff_hi"] == pytest.approx(d.mean() + half, abs=1e-10)
+    assert nosc["values"] == [vals[f"nosc__s{s}"] for s in range(3)]
+    assert (g / "report.md").is_file() and (g / "report.png").stat().st_size > 1000
+    assert main(["grid", "report", str(g), "--reference", "nope"]) == 2

@@ -25,6 +25,7 @@ COMMANDS = (
     "convert",
     "zeroshot",
     "scaling",
+    "grid",
     "serve",
     "memory",
 )
@@ -78,3 +79,77 @@ def run_labels(runs: list[str], labels: list[str] | None) -> list[str]:
     if len(set(out)) != len(out):
         raise ValueError(f"run labels must differ ({out}); pass --labels")
     return out
+
+
+def add_run_options(r) -> None:
+    """The options of a manifest run (``replaid scaling run``, ``replaid grid run``)."""
+    r.add_argument(
+        "--executor",
+        default="local",
+        choices=["local", "slurm", "submitit-local", "debug"],
+        help="local subprocesses, SLURM job arrays (submitit), or submitit's local/debug executors",
+    )
+    r.add_argument("--max-parallel", type=int, default=1, help="runs at once (local) / array parallelism (slurm)")
+    r.add_argument("--prefix", default="", help="command put before every run, e.g. 'nice -n 5'")
+    r.add_argument(
+        "--python",
+        help="how to run each training (absent: this interpreter -m replaid train in a subprocess; "
+        "'inprocess': the training function in this process)",
+    )
+    r.add_argument("--gpus-per-job", type=int, default=0, help="slurm: GPUs per job, run under torchrun")
+    r.add_argument(
+        "--slurm",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra submitit parameters, e.g. slurm_partition=gpu timeout_min=600",
+    )
+    r.add_argument("--no-wait", action="store_true", help="slurm: submit and return")
+    r.add_argument("--status", action="store_true", help="print the progress and exit")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run_manifest_command(args, folder, entries, what: str) -> int:
+    """Bring every entry of a manifest to completion with the executor of ``args`` (the one place
+    that runs a manifest: ``replaid scaling run`` and ``replaid grid run``). 0 when all finished."""
+    import sys
+
+    from replaid.config import ConfigError, parse_overrides
+    from replaid.scaling import runner
+
+    if args.max_parallel < 1 and args.executor == "local":
+        raise ConfigError(f"--max-parallel {args.max_parallel}: must be >= 1 (runs at once)")
+    if args.status:
+        print(runner.progress_line(folder, entries))
+        return 0
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    if args.executor == "local":
+        res = runner.run_local(folder, entries, args.max_parallel, args.python, args.prefix, not args.no_progress, log)
+    else:
+        extra = {}
+        for k, v in parse_overrides(args.slurm):
+            try:
+                extra[k] = json.loads(v)
+            except json.JSONDecodeError:
+                extra[k] = v
+        res = runner.run_submitit(
+            folder,
+            entries,
+            args.executor,
+            args.max_parallel,
+            args.python,
+            args.prefix,
+            args.gpus_per_job,
+            extra,
+            wait=not args.no_wait,
+            log=log,
+        )
+    log(runner.progress_line(folder, entries))
+    failed = [r for r in res if r["state"] != "done"]
+    if failed:
+        log(
+            f"{what} run: {len(failed)} run(s) did not finish: {', '.join(r['id'] for r in failed[:5])}; "
+            f"rerun 'replaid {what} run {folder}' to resume them"
+        )
+        return 1
+    return 0

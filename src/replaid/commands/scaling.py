@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from replaid.commands import add_command
+from replaid.commands import add_command, add_run_options, run_manifest_command
 
 EXAMPLE = """examples:
   replaid scaling plan --methods ar mdlm replaid --budgets 6e18 1e19 3e19 6e19 1e20 --sizes paper --out SWEEP
@@ -88,30 +88,8 @@ def register(sub) -> None:
         "example: replaid scaling run runs/iso --max-parallel 2 --prefix '/work/tools/heavy -n 1'",
     )
     r.add_argument("sweep", help="sweep folder made by 'replaid scaling plan'")
-    r.add_argument(
-        "--executor",
-        default="local",
-        choices=["local", "slurm", "submitit-local", "debug"],
-        help="local subprocesses, SLURM job arrays (submitit), or submitit's local/debug executors",
-    )
-    r.add_argument("--max-parallel", type=int, default=1, help="runs at once (local) / array parallelism (slurm)")
+    add_run_options(r)
     r.add_argument("--only", nargs="+", help="run only these methods (variant labels)")
-    r.add_argument("--prefix", default="", help="command put before every run, e.g. '/work/tools/heavy -n 1'")
-    r.add_argument(
-        "--python",
-        help="how to run each training (absent: this interpreter -m replaid train in a subprocess; 'inprocess': the training function in this process)",
-    )
-    r.add_argument("--gpus-per-job", type=int, default=0, help="slurm: GPUs per job, run under torchrun")
-    r.add_argument(
-        "--slurm",
-        nargs="*",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra submitit parameters, e.g. slurm_partition=gpu timeout_min=600",
-    )
-    r.add_argument("--no-wait", action="store_true", help="slurm: submit and return")
-    r.add_argument("--status", action="store_true", help="print the sweep's progress and exit")
-    r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.set_defaults(func=run_run)
 
     f = add_command(
@@ -241,9 +219,8 @@ def run_plan(args) -> int:
 
 
 def run_run(args) -> int:
-    from replaid.config import ConfigError, parse_overrides
+    from replaid.config import ConfigError
     from replaid.scaling import plan as sc
-    from replaid.scaling import runner
 
     sweep = Path(args.sweep)
     entries = sc.read_manifest(sweep)
@@ -251,40 +228,7 @@ def run_run(args) -> int:
         entries = [e for e in entries if e.method in args.only]
         if not entries:
             raise ConfigError(f"--only {' '.join(args.only)} matches no run of {sweep}")
-    if args.status:
-        print(runner.progress_line(sweep, entries))
-        return 0
-    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-    if args.executor == "local":
-        res = runner.run_local(sweep, entries, args.max_parallel, args.python, args.prefix, not args.no_progress, log)
-    else:
-        extra = {}
-        for k, v in parse_overrides(args.slurm):
-            try:
-                extra[k] = json.loads(v)
-            except json.JSONDecodeError:
-                extra[k] = v
-        res = runner.run_submitit(
-            sweep,
-            entries,
-            args.executor,
-            args.max_parallel,
-            args.python,
-            args.prefix,
-            args.gpus_per_job,
-            extra,
-            wait=not args.no_wait,
-            log=log,
-        )
-    log(runner.progress_line(sweep, entries))
-    failed = [r for r in res if r["state"] != "done"]
-    if failed:
-        log(
-            f"scaling run: {len(failed)} run(s) did not finish: {', '.join(r['id'] for r in failed[:5])}; "
-            f"rerun 'replaid scaling run {sweep}' to resume them"
-        )
-        return 1
-    return 0
+    return run_manifest_command(args, sweep, entries, "scaling")
 
 
 def run_fit(args) -> int:

@@ -192,7 +192,7 @@ def run_local(
 
     python = python or default_python()
     todo = [e for e in entries if run_status(sweep, e)[0] != "done"]
-    log(f"scaling run: {len(entries) - len(todo)} of {len(entries)} runs already done; {len(todo)} to run")
+    log(f"{len(entries) - len(todo)} of {len(entries)} runs already done; {len(todo)} to run")
     bar = tqdm(
         total=sum(e.cost() for e in entries),
         initial=sum(e.cost() for e in entries if e not in todo),
