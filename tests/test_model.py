@@ -340,3 +340,68 @@ def test_precision_policy_under_bf16_autocast():
     }
     assert out.logits.dtype == torch.float32 and out.e_hat.dtype == torch.float32
     assert g.dtype == torch.float64 and dg.dtype == torch.float64
+
+
+# ------------------------------------------------------------------ how the input and time reach RePlaid's DiT
+
+
+@pytest.mark.parametrize(
+    "std, hidden, expected",
+    [
+        (0.0, 768, 1 / (3 * 16) ** 0.5),
+        (0.0, 128, (128 / 768) / (3 * 16) ** 0.5),
+        (0.0, 1536, 1 / (3 * 16) ** 0.5),
+        (-1.0, 128, 0.25),
+        (0.05, 128, 0.05),
+    ],
+)
+def test_input_projection_init_std(std, hidden, expected):
+    """W_z's init: 0 = Plaid's default-init std 1/sqrt(3 d_e) scaled by min(1, hidden/768); -1 = 1/sqrt(d_e)."""
+    from replaid.model.replaid import input_init_std
+
+    cfg = ModelConfig(hidden=hidden, n_heads=8, d_e=16, in_z_std=std)
+    assert input_init_std(cfg, 16) == pytest.approx(expected, rel=1e-12)
+    torch.manual_seed(0)
+    m = RePlaid(ModelConfig(hidden=256, n_layers=1, n_heads=4, cond_dim=8, in_z_std=std), DiffusionConfig(), 50)
+    got = float(m.in_z.weight.std())  # 256 x 16 normal draws: the sample std is within ~5% of its target
+    assert got == pytest.approx(input_init_std(m.cfg, 16), rel=0.06)
+
+
+def test_old_replaid_configs_keep_their_input_init():
+    """A stored RePlaid config without model.in_z_std was trained with std 1/sqrt(d_e): it migrates to -1."""
+    d = RunConfig().to_dict()
+    d["model"].pop("in_z_std")
+    assert RunConfig.from_dict(d).model.in_z_std == -1
+    assert RunConfig.from_dict(RunConfig().to_dict()).model.in_z_std == 0  # today's: unchanged
+    with pytest.raises(ConfigError, match="belongs to method replaid"):
+        resolve("debug", None, ["method=plaid", "model.in_z_std=0.05"])
+    with pytest.raises(ConfigError, match="model.in_z_std"):
+        resolve("debug", None, ["model.in_z_std=-0.5"])
+
+
+def _model(**kw):
+    torch.manual_seed(0)
+    m = RePlaid(ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4, **kw), DiffusionConfig(), 12)
+    with torch.no_grad():  # open the zero-initialised projections and gates so every path matters
+        for p in m.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    return m
+
+
+def test_adaln_features_and_time_input_switches():
+    z = torch.randn(2, 5, 4)
+    g = torch.tensor([-1.0, 3.0], dtype=torch.float64)
+    _, c_plaid = _model().hidden_states(z, g, None)
+    assert not torch.allclose(c_plaid[0], c_plaid[1])  # the condition depends on gamma
+    _, c_none = _model(adaln_features="none").hidden_states(z, g, None)
+    assert torch.equal(c_none[0], c_none[1])  # constant condition: time enters through in_t only
+    m = _model(adaln_features="dit")
+    _, c_dit = m.hidden_states(z, g, None)
+    assert m.cond[0].in_features == 256 and not torch.allclose(c_dit[0], c_dit[1])
+    m = _model(time_input=False)
+    m(z, g).logits.sum().backward()
+    assert m.in_t.weight.grad is None  # in_t unused
+    a, b = _model(), _model(readout_mult=2.0)
+    fa, _ = a.hidden_states(z, g, None)
+    fb, _ = b.hidden_states(z, g, None)
+    assert torch.allclose(fb, 2 * fa)

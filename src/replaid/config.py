@@ -53,6 +53,14 @@ class ModelConfig:
     # time features of the time-conditioned token DiT (Duo, MDLM): plaid (sin/cos of t, 64) | dit
     # (MDLM/Duo's TimestepEmbedder: cos/sin of sigma = -log(1 - t), 256; used by converted checkpoints)
     time_embedding: str = "plaid"
+    # RePlaid's input projection W_z init std: > 0 as given; 0 = auto, Plaid's (PyTorch's default-init std
+    # 1/sqrt(3 d_e)) times min(1, hidden / 768); -1 = 1/sqrt(d_e) (unit-variance h_0, runs before 2026-11-24)
+    in_z_std: float = 0.0
+    # RePlaid's AdaLN condition: plaid (MLP of the 64 Plaid sin/cos features of gamma) | dit (MLP of the
+    # DiT TimestepEmbedder's 256 features of gamma, frequencies <= 1) | none (a constant condition)
+    adaln_features: str = "plaid"
+    time_input: bool = True  # RePlaid: time features also added through the zero-initialised projection in_t
+    readout_mult: float = 1.0  # RePlaid: features times this before the logit head (Plaid's muP: 256 / hidden)
 
     def validate(self) -> None:
         _check(
@@ -85,6 +93,9 @@ class ModelConfig:
             f"false needs model.d_e == model.hidden ({self.d_e} != {self.hidden}); set model.d_e={self.hidden}",
         )
         _check(self.time_embedding in ("plaid", "dit"), "model.time_embedding", "must be plaid or dit")
+        _check(self.in_z_std >= 0 or self.in_z_std == -1, "model.in_z_std", "must be >= 0 (0 = auto) or -1 (legacy)")
+        _check(self.adaln_features in ("plaid", "dit", "none"), "model.adaln_features", "must be plaid, dit or none")
+        _check(self.readout_mult > 0, "model.readout_mult", "must be > 0")
 
 
 @dataclass
@@ -327,6 +338,7 @@ MODEL_KEY_OWNERS: dict[str, tuple[str, ...]] = {
         for k in ("output_prior", "embeddings", "embeddings_path", "up_projection", "head_chunk_rows")
     },
     **{k: ("ar", "mdlm", "duo") for k in ("factored_embedding", "time_embedding")},
+    **{k: ("replaid",) for k in ("in_z_std", "adaln_features", "time_input", "readout_mult")},
 }
 
 
@@ -440,13 +452,17 @@ LEGACY_KEYS: dict[str, str] = {
 def migrate_config(d: dict) -> dict:
     """A stored config (any version) in today's layout; the input is not modified.
 
-    Before the per-method sections every run stored every method's options in one flat ``baseline``
+    A RePlaid config without ``model.in_z_std`` was written when ``W_z`` started at std ``1/sqrt(d_e)``:
+    it gets ``-1``, which keeps that init. Before the per-method sections every run stored every method's options in one flat ``baseline``
     section: each key moves to its method's section (:data:`LEGACY_KEYS`). Keys of sections and model
     keys that the run's method never read are reset to their defaults (they had no effect), so an
     old run keeps loading under the foreign-key check."""
     if not isinstance(d, dict):
         return d
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in d.items()}
+    model = out.get("model")
+    if out.get("method", "replaid") == "replaid" and isinstance(model, dict) and "in_z_std" not in model:
+        model["in_z_std"] = -1.0  # written before model.in_z_std: W_z was initialised with std 1/sqrt(d_e)
     old = out.pop("baseline", None)
     if isinstance(old, dict):
         for k, v in old.items():

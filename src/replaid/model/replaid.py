@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from replaid.config import DiffusionConfig, ModelConfig
 from replaid.diffusion.denoiser import DenoiserOutput, alpha_sigma, prior_logits
 from replaid.diffusion.schedule import NoiseSchedule
-from replaid.model.dit import Backbone, FinalLayer, TimeEmbedding
+from replaid.model.dit import Backbone, DiTTimestepFeatures, FinalLayer, TimeEmbedding
 from replaid.model.head import chunk_rows, plain_head, prior_softmax_head
 
 N_TIME_FEATURES = 64
@@ -72,6 +72,25 @@ def load_embedding_file(path: str, vocab_size: int, d_e: int) -> Tensor:
     return w.float()
 
 
+PAPER_WIDTH = 768  # the width of the paper's 0.1B model
+
+
+def input_init_std(cfg: ModelConfig, d_e: int) -> float:
+    """Init std of RePlaid's input projection ``W_z`` (``model.in_z_std``; docs/results/ablations/plaid-gap.md).
+
+    Plaid initialises it as PyTorch does, std ``1/sqrt(3 d_e)``: ``h_0`` then has per-unit std ~0.58 at
+    any width, while the DiT blocks (init std 0.02, AdaLN-Zero gates) add branches whose scale grows
+    with the width (~0.3 at hidden 768, ~0.05 at 128). ``0`` (auto) keeps the paper's ratio of the two
+    at every width, Plaid's std times ``min(1, hidden / 768)``: exactly Plaid's from the 0.1B width up.
+    ``-1``: ``1/sqrt(d_e)`` (unit-variance ``h_0``), this project's init before 2026-11-24.
+    """
+    if cfg.in_z_std > 0:
+        return cfg.in_z_std
+    if cfg.in_z_std == -1:
+        return 1.0 / math.sqrt(d_e)
+    return min(1.0, cfg.hidden / PAPER_WIDTH) / math.sqrt(3 * d_e)
+
+
 class RePlaid(nn.Module):
     """RePlaid: VDM denoiser with learned embeddings, schedule, prior logits and self-conditioning."""
 
@@ -91,11 +110,15 @@ class RePlaid(nn.Module):
         self.in_sc = nn.Linear(d_e, cfg.hidden, bias=False)
         self.in_t = nn.Linear(N_TIME_FEATURES, cfg.hidden, bias=False)
         if cfg.up_projection:
-            nn.init.normal_(self.in_z.weight, std=1.0 / math.sqrt(d_e))
+            nn.init.normal_(self.in_z.weight, std=input_init_std(cfg, d_e))
         nn.init.zeros_(self.in_sc.weight)
         nn.init.zeros_(self.in_t.weight)
+        n_cond_in = N_TIME_FEATURES
+        if cfg.adaln_features == "dit":  # smooth features of gamma for the AdaLN condition
+            self.adaln_time = DiTTimestepFeatures(256, of_t=False)
+            n_cond_in = 256
         self.cond = nn.Sequential(
-            nn.Linear(N_TIME_FEATURES, cfg.cond_dim), nn.SiLU(), nn.Linear(cfg.cond_dim, cfg.cond_dim), nn.SiLU()
+            nn.Linear(n_cond_in, cfg.cond_dim), nn.SiLU(), nn.Linear(cfg.cond_dim, cfg.cond_dim), nn.SiLU()
         )
         self.backbone = Backbone(
             cfg.hidden,
@@ -119,12 +142,20 @@ class RePlaid(nn.Module):
         scale = torch.rsqrt(alpha**2 / self.d_e + sigma**2).float().view(-1, 1, 1)
         feat = self.time_features(gamma)  # (B, 64)
         with torch.autocast(device_type=z.device.type, enabled=False):  # input projections: float32
-            h = self.in_z(z.float() * scale) + self.in_t(feat)[:, None]  # (B, L, hidden)
+            h = self.in_z(z.float() * scale)  # (B, L, hidden)
+            if self.cfg.time_input:
+                h = h + self.in_t(feat)[:, None]
             if e_sc is not None:
                 h = h + self.in_sc(e_sc.float() * math.sqrt(self.d_e))
-        c = self.cond(feat)  # (B, cond_dim)
+        if self.cfg.adaln_features == "dit":
+            c = self.cond(self.adaln_time(gamma))  # (B, cond_dim)
+        elif self.cfg.adaln_features == "none":
+            c = self.cond(torch.zeros_like(feat))  # time enters through in_t only (as Plaid)
+        else:
+            c = self.cond(feat)
         h = self.backbone(h, c)
-        return self.final.features(h, c), c
+        f = self.final.features(h, c)
+        return (f * self.cfg.readout_mult if self.cfg.readout_mult != 1.0 else f), c
 
     def head_logits(self, feats: Tensor) -> Tensor:
         """The logit head, bf16 under autocast (precision table), returned as float32 (B, L, V)."""
