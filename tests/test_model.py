@@ -294,8 +294,10 @@ def test_train_outputs_match_plain_forward_values_and_gradients(prior_scale, chu
     torch.testing.assert_close(n1, n2, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(e1, e2, atol=1e-5, rtol=1e-5)
     assert g1.keys() == g2.keys() and "embedding.weight" in g1
-    for k in g1:
-        torch.testing.assert_close(g1[k].double(), g2[k].double(), atol=1e-4, rtol=1e-4, msg=k)
+    for k in g1:  # float32 sums: the absolute error scales with the gradient's size (~1e3 for the
+        # input projections under the small width-scaled W_z init)
+        tol = 1e-4 + 2e-6 * float(g2[k].abs().max())
+        torch.testing.assert_close(g1[k].double(), g2[k].double(), atol=tol, rtol=1e-4, msg=k)
 
 
 def test_prior_scale_multiplies_exactly_the_output_prior():
