@@ -402,36 +402,41 @@ def test_plaid_ramp_reaches_the_training_loss(tmp_path):
 
 @pytest.mark.slow
 def test_compare_methods_script_smoke(shared, tmp_path):
-    """scripts/compare_methods.py (the issue's comparison table) runs end to end at debug size."""
+    """scripts/compare_methods.py (the methods table, a preset of ``replaid grid``) runs end to end at
+    debug size with 2 seeds per cell, and its table carries the seeds, intervals and orderings."""
     import subprocess
     import sys
 
     repo = Path(__file__).resolve().parents[1]
     res = tmp_path / "results"
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(repo / "scripts" / "compare_methods.py"),
-            "--preset",
-            "debug",
-            "--steps",
-            "2",
-            "--quality",
-            "0",
-            "--out",
-            str(tmp_path / "runs"),
-            "--results",
-            str(res),
-            "--corpus",
-            str(shared / "data" / "tinyshakespeare"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    cmd = [
+        sys.executable,
+        str(repo / "scripts" / "compare_methods.py"),
+        "--preset",
+        "debug",
+        "--steps",
+        "2",
+        "--seeds",
+        "2",
+        "--max-parallel",
+        "2",
+        "--out",
+        str(tmp_path / "runs"),
+        "--results",
+        str(res),
+        "--corpus",
+        str(shared / "data" / "tinyshakespeare"),
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     data = json.loads((res / "methods.json").read_text())
-    assert set(data) == {"AR", "MDLM (low var.)", "Duo", "Plaid (s.c.)", "RePlaid (no s.c.)", "RePlaid (s.c.)"}
-    assert data["AR"]["bound"] == "exact NLL" and all(math.isfinite(d["ppl"]) for d in data.values())
+    cells = {c["cell"]: c for c in data["cells"]}
+    assert set(cells) == {"ar", "mdlm", "duo", "plaid", "replaid-nosc", "replaid"}
+    assert cells["ar"]["kind"] == "exact NLL" and all(c["n"] == 2 and math.isfinite(c["mean"]) for c in cells.values())
+    assert cells["ar"]["config"][-1] == "train.seed=0" and "train.num_threads=1" in cells["ar"]["config"]
+    assert len(data["orderings"]) == 7 and cells["mdlm"]["paired"]["seeds"] == [0, 1]
     md = (res / "methods.md").read_text()
-    assert "| RePlaid (s.c.) | NELBO |" in md and (res / "methods_training.png").is_file()
+    assert "| replaid | 22.1 | 2 |" in md and "--threads 1" in md and "| ar < replaid | 2 |" in md
+    assert (res / "methods_training.png").is_file() and (res / "methods_report.png").is_file()
+    again = subprocess.run([*cmd, "--report-only"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and json.loads((res / "methods.json").read_text())["cells"] == data["cells"]

@@ -105,6 +105,38 @@ def test_report_flags_plateau_and_not_determined():
         report(rows("a", [5.0]), reference="b")
 
 
+def test_report_orderings_holds_reversed_not_determined():
+    """Each claim "A < B" is the paired A - B interval: below 0 holds, above reversed, else not determined."""
+    a, b, c = [5.40, 5.46, 5.43], [5.50, 5.52, 5.55], [5.30, 5.70, 5.45]
+    rep = report(
+        rows("a", a) + rows("b", b) + rows("c", c),
+        orderings=["a < b", "b < a", "a > b", "a < c", "a < d"],
+        paper={"a": "PPL 22.1"},
+    )
+    v = {o["claim"]: o for o in rep["orderings"]}
+    assert [v[k]["verdict"] for k in ("a < b", "b < a", "a > b", "a < c")] == [
+        "holds",
+        "reversed",
+        "reversed",
+        "not determined",
+    ]
+    d = np.array(a) - np.array(b)
+    assert v["a < b"]["diff_hi"] == pytest.approx(d.mean() + T975_2 * d.std(ddof=1) / math.sqrt(3), abs=1e-10)
+    assert v["a < d"]["verdict"] == "no runs"
+    md = report_markdown(rep)
+    assert "| a < b | 3 |" in md and "| PPL 22.1 |" in md
+    plateau = report(rows("a", a, uni=5.5) + rows("b", b, uni=5.5), orderings=["a < b"])
+    assert plateau["orderings"][0]["verdict"] == "holds (a cell is on the plateau)"
+
+
+@pytest.mark.parametrize(
+    "orderings, msg", [(["a < zz"], "not a cell"), (["a << b"], "must read"), (["a"], "must read")]
+)
+def test_spec_refuses_bad_orderings(orderings, msg):
+    with pytest.raises(ConfigError, match=msg):
+        spec_from_dict({"base": "debug", "cells": {"a": [], "b": []}, "orderings": orderings})
+
+
 @pytest.mark.slow
 def test_grid_plan_run_report_end_to_end(tmp_path, capsys):
     """2 cells x 3 seeds at debug size through the CLI, local executor; the paired interval of the
@@ -139,3 +171,22 @@ def test_grid_plan_run_report_end_to_end(tmp_path, capsys):
     assert nosc["values"] == [vals[f"nosc__s{s}"] for s in range(3)]
     assert (g / "report.md").is_file() and (g / "report.png").stat().st_size > 1000
     assert main(["grid", "report", str(g), "--reference", "nope"]) == 2
+
+
+def test_training_curves_read_each_run_and_keep_the_last_of_a_repeated_step(tmp_path):
+    """A resumed run logs a step twice: the curve keeps the later row; eval rows and bad lines are skipped."""
+    from replaid.scaling.grid import GridEntry, training_curves
+
+    run = tmp_path / "runs" / "a__s1"
+    run.mkdir(parents=True)
+    lines = [
+        {"step": 10, "loss": 7.0},
+        {"step": 20, "loss": 6.5},
+        {"step": 20, "loss": 6.4},  # resumed from step 10: the second row is the one that counts
+        {"step": 20, "eval/nelbo_nats_per_token": 6.0},
+        {"step": 30, "loss": 6.3, "nelbo": 6.1},  # low-variance MDLM: its logged NELBO
+    ]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n{broken\n")
+    e = GridEntry("a__s1", "a", 1, [], "runs/a__s1", "configs/a__s1.json", 3, 1.0)
+    gone = GridEntry("b__s0", "b", 0, [], "runs/b__s0", "configs/b__s0.json", 3, 1.0)
+    assert training_curves(tmp_path, [e, gone]) == {"a": {1: ([10, 20, 30], [7.0, 6.4, 6.1])}}

@@ -6,6 +6,9 @@ A grid spec (YAML or JSON, or built from ``replaid grid plan`` flags)::
     overrides: [data.source=../shared/data/wiki-sample, eval.split=test]   # every run
     seeds: [0, 1, 2]                # train.seed of each run (same seed: same init and data order)
     reference: replaid              # cell the paired differences are taken against (optional)
+    orderings: [replaid < replaid-nosc]   # claims to check, e.g. a paper's (optional): "A < B" = A's
+                                    # bound is lower; each is reported holds / reversed / not determined
+    paper: {replaid: "PPL 22.1"}    # a figure to show beside each cell, e.g. the paper's (optional)
     cells:                          # name -> overrides of that cell (explicit cells) ...
       replaid: []
       replaid-nosc: [model.self_conditioning=false]
@@ -42,6 +45,8 @@ class GridSpec:
     cells: dict[str, list[str]] = field(default_factory=dict)
     vary: dict[str, list[Any]] = field(default_factory=dict)
     reference: Optional[str] = None
+    orderings: list[str] = field(default_factory=list)
+    paper: dict[str, str] = field(default_factory=dict)
 
     def cell_overrides(self) -> dict[str, list[str]]:
         """Every cell's own overrides: the explicit cells, then the ``vary`` product (one cell, named
@@ -74,6 +79,16 @@ class GridSpec:
             raise ConfigError(
                 f"grid reference '{self.reference}' is not a cell; choose one of {', '.join(self.cell_overrides())}"
             )
+        for claim in self.orderings:
+            for c in parse_ordering(claim):
+                if c not in self.cell_overrides():
+                    raise ConfigError(
+                        f"grid ordering '{claim}' names '{c}', which is not a cell; "
+                        f"choose among {', '.join(self.cell_overrides())}"
+                    )
+        for c in self.paper:
+            if c not in self.cell_overrides():
+                raise ConfigError(f"grid 'paper' names '{c}', which is not a cell; name a cell of the grid")
         return self
 
     def to_dict(self) -> dict:
@@ -84,7 +99,18 @@ class GridSpec:
             "cells": self.cells,
             "vary": self.vary,
             "reference": self.reference,
+            "orderings": self.orderings,
+            "paper": self.paper,
         }
+
+
+def parse_ordering(claim: str) -> tuple[str, str]:
+    """``"A < B"`` (A's bound is the lower) -> ``(A, B)``; ``"A > B"`` -> ``(B, A)``."""
+    for op, flip in (("<", False), (">", True)):
+        parts = [x.strip() for x in str(claim).split(op)]
+        if len(parts) == 2 and all(parts) and not any(o in p for p in parts for o in "<>"):
+            return (parts[1], parts[0]) if flip else (parts[0], parts[1])
+    raise ConfigError(f"grid ordering '{claim}' must read 'A < B' (A's bound is lower) or 'A > B', with two cells")
 
 
 def _fmt_value(v: Any) -> str:
@@ -94,7 +120,7 @@ def _fmt_value(v: Any) -> str:
 def spec_from_dict(d: Any, where: str = "grid spec") -> GridSpec:
     if not isinstance(d, dict):
         raise ConfigError(f"{where} must be a mapping with base/overrides/seeds/cells/vary/reference")
-    known = {"base", "overrides", "seeds", "cells", "vary", "reference"}
+    known = {"base", "overrides", "seeds", "cells", "vary", "reference", "orderings", "paper"}
     bad = sorted(set(d) - known)
     if bad:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(bad)}; use {', '.join(sorted(known))}")
@@ -112,6 +138,11 @@ def spec_from_dict(d: Any, where: str = "grid spec") -> GridSpec:
         seeds = list(range(seeds))
     if not isinstance(seeds, list):
         raise ConfigError(f"{where}: 'seeds' is a count or a list of integers")
+    orderings, paper = d.get("orderings") or [], d.get("paper") or {}
+    if not isinstance(orderings, list):
+        raise ConfigError(f"{where}: 'orderings' is a list of 'A < B' claims")
+    if not isinstance(paper, dict):
+        raise ConfigError(f"{where}: 'paper' maps cell names to the figure shown beside them")
     return GridSpec(
         str(d.get("base", "demo")),
         [str(x) for x in ov],
@@ -119,6 +150,8 @@ def spec_from_dict(d: Any, where: str = "grid spec") -> GridSpec:
         {str(k): [str(x) for x in v] for k, v in cells.items()},
         {str(k): v for k, v in vary.items()},
         d.get("reference"),
+        [str(x) for x in orderings],
+        {str(k): str(v) for k, v in paper.items()},
     ).validate()
 
 
@@ -205,11 +238,18 @@ def run_value(final_eval: dict) -> tuple[float, str, Optional[float]]:
 
 
 def report(
-    rows: list[dict], reference: Optional[str] = None, confidence: float = 0.95, cell_order: Optional[list[str]] = None
+    rows: list[dict],
+    reference: Optional[str] = None,
+    confidence: float = 0.95,
+    cell_order: Optional[list[str]] = None,
+    orderings: Optional[list[str]] = None,
+    paper: Optional[dict[str, str]] = None,
 ) -> dict:
     """``rows``: one per finished run, ``{cell, seed, value, kind, unigram, split, config?}``.
     Returns the JSON-able report: one entry per cell (``config``, ``seeds``, ``values``, ``mean``,
-    ``sd``, interval, distance below unigram, plateau flag, paired difference against ``reference``)."""
+    ``sd``, interval, distance below unigram, plateau flag, paired difference against ``reference``),
+    and each claim of ``orderings`` ("A < B") as the paired difference A - B over shared seeds: it
+    *holds* when the interval lies below 0, is *reversed* when above, else *not determined*."""
     by_cell: dict[str, list[dict]] = {}
     for r in rows:
         if not math.isfinite(r["value"]):
@@ -252,13 +292,31 @@ def report(
             "below_unigram_lo": bu.lo if bu else None,
             "below_unigram_hi": bu.hi if bu else None,
             "on_plateau": s.on_plateau,
+            "paper": (paper or {}).get(c),
         }
         if reference is not None and c != reference:
             entry["paired"] = paired_difference(
                 c, s.values, reference, summaries[reference].values, confidence
             ).as_dict()
         cells.append(entry)
-    return {"reference": reference, "confidence": confidence, "plateau_nats": PLATEAU_NATS, "cells": cells}
+    checks = []
+    for claim in orderings or []:
+        a, b = parse_ordering(claim)
+        if a not in summaries or b not in summaries:
+            checks.append({"claim": claim, "lower": a, "higher": b, "verdict": "no runs", "seeds": []})
+            continue
+        p = paired_difference(a, summaries[a].values, b, summaries[b].values, confidence)
+        verdict = {"lower": "holds", "higher": "reversed"}.get(p.verdict, "not determined")
+        if any(summaries[c].on_plateau for c in (a, b)):
+            verdict += " (a cell is on the plateau)"
+        checks.append({"claim": claim, "lower": a, "higher": b, **p.as_dict(), "verdict": verdict})
+    return {
+        "reference": reference,
+        "confidence": confidence,
+        "plateau_nats": PLATEAU_NATS,
+        "cells": cells,
+        "orderings": checks,
+    }
 
 
 def report_markdown(rep: dict, title: str = "Grid report", command: Optional[str] = None) -> str:
@@ -274,8 +332,13 @@ def report_markdown(rep: dict, title: str = "Grid report", command: Optional[str
         f"**on the plateau** and is not interpreted.",
         "",
     ]
-    head = "| cell | seeds | per-seed | mean (PPL) | sd | interval | below unigram |"
-    sep = "|---|---|---|---|---|---|---|"
+    has_paper = any(c.get("paper") for c in rep["cells"])
+    head = (
+        "| cell |"
+        + (" paper |" if has_paper else "")
+        + " seeds | per-seed | mean (PPL) | sd | interval | below unigram |"
+    )
+    sep = "|---|" + ("---|" if has_paper else "") + "---|---|---|---|---|---|"
     if ref:
         head += f" minus `{ref}` (paired) | verdict |"
         sep += "---|---|"
@@ -289,7 +352,9 @@ def report_markdown(rep: dict, title: str = "Grid report", command: Optional[str
         )
         ppl = f" ({c['ppl']:.1f})" if c["ppl"] else ""
         row = (
-            f"| {c['cell']} | {c['n']} | {vals} | {c['mean']:.3f}{ppl} | {_f(c['sd'])} | "
+            f"| {c['cell']} |"
+            + (f" {c.get('paper') or ''} |" if has_paper else "")
+            + f" {c['n']} | {vals} | {c['mean']:.3f}{ppl} | {_f(c['sd'])} | "
             f"[{_f(c['lo'])}, {_f(c['hi'])}] | {bu} |"
         )
         if ref:
@@ -299,6 +364,23 @@ def report_markdown(rep: dict, title: str = "Grid report", command: Optional[str
             else:
                 row += " (reference) | |"
         L.append(row)
+    if rep.get("orderings"):
+        L += [
+            "",
+            f"Orderings (A < B: A's bound is lower). A - B paired over shared seeds, {conf}% t-interval: "
+            f"*holds* when it lies below 0, *reversed* when above, else *not determined*.",
+            "",
+            "| claim | seeds | A - B | interval | verdict |",
+            "|---|---|---|---|---|",
+        ]
+        for o in rep["orderings"]:
+            if o["verdict"] == "no runs":
+                L.append(f"| {o['claim']} | 0 | | | no runs |")
+                continue
+            L.append(
+                f"| {o['claim']} | {len(o['seeds'])} | {o['diff_mean']:+.3f} | "
+                f"[{_f(o['diff_lo'], '+.3f')}, {_f(o['diff_hi'], '+.3f')}] | {o['verdict']} |"
+            )
     return "\n".join(L) + "\n"
 
 
@@ -370,6 +452,36 @@ def plot_report(rep: dict, path: Path, title: str = "") -> Path:
         ax2.set_ylabel(f"minus {rep['reference']} (nats/token, same seed)")
         ax2.set_title("paired differences (grey: not determined)")
         ax2.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_curves(curves: dict[str, dict[int, tuple[list[int], list[float]]]], path: Path, title: str = "") -> Path:
+    """Training curves of a grid: ``curves[cell][seed] = (steps, values)``; one colour per cell, a
+    thin line per seed and a thick line for the mean over the seeds logged at each step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for i, (cell, by_seed) in enumerate(curves.items()):
+        colour = f"C{i % 10}"
+        at: dict[int, list[float]] = {}
+        for steps, vals in by_seed.values():
+            ax.plot(steps, vals, color=colour, lw=0.6, alpha=0.35)
+            for st, v in zip(steps, vals):
+                at.setdefault(st, []).append(v)
+        xs = sorted(at)
+        ax.plot(xs, [sum(at[x]) / len(at[x]) for x in xs], color=colour, lw=1.8, label=f"{cell} ({len(by_seed)})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (nats/token; NELBO, AR: NLL)")
+    ax.set_title(title or "training curves: mean over seeds (thick), each seed (thin)")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)

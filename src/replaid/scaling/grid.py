@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Optional
 
 from replaid.config import ConfigError, RunConfig
-from replaid.eval.grid import GridSpec, plan, plot_report, report, report_markdown, run_value, spec_from_dict
+from replaid.eval.grid import (
+    GridSpec,
+    plan,
+    plot_curves,
+    plot_report,
+    report,
+    report_markdown,
+    run_value,
+    spec_from_dict,
+)
 from replaid.fileio import atomic_write_text
 from replaid.scaling.plan import planned_vocab_size
 from replaid.scaling.runner import run_status
@@ -144,7 +153,7 @@ def write_report(
     if not rows:
         raise ConfigError(f"grid {folder} has no finished run yet; run 'replaid grid run {folder}' first")
     ref = reference if reference is not None else spec.reference
-    rep = report(rows, ref, confidence, cell_order=list(spec.cell_overrides()))
+    rep = report(rows, ref, confidence, list(spec.cell_overrides()), spec.orderings, spec.paper)
     rep.update(grid=str(folder), base=spec.base, overrides=spec.overrides, unfinished=missing)
     out = Path(out) if out else folder
     out.mkdir(parents=True, exist_ok=True)
@@ -155,9 +164,36 @@ def write_report(
     if missing:
         md += f"\nNot finished (left out): {', '.join(missing)}.\n"
     md += "\n![every seed, means and intervals](report.png)\n"
+    curves = training_curves(folder, [e for e in entries if e.id not in missing])
+    if curves:
+        md += "\n![training curves](curves.png)\n"
+        plot_curves(curves, out / "curves.png", f"{name}: training curves")
     atomic_write_text(out / "report.md", md)
     plot_report(rep, out / "report.png", name)
     return rep
+
+
+def training_curves(folder: Path, entries: list[GridEntry]) -> dict[str, dict[int, tuple[list[int], list[float]]]]:
+    """``{cell: {seed: (steps, loss)}}`` from each run's ``metrics.jsonl`` (the training rows; the
+    low-variance MDLM's logged ``nelbo`` where present, else ``loss``). Unreadable lines are skipped."""
+    out: dict[str, dict[int, tuple[list[int], list[float]]]] = {}
+    for e in entries:
+        f = Path(folder) / e.run_dir / "metrics.jsonl"
+        if not f.is_file():
+            continue
+        rows = {}
+        for line in f.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            key = "nelbo" if "nelbo" in r else "loss"
+            if isinstance(r, dict) and key in r and "step" in r:
+                rows[int(r["step"])] = float(r[key])  # a resumed run logs a step again: keep the last
+        if rows:
+            steps = sorted(rows)
+            out.setdefault(e.cell, {})[e.seed] = (steps, [rows[s] for s in steps])
+    return out
 
 
 def base_config_of(folder: Path, e: GridEntry) -> RunConfig:
