@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -65,6 +66,17 @@ def common_overrides(corpus: str, steps: int, threads: int) -> list[str]:
         "optim.ema=0.99",
         f"train.num_threads={threads}",
     ]
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else the platform's machine type."""
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def replaid(*args: str) -> None:
@@ -188,8 +200,10 @@ def write(rep: dict, folder: Path, spec, a, report_markdown) -> None:
     )
     labels = ", ".join(f"`{c}` = {lab}" for c, (lab, _) in CELLS.items())
     head = [
-        f"Date {datetime.date.today().isoformat()}; hardware: {platform.processor() or platform.machine()}, "
-        f"2 CPU cores, no GPU; torch {__import__('torch').__version__}; {a.threads} thread(s) per run.",
+        f"Date {datetime.date.today().isoformat()}; hardware: {cpu_name()}, {os.cpu_count()} CPU cores, no GPU; "
+        f"torch {__import__('torch').__version__}; {a.threads} thread(s) per run. The figures depend on the CPU "
+        "type, the thread count and the torch build (their floating-point sums); on another machine expect "
+        "them to move like another seed.",
         "",
         f"Cells: {labels}. Corpus `{Path(a.corpus).name}` (test split), BPE 2,048 trained on its train "
         f"split, `{a.preset}` model size, L = 64, batch 32, {a.steps} steps = {a.steps * 32 * 64:,} training "

@@ -427,8 +427,9 @@ def plot_report(rep: dict, path: Path, title: str = "") -> Path:
             )
     ax.set_xticks(range(len(cells)))
     ax.set_xticklabels([c["cell"] for c in cells], rotation=35, ha="right", fontsize=8)
+    ax.set_xlim(-0.6, len(cells) - 0.4)
     ax.set_ylabel("test bound (nats/token)")
-    ax.set_title(title or "per-seed bounds")
+    ax.set_title(title or "per-seed bounds", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, axis="y")
     if paired:
@@ -447,6 +448,7 @@ def plot_report(rep: dict, path: Path, title: str = "") -> Path:
                     color="black" if p["verdict"] != "not determined" else "grey",
                 )
         ax2.axhline(0, color="black", lw=0.8)
+        ax2.set_xlim(-0.6, len(paired) - 0.4)
         ax2.set_xticks(range(len(paired)))
         ax2.set_xticklabels([c["cell"] for c in paired], rotation=35, ha="right", fontsize=8)
         ax2.set_ylabel(f"minus {rep['reference']} (nats/token, same seed)")
