@@ -68,10 +68,7 @@ class Guided:
         if not (scale >= 0 and scale < float("inf")):
             raise ValueError(f"guidance scale must be a finite number >= 0, got {scale}")
         self.inner, self.objective, self.scale = denoiser, objective, float(scale)
-
-    @property
-    def self_conditioning(self) -> bool:
-        return self.inner.self_conditioning
+        self.self_conditioning = denoiser.self_conditioning
 
     def embedding_matrix(self) -> Tensor:
         return self.inner.embedding_matrix()
@@ -84,6 +81,11 @@ class Guided:
         coef = (self.scale * sigma**2 / alpha).view(-1, 1, 1)  # (B, 1, 1): w sigma^2 / alpha
         e_hat = out.e_hat.double() + coef * grad.double()  # (B, L, d_e), eq. (G3)
         return DenoiserOutput(out.logits, e_hat.to(out.e_hat.dtype))
+
+
+def _at_least_float32(x: Tensor) -> Tensor:
+    """float64 stays float64 (the gradient checks); half precisions become float32."""
+    return x if x.dtype == torch.float64 else x.float()
 
 
 def sum_objectives(objectives: Sequence[Objective]) -> Objective:
@@ -112,7 +114,7 @@ class RequireTokens:
 
     def log_prob_at(self, logits: Tensor) -> Tensor:
         """``log p(word starts at j | z)`` (B, L - k + 1) for every start j where it fits."""
-        logp = torch.log_softmax(logits.float(), dim=-1)  # (B, L, V)
+        logp = torch.log_softmax(_at_least_float32(logits), dim=-1)  # (B, L, V)
         k, L = len(self.ids), logits.shape[1]
         n = L - k + 1
         if n < 1:
@@ -149,7 +151,7 @@ class ClassifierObjective:
 
     def __call__(self, z: Tensor, gamma: Tensor, logits: Tensor) -> Tensor:
         c = self.classifier(z, gamma)  # (B, C)
-        return torch.log_softmax(c.float(), dim=-1)[:, self.label]
+        return torch.log_softmax(_at_least_float32(c), dim=-1)[:, self.label]
 
 
 def parse_require(spec: str) -> tuple[str, Optional[int], Optional[int]]:

@@ -198,9 +198,10 @@ def plan_edit(tok, text: str, spans: str | None = None, char_spans: str | None =
         pos = end
     pieces.append((text[pos:], True))
     pieces = [(t, k) for t, k in pieces if t]
-    ids, known = [], []
+    all_ids: list[int] = []
+    kept: list[bool] = []
     for t, k in pieces:
         piece_ids = tok.encode(t)
-        ids += piece_ids
-        known += [k] * len(piece_ids)
-    return EditPlan(torch.tensor(ids, dtype=torch.long), torch.tensor(known, dtype=torch.bool), pieces)
+        all_ids += piece_ids
+        kept += [k] * len(piece_ids)
+    return EditPlan(torch.tensor(all_ids, dtype=torch.long), torch.tensor(kept, dtype=torch.bool), pieces)
