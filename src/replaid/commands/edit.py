@@ -58,7 +58,7 @@ def run(args) -> int:
         strength=args.strength,
         edit_chars=args.span,
         edit_span=args.token_span,
-        require=tuple(args.require),
+        require=tuple(args.require or ()),
         guide=args.guide,
         guidance_scale=args.guidance_scale,
         progress=False,

@@ -79,7 +79,7 @@ def add_guidance_args(s) -> None:
     s.add_argument(
         "--require",
         action="append",
-        default=[],
+        default=None,
         metavar="WORD[@P|@A:B]",
         help="token guidance towards samples containing WORD (its own tokens; mind GPT-2's leading space, "
         "' king'), anywhere, starting at token P, or starting in [A, B); repeat for several words",
@@ -118,7 +118,7 @@ def request_of(args) -> "SampleRequest":
         infill_chars=args.infill_chars,
         self_cond=not args.no_self_cond,
         trajectory=args.trajectory,
-        require=tuple(args.require),
+        require=tuple(args.require or ()),
         guide=args.guide,
         guidance_scale=args.guidance_scale,
     )
