@@ -14,6 +14,8 @@ COMMANDS = (
     "train",
     "eval",
     "sample",
+    "edit",
+    "classifier",
     "data",
     "presets",
     "likelihood",

@@ -13,6 +13,8 @@ if TYPE_CHECKING:
 
 EXAMPLE = (
     "example: replaid sample runs/demo --sampler ddpm --steps 64 --num 4 --length 64 --seed 0\n"
+    "         replaid sample runs/demo --require ' king' --guidance-scale 2\n"
+    "         replaid sample runs/demo --guide clf/question:yes --guidance-scale 3\n"
     "         replaid sample runs/demo --context 'Return the [MASK:6] of the list.' --show-positions\n"
     "         replaid sample runs/demo --context 'Return the value of the list.' --infill-chars 11:16"
 )
@@ -68,7 +70,32 @@ def register(sub) -> None:
     s.add_argument("--no-self-cond", action="store_true", help="disable self-conditioning while sampling")
     s.add_argument("--trajectory", type=int, default=0, help="record the argmax text every k steps")
     s.add_argument("--json", action="store_true", help="JSONL: ids, text, sampler, steps, nfe, seconds")
+    add_guidance_args(s)
     s.set_defaults(func=run)
+
+
+def add_guidance_args(s) -> None:
+    """``--require``, ``--guide`` and ``--guidance-scale`` (``replaid sample`` and ``replaid edit``)."""
+    s.add_argument(
+        "--require",
+        action="append",
+        default=None,
+        metavar="WORD[@P|@A:B]",
+        help="token guidance towards samples containing WORD (its own tokens; mind GPT-2's leading space, "
+        "' king'), anywhere, starting at token P, or starting in [A, B); repeat for several words",
+    )
+    s.add_argument(
+        "--guide",
+        default=None,
+        metavar="CLF:LABEL",
+        help="classifier guidance towards LABEL with the classifier saved in folder CLF (replaid classifier train)",
+    )
+    s.add_argument(
+        "--guidance-scale",
+        type=float,
+        default=1.0,
+        help="w: adds w * grad log p(y | z_t) to the score (0: unguided, 1: the exact conditional)",
+    )
 
 
 def request_of(args) -> "SampleRequest":
@@ -91,6 +118,9 @@ def request_of(args) -> "SampleRequest":
         infill_chars=args.infill_chars,
         self_cond=not args.no_self_cond,
         trajectory=args.trajectory,
+        require=tuple(args.require or ()),
+        guide=args.guide,
+        guidance_scale=args.guidance_scale,
     )
 
 

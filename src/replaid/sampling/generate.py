@@ -19,13 +19,14 @@ when infilling, ``filled`` / ``marked``; with ``trajectory``, the recorded texts
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable, Optional
 
 import torch
 from tqdm.auto import tqdm
 
-from replaid.diffusion.denoiser import Denoiser
+from replaid.diffusion.denoiser import Denoiser, alpha_sigma
 from replaid.diffusion.rng import device_generator
 from replaid.methods.base import Kind
 from replaid.sampling.continuous import (
@@ -36,7 +37,15 @@ from replaid.sampling.continuous import (
     time_grid,
     trajectory_recorder,
 )
-from replaid.sampling.infill import InfillPlan
+from replaid.sampling.guidance import (
+    ClassifierObjective,
+    Guided,
+    Objective,
+    RequireTokens,
+    parse_require,
+    sum_objectives,
+)
+from replaid.sampling.infill import EditPlan, InfillPlan
 from replaid.sampling.registry import get_sampler
 from replaid.sampling.request import SampleRequest, prompt_ids
 
@@ -51,6 +60,31 @@ def denoiser_for(model, request: SampleRequest) -> Denoiser:
     if request.score_temperature != 1.0:
         den = ScoreTemperature(den, request.score_temperature)
     return den
+
+
+def required_words(tok, req: SampleRequest) -> list[RequireTokens]:
+    """The ``--require`` constraints as token objectives (the word's own tokenisation)."""
+    out = []
+    for spec in req.require:
+        word, start, end = parse_require(spec)
+        ids = tok.encode(word)
+        if not ids:
+            raise ValueError(f"--require {spec!r}: the word has no tokens")
+        out.append(RequireTokens(ids, start, end))
+    return out
+
+
+def guidance_objective(run, req: SampleRequest, words: list[RequireTokens]) -> Optional[Objective]:
+    """The sum of the request's guidance objectives (required words, classifier label), or None."""
+    objs: list[Objective] = list(words)
+    if req.guide is not None:
+        from replaid.training.classifier import load_classifier
+
+        path, _, label = req.guide.rpartition(":")
+        clf = load_classifier(path, run)
+        dev = next(run.model.parameters()).device
+        objs.append(ClassifierObjective(clf.to(dev).eval(), clf.label_index(label)))
+    return sum_objectives(objs) if objs else None
 
 
 def mark_filled(tok, ids: list[int], known: list[bool]) -> str:
@@ -97,13 +131,27 @@ def _continuous(
     dev = next(model.parameters()).device
     E = model.embedding_matrix().detach()
     den = denoiser_for(model, req)
-    gammas = gamma_grid(model.schedule, req.steps)
+    words = required_words(tok, req)
+    objective = guidance_objective(run, req, words)
+    if objective is not None:
+        den = Guided(den, objective, req.guidance_scale)
+    eplan = req.edit_plan(tok)
+    if eplan is not None:
+        L = len(eplan.ids)
+        if req.strength == 0.0:
+            return _unchanged(req, eplan, sampler.name)
+    # SDEdit (Meng et al.): start at t = s with z_s = alpha_s e(text) + sigma_s eps, ceil(s T) steps
+    s_edit = req.strength if eplan is not None else 1.0
+    steps = max(1, math.ceil(s_edit * req.steps))
+    gammas = gamma_grid(model.schedule, steps, t_start=s_edit)
     gen = device_generator(torch.Generator(device="cpu").manual_seed(req.seed), dev)  # draws on the device
     rows: list[dict] = []
     done = 0
     while done < req.num:
         B = min(req.batch_size, req.num - done)
         inpaint = None
+        if eplan is not None and bool(eplan.known.any()):
+            inpaint = Inpaint(eplan.ids.expand(B, -1).to(dev), eplan.known.expand(B, -1).to(dev), E)
         if req.prompt:
             ids = prompt_ids(tok, req.prompt, L)
             known = torch.arange(L) < len(ids)
@@ -113,6 +161,10 @@ def _continuous(
         elif plan is not None:
             inpaint = Inpaint(plan.ids.expand(B, -1).to(dev), plan.known.expand(B, -1).to(dev), E)
         z = torch.randn(B, L, E.shape[1], generator=gen, device=dev)  # (B, L, d_e)
+        if eplan is not None and s_edit < 1.0:
+            a, sg = alpha_sigma(gammas[0])
+            e = E[eplan.ids.to(dev)].expand(B, -1, -1)  # (B, L, d_e)
+            z = (float(a) * e.double() + float(sg) * z.double()).to(z.dtype)  # z_s = alpha_s e + sigma_s eps
         rec = (
             trajectory_recorder(req.trajectory, decode=lambda t: [tok.decode(r.tolist()) for r in t])
             if req.trajectory
@@ -131,14 +183,14 @@ def _continuous(
         )  # stderr, also with --json
         secs = time.time() - t0
         if callback is not None:
-            callback({"final": True, "i": req.steps, "T": req.steps, "tokens": res.tokens, "logits": res.logits})
+            callback({"final": True, "i": steps, "T": steps, "tokens": res.tokens, "logits": res.logits})
         for b in range(B):
             ids_b = res.tokens[b].tolist()
             row = {
                 "ids": ids_b,
-                "text": tok.decode(ids_b),
+                "text": tok.decode(ids_b) if eplan is None else eplan.text_of(tok, ids_b),
                 "sampler": sampler.name,
-                "steps": req.steps,
+                "steps": steps,
                 "nfe": res.nfe,
                 "seconds": secs / B,
                 "batch_seconds": secs,
@@ -148,11 +200,25 @@ def _continuous(
             if plan is not None:
                 row["filled"] = [list(s) for s in plan.fill_spans()]
                 row["marked"] = mark_filled(tok, ids_b, plan.known.tolist())
+            if eplan is not None:
+                row["strength"] = req.strength
+            if objective is not None:
+                row["guidance_scale"] = req.guidance_scale
+            if words:
+                row["required"] = [bool(w.satisfied(res.tokens[b : b + 1])[0]) for w in words]
             if rec is not None:
                 row["trajectory"] = [[i, txt[b]] for i, txt in rec.texts]
             rows.append(row)
         done += B
     return rows
+
+
+def _unchanged(req: SampleRequest, eplan: EditPlan, sampler: str) -> list[dict]:
+    """An edit at strength 0: the source text itself, exactly (no network call)."""
+    ids = eplan.ids.tolist()
+    row = {"ids": ids, "text": req.edit, "sampler": sampler, "steps": 0, "nfe": 0, "seconds": 0.0}
+    row.update(batch_seconds=0.0, seed=req.seed, temperature=req.temperature, strength=0.0)
+    return [dict(row) for _ in range(req.num)]
 
 
 def _discrete(run, req: SampleRequest, sampler, L: int, callback: Optional[Callback]) -> list[dict]:

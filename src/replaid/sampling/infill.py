@@ -137,3 +137,71 @@ def plan_infill(
     if all(known):
         raise ValueError("nothing to fill: the spans cover no position")
     return InfillPlan(torch.tensor(ids, dtype=torch.long), torch.tensor(known, dtype=torch.bool))
+
+
+@dataclass
+class EditPlan:
+    """An SDEdit request's source: token ids (L,) of the text, the kept mask (L,) bool (True outside the
+    spans to re-noise; all False without spans), and, for character spans, the text pieces
+    ``(text, kept)`` that the output is stitched from (kept pieces verbatim, so they cannot change)."""
+
+    ids: Tensor
+    known: Tensor
+    pieces: list[tuple[str, bool]] | None = None
+
+    def text_of(self, tok, ids: list[int]) -> str:
+        """The edited text: kept character pieces verbatim, edited pieces decoded from ``ids``."""
+        if self.pieces is None:
+            return tok.decode(ids)
+        out, pos = [], 0
+        for text, kept in self.pieces:
+            n = len(tok.encode(text)) if text else 0
+            out.append(text if kept else tok.decode(ids[pos : pos + n]))
+            pos += n
+        return "".join(out)
+
+
+def plan_edit(tok, text: str, spans: str | None = None, char_spans: str | None = None) -> EditPlan:
+    """The source of ``replaid edit``: the whole text re-noised, or only token spans (``--token-span``,
+    as ``--infill``) or character spans (``--span``; each piece is tokenised alone) of it."""
+    if spans is not None and char_spans is not None:
+        raise ValueError("give --span (characters) or --token-span (token positions), not both")
+    if not text:
+        raise ValueError("--text is empty: give the text to edit")
+    if char_spans is None:
+        ids = tok.encode(text)
+        if len(ids) < 2:
+            raise ValueError(f"--text is {len(ids)} token long; editing needs at least 2 tokens")
+        known = parse_infill_spans(spans, len(ids)) if spans is not None else torch.zeros(len(ids), dtype=torch.bool)
+        if bool(known.all()):
+            raise ValueError("nothing to edit: the spans cover no position")
+        return EditPlan(torch.tensor(ids, dtype=torch.long), known)
+    cuts = []
+    for part in filter(None, (p.strip() for p in char_spans.split(","))):
+        a, sep, b = part.partition(":")
+        try:
+            start, end = int(a) if a.strip() else 0, int(b) if b.strip() else len(text)
+        except ValueError:
+            sep = ""
+        if not sep or not 0 <= start < end <= len(text):
+            raise ValueError(
+                f"bad --span {part!r}: expected START:END with 0 <= START < END <= {len(text)} (the text's characters)"
+            )
+        cuts.append((start, end))
+    cuts.sort()
+    if not cuts or any(b[0] < a[1] for a, b in zip(cuts, cuts[1:])):
+        raise ValueError(f"--span {char_spans!r}: give non-overlapping START:END character spans")
+    pieces: list[tuple[str, bool]] = []
+    pos = 0
+    for start, end in cuts:
+        pieces += [(text[pos:start], True), (text[start:end], False)]
+        pos = end
+    pieces.append((text[pos:], True))
+    pieces = [(t, k) for t, k in pieces if t]
+    all_ids: list[int] = []
+    kept: list[bool] = []
+    for t, k in pieces:
+        piece_ids = tok.encode(t)
+        all_ids += piece_ids
+        kept += [k] * len(piece_ids)
+    return EditPlan(torch.tensor(all_ids, dtype=torch.long), torch.tensor(kept, dtype=torch.bool), pieces)

@@ -15,7 +15,7 @@ import torch
 
 from replaid.config import ConfigError
 from replaid.methods.base import Kind, Method
-from replaid.sampling.infill import InfillPlan, plan_infill
+from replaid.sampling.infill import EditPlan, InfillPlan, plan_edit, plan_infill
 
 
 @dataclass
@@ -38,6 +38,19 @@ class SampleRequest:
     self_cond: bool = True  # self-conditioning while sampling (continuous methods that have it)
     trajectory: int = 0  # record the argmax text every k steps (continuous methods)
     progress: bool = True  # progress bars on stderr
+    edit: Optional[str] = None  # SDEdit: the source text (replaid edit --text)
+    strength: float = 1.0  # SDEdit: start time s in [0, 1] (0: the text unchanged; 1: a fresh sample)
+    edit_span: Optional[str] = None  # SDEdit: token spans to re-noise (the rest is kept)
+    edit_chars: Optional[str] = None  # SDEdit: character spans to re-noise (the rest is kept verbatim)
+    require: tuple[str, ...] = ()  # token guidance: words (WORD, WORD@P, WORD@A:B) to steer towards
+    guide: Optional[str] = None  # classifier guidance: CLF_DIR:LABEL
+    guidance_scale: float = 1.0  # w in e_hat + w sigma^2/alpha grad log p(y | z_t) (sampling/guidance.py)
+
+    def edit_plan(self, tok) -> Optional[EditPlan]:
+        """The SDEdit source (tokens and kept mask), or None when this is no edit."""
+        if self.edit is None:
+            return None
+        return plan_edit(tok, self.edit, self.edit_span, self.edit_chars)
 
     def length_for(self, trained_len: int, plan: Optional[InfillPlan] = None) -> int:
         """The sample length (module docstring)."""
@@ -61,6 +74,9 @@ class SampleRequest:
                     f"samples with {own}: drop --sampler"
                 )
             for flag, used in (
+                ("editing (replaid edit)", self.edit is not None),
+                ("--require", bool(self.require)),
+                ("--guide", self.guide is not None),
                 ("--context/--infill", self.context or self.infill or self.infill_chars or self.template is not None),
                 ("--score-temperature", self.score_temperature != 1.0),
                 ("--trajectory", self.trajectory),
@@ -79,6 +95,28 @@ class SampleRequest:
             )
         if (self.infill or self.infill_chars) and not self.context:
             raise ValueError("--infill/--infill-chars need --context TEXT whose tokens are kept outside the spans")
+        if self.edit is not None and (
+            self.prompt or self.context or self.infill or self.infill_chars or self.template is not None
+        ):
+            raise ValueError("editing keeps the text outside --span/--token-span: drop --prompt/--context")
+        if (self.edit_span or self.edit_chars) and self.edit is None:
+            raise ValueError("--span/--token-span need --text, the text to edit")
+        if self.edit is not None:
+            if not (0.0 <= self.strength <= 1.0):
+                raise ConfigError(f"--strength {self.strength}: must be in [0, 1] (0: unchanged, 1: a fresh sample)")
+            if self.length is not None:
+                raise ValueError("--length does not apply to editing: the edit is as long as --text")
+            eplan = self.edit_plan(tok)
+            assert eplan is not None
+            n = len(eplan.ids)
+            if n > trained_len and not self.allow_longer:
+                raise ValueError(
+                    f"--text is {n} tokens, beyond the run's trained length (data.seq_len={trained_len}); "
+                    f"shorten it or pass --allow-longer"
+                )
+            self._check_numbers(n, n)
+            self._check_guidance(len(eplan.ids))
+            return None
         plan = self.template
         if self.context:
             plan = plan_infill(tok, self.context, self.infill, self.infill_chars, self.length)
@@ -86,7 +124,20 @@ class SampleRequest:
         if self.prompt:
             prompt_ids(tok, self.prompt, L)  # raises when it leaves nothing to generate
         self._check_numbers(L, trained_len)
+        self._check_guidance(L)
         return plan
+
+    def _check_guidance(self, L: int) -> None:
+        if not (math.isfinite(self.guidance_scale) and self.guidance_scale >= 0):
+            raise ConfigError(f"--guidance-scale {self.guidance_scale}: must be a finite number >= 0")
+        if self.guide is not None and ":" not in self.guide:
+            raise ValueError(f"--guide {self.guide!r}: expected CLASSIFIER_DIR:LABEL (see replaid classifier train)")
+        from replaid.sampling.guidance import parse_require
+
+        for spec in self.require:
+            _, start, _ = parse_require(spec)
+            if start is not None and start >= L:
+                raise ValueError(f"--require {spec!r}: position {start} is beyond the sample length {L}")
 
     def _check_numbers(self, L: int, trained_len: int) -> None:
         def need(ok: bool, k: str, msg: str, value: object = None) -> None:
