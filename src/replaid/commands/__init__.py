@@ -24,6 +24,7 @@ COMMANDS = (
     "export",
     "convert",
     "zeroshot",
+    "lmeval",
     "scaling",
     "grid",
     "serve",
