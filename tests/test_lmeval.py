@@ -282,12 +282,18 @@ def test_the_harness_cli_knows_model_replaid(runs, tmp_path):
 
 
 def test_bad_inputs_are_one_line_errors(runs, tmp_path, capsys):
+    tasks = str(_tasks(tmp_path))
+    ar = str(runs["ar"])
     cases = [
-        (["lmeval", str(runs["ar"]), "--tasks", "no_such_task"], "unknown task(s) no_such_task"),
-        (["lmeval", str(runs["ar"]), "--tasks", "x", "--include-path", str(tmp_path / "none")], "--include-path"),
-        (["lmeval", str(tmp_path / "missing"), "--tasks", "x", "--include-path", str(tmp_path)], "unknown task"),
-        (["lmeval", str(runs["ar"]), "--tasks", "x", "--likelihood", "ode", "--include-path", str(_tasks(tmp_path))], "unknown task"),
-    ]  # fmt: skip
+        (["lmeval", ar, "--tasks", "no_such_task", "--include-path", tasks], "unknown task(s) no_such_task"),
+        (["lmeval", ar, "--tasks", "x", "--include-path", str(tmp_path / "none")], "--include-path"),
+        (["lmeval", str(tmp_path / "missing"), "--tasks", "replaid_lambada", "--include-path", tasks], "missing"),
+        (
+            ["lmeval", ar, "--tasks", "replaid_lambada", "--include-path", tasks, "--likelihood", "ode"],
+            "likelihood=ode",
+        ),
+        (["lmeval", ar, "--tasks", "replaid_lambada", "--include-path", tasks, "--mc-samples", "0"], "mc_samples"),
+    ]
     for argv, what in cases:
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
