@@ -123,6 +123,24 @@ def test_eval_bound_shape_and_finiteness(name, device):
     assert isinstance(m.eval_summary(model), dict)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_conditional_nll_sums_over_the_target_and_leaves_the_context_unscored(name, device):
+    """``conditional_nll`` (replaid lmeval's loglikelihood): (B,) float64, finite, > 0, ``conditional``
+    declared; an exact one is the sum (not the mean) of the target's NLL."""
+    cfg, m, model = setup(name, device=device)
+    model.eval()
+    assert m.conditional in ("exact", "bound")
+    x = tokens(device=device)
+    target = (torch.arange(L, device=device) >= L // 2).expand(B, L)
+    c = m.conditional_nll(model, x, target, torch.Generator().manual_seed(0))
+    assert c.shape == (B,) and c.dtype == torch.float64 and bool(torch.isfinite(c).all()) and bool((c > 0).all())
+    whole = m.conditional_nll(model, x, torch.ones_like(target), torch.Generator().manual_seed(0))
+    assert bool(torch.isfinite(whole).all())
+    if m.conditional == "exact":
+        per_token = m.eval_bound(model, x, None, mask=target)[m.bound]
+        assert torch.allclose(c, per_token * (L - L // 2), rtol=1e-5)
+
+
 # ------------------------------------------------------------------ samplers
 
 

@@ -26,6 +26,7 @@ COMMANDS = (
     "export",
     "convert",
     "zeroshot",
+    "lmeval",
     "scaling",
     "grid",
     "serve",

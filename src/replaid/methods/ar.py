@@ -35,15 +35,30 @@ class ARMethod(Method[TokenDiT]):
     description = "autoregressive (exact NLL)"
     samplers = ("ancestral",)
     bound = "nll"
+    conditional = "exact"
 
     def build_model(self, vocab_size: int) -> TokenDiT:
         return TokenDiT(self.cfg.model, vocab_size + 1, vocab_size, time_conditioning=False, causal=True)
 
-    def _nll_rows(self, model: TokenDiT, tokens: Tensor, mask: Optional[Tensor]) -> Tensor:
+    def _ce(self, model: TokenDiT, tokens: Tensor) -> Tensor:
+        """``-log p(x_l | BOS, x_<l)`` (B, L) float32."""
         B, L = tokens.shape
         logits = model(shift_right(tokens, model.n_in - 1))  # (B, L, V) float32
-        ce = F.cross_entropy(logits.float().reshape(B * L, -1), tokens.reshape(B * L), reduction="none")
-        return masked_mean(ce.view(B, L), mask)  # (B,) float64
+        return F.cross_entropy(logits.float().reshape(B * L, -1), tokens.reshape(B * L), reduction="none").view(B, L)
+
+    def _nll_rows(self, model: TokenDiT, tokens: Tensor, mask: Optional[Tensor]) -> Tensor:
+        return masked_mean(self._ce(model, tokens), mask)  # (B,) float64
+
+    @torch.no_grad()
+    def conditional_nll(
+        self, model: TokenDiT, tokens: Tensor, target: Tensor, generator: Optional[torch.Generator]
+    ) -> Tensor:
+        """Exact ``-sum_{l in target} log p(x_l | BOS, x_<l)``: the target must be a suffix of each row
+        (the context, all that precedes it, is what the model conditions on)."""
+        t = target.bool()
+        if bool((t[:, :-1] & ~t[:, 1:]).any()):
+            raise ValueError("an AR conditional needs the scored tokens at the end of the row, after their context")
+        return (self._ce(model, tokens).double() * t.double()).sum(1)
 
     def train_loss(
         self,

@@ -11,6 +11,7 @@ a method *can do* is declared on its class, never probed:
   config validation refuse to train them;
 * ``samplers``: the names it offers in :mod:`replaid.sampling`'s registry, the default first;
 * ``bound``: the key of :meth:`Method.eval_bound`'s main figure, ``"nelbo"`` (an upper bound) or ``"nll"``;
+* ``conditional``: what :meth:`Method.conditional_nll` gives, ``"exact"`` or ``"bound"``;
 * ``global_times``: the trainer draws low-discrepancy times for the *global* batch and hands each
   micro-batch its slice (``t_diff``), after :meth:`Method.recon_rows` rows kept for reconstruction.
 
@@ -55,6 +56,7 @@ class Method(ABC, Generic[ModelT]):
     samplers: ClassVar[tuple[str, ...]]  # names in replaid.sampling's registry for ``kind``; default first
     trainable: ClassVar[bool] = True
     bound: ClassVar[str] = "nelbo"  # "nelbo" | "nll"
+    conditional: ClassVar[str] = "bound"  # what conditional_nll is: "exact" | "bound" (an upper bound on the NLL)
     global_times: ClassVar[bool] = False
 
     def __init__(self, cfg: RunConfig):
@@ -70,6 +72,14 @@ class Method(ABC, Generic[ModelT]):
         self, model: ModelT, tokens: Tensor, generator: Optional[torch.Generator], mask: Optional[Tensor] = None
     ) -> dict[str, Tensor]:
         """Per-sequence per-token nats (B,) float64 under ``bound`` (and its pieces) for tokens (B, L)."""
+
+    @abstractmethod
+    def conditional_nll(
+        self, model: ModelT, tokens: Tensor, target: Tensor, generator: Optional[torch.Generator]
+    ) -> Tensor:
+        """Nats (B,) float64 of ``-log p(tokens[target] | tokens[~target])``, *summed* over the target
+        positions of tokens (B, L) (target: (B, L) bool), under ``conditional``: exact, or an upper
+        bound with ``eval.t_samples`` diffusion times per row (``replaid lmeval``'s loglikelihood)."""
 
     def train_loss(
         self,

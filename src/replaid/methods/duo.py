@@ -184,11 +184,15 @@ class DuoMethod(Method[TokenDiT]):
         t: Tensor,
         generator: Optional[torch.Generator],
         mask: Optional[Tensor] = None,
+        clean: Optional[Tensor] = None,
     ) -> Tensor:
-        """UDLM NELBO estimate per row at times t (B,) in [eps, 1] (no curriculum)."""
+        """UDLM NELBO estimate per row at times t (B,) in [eps, 1] (no curriculum). ``clean`` (B, L)
+        bool: positions never corrupted (a conditional's context)."""
         V = model.n_out
         alpha, dalpha = (a.to(tokens.device) for a in self.schedule(t.double()))
         z = uniform_corrupt(tokens, alpha, V, generator)
+        if clean is not None:
+            z = torch.where(clean.bool(), tokens, z)
         logits = model(z, (1 - alpha).float())
         f = udlm_integrand(logits, tokens, z, alpha, dalpha)
         return masked_mean(f, mask)
@@ -246,6 +250,24 @@ class DuoMethod(Method[TokenDiT]):
             tokens.device,
         )
         return {"nelbo": total}
+
+    @torch.no_grad()
+    def conditional_nll(
+        self, model: TokenDiT, tokens: Tensor, target: Tensor, generator: Optional[torch.Generator]
+    ) -> Tensor:
+        """The UDLM NELBO of the target with the rest held clean (only the target is corrupted),
+        summed over the target positions: an upper bound on ``-log p(target | context)`` of the
+        reverse process with the context clamped. ``eval.t_samples`` stratified times per row."""
+        n = target.double().sum(1).clamp_min(1)
+        return stratified_time_average(
+            lambda t: self.loss_rows(model, tokens, t, generator, target, clean=~target.bool()) * n,
+            tokens.shape[0],
+            self.cfg.eval.t_samples,
+            generator,
+            self.eps,
+            1.0,
+            tokens.device,
+        )
 
     def state_dict(self) -> dict:
         return {"step": self.step}

@@ -21,7 +21,12 @@ import torch
 from torch import Tensor
 
 from replaid.methods.base import Kind, Method
-from replaid.methods.replaid import CONTINUOUS_SAMPLERS, continuous_eval_bound, schedule_summary
+from replaid.methods.replaid import (
+    CONTINUOUS_SAMPLERS,
+    continuous_conditional_nll,
+    continuous_eval_bound,
+    schedule_summary,
+)
 from replaid.model.langflow import LangFlowDenoiser
 
 
@@ -55,6 +60,11 @@ class LangFlowMethod(Method[LangFlowDenoiser]):
         mask: Optional[Tensor] = None,
     ) -> dict[str, Tensor]:
         return continuous_eval_bound(self.cfg, model, tokens, generator, mask)
+
+    def conditional_nll(
+        self, model: LangFlowDenoiser, tokens: Tensor, target: Tensor, generator: Optional[torch.Generator]
+    ) -> Tensor:
+        return continuous_conditional_nll(self.cfg, model, tokens, target, generator)
 
     def eval_summary(self, model: LangFlowDenoiser) -> dict:
         return schedule_summary(self.cfg, model)

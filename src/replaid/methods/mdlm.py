@@ -80,15 +80,19 @@ class MDLMMethod(Method[TokenDiT]):
         t: Tensor,
         generator: Optional[torch.Generator],
         mask: Optional[Tensor] = None,
+        clean: Optional[Tensor] = None,
     ) -> tuple[Tensor, Tensor]:
         """Draw z_t ~ q(z_t | x) at per-row times t (B,) float64 and return
         ``(S, n)``: S = (1/L) sum over masked (valid) positions of the CE (B,) float64, and the
-        number of valid positions per row. The NELBO estimate is ``S / t``."""
+        number of valid positions per row. The NELBO estimate is ``S / t``. ``clean`` (B, L) bool:
+        positions never masked (a conditional's context)."""
         dev = tokens.device
         B, L = tokens.shape
         V = model.n_out
         u = torch.rand(B, L, generator=device_generator(generator, dev), dtype=torch.float64, device=dev)
         is_masked = u < mask_probability(t, self.eps).to(dev).view(-1, 1)
+        if clean is not None:
+            is_masked = is_masked & ~clean.bool()
         z = torch.where(is_masked, torch.full_like(tokens, V), tokens)
         logits = model(z, t.to(dev).float() if model.time_conditioning else None)
         ce = F.cross_entropy(logits.float().reshape(B * L, V), tokens.reshape(B * L), reduction="none").view(B, L)
@@ -135,6 +139,23 @@ class MDLMMethod(Method[TokenDiT]):
             weighted_ce, tokens.shape[0], self.cfg.eval.t_samples, generator, self.eps, 1.0, tokens.device
         )
         return {"nelbo": total}
+
+    @torch.no_grad()
+    def conditional_nll(
+        self, model: TokenDiT, tokens: Tensor, target: Tensor, generator: Optional[torch.Generator]
+    ) -> Tensor:
+        """The NELBO of the target given the rest held clean (only the target is ever masked):
+        ``E_t[(1/t) sum_{l in target, masked} CE_l]``, ``eval.t_samples`` stratified times per row. An
+        upper bound on ``-log p(target | context)`` of the any-order model (its reverse process with the
+        context clamped), summed over the target positions."""
+
+        def weighted_ce(t: Tensor) -> Tensor:
+            s, n = self.masked_ce(model, tokens, t, generator, target, clean=~target.bool())
+            return s * n / t  # s: the mean over the n target positions
+
+        return stratified_time_average(
+            weighted_ce, tokens.shape[0], self.cfg.eval.t_samples, generator, self.eps, 1.0, tokens.device
+        )
 
     def embedding_rows(self, model: TokenDiT) -> Tensor:
         return model.rows(model.n_out)

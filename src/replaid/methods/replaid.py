@@ -106,6 +106,20 @@ def continuous_eval_bound(
     )
 
 
+def continuous_conditional_nll(
+    cfg: RunConfig, model, tokens: Tensor, target: Tensor, generator: Optional[torch.Generator]
+) -> Tensor:
+    """The target positions' share of the VDM NELBO (eq. 4), summed over them (B,) float64: every
+    position is noised at the row's time (the context as the inpainting samplers see it), only the
+    target's reconstruction, diffusion and prior terms count. An upper bound on ``-log p(target |
+    context)`` of the conditional model ``E_eps[p(target | context noised with eps)]``: for a fixed
+    context noise the target's reverse process is a valid model whose NELBO is these terms, and
+    ``E[NELBO_eps] >= E[-log p_eps] >= -log E[p_eps]`` (Jensen); each time's terms depend only on
+    that time's marginal, so drawing the context noise afresh per time changes no expectation."""
+    n = target.double().sum(1)
+    return continuous_eval_bound(cfg, model, tokens, generator, target.to(tokens.device))["nelbo"] * n.to(tokens.device)
+
+
 def schedule_summary(cfg: RunConfig, model) -> dict:
     """The noise schedule's endpoints (of the weights evaluated) and the evaluation's time samples."""
     with torch.no_grad():
@@ -280,6 +294,11 @@ class RePlaidMethod(Method[RePlaid]):
         self, model: RePlaid, tokens: Tensor, generator: Optional[torch.Generator], mask: Optional[Tensor] = None
     ) -> dict[str, Tensor]:
         return continuous_eval_bound(self.cfg, model, tokens, generator, mask)
+
+    def conditional_nll(
+        self, model: RePlaid, tokens: Tensor, target: Tensor, generator: Optional[torch.Generator]
+    ) -> Tensor:
+        return continuous_conditional_nll(self.cfg, model, tokens, target, generator)
 
     def eval_summary(self, model: RePlaid) -> dict:
         return schedule_summary(self.cfg, model)

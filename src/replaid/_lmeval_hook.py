@@ -1,0 +1,65 @@
+"""Make ``--model replaid`` known to the harness's own CLI (``lm_eval``), which discovers no plugins.
+
+``scripts/setup.sh`` writes ``replaid_lmeval.pth`` (one line importing this module when replaid is importable) into the
+environment's site-packages; ``python -m replaid._lmeval_hook`` writes it into any other environment.
+At start-up this module only adds an import hook (no ``lm_eval``, no torch import): when the harness
+imports ``lm_eval.models`` (its model table, loaded on the first model look-up), ``replaid`` is
+registered there as a lazy entry ``replaid.hub.lmeval:ReplaidLM``, imported only when chosen.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+
+TARGET = "lm_eval.models"
+ENTRY = "replaid.hub.lmeval:ReplaidLM"
+# the .pth line: a no-op when replaid is not importable (uninstalled), never an error at start-up
+LINE = 'import importlib.util; importlib.util.find_spec("replaid") and __import__("replaid._lmeval_hook")\n'
+
+
+def _register() -> None:
+    from lm_eval.api.registry import model_registry
+
+    if "replaid" not in model_registry:
+        model_registry.register("replaid", target=ENTRY)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Wraps the loader of ``lm_eval.models`` so that ``replaid`` is registered after it runs."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != TARGET:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        inner = spec.loader
+        exec_module = inner.exec_module  # type: ignore[attr-defined]
+
+        def run(module) -> None:
+            exec_module(module)
+            _register()
+
+        inner.exec_module = run  # type: ignore[attr-defined]
+        return spec
+
+
+def install() -> None:
+    """Add the hook once (registers at once if ``lm_eval.models`` is already imported)."""
+    if TARGET in sys.modules:
+        _register()
+    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
+
+
+install()
+
+if __name__ == "__main__":  # write the .pth into this interpreter's site-packages
+    import sysconfig
+    from pathlib import Path
+
+    pth = Path(sysconfig.get_paths()["purelib"]) / "replaid_lmeval.pth"
+    pth.write_text(LINE)
+    print(f"wrote {pth}: lm_eval --model replaid now works in this environment")
