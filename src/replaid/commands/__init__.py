@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 # Sub-command modules in the order ``replaid --help`` lists them.
 COMMANDS = (
@@ -89,14 +90,14 @@ def add_run_options(r) -> None:
         choices=["local", "slurm", "submitit-local", "debug"],
         help="local subprocesses, SLURM job arrays (submitit), or submitit's local/debug executors",
     )
-    r.add_argument("--max-parallel", type=int, default=1, help="runs at once (local) / array parallelism (slurm)")
+    r.add_argument("--max-parallel", type=POSITIVE, default=1, help="runs at once (local) / array parallelism (slurm)")
     r.add_argument("--prefix", default="", help="command put before every run, e.g. 'nice -n 5'")
     r.add_argument(
         "--python",
         help="how to run each training (absent: this interpreter -m replaid train in a subprocess; "
         "'inprocess': the training function in this process)",
     )
-    r.add_argument("--gpus-per-job", type=int, default=0, help="slurm: GPUs per job, run under torchrun")
+    r.add_argument("--gpus-per-job", type=NONNEGATIVE, default=0, help="slurm: GPUs per job, run under torchrun")
     r.add_argument(
         "--slurm",
         nargs="*",
@@ -153,3 +154,91 @@ def run_manifest_command(args, folder, entries, what: str) -> int:
         )
         return 1
     return 0
+
+
+# --- validation at the edge: argparse types (one-line errors through ``replaid.cli``) ---------------
+
+
+def int_in(lo: int | None = None, hi: int | None = None):
+    """An argparse type: an exact whole number (no ``1e9``, no ``2.0``) in ``[lo, hi]``."""
+
+    def parse(s: str) -> int:
+        try:
+            v = int(s.strip(), 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{s[:40]!r} is not a whole number; give digits, e.g. 16") from None
+        if lo is not None and v < lo:
+            raise argparse.ArgumentTypeError(f"{v}: must be >= {lo}")
+        if hi is not None and v > hi:
+            raise argparse.ArgumentTypeError(f"{v}: must be <= {hi}")
+        return v
+
+    parse.__name__ = "int"
+    return parse
+
+
+def float_in(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False):
+    """An argparse type: a finite number in ``[lo, hi]`` (``lo_open``/``hi_open``: that end excluded)."""
+
+    def parse(s: str) -> float:
+        import math
+
+        try:
+            v = float(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{s[:40]!r} is not a number") from None
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"{s[:40]}: must be a finite number")
+        if lo is not None and (v < lo or (lo_open and v == lo)):
+            raise argparse.ArgumentTypeError(f"{v:g}: must be {'>' if lo_open else '>='} {lo:g}")
+        if hi is not None and (v > hi or (hi_open and v == hi)):
+            raise argparse.ArgumentTypeError(f"{v:g}: must be {'<' if hi_open else '<='} {hi:g}")
+        return v
+
+    parse.__name__ = "float"
+    return parse
+
+
+POSITIVE = int_in(1)
+NONNEGATIVE = int_in(0)
+SEED = int_in(0, 2**63 - 1)
+STEPS = int_in(1, 100_000)  # sampling / solver steps: beyond this a time grid alone is gigabytes
+
+
+def readable_file(path: str, what: str) -> Path:
+    """``path`` as an existing regular file (not a folder, pipe or device), or a one-line error."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(2, f"{what} {path} does not exist; check the path", path)
+    if p.is_dir():
+        raise ValueError(f"{what} {path} is a folder, not a file; pass the file inside it")
+    if not p.is_file():
+        raise ValueError(f"{what} {path} is not a regular file (a pipe or device); save it to a file first")
+    return p
+
+
+def check_out(out: str | None, *, protected: tuple[str, ...] = (), names: tuple[str, ...] = ()) -> None:
+    """Check an ``--out`` folder before any work: a folder (or absent, with a writable parent), not a
+    run or checkpoint folder of ``protected`` nor inside one, and holding none of ``names`` already."""
+    import os
+
+    if not out:
+        return
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder; choose a folder path")
+    rp = p.resolve()
+    for run in protected:
+        r = Path(run).resolve()
+        if r.is_dir() and (rp == r or r in rp.parents or (r / "checkpoints").is_dir() and rp == r / "checkpoints"):
+            raise ValueError(f"--out {out} is inside the input {run}; choose a folder outside the runs read")
+        if (r / "state.json").is_file() and (rp == r or r in rp.parents):
+            raise ValueError(f"--out {out} is inside the input checkpoint {run}; choose another folder")
+    if (rp / "config.json").is_file() and (rp / "checkpoints").is_dir():
+        raise ValueError(f"--out {out} holds a run; choose a new folder for the results")
+    taken = [n for n in names if (p / n).exists()]
+    if taken:
+        raise ValueError(f"--out {out} already holds {', '.join(taken)}; choose a new folder or remove them")
+    parent = next((q for q in [p, *p.parents] if q.exists()), Path("."))
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"--out {out}: cannot write into {parent} (permission); choose a writable folder")

@@ -6,7 +6,7 @@ import datetime
 import platform
 from pathlib import Path
 
-from replaid.commands import add_command, emit
+from replaid.commands import POSITIVE, SEED, STEPS, add_command, emit
 from replaid.commands.quality import add_judge_arguments
 
 EXAMPLE = (
@@ -28,7 +28,7 @@ def register(sub) -> None:
     p.add_argument("run", help="run directory or checkpoint directory to sample from")
     add_judge_arguments(p)
     p.add_argument("--samplers", nargs="+", default=["ddpm", "ddim", "dpmpp2m", "heun"], help="samplers compared")
-    p.add_argument("--steps", nargs="+", type=int, default=[16, 64, 256], help="step counts of each sampler")
+    p.add_argument("--steps", nargs="+", type=STEPS, default=[16, 64, 256], help="step counts of each sampler")
     p.add_argument(
         "--temperatures",
         nargs="*",
@@ -37,11 +37,11 @@ def register(sub) -> None:
         help="logit temperatures of the temperature sweep (none: skip it)",
     )
     p.add_argument("--temp-sampler", default="ddpm", help="sampler of the temperature sweep")
-    p.add_argument("--temp-steps", type=int, default=64, help="steps of the temperature sweep")
-    p.add_argument("--num", type=int, default=128, help="samples per configuration (and MAUVE references)")
+    p.add_argument("--temp-steps", type=STEPS, default=64, help="steps of the temperature sweep")
+    p.add_argument("--num", type=POSITIVE, default=128, help="samples per configuration (and MAUVE references)")
     p.add_argument("--split", default="valid", choices=["train", "valid", "test"], help="held-out references")
-    p.add_argument("--batch-size", type=int, default=16, help="samples generated at once")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampling noise")
+    p.add_argument("--batch-size", type=POSITIVE, default=16, help="samples generated at once")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the sampling noise")
     p.add_argument("--device", default="auto", help="torch device of the sampled run (auto: the run's train.device)")
     p.add_argument("--out", required=True, help="folder for sweep.json, sweep.csv, sweep.png, samples/")
     p.add_argument("--json", action="store_true", help="print the points as one JSON object")
