@@ -27,6 +27,11 @@ def _parser() -> argparse.ArgumentParser:
         epilog="run 'replaid COMMAND --help' for each command's options and an example",
     )
     p.add_argument("--debug", action="store_true", help="show the full traceback of an error (also REPLAID_DEBUG=1)")
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="load checkpoint tensor files without checking them against the sha256 their state.json records",
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     for name in COMMANDS:
         importlib.import_module(f"replaid.commands.{name}").register(sub)
@@ -40,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     from replaid.training.train import TrainingDiverged
 
     args = _parser().parse_args(argv)
+    from replaid.training import checkpoint
+
+    checkpoint.VERIFY = not args.no_verify
     debug = args.debug or os.environ.get("REPLAID_DEBUG", "") not in ("", "0")
     try:
         return args.func(args)

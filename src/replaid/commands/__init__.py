@@ -228,12 +228,14 @@ def check_out(out: str | None, *, protected: tuple[str, ...] = (), names: tuple[
     if p.exists() and not p.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder; choose a folder path")
     rp = p.resolve()
-    for run in protected:
+    for run in protected:  # results may go in a subfolder of a run, never among its own files
         r = Path(run).resolve()
-        if r.is_dir() and (rp == r or r in rp.parents or (r / "checkpoints").is_dir() and rp == r / "checkpoints"):
-            raise ValueError(f"--out {out} is inside the input {run}; choose a folder outside the runs read")
-        if (r / "state.json").is_file() and (rp == r or r in rp.parents):
-            raise ValueError(f"--out {out} is inside the input checkpoint {run}; choose another folder")
+        own = [r / "checkpoints", r / "tokenizer"] + ([r] if (r / "state.json").is_file() else [])
+        if rp == r or any(rp == o or o in rp.parents for o in own):
+            raise ValueError(
+                f"--out {out} would write among the files of the input {run}; choose another folder "
+                f"(e.g. a subfolder such as {Path(run) / 'results'})"
+            )
     if (rp / "config.json").is_file() and (rp / "checkpoints").is_dir():
         raise ValueError(f"--out {out} holds a run; choose a new folder for the results")
     taken = [n for n in names if (p / n).exists()]
@@ -242,3 +244,22 @@ def check_out(out: str | None, *, protected: tuple[str, ...] = (), names: tuple[
     parent = next((q for q in [p, *p.parents] if q.exists()), Path("."))
     if not os.access(parent, os.W_OK):
         raise ValueError(f"--out {out}: cannot write into {parent} (permission); choose a writable folder")
+
+
+def require_finite(res: dict, where: str) -> None:
+    """Refuse an evaluation result holding NaN/Inf (an error, never a printed Infinity)."""
+    import math
+
+    def walk(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from walk(v, f"{prefix}{k}.")
+            elif isinstance(v, float) and not math.isfinite(v):
+                yield f"{prefix}{k}={v}"
+
+    bad = list(walk(res))
+    if bad:
+        raise ValueError(
+            f"evaluating {where} gave non-finite results ({', '.join(bad[:3])}): the weights overflow on this "
+            f"data; check the checkpoint (a damaged or diverged one) or evaluate an earlier checkpoint"
+        )

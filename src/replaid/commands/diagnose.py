@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from replaid.commands import POSITIVE, SEED, add_command, emit, int_in, run_labels, run_title
+from replaid.commands import POSITIVE, SEED, add_command, check_out, emit, int_in, run_labels, run_title
 
 EXAMPLE = (
     "example: replaid diagnose runs/demo --out runs/demo/diagnose --split valid --batches 4 --grid 33\n"
@@ -47,8 +47,7 @@ def run(args) -> int:
     from replaid.methods import Kind
     from replaid.training.loading import load_run
 
-    if args.batches < 1 or args.grid < 2:
-        raise ValueError("--batches must be >= 1 and --grid >= 2")
+    check_out(args.out, protected=tuple(args.runs))
     labels = run_labels(args.runs, args.labels)
     runs = [load_run(p, use_ema=not args.no_ema) for p in args.runs]  # all inputs checked before writing
     for p, r in zip(args.runs, runs):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from replaid.commands import NONNEGATIVE, POSITIVE, add_command, emit
+from replaid.commands import NONNEGATIVE, POSITIVE, add_command, emit, require_finite
 
 EXAMPLE = "example: replaid eval runs/demo --split valid --json"
 
@@ -47,6 +47,7 @@ def run(args) -> int:
     res = evaluate_model(
         run_.model, run_.method, run_.data, cfg, args.split, None, max_batches=cfg.eval.max_batches, progress=True
     )  # bar on stderr
+    require_finite(res, str(run_.ckpt))
     res.update(
         checkpoint=str(run_.ckpt),
         step=run_.step,

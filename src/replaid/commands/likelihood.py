@@ -8,7 +8,7 @@ import math
 import time
 from pathlib import Path
 
-from replaid.commands import POSITIVE, SEED, STEPS, add_command, emit, float_in, run_title
+from replaid.commands import POSITIVE, SEED, STEPS, add_command, check_out, emit, float_in, run_title
 
 EXAMPLE = (
     "example: replaid likelihood runs/demo --split valid --num-seqs 64 --K 8 --steps 128 "
@@ -39,7 +39,7 @@ def register(sub) -> None:
     p.add_argument("--atol", type=float_in(0, lo_open=True), default=1e-5, help="dopri5 absolute tolerance")
     p.add_argument(
         "--n-hutch",
-        type=int,
+        type=POSITIVE,
         default=1,
         help="Hutchinson probes per drift evaluation; 2 or more also estimate the upward IWAE bias "
         "their noise causes (hutchinson_bias_nats in the output)",
@@ -100,8 +100,7 @@ def run(args) -> int:
     from replaid.methods import Kind
     from replaid.training.loading import load_run
 
-    if args.num_seqs < 1 or args.K < 1 or args.steps < 1 or args.n_hutch < 1:
-        raise ValueError("--num-seqs, --K, --steps and --n-hutch must be positive")
+    check_out(args.out, protected=(args.run,))
     run_ = load_run(args.run, use_ema=not args.no_ema)
     if run_.method.kind is not Kind.CONTINUOUS:
         raise ValueError(

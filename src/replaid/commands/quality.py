@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from replaid.commands import POSITIVE, add_command, emit
+from replaid.commands import POSITIVE, add_command, check_out, emit
 
 EXAMPLE = (
     "example: replaid sample runs/demo --num 128 --json > samples.jsonl && replaid quality samples.jsonl "
@@ -64,6 +64,7 @@ def run(args) -> int:
         unigram_entropy,
     )
 
+    check_out(args.out, protected=tuple(r for r in (args.samples, args.judge_run) if r))
     texts, ids = read_samples(args.samples)
     if not texts:
         raise ValueError(f"{args.samples} holds no samples")

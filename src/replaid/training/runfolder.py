@@ -17,7 +17,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from filelock import FileLock, Timeout
 
@@ -62,15 +62,28 @@ def _acquire(run_dir: Path) -> FileLock:
 
 def check_free(run_dir: Path) -> None:
     """Raise the in-use error now if a trainer holds ``run_dir`` (an existing folder)."""
-    if Path(run_dir).is_dir():
+    if (Path(run_dir) / LOCK).is_file():  # no lock file: nobody holds it (and none is made here)
         _acquire(Path(run_dir)).release()
 
 
 @contextmanager
-def lock(run_dir: Path) -> Iterator[None]:
-    """Hold ``RUN/.lock`` for the duration, or fail at once naming the holder."""
+def lock(run_dir: Path, check: Optional[Callable[[], None]] = None) -> Iterator[None]:
+    """Hold ``RUN/.lock`` for the duration, or fail at once naming the holder. ``check`` runs once the
+    lock is held and before anything is written: when it refuses, the folder is left as it was (a lock
+    file or folder this call made is removed again, ``.lock.owner`` is not touched)."""
     run_dir = Path(run_dir)
+    created, had_lock = not run_dir.exists(), (run_dir / LOCK).exists()
     fl = _acquire(run_dir)
+    try:
+        if check is not None:
+            check()
+    except BaseException:
+        if not had_lock:
+            (run_dir / LOCK).unlink(missing_ok=True)
+        fl.release()
+        if created:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     try:
         owner = {
             "pid": os.getpid(),
@@ -83,22 +96,33 @@ def lock(run_dir: Path) -> Iterator[None]:
         fl.release()
 
 
+def _run_files(run_dir: Path, resume: bool) -> list[str]:
+    """The run files in ``run_dir`` (a lone ``tokenizer/`` of a start killed before its config.json is none)."""
+    present = [n for n in RUN_FILES if (run_dir / n).exists()]
+    return [] if present == ["tokenizer"] and not resume else present
+
+
 @contextmanager
 def claim(run_dir: Path, *, resume: bool = False, overwrite: bool = False) -> Iterator[None]:
     """Lock ``run_dir`` for a trainer.
 
     Refuses a folder holding a run unless ``resume`` (continue it) or ``overwrite`` (its run files are
-    deleted first); removes stale temporaries (``.step_*`` folders, ``.NAME.tmp.PID`` files). A new
-    run exists once :func:`begin` wrote its ``config.json``; a start that fails before that leaves
-    nothing behind (a folder this call created is removed again).
+    deleted first), and a non-empty folder holding no run; a refusal changes nothing (lock files
+    included). Removes stale temporaries (``.step_*`` folders, ``.NAME.tmp.PID`` files). A new run
+    exists once :func:`begin` wrote its ``config.json``; a start that fails before that leaves nothing
+    behind (a folder this call created is removed again).
     """
     run_dir = Path(run_dir)
     created = not run_dir.exists()
-    with lock(run_dir), _undo_failed_start(run_dir, created and not resume):
-        present = [n for n in RUN_FILES if (run_dir / n).exists()]
-        if present == ["tokenizer"] and not resume:  # a start killed before its config.json: no run yet
-            shutil.rmtree(run_dir / "tokenizer")
-            present = []
+
+    def check() -> None:
+        present = _run_files(run_dir, resume)
+        foreign = [q.name for q in run_dir.iterdir() if q.name not in (*RUN_FILES, LOCK, OWNER)]
+        if foreign and not present and not resume:
+            raise RunFolderError(
+                f"--out {run_dir} is a non-empty folder that holds no run ({', '.join(sorted(foreign)[:3])}); "
+                f"choose a new or empty folder"
+            )
         if present and not (resume or overwrite):
             raise RunFolderError(
                 f"run folder {run_dir} already holds a run ({', '.join(present)}); pass --resume "
@@ -106,10 +130,14 @@ def claim(run_dir: Path, *, resume: bool = False, overwrite: bool = False) -> It
             )
         if resume and not (run_dir / "config.json").is_file():
             raise RunFolderError(f"--resume: {run_dir} has no config.json; start a run there without --resume first")
+
+    with lock(run_dir, check), _undo_failed_start(run_dir, created and not resume):
+        if (run_dir / "tokenizer").exists() and not _run_files(run_dir, resume) and not resume:
+            shutil.rmtree(run_dir / "tokenizer")  # a start killed before its config.json: no run yet
         if overwrite and not resume:
-            for n in present:
-                p = run_dir / n
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
+            for n in _run_files(run_dir, resume):
+                q = run_dir / n
+                shutil.rmtree(q) if q.is_dir() else q.unlink()
         remove_stale(run_dir)
         yield
 
