@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from replaid.config import ConfigError
     from replaid.data import DataError
     from replaid.training.checkpoint import CheckpointError
-    from replaid.training.train import TrainingDiverged
+    from replaid.training.train import PREEMPTED_EXIT, Preempted, TrainingDiverged
 
     args = _parser().parse_args(argv)
     from replaid.training import checkpoint
@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
             msg = f"{e.strerror or e.__class__.__name__}: {e.filename}; check the path and its permissions/space"
         print(f"replaid: error: {msg}", file=sys.stderr)
         return 2
+    except Preempted as e:  # a checkpoint was saved: the scheduler requeues, the next start resumes
+        print(f"replaid: preempted: {e}", file=sys.stderr)
+        return PREEMPTED_EXIT
     except KeyboardInterrupt:
         print("replaid: interrupted", file=sys.stderr)
         return 130

@@ -115,11 +115,10 @@ def run_manifest_command(args, folder, entries, what: str) -> int:
     that runs a manifest: ``replaid scaling run`` and ``replaid grid run``). 0 when all finished."""
     import sys
 
-    from replaid.config import ConfigError, parse_overrides
+    from replaid.config import parse_overrides
     from replaid.scaling import runner
+    from replaid.training.train import PREEMPTED_EXIT
 
-    if args.max_parallel < 1 and args.executor == "local":
-        raise ConfigError(f"--max-parallel {args.max_parallel}: must be >= 1 (runs at once)")
     if args.status:
         print(runner.progress_line(folder, entries))
         return 0
@@ -146,6 +145,11 @@ def run_manifest_command(args, folder, entries, what: str) -> int:
             log=log,
         )
     log(runner.progress_line(folder, entries))
+    if any(r["returncode"] == PREEMPTED_EXIT for r in res):
+        log(
+            f"{what} run: preempted; the stopped runs saved a checkpoint: rerun 'replaid {what} run {folder}' to resume"
+        )
+        return PREEMPTED_EXIT
     failed = [r for r in res if r["state"] != "done"]
     if failed:
         log(

@@ -3,7 +3,7 @@ state it is in (for sweeps: skip finished runs, resume interrupted ones).
 
 ``claim(run_dir, ...)`` takes an exclusive ``filelock`` on ``RUN/.lock`` (released by the kernel
 when the process dies, even by SIGKILL), records the holder (pid, host, start time) in
-``RUN/.lock.owner``, refuses a folder that already holds a run unless ``resume`` or ``overwrite``,
+``RUN/.lock.owner`` while it holds the lock (removed on release), refuses a folder that already holds a run unless ``resume`` or ``overwrite``,
 and removes the temporaries an interrupted save left behind.
 """
 
@@ -93,6 +93,7 @@ def lock(run_dir: Path, check: Optional[Callable[[], None]] = None) -> Iterator[
         atomic_write_text(run_dir / OWNER, json.dumps(owner))
         yield
     finally:
+        (run_dir / OWNER).unlink(missing_ok=True)  # it names the holder while held, and only then
         fl.release()
 
 
