@@ -209,18 +209,6 @@ SEED = int_in(0, 2**63 - 1)
 STEPS = int_in(1, 100_000)  # sampling / solver steps: beyond this a time grid alone is gigabytes
 
 
-def readable_file(path: str, what: str) -> Path:
-    """``path`` as an existing regular file (not a folder, pipe or device), or a one-line error."""
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(2, f"{what} {path} does not exist; check the path", path)
-    if p.is_dir():
-        raise ValueError(f"{what} {path} is a folder, not a file; pass the file inside it")
-    if not p.is_file():
-        raise ValueError(f"{what} {path} is not a regular file (a pipe or device); save it to a file first")
-    return p
-
-
 def check_out(out: str | None, *, protected: tuple[str, ...] = (), names: tuple[str, ...] = ()) -> None:
     """Check an ``--out`` folder before any work: a folder (or absent, with a writable parent), not a
     run or checkpoint folder of ``protected`` nor inside one, and holding none of ``names`` already."""
