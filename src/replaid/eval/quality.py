@@ -281,9 +281,7 @@ def read_samples(path: str) -> tuple[list[str], Optional[list[list[int]]]]:
     ``text`` and, optionally, ``ids`` a list of non-negative whole numbers; errors name line and field."""
     p = Path(path)
     if not p.exists():
-        raise FileNotFoundError(
-            2, f"{p} does not exist; pass the JSONL written by 'replaid sample --json' or a .txt", str(p)
-        )
+        raise ValueError(f"{p} does not exist; pass the JSONL written by 'replaid sample --json' or a .txt")
     if not p.is_file():
         raise ValueError(f"{p} is not a regular file (a folder, pipe or device); pass a JSONL or .txt file")
     try:
