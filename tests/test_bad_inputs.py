@@ -176,6 +176,7 @@ HOSTILE = [
     ),
     (NEW + ["train.steps=1e3.5"], "train.steps expects a whole number", None),
     (NEW + ["optim.lr_backbone=1e999"], "optim.lr_backbone", None),
+    (["sample", "{run}", "--context", "return the value", "--infill", "1:9999"], "--infill 1:9999 makes samples", None),
     # memory before allocation
     (["sample", "{run}", "--num", "1000000000", "--batch-size", "1000000000"], "GB free; use --num", None),
     (["sample", "{run}", "--length", "100000000", "--allow-longer"], "GB free; use --length", None),
