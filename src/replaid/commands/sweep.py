@@ -75,7 +75,7 @@ def run(args) -> int:
     run_ = load_run(args.run, device=args.device)
     continuous, own, L = run_.method.kind is Kind.CONTINUOUS, run_.method.samplers, run_.cfg.data.seq_len
     ar = run_.method.kind is Kind.AUTOREGRESSIVE
-    samplers = args.samplers or (["ddpm", "ddim", "dpmpp2m", "heun"] if continuous else own[:1])
+    samplers = args.samplers or (["ddpm", "ddim", "dpmpp2m", "heun"] if continuous else list(own[:1]))
     out = Path(args.out)
     pts = quality_sweep(
         run_,
