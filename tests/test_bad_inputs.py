@@ -55,6 +55,47 @@ def nan_weights(run):
             {k: torch.full_like(v, math.nan) if v.is_floating_point() else v for k, v in sd.items()},
             str(c / f"{name}.safetensors"),
         )
+    st = json.loads((c / "state.json").read_text())  # consistent hashes: the non-finite check is what refuses
+    st["sha256"] = {f.name: ck.sha256_file(f) for f in c.glob("*.safetensors")}
+    (c / "state.json").write_text(json.dumps(st))
+
+
+def write(name: str, data: bytes | str):
+    """A damage step that writes ``name`` (beside the run) with ``data``."""
+
+    def make(run):
+        f = run.parent / name
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(data.encode() if isinstance(data, str) else data)
+
+    return make
+
+
+def flip_byte(name: str):
+    """Flip one bit in the middle of the checkpoint's ``name`` tensor file (its recorded sha256 stays)."""
+
+    def make(run):
+        f = ck.find_checkpoint(run) / name
+        b = bytearray(f.read_bytes())
+        b[len(b) // 2] ^= 0x10
+        f.write_bytes(bytes(b))
+
+    return make
+
+
+def peer(config: str, weights: bytes | None):
+    """A peer (MDLM/Duo layout) folder ``peer/`` with this config.json and model.safetensors."""
+
+    def make(run):
+        d = run.parent / "peer"
+        d.mkdir()
+        (d / "config.json").write_text(config)
+        if weights is None:
+            save_file({"x": torch.zeros(2)}, str(d / "model.safetensors"))
+        else:
+            (d / "model.safetensors").write_bytes(weights)
+
+    return make
 
 
 def split_folder(run):
@@ -90,26 +131,124 @@ CASES = [
     (["train", "--out", "{run}", "--resume"], "config.json is not a valid run config", corrupt_config),
     (["eval", "{run}"], "tokenizer_spec.json is damaged", corrupt_tokenizer_spec),
     (["eval", "{run}"], "non-finite weights", nan_weights),
-    (["eval", "{run}", "--t-samples", "0"], "--t-samples 0: invalid config value eval.t_samples", None),
-    (["eval", "{run}", "--max-batches", "-1"], "--max-batches -1", None),
-    (["sample", "{run}", "--batch-size", "0"], "--batch-size 0: must be >= 1", None),
+    (["eval", "{run}", "--t-samples", "0"], "argument --t-samples: 0: must be >= 1", None),
+    (["eval", "{run}", "--max-batches", "-1"], "argument --max-batches: -1: must be >= 0", None),
+    (["sample", "{run}", "--batch-size", "0"], "argument --batch-size: 0: must be >= 1", None),
     (["sample", "{run}", "--length", "100000000"], "beyond the run's trained length", None),
-    (["sample", "{run}", "--num", "-1"], "--num -1: must be >= 1", None),
-    (["sample", "{run}", "--num", "0"], "--num 0: must be >= 1", None),
-    (["sample", "{run}", "--steps", "0"], "--steps 0: must be >= 1", None),
-    (["sample", "{run}", "--temperature", "0"], "--temperature 0.0", None),
+    (["sample", "{run}", "--num", "-1"], "argument --num: -1: must be >= 1", None),
+    (["sample", "{run}", "--num", "0"], "argument --num: 0: must be >= 1", None),
+    (["sample", "{run}", "--steps", "0"], "argument --steps: 0: must be >= 1", None),
+    (["sample", "{run}", "--temperature", "0"], "argument --temperature: 0: must be > 0", None),
     (["sample", "{run}", "--prompt", "return the value " * 40], "leaving nothing to generate", None),
 ]
 
+# issue 28: the hostile-user report's inputs, one row each (docs/robustness.md lists them)
+FSCK = "does not match the sha256 recorded"
+SAMPLES = "{tmp}/s.jsonl"
+HOSTILE = [
+    # numbers: exact whole numbers, finite, in range (argparse types of replaid.commands)
+    (["sample", "{run}", "--num", "1e9"], "'1e9' is not a whole number", None),
+    (["sample", "{run}", "--steps", "1000000000"], "argument --steps: 1000000000: must be <= 100000", None),
+    (["sample", "{run}", "--seed", "99999999999999999999999"], "argument --seed", None),
+    (["likelihood", "{run}", "--fd-step", "nan", "--out", "{tmp}/lk"], "--fd-step: nan: must be a finite", None),
+    (["likelihood", "{run}", "--rtol", "-1", "--out", "{tmp}/lk"], "argument --rtol: -1: must be > 0", None),
+    (["likelihood", "{run}", "--K", "0", "--out", "{tmp}/lk"], "argument --K: 0: must be >= 1", None),
+    (["memory", "--vocab", "-5"], "argument --vocab: -5: must be >= 2", None),
+    (["memory", "--per-device-batch", "0"], "argument --per-device-batch: 0", None),
+    (["serve", "{run}", "--threads", "-4"], "argument --threads: -4: must be >= 0", None),
+    (["serve", "{run}", "--max-length", "-1"], "argument --max-length: -1: must be >= 0", None),
+    (["serve", "{run}", "--port", "70000"], "argument --port: 70000: must be <= 65535", None),
+    (["scaling", "plan", "--budgets", "1e400"], "argument --budgets: 1e400: must be a finite number", None),
+    (["scaling", "plan", "--mfu", "0"], "argument --mfu: 0: must be > 0", None),
+    (["scaling", "run", "{tmp}/sw", "--max-parallel", "-3"], "argument --max-parallel: -3: must be >= 1", None),
+    (["scaling", "run", "{tmp}/sw", "--max-parallel", "0"], "argument --max-parallel: 0: must be >= 1", None),
+    (["scaling", "fit", "{tmp}/f.csv", "--bootstrap", "0"], "argument --bootstrap: 0", None),
+    (["grid", "report", "{tmp}/g", "--confidence", "1.5"], "argument --confidence: 1.5: must be < 1", None),
+    (["quality", SAMPLES, "--batch-size", "0"], "argument --batch-size: 0: must be >= 1", None),
+    (["sweep", "{run}", "--context", "-5", "--out", "{tmp}/sw"], "argument --context: -5: must be >= 1", None),
+    (["sweep", "{run}", "--steps", "0", "--out", "{tmp}/sw"], "argument --steps: 0: must be >= 1", None),
+    (["zeroshot", "{run}", "--max-rows", "-1"], "argument --max-rows: -1: must be >= 0", None),
+    (["zeroshot", "{run}", "--t-samples", "0"], "argument --t-samples: 0: must be >= 1", None),
+    (["diagnose", "{run}", "--out", "{tmp}/d", "--grid", "1"], "argument --grid: 1: must be >= 2", None),
+    (["geometry", "{run}", "--out", "{tmp}/g", "--knn", "0"], "argument --knn: 0: must be >= 1", None),
+    (["data", "--vocab-size", "x"], "'x' is not a whole number", None),
+    (
+        NEW + ["train.steps=99999999999999999999999999"],
+        "train.steps = 99999999999999999999999999 is out of range",
+        None,
+    ),
+    (NEW + ["train.steps=1e3.5"], "train.steps expects a whole number", None),
+    (NEW + ["optim.lr_backbone=1e999"], "optim.lr_backbone", None),
+    (["sample", "{run}", "--context", "return the value", "--infill", "1:9999"], "--infill 1:9999 makes samples", None),
+    # memory before allocation
+    (["sample", "{run}", "--num", "1000000000", "--batch-size", "1000000000"], "GB free; use --num", None),
+    (["sample", "{run}", "--length", "100000000", "--allow-longer"], "GB free; use --length", None),
+    # input files: schema checks naming the file, the line and the field
+    (["quality", SAMPLES], 'line 1: field "text" is missing', write("s.jsonl", '{"words": "a b"}\n')),
+    (["quality", SAMPLES], "line 1: a JSON list, not an object", write("s.jsonl", '["a", "b"]\n')),
+    (["quality", SAMPLES], 'line 2: field "text" is not a string', write("s.jsonl", '{"text": "a"}\n{"text": 5}\n')),
+    (
+        ["quality", SAMPLES],
+        'field "ids" must be a list of token ids',
+        write("s.jsonl", '{"text": "a", "ids": "abc"}\n'),
+    ),
+    (["quality", SAMPLES], 'field "ids" must be a list', write("s.jsonl", '{"text": "a", "ids": [1, -3]}\n')),
+    (["quality", SAMPLES], "line 2: not JSON (Unterminated string", write("s.jsonl", '{"text": "a"}\n{"text": "b\n')),
+    (["quality", SAMPLES], "is not UTF-8 text (byte 10)", write("s.jsonl", b'{"text": "\xff\xfe"}\n')),
+    (["quality", "{tmp}"], "is not a regular file", None),
+    (["quality", "{tmp}/absent.jsonl"], "absent.jsonl does not exist", None),
+    (
+        ["convert", "mdlm", "{tmp}/peer", "--out", "{tmp}/c"],
+        "not a readable safetensors",
+        peer("{}", b"not safetensors"),
+    ),
+    (["convert", "duo", "{tmp}/peer", "--out", "{tmp}/c"], "holds a list, not a config", peer("[1, 2]", None)),
+    (["convert", "mdlm", "{tmp}/peer", "--out", "{tmp}/c"], "not readable JSON", peer("{oops", None)),
+    (["convert", "mdlm", "{tmp}/peer", "--out", "{tmp}/c"], "is not a complete mdlm checkpoint", peer("{}", None)),
+    (
+        ["scaling", "fit", "{tmp}/f.csv"],
+        "loss is nan (not finite)",
+        write("f.csv", "method,flops,params,loss\nar,1e15,1e6,nan\n"),
+    ),
+    (["scaling", "fit", "{tmp}/f.csv"], "is not UTF-8 text", write("f.csv", b"method,flops\xff\n")),
+    # paths: a file given for a run, --out among an input's files or in a foreign folder
+    (["eval", "{run}/config.json"], "is a file, not a run or checkpoint folder", None),
+    (["diagnose", "{run}", "--out", "{run}"], "would write among the files of the input", None),
+    (["likelihood", "{run}", "--out", "{run}/checkpoints"], "would write among the files of the input", None),
+    (["zeroshot", "{run}", "--out", "{run}"], "would write among the files of the input", None),
+    (["sweep", "{run}", "--out", "{tmp}/afile"], "is a file, not a folder", write("afile", "x")),
+    (
+        NEW[:-1] + ["{tmp}/foreign"],
+        "non-empty folder that holds no run (notes.txt)",
+        write("foreign/notes.txt", "mine"),
+    ),
+    (
+        ["scaling", "plan", "--sizes", "tiny", "--out", "{tmp}/foreign"],
+        "holds no sweep",
+        write("foreign/notes.txt", "x"),
+    ),
+    (["train", "--out", "{run}", "--resume", "train.steps=1"], "is at step 2, beyond train.steps=1", None),
+    # integrity: a flipped bit in any tensor file is named on load
+    (["eval", "{run}"], FSCK, flip_byte("ema.safetensors")),
+    (["eval", "{run}", "--no-ema"], FSCK, flip_byte("model.safetensors")),
+    (["train", "--out", "{run}", "--resume", "train.steps=4"], FSCK, flip_byte("optimizer.safetensors")),
+    (["train", "--out", "{run}", "--resume", "train.steps=4"], FSCK, flip_byte("rng.safetensors")),
+]
+CASES += HOSTILE
+
 
 def files(root: Path) -> dict:
+    """Every file under ``root`` with its bytes, lock files included (a refusal changes nothing)."""
     if not root.exists():
         return {}
-    return {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and ".lock" not in p.name}
+    return {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("argv,needle,damage", CASES, ids=[" ".join(c[0][-2:])[:40] for c in CASES])
-def test_bad_input_is_one_line_exit_2_and_changes_nothing(trained, tmp_path, capsys, argv, needle, damage):
+def run_case(trained: Path, tmp_path: Path, argv: list[str], damage) -> tuple[int, list[str], bool]:
+    """Run one case in process on a copy of ``trained``: (exit status, stderr lines, files unchanged)."""
+    import contextlib
+    import io
+
     run = tmp_path / "run"
     shutil.copytree(trained, run)
     if damage is not None:
@@ -119,11 +258,22 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(trained, tmp_path, cap
         a.replace("{run}", str(run)).replace("{tmp}", str(tmp_path)).replace("{new}", str(tmp_path / "new"))
         for a in argv
     ]
-    assert main(argv) == 2
-    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as e:  # argparse's own exits (--help)
+            code = e.code if isinstance(e.code, int) else 1
+    lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+    return code, lines, files(tmp_path) == before
+
+
+@pytest.mark.parametrize("argv,needle,damage", CASES, ids=[" ".join(c[0][-2:])[:40] for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(trained, tmp_path, argv, needle, damage):
+    code, err, unchanged = run_case(trained, tmp_path, argv, damage)
     errors = [ln for ln in err if ln.startswith("replaid: error: ")]  # besides progress bars (tokenizing)
-    assert errors == err[-1:] and needle in errors[0] and "Traceback" not in "".join(err), err
-    assert files(tmp_path) == before  # nothing written, nothing damaged, no new --out left behind
+    assert code == 2 and errors == err[-1:] and needle in errors[0] and "Traceback" not in "".join(err), err
+    assert unchanged  # nothing written, nothing damaged (lock files included), no new --out left behind
 
 
 def test_damaged_cache_meta_names_the_file(trained, tmp_path, monkeypatch, capsys):

@@ -285,3 +285,43 @@ def test_a_full_disk_keeps_the_checkpoint_in_force_and_every_file_whole(ref, tmp
     with pytest.raises(OSError):
         fileio.atomic_write_text(spec, "{}")
     assert spec.read_bytes() == old and not [p for p in spec.parent.iterdir() if p.name[0] == "."]
+
+
+SIGNAL_AT = """
+import os, signal, sys
+from replaid.training import train as tr
+from replaid.cli import main
+
+real, n = tr.Trainer.train_step, [0]
+def stepping(self, *a, **kw):
+    out = real(self, *a, **kw)
+    n[0] += 1
+    if n[0] == {k}:  # a real signal to this process, as SLURM / timeout / submitit send it
+        os.kill(os.getpid(), signal.{sig})
+    return out
+tr.Trainer.train_step = stepping
+sys.exit(main(["train", "--preset", "debug", "--out", sys.argv[1], "--no-progress", *sys.argv[2:]]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGUSR1"])
+def test_a_preemption_signal_saves_exits_75_and_the_run_resumes_bit_exactly(ref, tmp_path, sig):
+    """With checkpoints off (save_every=0), SIGTERM/SIGUSR1 at step 3 of 6 saves step 3 and exits 75
+    (EX_TEMPFAIL, which the scaling runner reports as preempted); --resume ends where the uninterrupted
+    run ends."""
+    from replaid.training.train import PREEMPTED_EXIT
+
+    run = tmp_path / "run"
+    script = textwrap.dedent(SIGNAL_AT.format(k=3, sig=sig))
+    r = subprocess.run(
+        [sys.executable, "-c", script, str(run), *ARGS, "train.save_every=0"], capture_output=True, text=True
+    )
+    err = [ln for ln in r.stderr.splitlines() if ln.startswith("replaid:")]
+    assert r.returncode == PREEMPTED_EXIT and err[-1].startswith(f"replaid: preempted: {sig} received"), r.stderr
+    assert ck.load_state(ck.find_checkpoint(run))["step"] == 3 and "--resume" in err[-1]
+    assert not (run / runfolder.OWNER).exists()
+    train(cfg(), run, resume=True, progress=False)
+    assert_same_run(run, ref)
+    a, b = (runfolder.read_final_eval(x)["eval"] for x in (run, ref))
+    assert a.pop("seconds") > 0 and b.pop("seconds") > 0 and a == b  # the same final bound, to the bit

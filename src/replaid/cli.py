@@ -27,6 +27,11 @@ def _parser() -> argparse.ArgumentParser:
         epilog="run 'replaid COMMAND --help' for each command's options and an example",
     )
     p.add_argument("--debug", action="store_true", help="show the full traceback of an error (also REPLAID_DEBUG=1)")
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="load checkpoint tensor files without checking them against the sha256 their state.json records",
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     for name in COMMANDS:
         importlib.import_module(f"replaid.commands.{name}").register(sub)
@@ -37,9 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     from replaid.config import ConfigError
     from replaid.data import DataError
     from replaid.training.checkpoint import CheckpointError
-    from replaid.training.train import TrainingDiverged
+    from replaid.training.train import PREEMPTED_EXIT, Preempted, TrainingDiverged
 
     args = _parser().parse_args(argv)
+    from replaid.training import checkpoint
+
+    checkpoint.VERIFY = not args.no_verify
     debug = args.debug or os.environ.get("REPLAID_DEBUG", "") not in ("", "0")
     try:
         return args.func(args)
@@ -51,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
             msg = f"{e.strerror or e.__class__.__name__}: {e.filename}; check the path and its permissions/space"
         print(f"replaid: error: {msg}", file=sys.stderr)
         return 2
+    except Preempted as e:  # a checkpoint was saved: the scheduler requeues, the next start resumes
+        print(f"replaid: preempted: {e}", file=sys.stderr)
+        return PREEMPTED_EXIT
     except KeyboardInterrupt:
         print("replaid: interrupted", file=sys.stderr)
         return 130

@@ -530,25 +530,29 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
     if typ is int:
         if isinstance(value, bool):
             raise ConfigError(f"config key {key} expects an int, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
+        v: Any = value
+        if isinstance(value, str):  # digits exactly; 1e3-style only where a float holds it exactly
             try:
-                f = float(value)
+                v = int(value.strip(), 10)
             except ValueError:
-                f = None
-            if f is not None and f.is_integer():
-                return int(f)
-        raise ConfigError(f"config key {key} expects an int, got {value!r}")
+                try:
+                    v = float(value)
+                except ValueError:
+                    v = None
+        if isinstance(v, float) and v.is_integer() and abs(v) <= 2**53:
+            v = int(v)
+        if isinstance(v, int) and not isinstance(v, bool):
+            if abs(v) >= 2**63:
+                raise ConfigError(f"config key {key} = {str(value)[:30]} is out of range; use a number below 2**63")
+            return v
+        raise ConfigError(f"config key {key} expects a whole number, got {str(value)[:40]!r}")
     if typ is float:
         if isinstance(value, bool):
             raise ConfigError(f"config key {key} expects a float, got {value!r}")
         try:
             return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"config key {key} expects a float, got {value!r}") from None
+        except (TypeError, ValueError, OverflowError):
+            raise ConfigError(f"config key {key} expects a float, got {str(value)[:40]!r}") from None
     if typ is str:
         if isinstance(value, (dict, list)):
             raise ConfigError(f"config key {key} expects a string, got {value!r}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 # Sub-command modules in the order ``replaid --help`` lists them.
 COMMANDS = (
@@ -92,14 +93,14 @@ def add_run_options(r) -> None:
         choices=["local", "slurm", "submitit-local", "debug"],
         help="local subprocesses, SLURM job arrays (submitit), or submitit's local/debug executors",
     )
-    r.add_argument("--max-parallel", type=int, default=1, help="runs at once (local) / array parallelism (slurm)")
+    r.add_argument("--max-parallel", type=POSITIVE, default=1, help="runs at once (local) / array parallelism (slurm)")
     r.add_argument("--prefix", default="", help="command put before every run, e.g. 'nice -n 5'")
     r.add_argument(
         "--python",
         help="how to run each training (absent: this interpreter -m replaid train in a subprocess; "
         "'inprocess': the training function in this process)",
     )
-    r.add_argument("--gpus-per-job", type=int, default=0, help="slurm: GPUs per job, run under torchrun")
+    r.add_argument("--gpus-per-job", type=NONNEGATIVE, default=0, help="slurm: GPUs per job, run under torchrun")
     r.add_argument(
         "--slurm",
         nargs="*",
@@ -117,11 +118,10 @@ def run_manifest_command(args, folder, entries, what: str) -> int:
     that runs a manifest: ``replaid scaling run`` and ``replaid grid run``). 0 when all finished."""
     import sys
 
-    from replaid.config import ConfigError, parse_overrides
+    from replaid.config import parse_overrides
     from replaid.scaling import runner
+    from replaid.training.train import PREEMPTED_EXIT
 
-    if args.max_parallel < 1 and args.executor == "local":
-        raise ConfigError(f"--max-parallel {args.max_parallel}: must be >= 1 (runs at once)")
     if args.status:
         print(runner.progress_line(folder, entries))
         return 0
@@ -148,6 +148,11 @@ def run_manifest_command(args, folder, entries, what: str) -> int:
             log=log,
         )
     log(runner.progress_line(folder, entries))
+    if any(r["returncode"] == PREEMPTED_EXIT for r in res):
+        log(
+            f"{what} run: preempted; the stopped runs saved a checkpoint: rerun 'replaid {what} run {folder}' to resume"
+        )
+        return PREEMPTED_EXIT
     failed = [r for r in res if r["state"] != "done"]
     if failed:
         log(
@@ -156,3 +161,100 @@ def run_manifest_command(args, folder, entries, what: str) -> int:
         )
         return 1
     return 0
+
+
+# --- validation at the edge: argparse types (one-line errors through ``replaid.cli``) ---------------
+
+
+def int_in(lo: int | None = None, hi: int | None = None):
+    """An argparse type: an exact whole number (no ``1e9``, no ``2.0``) in ``[lo, hi]``."""
+
+    def parse(s: str) -> int:
+        try:
+            v = int(s.strip(), 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{s[:40]!r} is not a whole number; give digits, e.g. 16") from None
+        if lo is not None and v < lo:
+            raise argparse.ArgumentTypeError(f"{v}: must be >= {lo}")
+        if hi is not None and v > hi:
+            raise argparse.ArgumentTypeError(f"{v}: must be <= {hi}")
+        return v
+
+    parse.__name__ = "int"
+    return parse
+
+
+def float_in(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False):
+    """An argparse type: a finite number in ``[lo, hi]`` (``lo_open``/``hi_open``: that end excluded)."""
+
+    def parse(s: str) -> float:
+        import math
+
+        try:
+            v = float(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{s[:40]!r} is not a number") from None
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"{s[:40]}: must be a finite number")
+        if lo is not None and (v < lo or (lo_open and v == lo)):
+            raise argparse.ArgumentTypeError(f"{v:g}: must be {'>' if lo_open else '>='} {lo:g}")
+        if hi is not None and (v > hi or (hi_open and v == hi)):
+            raise argparse.ArgumentTypeError(f"{v:g}: must be {'<' if hi_open else '<='} {hi:g}")
+        return v
+
+    parse.__name__ = "float"
+    return parse
+
+
+POSITIVE = int_in(1)
+NONNEGATIVE = int_in(0)
+SEED = int_in(0, 2**63 - 1)
+STEPS = int_in(1, 100_000)  # sampling / solver steps: beyond this a time grid alone is gigabytes
+
+
+def check_out(out: str | None, *, protected: tuple[str, ...] = (), names: tuple[str, ...] = ()) -> None:
+    """Check an ``--out`` folder before any work: a folder (or absent, with a writable parent), not a
+    run or checkpoint folder of ``protected`` nor inside one, and holding none of ``names`` already."""
+    import os
+
+    if not out:
+        return
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder; choose a folder path")
+    rp = p.resolve()
+    for run in protected:  # results may go in a subfolder of a run, never among its own files
+        r = Path(run).resolve()
+        own = [r / "checkpoints", r / "tokenizer"] + ([r] if (r / "state.json").is_file() else [])
+        if rp == r or any(rp == o or o in rp.parents for o in own):
+            raise ValueError(
+                f"--out {out} would write among the files of the input {run}; choose another folder "
+                f"(e.g. a subfolder such as {Path(run) / 'results'})"
+            )
+    if (rp / "config.json").is_file() and (rp / "checkpoints").is_dir():
+        raise ValueError(f"--out {out} holds a run; choose a new folder for the results")
+    taken = [n for n in names if (p / n).exists()]
+    if taken:
+        raise ValueError(f"--out {out} already holds {', '.join(taken)}; choose a new folder or remove them")
+    parent = next((q for q in [p, *p.parents] if q.exists()), Path("."))
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"--out {out}: cannot write into {parent} (permission); choose a writable folder")
+
+
+def require_finite(res: dict, where: str) -> None:
+    """Refuse an evaluation result holding NaN/Inf (an error, never a printed Infinity)."""
+    import math
+
+    def walk(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from walk(v, f"{prefix}{k}.")
+            elif isinstance(v, float) and not math.isfinite(v):
+                yield f"{prefix}{k}={v}"
+
+    bad = list(walk(res))
+    if bad:
+        raise ValueError(
+            f"evaluating {where} gave non-finite results ({', '.join(bad[:3])}): the weights overflow on this "
+            f"data; check the checkpoint (a damaged or diverged one) or evaluate an earlier checkpoint"
+        )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from replaid.commands import add_command, emit
+from replaid.commands import add_command, emit, int_in
 
 EXAMPLE = (
     "example: replaid data --source ../shared/data/wiki-sample --tokenizer gpt2 "
@@ -22,7 +22,7 @@ def register(sub) -> None:
     )
     d.add_argument("--tokenizer-path", default="", help="local tokenizer files (empty: download or train)")
     d.add_argument("--split", default="train", choices=["train", "valid", "test"], help="split described")
-    d.add_argument("--vocab-size", type=int, default=2048, help="for --tokenizer bpe")
+    d.add_argument("--vocab-size", type=int_in(2), default=2048, help="for --tokenizer bpe")
     d.add_argument("--json", action="store_true", help="print one JSON object")
     d.set_defaults(func=run)
 

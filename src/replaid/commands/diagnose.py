@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from replaid.commands import add_command, emit, run_labels, run_title
+from replaid.commands import POSITIVE, SEED, add_command, check_out, emit, int_in, run_labels, run_title
 
 EXAMPLE = (
     "example: replaid diagnose runs/demo --out runs/demo/diagnose --split valid --batches 4 --grid 33\n"
@@ -30,14 +30,14 @@ def register(sub) -> None:
         "--out", required=True, help="folder for curves.csv, gamma_curves.csv, *.png, diagnose.json, ce_overlay.png/csv"
     )
     p.add_argument("--split", default="valid", choices=["train", "valid", "test"], help="split evaluated")
-    p.add_argument("--batches", type=int, default=4, help="evaluation batches averaged")
+    p.add_argument("--batches", type=POSITIVE, default=4, help="evaluation batches averaged")
     p.add_argument(
-        "--batch-size", type=int, default=None, help="evaluation batch size (default: the run's eval.batch_size)"
+        "--batch-size", type=POSITIVE, default=None, help="evaluation batch size (default: the run's eval.batch_size)"
     )
-    p.add_argument("--grid", type=int, default=33, help="points of the t grid in (0, 1)")
+    p.add_argument("--grid", type=int_in(2, 10_000), default=33, help="points of the t grid in (0, 1)")
     p.add_argument("--no-self-cond", action="store_true", help="predict without self-conditioning")
     p.add_argument("--no-ema", action="store_true", help="use the raw weights, not the EMA")
-    p.add_argument("--seed", type=int, default=0, help="seed of the noise draws")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the noise draws")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(func=run)
 
@@ -47,8 +47,7 @@ def run(args) -> int:
     from replaid.methods import Kind
     from replaid.training.loading import load_run
 
-    if args.batches < 1 or args.grid < 2:
-        raise ValueError("--batches must be >= 1 and --grid >= 2")
+    check_out(args.out, protected=tuple(args.runs))
     labels = run_labels(args.runs, args.labels)
     runs = [load_run(p, use_ema=not args.no_ema) for p in args.runs]  # all inputs checked before writing
     for p, r in zip(args.runs, runs):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from replaid.commands import add_command, emit
+from replaid.commands import NONNEGATIVE, POSITIVE, add_command, emit, require_finite
 
 EXAMPLE = "example: replaid eval runs/demo --split valid --json"
 
@@ -18,12 +18,15 @@ def register(sub) -> None:
     )
     e.add_argument(
         "--max-batches",
-        type=int,
+        type=NONNEGATIVE,
         default=None,
         help="batches evaluated, 0 = the whole split (default: the run's eval.max_batches)",
     )
     e.add_argument(
-        "--t-samples", type=int, default=None, help="diffusion times per sequence (default: the run's eval.t_samples)"
+        "--t-samples",
+        type=POSITIVE,
+        default=None,
+        help="diffusion times per sequence (default: the run's eval.t_samples)",
     )
     e.add_argument("--no-ema", action="store_true", help="evaluate the raw weights, not the EMA")
     e.add_argument("--json", action="store_true", help="print one JSON object")
@@ -44,6 +47,7 @@ def run(args) -> int:
     res = evaluate_model(
         run_.model, run_.method, run_.data, cfg, args.split, None, max_batches=cfg.eval.max_batches, progress=True
     )  # bar on stderr
+    require_finite(res, str(run_.ckpt))
     res.update(
         checkpoint=str(run_.ckpt),
         step=run_.step,

@@ -6,7 +6,7 @@ import csv
 import json
 from pathlib import Path
 
-from replaid.commands import add_command, emit, run_labels
+from replaid.commands import NONNEGATIVE, POSITIVE, SEED, add_command, emit, run_labels
 
 EXAMPLE = (
     "example: replaid geometry runs/wiki runs/wiki-ce1 --labels nelbo ce1 --out runs/geometry "
@@ -35,16 +35,18 @@ def register(sub) -> None:
         default=20,
         help="'frequent' tokens: seen at least this often in the run's training split",
     )
-    p.add_argument("--tsne-max", type=int, default=3000, help="t-SNE on at most this many most frequent tokens")
+    p.add_argument("--tsne-max", type=POSITIVE, default=3000, help="t-SNE on at most this many most frequent tokens")
     p.add_argument("--no-tsne", action="store_true", help="skip t-SNE and POS tagging (PCA only)")
     p.add_argument(
         "--pos-split", default="train", choices=["train", "valid", "test"], help="split whose rows are POS-tagged"
     )
-    p.add_argument("--pos-row-len", type=int, default=1024, help="token rows decoded and tagged (paper: 1024)")
-    p.add_argument("--pos-max-rows", type=int, default=0, help="tag at most this many rows (0 = the whole split)")
-    p.add_argument("--knn", type=int, default=10, help="neighbours for the POS agreement score")
+    p.add_argument("--pos-row-len", type=POSITIVE, default=1024, help="token rows decoded and tagged (paper: 1024)")
+    p.add_argument(
+        "--pos-max-rows", type=NONNEGATIVE, default=0, help="tag at most this many rows (0 = the whole split)"
+    )
+    p.add_argument("--knn", type=POSITIVE, default=10, help="neighbours for the POS agreement score")
     p.add_argument("--no-ema", action="store_true", help="the raw weights, not the EMA")
-    p.add_argument("--seed", type=int, default=0, help="t-SNE seed")
+    p.add_argument("--seed", type=SEED, default=0, help="t-SNE seed")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(func=run)
 

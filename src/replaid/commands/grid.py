@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from replaid.commands import add_command, add_run_options, run_manifest_command
+from replaid.commands import add_command, add_run_options, float_in, run_manifest_command
 
 EXAMPLE = """examples:
   replaid grid plan study.yaml --out runs/study                       # cells and seeds from a spec file
@@ -90,7 +90,12 @@ def register(sub) -> None:
     )
     t.add_argument("grid", help="grid folder")
     t.add_argument("--reference", help="the cell paired differences are taken against (absent: the spec's)")
-    t.add_argument("--confidence", type=float, default=0.95, help="confidence of the t-intervals, in (0, 1)")
+    t.add_argument(
+        "--confidence",
+        type=float_in(0, 1, lo_open=True, hi_open=True),
+        default=0.95,
+        help="confidence of the t-intervals, in (0, 1)",
+    )
     t.add_argument("--out", help="folder for report.json/.md/.png (absent: the grid folder)")
     t.add_argument("--title", help="the report's heading")
     t.add_argument("--json", action="store_true", help="print report.json")

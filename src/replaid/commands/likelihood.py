@@ -8,7 +8,7 @@ import math
 import time
 from pathlib import Path
 
-from replaid.commands import add_command, emit, run_title
+from replaid.commands import POSITIVE, SEED, STEPS, add_command, check_out, emit, float_in, run_title
 
 EXAMPLE = (
     "example: replaid likelihood runs/demo --split valid --num-seqs 64 --K 8 --steps 128 "
@@ -26,28 +26,36 @@ def register(sub) -> None:
     )
     p.add_argument("run", help="run directory or checkpoint directory")
     p.add_argument("--split", default="valid", choices=["train", "valid", "test"], help="split scored")
-    p.add_argument("--num-seqs", type=int, default=64, help="number of sequences scored")
-    p.add_argument("--K", type=int, default=8, help="importance samples per sequence (K_max of the K-curve)")
-    p.add_argument("--steps", type=int, default=128, help="Heun steps on the uniform gamma grid")
+    p.add_argument("--num-seqs", type=POSITIVE, default=64, help="number of sequences scored")
+    p.add_argument("--K", type=POSITIVE, default=8, help="importance samples per sequence (K_max of the K-curve)")
+    p.add_argument("--steps", type=STEPS, default=128, help="Heun steps on the uniform gamma grid")
     p.add_argument(
         "--solver",
         default="heun",
         choices=["heun", "dopri5"],
         help="fixed-step Heun, or torchdiffeq's adaptive dopri5 (fixed probes per row)",
     )
-    p.add_argument("--rtol", type=float, default=1e-5, help="dopri5 relative tolerance")
-    p.add_argument("--atol", type=float, default=1e-5, help="dopri5 absolute tolerance")
+    p.add_argument("--rtol", type=float_in(0, lo_open=True), default=1e-5, help="dopri5 relative tolerance")
+    p.add_argument("--atol", type=float_in(0, lo_open=True), default=1e-5, help="dopri5 absolute tolerance")
     p.add_argument(
         "--n-hutch",
-        type=int,
+        type=POSITIVE,
         default=1,
         help="Hutchinson probes per drift evaluation; 2 or more also estimate the upward IWAE bias "
         "their noise causes (hutchinson_bias_nats in the output)",
     )
     p.add_argument("--probe", default="rademacher", choices=["rademacher", "gaussian"], help="Hutchinson probe law")
     p.add_argument("--jvp", default="fd", choices=["fd", "autograd"], help="finite differences or torch.func.jvp")
-    p.add_argument("--fd-step", dest="h", type=float, default=1e-3, help="finite-difference step of --jvp fd")
-    p.add_argument("--h", dest="h", type=float, default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # old spelling
+    p.add_argument(
+        "--fd-step",
+        dest="h",
+        type=float_in(0, 1, lo_open=True),
+        default=1e-3,
+        help="finite-difference step of --jvp fd",
+    )
+    p.add_argument(
+        "--h", dest="h", type=float_in(0, 1, lo_open=True), default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )  # old spelling
     p.add_argument(
         "--selfcond-correction",
         default="on",
@@ -56,8 +64,8 @@ def register(sub) -> None:
     )
     p.add_argument("--no-self-cond", action="store_true", help="evaluate with self-conditioning off")
     p.add_argument("--subsample", default="groups", choices=["groups", "random"], help="K-curve subsampling")
-    p.add_argument("--batch-size", type=int, default=16, help="rows (sequence x sample) per ODE batch")
-    p.add_argument("--seed", type=int, default=0, help="seed of the noise, probes and K-curve subsets")
+    p.add_argument("--batch-size", type=POSITIVE, default=16, help="rows (sequence x sample) per ODE batch")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the noise, probes and K-curve subsets")
     p.add_argument("--no-ema", action="store_true", help="use the raw weights, not the EMA")
     p.add_argument("--out", required=True, help="folder for log_weights.npy, likelihood.json, kcurve.png")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
@@ -92,8 +100,7 @@ def run(args) -> int:
     from replaid.methods import Kind
     from replaid.training.loading import load_run
 
-    if args.num_seqs < 1 or args.K < 1 or args.steps < 1 or args.n_hutch < 1:
-        raise ValueError("--num-seqs, --K, --steps and --n-hutch must be positive")
+    check_out(args.out, protected=(args.run,))
     run_ = load_run(args.run, use_ema=not args.no_ema)
     if run_.method.kind is not Kind.CONTINUOUS:
         raise ValueError(

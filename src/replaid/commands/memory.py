@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from replaid.commands import add_command
+from replaid.commands import POSITIVE, add_command, int_in
 
 EXAMPLE = "example: replaid memory --preset owt-0.1b --per-device-batch 32 --gpu-memory 80GB"
 GPUS = {"H100 80GB": 80e9, "H200 141GB": 141e9}
@@ -16,10 +16,10 @@ def register(sub) -> None:
     )
     p.add_argument("--preset", default="owt-0.1b", help="named preset whose model and batch are estimated")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, as for train")
-    p.add_argument("--per-device-batch", type=int, default=32, help="sequences per device per micro-step")
+    p.add_argument("--per-device-batch", type=POSITIVE, default=32, help="sequences per device per micro-step")
     p.add_argument("--gpu-memory", default="80GB", help="memory per device, e.g. 80GB, 141GB")
     p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16", help="bf16 autocast (GPU default) or fp32")
-    p.add_argument("--vocab", type=int, default=None, help="default: the preset tokenizer's vocabulary")
+    p.add_argument("--vocab", type=int_in(2), default=None, help="default: the preset tokenizer's vocabulary")
     p.add_argument(
         "--presets",
         nargs="*",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from replaid.commands import add_command, emit
+from replaid.commands import POSITIVE, add_command, check_out, emit
 
 EXAMPLE = (
     "example: replaid sample runs/demo --num 128 --json > samples.jsonl && replaid quality samples.jsonl "
@@ -22,7 +22,7 @@ def add_judge_arguments(p) -> None:
         help="Hugging Face causal LM name or local path for GenPPL (default: no GenPPL unless --judge-run)",
     )
     p.add_argument("--judge-run", default=None, help="a replaid AR run (replaid train --method ar) as the judge")
-    p.add_argument("--context", type=int, default=None, help="HF judge context in tokens (default: its maximum)")
+    p.add_argument("--context", type=POSITIVE, default=None, help="HF judge context in tokens (default: its maximum)")
     p.add_argument(
         "--encoder",
         default=None,
@@ -47,7 +47,7 @@ def register(sub) -> None:
         help="MAUVE references: a file (same formats), or [SOURCE:]SPLIT of a corpus cut into pieces "
         "as long as the samples (bare SPLIT: the --judge-run's corpus; default: no MAUVE)",
     )
-    p.add_argument("--batch-size", type=int, default=8, help="judge batch size (sequences)")
+    p.add_argument("--batch-size", type=POSITIVE, default=8, help="judge batch size (sequences)")
     p.add_argument("--device", default="cpu", help="torch device of the judge and the sentence encoder")
     p.add_argument("--out", default=None, help="folder for quality.json (default: print only)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -64,6 +64,7 @@ def run(args) -> int:
         unigram_entropy,
     )
 
+    check_out(args.out, protected=tuple(r for r in (args.samples, args.judge_run) if r))
     texts, ids = read_samples(args.samples)
     if not texts:
         raise ValueError(f"{args.samples} holds no samples")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from replaid.commands import add_command
+from replaid.commands import NONNEGATIVE, POSITIVE, SEED, STEPS, add_command, float_in
 from replaid.sampling.registry import SAMPLER_NAMES
 
 if TYPE_CHECKING:
@@ -30,17 +30,17 @@ def register(sub) -> None:
         help="sampler (default: the method's first: ddpm for RePlaid/Plaid, ancestral for AR, MDLM and "
         "Duo, which refuse the continuous ones)",
     )
-    s.add_argument("--steps", type=int, default=64, help="T, number of sampling steps")
-    s.add_argument("--num", type=int, default=4, help="number of samples")
+    s.add_argument("--steps", type=STEPS, default=64, help="T, number of sampling steps")
+    s.add_argument("--num", type=POSITIVE, default=4, help="number of samples")
     s.add_argument(
         "--length",
-        type=int,
+        type=POSITIVE,
         default=None,
         help="sequence length (default: the run's data.seq_len; with --context, the context's)",
     )
     s.add_argument("--allow-longer", action="store_true", help="allow --length beyond the run's trained length")
-    s.add_argument("--temperature", type=float, default=1.0, help="logit temperature")
-    s.add_argument("--score-temperature", type=float, default=1.0, help="Plaid's score temperature")
+    s.add_argument("--temperature", type=float_in(0, lo_open=True), default=1.0, help="logit temperature")
+    s.add_argument("--score-temperature", type=float_in(0, lo_open=True), default=1.0, help="Plaid's score temperature")
     s.add_argument("--prompt", default=None, help="text fixed at the start of every sample (default: none)")
     s.add_argument(
         "--context",
@@ -65,10 +65,10 @@ def register(sub) -> None:
         action="store_true",
         help="print the context's token positions (stderr) and mark filled spans [[like this]]",
     )
-    s.add_argument("--batch-size", type=int, default=16, help="samples generated at once")
-    s.add_argument("--seed", type=int, default=0, help="seed of the sampling noise")
+    s.add_argument("--batch-size", type=POSITIVE, default=16, help="samples generated at once")
+    s.add_argument("--seed", type=SEED, default=0, help="seed of the sampling noise")
     s.add_argument("--no-self-cond", action="store_true", help="disable self-conditioning while sampling")
-    s.add_argument("--trajectory", type=int, default=0, help="record the argmax text every k steps")
+    s.add_argument("--trajectory", type=NONNEGATIVE, default=0, help="record the argmax text every k steps")
     s.add_argument("--json", action="store_true", help="JSONL: ids, text, sampler, steps, nfe, seconds")
     add_guidance_args(s)
     s.set_defaults(func=run)

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from replaid.commands import add_command, add_run_options, run_manifest_command
+from replaid.commands import POSITIVE, SEED, add_command, add_run_options, float_in, int_in, run_manifest_command
 
 EXAMPLE = """examples:
   replaid scaling plan --methods ar mdlm replaid --budgets 6e18 1e19 3e19 6e19 1e20 --sizes paper --out SWEEP
@@ -32,7 +32,7 @@ def register(sub) -> None:
     p.add_argument(
         "--budgets",
         nargs="+",
-        type=float,
+        type=float_in(0, 1e30, lo_open=True),
         help="compute budgets C in FLOPs (absent: the paper's five, or 1e11 3e11 6e11 for tiny)",
     )
     p.add_argument(
@@ -40,13 +40,13 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--per-budget",
-        type=int,
+        type=int_in(-1),
         default=-1,
         help="sizes per budget around the predicted optimum (0 = all; -1: 9 for paper, 4 for tiny)",
     )
     p.add_argument(
         "--stride",
-        type=int,
+        type=int_in(-1),
         default=-1,
         help="take every STRIDE-th size of the table for a wider bracket (-1: 2 for paper, 1 for tiny)",
     )
@@ -70,10 +70,15 @@ def register(sub) -> None:
     p.add_argument("--protocol", choices=["paper", "tiny"], help="training protocol (absent: that of --sizes)")
     p.add_argument("--out", help="sweep folder (manifest.json/.csv, configs/, runs/)")
     p.add_argument("--force", action="store_true", help="re-plan an existing sweep folder (its runs are kept)")
-    p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation for the GPU-hour estimate")
+    p.add_argument(
+        "--mfu",
+        type=float_in(0, 1, lo_open=True),
+        default=0.4,
+        help="model FLOPs utilisation for the GPU-hour estimate",
+    )
     p.add_argument(
         "--gpu-tflops",
-        type=float,
+        type=float_in(0, lo_open=True),
         default=989.0,
         help="peak bf16 dense TFLOP/s of one GPU for the estimate (989: H100 SXM)",
     )
@@ -106,8 +111,8 @@ def register(sub) -> None:
     )
     f.add_argument("--reference", default="ar", help="the method the compute multipliers compare to")
     f.add_argument("--out", help="folder for fit.json, report.md and the PNG plots (absent: SOURCE/fit)")
-    f.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the intervals")
-    f.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    f.add_argument("--bootstrap", type=POSITIVE, default=1000, help="bootstrap resamples for the intervals")
+    f.add_argument("--seed", type=SEED, default=0, help="bootstrap seed")
     f.add_argument(
         "--crossover",
         nargs=2,
@@ -116,7 +121,9 @@ def register(sub) -> None:
         help="the two methods of the over-training crossover (absent: replaid mdlm when both ran)",
     )
     f.add_argument(
-        "--slice-params", type=float, help="N of the over-training slice plot (absent: a crossover N in the middle)"
+        "--slice-params",
+        type=float_in(0, lo_open=True),
+        help="N of the over-training slice plot (absent: a crossover N in the middle)",
     )
     f.add_argument("--json", action="store_true", help="print every fitted number as one JSON object")
     f.set_defaults(func=run_fit)

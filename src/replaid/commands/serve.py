@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from replaid.commands import add_command
+from replaid.commands import NONNEGATIVE, POSITIVE, STEPS, add_command, int_in
 
 EXAMPLE = "example: replaid serve runs/demo runs/demo-mdlm --port 8000   (then open http://127.0.0.1:8000)"
 
@@ -22,13 +22,15 @@ def register(sub) -> None:
     )
     s.add_argument("runs", nargs="+", metavar="RUN", help="run (or checkpoint) directories to serve")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: this machine only)")
-    s.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
+    s.add_argument("--port", type=int_in(0, 65535), default=8000, help="TCP port to listen on")
     s.add_argument("--device", default="cpu", help="cpu | cuda | auto")
-    s.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    s.add_argument("--max-steps", type=int, default=1024, help="largest number of sampling steps per request")
-    s.add_argument("--max-samples", type=int, default=4, help="largest batch (samples) per request")
-    s.add_argument("--max-length", type=int, default=0, help="longest sequence per request (0: each run's seq_len)")
-    s.add_argument("--max-queue", type=int, default=8, help="generations that may wait per run")
+    s.add_argument("--threads", type=int_in(0, 1024), default=0, help="torch threads (0: torch's default)")
+    s.add_argument("--max-steps", type=STEPS, default=1024, help="largest number of sampling steps per request")
+    s.add_argument("--max-samples", type=POSITIVE, default=4, help="largest batch (samples) per request")
+    s.add_argument(
+        "--max-length", type=NONNEGATIVE, default=0, help="longest sequence per request (0: each run's seq_len)"
+    )
+    s.add_argument("--max-queue", type=POSITIVE, default=8, help="generations that may wait per run")
     s.set_defaults(func=run)
 
 

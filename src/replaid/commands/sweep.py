@@ -6,7 +6,7 @@ import datetime
 import platform
 from pathlib import Path
 
-from replaid.commands import add_command, emit
+from replaid.commands import POSITIVE, SEED, STEPS, add_command, check_out, emit, float_in
 from replaid.commands.quality import add_judge_arguments
 
 EXAMPLE = (
@@ -27,21 +27,25 @@ def register(sub) -> None:
     )
     p.add_argument("run", help="run directory or checkpoint directory to sample from")
     add_judge_arguments(p)
-    p.add_argument("--samplers", nargs="+", default=["ddpm", "ddim", "dpmpp2m", "heun"], help="samplers compared")
-    p.add_argument("--steps", nargs="+", type=int, default=[16, 64, 256], help="step counts of each sampler")
+    p.add_argument(
+        "--samplers", nargs="+", help="samplers compared (default: ddpm ddim dpmpp2m heun; AR/MDLM/Duo: their own)"
+    )
+    p.add_argument(
+        "--steps", nargs="+", type=STEPS, help="step counts of each sampler (default: 16 64 256; AR: data.seq_len)"
+    )
     p.add_argument(
         "--temperatures",
         nargs="*",
-        type=float,
+        type=float_in(0, lo_open=True),
         default=[0.6, 0.7, 0.8, 0.9, 1.0],
         help="logit temperatures of the temperature sweep (none: skip it)",
     )
-    p.add_argument("--temp-sampler", default="ddpm", help="sampler of the temperature sweep")
-    p.add_argument("--temp-steps", type=int, default=64, help="steps of the temperature sweep")
-    p.add_argument("--num", type=int, default=128, help="samples per configuration (and MAUVE references)")
+    p.add_argument("--temp-sampler", help="sampler of the temperature sweep (default: the first of --samplers)")
+    p.add_argument("--temp-steps", type=STEPS, help="steps of the temperature sweep (default: 64; AR: data.seq_len)")
+    p.add_argument("--num", type=POSITIVE, default=128, help="samples per configuration (and MAUVE references)")
     p.add_argument("--split", default="valid", choices=["train", "valid", "test"], help="held-out references")
-    p.add_argument("--batch-size", type=int, default=16, help="samples generated at once")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampling noise")
+    p.add_argument("--batch-size", type=POSITIVE, default=16, help="samples generated at once")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the sampling noise")
     p.add_argument("--device", default="auto", help="torch device of the sampled run (auto: the run's train.device)")
     p.add_argument("--out", required=True, help="folder for sweep.json, sweep.csv, sweep.png, samples/")
     p.add_argument("--json", action="store_true", help="print the points as one JSON object")
@@ -52,30 +56,35 @@ def run(args) -> int:
     from dataclasses import asdict
 
     from replaid.eval.quality import make_judge
+    from replaid.methods import Kind
     from replaid.sampling.registry import SAMPLER_NAMES
     from replaid.sampling.sweep import markdown_table, quality_sweep, write_sweep
     from replaid.training.loading import load_run
 
-    for s in args.samplers + [args.temp_sampler]:
+    for s in (args.samplers or []) + [args.temp_sampler or "ddpm"]:
         if s not in SAMPLER_NAMES:
             raise ValueError(f"unknown sampler {s!r}; choose from {', '.join(SAMPLER_NAMES)}")
-    if min(args.steps + [args.temp_steps]) < 1 or args.num < 2:
-        raise ValueError("--steps and --temp-steps must be positive and --num at least 2")
+    if args.num < 2:
+        raise ValueError(f"--num {args.num}: a sweep needs at least 2 samples per point (MAUVE)")
+    check_out(args.out, protected=tuple(r for r in (args.run, args.judge_run) if r))
     judge = make_judge(args.judge, args.judge_run, args.context, device="cpu" if args.device == "auto" else args.device)
     if judge is None:
         raise ValueError(
             "a sweep needs a GenPPL judge: pass --judge-run AR_RUN (replaid train --method ar) or --judge HF_LM"
         )
     run_ = load_run(args.run, device=args.device)
+    continuous, own, L = run_.method.kind is Kind.CONTINUOUS, run_.method.samplers, run_.cfg.data.seq_len
+    ar = run_.method.kind is Kind.AUTOREGRESSIVE
+    samplers = args.samplers or (["ddpm", "ddim", "dpmpp2m", "heun"] if continuous else list(own[:1]))
     out = Path(args.out)
     pts = quality_sweep(
         run_,
         judge,
-        samplers=args.samplers,
-        steps=args.steps,
+        samplers=samplers,
+        steps=args.steps or ([L] if ar else [16, 64, 256]),
         temperatures=args.temperatures,
-        temp_sampler=args.temp_sampler,
-        temp_steps=args.temp_steps,
+        temp_sampler=args.temp_sampler or samplers[0],
+        temp_steps=args.temp_steps or (L if ar else 64),
         num=args.num,
         split=args.split,
         seed=args.seed,

@@ -67,6 +67,7 @@ def run(args) -> int:
                 raise ConfigError(f"--resume accepts only train.steps=N as an override, got {k}")
             set_key(cfg, k, v)
         cfg.validate()
+        _check_resume_steps(Path(args.out), cfg.train.steps)
     else:
         cfg = resolve(args.preset, args.config, overrides)
     if args.show_config:
@@ -92,3 +93,17 @@ def run(args) -> int:
     if main_rank:
         print(json.dumps({k: res[k] for k in ("step", "wall_seconds", "eval") if k in res}, indent=2))
     return 0
+
+
+def _check_resume_steps(run_dir: Path, steps: int) -> None:
+    """Refuse ``--resume train.steps=N`` below the step the run has reached (it would do nothing)."""
+    from replaid.config import ConfigError
+    from replaid.training import checkpoint as ck
+
+    ckpt = ck.latest_checkpoint(run_dir)
+    at = ck.load_state(ckpt)["step"] if ckpt is not None else 0
+    if isinstance(at, int) and at > steps:
+        raise ConfigError(
+            f"--resume: {run_dir} is at step {at}, beyond train.steps={steps}; pass train.steps={at} or more "
+            f"to train on, or evaluate it with 'replaid eval {run_dir}'"
+        )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from replaid.commands import add_command
+from replaid.commands import NONNEGATIVE, POSITIVE, add_command, check_out, require_finite
 
 EXAMPLE = """example: replaid zeroshot runs/ar runs/mdlm runs/replaid --datasets wikitext2 ptb --out runs/zeroshot
 datasets: wikitext2 wikitext103 ptb lambada lm1b ag_news pubmed arxiv (local files in --data-dir, else the Hub)"""
@@ -27,10 +27,10 @@ def register(sub) -> None:
     )
     e.add_argument("--split", default=None, help="override each set's protocol split (validation/test)")
     e.add_argument("--data-dir", default="../shared/data/zeroshot", help="local NAME/SPLIT.txt|jsonl files")
-    e.add_argument("--batch-size", type=int, default=8, help="wrapped rows per forward pass")
-    e.add_argument("--max-rows", type=int, default=0, help="score only the first N wrapped rows (0 = all)")
+    e.add_argument("--batch-size", type=POSITIVE, default=8, help="wrapped rows per forward pass")
+    e.add_argument("--max-rows", type=NONNEGATIVE, default=0, help="score only the first N wrapped rows (0 = all)")
     e.add_argument(
-        "--t-samples", type=int, default=None, help="diffusion times per row (default: the run's eval.t_samples)"
+        "--t-samples", type=POSITIVE, default=None, help="diffusion times per row (default: the run's eval.t_samples)"
     )
     e.add_argument("--no-ema", action="store_true", help="score the raw weights, not the EMA")
     e.add_argument("--out", default=None, help="folder for zeroshot.json and zeroshot.md")
@@ -42,14 +42,14 @@ def run(args) -> int:
     from replaid.eval.zeroshot import markdown_table, zeroshot_run
     from replaid.training.loading import load_run
 
-    if args.out and Path(args.out).exists() and any(Path(args.out).glob("zeroshot.*")):
-        raise ValueError(f"--out {args.out} already holds zeroshot results; choose a new folder")
+    check_out(args.out, protected=tuple(args.runs), names=("zeroshot.json", "zeroshot.md"))
     results = {}
     for path in args.runs:
         r = load_run(path, use_ema=not args.no_ema)
         res = zeroshot_run(
             r, args.datasets, args.data_dir, args.split, args.batch_size, args.max_rows, args.t_samples, progress=True
         )
+        require_finite(res, path)
         label = path if path not in results else f"{path} ({len(results)})"
         results[label] = {
             "method": r.cfg.method,

@@ -277,17 +277,39 @@ def mauve_score(p_features: np.ndarray, q_features: np.ndarray, seed: int = 25, 
 
 def read_samples(path: str) -> tuple[list[str], Optional[list[list[int]]]]:
     """Texts (and ids when every JSONL row has them) from a JSONL (``replaid sample --json``) or a
-    plain-text file (one sample a line)."""
+    plain-text file (one sample a line). Schema-checked: UTF-8, one JSON object a line with a string
+    ``text`` and, optionally, ``ids`` a list of non-negative whole numbers; errors name line and field."""
     p = Path(path)
+    if not p.exists():
+        raise ValueError(f"{p} does not exist; pass the JSONL written by 'replaid sample --json' or a .txt")
     if not p.is_file():
-        raise FileNotFoundError(f"{p} does not exist; pass the JSONL written by 'replaid sample --json' or a .txt")
-    lines = [ln for ln in p.read_text().splitlines() if ln.strip()]
-    if p.suffix in (".jsonl", ".json"):
-        rows = [json.loads(ln) for ln in lines]
-        texts = [r["text"] for r in rows]
-        ids = [r["ids"] for r in rows] if all("ids" in r for r in rows) else None
-        return texts, ids
-    return lines, None
+        raise ValueError(f"{p} is not a regular file (a folder, pipe or device); pass a JSONL or .txt file")
+    try:
+        raw = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{p} is not UTF-8 text (byte {e.start}); convert it to UTF-8 first") from None
+    numbered = [(i, ln) for i, ln in enumerate(raw.splitlines(), 1) if ln.strip()]
+    if p.suffix not in (".jsonl", ".json"):
+        return [ln for _, ln in numbered], None
+    texts, ids = [], []
+    for i, ln in numbered:
+        try:
+            r = json.loads(ln)
+        except ValueError as e:
+            raise ValueError(f"{p} line {i}: not JSON ({e.msg}); write one JSON object a line") from None
+        if not isinstance(r, dict):
+            raise ValueError(f'{p} line {i}: a JSON {type(r).__name__}, not an object with a "text" field')
+        if not isinstance(r.get("text"), str):
+            raise ValueError(f'{p} line {i}: field "text" is {"missing" if "text" not in r else "not a string"}')
+        texts.append(r["text"])
+        row_ids = r.get("ids")
+        if row_ids is not None and not (
+            isinstance(row_ids, list)
+            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in row_ids)
+        ):
+            raise ValueError(f'{p} line {i}: field "ids" must be a list of token ids (whole numbers >= 0)')
+        ids.append(row_ids)
+    return texts, (ids if ids and all(x is not None for x in ids) else None)
 
 
 def reference_windows(run, split: str, n: int, offset: int = 0) -> tuple[list[str], list[list[int]]]:

@@ -215,6 +215,7 @@ def write_folder(out: Path, state: dict, weights: dict[str, torch.Tensor], token
         save_file(
             {k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"}
         )
+        state = {**state, "sha256": {"model.safetensors": ck.sha256_file(tmp / "model.safetensors")}}
         (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")
         (tmp / "config.json").write_text(
             json.dumps(hf_config(cfg, state["vocab_size"], state["step"], state["weights"]), indent=2) + "\n"

@@ -59,8 +59,20 @@ def read_peer(folder: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
         raise CheckpointError(
             f"{d} has no model.safetensors (pickled .bin/.ckpt files are not read); use the Hub's safetensors revision"
         )
-    cfg = json.loads((d / "config.json").read_text())
-    sd = load_file(str(d / "model.safetensors"))
+    try:
+        cfg = json.loads((d / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(
+            f"{d / 'config.json'} is not readable JSON ({e.__class__.__name__}); restore it"
+        ) from None
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{d / 'config.json'} holds a {type(cfg).__name__}, not a config object; restore it")
+    try:
+        sd = load_file(str(d / "model.safetensors"))
+    except Exception as e:  # safetensors raises its own error types
+        raise CheckpointError(
+            f"{d / 'model.safetensors'} is not a readable safetensors file ({e.__class__.__name__}); download it again"
+        ) from None
     return cfg, {k[len("backbone.") :] if k.startswith("backbone.") else k: v for k, v in sd.items()}
 
 
@@ -207,7 +219,13 @@ def convert(kind: str, src: str, out: str, overrides: list[str]) -> Path:
         )
     else:
         cfg_in, sd = read_peer(src)
-        shape, weights = (mdlm_to_tokendit if kind == "mdlm" else duo_to_tokendit)(cfg_in, sd)
+        try:
+            shape, weights = (mdlm_to_tokendit if kind == "mdlm" else duo_to_tokendit)(cfg_in, sd)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+            raise CheckpointError(
+                f"{src} is not a complete {kind} checkpoint (config.json key or tensor {e} missing or "
+                f"malformed: {e.__class__.__name__}); pass the peer's own Hub folder"
+            ) from None
     cfg = run_config(kind, shape, overrides)
     data = DataPipeline(cfg, None, train=False)
     if data.vocab_size != shape["vocab"]:

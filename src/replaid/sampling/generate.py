@@ -119,9 +119,58 @@ def generate(run, request: SampleRequest, callback: Optional[Callback] = None) -
     plan = request.check(method, run.tokenizer, run.cfg.data.seq_len)
     L = request.length_for(run.cfg.data.seq_len, plan)
     sampler = get_sampler(method, request.sampler)
+    check_memory(run, request, L)
     if method.kind is Kind.CONTINUOUS:
         return _continuous(run, request, sampler, plan, L, callback)
     return _discrete(run, request, sampler, L, callback)
+
+
+def check_memory(run, req: SampleRequest, L: int, free: Optional[float] = None) -> None:
+    """Refuse a request whose estimated peak (:func:`replaid.training.memory.sampling_estimate`) exceeds
+    90% of the memory free on the model's device, before anything is allocated, saying what fits."""
+    from replaid.training.memory import free_bytes, sampling_estimate
+
+    dev = next(run.model.parameters()).device
+    free = free_bytes(dev) if free is None else free
+    if free is None:
+        return
+    budget = 0.9 * free
+    n_params = sum(p.numel() for p in run.model.parameters())
+    V = run.data.vocab_size
+
+    def peak(rows: int, length: int, num: int) -> float:
+        return sampling_estimate(run.cfg, V, n_params, rows, length, num).peak
+
+    rows = min(req.batch_size, req.num)
+    est = sampling_estimate(run.cfg, V, n_params, rows, L, req.num)
+    if est.peak <= budget:
+        return
+
+    def largest(fits: Callable[[int], bool], hi: int) -> int:
+        lo = 0
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
+
+    if peak(1, L, req.num) > budget:
+        n = largest(lambda k: peak(min(rows, k), L, k) <= budget, req.num)
+        k = largest(lambda k: peak(1, k, req.num) <= budget, L)
+        hints = ([f"--num {n} or less"] if n >= 1 else []) + (
+            [f"--length {k} or less with --batch-size 1"] if k >= 2 else []
+        )
+        hint = "use " + " or ".join(hints) if hints else "the run's weights alone do not fit: use a larger device"
+    else:
+        hint = f"use --batch-size {largest(lambda k: peak(k, L, req.num) <= budget, rows)} or less"
+    parts = ", ".join(f"{k} {_size(v)}" for k, v in est.parts.items() if v >= 0.01 * est.peak)
+    raise ValueError(
+        f"sampling {req.num} x {L} tokens, {rows} at a time, needs about {_size(est.peak)} ({parts}) "
+        f"but {dev.type} has {_size(free)} free; {hint}"
+    )
+
+
+def _size(b: float) -> str:
+    return f"{b / 1e12:.3g} TB" if b >= 1e12 else f"{b / 1e9:.3g} GB"
 
 
 def _continuous(

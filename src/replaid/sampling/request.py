@@ -121,6 +121,12 @@ class SampleRequest:
         if self.context:
             plan = plan_infill(tok, self.context, self.infill, self.infill_chars, self.length)
         L = self.length_for(trained_len, plan)
+        if plan is not None and self.length is None and L > trained_len and not self.allow_longer:
+            what = f"--infill {self.infill}" if self.infill else "--context"
+            raise ConfigError(
+                f"{what} makes samples {L} tokens long, beyond the run's trained length (data.seq_len="
+                f"{trained_len}); keep spans and context within {trained_len} tokens or pass --allow-longer"
+            )
         if self.prompt:
             prompt_ids(tok, self.prompt, L)  # raises when it leaves nothing to generate
         self._check_numbers(L, trained_len)

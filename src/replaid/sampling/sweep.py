@@ -64,10 +64,18 @@ def quality_sweep(
     from tqdm.auto import tqdm
 
     method = run.method
-    if method.kind is not Kind.CONTINUOUS:  # AR/MDLM/Duo: their own sampler; AR ignores the step count
-        samplers, temp_sampler = list(method.samplers), method.samplers[0]
-        if method.kind is Kind.AUTOREGRESSIVE:
-            steps, temp_steps = [run.cfg.data.seq_len], run.cfg.data.seq_len
+    foreign = [s for s in [*samplers, temp_sampler] if s not in method.samplers]
+    if foreign:  # AR/MDLM/Duo have their own sampler: refused, never silently swapped
+        raise ValueError(
+            f"sampler {foreign[0]} is not one of this {method.name} run's ({', '.join(method.samplers)}); "
+            f"pass --samplers {method.samplers[0]} or leave --samplers out"
+        )
+    L = run.cfg.data.seq_len
+    if method.kind is Kind.AUTOREGRESSIVE and any(T != L for T in [*steps, temp_steps]):
+        raise ValueError(
+            f"an AR run generates one token per step: --steps/--temp-steps must be {L} (its data.seq_len); "
+            f"leave them out"
+        )
     ref_texts, _ = reference_windows(run, split, num)
     ref_feat = sentence_features(ref_texts, encoder)
     configs = [("steps", s, T, 1.0) for s in samplers for T in steps]

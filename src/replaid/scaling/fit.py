@@ -52,11 +52,14 @@ def read_points(source: str | Path) -> list[dict]:
         rows = results_table(p)
         if not rows:
             raise ValueError(f"sweep {p} has no finished run yet; run 'replaid scaling run {p}' first")
-        return rows
+        return _finite(rows, f"sweep {p}")
     if not p.is_file():
         raise FileNotFoundError(f"{p} is neither a sweep folder nor a CSV file; pass one made by 'replaid scaling'")
-    with open(p, newline="") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        with open(p, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{p} is not UTF-8 text (byte {e.start}); pass a CSV file") from None
     need = {"method", "flops", "params", "loss"}
     if not rows or not need <= set(rows[0]):
         raise ValueError(
@@ -80,7 +83,19 @@ def read_points(source: str | Path) -> list[dict]:
         if d["flops"] <= 0 or d["params"] <= 0 or d["loss"] <= 0:
             raise ValueError(f"{p} line {i}: flops, params and loss must be positive")
         out.append(d)
-    return out
+    return _finite(out, str(p))
+
+
+def _finite(rows: list[dict], where: str) -> list[dict]:
+    """``rows``, refused when a number is NaN/Inf (a diverged run must not reach a fit)."""
+    for i, r in enumerate(rows):
+        bad = [k for k, v in r.items() if isinstance(v, float) and not math.isfinite(v)]
+        if bad:
+            name = r.get("id") or f"line {i + 2}"
+            raise ValueError(
+                f"{where} {name}: {bad[0]} is {r[bad[0]]} (not finite); drop or rerun that run before fitting"
+            )
+    return rows
 
 
 def group_budgets(rows: list[dict]) -> list[float]:

@@ -289,6 +289,10 @@ def write_plan(plan: Plan, sweep: Path, force: bool = False) -> Path:
     man = sweep / "manifest.json"
     if man.exists() and not force:
         raise ConfigError(f"{man} exists; pick a new --out, or pass --force to re-plan that sweep (runs are kept)")
+    if sweep.exists() and not sweep.is_dir():
+        raise ConfigError(f"--out {sweep} is a file; choose a folder for the sweep")
+    if sweep.is_dir() and not man.exists() and any(sweep.iterdir()):
+        raise ConfigError(f"--out {sweep} is a non-empty folder that holds no sweep; choose a new or empty folder")
     (sweep / "configs").mkdir(parents=True, exist_ok=True)
     for e in plan.entries:
         (sweep / e.config).write_text(e._cfg.to_json())  # type: ignore[attr-defined]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -28,7 +29,7 @@ from replaid.config import ConfigError, RunConfig
 from replaid.eval.evaluate import evaluate
 from replaid.training import checkpoint as ck
 from replaid.training import runfolder
-from replaid.training.train import train
+from replaid.training.train import PREEMPTED_EXIT, Preempted, preemption_signals, train
 
 
 class ManifestEntry(Protocol):
@@ -148,6 +149,9 @@ def _train_inprocess(sweep: Path, e: ManifestEntry, log) -> int:
             res = train_entry(sweep, e, resume=run_status(sweep, e)[0] == "partial")
             print(json.dumps({k: res[k] for k in ("step", "eval") if k in res}, indent=2))
             return 0
+        except Preempted as e:  # its checkpoint is saved: the next 'scaling run' (or the requeue) resumes it
+            print(f"replaid: preempted: {e}")
+            return PREEMPTED_EXIT
         except Exception:  # one failed run must not end the sweep
             traceback.print_exc()
             return 1
@@ -203,40 +207,57 @@ def run_local(
     )
     results, running = [], []
     queue = list(todo)
-    while queue or running:
-        while queue and len(running) < max(1, max_parallel):
-            e = queue.pop(0)
-            job = RunJob(str(sweep), e, python, prefix)
-            if python == INPROCESS:
-                t0 = time.time()
-                r = job()
-                results.append({**r, "seconds": time.time() - t0})
-                bar.update(e.cost())
-                log(f"{e.id}: {r['state']} (exit {r['returncode']}); " + progress_line(sweep, entries))
-                continue
-            logf = Path(sweep) / "logs" / f"{e.id}.log"
-            logf.parent.mkdir(parents=True, exist_ok=True)
-            f = open(logf, "a")
-            cmd = job._cmd()
-            f.write(f"$ {shlex.join(cmd)}\n")
-            f.flush()
-            running.append((e, subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=_env()), f, time.time()))
-        time.sleep(0.2)
-        for item in list(running):
-            e, p, f, t0 = item
-            if p.poll() is None:
-                continue
-            f.close()
-            running.remove(item)
-            state = run_status(sweep, e)[0]
-            results.append({"id": e.id, "state": state, "returncode": p.returncode, "seconds": time.time() - t0})
-            bar.update(e.cost())
-            msg = f"{e.id}: {state} (exit {p.returncode}, {time.time() - t0:.0f}s)"
-            if state != "done":
-                msg += f"; see {Path(sweep) / 'logs' / (e.id + '.log')}"
-            log(msg + "; " + progress_line(sweep, entries))
+    with preemption_signals() as got:  # SIGTERM/SIGUSR1: forwarded to the runs, which save and stop; none starts
+        while queue or running:
+            _step_local(sweep, entries, queue, running, results, max_parallel, python, prefix, bar, log, got)
     bar.close()
     return results
+
+
+def _step_local(sweep, entries, queue, running, results, max_parallel, python, prefix, bar, log, got) -> None:
+    """One turn of :func:`run_local`: start what may start, then collect what ended."""
+    if "signal" in got:
+        if queue:
+            log(f"{got['signal']}: stopping; {len(queue)} run(s) not started, running ones save and stop")
+        queue.clear()
+        for e, p, f, t0 in running:
+            if p.poll() is None and not got.get(e.id):
+                p.send_signal(signal.SIGTERM)
+                got[e.id] = True
+    while queue and len(running) < max(1, max_parallel):
+        e = queue.pop(0)
+        job = RunJob(str(sweep), e, python, prefix)
+        if python == INPROCESS:
+            t0 = time.time()
+            r = job()
+            results.append({**r, "seconds": time.time() - t0})
+            bar.update(e.cost())
+            log(f"{e.id}: {r['state']} (exit {r['returncode']}); " + progress_line(sweep, entries))
+            if r["returncode"] == PREEMPTED_EXIT:
+                got.setdefault("signal", "preempted")
+                queue.clear()
+            continue
+        logf = Path(sweep) / "logs" / f"{e.id}.log"
+        logf.parent.mkdir(parents=True, exist_ok=True)
+        f = open(logf, "a")
+        cmd = job._cmd()
+        f.write(f"$ {shlex.join(cmd)}\n")
+        f.flush()
+        running.append((e, subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=_env()), f, time.time()))
+    time.sleep(0.2)
+    for item in list(running):
+        e, p, f, t0 = item
+        if p.poll() is None:
+            continue
+        f.close()
+        running.remove(item)
+        state = run_status(sweep, e)[0]
+        results.append({"id": e.id, "state": state, "returncode": p.returncode, "seconds": time.time() - t0})
+        bar.update(e.cost())
+        msg = f"{e.id}: {state} (exit {p.returncode}, {time.time() - t0:.0f}s)"
+        if state != "done":
+            msg += f"; see {Path(sweep) / 'logs' / (e.id + '.log')}"
+        log(msg + "; " + progress_line(sweep, entries))
 
 
 def run_submitit(

@@ -14,12 +14,17 @@ Guarantees (each tested by fault injection in ``tests/test_crash_safety.py``):
   removed or replaced, so a crash at any point leaves a loadable run;
 * the same step is never written twice (a second save of the step ``LATEST`` names is a no-op);
 * a checkpoint with a NaN/Inf weight is never written;
+* ``state.json`` records the sha256 of every tensor file (``"sha256": {file: hex}``); a load checks the
+  file against it and names a file that changed (a flipped bit, a truncation) in one line, unless
+  verification is off (``replaid --no-verify``: :data:`VERIFY`). Checkpoints written before have no
+  hashes and load unchecked;
 * when ``LATEST`` is missing, names something outside ``checkpoints/`` or an incomplete folder, the
   newest complete ``step_N`` is used and a warning says so.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -38,6 +43,7 @@ from replaid.config import ConfigError, RunConfig
 from replaid.fileio import atomic_write_text, fsync_dir, fsync_file
 
 STEP_NAME = re.compile(r"step_\d{7,}")
+VERIFY = True  # check tensor files against the sha256 in state.json (``replaid --no-verify`` turns it off)
 STATE_KEYS = ("step", "config", "method", "vocab_size", "method_state", "data_state")  # what resuming needs
 
 
@@ -51,6 +57,14 @@ def warn(msg: str) -> None:
 
 def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2))
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def step_name(step: int) -> str:
@@ -125,7 +139,8 @@ def save_checkpoint(
             _write_json(tmp / "optimizer.json", meta)
         if rng:
             save_file({k: v.contiguous() for k, v in rng.items()}, str(tmp / "rng.safetensors"))
-        _write_json(tmp / "state.json", {**state, "step": step})
+        hashes = {f.name: sha256_file(f) for f in sorted(tmp.glob("*.safetensors"))}
+        _write_json(tmp / "state.json", {**state, "step": step, "sha256": hashes})
         for f in tmp.iterdir():
             fsync_file(f)
         fsync_dir(tmp)
@@ -215,6 +230,10 @@ def find_checkpoint(path: str | Path) -> Path:
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"no run or checkpoint at {p}; pass a run directory made by 'replaid train --out DIR'")
+    if not p.is_dir():
+        raise CheckpointError(
+            f"{p} is a file, not a run or checkpoint folder; pass the folder that holds it ({p.parent})"
+        )
     if (p / "state.json").is_file() and (p / "model.safetensors").is_file():
         return p
     ckpt = latest_checkpoint(p)
@@ -263,14 +282,15 @@ def load_state(ckpt: Path, need: tuple[str, ...] = ("step",)) -> dict:
     return st
 
 
-def load_optimizer(ckpt: Path) -> Optional[dict]:
-    """The optimizer state dict saved in ``ckpt``, or None when it has none."""
+def load_optimizer(ckpt: Path, sha256: Optional[str] = None) -> Optional[dict]:
+    """The optimizer state dict saved in ``ckpt``, or None when it has none (``sha256``: as for
+    :func:`load_tensors`)."""
     f = ckpt / "optimizer.json"
     if not f.is_file():
         return None
     try:
         meta = json.loads(f.read_text())
-        tensors = load_tensors(ckpt, "optimizer")
+        tensors = load_tensors(ckpt, "optimizer", sha256)
         return optimizer_from_tensors(tensors or {}, meta)
     except CheckpointError:
         raise
@@ -281,10 +301,18 @@ def load_optimizer(ckpt: Path) -> Optional[dict]:
         ) from None
 
 
-def load_tensors(ckpt: Path, name: str) -> Optional[dict[str, torch.Tensor]]:
+def load_tensors(ckpt: Path, name: str, sha256: Optional[str] = None) -> Optional[dict[str, torch.Tensor]]:
+    """``ckpt/NAME.safetensors`` (None when absent), checked against ``sha256`` when given and
+    :data:`VERIFY` is on."""
     f = ckpt / f"{name}.safetensors"
     if not f.is_file():
         return None
+    if sha256 is not None and VERIFY and sha256_file(f) != sha256:
+        raise CheckpointError(
+            f"checkpoint file {f} does not match the sha256 recorded in {ckpt / 'state.json'}: it was "
+            f"damaged after it was written; remove {ckpt} to fall back on an earlier checkpoint, or "
+            f"pass 'replaid --no-verify' to load it anyway"
+        )
     try:
         return load_file(str(f))
     except Exception as e:  # safetensors raises its own error types
@@ -342,7 +370,13 @@ class Stored:
 
     def tensors(self, name: str) -> Optional[dict[str, torch.Tensor]]:
         """``model`` / ``ema`` / ``optimizer`` / ``rng`` tensors, None when the file is absent."""
-        return load_tensors(self.path, name)
+        return load_tensors(self.path, name, self.sha256(name))
+
+    def sha256(self, name: str) -> Optional[str]:
+        """The recorded sha256 of ``NAME.safetensors`` (None in checkpoints written before hashes)."""
+        rec = self.state.get("sha256")
+        h = rec.get(f"{name}.safetensors") if isinstance(rec, dict) else None
+        return h if isinstance(h, str) else None
 
     def weights(self, ema: bool = True) -> tuple[dict[str, torch.Tensor], bool]:
         """(network weights, whether they are the EMA file's): the EMA when asked for and stored, else
@@ -363,4 +397,4 @@ class Stored:
         return w, from_ema
 
     def optimizer(self) -> Optional[dict]:
-        return load_optimizer(self.path)
+        return load_optimizer(self.path, self.sha256("optimizer"))

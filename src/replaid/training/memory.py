@@ -185,3 +185,38 @@ def measure(cfg, V: int, batch: int) -> float:
         heap.reset_peak()
         tr.train_step(tokens, log=False)
     return float(heap.peak)
+
+
+SAMPLE_TOKEN_BYTES = 64  # one kept sample token: its id in a Python list, its share of the text and JSON
+
+
+def sampling_estimate(cfg, V: int, n_params: int, rows: int, L: int, num: int) -> MemoryEstimate:
+    """Peak bytes of sampling ``num`` sequences of ``L`` tokens, ``rows`` at a time (no autograd): the
+    float32 weights, one batch's forward (the residual stream and block temporaries, the (rows L, V)
+    logits with their softmax and a copy, the latent state and its sampler buffers) and the kept
+    samples. A first-order count (module docstring's per-token terms), made to refuse what cannot fit."""
+    m = cfg.model
+    T, f = rows * L, 4
+    e = {
+        "parameters": f * n_params,
+        "batch forward": T * f * (8 + 2 * m.mlp_ratio) * m.hidden,
+        "batch logits (rows L, V)": 3 * T * V * f,
+        "batch state": 8 * T * f * m.d_e,
+        "samples kept": num * L * SAMPLE_TOKEN_BYTES,
+    }
+    return MemoryEstimate(e, sum(e.values()))
+
+
+def free_bytes(device: torch.device) -> float | None:
+    """Memory free for a new allocation on ``device`` (CUDA: free device memory; CPU: the kernel's
+    MemAvailable), or None when it cannot be told."""
+    if device.type == "cuda":
+        return float(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

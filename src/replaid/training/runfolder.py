@@ -3,7 +3,7 @@ state it is in (for sweeps: skip finished runs, resume interrupted ones).
 
 ``claim(run_dir, ...)`` takes an exclusive ``filelock`` on ``RUN/.lock`` (released by the kernel
 when the process dies, even by SIGKILL), records the holder (pid, host, start time) in
-``RUN/.lock.owner``, refuses a folder that already holds a run unless ``resume`` or ``overwrite``,
+``RUN/.lock.owner`` while it holds the lock (removed on release), refuses a folder that already holds a run unless ``resume`` or ``overwrite``,
 and removes the temporaries an interrupted save left behind.
 """
 
@@ -17,7 +17,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from filelock import FileLock, Timeout
 
@@ -62,15 +62,28 @@ def _acquire(run_dir: Path) -> FileLock:
 
 def check_free(run_dir: Path) -> None:
     """Raise the in-use error now if a trainer holds ``run_dir`` (an existing folder)."""
-    if Path(run_dir).is_dir():
+    if (Path(run_dir) / LOCK).is_file():  # no lock file: nobody holds it (and none is made here)
         _acquire(Path(run_dir)).release()
 
 
 @contextmanager
-def lock(run_dir: Path) -> Iterator[None]:
-    """Hold ``RUN/.lock`` for the duration, or fail at once naming the holder."""
+def lock(run_dir: Path, check: Optional[Callable[[], None]] = None) -> Iterator[None]:
+    """Hold ``RUN/.lock`` for the duration, or fail at once naming the holder. ``check`` runs once the
+    lock is held and before anything is written: when it refuses, the folder is left as it was (a lock
+    file or folder this call made is removed again, ``.lock.owner`` is not touched)."""
     run_dir = Path(run_dir)
+    created, had_lock = not run_dir.exists(), (run_dir / LOCK).exists()
     fl = _acquire(run_dir)
+    try:
+        if check is not None:
+            check()
+    except BaseException:
+        if not had_lock:
+            (run_dir / LOCK).unlink(missing_ok=True)
+        fl.release()
+        if created:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     try:
         owner = {
             "pid": os.getpid(),
@@ -80,7 +93,14 @@ def lock(run_dir: Path) -> Iterator[None]:
         atomic_write_text(run_dir / OWNER, json.dumps(owner))
         yield
     finally:
+        (run_dir / OWNER).unlink(missing_ok=True)  # it names the holder while held, and only then
         fl.release()
+
+
+def _run_files(run_dir: Path, resume: bool) -> list[str]:
+    """The run files in ``run_dir`` (a lone ``tokenizer/`` of a start killed before its config.json is none)."""
+    present = [n for n in RUN_FILES if (run_dir / n).exists()]
+    return [] if present == ["tokenizer"] and not resume else present
 
 
 @contextmanager
@@ -88,17 +108,22 @@ def claim(run_dir: Path, *, resume: bool = False, overwrite: bool = False) -> It
     """Lock ``run_dir`` for a trainer.
 
     Refuses a folder holding a run unless ``resume`` (continue it) or ``overwrite`` (its run files are
-    deleted first); removes stale temporaries (``.step_*`` folders, ``.NAME.tmp.PID`` files). A new
-    run exists once :func:`begin` wrote its ``config.json``; a start that fails before that leaves
-    nothing behind (a folder this call created is removed again).
+    deleted first), and a non-empty folder holding no run; a refusal changes nothing (lock files
+    included). Removes stale temporaries (``.step_*`` folders, ``.NAME.tmp.PID`` files). A new run
+    exists once :func:`begin` wrote its ``config.json``; a start that fails before that leaves nothing
+    behind (a folder this call created is removed again).
     """
     run_dir = Path(run_dir)
     created = not run_dir.exists()
-    with lock(run_dir), _undo_failed_start(run_dir, created and not resume):
-        present = [n for n in RUN_FILES if (run_dir / n).exists()]
-        if present == ["tokenizer"] and not resume:  # a start killed before its config.json: no run yet
-            shutil.rmtree(run_dir / "tokenizer")
-            present = []
+
+    def check() -> None:
+        present = _run_files(run_dir, resume)
+        foreign = [q.name for q in run_dir.iterdir() if q.name not in (*RUN_FILES, LOCK, OWNER)]
+        if foreign and not present and not resume:
+            raise RunFolderError(
+                f"--out {run_dir} is a non-empty folder that holds no run ({', '.join(sorted(foreign)[:3])}); "
+                f"choose a new or empty folder"
+            )
         if present and not (resume or overwrite):
             raise RunFolderError(
                 f"run folder {run_dir} already holds a run ({', '.join(present)}); pass --resume "
@@ -106,10 +131,14 @@ def claim(run_dir: Path, *, resume: bool = False, overwrite: bool = False) -> It
             )
         if resume and not (run_dir / "config.json").is_file():
             raise RunFolderError(f"--resume: {run_dir} has no config.json; start a run there without --resume first")
+
+    with lock(run_dir, check), _undo_failed_start(run_dir, created and not resume):
+        if (run_dir / "tokenizer").exists() and not _run_files(run_dir, resume) and not resume:
+            shutil.rmtree(run_dir / "tokenizer")  # a start killed before its config.json: no run yet
         if overwrite and not resume:
-            for n in present:
-                p = run_dir / n
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
+            for n in _run_files(run_dir, resume):
+                q = run_dir / n
+                shutil.rmtree(q) if q.is_dir() else q.unlink()
         remove_stale(run_dir)
         yield
 

@@ -13,7 +13,7 @@ import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +32,39 @@ from replaid.training.metrics_log import DeviceMeans, MetricsLogger
 
 class TrainingDiverged(RuntimeError):
     """Too many non-finite steps in a row (one-line message: likely causes, last good checkpoint)."""
+
+
+PREEMPTED_EXIT = 75  # EX_TEMPFAIL: stopped by SIGTERM/SIGUSR1 with a checkpoint saved; requeue and --resume
+PREEMPT_SIGNALS = ("SIGTERM", "SIGUSR1")  # what SLURM (and submitit, timeout, docker stop) send first
+
+
+class Preempted(RuntimeError):
+    """Training stopped by a preemption signal after saving a checkpoint at a step boundary."""
+
+
+@contextmanager
+def preemption_signals() -> Iterator[dict]:
+    """Catch SIGTERM/SIGUSR1 for the duration (main thread only): the returned dict gets ``signal``
+    set to the signal's name; the loop saves a checkpoint at the next step boundary and stops
+    (:class:`Preempted`). The previous handlers are restored afterwards."""
+    import signal
+    import threading
+
+    got: dict = {}
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+    sigs = [getattr(signal, n) for n in PREEMPT_SIGNALS if hasattr(signal, n)]
+
+    def handler(signum, frame):
+        got["signal"] = signal.Signals(signum).name
+
+    old = {s: signal.signal(s, handler) for s in sigs}
+    try:
+        yield got
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 # ------------------------------------------------------------------ optimiser, LR, EMA
@@ -389,31 +422,41 @@ def _train(
     bar = log.progress(total=cfg.train.steps, initial=trainer.step, disable=not progress)
     show = progress and dist.is_main()  # evaluation bars (stderr)
     t0, tokens_seen = time.time(), 0
-    while trainer.step < end:
-        mbs = [next(data.train_iter) for _ in range(cfg.train.grad_accum)]
-        logging = (trainer.step + 1) % cfg.train.log_every == 0 or trainer.step + 1 == end
-        m = trainer.train_step(mbs, log=logging)
-        tokens_seen += micro * cfg.train.grad_accum * dist.world_size() * cfg.data.seq_len
-        bar.update(1)
-        _guard_nonfinite(trainer, m, run_dir, log)
-        if logging:
-            m["tokens_per_s"] = tokens_seen / max(time.time() - t0, 1e-9)
-            trainer.history.append({k: v for k, v in m.items() if isinstance(v, (int, float))})
-            log.log(trainer.step, m)
-            bar.set_postfix(loss=f"{m.get('loss', float('nan')):.3f}", B_r=m.get("B_r", "-"))
-        if cfg.train.eval_every and trainer.step % cfg.train.eval_every == 0 and trainer.step < end:
-            log.log(
-                trainer.step,
-                {
-                    f"eval/{k}": v
-                    for k, v in evaluate(trainer, data, progress=show).items()
-                    if isinstance(v, (int, float))
-                },
-            )
-        if cfg.train.save_every and trainer.step % cfg.train.save_every == 0 and not trainer.nonfinite_in_row:
-            save(trainer, run_dir, data)
-            saved = trainer.step
+    with preemption_signals() as got:
+        while trainer.step < end:
+            mbs = [next(data.train_iter) for _ in range(cfg.train.grad_accum)]
+            logging = (trainer.step + 1) % cfg.train.log_every == 0 or trainer.step + 1 == end
+            m = trainer.train_step(mbs, log=logging)
+            tokens_seen += micro * cfg.train.grad_accum * dist.world_size() * cfg.data.seq_len
+            bar.update(1)
+            _guard_nonfinite(trainer, m, run_dir, log)
+            if logging:
+                m["tokens_per_s"] = tokens_seen / max(time.time() - t0, 1e-9)
+                trainer.history.append({k: v for k, v in m.items() if isinstance(v, (int, float))})
+                log.log(trainer.step, m)
+                bar.set_postfix(loss=f"{m.get('loss', float('nan')):.3f}", B_r=m.get("B_r", "-"))
+            if cfg.train.eval_every and trainer.step % cfg.train.eval_every == 0 and trainer.step < end:
+                log.log(
+                    trainer.step,
+                    {
+                        f"eval/{k}": v
+                        for k, v in evaluate(trainer, data, progress=show).items()
+                        if isinstance(v, (int, float))
+                    },
+                )
+            if cfg.train.save_every and trainer.step % cfg.train.save_every == 0 and not trainer.nonfinite_in_row:
+                save(trainer, run_dir, data)
+                saved = trainer.step
+            if _stop_requested(got, logging, trainer.device) and trainer.step < end:
+                if saved != trainer.step:
+                    save(trainer, run_dir, data)
+                log.close()
+                raise Preempted(
+                    f"{got.get('signal', 'a preemption signal')} received: checkpoint saved at step {trainer.step} of "
+                    f"{cfg.train.steps} in {run_dir}; resume with 'replaid train --out {run_dir} --resume'"
+                )
     bar.close()
+
     if saved != trainer.step:  # save first: a failing evaluation must not lose the run
         save(trainer, run_dir, data)
     result = {"step": trainer.step, "train": trainer.history[-1] if trainer.history else {}}
@@ -424,6 +467,17 @@ def _train(
             log.log(trainer.step, {f"eval/{k}": v for k, v in result["eval"].items() if isinstance(v, (int, float))})
     log.close()
     return result
+
+
+def _stop_requested(got: dict, logging: bool, device: torch.device) -> bool:
+    """Whether to stop now: at once on one process; with several, all ranks agree at a logging step
+    (which synchronises anyway), so that every rank saves at the same step."""
+    if dist.world_size() == 1:
+        return "signal" in got
+    if not logging:
+        return False
+    flag = torch.tensor([1.0 if "signal" in got else 0.0], device=device)
+    return bool(dist.all_reduce_sum(flag).item() > 0)
 
 
 def _guard_nonfinite(trainer: Trainer, m: dict, run_dir: Path, log) -> None:

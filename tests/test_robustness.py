@@ -1,0 +1,153 @@
+"""Issue 28 beyond the hostile-input table (``test_bad_inputs.py``): the memory estimate that refuses a
+sample request before allocating, checkpoint integrity (sha256 recorded, checked, ``--no-verify``),
+non-finite results as errors, the sweep's refusal to swap a sampler, the shared argparse types."""
+
+import argparse
+import importlib
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from replaid.cli import main
+from replaid.commands import float_in, int_in, require_finite
+from replaid.presets import resolve
+from replaid.training import checkpoint as ck
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("rob") / "run"
+    argv = ["train", "--preset", "debug", "--out", str(run), "--no-progress", "train.steps=2", "eval.max_batches=1"]
+    assert main([*argv, "train.num_threads=1"]) == 0
+    return run
+
+
+@pytest.mark.parametrize(
+    "parse,text,ok",
+    [
+        (int_in(1), "16", 16),
+        (int_in(1), " 7 ", 7),
+        (int_in(1), "0", None),
+        (int_in(1), "1e9", None),
+        (int_in(1), "2.0", None),
+        (int_in(0, 10), "11", None),
+        (float_in(0, lo_open=True), "1e-3", 1e-3),
+        (float_in(0, lo_open=True), "0", None),
+        (float_in(0), "nan", None),
+        (float_in(0), "inf", None),
+        (float_in(0), "1e400", None),
+        (float_in(0, 1, hi_open=True), "1", None),
+    ],
+)
+def test_argparse_types_take_exact_finite_values_in_range(parse, text, ok):
+    if ok is None:
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(text)
+    else:
+        assert parse(text) == ok
+
+
+def test_every_checkpoint_records_the_sha256_of_its_tensor_files(trained):
+    c = ck.find_checkpoint(trained)
+    rec = ck.load_state(c)["sha256"]
+    assert sorted(rec) == sorted(p.name for p in c.glob("*.safetensors")) and len(rec) == 4
+    assert all(rec[n] == ck.sha256_file(c / n) for n in rec)
+
+
+def test_a_flipped_bit_is_named_and_no_verify_loads_anyway(trained, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    f = ck.find_checkpoint(run) / "ema.safetensors"
+    b = bytearray(f.read_bytes())
+    b[-5] ^= 0x01  # the last bytes are weights: the file still parses, with one changed value
+    f.write_bytes(bytes(b))
+    assert main(["eval", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(f) in err[0] and "--no-verify" in err[0], err
+    assert main(["--no-verify", "eval", str(run), "--json"]) == 0  # the flipped bit is a tiny change
+    assert ck.VERIFY is False
+    assert main(["eval", str(trained), "--json"]) == 0 and ck.VERIFY is True  # one call's flag, not the next's
+
+
+def test_an_exported_folder_records_and_checks_its_hash(trained, tmp_path, capsys):
+    out = tmp_path / "exp"
+    assert main(["export", str(trained), "--out", str(out)]) == 0
+    st = json.loads((out / "state.json").read_text())
+    assert st["sha256"]["model.safetensors"] == ck.sha256_file(out / "model.safetensors")
+    b = bytearray((out / "model.safetensors").read_bytes())
+    b[-3] ^= 0x01
+    (out / "model.safetensors").write_bytes(bytes(b))
+    capsys.readouterr()
+    assert main(["eval", str(out)]) == 2 and "does not match the sha256" in capsys.readouterr().err
+
+
+def test_non_finite_results_are_an_error_naming_them():
+    require_finite({"ppl": 3.0, "nested": {"bpd": 1.0}}, "run")
+    with pytest.raises(ValueError, match=r"non-finite results \(ppl=inf, per_set.ptb=nan\)"):
+        require_finite({"ppl": math.inf, "per_set": {"ptb": math.nan}}, "run")
+
+
+def test_sample_refuses_what_cannot_fit_before_allocating(trained, monkeypatch):
+    g = importlib.import_module("replaid.sampling.generate")  # the module (the package exports its function)
+    from replaid.sampling.request import SampleRequest
+    from replaid.training.loading import load_run
+
+    run = load_run(trained)
+    # 1 GB free: a batch of 4096 rows of 32 tokens needs more; the message says the batch that fits
+    req = SampleRequest(num=4096, batch_size=4096)
+    with pytest.raises(ValueError, match=r"needs about .* GB .* but cpu has 1 GB free; use --batch-size (\d+) or less"):
+        g.check_memory(run, req, 32, free=1e9)
+    bs = int(
+        str(pytest.raises(ValueError, g.check_memory, run, req, 32, free=1e9).value)
+        .split("--batch-size ")[1]
+        .split()[0]
+    )
+    g.check_memory(run, SampleRequest(num=4096, batch_size=bs), 32, free=1e9)  # the suggestion fits
+    with pytest.raises(ValueError):
+        g.check_memory(run, SampleRequest(num=4096, batch_size=bs + 1), 32, free=1e9)
+    g.check_memory(run, SampleRequest(num=4, batch_size=4), 32, free=1e9)  # the ordinary request passes
+    calls = []
+    monkeypatch.setattr(g, "_continuous", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr("replaid.training.memory.free_bytes", lambda dev: 1e6)
+    with pytest.raises(ValueError, match="MB|GB free"):
+        g.generate(run, SampleRequest(num=4, batch_size=4))
+    assert calls == []  # refused before sampling began
+
+
+def test_sweep_refuses_a_sampler_or_step_count_the_run_cannot_honour():
+    from replaid.methods import get_method
+    from replaid.sampling.sweep import quality_sweep
+
+    cfg = resolve("debug", None, ["method=ar"])
+    run = SimpleNamespace(method=get_method(cfg), cfg=cfg)
+    L = cfg.data.seq_len
+    kw = dict(temperatures=[], num=2, split="valid", seed=0)
+    with pytest.raises(ValueError, match="sampler ddpm is not one of this ar run's"):
+        quality_sweep(run, None, samplers=["ddpm"], steps=[2], temp_sampler="ddpm", temp_steps=2, **kw)
+    with pytest.raises(ValueError, match=f"must be {L}"):
+        quality_sweep(run, None, samplers=["ancestral"], steps=[2], temp_sampler="ancestral", temp_steps=L, **kw)
+
+
+def test_a_refused_trainer_leaves_no_lock_files(tmp_path, capsys):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("x")
+    assert main(["train", "--preset", "debug", "--out", str(folder), "--no-progress"]) == 2
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+    assert main(["train", "--out", str(tmp_path / "none"), "--resume"]) == 2
+    assert not (tmp_path / "none").exists()
+
+
+def test_a_config_integer_is_exact_or_refused():
+    from replaid.config import ConfigError
+
+    assert resolve("debug", None, ["train.steps=1e3"]).train.steps == 1000
+    assert resolve("debug", None, ["train.steps=123456789012345678"]).train.steps == 123456789012345678
+    for bad in ("99999999999999999999999999", "12345678901234567.0", "1.5", "1e30", "ten"):  # 2nd: float rounds it
+        with pytest.raises(ConfigError, match="train.steps"):
+            resolve("debug", None, [f"train.steps={bad}"])
