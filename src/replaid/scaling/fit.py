@@ -486,8 +486,10 @@ def fit_points(
     seed: int = 0,
     crossover_pair: Optional[tuple[str, str]] = None,
     n_boot_parametric: int = 100,
+    parametric: bool = True,
 ) -> dict:
-    """Every fit of the study; see the module docstring. Returns a JSON-able dict."""
+    """Every fit of the study; see the module docstring (``parametric=False``: no L(N, D) fit and
+    no crossover). Returns a JSON-able dict."""
     rows = [dict(r) for r in rows]
     budgets = group_budgets(rows)
     methods = sorted({r["method"] for r in rows}, key=lambda m: (m != reference, m))
@@ -557,7 +559,7 @@ def fit_points(
                 warn.append(f"{m} at C={b:.3g}: minimum not bracketed ({why}); add {where}")
             edge, bound = edge_minimum(points[m]["logn"][sel], points[m]["logl"][sel])
             in_laws = bracketed and (m, b) not in flat
-            if edge:
+            if edge and bound:
                 warn.append(
                     f"{m} at C={b:.3g}: edge minimum: its best run is the {edge} size run, so N* is only "
                     f"bounded (N* {bound[0]} {bound[1]:.3g})"
@@ -605,6 +607,7 @@ def fit_points(
             "beta_prime_ci": _ci([bt[m]["param_law"][1] for bt in boots]),
             "budgets": per_budget,
             "kappa": float(np.median(points[m]["flops"] / (points[m]["params"] * points[m]["tokens"]))),
+            "noise_pooled_sd": noise[m].pooled_sd,
             "noise": (
                 f"measured from seed replicates (pooled sd of log L {noise[m].pooled_sd:.4f})"
                 if noise[m].pooled_sd is not None
@@ -626,7 +629,7 @@ def fit_points(
         # Chinchilla approach 3, on the points of the budgets past the unigram level
         keep = np.array([(m, bb) not in flat for bb in points[m]["budget"]], dtype=bool)
         p = {k: points[m][k][keep] for k in ("params", "tokens", "loss")}
-        if len(p["loss"]) >= 5:
+        if parametric and len(p["loss"]) >= 5:
             par = fit_parametric(p["params"], p["tokens"], p["loss"])
             sub = {
                 **points[m],

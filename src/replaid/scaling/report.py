@@ -150,14 +150,19 @@ def report_markdown(res: dict, source: str) -> str:
 def _loo_section(res: dict) -> list[str]:
     """Markdown: each method's N* ratio and compute multiplier with each budget left out in turn."""
     ref = res["reference"]
-    edges = {(m, q["budget"]) for m, mo in res["methods"].items() for q in mo["budgets"] if q.get("edge_minimum")}
-    L = ["", "### Leave one budget out", ""]
+    edges = {  # edge minima whose vertex enters the laws
+        (m, q["budget"])
+        for m, mo in res["methods"].items()
+        for q in mo["budgets"]
+        if q.get("edge_minimum") and q["bracketed"] and not q.get("at_unigram_level")
+    }
+    L = ["", "### Leave one budget out"]
     for m, mo in res["methods"].items():
         loo = mo.get("leave_one_budget_out")
         if not loo:
             continue
         if not loo["computed"]:
-            L.append(f"- {m}: {loo['reason']}.")
+            L += ["", f"- {m}: {loo['reason']}."]
             continue
         L += [
             "",
@@ -167,6 +172,6 @@ def _loo_section(res: dict) -> list[str]:
             "|---|---|---|---|",
         ]
         for d in loo["drops"]:
-            note = ", ".join(f"edge minimum of {x}" for x in (m, ref) if (x, d["dropped"]) in edges)
+            note = ", ".join(f"edge minimum of {x} (in its laws)" for x in (m, ref) if (x, d["dropped"]) in edges)
             L.append(f"| {d['dropped']:.3g} | {fmt(d['param_ratio'])} | {fmt(d['compute_multiplier'])} | {note} |")
     return L + [""]
