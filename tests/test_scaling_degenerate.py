@@ -137,6 +137,10 @@ def test_leave_one_budget_out_matches_a_refit_and_says_when_it_cannot_be_compute
     md = report.report_markdown(res, "synthetic")
     assert "### Leave one budget out" in md and f"| 3e+17 | {d['param_ratio']:.3g} |" in md
 
+    two = [r for r in rows if r["flops"] in (1e17, 1e18)]  # a law from 2 budgets; dropping one leaves 1
+    loo = sf.fit_points(two, reference="ar", n_boot=0, parametric=False)["methods"]["mdlm"]["leave_one_budget_out"]
+    assert not loo["computed"] and "mdlm has 2, ar 2" in loo["reason"]
+
     one = [r for r in rows if r["flops"] == 1e18]
     res = sf.fit_points(one, reference="ar", n_boot=20, parametric=False)
     loo = res["methods"]["mdlm"]["leave_one_budget_out"]
