@@ -21,10 +21,19 @@ training compute C_x at which both have the same loss, and C_x as a multiple of 
 compute-optimal compute at that N (the inverse of its N* law). Tokens and compute are linked per
 method by ``C = kappa N D`` with kappa the median of the runs' FLOPs / (N D).
 
-Intervals: a parametric bootstrap. Each replicate perturbs every log-loss by Gaussian noise of the
-scale of its budget's quadratic residuals (the fit's standard error, ddof = 3; the evaluation's own
-standard error where a budget has only three sizes) and redoes every fit; intervals are the 2.5 and
-97.5 percentiles.
+Intervals: a bootstrap that redoes every fit. Its noise is measured where the study has seed
+replicates (runs of one (method, budget, N) with different ``train.seed``): each replicate resamples
+a point's seeds with replacement and takes the mean log-loss; a method's points without replicates get
+Gaussian noise of the pooled seed sd ``s^2 = sum_i sum_j (y_ij - ybar_i)^2 / sum_i (k_i - 1)``. A
+method without any replicates gets *assumed* noise: the residual sd of its budget's quadratic (ddof = 3,
+often one degree of freedom), or the evaluation's standard error where a budget has three sizes; the
+report says which. Intervals are the 2.5 and 97.5 percentiles.
+
+What the fits cannot tell is said, not turned into a finding: a parametric fit with a parameter
+within ``BOUND_TOL`` of its box is *degenerate*, and a crossover from it is "not determined"; a
+budget whose best run is its smallest (largest) size is an *edge minimum* whose N* is only bounded
+(below the next size up, above the next size down); the N* ratio and the compute multiplier come with
+their leave-one-budget-out range (each budget of the laws dropped in turn, everything refitted).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from __future__ import annotations
 import csv
 import math
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -40,6 +50,12 @@ import numpy as np
 from replaid.scaling.plan import results_table
 
 LOG_TOL = 0.15  # budgets whose FLOPs lie within 15% (in log) are one IsoFLOP group
+# The box of the parametric fit, per parameter of theta = (log A, log B, log E, a, b), and how close
+# (a fraction of the box's width) a fitted parameter may come to an edge before the fit is degenerate.
+THETA_NAMES = ("A", "B", "E", "a", "b")
+THETA_BOUNDS = ((-10.0, 40.0), (-10.0, 40.0), (-5.0, 3.0), (0.0, 2.5), (0.0, 2.5))
+BOUND_TOL = 1e-3
+NEAR_TOL = 0.01  # fits from other starts whose Huber loss is within 1% of the best are "as good"
 
 
 # ------------------------------------------------------------------ reading
@@ -63,7 +79,8 @@ def read_points(source: str | Path) -> list[dict]:
     need = {"method", "flops", "params", "loss"}
     if not rows or not need <= set(rows[0]):
         raise ValueError(
-            f"{p} needs the columns method,flops,params,loss (optional tokens, budget, stderr, unigram); "
+            f"{p} needs the columns method,flops,params,loss (optional tokens, budget, stderr, unigram, seed, "
+            f"size, id); "
             f"it has {', '.join(rows[0]) if rows else 'no rows'}"
         )
     out = []
@@ -78,8 +95,13 @@ def read_points(source: str | Path) -> list[dict]:
             for k in ("tokens", "budget", "stderr", "unigram"):
                 if r.get(k) not in (None, ""):
                     d[k] = float(r[k])
+            if r.get("seed") not in (None, ""):
+                d["seed"] = int(r["seed"])
         except ValueError:
-            raise ValueError(f"{p} line {i}: flops, params and loss must be numbers") from None
+            raise ValueError(f"{p} line {i}: flops, params, loss (and seed) must be numbers") from None
+        for k in ("size", "id"):
+            if r.get(k):
+                d[k] = r[k]
         if d["flops"] <= 0 or d["params"] <= 0 or d["loss"] <= 0:
             raise ValueError(f"{p} line {i}: flops, params and loss must be positive")
         out.append(d)
@@ -155,10 +177,12 @@ def fit_parametric(
     n: np.ndarray, d: np.ndarray, loss: np.ndarray, delta: float = 1e-3, init: Optional[np.ndarray] = None
 ) -> dict:
     """``L = E + A/N^a + B/D^b`` by L-BFGS-B on the Huber loss of log L (Hoffmann et al.'s
-    approach 3) from a grid of starts (or from ``init``)."""
+    approach 3) from a grid of starts (or from ``init``). ``at_bound`` lists the parameters the box
+    ``THETA_BOUNDS`` decides (in the best fit or in one as good): a non-empty list is a degenerate fit."""
     from scipy.optimize import minimize
 
-    logn, logd, logl = np.log(n), np.log(d), np.log(loss)
+    o = np.lexsort((d, n))  # the same optimum whatever the order of the runs
+    logn, logd, logl = np.log(n)[o], np.log(d)[o], np.log(loss)[o]
 
     def obj(th):  # Huber(log L_model - log L) and its exact gradient
         la, lb, le, a, b = th
@@ -171,7 +195,7 @@ def fit_parametric(
         g = np.array([h @ w[0], h @ w[1], h @ w[2], -(h * w[0]) @ logn, -(h * w[1]) @ logd])
         return float(np.sum(np.where(ar <= delta, 0.5 * r * r, delta * (ar - 0.5 * delta)))), g
 
-    bounds = [(-10, 40), (-10, 40), (-5, 3), (0.0, 2.5), (0.0, 2.5)]
+    bounds = list(THETA_BOUNDS)
     if init is not None:
         starts = [init]
     else:
@@ -184,14 +208,29 @@ def fit_parametric(
             for a in (0.25, 0.7)
             for b in (0.25, 0.7)
         ]
-    best = None
+    fits = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for s in starts:
-            r = minimize(obj, s, method="L-BFGS-B", jac=True, bounds=bounds)
-            if best is None or r.fun < best.fun:
-                best = r
+            fits.append(minimize(obj, s, method="L-BFGS-B", jac=True, bounds=bounds))
+    best = min(fits, key=lambda r: r.fun)
     la, lb, le, a, b = best.x
+    # a parameter on its bound in the best fit, or in any start whose fit is as good (Huber within
+    # NEAR_TOL): the data do not pin it, the box does
+    hits = at_bounds(best.x)
+    near = [h for r in fits if r.fun <= best.fun * (1 + NEAR_TOL) + 1e-15 for h in at_bounds(r.x) if h not in hits]
+    hits += [f"an equally good fit (Huber loss within {NEAR_TOL:.0%}) has {h}" for h in dict.fromkeys(near)]
+    if init is None and not any(h.startswith("E ") for h in hits):  # the profile at E's lower bound
+        lo = THETA_BOUNDS[2][0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pins = {(*st[:2], lo, *st[3:]) for st in [best.x, *starts]}
+            box = bounds[:2] + [(lo, lo)] + bounds[3:]
+            pin = min(minimize(obj, np.array(st), method="L-BFGS-B", jac=True, bounds=box).fun for st in pins)
+        if pin <= best.fun * (1 + NEAR_TOL):
+            hits.append(
+                f"E is not determined: pinned at its lower bound exp({lo:g}) the fit is as good (Huber loss within {NEAR_TOL:.0%})"
+            )
     return {
         "E": math.exp(le),
         "A": math.exp(la),
@@ -200,7 +239,21 @@ def fit_parametric(
         "b": float(b),
         "theta": [float(v) for v in best.x],
         "huber": float(best.fun),
+        "at_bound": hits,
     }
+
+
+def at_bounds(theta) -> list[str]:
+    """The parameters of theta = (log A, log B, log E, a, b) within ``BOUND_TOL`` x (box width) of
+    an edge of ``THETA_BOUNDS``, e.g. "E sits on its lower bound exp(-5)": the optimiser stopped
+    at the box, so the value is the box's, not the data's."""
+    out = []
+    for name, v, (lo, hi) in zip(THETA_NAMES, theta, THETA_BOUNDS):
+        for side, edge in (("lower", lo), ("upper", hi)):
+            if abs(float(v) - edge) <= BOUND_TOL * (hi - lo):
+                shown = f"exp({edge:g})" if name in ("A", "B", "E") else f"{edge:g}"
+                out.append(f"{name} sits on its {side} bound {shown}")
+    return out
 
 
 def parametric_loss(p: dict, n, d):
@@ -299,6 +352,148 @@ def _f(x) -> Optional[float]:
     return None if x is None or not np.isfinite(x) else float(x)
 
 
+@dataclass
+class Noise:
+    """Where one method's bootstrap noise comes from: ``scale`` (per point, the sd of the Gaussian
+    draw of log L for points without seed replicates), ``pooled_sd`` (the seed replicates' pooled sd
+    of log L, None without replicates), ``source`` (per budget, in words)."""
+
+    scale: np.ndarray
+    pooled_sd: Optional[float] = None
+    source: dict[float, str] = field(default_factory=dict)
+
+
+def _points(rs: list[dict]) -> dict:
+    """One point per (budget, N): log L is the mean over its seed replicates, ``seeds`` their log L."""
+    groups: dict[tuple[float, int], list[dict]] = {}
+    for r in rs:
+        groups.setdefault((r["budget"], round(r["params"])), []).append(r)
+    g = [groups[k] for k in sorted(groups)]
+    seeds = [np.log([r["loss"] for r in grp]) for grp in g]
+    mean = lambda key, grp: float(np.nanmean([r.get(key) or math.nan for r in grp]))  # noqa: E731
+    logl = np.array([s.mean() for s in seeds])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # nanmean of a point without stderr/unigram
+        return {
+            "budget": np.array([grp[0]["budget"] for grp in g]),
+            "logn": np.log([grp[0]["params"] for grp in g]),
+            "logl": logl,
+            "loss": np.exp(logl),
+            "params": np.array([grp[0]["params"] for grp in g], dtype=float),
+            "flops": np.array([mean("flops", grp) for grp in g]),
+            "tokens": np.array([np.mean([r.get("tokens", r["flops"] / (6 * r["params"])) for r in grp]) for grp in g]),
+            "stderr": np.array([mean("stderr", grp) for grp in g]),
+            "unigram": np.array([mean("unigram", grp) for grp in g]),
+            "seeds": seeds,
+            "n_seeds": np.array([len(s) for s in seeds]),
+        }
+
+
+def noise_model(p: dict, mins: list, budgets: list[float]) -> Noise:
+    """The bootstrap's noise for one method's points ``p`` (see the module docstring): measured from
+    seed replicates where they exist, else assumed from each budget's quadratic (``mins``)."""
+    reps = [s for s in p["seeds"] if len(s) > 1]
+    scale = np.zeros(len(p["logl"]))
+    if reps:
+        dof = sum(len(s) - 1 for s in reps)
+        pooled = math.sqrt(sum(float(((s - s.mean()) ** 2).sum()) for s in reps) / dof)
+        scale[:] = pooled
+        noise = Noise(scale, pooled)
+        for b in budgets:
+            k = p["n_seeds"][p["budget"] == b]
+            if not len(k):
+                continue
+            if (k > 1).all():
+                noise.source[b] = f"measured: {k.min()}-{k.max()} seeds at each size, resampled"
+            else:
+                noise.source[b] = (
+                    f"measured: seeds resampled at {int((k > 1).sum())} of {len(k)} sizes; the others drawn "
+                    f"with the pooled seed sd {pooled:.4f} of log L ({dof} degrees of freedom)"
+                )
+        return noise
+    noise = Noise(scale)
+    for b, q in zip(budgets, mins):
+        sel = p["budget"] == b
+        if q is None:
+            continue
+        x, y = p["logn"][sel], p["logl"][sel]
+        if sel.sum() > 3:
+            resid = y - np.polyval([q["a"], q["b"], q["c"]], x)
+            scale[sel] = math.sqrt(float(resid @ resid) / (sel.sum() - 3))
+            noise.source[b] = (
+                f"assumed (no seed replicates): the residual sd of its quadratic, {int(sel.sum()) - 3} "
+                "degree(s) of freedom"
+            )
+        else:
+            se = p["stderr"][sel] / p["loss"][sel]
+            scale[sel] = float(np.nanmean(se)) if np.isfinite(se).any() else 0.0
+            noise.source[b] = "assumed (no seed replicates): the evaluation's standard error (3 sizes, no residual)"
+    return noise
+
+
+def draw(p: dict, noise: Noise, rng: np.random.Generator) -> np.ndarray:
+    """One bootstrap replicate of a method's log-losses: a point with seed replicates resamples them
+    (with replacement) and takes their mean; the others get Gaussian noise of ``noise.scale``."""
+    y = p["logl"] + rng.standard_normal(len(p["logl"])) * noise.scale
+    for i, s in enumerate(p["seeds"]):
+        if len(s) > 1:
+            y[i] = s[rng.integers(0, len(s), len(s))].mean()
+    return y
+
+
+def edge_minimum(logn: np.ndarray, logl: np.ndarray) -> tuple[Optional[str], Optional[list]]:
+    """Whether a budget's best run is its smallest or largest size; then N* is only bounded: a convex
+    curve whose lowest point among the sizes is the smallest has its minimum below the next size up
+    (``["<", N_2]``), and above the next size down for the largest (``[">", N_{k-1}]``)."""
+    order = np.argsort(logn)
+    i = int(np.argmin(logl[order]))
+    if i == 0:
+        return "smallest", ["<", float(math.exp(logn[order][1]))]
+    if i == len(order) - 1:
+        return "largest", [">", float(math.exp(logn[order][-2]))]
+    return None, None
+
+
+def _law_budgets(v: dict, m: str, budgets: list[float], exclude: frozenset) -> list[float]:
+    return [b for q, b in zip(v["mins"], budgets) if q is not None and q["bracketed"] and (m, b) not in exclude]
+
+
+def leave_one_budget_out(
+    points: dict, budgets: list[float], reference: str, logc_grid: np.ndarray, flat: frozenset, base: dict, m: str
+) -> dict:
+    """The N* ratio and compute multiplier of ``m`` against the reference (medians over ``logc_grid``)
+    refitted with each budget of either one's laws dropped, and their range. Needs three budgets in
+    both laws, so that two remain."""
+    lm, lr = _law_budgets(base[m], m, budgets, flat), _law_budgets(base[reference], reference, budgets, flat)
+    if len(lm) < 3 or len(lr) < 3:
+        return {
+            "computed": False,
+            "reason": f"cannot be computed: it needs 3 budgets in the laws of both {m} and {reference} "
+            f"(dropping one must leave 2 for a power law); {m} has {len(lm)}, {reference} {len(lr)}",
+        }
+    drops = []
+    for b in sorted(set(lm) | set(lr)):
+        r = _analyse(points, budgets, reference, logc_grid, flat | {(x, b) for x in points})
+        drops.append(
+            {
+                "dropped": b,
+                "compute_multiplier": _f(np.median(r[m]["mult"])),
+                "param_ratio": _f(np.median(r[m]["pratio"])),
+            }
+        )
+
+    def rng_(k):
+        v = [d[k] for d in drops if d[k] is not None]
+        return [min(v), max(v)] if v else [None, None]
+
+    return {
+        "computed": True,
+        "drops": drops,
+        "compute_multiplier_range": rng_("compute_multiplier"),
+        "param_ratio_range": rng_("param_ratio"),
+    }
+
+
 def fit_points(
     rows: list[dict],
     reference: str = "ar",
@@ -306,26 +501,15 @@ def fit_points(
     seed: int = 0,
     crossover_pair: Optional[tuple[str, str]] = None,
     n_boot_parametric: int = 100,
+    parametric: bool = True,
 ) -> dict:
-    """Every fit of the study; see the module docstring. Returns a JSON-able dict."""
+    """Every fit of the study; see the module docstring (``parametric=False``: no L(N, D) fit and
+    no crossover). Returns a JSON-able dict."""
     rows = [dict(r) for r in rows]
     budgets = group_budgets(rows)
     methods = sorted({r["method"] for r in rows}, key=lambda m: (m != reference, m))
     warn: list[str] = []
-    points = {}
-    for m in methods:
-        rs = [r for r in rows if r["method"] == m]
-        points[m] = {
-            "budget": np.array([r["budget"] for r in rs]),
-            "logn": np.log([r["params"] for r in rs]),
-            "logl": np.log([r["loss"] for r in rs]),
-            "loss": np.array([r["loss"] for r in rs]),
-            "params": np.array([r["params"] for r in rs]),
-            "flops": np.array([r["flops"] for r in rs]),
-            "tokens": np.array([r.get("tokens", r["flops"] / (6 * r["params"])) for r in rs]),
-            "stderr": np.array([r.get("stderr") or math.nan for r in rs], dtype=float),
-            "unigram": np.array([r.get("unigram") or math.nan for r in rs], dtype=float),
-        }
+    points = {m: _points([r for r in rows if r["method"] == m]) for m in methods}
     if reference not in points:
         warn.append(f"reference method '{reference}' has no runs; compute multipliers are not computed")
     logc_grid = np.linspace(math.log(budgets[0]), math.log(budgets[-1]), 25)
@@ -347,27 +531,11 @@ def fit_points(
                 )
     flat = frozenset(flat)
     base = _analyse(points, budgets, reference, logc_grid, flat)
-
-    # noise scale per (method, budget): residual std of the quadratic, or the eval's stderr
-    scale = {}
-    for m, v in base.items():
-        s = np.zeros(len(points[m]["logl"]))
-        for b, q in zip(budgets, v["mins"]):
-            sel = points[m]["budget"] == b
-            if q is None:
-                continue
-            x, y = points[m]["logn"][sel], points[m]["logl"][sel]
-            resid = y - np.polyval([q["a"], q["b"], q["c"]], x)
-            if sel.sum() > 3:
-                s[sel] = math.sqrt(float(resid @ resid) / (sel.sum() - 3))
-            else:
-                se = points[m]["stderr"][sel] / points[m]["loss"][sel]
-                s[sel] = float(np.nanmean(se)) if np.isfinite(se).any() else 0.0
-        scale[m] = s
+    noise = {m: noise_model(points[m], base[m]["mins"], budgets) for m in methods}
     rng = np.random.default_rng(seed)
     boots = []
     for _ in range(n_boot):
-        pert = {m: {**p, "logl": p["logl"] + rng.standard_normal(len(p["logl"])) * scale[m]} for m, p in points.items()}
+        pert = {m: {**p, "logl": draw(p, noise[m], rng)} for m, p in points.items()}
         boots.append(_analyse(pert, budgets, reference, logc_grid, flat))
 
     out: dict = {
@@ -404,7 +572,20 @@ def fit_points(
                     else "larger sizes"
                 )
                 warn.append(f"{m} at C={b:.3g}: minimum not bracketed ({why}); add {where}")
+            edge, bound = edge_minimum(points[m]["logn"][sel], points[m]["logl"][sel])
+            in_laws = bracketed and (m, b) not in flat
+            if edge and bound:
+                warn.append(
+                    f"{m} at C={b:.3g}: edge minimum: its best run is the {edge} size run, so N* is only "
+                    f"bounded (N* {bound[0]} {bound[1]:.3g})"
+                    + (
+                        "; the quadratic's vertex still enters the laws (see the leave-one-budget-out range)"
+                        if in_laws
+                        else ""
+                    )
+                )
             bq = [bt[m]["mins"][i] for bt in boots]
+            k = points[m]["n_seeds"][sel]
             per_budget.append(
                 {
                     "budget": b,
@@ -418,9 +599,15 @@ def fit_points(
                     ),
                     "bracketed": bracketed,
                     "at_unigram_level": (m, b) in flat,
+                    "edge_minimum": edge,
+                    "n_opt_bound": bound,
                     "quad": [float(q["a"]), float(q["b"]), float(q["c"])],
                     "sizes": int(sel.sum()),
-                    "noise_log": float(scale[m][sel].mean()),
+                    "seeds": [int(k.min()), int(k.max())],
+                    "noise": noise[m].source.get(b, ""),
+                    "noise_log": float(noise[m].scale[sel].mean())
+                    if noise[m].pooled_sd is None or (k < 2).any()
+                    else None,
                 }
             )
         (al, be), (alp, bep) = v["loss_law"], v["param_law"]
@@ -435,6 +622,12 @@ def fit_points(
             "beta_prime_ci": _ci([bt[m]["param_law"][1] for bt in boots]),
             "budgets": per_budget,
             "kappa": float(np.median(points[m]["flops"] / (points[m]["params"] * points[m]["tokens"]))),
+            "noise_pooled_sd": noise[m].pooled_sd,
+            "noise": (
+                f"measured from seed replicates (pooled sd of log L {noise[m].pooled_sd:.4f})"
+                if noise[m].pooled_sd is not None
+                else "assumed: no seed replicates (residuals of each budget's quadratic, or the evaluation's standard error)"
+            ),
         }
         if "mult" in v:
             km, pr = v["mult"], v["pratio"]
@@ -446,18 +639,29 @@ def fit_points(
                 param_ratio_range=[_f(pr.min()), _f(pr.max())],
                 param_ratio_ci=_ci([float(np.median(bt[m]["pratio"])) for bt in boots]),
             )
-        # Chinchilla approach 3, on the runs of the budgets past the unigram level
+            if m != reference:
+                mo["leave_one_budget_out"] = leave_one_budget_out(points, budgets, reference, logc_grid, flat, base, m)
+        # Chinchilla approach 3, on the points of the budgets past the unigram level
         keep = np.array([(m, bb) not in flat for bb in points[m]["budget"]], dtype=bool)
         p = {k: points[m][k][keep] for k in ("params", "tokens", "loss")}
-        if len(p["loss"]) >= 5:
+        if parametric and len(p["loss"]) >= 5:
             par = fit_parametric(p["params"], p["tokens"], p["loss"])
-            bs = []
-            sc = scale[m][keep]
-            for _ in range(n_boot_parametric):
-                y = p["loss"] * np.exp(rng.standard_normal(len(p["loss"])) * sc)
-                bs.append(fit_parametric(p["params"], p["tokens"], y, init=np.array(par["theta"])))
-            for k in ("E", "A", "B", "a", "b"):
+            sub = {
+                **points[m],
+                "logl": points[m]["logl"][keep],
+                "seeds": [s for s, k_ in zip(points[m]["seeds"], keep) if k_],
+            }
+            sub_noise = Noise(noise[m].scale[keep], noise[m].pooled_sd)
+            bs = [
+                fit_parametric(p["params"], p["tokens"], np.exp(draw(sub, sub_noise, rng)), init=np.array(par["theta"]))
+                for _ in range(n_boot_parametric)
+            ]
+            for k in THETA_NAMES:
                 par[f"{k}_ci"] = _ci([q[k] for q in bs])
+            par["degenerate"] = bool(par["at_bound"])
+            par["boot_at_bound"] = float(np.mean([bool(q["at_bound"]) for q in bs])) if bs else None
+            if par["degenerate"]:
+                warn.append(f"{m}: the parametric L(N, D) fit is degenerate ({'; '.join(par['at_bound'])})")
             par["boot"] = [q["theta"] for q in bs]
             mo["parametric"] = par
         out["methods"][m] = mo
@@ -465,42 +669,58 @@ def fit_points(
     # the over-training crossover (green line)
     pair = crossover_pair or (("replaid", "mdlm") if {"replaid", "mdlm"} <= set(methods) else None)
     if pair and all(x in out["methods"] and "parametric" in out["methods"][x] for x in pair):
-        a, b = pair
-        ma, mb = out["methods"][a], out["methods"][b]
-        if None in (ma["alpha_prime"], mb["alpha_prime"]):
-            warn.append(f"crossover {a} vs {b}: a parameter law is missing")
-        else:
-            allp = np.concatenate([points[a]["params"], points[b]["params"]])
-            n_grid = np.exp(np.linspace(np.log(allp.min()), np.log(allp.max()), 9))
-            law = lambda mo: (mo["alpha_prime"], mo["beta_prime"])  # noqa: E731
-            line = crossover(ma["parametric"], mb["parametric"], ma["kappa"], mb["kappa"], law(ma), law(mb), n_grid)
-            found = [e for e in line if "flops" in e]
-            cx = {"methods": [a, b], "line": line}
-            if found:
-                cx["mult_a_median"] = float(np.median([e["mult_a"] for e in found]))
-                cx["mult_b_median"] = float(np.median([e["mult_b"] for e in found]))
-                # interval: the same from the bootstrap parametric fits
-                ka, kb = [], []
-                nb = min(len(ma["parametric"]["boot"]), len(mb["parametric"]["boot"]))
-                for i in range(nb):
-                    pa = _theta_to_p(ma["parametric"]["boot"][i])
-                    pb = _theta_to_p(mb["parametric"]["boot"][i])
-                    ln_ = crossover(pa, pb, ma["kappa"], mb["kappa"], law(ma), law(mb), n_grid)
-                    f = [e for e in ln_ if "flops" in e]
-                    if f:
-                        ka.append(float(np.median([e["mult_a"] for e in f])))
-                        kb.append(float(np.median([e["mult_b"] for e in f])))
-                cx["mult_a_ci"], cx["mult_b_ci"] = _ci(ka), _ci(kb)
-                cx["boot_found"] = f"{len(ka)}/{nb}"
-            else:
-                warn.append(f"crossover {a} vs {b}: the fitted L(N, D) curves do not cross in the range searched")
-            out["crossover"] = cx
+        out["crossover"] = _crossover_result(pair, out["methods"], points, warn)
     out["points"] = [
-        {k: (float(v) if isinstance(v, (int, float, np.floating)) else v) for k, v in r.items()} for r in rows
+        {k: (float(v) if isinstance(v, (int, float, np.floating)) and k != "seed" else v) for k, v in r.items()}
+        for r in rows
     ]
     for mo in out["methods"].values():
         mo.get("parametric", {}).pop("boot", None)
     return out
+
+
+def _crossover_result(pair: tuple[str, str], mos: dict, points: dict, warn: list[str]) -> dict:
+    """The crossover of ``pair`` with its verdict: "not determined" (and why) when a parameter law is
+    missing or either L(N, D) fit is degenerate; else "found" or "none in the range searched"."""
+    a, b = pair
+    ma, mb = mos[a], mos[b]
+    allp = np.concatenate([points[a]["params"], points[b]["params"]])
+    n_grid = np.exp(np.linspace(np.log(allp.min()), np.log(allp.max()), 9))
+    cx: dict = {"methods": [a, b], "line": [{"params": float(n)} for n in n_grid]}
+    why = [
+        f"{x}'s L(N, D) fit is degenerate: {'; '.join(mos[x]['parametric']['at_bound'])}"
+        for x in pair
+        if mos[x]["parametric"]["degenerate"]
+    ]
+    if None in (ma["alpha_prime"], mb["alpha_prime"]):
+        why.append("a parameter law is missing")
+    if why:
+        cx.update(verdict="not determined", reason="; ".join(why))
+        warn.append(f"crossover {a} vs {b}: not determined ({cx['reason']})")
+        return cx
+    law = lambda mo: (mo["alpha_prime"], mo["beta_prime"])  # noqa: E731
+    cx["line"] = crossover(ma["parametric"], mb["parametric"], ma["kappa"], mb["kappa"], law(ma), law(mb), n_grid)
+    found = [e for e in cx["line"] if "flops" in e]
+    if not found:
+        cx.update(verdict="none in the range searched")
+        warn.append(f"crossover {a} vs {b}: the fitted L(N, D) curves do not cross in the range searched")
+        return cx
+    cx["verdict"] = "found"
+    cx["mult_a_median"] = float(np.median([e["mult_a"] for e in found]))
+    cx["mult_b_median"] = float(np.median([e["mult_b"] for e in found]))
+    # interval: the same from the bootstrap parametric fits
+    ka, kb = [], []
+    nb = min(len(ma["parametric"]["boot"]), len(mb["parametric"]["boot"]))
+    for i in range(nb):
+        pa = _theta_to_p(ma["parametric"]["boot"][i])
+        pb = _theta_to_p(mb["parametric"]["boot"][i])
+        f = [e for e in crossover(pa, pb, ma["kappa"], mb["kappa"], law(ma), law(mb), n_grid) if "flops" in e]
+        if f:
+            ka.append(float(np.median([e["mult_a"] for e in f])))
+            kb.append(float(np.median([e["mult_b"] for e in f])))
+    cx["mult_a_ci"], cx["mult_b_ci"] = _ci(ka), _ci(kb)
+    cx["boot_found"] = f"{len(ka)}/{nb}"
+    return cx
 
 
 def _theta_to_p(th) -> dict:
@@ -511,36 +731,71 @@ def _theta_to_p(th) -> dict:
 # ------------------------------------------------------------------ output
 
 
+def fmt_n_opt(q: dict) -> str:
+    """A budget's N*: its value and interval, or for an edge minimum the bound (and the vertex)."""
+    if q.get("edge_minimum"):
+        op, v = q["n_opt_bound"]
+        return f"{op} {v:.3g} (edge minimum at the {q['edge_minimum']} size; vertex {fmt(q['n_opt'])})"
+    return f"{fmt(q['n_opt'])} {fmt_ci(q['n_opt_ci'])}"
+
+
+def fmt_loo(loo: Optional[dict], key: str) -> str:
+    """The leave-one-budget-out range of ``key`` (param_ratio or compute_multiplier), or why not."""
+    if not loo:
+        return "n/a"
+    if not loo["computed"]:
+        return "not computed"
+    lo, hi = loo[f"{key}_range"]
+    return f"{fmt(lo)}-{fmt(hi)}"
+
+
+def crossover_text(cx: dict) -> str:
+    """The crossover's verdict in one sentence."""
+    a, b = cx["methods"]
+    v = cx.get("verdict")
+    if v == "not determined":
+        return f"crossover {a} vs {b}: not determined ({cx['reason']})"
+    if v == "found":
+        return (
+            f"crossover {a} vs {b}: {a} at {cx['mult_a_median']:.3g}x its optimal compute "
+            f"{fmt_ci(cx['mult_a_ci'])} matches {b} at {cx['mult_b_median']:.3g}x {fmt_ci(cx['mult_b_ci'])}"
+        )
+    return f"crossover {a} vs {b}: the fitted L(N, D) curves do not cross in the range searched"
+
+
 def summary_text(res: dict) -> str:
     lines = [f"reference: {res['reference']}   budgets: {', '.join(f'{b:.3g}' for b in res['budgets'])}"]
     for m, mo in res["methods"].items():
         lines.append(
             f"\n{m}: alpha = {fmt(mo['alpha'])} {fmt_ci(mo['alpha_ci'])}   "
-            f"alpha' = {fmt(mo['alpha_prime'])} {fmt_ci(mo['alpha_prime_ci'])}"
+            f"alpha' = {fmt(mo['alpha_prime'])} {fmt_ci(mo['alpha_prime_ci'])}   noise: {mo['noise']}"
         )
         for q in mo["budgets"]:
             lines.append(
-                f"  C={q['budget']:.3g}: N* = {fmt(q['n_opt'])} {fmt_ci(q['n_opt_ci'])}  "
+                f"  C={q['budget']:.3g}: N* = {fmt_n_opt(q)}  "
                 f"L* = {fmt(q['loss_opt'], 4)} {fmt_ci(q['loss_opt_ci'], 4)}"
                 f"{'' if q['bracketed'] else '  (not bracketed)'}"
             )
         if "compute_multiplier" in mo:
+            loo = mo.get("leave_one_budget_out")
             lines.append(
                 f"  compute multiplier vs {res['reference']}: {fmt(mo['compute_multiplier'])} "
                 f"{fmt_ci(mo['compute_multiplier_ci'])} (range over budgets "
-                f"{fmt(mo['compute_multiplier_range'][0])}-{fmt(mo['compute_multiplier_range'][1])})   "
-                f"N* ratio: {fmt(mo['param_ratio'])} {fmt_ci(mo['param_ratio_ci'])}"
+                f"{fmt(mo['compute_multiplier_range'][0])}-{fmt(mo['compute_multiplier_range'][1])}; "
+                f"leave one budget out {fmt_loo(loo, 'compute_multiplier')})   "
+                f"N* ratio: {fmt(mo['param_ratio'])} {fmt_ci(mo['param_ratio_ci'])} "
+                f"(leave one budget out {fmt_loo(loo, 'param_ratio')})"
             )
+            if loo and not loo["computed"]:
+                lines.append(f"  leave one budget out: {loo['reason']}")
         if "parametric" in mo:
             p = mo["parametric"]
-            lines.append(f"  L(N,D) = {p['E']:.3g} + {p['A']:.3g}/N^{p['a']:.3g} + {p['B']:.3g}/D^{p['b']:.3g}")
-    cx = res.get("crossover")
-    if cx and "mult_a_median" in cx:
-        a, b = cx["methods"]
-        lines.append(
-            f"\ncrossover: {a} at {cx['mult_a_median']:.3g}x its optimal compute {fmt_ci(cx['mult_a_ci'])} "
-            f"matches {b} at {cx['mult_b_median']:.3g}x {fmt_ci(cx['mult_b_ci'])}"
-        )
+            lines.append(
+                f"  L(N,D) = {p['E']:.3g} + {p['A']:.3g}/N^{p['a']:.3g} + {p['B']:.3g}/D^{p['b']:.3g}"
+                + (f"  DEGENERATE: {'; '.join(p['at_bound'])}" if p["degenerate"] else "")
+            )
+    if res.get("crossover"):
+        lines.append("\n" + crossover_text(res["crossover"]))
     return "\n".join(lines)
 
 
@@ -556,18 +811,20 @@ def fmt_ci(ci, d=3) -> str:
 
 def read_sources(sources) -> tuple[list[dict], list[str]]:
     """The rows of several sweeps or CSVs as one study. A run present in more than one (the same
-    method, FLOPs and N: a finished run copied into a second sweep) counts once; so does a repeated
-    CSV row. Returns the rows and a note per duplicate left out."""
+    method, FLOPs, N and seed: a finished run copied into a second sweep) counts once; so does a
+    repeated CSV row. Runs that differ only in ``seed`` are seed replicates of one point. Returns the
+    rows and a note per duplicate left out."""
     rows, seen, notes = [], {}, []
     for src in [sources] if isinstance(sources, (str, Path)) else sources:
         for r in read_points(src):
-            key = (r["method"], round(r["flops"]), round(r["params"]))
+            key = (r["method"], round(r["flops"]), round(r["params"]), r.get("seed", 0))
             if key in seen:
                 if abs(seen[key]["loss"] - r["loss"]) > 1e-9:
                     raise ValueError(
-                        f"{src}: {r['method']} with N={r['params']:.0f} and C={r['flops']:.4g} is also "
+                        f"{src}: {r['method']} with N={r['params']:.0f}, C={r['flops']:.4g} and seed "
+                        f"{r.get('seed', 0)} is also "
                         f"in an earlier source with another loss ({seen[key]['loss']:.6f} vs "
-                        f"{r['loss']:.6f}); keep one of the two runs"
+                        f"{r['loss']:.6f}); keep one of the two runs, or give a replicate its own train.seed"
                     )
                 notes.append(f"{r.get('id') or r['method']} appears in several sources; counted once")
                 continue

@@ -346,14 +346,16 @@ def final_loss(sweep: Path, e: PlanEntry) -> Optional[dict]:
 
 
 def results_table(sweep: Path) -> list[dict]:
-    """One row per finished run: method, budget, size, flops, params, tokens, loss."""
+    """One row per finished run: method, budget, size, flops, params, tokens, loss, seed."""
     rows = []
     for e in read_manifest(sweep):
         r = final_loss(sweep, e)
         if r is None:
             continue
         run_cfg = Path(sweep) / e.run_dir / "config.json"
-        steps = json.loads(run_cfg.read_text())["train"]["steps"] if run_cfg.is_file() else e.steps
+        cfg = run_cfg if run_cfg.is_file() else Path(sweep) / e.config
+        train = json.loads(cfg.read_text())["train"] if cfg.is_file() else {}
+        steps = train.get("steps", e.steps) if run_cfg.is_file() else e.steps
         rows.append(
             {
                 "method": e.method,
@@ -366,6 +368,7 @@ def results_table(sweep: Path) -> list[dict]:
                 "stderr": r.get("stderr"),
                 "unigram": r.get("unigram_nats_per_token"),
                 "id": e.id,
+                "seed": int(train.get("seed", 0)),  # runs differing only in train.seed are replicates
             }
         )
     return rows

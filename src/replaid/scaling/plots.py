@@ -63,13 +63,19 @@ def plot_isoflop(res: dict, path: Path) -> None:
         pts = [p for p in res["points"] if p["method"] == m]
         for b in budgets:
             col = cmap(0.05 + 0.9 * math.log(b / budgets[0]) / span)
-            sel = sorted((p for p in pts if p["budget"] == b), key=lambda p: p["params"])
-            if not sel:
+            rs = [p for p in pts if p["budget"] == b]
+            if not rs:
                 continue
-            ax.plot(
-                [p["params"] for p in sel], [p["loss"] for p in sel], "o-", color=col, lw=0.5, ms=5, label=f"C={b:.2g}"
-            )
+            ns = sorted({p["params"] for p in rs})  # the line: each size's mean log-loss over its seeds
+            ys = [math.exp(np.mean([math.log(p["loss"]) for p in rs if p["params"] == n])) for n in ns]
+            ax.plot(ns, ys, "o-", color=col, lw=0.5, ms=5, label=f"C={b:.2g}")
+            if len(rs) > len(ns):  # seed replicates: every seed as a small dot
+                ax.plot([p["params"] for p in rs], [p["loss"] for p in rs], ".", color=col, ms=3)
+            sel = [{"params": n} for n in ns]
             q = next((q for q in res["methods"][m]["budgets"] if q["budget"] == b), None)
+            if q and q.get("edge_minimum"):  # ring: the best run is at an edge, N* is only bounded
+                i = int(np.argmin(ys))
+                ax.plot([ns[i]], [ys[i]], "o", ms=11, mfc="none", mew=1.5, color=col)
             if q and q["bracketed"]:  # the fitted parabola where it has a minimum among the sizes
                 lo, hi = math.log(sel[0]["params"]), math.log(sel[-1]["params"])
                 x = np.linspace(lo - 0.3, hi + 0.3, 100)
@@ -93,7 +99,9 @@ def plot_isoflop(res: dict, path: Path) -> None:
     order = sorted(seen, key=lambda lab: (lab == "unigram", float(lab[2:]) if lab.startswith("C=") else 0.0))
     fig.legend([seen[k] for k in order], order, loc="center right", fontsize=7)
     fig.suptitle(
-        "IsoFLOP curves (dotted: quadratic in log-log where bracketed; x: minimum, grey: left out of the laws)"
+        "IsoFLOP curves (dotted: quadratic in log-log where bracketed; x: minimum, grey: left out of the laws;\n"
+        "ring: edge minimum, the best run is the smallest or largest size, so N* is only bounded)",
+        fontsize=10,
     )
     fig.tight_layout(rect=(0, 0, 1 - 1.0 / fig.get_figwidth(), 1))
     fig.savefig(path, dpi=120)
@@ -191,7 +199,10 @@ def plot_overtraining(res: dict, path: Path, n: Optional[float] = None) -> Optio
     _plain_log_labels(ax)
     ax.set_xlabel("training FLOPs C")
     ax.set_ylabel("validation loss (fitted L(N, D))")
-    ax.set_title(f"over-training at N = {n:.3g}")
+    title = f"over-training at N = {n:.3g}"
+    if cx.get("verdict") == "not determined":  # the curves are drawn, but they support no finding
+        title += "\ncrossover not determined: an L(N, D) fit is degenerate"
+    ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     fig.tight_layout()

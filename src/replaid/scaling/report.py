@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from replaid.scaling import plots
-from replaid.scaling.fit import fit_points, fmt, fmt_ci, read_sources
+from replaid.scaling.fit import crossover_text, fit_points, fmt, fmt_ci, fmt_loo, fmt_n_opt, read_sources
 
 
 def fit_source(
@@ -45,16 +45,18 @@ def report_markdown(res: dict, source: str) -> str:
         f"# Scaling-law fit of `{source}`",
         "",
         f"Reference: **{ref}**. Budgets: {', '.join(f'{b:.3g}' for b in res['budgets'])} FLOPs. Natural logs. "
-        f"Intervals: 95% parametric bootstrap ({res['n_boot']} replicates).",
+        f"Intervals: 95% bootstrap ({res['n_boot']} replicates); its noise per method:",
         "",
     ]
+    L += [f"- {m}: {mo['noise']}" for m, mo in res["methods"].items()] + [""]
     if res["warnings"]:
         L += ["## Warnings", ""] + [f"- {w}" for w in res["warnings"]] + [""]
     L += [
         "## Power laws and multipliers",
         "",
-        f"| method | alpha (L*) | alpha' (N*) | compute multiplier vs {ref} (median; range over budgets) | N* ratio vs {ref} |",
-        "|---|---|---|---|---|",
+        f"| method | alpha (L*) | alpha' (N*) | compute multiplier vs {ref} (median; range over budgets) | "
+        f"leave one budget out | N* ratio vs {ref} | leave one budget out |",
+        "|---|---|---|---|---|---|---|",
     ]
     for m, mo in res["methods"].items():
         cm = (
@@ -64,46 +66,58 @@ def report_markdown(res: dict, source: str) -> str:
             else "n/a"
         )
         pr = f"{fmt(mo['param_ratio'])} {fmt_ci(mo['param_ratio_ci'])}" if "param_ratio" in mo else "n/a"
+        loo = mo.get("leave_one_budget_out")
         L.append(
             f"| {m} | {fmt(mo['alpha'])} {fmt_ci(mo['alpha_ci'])} | {fmt(mo['alpha_prime'])} "
-            f"{fmt_ci(mo['alpha_prime_ci'])} | {cm} | {pr} |"
+            f"{fmt_ci(mo['alpha_prime_ci'])} | {cm} | {fmt_loo(loo, 'compute_multiplier')} | {pr} | "
+            f"{fmt_loo(loo, 'param_ratio')} |"
         )
+    L += _loo_section(res)
     L += [
         "",
         "## IsoFLOP minima",
         "",
-        "A minimum enters the laws when it is bracketed and past the unigram level.",
+        "A minimum enters the laws when it is bracketed and past the unigram level. An *edge minimum* "
+        "(the best run is the smallest or largest size) bounds N* only: the bound is shown, and the "
+        "quadratic's vertex, which the laws use when it is bracketed, in parentheses.",
         "",
-        "| method | C | sizes | N* | L* (nats/token) | bracketed | past unigram | in the laws |",
-        "|---|---|---|---|---|---|---|---|",
+        "| method | C | sizes | seeds | N* | L* (nats/token) | bracketed | edge minimum | past unigram | in the laws "
+        "| noise |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     yn = lambda x: "yes" if x else "**no**"  # noqa: E731
     for m, mo in res["methods"].items():
         for q in mo["budgets"]:
             past = not q.get("at_unigram_level", False)
+            k = q.get("seeds", [1, 1])
             L.append(
-                f"| {m} | {q['budget']:.3g} | {q['sizes']} | {fmt(q['n_opt'])} {fmt_ci(q['n_opt_ci'])} | "
-                f"{fmt(q['loss_opt'], 4)} {fmt_ci(q['loss_opt_ci'], 4)} | {yn(q['bracketed'])} | {yn(past)} | "
-                f"{yn(q['bracketed'] and past)} |"
+                f"| {m} | {q['budget']:.3g} | {q['sizes']} | {k[0] if k[0] == k[1] else f'{k[0]}-{k[1]}'} | "
+                f"{fmt_n_opt(q)} | {fmt(q['loss_opt'], 4)} {fmt_ci(q['loss_opt_ci'], 4)} | {yn(q['bracketed'])} | "
+                f"{'**' + q['edge_minimum'] + '**' if q.get('edge_minimum') else 'no'} | {yn(past)} | "
+                f"{yn(q['bracketed'] and past)} | {q.get('noise', '')} |"
             )
     L += [
         "",
         "## Parametric L(N, D) = E + A / N^a + B / D^b",
         "",
-        "| method | E | A | a | B | b |",
-        "|---|---|---|---|---|---|",
+        "A fit with a parameter that its box decides (on a bound, in the best fit or in one as good) is "
+        "**degenerate**: its numbers are the box's, and nothing is concluded from it.",
+        "",
+        "| method | E | A | a | B | b | degenerate |",
+        "|---|---|---|---|---|---|---|",
     ]
     for m, mo in res["methods"].items():
         p = mo.get("parametric")
         if p:
+            deg = f"**yes**: {'; '.join(p['at_bound'])}" if p.get("degenerate") else "no"
             L.append(
                 f"| {m} | {fmt(p['E'])} {fmt_ci(p['E_ci'])} | {fmt(p['A'])} | {fmt(p['a'])} {fmt_ci(p['a_ci'])} | "
-                f"{fmt(p['B'])} | {fmt(p['b'])} {fmt_ci(p['b_ci'])} |"
+                f"{fmt(p['B'])} | {fmt(p['b'])} {fmt_ci(p['b_ci'])} | {deg} |"
             )
     cx = res.get("crossover")
     if cx:
         a, b = cx["methods"]
-        L += ["", f"## Over-training crossover ({a} vs {b})", ""]
+        L += ["", f"## Over-training crossover ({a} vs {b})", "", f"**Verdict**: {crossover_text(cx)}.", ""]
         if "mult_a_median" in cx:
             L.append(
                 f"At equal size N and equal training compute, {a} at **{cx['mult_a_median']:.3g}x** its own "
@@ -111,22 +125,53 @@ def report_markdown(res: dict, source: str) -> str:
                 f"{fmt_ci(cx['mult_b_ci'])} (medians over N; bootstrap replicates with a crossing: "
                 f"{cx.get('boot_found')})."
             )
-        L += ["", "| N | C_x | x optimal " + a + " | x optimal " + b + " |", "|---|---|---|---|"]
-        for e in cx["line"]:
+        if cx.get("verdict") != "not determined":
+            L += ["", "| N | C_x | x optimal " + a + " | x optimal " + b + " |", "|---|---|---|---|"]
+        for e in cx["line"] if cx.get("verdict") != "not determined" else []:
             L.append(f"| {e['params']:.3g} | {fmt(e.get('flops'))} | {fmt(e.get('mult_a'))} | {fmt(e.get('mult_b'))} |")
     L += [
         "",
         "## Every run",
         "",
-        "| method | C | size | N | tokens | loss (nats/token) | unigram |",
-        "|---|---|---|---|---|---|---|",
+        "| method | C | size | seed | N | tokens | loss (nats/token) | unigram |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(res["points"], key=lambda r: (r["budget"], list(res["methods"]).index(r["method"]), r["params"])):
         se = f" +- {r['stderr']:.4f}" if r.get("stderr") else ""
         L.append(
-            f"| {r['method']} | {r['budget']:.3g} | {r.get('size', '')} | {r['params']:,.0f} | "
+            f"| {r['method']} | {r['budget']:.3g} | {r.get('size', '')} | {r.get('seed', 0)} | {r['params']:,.0f} | "
             f"{fmt(r.get('tokens'))} | {r['loss']:.4f}{se} | {fmt(r.get('unigram'), 4)} |"
         )
     if res.get("plots"):
         L += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in res["plots"]]
     return "\n".join(L) + "\n"
+
+
+def _loo_section(res: dict) -> list[str]:
+    """Markdown: each method's N* ratio and compute multiplier with each budget left out in turn."""
+    ref = res["reference"]
+    edges = {  # edge minima whose vertex enters the laws
+        (m, q["budget"])
+        for m, mo in res["methods"].items()
+        for q in mo["budgets"]
+        if q.get("edge_minimum") and q["bracketed"] and not q.get("at_unigram_level")
+    }
+    L = ["", "### Leave one budget out"]
+    for m, mo in res["methods"].items():
+        loo = mo.get("leave_one_budget_out")
+        if not loo:
+            continue
+        if not loo["computed"]:
+            L += ["", f"- {m}: {loo['reason']}."]
+            continue
+        L += [
+            "",
+            f"{m} vs {ref} (all budgets: N* ratio {fmt(mo['param_ratio'])}, multiplier {fmt(mo['compute_multiplier'])}):",
+            "",
+            "| budget left out | N* ratio | compute multiplier | note |",
+            "|---|---|---|---|",
+        ]
+        for d in loo["drops"]:
+            note = ", ".join(f"edge minimum of {x} (in its laws)" for x in (m, ref) if (x, d["dropped"]) in edges)
+            L.append(f"| {d['dropped']:.3g} | {fmt(d['param_ratio'])} | {fmt(d['compute_multiplier'])} | {note} |")
+    return L + [""]
