@@ -21,6 +21,7 @@ COMMANDS = (
     "geometry",
     "quality",
     "sweep",
+    "distill",
     "export",
     "convert",
     "zeroshot",

@@ -91,7 +91,7 @@ def sc_rows(B: int, rate: float, generator: Optional[torch.Generator], device) -
     return torch.randperm(B, generator=generator, device=device)[:k]
 
 
-CONTINUOUS_SAMPLERS = ("ddpm", "ddim", "dpmpp2m", "heun")  # replaid.sampling.continuous; the default first
+CONTINUOUS_SAMPLERS = ("ddpm", "ddim", "dpmpp2m", "heun", "consistency")  # replaid.sampling.continuous; the default first
 
 
 def continuous_eval_bound(
