@@ -106,23 +106,9 @@ def _ehat_fn(model: torch.nn.Module) -> T.EHat:
     return call
 
 
-def _student_ehat(model: torch.nn.Module, z: Tensor, gammas: Tensor) -> Tensor:
-    """Student prediction with gradient, per-row noise levels. z (B, L, d_e) float64; gammas (B,)."""
-    return model(z.float(), gammas.to(z.device, torch.float64), None).e_hat.double()
-
-
 def _freeze_schedule_and_embeddings(model: torch.nn.Module) -> None:
     for p in list(model.embedding.parameters()) + list(model.schedule.parameters()):
         p.requires_grad_(False)
-
-
-def _noisy(E: Tensor, tokens: Tensor, gammas: Tensor, gen: torch.Generator) -> Tensor:
-    """``z = alpha e + sigma eps`` at per-row ``gammas`` (B,) float64. tokens (B, L) -> (B, L, d_e) float64."""
-    e = E.double()[tokens]  # (B, L, d_e)
-    a = torch.sigmoid(-gammas).sqrt().view(-1, 1, 1)
-    s = torch.sigmoid(gammas).sqrt().view(-1, 1, 1)
-    eps = torch.randn(e.shape, generator=gen, dtype=torch.float64).to(e.device)
-    return a * e + s * eps
 
 
 def _atomic_save(tensors: dict[str, Tensor], path: Path) -> None:
@@ -195,49 +181,23 @@ class Distiller:
         self._enter_round(rnd)
         K = d.student_steps(rnd)
         g_teacher = gamma_grid(self.teacher.schedule, 2 * K)  # (2K + 1,) float64, the student's grid every other
-        B = tokens.shape[0]
-        idx = torch.randint(0, K, (B,), generator=gen)  # the student's step of each row
-        gt = g_teacher[2 * idx]  # (B,) each row's noise level
-        z = _noisy(self.E, tokens, gt.to(self.device), gen)  # (B, L, d_e)
         assert self.round_teacher is not None
         teach = _ehat_fn(self.round_teacher)
-        with torch.no_grad():
-            target = torch.empty_like(z)
-            for k in idx.unique().tolist():  # the rows of each step share their noise levels
-                rows = (idx == k).nonzero().squeeze(1).to(self.device)
-                g3 = g_teacher[2 * k : 2 * k + 3].tolist()
-                target[rows] = T.progressive_target(teach, z[rows], g3[0], g3[1], g3[2], self.round_sc)
-        e_student = _student_ehat(self.student, z, gt)  # (B, L, d_e)
-        w = T.snr_weight(gt).to(self.device)  # (B,)
-        per_row = ((e_student - target) ** 2).flatten(1).mean(1)  # (B,)
-        loss = (w * per_row).mean()
+        loss, per_row = T.progressive_batch(self.student, teach, self.round_sc, self.E, tokens, g_teacher, gen)
         return loss, {"loss": float(loss.detach()), "mse_e": float(per_row.mean()), "round": rnd, "student_steps": K}
 
     # ---- consistency ---------------------------------------------------------------------
     def consistency_loss(self, tokens: Tensor, gen: torch.Generator) -> tuple[Tensor, dict]:
         d = self.dcfg
         g = gamma_grid(self.teacher.schedule, d.cd_levels)  # (N + 1,)
-        g_min = float(g[-1])
-        B = tokens.shape[0]
-        idx = torch.randint(0, d.cd_levels, (B,), generator=gen)
-        gi = g[idx]  # (B,)
-        z = _noisy(self.E, tokens, gi.to(self.device), gen)  # (B, L, d_e)
-        teach = _ehat_fn(self.teacher)
         assert self.target is not None and self.target_model is not None
         self.target_model.load_state_dict(self.target.shadow)
-        tgt_fn = _ehat_fn(self.target_model)
-        f_target = torch.empty_like(z)
-        with torch.no_grad():
-            for k in idx.unique().tolist():  # the rows of each level share their noise levels
-                rows = (idx == k).nonzero().squeeze(1).to(self.device)
-                gk, gk1 = float(g[k]), float(g[k + 1])
-                z_next = T.teacher_ode_step(teach, z[rows], gk, gk1, d.cd_solver, self.sc_teacher)
-                e_next = tgt_fn(z_next, gk1, None) if k + 1 < d.cd_levels else z_next  # unused at gamma_min
-                f_target[rows] = T.consistency_map(z_next, e_next, gk1, g_min)
-        a, c = T.ddim_coeffs_rows(gi, g_min)  # (B,) each: (C1) per row
-        e_student = _student_ehat(self.student, z, gi)  # (B, L, d_e)
-        f_student = a.to(z).view(-1, 1, 1) * z + c.to(z).view(-1, 1, 1) * e_student
-        loss = T.consistency_loss(f_student, f_target, g_min).mean()
+        teach = _ehat_fn(self.teacher)
+
+        def step(z: Tensor, g_t: float, g_s: float) -> Tensor:
+            return T.teacher_ode_step(teach, z, g_t, g_s, d.cd_solver, self.sc_teacher)
+
+        loss = T.consistency_batch(self.student, step, _ehat_fn(self.target_model), self.E, tokens, g, gen)
         return loss, {"loss": float(loss.detach())}
 
     # ---- the loop ------------------------------------------------------------------------

@@ -149,3 +149,85 @@ def consistency_loss(f_student: Tensor, f_target: Tensor, gamma_min: float, weig
     a_min, _ = _alpha_sigma(gamma_min)
     d = ((f_student - f_target) ** 2).flatten(1).mean(1) / a_min**2  # (B,)
     return d if weight is None else d * weight
+
+
+# ----------------------------------------------------------------------------------------------
+# one batch of each loss (the loop in ``loop.py`` and the tests call these)
+# ----------------------------------------------------------------------------------------------
+
+
+def noisy_latents(E: Tensor, tokens: Tensor, gammas: Tensor, gen: torch.Generator) -> Tensor:
+    """``z = alpha e + sigma eps`` at per-row ``gammas`` (B,) float64 (noise drawn on the CPU by ``gen``).
+    tokens (B, L) -> (B, L, d_e) float64 on ``tokens``' device."""
+    e = E.double().to(tokens.device)[tokens]  # (B, L, d_e)
+    g = gammas.double().to(tokens.device)
+    a, s = torch.sigmoid(-g).sqrt().view(-1, 1, 1), torch.sigmoid(g).sqrt().view(-1, 1, 1)
+    eps = torch.randn(e.shape, generator=gen, dtype=torch.float64).to(e.device)
+    return a * e + s * eps
+
+
+def student_ehat(student: torch.nn.Module, z: Tensor, gammas: Tensor) -> Tensor:
+    """The student's ``e_hat`` with gradient and no self-conditioning input, per-row ``gammas`` (B,).
+    z (B, L, d_e) float64 -> (B, L, d_e) float64."""
+    dtype = next(student.parameters()).dtype  # float32 networks; a float64 one (tests) keeps float64
+    return student(z.to(dtype), gammas.to(z.device, torch.float64), None).e_hat.double()
+
+
+def _rows_by_level(idx: Tensor, device) -> list[tuple[int, Tensor]]:
+    """(level k, the rows drawn at it) for each level present in ``idx`` (B,)."""
+    return [(k, (idx == k).nonzero().squeeze(1).to(device)) for k in idx.unique().tolist()]
+
+
+def progressive_batch(
+    student: torch.nn.Module,
+    teacher: EHat,
+    teacher_sc: bool,
+    E: Tensor,
+    tokens: Tensor,
+    g_teacher: Tensor,
+    gen: torch.Generator,
+) -> tuple[Tensor, Tensor]:
+    """Progressive-distillation loss of one batch: each row at a random student step ``k`` of the
+    ``K = (len(g_teacher) - 1) / 2``-step grid (``g_teacher[2k]`` -> ``g_teacher[2k + 2]``), ``z_t`` drawn
+    from ``q(z_t | x)``, the target (D3) of the teacher's two steps, weight ``max(SNR, 1)``.
+    Returns (scalar loss, per-row unweighted ``mean ||e_hat - e_tilde||^2`` (B,))."""
+    K = (len(g_teacher) - 1) // 2
+    idx = torch.randint(0, K, (tokens.shape[0],), generator=gen)  # (B,) the student's step of each row
+    gt = g_teacher[2 * idx]  # (B,)
+    z = noisy_latents(E, tokens, gt, gen)  # (B, L, d_e)
+    target = torch.empty_like(z)
+    with torch.no_grad():
+        for k, rows in _rows_by_level(idx, z.device):
+            g3 = g_teacher[2 * k : 2 * k + 3].tolist()
+            target[rows] = progressive_target(teacher, z[rows], g3[0], g3[1], g3[2], teacher_sc)
+    per_row = ((student_ehat(student, z, gt) - target) ** 2).flatten(1).mean(1)  # (B,)
+    return (snr_weight(gt).to(z.device) * per_row).mean(), per_row.detach()
+
+
+def consistency_batch(
+    student: torch.nn.Module,
+    teacher_step: Callable[[Tensor, float, float], Tensor],
+    target_net: EHat,
+    E: Tensor,
+    tokens: Tensor,
+    g: Tensor,
+    gen: torch.Generator,
+) -> Tensor:
+    """Consistency-distillation loss (C2) of one batch: each row at a random level ``i`` of the grid ``g``
+    (N + 1,), one teacher step ``teacher_step(z, g[i], g[i + 1])`` (e.g. :func:`teacher_ode_step`), the
+    target network's ``f`` there (the identity at the last level: the boundary condition), the student's
+    ``f`` at ``g[i]``. Returns the scalar loss."""
+    N, g_min = len(g) - 1, float(g[-1])
+    idx = torch.randint(0, N, (tokens.shape[0],), generator=gen)  # (B,)
+    gi = g[idx]  # (B,)
+    z = noisy_latents(E, tokens, gi, gen)  # (B, L, d_e)
+    f_target = torch.empty_like(z)
+    with torch.no_grad():
+        for k, rows in _rows_by_level(idx, z.device):
+            gk, gk1 = float(g[k]), float(g[k + 1])
+            z_next = teacher_step(z[rows], gk, gk1)
+            e_next = target_net(z_next, gk1, None) if k + 1 < N else z_next  # unused at gamma_min
+            f_target[rows] = consistency_map(z_next, e_next, gk1, g_min)
+    a, c = ddim_coeffs_rows(gi, g_min)  # (B,) each: (C1) per row
+    f_student = a.to(z).view(-1, 1, 1) * z + c.to(z).view(-1, 1, 1) * student_ehat(student, z, gi)
+    return consistency_loss(f_student, f_target, g_min).mean()
