@@ -196,6 +196,37 @@ def test_consistency_loss_is_zero_at_the_exact_ode_map_and_positive_off_it():
     assert torch.equal(T.consistency_map(z, torch.randn_like(z), g_min, g_min), z)  # boundary condition
 
 
+def test_consistency_sampler_predicts_renoises_and_reads_its_last_prediction():
+    from replaid.sampling.continuous import nfe_for, sample_consistency
+
+    o = _oracle()
+    gammas = torch.linspace(5.0, -4.0, 5, dtype=torch.float64)  # T = 4
+    seen: list[float] = []
+
+    class Counting:
+        self_conditioning = False
+
+        def embedding_matrix(self):
+            return o.embedding_matrix()
+
+        def __call__(self, z, gamma, e_sc=None):
+            seen.append(float(gamma[0]))
+            return o(z, gamma)
+
+    z = torch.randn(3, 6, o.E.shape[1], generator=torch.Generator().manual_seed(0))
+    infos: list[dict] = []
+    res = sample_consistency(Counting(), z, gammas, generator=torch.Generator().manual_seed(1), callback=infos.append)
+    assert res.nfe == len(seen) == nfe_for("consistency", 4) == 4
+    assert seen == gammas[:-1].tolist()  # no extra readout call at gammas[T]
+    assert torch.equal(res.tokens, infos[-1]["logits"].argmax(-1))  # the tokens are the last prediction
+    # between calls the latent is a fresh forward sample of the prediction at the next level
+    a, s = _as64(float(gammas[1]))
+    r = (infos[0]["z"] - a * infos[0]["e_hat"]) / s
+    assert abs(float(r.mean())) < 0.2 and 0.8 < float(r.std()) < 1.2
+    again = sample_consistency(Counting(), z, gammas, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(again.tokens, res.tokens)
+
+
 def test_distill_config_refuses_bad_settings():
     from replaid.config import ConfigError
 
