@@ -39,7 +39,7 @@ from replaid.methods.base import Kind
 from replaid.sampling.continuous import gamma_grid
 from replaid.training import checkpoint as ck
 from replaid.training import runfolder
-from replaid.training.loading import Run, load_run
+from replaid.training.loading import Run, load_run, run_dir_of
 from replaid.training.train import EMA, rng_state, set_rng_state
 
 METHODS = ("progressive", "consistency")
@@ -319,7 +319,7 @@ def distill(
     with runfolder.claim(out, resume=resume, overwrite=overwrite):
         d = Distiller(teacher, dcfg, out)
         if not resume or not (out / "config.json").is_file():
-            tok_src = Path(teacher.ckpt).parent.parent / "tokenizer"
+            tok_src = run_dir_of(Path(teacher.ckpt)) / "tokenizer"  # a run's, or an exported folder's
             if tok_src.is_dir() and not (out / "tokenizer").exists():
                 shutil.copytree(tok_src, out / "tokenizer")
             runfolder.begin(out, d.cfg.to_json())
