@@ -202,6 +202,7 @@ def test_consistency_sampler_predicts_renoises_and_reads_its_last_prediction():
     o = _oracle()
     gammas = torch.linspace(5.0, -4.0, 5, dtype=torch.float64)  # T = 4
     seen: list[float] = []
+    inputs: list[torch.Tensor] = []
 
     class Counting:
         self_conditioning = False
@@ -211,6 +212,7 @@ def test_consistency_sampler_predicts_renoises_and_reads_its_last_prediction():
 
         def __call__(self, z, gamma, e_sc=None):
             seen.append(float(gamma[0]))
+            inputs.append(z.double())
             return o(z, gamma)
 
     z = torch.randn(3, 6, o.E.shape[1], generator=torch.Generator().manual_seed(0))
@@ -219,10 +221,14 @@ def test_consistency_sampler_predicts_renoises_and_reads_its_last_prediction():
     assert res.nfe == len(seen) == nfe_for("consistency", 4) == 4
     assert seen == gammas[:-1].tolist()  # no extra readout call at gammas[T]
     assert torch.equal(res.tokens, infos[-1]["logits"].argmax(-1))  # the tokens are the last prediction
-    # between calls the latent is a fresh forward sample of the prediction at the next level
-    a, s = _as64(float(gammas[1]))
-    r = (infos[0]["z"] - a * infos[0]["e_hat"]) / s
-    assert abs(float(r.mean())) < 0.2 and 0.8 < float(r.std()) < 1.2
+    # between calls the latent is a fresh forward sample of the prediction at the next level: the noise is
+    # standard normal and independent of the latent the prediction was made from
+    for i in range(3):
+        a, s = _as64(float(gammas[i + 1]))
+        eps = ((infos[i]["z"] - a * infos[i]["e_hat"]) / s).flatten()
+        before = inputs[i].flatten()
+        corr = float(torch.corrcoef(torch.stack([eps, before]))[0, 1])
+        assert abs(float(eps.mean())) < 0.2 and 0.8 < float(eps.std()) < 1.2 and abs(corr) < 0.3, (i, corr)
     again = sample_consistency(Counting(), z, gammas, generator=torch.Generator().manual_seed(1))
     assert torch.equal(again.tokens, res.tokens)
 
