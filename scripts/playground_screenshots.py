@@ -33,6 +33,15 @@ def main() -> None:
     p.add_argument("--chromium", default="/usr/bin/chromium")
     p.add_argument("--prompt", default="Return the")
     p.add_argument("--infill", default="Return the [[6]] of the [[3]].")
+    p.add_argument(
+        "--compare-a", default=None, help="SAMPLER:STEPS of Compare's left side (default: ddpm:64; two runs: :64)"
+    )
+    p.add_argument(
+        "--compare-b", default=None, help="SAMPLER:STEPS of Compare's right side (default: dpmpp2m:16; two runs: :16)"
+    )
+    p.add_argument("--only-compare", action="store_true", help="only the Compare page (e.g. teacher vs student)")
+    p.add_argument("--compare-name", default="compare.png", help="file name of the Compare screenshot")
+    p.add_argument("--timeout", type=int, default=120, help="seconds to wait for a generation")
     a = p.parse_args()
 
     import uvicorn
@@ -56,47 +65,58 @@ def main() -> None:
         pg.goto(f"http://127.0.0.1:{port}/")
         pg.wait_for_selector("#gen-form .run-select option", state="attached")
 
-        # Generate: a prompt, 2 samples, 64 DDPM steps; then scrub back to a step mid-way
-        pg.fill("#gen-form textarea", a.prompt)
-        pg.fill("#gen-form input[name=samples]", "2")
-        pg.fill("#gen-form input[name=steps]", "64")
-        pg.click("#gen-button")
-        pg.wait_for_selector(done, timeout=120000)
-        pg.screenshot(path=str(out / "generate-final.png"), full_page=True)
-        pg.locator("#gen-view .slider").fill("12")
-        pg.screenshot(path=str(out / "generate-step12.png"), full_page=True)
+        wait = a.timeout * 1000
+        if not a.only_compare:
+            generate_pages(pg, a, out, done, wait)
 
-        # Infill: kept text with gaps
-        pg.fill("#gen-form textarea", a.infill)
-        pg.click("#gen-button")
-        pg.wait_for_selector(done, timeout=120000)
-        pg.locator("#gen-view .slider").fill("20")
-        pg.screenshot(path=str(out / "infill-step20.png"))
-        pg.locator("#gen-view .slider").fill(pg.locator("#gen-view .slider").get_attribute("max"))
-        pg.screenshot(path=str(out / "infill-final.png"))
-
-        # Compare: DDPM 64 steps vs DPM-Solver++(2M) 16 steps on the same seed (or two runs)
+        # Compare: --compare-a vs --compare-b on the same seed (two samplers of one run, or two runs)
         pg.click("#tab-compare")
         pg.fill("#cmp-form input[name=text]", a.prompt)
-        if len(a.runs) == 1:
-            pg.select_option("#side-a .sampler-select", "ddpm")
-            pg.select_option("#side-b .sampler-select", "dpmpp2m")
-        pg.fill("#side-a input[name=steps]", "64")
-        pg.fill("#side-b input[name=steps]", "16")
+        one = len(a.runs) == 1  # one run: two samplers; two runs: each run's default unless given
+        for side, spec in (
+            ("a", a.compare_a or ("ddpm:64" if one else ":64")),
+            ("b", a.compare_b or ("dpmpp2m:16" if one else ":16")),
+        ):
+            sampler, steps = spec.split(":")
+            if sampler:
+                pg.select_option(f"#side-{side} .sampler-select", sampler)
+            pg.fill(f"#side-{side} input[name=steps]", steps)
         pg.click("#cmp-button")
         for side in ("a", "b"):
-            pg.wait_for_selector(f"#side-{side} .state[data-state=done]", timeout=120000)
-        pg.screenshot(path=str(out / "compare.png"), full_page=True)
+            pg.wait_for_selector(f"#side-{side} .state[data-state=done]", timeout=wait)
+        pg.screenshot(path=str(out / a.compare_name), full_page=True)
 
-        # Runs page
-        pg.click("#tab-runs")
-        pg.wait_for_function(
-            "document.querySelector('#run-page img.curves') && document.querySelector('#run-page img.curves').naturalWidth > 0"
-        )
-        pg.screenshot(path=str(out / "runs.png"), full_page=True)
+        if not a.only_compare:  # Runs page
+            pg.click("#tab-runs")
+            pg.wait_for_function(
+                "document.querySelector('#run-page img.curves') && document.querySelector('#run-page img.curves').naturalWidth > 0"
+            )
+            pg.screenshot(path=str(out / "runs.png"), full_page=True)
         b.close()
     server.should_exit = True
     print(f"wrote {', '.join(sorted(x.name for x in out.glob('*.png')))} to {out}")
+
+
+def generate_pages(pg, a, out: Path, done: str, wait: int) -> None:
+    """Generate (final and mid-trajectory) and Infill screenshots."""
+    # Generate: a prompt, 2 samples, 64 DDPM steps; then scrub back to a step mid-way
+    pg.fill("#gen-form textarea", a.prompt)
+    pg.fill("#gen-form input[name=samples]", "2")
+    pg.fill("#gen-form input[name=steps]", "64")
+    pg.click("#gen-button")
+    pg.wait_for_selector(done, timeout=wait)
+    pg.screenshot(path=str(out / "generate-final.png"), full_page=True)
+    pg.locator("#gen-view .slider").fill("12")
+    pg.screenshot(path=str(out / "generate-step12.png"), full_page=True)
+
+    # Infill: kept text with gaps
+    pg.fill("#gen-form textarea", a.infill)
+    pg.click("#gen-button")
+    pg.wait_for_selector(done, timeout=wait)
+    pg.locator("#gen-view .slider").fill("20")
+    pg.screenshot(path=str(out / "infill-step20.png"))
+    pg.locator("#gen-view .slider").fill(pg.locator("#gen-view .slider").get_attribute("max"))
+    pg.screenshot(path=str(out / "infill-final.png"))
 
 
 if __name__ == "__main__":

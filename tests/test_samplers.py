@@ -42,6 +42,7 @@ P = torch.tensor([0.40, 0.25, 0.15, 0.12, 0.08], dtype=torch.float64)
 GAMMA_0, GAMMA_1 = -8.0, 8.0
 B, L = 20, 1000  # 20000 i.i.d. positions
 ALL = list(SAMPLERS)
+SOLVERS = [n for n in ALL if n != "consistency"]  # converge to the data law; consistency: tests/test_distill.py
 DETERMINISTIC = ["ddim", "dpmpp2m", "heun"]
 
 # TV(empirical, p) must be below these at T = 128. Measured here: ddpm 0.0068, ddim 0.0024,
@@ -119,7 +120,7 @@ def run(name, den, T, seed, batch=B, length=L, **kw) -> SampleResult:
 # ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", SOLVERS)
 def test_sampler_common(name, oracle):
     infos = []
     tvs = {}

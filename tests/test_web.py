@@ -182,7 +182,8 @@ def _events(resp) -> list[dict]:
 def test_server_lists_runs_and_streams_a_generation(client):
     r = client.get("/api/runs").json()
     assert [x["id"] for x in r["runs"]] == ["replaid", "mdlm", "ar"]
-    assert r["runs"][0]["samplers"] == ["ddpm", "ddim", "dpmpp2m", "heun"] and r["runs"][1]["samplers"] == ["ancestral"]
+    assert r["runs"][0]["samplers"] == ["ddpm", "ddim", "dpmpp2m", "heun", "consistency"]
+    assert r["runs"][1]["samplers"] == ["ancestral"]
     resp = client.post("/api/generate", json={"run": "replaid", "steps": 4, "text": "The"})
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
     ev = _events(resp)

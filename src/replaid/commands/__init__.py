@@ -24,6 +24,7 @@ COMMANDS = (
     "geometry",
     "quality",
     "sweep",
+    "distill",
     "export",
     "convert",
     "zeroshot",

@@ -91,7 +91,8 @@ def sc_rows(B: int, rate: float, generator: Optional[torch.Generator], device) -
     return torch.randperm(B, generator=generator, device=device)[:k]
 
 
-CONTINUOUS_SAMPLERS = ("ddpm", "ddim", "dpmpp2m", "heun")  # replaid.sampling.continuous; the default first
+# replaid.sampling.continuous; the default first
+CONTINUOUS_SAMPLERS = ("ddpm", "ddim", "dpmpp2m", "heun", "consistency")
 
 
 def continuous_eval_bound(

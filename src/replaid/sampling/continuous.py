@@ -13,6 +13,7 @@ Every sampler has the signature
   ``gammas[i + 1]``. After the last step one more evaluation at ``gammas[T]`` gives the tokens
   as the ``argmax`` of its logits. NFE = T + 1 for DDPM, DDIM, DPM-Solver++(2M) and 2T for
   Heun (its corrector is skipped on the last step, as in EDM: 2(T - 1) + 1 + 1 readout).
+  Multistep consistency sampling (:func:`sample_consistency`) makes no extra readout: NFE = T.
 
 Notation: ``alpha^2 = sigmoid(-gamma)``, ``sigma^2 = sigmoid(gamma)`` (``sigma`` is always the
 noise standard deviation), ``lambda = -gamma / 2 = log(alpha / sigma)``. The step coefficients
@@ -53,6 +54,7 @@ __all__ = [
     "sample_ddim",
     "sample_dpmpp_2m",
     "sample_heun",
+    "sample_consistency",
     "SAMPLERS",
     "nfe_for",
     "get_sampler",
@@ -517,11 +519,47 @@ def sample_heun(
     return run.finish(z)
 
 
+@torch.no_grad()
+def sample_consistency(
+    denoiser,
+    z: Tensor,
+    gammas: Tensor,
+    *,
+    generator: Optional[torch.Generator] = None,
+    callback: Optional[Callback] = None,
+    self_cond: Optional[bool] = None,
+    inpaint: Optional[Inpaint] = None,
+    disable_progress: bool = True,
+) -> SampleResult:
+    """Multistep consistency sampling (Song et al. 2023, Alg. 1) for a consistency-distilled student
+    (``replaid distill --method consistency``): at ``gammas[i]`` the network predicts the clean
+    embedding ``e_hat``; before the next level it is noised afresh, ``z = alpha_{i+1} e_hat +
+    sigma_{i+1} eps``. The tokens are the argmax of the last prediction (at ``gammas[T - 1]``), so
+    NFE = T (1 step: one network call). Works on any continuous run (then it is plain multistep
+    x0-prediction sampling)."""
+    run = _Run(denoiser, z, gammas, generator, callback, self_cond, inpaint, disable_progress, "consistency")
+    g = run.g
+    z = run.start(z)
+    logits = torch.empty(0)
+    for i in run.steps():
+        logits, e_hat = run.evaluate(z, g[i])
+        if i < run.T - 1:
+            a_s, s_s = _alpha_sigma(g[i + 1])
+            z = a_s * e_hat + s_s * run.randn(z)  # (B, L, d_e), fresh noise at the next level
+            z = run.replace(z, g[i + 1])
+        run.report(i, z, logits, e_hat)
+    tokens = logits.argmax(-1)  # (B, L)
+    if run.inpaint is not None:
+        tokens = run.inpaint.force_tokens(tokens)
+    return SampleResult(tokens=tokens, z0=z.to(run.in_dtype), nfe=run.nfe, logits=logits)
+
+
 SAMPLERS: dict[str, Callable[..., SampleResult]] = {
     "ddpm": sample_ddpm,
     "ddim": sample_ddim,
     "dpmpp2m": sample_dpmpp_2m,
     "heun": sample_heun,
+    "consistency": sample_consistency,
 }
 
 
@@ -532,11 +570,12 @@ def get_sampler(name: str) -> Callable[..., SampleResult]:
 
 
 def nfe_for(name: str, T: int) -> int:
-    """Denoiser calls of a T-step run including the final argmax readout (T + 1; Heun 2T)."""
+    """Denoiser calls of a T-step run including the final argmax readout (T + 1; Heun 2T;
+    consistency T, whose last prediction is the readout)."""
     get_sampler(name)
     if int(T) < 1:
         raise ValueError(f"need at least one sampling step, got T={T}")
-    return 2 * int(T) if name == "heun" else int(T) + 1
+    return {"heun": 2 * int(T), "consistency": int(T)}.get(name, int(T) + 1)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ REGISTRY: dict[tuple[Kind, str], Sampler] = {
         _continuous("ddim", "deterministic DDIM, T + 1 NFE"),
         _continuous("dpmpp2m", "DPM-Solver++(2M), T + 1 NFE"),
         _continuous("heun", "Heun (EDM) predictor-corrector, 2T NFE"),
+        _continuous("consistency", "multistep consistency sampling (consistency-distilled students), T NFE"),
         Sampler(Kind.MASKED, "ancestral", discrete.sample_mdlm, "MDLM ancestral unmasking, at most T NFE"),
         Sampler(Kind.UNIFORM, "ancestral", discrete.sample_duo, "Duo ancestral, T NFE", lambda T: T),
         Sampler(

@@ -1,0 +1,211 @@
+"""The few-step frontier (issue 24): GenPPL, unigram entropy, MAUVE and wall time per sample of a
+teacher's samplers at each NFE, of distilled students at theirs, and of an MDLM baseline, with Student-t
+intervals over sampling seeds.
+
+    .venv/bin/python scripts/distill_frontier.py --teacher runs/demo --judge-run runs/demo-ar \\
+        --student "PD-8=runs/demo-pd8:ddim:8" --student "PD-4=runs/demo-pd4:ddim:4" \\
+        --student "CD=runs/demo-cd:consistency:1,2,4,8" --mdlm runs/demo-mdlm \\
+        --seeds 0 1 2 --num 32 --out docs/results/distillation
+
+Writes ``frontier.json``, ``frontier.md`` (the table) and two plots: ``frontier_genppl_entropy.png``
+(GenPPL against entropy: the generative frontier, since low-entropy text games GenPPL alone) and
+``frontier_nfe.png`` (GenPPL and MAUVE against NFE). Each (model, sampler, steps) draws ``--num`` samples
+per seed with ``generate`` (the seed is the request's); GenPPL under the AR judge run, the mean
+per-sample unigram entropy over the sample ids, MAUVE (``--mauve``) against ``--num`` held-out windows
+of the teacher's ``--split``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import time
+from pathlib import Path
+
+TEACHER_SAMPLERS = ("ddpm", "ddim", "dpmpp2m", "heun")
+NFES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def steps_for(sampler: str, nfe: int) -> int | None:
+    """The step count whose NFE is ``nfe`` (T + 1, Heun 2T, consistency T); None where none is."""
+    if sampler == "heun":
+        return nfe // 2 if nfe % 2 == 0 and nfe >= 2 else None
+    if sampler == "consistency":
+        return nfe
+    return nfe - 1 if nfe >= 2 else None
+
+
+def parse_student(spec: str) -> tuple[str, str, str, list[int]]:
+    """``LABEL=PATH:SAMPLER:STEPS[,STEPS]``."""
+    try:
+        label, rest = spec.split("=", 1)
+        path, sampler, steps = rest.rsplit(":", 2)
+        return label, path, sampler, [int(s) for s in steps.split(",")]
+    except ValueError:
+        raise SystemExit(f"replaid: error: --student {spec!r}: expected LABEL=PATH:SAMPLER:STEPS[,STEPS]") from None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--teacher", required=True)
+    p.add_argument("--judge-run", required=True, help="AR run trained on the same corpus (the GenPPL judge)")
+    p.add_argument("--student", action="append", default=[], help="LABEL=PATH:SAMPLER:STEPS[,STEPS]")
+    p.add_argument("--mdlm", default=None, help="MDLM baseline run (scored at --mdlm-steps)")
+    p.add_argument("--mdlm-steps", type=int, nargs="+", default=[4, 8, 64])
+    p.add_argument("--teacher-samplers", nargs="+", default=list(TEACHER_SAMPLERS))
+    p.add_argument("--nfes", type=int, nargs="+", default=list(NFES))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--num", type=int, default=32, help="samples per seed and configuration")
+    p.add_argument("--mauve", action="store_true", help="also MAUVE against held-out windows (slow on a CPU)")
+    p.add_argument("--split", default="valid")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+
+    import torch
+
+    torch.set_num_threads(a.threads)
+    from replaid.eval.quality import gen_ppl_ar_run, mauve_score, reference_windows, sentence_features, unigram_entropy
+    from replaid.eval.seeds import t_interval
+    from replaid.sampling.generate import generate
+    from replaid.sampling.request import SampleRequest
+    from replaid.training.loading import load_run
+
+    judge = load_run(a.judge_run, device="cpu")
+    teacher = load_run(a.teacher, device="cpu")
+    configs: list[tuple[str, object, str, int]] = []  # (label, run, sampler, steps)
+    for s in a.teacher_samplers:
+        for n in a.nfes:
+            T = steps_for(s, n)
+            if T:
+                configs.append(("teacher", teacher, s, T))
+    for spec in a.student:
+        label, path, sampler, steps = parse_student(spec)
+        run = load_run(path, device="cpu")
+        configs += [(label, run, sampler, T) for T in steps]
+    if a.mdlm:
+        mdlm = load_run(a.mdlm, device="cpu")
+        configs += [("MDLM", mdlm, "ancestral", T) for T in a.mdlm_steps]
+    ref_feat = None
+    if a.mauve:
+        ref_texts, _ = reference_windows(teacher, a.split, a.num)
+        ref_feat = sentence_features(ref_texts)
+
+    rows = []
+    for label, run, sampler, T in configs:
+        per_seed = []
+        for seed in a.seeds:
+            req = SampleRequest(sampler=sampler, steps=T, num=a.num, batch_size=a.num, seed=seed, progress=False)
+            t0 = time.time()
+            out = generate(run, req)
+            secs = (time.time() - t0) / a.num
+            texts = [r["text"] for r in out]
+            m = {
+                "gen_ppl": gen_ppl_ar_run(texts, judge)["gen_ppl"],
+                "entropy": unigram_entropy([r["ids"] for r in out])["entropy"],
+                "seconds_per_sample": secs,
+            }
+            if ref_feat is not None:
+                m["mauve"] = mauve_score(sentence_features(texts), ref_feat)
+            per_seed.append(m)
+        row = {"model": label, "sampler": sampler, "steps": T, "nfe": int(out[0]["nfe"]), "example": texts[0]}
+        for k in per_seed[0]:
+            row[k] = t_interval([m[k] for m in per_seed]).as_dict()
+        rows.append(row)
+        print(
+            f"{label:10s} {sampler:12s} T={T:<4d} NFE={row['nfe']:<4d} GenPPL {row['gen_ppl']['mean']:8.1f} "
+            f"entropy {row['entropy']['mean']:.3f}",
+            flush=True,
+        )
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "host": f"{platform.machine()} {platform.processor() or ''} torch {torch.__version__}, {a.threads} thread(s)",
+        "teacher": str(teacher.ckpt),
+        "judge": str(judge.ckpt),
+        "seeds": a.seeds,
+        "num": a.num,
+        "split": a.split,
+    }
+    out_dir = Path(a.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "frontier.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    (out_dir / "frontier.md").write_text(table(rows))
+    plot(rows, out_dir)
+
+
+def _fmt(iv: dict, digits: int = 1) -> str:
+    if iv["n"] < 2:
+        return f"{iv['mean']:.{digits}f}"
+    return f"{iv['mean']:.{digits}f} [{iv['lo']:.{digits}f}, {iv['hi']:.{digits}f}]"
+
+
+def table(rows: list[dict]) -> str:
+    has_mauve = any("mauve" in r for r in rows)
+    head = "| model | sampler | steps | NFE | GenPPL (95% CI over seeds) | unigram entropy | "
+    head += "MAUVE | " if has_mauve else ""
+    head += "s / sample |\n|---|---|---|---|---|---|" + ("---|" if has_mauve else "") + "---|\n"
+    body = ""
+    for r in sorted(rows, key=lambda r: (r["model"] != "teacher", r["model"], r["sampler"], r["nfe"])):
+        body += f"| {r['model']} | {r['sampler']} | {r['steps']} | {r['nfe']} | {_fmt(r['gen_ppl'])} | "
+        body += f"{_fmt(r['entropy'], 3)} | " + (f"{_fmt(r['mauve'], 3)} | " if has_mauve else "")
+        body += f"{r['seconds_per_sample']['mean']:.3f} |\n"
+    return head + body
+
+
+def plot(rows: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(f"{r['model']} {r['sampler']}", []).append(r)
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for name, rs in groups.items():
+        rs = sorted(rs, key=lambda r: r["nfe"])
+        ax.errorbar(
+            [r["entropy"]["mean"] for r in rs],
+            [r["gen_ppl"]["mean"] for r in rs],
+            yerr=[
+                [r["gen_ppl"]["mean"] - r["gen_ppl"]["lo"] for r in rs],
+                [r["gen_ppl"]["hi"] - r["gen_ppl"]["mean"] for r in rs],
+            ]
+            if all(r["gen_ppl"]["n"] > 1 for r in rs)
+            else None,
+            marker="o",
+            capsize=2,
+            label=name,
+        )
+        for r in rs:
+            ax.annotate(str(r["nfe"]), (r["entropy"]["mean"], r["gen_ppl"]["mean"]), fontsize=7)
+    ax.set_xlabel("mean unigram entropy of a sample (nats)")
+    ax.set_ylabel("GenPPL under the AR judge")
+    ax.set_yscale("log")
+    ax.set_title("Generative frontier (labels: NFE)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "frontier_genppl_entropy.png", dpi=120)
+    plt.close(fig)
+
+    keys = ["gen_ppl"] + (["mauve"] if any("mauve" in r for r in rows) else [])
+    fig, axes = plt.subplots(1, len(keys), figsize=(6.5 * len(keys), 4.5), squeeze=False)
+    for ax, k in zip(axes[0], keys):
+        for name, rs in groups.items():
+            rs = sorted(rs, key=lambda r: r["nfe"])
+            ax.plot([r["nfe"] for r in rs], [r[k]["mean"] for r in rs], marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("NFE (network calls per sample)")
+        ax.set_ylabel({"gen_ppl": "GenPPL under the AR judge", "mauve": "MAUVE"}[k])
+        if k == "gen_ppl":
+            ax.set_yscale("log")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "frontier_nfe.png", dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
