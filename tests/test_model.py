@@ -193,7 +193,7 @@ def test_config_errors_name_the_key():
         resolve("debug", None, ["model.hiden=3"])
     with pytest.raises(ConfigError, match="did you mean 'model.hidden'"):
         resolve("debug", None, ["model.hiden=3"])
-    with pytest.raises(ConfigError, match="expects an int"):
+    with pytest.raises(ConfigError, match="expects a whole number"):
         resolve("debug", None, ["train.steps=abc"])
     with pytest.raises(ConfigError, match="expects a bool"):
         resolve("debug", None, ["model.self_conditioning=maybe"])
@@ -214,7 +214,7 @@ def test_yaml_overrides(tmp_path):
     with pytest.raises(ConfigError, match="model.hiddn"):
         resolve("debug", str(f), [])
     f.write_text("model:\n  hidden: [1, 2]\n")
-    with pytest.raises(ConfigError, match="expects an int"):
+    with pytest.raises(ConfigError, match="expects a whole number"):
         resolve("debug", str(f), [])
 
 

@@ -127,7 +127,7 @@ def test_cli_sample_json(trained, capsys):
     "args,needle",
     [
         (["train", "--preset", "debug", "--out", "{tmp}/x", "model.hiden=3"], "did you mean 'model.hidden'"),
-        (["train", "--preset", "debug", "--out", "{tmp}/x", "train.steps=ten"], "expects an int"),
+        (["train", "--preset", "debug", "--out", "{tmp}/x", "train.steps=ten"], "expects a whole number"),
         (["train", "--preset", "debug", "--out", "{tmp}/x", "data.source={tmp}/missing.jsonl"], "missing.jsonl"),
         (["train", "--preset", "debug", "--out", "{tmp}/x", "data.source={tmp}/empty.jsonl"], "empty"),
         (["train", "--preset", "nope"], "unknown preset"),

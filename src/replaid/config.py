@@ -529,7 +529,7 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
         raise ConfigError(f"config key {key} expects a bool (true/false), got {value!r}")
     if typ is int:
         if isinstance(value, bool):
-            raise ConfigError(f"config key {key} expects an int, got {value!r}")
+            raise ConfigError(f"config key {key} expects a whole number, got {value!r}")
         v: Any = value
         if isinstance(value, str):  # digits exactly; 1e3-style only where a float holds it exactly
             try:

@@ -15,7 +15,7 @@ EXAMPLE = (
 
 def register(sub) -> None:
     s = add_command(sub, "classifier", "Latent classifiers for classifier guidance.", EXAMPLE)
-    cs = s.add_subparsers(dest="classifier_cmd", required=True)
+    cs = s.add_subparsers(dest="classifier_cmd", required=True, help="train (has --help)")
     t = add_command(
         cs,
         "train",

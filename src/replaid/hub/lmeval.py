@@ -24,8 +24,10 @@ temperature (1.0), ema (True), device (auto), progress (True); the harness's bat
 
 from __future__ import annotations
 
+import sys
 import time
 
+import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
@@ -68,6 +70,11 @@ class ReplaidLM(LM):
             raise ValueError(
                 f"unknown model argument(s) {', '.join(unknown)} for --model replaid; see replaid.hub.lmeval"
             )
+        if device and str(device).startswith("cuda") and not torch.cuda.is_available():
+            # the harness's CLI passes its default device (cuda) to every model; as its own HF model
+            # does, fall back to what this machine has rather than refuse
+            print(f"replaid: device {device} is not available here; using the CPU", file=sys.stderr)
+            device = "cpu"
         self.run = load_run(run, use_ema=_bool(ema), device=device or "auto")
         bs = 8 if str(batch_size).startswith("auto") else int(batch_size)
         self.scorer = Scorer(

@@ -136,7 +136,7 @@ def check_memory(run, req: SampleRequest, L: int, free: Optional[float] = None) 
         return
     budget = 0.9 * free
     n_params = sum(p.numel() for p in run.model.parameters())
-    V = run.data.vocab_size
+    V = int(run.method.embedding_rows(run.model).shape[0])  # the run's token rows (MDLM: + its mask row)
 
     def peak(rows: int, length: int, num: int) -> float:
         return sampling_estimate(run.cfg, V, n_params, rows, length, num).peak
