@@ -54,6 +54,8 @@ def test_paired_difference_not_determined_when_interval_contains_zero():
     assert pd.interval.lo < 0 < pd.interval.hi
     assert pd.verdict == "not determined"
     assert paired_difference("a", {0: 1.0}, "b", {0: 2.0}).verdict == "not determined"  # one seed
+    two = paired_difference("a", {0: 1.0, 1: 1.01}, "b", {0: 2.0, 1: 2.0})  # excludes 0, but 2 seeds
+    assert two.interval.hi < 0 and two.verdict == "not determined"
 
 
 def test_plateau_flag():

@@ -24,6 +24,7 @@ from typing import Optional, Sequence
 from scipy import stats
 
 PLATEAU_NATS = 0.3  # a cell must be at least this far below the unigram bound to be interpreted
+MIN_SEEDS = 3  # a paired difference over fewer seeds gets no verdict (its interval is shown, not read)
 
 
 @dataclass
@@ -83,8 +84,9 @@ class PairedDifference:
 
     @property
     def verdict(self) -> str:
-        """``lower``/``higher`` (the cell's bound is below/above the reference's) or ``not determined``."""
-        if self.interval.n < 2 or self.interval.contains_zero:
+        """``lower``/``higher`` (the cell's bound is below/above the reference's) or ``not determined`` (the
+        interval contains 0, or fewer than :data:`MIN_SEEDS` seeds)."""
+        if self.interval.n < MIN_SEEDS or self.interval.contains_zero:
             return "not determined"
         return "lower" if self.interval.hi < 0 else "higher"
 
