@@ -183,6 +183,12 @@ HOSTILE = [
     # memory before allocation
     (["sample", "{run}", "--num", "1000000000", "--batch-size", "1000000000"], "GB free; use --num", None),
     (["sample", "{run}", "--length", "100000000", "--allow-longer"], "GB free; use --length", None),
+    (
+        ["likelihood", "{run}", "--K", "100000", "--batch-size", "100000000", "--out", "{tmp}/lk"],
+        "GB free; use --batch-size",
+        None,
+    ),
+    (["likelihood", "{run}", "--K", "1000000000", "--out", "{tmp}/lk"], "not even one row fits", None),
     # input files: schema checks naming the file, the line and the field
     (["quality", SAMPLES], 'line 1: field "text" is missing', write("s.jsonl", '{"words": "a b"}\n')),
     (["quality", SAMPLES], "line 1: a JSON list, not an object", write("s.jsonl", '["a", "b"]\n')),

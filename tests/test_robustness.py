@@ -151,3 +151,35 @@ def test_a_config_integer_is_exact_or_refused():
     for bad in ("99999999999999999999999999", "12345678901234567.0", "1.5", "1e30", "ten"):  # 2nd: float rounds it
         with pytest.raises(ConfigError, match="train.steps"):
             resolve("debug", None, [f"train.steps={bad}"])
+
+
+def test_eval_and_likelihood_refuse_what_cannot_fit_before_allocating(trained, tmp_path, monkeypatch, capsys):
+    """With little memory free, ``replaid eval`` and ``replaid likelihood`` refuse in one line that
+    names the estimate, the free memory and the largest --batch-size that fits, before the first batch
+    (nothing evaluated, no --out); the suggested batch size then runs."""
+    import replaid.eval.evaluate as ev
+    import replaid.eval.likelihood as lk
+
+    free = {"bytes": 6e6}  # the debug run's weights fit; an evaluation batch of the whole split does not
+    monkeypatch.setattr("replaid.training.memory.free_bytes", lambda dev: free["bytes"])
+    calls: list = []
+    real_eval, real_lik = ev.evaluate_model, lk.estimate_likelihood
+    monkeypatch.setattr(ev, "evaluate_model", lambda *a, **k: calls.append("eval") or real_eval(*a, **k))
+    monkeypatch.setattr(lk, "estimate_likelihood", lambda *a, **k: calls.append("lik") or real_lik(*a, **k))
+
+    def refused(argv) -> int:
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("replaid: error: ") and "needs about" in err[0], err
+        assert "cpu has 6 MB free; use --batch-size" in err[0], err
+        return int(err[0].split("--batch-size ")[1].split()[0])
+
+    bs = refused(["eval", str(trained), "--batch-size", "64"])
+    assert calls == [] and bs >= 1
+    assert main(["eval", str(trained), "--batch-size", str(bs), "--max-batches", "1"]) == 0 and calls == ["eval"]
+    capsys.readouterr()
+    out = tmp_path / "lk"
+    argv = ["likelihood", str(trained), "--num-seqs", "8", "--K", "8", "--steps", "2", "--out", str(out)]
+    bs = refused([*argv, "--batch-size", "64"])
+    assert calls == ["eval"] and not out.exists() and bs >= 1
+    assert main([*argv, "--batch-size", str(bs)]) == 0 and calls == ["eval", "lik"]
