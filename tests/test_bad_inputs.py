@@ -107,6 +107,15 @@ def split_folder(run):
     (tmp / "corpus" / "valid.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
 
 
+def free_port() -> int:
+    """A TCP port nothing listens on now (the serve rows get past the port check)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 CASES = [
     # (command, message fragment, how to damage a copy of the trained run first)
     (NEW + ["train.log_every=0"], "train.log_every: must be >= 1", None),
@@ -158,6 +167,11 @@ HOSTILE = [
     (["serve", "{run}", "--threads", "-4"], "argument --threads: -4: must be >= 0", None),
     (["serve", "{run}", "--max-length", "-1"], "argument --max-length: -1: must be >= 0", None),
     (["serve", "{run}", "--port", "70000"], "argument --port: 70000: must be <= 65535", None),
+    (
+        ["serve", "{run}", "--max-length", "100000", "--port", str(free_port())],
+        "--max-length 100000 is beyond the trained length of run",
+        None,
+    ),
     (["scaling", "plan", "--budgets", "1e400"], "argument --budgets: 1e400: must be a finite number", None),
     (["scaling", "plan", "--mfu", "0"], "argument --mfu: 0: must be > 0", None),
     (["scaling", "run", "{tmp}/sw", "--max-parallel", "-3"], "argument --max-parallel: -3: must be >= 1", None),
