@@ -116,6 +116,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def fifo_or_dir(run, name: str, fifo: bool):
+    """Make ``name`` (beside the run) a named pipe or a folder."""
+    f = run.parent / name
+    if fifo:
+        os.mkfifo(f)
+    else:
+        f.mkdir()
+
+
 CASES = [
     # (command, message fragment, how to damage a copy of the trained run first)
     (NEW + ["train.log_every=0"], "train.log_every: must be >= 1", None),
@@ -126,6 +135,31 @@ CASES = [
     (NEW + ["optim.grad_clip=nan"], "optim.grad_clip: must be a finite number", None),
     (NEW + ["train.max_nonfinite_steps=0"], "train.max_nonfinite_steps", None),
     (NEW + ["data.source={tmp}/corpus"], "the valid split", split_folder),
+    # corpus files: strict UTF-8 (file, line, byte), and no folder or pipe where a file is expected
+    (
+        NEW + ["data.source={tmp}/latin1.jsonl"],
+        "latin1.jsonl:2 is not UTF-8 text (byte 28: 0xe9): corpus files must be UTF-8; convert the file",
+        write("latin1.jsonl", b'{"text": "ok"}\n{"text": "caf\xe9"}\n'),
+    ),
+    (
+        NEW + ["data.source={tmp}/latin1.txt"],
+        "latin1.txt:2 is not UTF-8 text (byte 12: 0xff)",
+        write("latin1.txt", b"hello\nworld \xff\n"),
+    ),
+    (
+        NEW + ["data.source={tmp}/corpus"],
+        "valid.jsonl is a folder, not a corpus file",
+        lambda run: (
+            split_folder(run),
+            (run.parent / "corpus" / "valid.jsonl").unlink(),
+            fifo_or_dir(run, "corpus/valid.jsonl", False),
+        ),
+    ),
+    (
+        NEW + ["data.source={tmp}/fifo"],
+        "is a pipe, not a corpus file or folder",
+        lambda run: fifo_or_dir(run, "fifo", True),
+    ),
     (["train", "--preset", "debug", "--no-progress", "--out", "{run}"], "already holds a run", None),
     (
         ["train", "--preset", "debug", "--no-progress", "--out", "{tmp}/afile"],
