@@ -329,9 +329,46 @@ def holdout_split(ds: Any, split: str, holdout: int) -> Any:
     return ds.select(range(n - holdout)) if split == "train" else ds.select(range(n - holdout, n))
 
 
+HUB_PROBE_SECONDS = 3.0
+_PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def hub_unreachable(timeout: float = HUB_PROBE_SECONDS) -> str | None:
+    """Why the Hugging Face Hub (``HF_ENDPOINT``) cannot be reached, from one TCP connection of at
+    most ``timeout`` seconds; None when it answers, when ``HF_HUB_OFFLINE`` is set (the libraries then
+    read their cache without the network) or behind a proxy (which this probe cannot see through).
+    Lets a Hub load fail in one line at once instead of after minutes of the libraries' retries."""
+    import os
+    import socket
+    from urllib.parse import urlsplit
+
+    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or any(os.environ.get(v) for v in _PROXY_VARS):
+        return None
+    try:
+        from huggingface_hub import constants
+
+        endpoint = constants.ENDPOINT
+    except ImportError:  # pragma: no cover - comes with transformers
+        endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    u = urlsplit(endpoint)
+    try:
+        port = u.port or (443 if u.scheme == "https" else 80)
+        socket.create_connection((u.hostname or "", port), timeout=timeout).close()
+    except (OSError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+        return f"the Hugging Face Hub ({endpoint}) could not be reached: {why}"
+    return None
+
+
 def load_hf_split(spec: HFSpec, split: str, cache_dir: str | None = None) -> Any:
     """Load our ``split`` of the dataset (a ``datasets`` Dataset or IterableDataset)."""
     check_split(split)
+    if why := hub_unreachable():
+        raise DataError(
+            f"cannot load Hugging Face dataset {spec.path!r}: {why}; set data.source to a local "
+            f".jsonl/.txt path or directory (e.g. ../shared/data/wiki-sample), or set HF_HUB_OFFLINE=1 "
+            f"to use a copy in the local Hugging Face cache"
+        )
     try:
         import datasets
 

@@ -15,6 +15,7 @@ import torch
 
 from replaid.config import RunConfig
 from replaid.data.pipeline import DataPipeline
+from replaid.data.sources import hub_unreachable
 from replaid.methods import get_method
 from replaid.methods.base import Method
 from replaid.training import checkpoint as ck
@@ -60,6 +61,14 @@ def resolve(path_or_id: str | os.PathLike) -> Path:
             f"pip install huggingface_hub or pass a local folder"
         ) from None
     kw = dict(repo_id=repo_id, revision=revision or None)
+    if why := hub_unreachable():  # the cache, or one line at once (not minutes of retries)
+        try:
+            return Path(snapshot_download(**kw, local_files_only=True))
+        except Exception:
+            raise CheckpointError(
+                f"{path_or_id} is not a local path and {why}; pass a local folder, or set HF_HUB_OFFLINE=1 "
+                f"with a copy in the local Hugging Face cache ('hf download {repo_id}' where online)"
+            ) from None
     try:
         return Path(snapshot_download(**kw))
     except LocalEntryNotFoundError:
