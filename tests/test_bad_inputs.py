@@ -349,3 +349,96 @@ def test_debug_flag_and_environment_show_the_traceback(tmp_path, monkeypatch):
     monkeypatch.setenv("REPLAID_DEBUG", "1")
     with pytest.raises(ConfigError, match="train.log_every"):
         main(["train", "--preset", "debug", "--out", str(tmp_path / "x"), "train.log_every=0"])
+
+
+# ---------------------------------------------------------------- generated: every numeric option
+
+FUZZ_SECONDS = float(os.environ.get("REPLAID_FUZZ_SECONDS", "60"))  # stop generating cases after this
+BIG = "9" * 30
+ALWAYS_BAD = ["", "abc", "nan", "inf", "-inf", "1e400", "-1e400"]  # no numeric option takes these
+INT_BAD = ["1e9", "2.5", "0x10"]  # not whole numbers written as digits
+MAYBE_BAD = ["-1", "0", BIG, "-" + BIG]  # bad where the option's range says so
+
+
+def numeric_options():
+    """(command words, option, its argparse action) for every option of every (sub)command whose type is
+    a number, read from the CLI's own parser."""
+    import argparse
+
+    from replaid.cli import _parser
+
+    def walk(p, path):
+        yield path, p
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sp in a.choices.items():
+                    yield from walk(sp, [*path, name])
+
+    for path, p in walk(_parser(), []):
+        positionals = [a for a in p._actions if not a.option_strings and a.nargs != argparse.PARSER]
+        for a in p._actions:
+            if a.option_strings and getattr(a.type, "__name__", "") in ("int", "float"):
+                yield path, ["{run}"] * sum(1 for x in positionals if x.required or x.nargs == "+"), a
+
+
+def test_generated_bad_numbers_for_every_numeric_option(trained, tmp_path):
+    """Every numeric option of every command, given bad numbers (not a number, empty, NaN, inf, 1e400,
+    '1e9' and '2.5' for whole numbers, and -1 / 0 / 30-digit numbers where its range excludes them):
+    exit 2, exactly one line 'replaid: error: argument OPTION: ...', no traceback, files untouched.
+    Every numeric option declares its range (int_in/float_in/POSITIVE/..., never a bare int or float).
+    Cases run in process, in a seeded order, until REPLAID_FUZZ_SECONDS (60); the count is printed."""
+    import argparse
+    import contextlib
+    import io
+    import random
+    import time
+
+    opts = list(numeric_options())
+    bare = [f"{' '.join(p)} {a.option_strings[0]}" for p, _, a in opts if a.type in (int, float)]
+    assert not bare, f"numeric options without a declared range (use int_in/float_in): {bare}"
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    before = files(tmp_path)
+    cases = [
+        (path, pos, a, v)
+        for path, pos, a in opts
+        for v in ALWAYS_BAD + (INT_BAD if a.type.__name__ == "int" else []) + MAYBE_BAD
+    ]
+    random.Random(0).shuffle(cases)  # a budget cut leaves a spread over every command, not the first ones
+    t0, ran, in_range, unvalidated, seen = time.time(), 0, 0, [], set()
+    for path, pos, a, v in cases:
+        if time.time() - t0 > FUZZ_SECONDS:
+            break
+        try:
+            a.type(v)
+        except (argparse.ArgumentTypeError, ValueError, TypeError):
+            pass
+        else:  # the option's type takes v: a bug for ALWAYS_BAD/INT_BAD, within its declared range otherwise
+            if v in MAYBE_BAD:
+                in_range += 1
+            else:
+                unvalidated.append(f"{' '.join(path)} {a.option_strings[0]} {v!r}")
+            continue
+        opt = a.option_strings[0]
+        argv = [*path, *(x.replace("{run}", str(run)) for x in pos), f"{opt}={v}"]
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                code = main(argv)
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        ran += 1
+        seen.add(" ".join(path))
+        where = f"{' '.join(argv[: len(path)])} {opt}={v!r}: {lines}"
+        assert code == 2 and len(lines) == 1 and lines[0].startswith(f"replaid: error: argument {opt}"), where
+        assert "Traceback" not in lines[0], where
+    seconds = time.time() - t0
+    assert files(tmp_path) == before  # nothing written or damaged by any case
+    print(
+        f"\nfuzz: {ran} bad-number cases run over {len(seen)} commands ({len(opts)} numeric options) in "
+        f"{seconds:.0f}s, 0 tracebacks; {in_range} values within an option's declared range skipped; "
+        f"{len(cases)} cases generated"
+    )
+    assert not unvalidated, f"numeric options that take a non-number or non-finite value: {unvalidated}"
+    assert ran > 0

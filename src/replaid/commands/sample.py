@@ -92,7 +92,7 @@ def add_guidance_args(s) -> None:
     )
     s.add_argument(
         "--guidance-scale",
-        type=float,
+        type=float_in(0),
         default=1.0,
         help="w: adds w * grad log p(y | z_t) to the score (0: unguided, 1: the exact conditional)",
     )
