@@ -247,6 +247,19 @@ HOSTILE = [
         write("s.jsonl", '{"text": "a", "ids": "abc"}\n'),
     ),
     (["quality", SAMPLES], 'field "ids" must be a list', write("s.jsonl", '{"text": "a", "ids": [1, -3]}\n')),
+    (
+        ["quality", SAMPLES],
+        'line 2: field "ids" holds 512 at position 1, beyond the vocabulary (field "vocab_size" 512',
+        write(
+            "s.jsonl",
+            '{"text": "a", "ids": [1], "vocab_size": 512}\n{"text": "b", "ids": [3, 512], "vocab_size": 512}\n',
+        ),
+    ),
+    (
+        ["quality", SAMPLES],
+        'line 1: field "vocab_size" must be a whole number >= 1',
+        write("s.jsonl", '{"text": "a", "ids": [1], "vocab_size": "big"}\n'),
+    ),
     (["quality", SAMPLES], "line 2: not JSON (Unterminated string", write("s.jsonl", '{"text": "a"}\n{"text": "b\n')),
     (["quality", SAMPLES], "is not UTF-8 text (byte 10)", write("s.jsonl", b'{"text": "\xff\xfe"}\n')),
     (["quality", "{tmp}"], "is not a regular file", None),
