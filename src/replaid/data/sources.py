@@ -342,14 +342,14 @@ def hub_unreachable(timeout: float = HUB_PROBE_SECONDS) -> str | None:
     import socket
     from urllib.parse import urlsplit
 
-    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or any(os.environ.get(v) for v in _PROXY_VARS):
-        return None
     try:
         from huggingface_hub import constants
 
-        endpoint = constants.ENDPOINT
+        endpoint, offline = constants.ENDPOINT, bool(constants.HF_HUB_OFFLINE)
     except ImportError:  # pragma: no cover - comes with transformers
-        endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+        endpoint, offline = os.environ.get("HF_ENDPOINT", "https://huggingface.co"), False
+    if offline or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or any(os.environ.get(v) for v in _PROXY_VARS):
+        return None
     u = urlsplit(endpoint)
     try:
         port = u.port or (443 if u.scheme == "https" else 80)
@@ -363,7 +363,7 @@ def hub_unreachable(timeout: float = HUB_PROBE_SECONDS) -> str | None:
 def load_hf_split(spec: HFSpec, split: str, cache_dir: str | None = None) -> Any:
     """Load our ``split`` of the dataset (a ``datasets`` Dataset or IterableDataset)."""
     check_split(split)
-    if why := hub_unreachable():
+    if not spec.data_files and (why := hub_unreachable()):  # local data files need no Hub
         raise DataError(
             f"cannot load Hugging Face dataset {spec.path!r}: {why}; set data.source to a local "
             f".jsonl/.txt path or directory (e.g. ../shared/data/wiki-sample), or set HF_HUB_OFFLINE=1 "
