@@ -107,6 +107,24 @@ def split_folder(run):
     (tmp / "corpus" / "valid.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
 
 
+def free_port() -> int:
+    """A TCP port nothing listens on now (the serve rows get past the port check)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fifo_or_dir(run, name: str, fifo: bool):
+    """Make ``name`` (beside the run) a named pipe or a folder."""
+    f = run.parent / name
+    if fifo:
+        os.mkfifo(f)
+    else:
+        f.mkdir()
+
+
 CASES = [
     # (command, message fragment, how to damage a copy of the trained run first)
     (NEW + ["train.log_every=0"], "train.log_every: must be >= 1", None),
@@ -117,6 +135,31 @@ CASES = [
     (NEW + ["optim.grad_clip=nan"], "optim.grad_clip: must be a finite number", None),
     (NEW + ["train.max_nonfinite_steps=0"], "train.max_nonfinite_steps", None),
     (NEW + ["data.source={tmp}/corpus"], "the valid split", split_folder),
+    # corpus files: strict UTF-8 (file, line, byte), and no folder or pipe where a file is expected
+    (
+        NEW + ["data.source={tmp}/latin1.jsonl"],
+        "latin1.jsonl:2 is not UTF-8 text (byte 28: 0xe9): corpus files must be UTF-8; convert the file",
+        write("latin1.jsonl", b'{"text": "ok"}\n{"text": "caf\xe9"}\n'),
+    ),
+    (
+        NEW + ["data.source={tmp}/latin1.txt"],
+        "latin1.txt:2 is not UTF-8 text (byte 12: 0xff)",
+        write("latin1.txt", b"hello\nworld \xff\n"),
+    ),
+    (
+        NEW + ["data.source={tmp}/corpus"],
+        "valid.jsonl is a folder, not a corpus file",
+        lambda run: (
+            split_folder(run),
+            (run.parent / "corpus" / "valid.jsonl").unlink(),
+            fifo_or_dir(run, "corpus/valid.jsonl", False),
+        ),
+    ),
+    (
+        NEW + ["data.source={tmp}/fifo"],
+        "is a pipe, not a corpus file or folder",
+        lambda run: fifo_or_dir(run, "fifo", True),
+    ),
     (["train", "--preset", "debug", "--no-progress", "--out", "{run}"], "already holds a run", None),
     (
         ["train", "--preset", "debug", "--no-progress", "--out", "{tmp}/afile"],
@@ -158,6 +201,11 @@ HOSTILE = [
     (["serve", "{run}", "--threads", "-4"], "argument --threads: -4: must be >= 0", None),
     (["serve", "{run}", "--max-length", "-1"], "argument --max-length: -1: must be >= 0", None),
     (["serve", "{run}", "--port", "70000"], "argument --port: 70000: must be <= 65535", None),
+    (
+        ["serve", "{run}", "--max-length", "100000", "--port", str(free_port())],
+        "--max-length 100000 is beyond the trained length of run",
+        None,
+    ),
     (["scaling", "plan", "--budgets", "1e400"], "argument --budgets: 1e400: must be a finite number", None),
     (["scaling", "plan", "--mfu", "0"], "argument --mfu: 0: must be > 0", None),
     (["scaling", "run", "{tmp}/sw", "--max-parallel", "-3"], "argument --max-parallel: -3: must be >= 1", None),
@@ -183,6 +231,12 @@ HOSTILE = [
     # memory before allocation
     (["sample", "{run}", "--num", "1000000000", "--batch-size", "1000000000"], "GB free; use --num", None),
     (["sample", "{run}", "--length", "100000000", "--allow-longer"], "GB free; use --length", None),
+    (
+        ["likelihood", "{run}", "--K", "100000", "--batch-size", "100000000", "--out", "{tmp}/lk"],
+        "GB free; use --batch-size",
+        None,
+    ),
+    (["likelihood", "{run}", "--K", "1000000000", "--out", "{tmp}/lk"], "not even one row fits", None),
     # input files: schema checks naming the file, the line and the field
     (["quality", SAMPLES], 'line 1: field "text" is missing', write("s.jsonl", '{"words": "a b"}\n')),
     (["quality", SAMPLES], "line 1: a JSON list, not an object", write("s.jsonl", '["a", "b"]\n')),
@@ -193,6 +247,19 @@ HOSTILE = [
         write("s.jsonl", '{"text": "a", "ids": "abc"}\n'),
     ),
     (["quality", SAMPLES], 'field "ids" must be a list', write("s.jsonl", '{"text": "a", "ids": [1, -3]}\n')),
+    (
+        ["quality", SAMPLES],
+        'line 2: field "ids" holds 512 at position 1, beyond the vocabulary (field "vocab_size" 512',
+        write(
+            "s.jsonl",
+            '{"text": "a", "ids": [1], "vocab_size": 512}\n{"text": "b", "ids": [3, 512], "vocab_size": 512}\n',
+        ),
+    ),
+    (
+        ["quality", SAMPLES],
+        'line 1: field "vocab_size" must be a whole number >= 1',
+        write("s.jsonl", '{"text": "a", "ids": [1], "vocab_size": "big"}\n'),
+    ),
     (["quality", SAMPLES], "line 2: not JSON (Unterminated string", write("s.jsonl", '{"text": "a"}\n{"text": "b\n')),
     (["quality", SAMPLES], "is not UTF-8 text (byte 10)", write("s.jsonl", b'{"text": "\xff\xfe"}\n')),
     (["quality", "{tmp}"], "is not a regular file", None),
@@ -295,3 +362,96 @@ def test_debug_flag_and_environment_show_the_traceback(tmp_path, monkeypatch):
     monkeypatch.setenv("REPLAID_DEBUG", "1")
     with pytest.raises(ConfigError, match="train.log_every"):
         main(["train", "--preset", "debug", "--out", str(tmp_path / "x"), "train.log_every=0"])
+
+
+# ---------------------------------------------------------------- generated: every numeric option
+
+FUZZ_SECONDS = float(os.environ.get("REPLAID_FUZZ_SECONDS", "60"))  # stop generating cases after this
+BIG = "9" * 30
+ALWAYS_BAD = ["", "abc", "nan", "inf", "-inf", "1e400", "-1e400"]  # no numeric option takes these
+INT_BAD = ["1e9", "2.5", "0x10"]  # not whole numbers written as digits
+MAYBE_BAD = ["-1", "0", BIG, "-" + BIG]  # bad where the option's range says so
+
+
+def numeric_options():
+    """(command words, option, its argparse action) for every option of every (sub)command whose type is
+    a number, read from the CLI's own parser."""
+    import argparse
+
+    from replaid.cli import _parser
+
+    def walk(p, path):
+        yield path, p
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sp in a.choices.items():
+                    yield from walk(sp, [*path, name])
+
+    for path, p in walk(_parser(), []):
+        positionals = [a for a in p._actions if not a.option_strings and a.nargs != argparse.PARSER]
+        for a in p._actions:
+            if a.option_strings and getattr(a.type, "__name__", "") in ("int", "float"):
+                yield path, ["{run}"] * sum(1 for x in positionals if x.required or x.nargs == "+"), a
+
+
+def test_generated_bad_numbers_for_every_numeric_option(trained, tmp_path):
+    """Every numeric option of every command, given bad numbers (not a number, empty, NaN, inf, 1e400,
+    '1e9' and '2.5' for whole numbers, and -1 / 0 / 30-digit numbers where its range excludes them):
+    exit 2, exactly one line 'replaid: error: argument OPTION: ...', no traceback, files untouched.
+    Every numeric option declares its range (int_in/float_in/POSITIVE/..., never a bare int or float).
+    Cases run in process, in a seeded order, until REPLAID_FUZZ_SECONDS (60); the count is printed."""
+    import argparse
+    import contextlib
+    import io
+    import random
+    import time
+
+    opts = list(numeric_options())
+    bare = [f"{' '.join(p)} {a.option_strings[0]}" for p, _, a in opts if a.type in (int, float)]
+    assert not bare, f"numeric options without a declared range (use int_in/float_in): {bare}"
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    before = files(tmp_path)
+    cases = [
+        (path, pos, a, v)
+        for path, pos, a in opts
+        for v in ALWAYS_BAD + (INT_BAD if a.type.__name__ == "int" else []) + MAYBE_BAD
+    ]
+    random.Random(0).shuffle(cases)  # a budget cut leaves a spread over every command, not the first ones
+    t0, ran, in_range, unvalidated, seen = time.time(), 0, 0, [], set()
+    for path, pos, a, v in cases:
+        if time.time() - t0 > FUZZ_SECONDS:
+            break
+        try:
+            a.type(v)
+        except (argparse.ArgumentTypeError, ValueError, TypeError):
+            pass
+        else:  # the option's type takes v: a bug for ALWAYS_BAD/INT_BAD, within its declared range otherwise
+            if v in MAYBE_BAD:
+                in_range += 1
+            else:
+                unvalidated.append(f"{' '.join(path)} {a.option_strings[0]} {v!r}")
+            continue
+        opt = a.option_strings[0]
+        argv = [*path, *(x.replace("{run}", str(run)) for x in pos), f"{opt}={v}"]
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                code = main(argv)
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        ran += 1
+        seen.add(" ".join(path))
+        where = f"{' '.join(argv[: len(path)])} {opt}={v!r}: {lines}"
+        assert code == 2 and len(lines) == 1 and lines[0].startswith(f"replaid: error: argument {opt}"), where
+        assert "Traceback" not in lines[0], where
+    seconds = time.time() - t0
+    assert files(tmp_path) == before  # nothing written or damaged by any case
+    print(
+        f"\nfuzz: {ran} bad-number cases run over {len(seen)} commands ({len(opts)} numeric options) in "
+        f"{seconds:.0f}s, 0 tracebacks; {in_range} values within an option's declared range skipped; "
+        f"{len(cases)} cases generated"
+    )
+    assert not unvalidated, f"numeric options that take a non-number or non-finite value: {unvalidated}"
+    assert ran > 0

@@ -325,3 +325,49 @@ def test_a_preemption_signal_saves_exits_75_and_the_run_resumes_bit_exactly(ref,
     assert_same_run(run, ref)
     a, b = (runfolder.read_final_eval(x)["eval"] for x in (run, ref))
     assert a.pop("seconds") > 0 and b.pop("seconds") > 0 and a == b  # the same final bound, to the bit
+
+
+@pytest.mark.slow
+def test_sigterm_through_grid_run_stops_saves_exits_75_and_the_rerun_ends_bit_exactly(tmp_path):
+    """``replaid grid run`` (local executor, subprocess runs) forwards SIGTERM to its running training
+    run, which saves a checkpoint and stops; the second run is never started; the command exits 75.
+    Rerunning ``grid run`` resumes the stopped run and starts the other: the stopped run's weights,
+    optimizer, RNG and final bound equal those of an uninterrupted run of the same config, to the bit."""
+    import signal
+    import time
+
+    from replaid.config import RunConfig
+    from replaid.training.train import PREEMPTED_EXIT
+
+    g = tmp_path / "g"
+    over = ["train.steps=60", "eval.max_batches=1", "train.log_every=1", "train.save_every=0", "train.num_threads=1"]
+    assert main(["grid", "plan", "--base", "debug", "--out", str(g), "--seeds", "2", "--", *over]) == 0
+    first, second = g / "runs" / "base__s0", g / "runs" / "base__s1"
+    cmd = [sys.executable, "-m", "replaid", "grid", "run", str(g), "--max-parallel", "1", "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    t0 = time.time()
+    while not ((first / "metrics.jsonl").exists() and '"step"' in (first / "metrics.jsonl").read_text()):
+        assert p.poll() is None and time.time() - t0 < 300, p.communicate()
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)  # to the runner only, as SLURM / timeout / docker stop send it
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == PREEMPTED_EXIT, err
+    assert "SIGTERM: stopping; 1 run(s) not started" in err and "rerun 'replaid grid run" in err.splitlines()[-1]
+    stopped = ck.load_state(ck.find_checkpoint(first))["step"]
+    assert 1 <= stopped < 60 and runfolder.read_final_eval(first) is None  # saved mid-run, not finished
+    assert not second.exists() and not (g / "logs" / "base__s1.log").exists()  # nothing started after the signal
+    assert "base__s1" not in err
+    assert "replaid: preempted: SIGTERM received" in (g / "logs" / "base__s0.log").read_text()
+
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "--resume" in (g / "logs" / "base__s0.log").read_text()  # the rerun resumed, not restarted
+    ref = tmp_path / "ref"  # the same config, uninterrupted
+    train(RunConfig.from_dict(json.loads((g / "configs" / "base__s0.json").read_text())), ref, progress=False)
+    a, b = tensors(first), tensors(ref)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert rows(first) == rows(ref)
+    fa, fb = (runfolder.read_final_eval(x)["eval"] for x in (first, ref))
+    assert fa.pop("seconds") > 0 and fb.pop("seconds") > 0 and fa == fb  # the same final bound, to the bit
+    assert runfolder.read_final_eval(second) is not None

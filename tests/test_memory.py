@@ -53,3 +53,38 @@ def test_memory_command(capsys):
     assert "peak" in out and "largest per-device batch" in out
     assert main(["memory", "--preset", "owt-0.1b", "--gpu-memory", "eighty"]) == 2
     assert "replaid: error: --gpu-memory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("method", ["replaid", "mdlm"])
+def test_eval_and_likelihood_estimates_within_2x_of_measured_cpu_peak(method):
+    """``replaid eval``'s and ``replaid likelihood``'s refusals rest on these estimates: each within a
+    factor of 2 of the live-heap peak of one batch at debug size (weights included)."""
+    from replaid.eval.likelihood import estimate_likelihood, schedule_endpoints
+    from replaid.methods import get_method
+    from replaid.training.memory import eval_estimate, likelihood_estimate
+
+    cfg = resolve("debug", None, [f"method={method}"])
+    V, L, rows = 512, cfg.data.seq_len, 32
+    torch.manual_seed(0)
+    tokens = torch.randint(0, V - 1, (rows, L))
+    with LiveHeap() as heap:
+        m = get_method(cfg)
+        model = m.build_model(V)
+        for p in model.parameters():
+            heap.track(p)
+        n = sum(p.numel() for p in model.parameters())
+        Vr = int(m.embedding_rows(model).shape[0])
+        model.eval()
+        with torch.no_grad():
+            m.eval_bound(model, tokens, torch.Generator().manual_seed(0))
+    est = eval_estimate(cfg, Vr, n, rows, L).peak
+    assert 0.5 < est / heap.peak < 2, (est, heap.peak)
+    if method != "replaid":
+        return
+    g0, g1 = schedule_endpoints(model)
+    for jvp in ("fd", "autograd"):
+        with LiveHeap() as heap:
+            heap.current = heap.peak = 4 * n  # the weights, made before the meter
+            estimate_likelihood(model, tokens[: rows // 2], g0, g1, K=2, batch_size=rows, steps=2, jvp=jvp)
+        est = likelihood_estimate(cfg, Vr, n, rows, L, rows, 1, jvp).peak
+        assert 0.5 < est / heap.peak < 2, (jvp, est, heap.peak)

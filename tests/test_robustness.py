@@ -151,3 +151,82 @@ def test_a_config_integer_is_exact_or_refused():
     for bad in ("99999999999999999999999999", "12345678901234567.0", "1.5", "1e30", "ten"):  # 2nd: float rounds it
         with pytest.raises(ConfigError, match="train.steps"):
             resolve("debug", None, [f"train.steps={bad}"])
+
+
+def test_eval_and_likelihood_refuse_what_cannot_fit_before_allocating(trained, tmp_path, monkeypatch, capsys):
+    """With little memory free, ``replaid eval`` and ``replaid likelihood`` refuse in one line that
+    names the estimate, the free memory and the largest --batch-size that fits, before the first batch
+    (nothing evaluated, no --out); the suggested batch size then runs."""
+    import replaid.eval.evaluate as ev
+    import replaid.eval.likelihood as lk
+
+    free = {"bytes": 6e6}  # the debug run's weights fit; an evaluation batch of the whole split does not
+    monkeypatch.setattr("replaid.training.memory.free_bytes", lambda dev: free["bytes"])
+    calls: list = []
+    real_eval, real_lik = ev.evaluate_model, lk.estimate_likelihood
+    monkeypatch.setattr(ev, "evaluate_model", lambda *a, **k: calls.append("eval") or real_eval(*a, **k))
+    monkeypatch.setattr(lk, "estimate_likelihood", lambda *a, **k: calls.append("lik") or real_lik(*a, **k))
+
+    def refused(argv) -> int:
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("replaid: error: ") and "needs about" in err[0], err
+        assert "cpu has 6 MB free; use --batch-size" in err[0], err
+        return int(err[0].split("--batch-size ")[1].split()[0])
+
+    bs = refused(["eval", str(trained), "--batch-size", "64"])
+    assert calls == [] and bs >= 1
+    assert main(["eval", str(trained), "--batch-size", str(bs), "--max-batches", "1"]) == 0 and calls == ["eval"]
+    capsys.readouterr()
+    out = tmp_path / "lk"
+    argv = ["likelihood", str(trained), "--num-seqs", "8", "--K", "8", "--steps", "2", "--out", str(out)]
+    bs = refused([*argv, "--batch-size", "64"])
+    assert calls == ["eval"] and not out.exists() and bs >= 1
+    assert main([*argv, "--batch-size", str(bs)]) == 0 and calls == ["eval", "lik"]
+
+
+UNREACHABLE = "http://127.0.0.1:9"  # nothing listens on the discard port: connections are refused at once
+
+
+@pytest.mark.parametrize("argv", [["eval", "someorg/somemodel"], ["data", "--source", "hf:wikitext"]])
+def test_an_unreachable_hub_is_one_line_at_once(argv, monkeypatch, capsys):
+    """A Hub model id or an ``hf:`` data source with the Hub unreachable: one line saying so and what to
+    do (a local path, or HF_HUB_OFFLINE=1 with a cached copy), exit 2, in seconds: not the libraries'
+    retries (5 with backoff, ~25 s, a line each)."""
+    import time
+
+    import huggingface_hub.constants as hc
+
+    for v in ("HF_HUB_OFFLINE", "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setattr(hc, "ENDPOINT", UNREACHABLE)  # what HF_ENDPOINT sets at import
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", False)
+    import datasets  # noqa: F401  the imports before the clock: the time is the Hub's
+    from huggingface_hub import snapshot_download  # noqa: F401
+
+    import replaid.commands.data  # noqa: F401
+    import replaid.commands.eval  # noqa: F401
+    import replaid.training.loading  # noqa: F401
+
+    t0 = time.time()
+    code = main(argv)
+    seconds = time.time() - t0
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert code == 2 and len(err) == 1 and err[0].startswith("replaid: error: "), err
+    assert f"the Hugging Face Hub ({UNREACHABLE}) could not be reached" in err[0] and "HF_HUB_OFFLINE=1" in err[0]
+    assert seconds < 5, seconds
+
+
+def test_hf_endpoint_unreachable_through_the_cli(tmp_path):
+    """The same through HF_ENDPOINT in a fresh interpreter: one line, exit 2, no retry lines."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy") and k != "HF_HUB_OFFLINE"}
+    env.update(HF_ENDPOINT=UNREACHABLE, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    r = subprocess.run(
+        [sys.executable, "-m", "replaid", "data", "--source", "hf:wikitext"], capture_output=True, text=True, env=env
+    )
+    err = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(err) == 1 and "could not be reached" in err[0], r.stderr

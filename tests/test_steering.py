@@ -302,6 +302,10 @@ def test_classifier_train_guided_sampling_and_edit_end_to_end(tmp_path, capsys):
         (["edit", str(a), "--text", "hello there", "--strength", "2"], "--strength"),
         (["classifier", "train", str(a), "--data", str(tmp_path / "none.jsonl"), "--out", str(clf)], "no such file"),
     ):
-        assert main(argv) == 2
+        try:
+            code = main(argv)
+        except SystemExit as e:  # refused by the option's argparse type (--strength: a number in [0, 1])
+            code = e.code
+        assert code == 2
         err = capsys.readouterr().err
         assert err.startswith("replaid: error:") and msg in err and len(err.strip().splitlines()) == 1

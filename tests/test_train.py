@@ -117,10 +117,16 @@ def test_cli_eval_json(trained, capsys):
     assert res["nelbo_nats_per_token"] == pytest.approx(res["recon"] + res["diffusion"] + res["prior"])
 
 
-def test_cli_sample_json(trained, capsys):
+def test_cli_sample_json(trained, capsys, tmp_path):
     assert main(["sample", str(trained), "--num", "2", "--steps", "4", "--length", "8", "--json"]) == 0
-    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    out = capsys.readouterr().out
+    rows = [json.loads(x) for x in out.splitlines()]
     assert len(rows) == 2 and rows[0]["nfe"] == 5 and len(rows[0]["ids"]) == 8
+    V = json.loads((trained / "tokenizer" / "tokenizer_spec.json").read_text())["vocab_size"]
+    assert rows[0]["vocab_size"] == V and all(max(r["ids"]) < r["vocab_size"] for r in rows)
+    (tmp_path / "s.jsonl").write_text(out)  # quality reads them, the ids checked against their vocab_size
+    assert main(["quality", str(tmp_path / "s.jsonl"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["entropy_units"] == "sample ids"
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from replaid.commands import add_command
+from replaid.commands import POSITIVE, SEED, add_command, float_in
 
 EXAMPLE = (
     "example: replaid classifier train runs/demo --data labelled.jsonl --out clf/question --steps 400\n"
@@ -25,11 +25,11 @@ def register(sub) -> None:
     t.add_argument("run", help="run directory or checkpoint directory (RePlaid or Plaid)")
     t.add_argument("--data", required=True, help='JSONL file of {"text": ..., "label": ...} lines')
     t.add_argument("--out", required=True, help="folder for classifier.safetensors + classifier.json")
-    t.add_argument("--steps", type=int, default=400, help="optimiser steps")
-    t.add_argument("--batch-size", type=int, default=32, help="windows per step")
-    t.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (cosine decay)")
-    t.add_argument("--hidden", type=int, default=128, help="classifier width")
-    t.add_argument("--seed", type=int, default=0, help="seed of the windows, times and noise")
+    t.add_argument("--steps", type=POSITIVE, default=400, help="optimiser steps")
+    t.add_argument("--batch-size", type=POSITIVE, default=32, help="windows per step")
+    t.add_argument("--lr", type=float_in(0, lo_open=True), default=2e-3, help="peak learning rate (cosine decay)")
+    t.add_argument("--hidden", type=POSITIVE, default=128, help="classifier width")
+    t.add_argument("--seed", type=SEED, default=0, help="seed of the windows, times and noise")
     t.set_defaults(func=run)
 
 

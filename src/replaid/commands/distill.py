@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from replaid.commands import add_command
+from replaid.commands import NONNEGATIVE, POSITIVE, SEED, add_command, float_in, int_in
 
 EXAMPLE = """example: replaid distill runs/demo --out runs/demo-pd8 --from-steps 64 --to-steps 8 --steps-per-round 200
          replaid distill runs/demo --out runs/demo-cd --method consistency --cd-steps 400
@@ -26,25 +26,36 @@ def register(sub) -> None:
     p.add_argument("teacher", help="teacher: a RePlaid run directory, checkpoint directory or Hub id")
     p.add_argument("--out", required=True, help="the student's run folder")
     p.add_argument("--method", choices=METHODS, default=d.method, help="progressive (Salimans & Ho) or consistency")
-    p.add_argument("--from-steps", type=int, default=d.from_steps, help="progressive: teacher DDIM steps of round 1")
-    p.add_argument("--to-steps", type=int, default=d.to_steps, help="progressive: student steps after the last round")
     p.add_argument(
-        "--steps-per-round", type=int, default=d.steps_per_round, help="progressive: optimiser steps per halving"
+        "--from-steps", type=POSITIVE, default=d.from_steps, help="progressive: teacher DDIM steps of round 1"
     )
-    p.add_argument("--cd-steps", type=int, default=d.cd_steps, help="consistency: optimiser steps")
-    p.add_argument("--cd-levels", type=int, default=d.cd_levels, help="consistency: levels N of the time grid")
+    p.add_argument(
+        "--to-steps", type=POSITIVE, default=d.to_steps, help="progressive: student steps after the last round"
+    )
+    p.add_argument(
+        "--steps-per-round", type=POSITIVE, default=d.steps_per_round, help="progressive: optimiser steps per halving"
+    )
+    p.add_argument("--cd-steps", type=POSITIVE, default=d.cd_steps, help="consistency: optimiser steps")
+    p.add_argument("--cd-levels", type=POSITIVE, default=d.cd_levels, help="consistency: levels N of the time grid")
     p.add_argument("--cd-solver", choices=("heun", "ddim"), default=d.cd_solver, help="consistency: teacher ODE step")
-    p.add_argument("--cd-ema", type=float, default=d.cd_ema, help="consistency: EMA decay of the target network")
-    p.add_argument("--lr", type=float, default=d.lr, help="learning rate (AdamW)")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="rows per step (0: the teacher's)")
-    p.add_argument("--seed", type=int, default=d.seed, help="seed of the data order and noise")
-    p.add_argument("--save-every", type=int, default=d.save_every, help="checkpoint every N steps")
-    p.add_argument("--num-threads", type=int, default=d.num_threads, help="torch CPU threads (0: torch's default)")
+    p.add_argument(
+        "--cd-ema",
+        type=float_in(0, 1, hi_open=True),
+        default=d.cd_ema,
+        help="consistency: EMA decay of the target network",
+    )
+    p.add_argument("--lr", type=float_in(0, lo_open=True), default=d.lr, help="learning rate (AdamW)")
+    p.add_argument("--batch-size", type=NONNEGATIVE, default=d.batch_size, help="rows per step (0: the teacher's)")
+    p.add_argument("--seed", type=SEED, default=d.seed, help="seed of the data order and noise")
+    p.add_argument("--save-every", type=POSITIVE, default=d.save_every, help="checkpoint every N steps")
+    p.add_argument(
+        "--num-threads", type=int_in(0, 1024), default=d.num_threads, help="torch CPU threads (0: torch's default)"
+    )
     p.add_argument("--device", default=d.device, help="auto | cpu | cuda")
     p.add_argument("--resume", action="store_true", help="continue the distillation in --out")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     p.add_argument(
-        "--stop-after", type=int, default=None, help="stop after N more steps (checkpointed; --resume goes on)"
+        "--stop-after", type=POSITIVE, default=None, help="stop after N more steps (checkpointed; --resume goes on)"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from replaid.commands import add_command
+from replaid.commands import POSITIVE, SEED, STEPS, add_command, float_in
 from replaid.commands.sample import add_guidance_args
 from replaid.sampling.registry import SAMPLER_NAMES
 
@@ -26,14 +26,14 @@ def register(sub) -> None:
     )
     s.add_argument("run", help="run directory or checkpoint directory (RePlaid or Plaid)")
     s.add_argument("--text", required=True, help="the text to edit")
-    s.add_argument("--strength", type=float, default=0.5, help="s in [0, 1]: how far to re-noise")
+    s.add_argument("--strength", type=float_in(0, 1), default=0.5, help="s in [0, 1]: how far to re-noise")
     s.add_argument("--span", default=None, metavar="A:B[,C:D]", help="character spans to edit (default: all)")
     s.add_argument("--token-span", default=None, metavar="A:B[,C:D]", help="token-position spans to edit")
     s.add_argument("--sampler", default=None, choices=SAMPLER_NAMES, help="continuous sampler (default: ddpm)")
-    s.add_argument("--steps", type=int, default=64, help="T for a full run; an edit takes ceil(s T) steps")
-    s.add_argument("--num", type=int, default=1, help="number of edits")
-    s.add_argument("--batch-size", type=int, default=16, help="edits generated at once")
-    s.add_argument("--seed", type=int, default=0, help="seed of the sampling noise")
+    s.add_argument("--steps", type=STEPS, default=64, help="T for a full run; an edit takes ceil(s T) steps")
+    s.add_argument("--num", type=POSITIVE, default=1, help="number of edits")
+    s.add_argument("--batch-size", type=POSITIVE, default=16, help="edits generated at once")
+    s.add_argument("--seed", type=SEED, default=0, help="seed of the sampling noise")
     s.add_argument("--allow-longer", action="store_true", help="allow a text longer than the run's trained length")
     s.add_argument("--no-self-cond", action="store_true", help="disable self-conditioning while sampling")
     s.add_argument("--json", action="store_true", help="JSONL: ids, text, sampler, steps, nfe, strength")

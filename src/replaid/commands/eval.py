@@ -28,6 +28,12 @@ def register(sub) -> None:
         default=None,
         help="diffusion times per sequence (default: the run's eval.t_samples)",
     )
+    e.add_argument(
+        "--batch-size",
+        type=POSITIVE,
+        default=None,
+        help="sequences per evaluation batch (default: the run's eval.batch_size)",
+    )
     e.add_argument("--no-ema", action="store_true", help="evaluate the raw weights, not the EMA")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=run)
@@ -37,13 +43,29 @@ def run(args) -> int:
     from replaid.config import apply_cli
     from replaid.eval.evaluate import evaluate_model
     from replaid.training.loading import load_run
+    from replaid.training.memory import check_fits, eval_estimate
 
     run_ = load_run(args.run, use_ema=not args.no_ema)
     cfg = run_.cfg
     apply_cli(
         cfg,
-        {"--t-samples": ("eval.t_samples", args.t_samples), "--max-batches": ("eval.max_batches", args.max_batches)},
+        {
+            "--t-samples": ("eval.t_samples", args.t_samples),
+            "--max-batches": ("eval.max_batches", args.max_batches),
+            "--batch-size": ("eval.batch_size", args.batch_size),
+        },
     )
+    V = int(run_.method.embedding_rows(run_.model).shape[0])
+    n_params = sum(p.numel() for p in run_.model.parameters())
+    L, split = cfg.data.seq_len, args.split or cfg.eval.split
+    rows = min(cfg.eval.batch_size, len(run_.data.dataset(split)))  # a batch holds at most the whole split
+    check_fits(
+        f"evaluating the {split} split in batches of {L}-token sequences",
+        lambda rows: eval_estimate(cfg, V, n_params, rows, L),
+        rows,
+        "--batch-size",
+        next(run_.model.parameters()).device,
+    )  # before the first batch is made
     res = evaluate_model(
         run_.model, run_.method, run_.data, cfg, args.split, None, max_batches=cfg.eval.max_batches, progress=True
     )  # bar on stderr

@@ -31,7 +31,7 @@ def register(sub) -> None:
     p.add_argument("--labels", nargs="+", help="one label per run (default: the run folder names)")
     p.add_argument(
         "--min-count",
-        type=int,
+        type=NONNEGATIVE,
         default=20,
         help="'frequent' tokens: seen at least this often in the run's training split",
     )

@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from replaid.commands import add_command, add_run_options, float_in, run_manifest_command
+from replaid.commands import SEED, add_command, add_run_options, float_in, run_manifest_command
 
 EXAMPLE = """examples:
   replaid grid plan study.yaml --out runs/study                       # cells and seeds from a spec file
@@ -61,7 +61,7 @@ def register(sub) -> None:
     p.add_argument(
         "--seeds",
         nargs="+",
-        type=int,
+        type=SEED,
         metavar="N",
         help="one number: that many seeds from 0; several: those seeds (absent: the spec's, else 3)",
     )

@@ -92,6 +92,24 @@ def _tokens(run, split: str, n: int):
     return torch.cat(rows)[:n]
 
 
+def check_memory(run_, args, shape) -> None:
+    """Refuse an ODE solve whose estimated peak cannot fit, before it allocates anything (one line)."""
+    from replaid.training.memory import check_fits, likelihood_estimate
+
+    V = int(run_.method.embedding_rows(run_.model).shape[0])
+    n_params = sum(p.numel() for p in run_.model.parameters())
+    (N, L), cfg = shape, run_.cfg
+    total = N * args.K
+    check_fits(
+        f"the ODE likelihood of {N} x {args.K} rows of {L} tokens",
+        lambda rows: likelihood_estimate(cfg, V, n_params, rows, L, total, args.n_hutch, args.jvp),
+        min(args.batch_size, total),
+        "--batch-size",
+        next(run_.model.parameters()).device,
+        too_big="not even one row fits: use a smaller --K or --num-seqs, or a larger device",
+    )
+
+
 def run(args) -> int:
     import numpy as np
     import torch
@@ -110,6 +128,7 @@ def run(args) -> int:
     model = run_.model
     g0, g1 = schedule_endpoints(model)
     tokens = _tokens(run_, args.split, args.num_seqs)
+    check_memory(run_, args, tokens.shape)
     sc = model.self_conditioning and not args.no_self_cond and run_.cfg.eval.self_conditioning
     from tqdm.auto import tqdm
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from replaid.commands import add_command
+from replaid.commands import NONNEGATIVE, POSITIVE, SEED, STEPS, add_command, float_in
 
 EXAMPLE = """example: replaid lmeval runs/demo --tasks replaid_wikitext2 replaid_lambada replaid_cloze \\
     --include-path docs/lmeval/tasks --limit 20 --mc-samples 8 --out runs/demo/lmeval
@@ -24,17 +24,22 @@ def register(sub) -> None:
     e.add_argument("run", help="run directory, exported folder or Hub id")
     e.add_argument("--tasks", nargs="+", required=True, help="harness task or group names")
     e.add_argument("--include-path", default=None, help="folder of extra task YAMLs (e.g. docs/lmeval/tasks)")
-    e.add_argument("--limit", type=float, default=None, help="documents per task (a fraction if < 1)")
-    e.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: the task's)")
-    e.add_argument("--mc-samples", type=int, default=4, help="diffusion times per scored row (ignored by AR)")
-    e.add_argument("--likelihood", choices=["nelbo", "ode"], default="nelbo", help="rolling windows' bound")
-    e.add_argument("--K", type=int, default=1, help="ODE/IWAE importance samples (--likelihood ode)")
     e.add_argument(
-        "--rolling-context", type=int, default=0, help="tokens of context of each later rolling window (0: disjoint)"
+        "--limit", type=float_in(0, lo_open=True), default=None, help="documents per task (a fraction if < 1)"
     )
-    e.add_argument("--gen-steps", type=int, default=64, help="sampler steps of generate_until")
-    e.add_argument("--batch-size", type=int, default=8, help="rows per forward pass")
-    e.add_argument("--seed", type=int, default=0, help="Monte Carlo and sampling seed")
+    e.add_argument("--num-fewshot", type=NONNEGATIVE, default=None, help="few-shot examples (default: the task's)")
+    e.add_argument("--mc-samples", type=POSITIVE, default=4, help="diffusion times per scored row (ignored by AR)")
+    e.add_argument("--likelihood", choices=["nelbo", "ode"], default="nelbo", help="rolling windows' bound")
+    e.add_argument("--K", type=POSITIVE, default=1, help="ODE/IWAE importance samples (--likelihood ode)")
+    e.add_argument(
+        "--rolling-context",
+        type=NONNEGATIVE,
+        default=0,
+        help="tokens of context of each later rolling window (0: disjoint)",
+    )
+    e.add_argument("--gen-steps", type=STEPS, default=64, help="sampler steps of generate_until")
+    e.add_argument("--batch-size", type=POSITIVE, default=8, help="rows per forward pass")
+    e.add_argument("--seed", type=SEED, default=0, help="Monte Carlo and sampling seed")
     e.add_argument("--no-ema", action="store_true", help="score the raw weights, not the EMA")
     e.add_argument("--device", default="auto", help="cpu | cuda | auto")
     e.add_argument("--out", default=None, help="new folder for results.json and results.md")

@@ -69,7 +69,7 @@ def register(sub) -> None:
     s.add_argument("--seed", type=SEED, default=0, help="seed of the sampling noise")
     s.add_argument("--no-self-cond", action="store_true", help="disable self-conditioning while sampling")
     s.add_argument("--trajectory", type=NONNEGATIVE, default=0, help="record the argmax text every k steps")
-    s.add_argument("--json", action="store_true", help="JSONL: ids, text, sampler, steps, nfe, seconds")
+    s.add_argument("--json", action="store_true", help="JSONL: ids, text, sampler, steps, nfe, seconds, vocab_size")
     add_guidance_args(s)
     s.set_defaults(func=run)
 
@@ -92,7 +92,7 @@ def add_guidance_args(s) -> None:
     )
     s.add_argument(
         "--guidance-scale",
-        type=float,
+        type=float_in(0),
         default=1.0,
         help="w: adds w * grad log p(y | z_t) to the score (0: unguided, 1: the exact conditional)",
     )
@@ -138,7 +138,8 @@ def run(args) -> int:
             raise ValueError("--show-positions shows an infilling request's positions: give --context")
         print(plan.describe(run_.tokenizer), file=sys.stderr)
     rows = generate(run_, req)
+    vocab = run_.tokenizer.vocab_size  # in each JSON row: 'replaid quality' checks the ids against it
     for r in rows:
         text = r["marked"] if args.show_positions and "marked" in r else r["text"]
-        print(json.dumps(r) if args.json else text + "\n" + "-" * 40)
+        print(json.dumps({**r, "vocab_size": vocab}) if args.json else text + "\n" + "-" * 40)
     return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import io
 import json
 import sys
 import sysconfig
@@ -140,11 +141,26 @@ def stdlib_modules() -> tuple[tuple[str, str], ...]:
 
 
 # ---------------------------------------------------------------------------------------- local
+def _not_a_file(path: Path) -> str | None:
+    """What ``path`` is when it exists but is no regular file (a folder, a pipe, ...); None otherwise."""
+    if not path.exists() or path.is_file():
+        return None
+    if path.is_dir():
+        return "a folder"
+    return "a pipe" if path.is_fifo() else "a socket" if path.is_socket() else "a device or special file"
+
+
 def _split_file(root: Path, split: str) -> Path | None:
     for stem in SPLIT_STEMS[split]:
         for suffix in (".jsonl", ".txt"):
-            if (root / f"{stem}{suffix}").is_file():
-                return root / f"{stem}{suffix}"
+            f = root / f"{stem}{suffix}"
+            if f.is_file():
+                return f
+            if what := _not_a_file(f):
+                raise DataError(
+                    f"{f} is {what}, not a corpus file: the {split} split of {root} must be a regular "
+                    f"{suffix} file; replace it with one (or rename it)"
+                )
     return None
 
 
@@ -152,6 +168,11 @@ def _local_files(root: Path, split: str) -> tuple[list[Path], bool]:
     """The files holding ``split`` and whether they are pre-split (no hashing needed)."""
     if not root.exists():
         raise DataError(f"data source {str(root)!r} does not exist: {_FIX_SOURCE}")
+    if (what := _not_a_file(root)) and not root.is_dir():  # read, it would block or never end
+        raise DataError(
+            f"data source {str(root)!r} is {what}, not a corpus file or folder: save the corpus to a "
+            f".jsonl/.txt file (or a folder of them) and point data.source there"
+        )
     if root.is_file():
         return [root], False
     by_split = {s: _split_file(root, s) for s in SPLITS}
@@ -176,38 +197,60 @@ def _local_files(root: Path, split: str) -> tuple[list[Path], bool]:
     return files, False
 
 
+def _utf8(data: bytes, path: Path, lineno: int, start: int) -> str:
+    """``data`` (line ``lineno`` of ``path``, or the whole file for 0, at byte ``start``) decoded as UTF-8;
+    a DataError naming the file, the line and the byte offset when it is not UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = lineno or data.count(b"\n", 0, e.start) + 1
+        raise DataError(
+            f"{path}:{line} is not UTF-8 text (byte {start + e.start}: 0x{data[e.start]:02x}): corpus files "
+            f"must be UTF-8; convert the file (e.g. iconv -f latin1 -t utf-8) or remove the bad bytes"
+        ) from None
+
+
 def _file_documents(path: Path, text_field: str) -> Iterator[str]:
-    """Documents of one file: JSONL lines or the whole text file."""
+    """Documents of one file: JSONL lines or the whole text file (UTF-8, strictly)."""
     if path.suffix != ".jsonl":
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = _utf8(path.read_bytes(), path, 0, 0).replace("\r\n", "\n").replace("\r", "\n")  # as text mode
         if text.strip():
             yield text
         return
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(
-                    f"{path}:{lineno} is not valid JSON ({e.msg}): each line of a .jsonl file "
-                    f'must be one JSON object like {{"{text_field}": "..."}}'
-                ) from None
-            if not isinstance(obj, dict) or text_field not in obj:
-                keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
-                raise DataError(
-                    f"{path}:{lineno} has no {text_field!r} field (found {keys}): set "
-                    f"data.text_field to the field that holds the text"
-                )
-            text = obj[text_field]
-            if not isinstance(text, str):
-                raise DataError(
-                    f"{path}:{lineno} field {text_field!r} is {type(text).__name__}, not text: "
-                    f"set data.text_field to a string field"
-                )
-            if text:
-                yield text
+    with path.open("rb") as f:
+        offset, lineno = 0, 0
+        for raw in f:  # split as text mode reads it (universal newlines), each line decoded strictly
+            for line in io.StringIO(_utf8(raw, path, lineno + 1, offset), newline=None):
+                lineno += 1
+                yield from _jsonl_document(line, path, lineno, text_field)
+            offset += len(raw)
+
+
+def _jsonl_document(line: str, path: Path, lineno: int, text_field: str) -> Iterator[str]:
+    """The document of one JSONL line (none for a blank line or an empty text)."""
+    if not line.strip():
+        return
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(
+            f"{path}:{lineno} is not valid JSON ({e.msg}): each line of a .jsonl file "
+            f'must be one JSON object like {{"{text_field}": "..."}}'
+        ) from None
+    if not isinstance(obj, dict) or text_field not in obj:
+        keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
+        raise DataError(
+            f"{path}:{lineno} has no {text_field!r} field (found {keys}): set "
+            f"data.text_field to the field that holds the text"
+        )
+    text = obj[text_field]
+    if not isinstance(text, str):
+        raise DataError(
+            f"{path}:{lineno} field {text_field!r} is {type(text).__name__}, not text: "
+            f"set data.text_field to a string field"
+        )
+    if text:
+        yield text
 
 
 def _local_documents(root: Path, split: str, text_field: str) -> Iterator[str]:
@@ -286,9 +329,46 @@ def holdout_split(ds: Any, split: str, holdout: int) -> Any:
     return ds.select(range(n - holdout)) if split == "train" else ds.select(range(n - holdout, n))
 
 
+HUB_PROBE_SECONDS = 3.0
+_PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def hub_unreachable(timeout: float = HUB_PROBE_SECONDS) -> str | None:
+    """Why the Hugging Face Hub (``HF_ENDPOINT``) cannot be reached, from one TCP connection of at
+    most ``timeout`` seconds; None when it answers, when ``HF_HUB_OFFLINE`` is set (the libraries then
+    read their cache without the network) or behind a proxy (which this probe cannot see through).
+    Lets a Hub load fail in one line at once instead of after minutes of the libraries' retries."""
+    import os
+    import socket
+    from urllib.parse import urlsplit
+
+    try:
+        from huggingface_hub import constants
+
+        endpoint, offline = constants.ENDPOINT, bool(constants.HF_HUB_OFFLINE)
+    except ImportError:  # pragma: no cover - comes with transformers
+        endpoint, offline = os.environ.get("HF_ENDPOINT", "https://huggingface.co"), False
+    if offline or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or any(os.environ.get(v) for v in _PROXY_VARS):
+        return None
+    u = urlsplit(endpoint)
+    try:
+        port = u.port or (443 if u.scheme == "https" else 80)
+        socket.create_connection((u.hostname or "", port), timeout=timeout).close()
+    except (OSError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+        return f"the Hugging Face Hub ({endpoint}) could not be reached: {why}"
+    return None
+
+
 def load_hf_split(spec: HFSpec, split: str, cache_dir: str | None = None) -> Any:
     """Load our ``split`` of the dataset (a ``datasets`` Dataset or IterableDataset)."""
     check_split(split)
+    if not spec.data_files and (why := hub_unreachable()):  # local data files need no Hub
+        raise DataError(
+            f"cannot load Hugging Face dataset {spec.path!r}: {why}; set data.source to a local "
+            f".jsonl/.txt path or directory (e.g. ../shared/data/wiki-sample), or set HF_HUB_OFFLINE=1 "
+            f"to use a copy in the local Hugging Face cache"
+        )
     try:
         import datasets
 

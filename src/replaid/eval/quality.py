@@ -278,7 +278,8 @@ def mauve_score(p_features: np.ndarray, q_features: np.ndarray, seed: int = 25, 
 def read_samples(path: str) -> tuple[list[str], Optional[list[list[int]]]]:
     """Texts (and ids when every JSONL row has them) from a JSONL (``replaid sample --json``) or a
     plain-text file (one sample a line). Schema-checked: UTF-8, one JSON object a line with a string
-    ``text`` and, optionally, ``ids`` a list of non-negative whole numbers; errors name line and field."""
+    ``text`` and, optionally, ``ids`` a list of non-negative whole numbers, below ``vocab_size`` when the row
+    gives it (``replaid sample --json`` does); errors name line and field."""
     p = Path(path)
     if not p.exists():
         raise ValueError(f"{p} does not exist; pass the JSONL written by 'replaid sample --json' or a .txt")
@@ -308,6 +309,15 @@ def read_samples(path: str) -> tuple[list[str], Optional[list[list[int]]]]:
             and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in row_ids)
         ):
             raise ValueError(f'{p} line {i}: field "ids" must be a list of token ids (whole numbers >= 0)')
+        V = r.get("vocab_size")  # written by 'replaid sample --json': the ids' own vocabulary
+        if V is not None and not (isinstance(V, int) and not isinstance(V, bool) and V >= 1):
+            raise ValueError(f'{p} line {i}: field "vocab_size" must be a whole number >= 1, got {str(V)[:40]}')
+        if V is not None and row_ids and max(row_ids) >= V:
+            j = next(k for k, t in enumerate(row_ids) if t >= V)
+            raise ValueError(
+                f'{p} line {i}: field "ids" holds {row_ids[j]} at position {j}, beyond the vocabulary '
+                f'(field "vocab_size" {V}: ids 0..{V - 1}); the ids do not come from that run: regenerate the file'
+            )
         ids.append(row_ids)
     return texts, (ids if ids and all(x is not None for x in ids) else None)
 

@@ -128,7 +128,7 @@ def generate(run, request: SampleRequest, callback: Optional[Callback] = None) -
 def check_memory(run, req: SampleRequest, L: int, free: Optional[float] = None) -> None:
     """Refuse a request whose estimated peak (:func:`replaid.training.memory.sampling_estimate`) exceeds
     90% of the memory free on the model's device, before anything is allocated, saying what fits."""
-    from replaid.training.memory import free_bytes, sampling_estimate
+    from replaid.training.memory import free_bytes, human_bytes, sampling_estimate
 
     dev = next(run.model.parameters()).device
     free = free_bytes(dev) if free is None else free
@@ -162,15 +162,11 @@ def check_memory(run, req: SampleRequest, L: int, free: Optional[float] = None) 
         hint = "use " + " or ".join(hints) if hints else "the run's weights alone do not fit: use a larger device"
     else:
         hint = f"use --batch-size {largest(lambda k: peak(k, L, req.num) <= budget, rows)} or less"
-    parts = ", ".join(f"{k} {_size(v)}" for k, v in est.parts.items() if v >= 0.01 * est.peak)
+    parts = ", ".join(f"{k} {human_bytes(v)}" for k, v in est.parts.items() if v >= 0.01 * est.peak)
     raise ValueError(
-        f"sampling {req.num} x {L} tokens, {rows} at a time, needs about {_size(est.peak)} ({parts}) "
-        f"but {dev.type} has {_size(free)} free; {hint}"
+        f"sampling {req.num} x {L} tokens, {rows} at a time, needs about {human_bytes(est.peak)} ({parts}) "
+        f"but {dev.type} has {human_bytes(free)} free; {hint}"
     )
-
-
-def _size(b: float) -> str:
-    return f"{b / 1e12:.3g} TB" if b >= 1e12 else f"{b / 1e9:.3g} GB"
 
 
 def _continuous(

@@ -15,6 +15,7 @@ import torch
 
 from replaid.config import RunConfig
 from replaid.data.pipeline import DataPipeline
+from replaid.data.sources import hub_unreachable
 from replaid.methods import get_method
 from replaid.methods.base import Method
 from replaid.training import checkpoint as ck
@@ -60,19 +61,29 @@ def resolve(path_or_id: str | os.PathLike) -> Path:
             f"pip install huggingface_hub or pass a local folder"
         ) from None
     kw = dict(repo_id=repo_id, revision=revision or None)
+
+    def cached(message: str) -> Path:
+        """The snapshot in the local cache, else a CheckpointError with ``message``."""
+        try:
+            return Path(snapshot_download(**kw, local_files_only=True))
+        except Exception:
+            raise CheckpointError(message) from None
+
+    if why := hub_unreachable():  # the cache, or one line at once (not minutes of retries)
+        return cached(
+            f"{path_or_id} is not a local path and {why}; pass a local folder, or set HF_HUB_OFFLINE=1 "
+            f"with a copy in the local Hugging Face cache ('hf download {repo_id}' where online)"
+        )
     try:
         return Path(snapshot_download(**kw))
     except LocalEntryNotFoundError:
         pass  # offline mode (HF_HUB_OFFLINE=1) and not cached, or the Hub is unreachable
     except Exception as e:  # not found on the Hub, gated, network errors ...
-        try:
-            return Path(snapshot_download(**kw, local_files_only=True))
-        except Exception:
-            raise CheckpointError(
-                f"cannot fetch {path_or_id} from the Hugging Face Hub "
-                f"({e.__class__.__name__}) and it is not in the local cache; check the id, "
-                f"or download it where online with 'hf download {repo_id}'"
-            ) from None
+        return cached(
+            f"cannot fetch {path_or_id} from the Hugging Face Hub "
+            f"({e.__class__.__name__}) and it is not in the local cache; check the id, "
+            f"or download it where online with 'hf download {repo_id}'"
+        )
     raise CheckpointError(
         f"{path_or_id} is neither a local path nor in the local Hugging Face cache and the Hub is "
         f"unreachable (offline); download it with 'hf download {repo_id}' or pass a local folder"

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -205,6 +206,74 @@ def sampling_estimate(cfg, V: int, n_params: int, rows: int, L: int, num: int) -
         "samples kept": num * L * SAMPLE_TOKEN_BYTES,
     }
     return MemoryEstimate(e, sum(e.values()))
+
+
+def eval_estimate(cfg, V: int, n_params: int, rows: int, L: int) -> MemoryEstimate:
+    """Peak bytes of one evaluation batch (``replaid eval``): ``rows`` sequences of ``L`` tokens through the
+    method's bound without autograd, its ``eval.t_samples`` times one after another, so the terms of
+    :func:`sampling_estimate` for one batch (weights, forward, logits, latent state), nothing kept;
+    discrete methods (MDLM/AR) hold no latent state and two (rows L, V) float32 tensors (the logits and
+    their log-softmax)."""
+    e = dict(sampling_estimate(cfg, V, n_params, rows, L, 0).parts)
+    e.pop("samples kept")
+    if method_class(cfg.method).kind is not Kind.CONTINUOUS:
+        e.pop("batch state")
+        e["batch logits (rows L, V)"] *= 2 / 3
+    return MemoryEstimate(e, sum(e.values()))
+
+
+def likelihood_estimate(
+    cfg, V: int, n_params: int, rows: int, L: int, total_rows: int, n_hutch: int = 1, jvp: str = "fd"
+) -> MemoryEstimate:
+    """Peak bytes of the ODE likelihood (``replaid likelihood``): ``rows`` (sequence x sample) rows of ``L``
+    tokens solved at a time out of ``total_rows``: one evaluation batch (:func:`eval_estimate`; its
+    forward terms x6 for ``jvp="autograd"``, whose ``torch.func.jvp`` keeps every primal and tangent of
+    the forward: 6-7x the fd forward, measured on the CPU at debug size), the float64 ODE state
+    (the latent, the Heun stages and the divergence: 6 copies of (rows, L, d_e)) with 2 more per
+    Hutchinson probe (the probe and its Jacobian product), and the repeated token rows (int64)."""
+    e = dict(eval_estimate(cfg, V, n_params, rows, L).parts)
+    if jvp == "autograd":
+        for k in ("batch forward", "batch logits (rows L, V)", "batch state"):
+            e[k] *= 6
+    e["ODE state (float64)"] = (6 + 2 * n_hutch) * rows * L * cfg.model.d_e * 8
+    e["token rows"] = total_rows * L * 8
+    return MemoryEstimate(e, sum(e.values()))
+
+
+def human_bytes(b: float) -> str:
+    return f"{b / 1e12:.3g} TB" if b >= 1e12 else f"{b / 1e9:.3g} GB" if b >= 1e9 else f"{b / 1e6:.3g} MB"
+
+
+def check_fits(
+    what: str,
+    peak: Callable[[int], MemoryEstimate],
+    rows: int,
+    flag: str,
+    device: torch.device,
+    free: float | None = None,
+    too_big: str = "the run's weights alone do not fit: use a larger device",
+) -> None:
+    """Refuse (ValueError, one line) a request whose estimated peak at ``rows`` rows a time (``peak(rows)``)
+    exceeds 90% of the memory free on ``device``, before anything is allocated: the line names the
+    estimate and its main parts, the free memory and the largest ``flag`` value that fits (``too_big``
+    when not even one row does)."""
+    free = free_bytes(device) if free is None else free
+    if free is None:
+        return
+    budget = 0.9 * free
+    est = peak(rows)
+    if est.peak <= budget:
+        return
+    lo, hi = 0, rows  # the largest row count that fits: peak grows with the rows
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if peak(mid).peak <= budget else (lo, mid)
+    hint = f"use {flag} {lo} or less" if lo >= 1 else too_big
+    parts = ", ".join(f"{k} {human_bytes(v)}" for k, v in est.parts.items() if v >= 0.01 * est.peak)
+    raise ValueError(
+        f"{what}, {rows} rows at a time, needs about {human_bytes(est.peak)} ({parts}) "
+        f"but {device.type} has {human_bytes(free)} free; {hint}"
+    )
 
 
 def free_bytes(device: torch.device) -> float | None:

@@ -132,6 +132,18 @@ def one_line(e: BaseException) -> str:
     return msg[0] if msg else e.__class__.__name__
 
 
+def check_limits(limits: Limits, slots: dict[str, Slot]) -> None:
+    """At start-up, not per request: a --max-length beyond a served run's trained length (data.seq_len;
+    the model has no other positional limit: rotary positions) is refused in one line."""
+    for s in slots.values():
+        n = s.run.cfg.data.seq_len
+        if limits.max_length > n:
+            raise ValueError(
+                f"--max-length {limits.max_length} is beyond the trained length of run {s.id} ({s.path}: "
+                f"data.seq_len={n}); pass --max-length {n} or less (0: each run's own data.seq_len)"
+            )
+
+
 def create_app(run_paths: list[str], limits: Limits | None = None, device: str = "auto", runs: list | None = None):
     """The FastAPI app over ``run_paths`` (loaded now, EMA weights). ``runs`` may pass already
     loaded :class:`replaid.training.loading.Run` objects (tests)."""
@@ -145,6 +157,7 @@ def create_app(run_paths: list[str], limits: Limits | None = None, device: str =
         slots[rid] = Slot(
             rid, Path(rdir), run, ThreadPoolExecutor(1, thread_name_prefix=f"gen-{rid}"), find_figures(Path(rdir))
         )
+    check_limits(limits, slots)
 
     app = FastAPI(title="replaid playground", docs_url=None, redoc_url=None, openapi_url=None)
     static = resources.files("replaid.web") / "static"
