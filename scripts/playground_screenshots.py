@@ -100,7 +100,7 @@ def main() -> None:
 def generate_pages(pg, a, out: Path, done: str, wait: int) -> None:
     """Generate (final and mid-trajectory) and Infill screenshots."""
     # Generate: a prompt, 2 samples, 64 DDPM steps; then scrub back to a step mid-way
-    pg.fill("#gen-form textarea", a.prompt)
+    pg.fill("#gen-form textarea[name=text]", a.prompt)
     pg.fill("#gen-form input[name=samples]", "2")
     pg.fill("#gen-form input[name=steps]", "64")
     pg.click("#gen-button")
@@ -110,7 +110,7 @@ def generate_pages(pg, a, out: Path, done: str, wait: int) -> None:
     pg.screenshot(path=str(out / "generate-step12.png"), full_page=True)
 
     # Infill: kept text with gaps
-    pg.fill("#gen-form textarea", a.infill)
+    pg.fill("#gen-form textarea[name=text]", a.infill)
     pg.click("#gen-button")
     pg.wait_for_selector(done, timeout=wait)
     pg.locator("#gen-view .slider").fill("20")
