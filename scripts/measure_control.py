@@ -240,8 +240,10 @@ def attribute(run, bigram, args, out: Path) -> dict:
     lat_acc = float((lat == te).mean())
     print(f"judge {args.judge_split} accuracy {judge_acc:.3f} {judge_per}; latent classifier at t=0 {lat_acc:.3f}")
 
-    def judged(texts: list[str], target: str) -> float:
-        return float((judge.predict(vec.transform(texts)) == target).mean())
+    def stats(texts: list[str], ids: list[list[int]], target: str, seconds: float) -> dict:
+        """The judge's fraction of ``target``, GenPPL, unigram entropy and seconds per sample of a sample set."""
+        j = float((judge.predict(vec.transform(texts)) == target).mean())
+        return dict(judge=j, genppl=bigram.ppl(ids), entropy=entropy(ids), seconds=seconds)
 
     for target in args.targets:
         if target not in clf.labels or target not in judge.classes_:
@@ -260,15 +262,7 @@ def attribute(run, bigram, args, out: Path) -> dict:
                 t0 = time.time()
                 res = generate(run, req)
                 secs = time.time() - t0
-                ids = [r["ids"] for r in res]
-                per_seed.append(
-                    dict(
-                        judge=judged([r["text"] for r in res], target),
-                        genppl=bigram.ppl(ids),
-                        entropy=entropy(ids),
-                        seconds=secs / len(res),
-                    )
-                )
+                per_seed.append(stats([r["text"] for r in res], [r["ids"] for r in res], target, secs / len(res)))
             nfe = int(res[0]["nfe"])
             row = {"target": target, "scale": w, "nfe": nfe, "backward": nfe if w > 0 else 0}
             for k in ("judge", "genppl", "entropy", "seconds"):
@@ -298,15 +292,7 @@ def attribute(run, bigram, args, out: Path) -> dict:
                 for i in range(args.num):
                     group = range(i * K, i * K + k)
                     chosen.append(pool[max(group, key=lambda n: scores[n, j])])
-                ids = [c["ids"] for c in chosen]
-                per_seed.append(
-                    dict(
-                        judge=judged([c["text"] for c in chosen], target),
-                        genppl=bigram.ppl(ids),
-                        entropy=entropy(ids),
-                        seconds=k * secs,
-                    )
-                )
+                per_seed.append(stats([c["text"] for c in chosen], [c["ids"] for c in chosen], target, k * secs))
             row = {"target": target, "k": k, "nfe": k * int(pools[0][0][0]["nfe"]), "backward": 0}
             for key in ("judge", "genppl", "entropy", "seconds"):
                 row[key], row[key + "_ci"] = ci([p[key] for p in per_seed])
