@@ -238,7 +238,10 @@ def attribute(run, bigram, args, out: Path) -> dict:
     # the latent classifier on the same held-out windows at the cleanest level (how well best-of-k can rank)
     lat = np.asarray(clf.labels)[clean_scores(run, clf, te_w).argmax(1)]
     lat_acc = float((lat == te).mean())
-    print(f"judge {args.judge_split} accuracy {judge_acc:.3f} {judge_per}; latent classifier at t=0 {lat_acc:.3f}")
+    lat_recall = {c: float((lat[te == c] == c).mean()) for c in sorted(set(te_y))}
+    print(
+        f"judge {args.judge_split} accuracy {judge_acc:.3f} {judge_per}; latent classifier at t=0 {lat_acc:.3f} {lat_recall}"
+    )
 
     def stats(texts: list[str], ids: list[list[int]], target: str, seconds: float) -> dict:
         """The judge's fraction of ``target``, GenPPL, unigram entropy and seconds per sample of a sample set."""
@@ -305,6 +308,7 @@ def attribute(run, bigram, args, out: Path) -> dict:
         "classifier": str(clf_dir),
         "latent_classifier": clf_metrics,
         "latent_classifier_test_accuracy_t0": lat_acc,
+        "latent_classifier_test_recall_t0": lat_recall,
         "judge": "TF-IDF (character 1-3-grams, sublinear tf) + logistic regression (C = 4) on decoded "
         f"{L}-token windows of the training split",
         "judge_split": args.judge_split,
@@ -371,6 +375,7 @@ def attribute_plot(at: dict, out: Path) -> None:
     """(e) per target: judge accuracy against GenPPL, unigram entropy and seconds per sample, for guidance
     across scales (annotated w) and best-of-k across k (annotated k); 95% t-intervals over seeds."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     targets = at["targets"]
     fig, axes = plt.subplots(len(targets), 3, figsize=(15, 4.2 * len(targets)), squeeze=False)
@@ -389,7 +394,9 @@ def attribute_plot(at: dict, out: Path) -> None:
             a.set_ylim(-0.03, 1.03)  # a fraction (the t-intervals of few seeds can reach past it)
             a.set_ylabel(f"judge: fraction '{target}'")
             a.legend(fontsize=8)
-        ax_row[2].set_xscale("log")
+        ax_row[2].set_xscale("log", base=2)
+        ax_row[2].xaxis.set_major_formatter(ScalarFormatter())
+        ax_row[2].xaxis.set_minor_formatter(NullFormatter())
     fig.suptitle(
         f"Attribute control, label = corpus of origin (judge {at['judge_split']} accuracy "
         f"{at['judge_accuracy']:.3f}); 95% t-intervals over sampling seeds"

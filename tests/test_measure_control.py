@@ -49,6 +49,7 @@ def test_attribute_measurement_runs_end_to_end(tmp_path):
     assert (run / "classifiers" / "label" / "classifier.json").is_file()  # replaid classifier train wrote it
     assert at["targets"] == ["python", "shakespeare"] and 0.0 <= at["judge_accuracy"] <= 1.0
     assert set(at["judge_accuracy_per_label"]) == {"python", "shakespeare"} and at["judge_split"] == "test"
+    assert set(at["latent_classifier_test_recall_t0"]) == {"python", "shakespeare"}
     assert at["judge_accuracy"] >= 0.9  # the two toy corpora are easy to tell apart on clean windows
     g, r = at["guided"], at["rejection"]
     assert [(x["target"], x["scale"]) for x in g] == [(t, w) for t in at["targets"] for w in (0.0, 2.0)]
