@@ -401,12 +401,11 @@ def test_guided_generate_with_a_strong_scale_puts_the_required_word_there(client
     assert not all(row[3 : 3 + len(word)] == word for row in plain["ids"])
 
 
-def test_classifier_guidance_from_the_server(runs, loaded, tmp_path, capsys):
-    from fastapi.testclient import TestClient
-
-    from replaid.web.app import create_app
-
-    data = tmp_path / "labelled.jsonl"
+@pytest.fixture(scope="module")
+def question_classifier(runs, tmp_path_factory):
+    """A latent classifier (labels q, s) of the debug replaid run, trained by the CLI in 2 steps."""
+    root = tmp_path_factory.mktemp("clf")
+    data = root / "labelled.jsonl"
     data.write_text(
         "".join(
             json.dumps({"text": ("To be or not to be? " if i % 2 else "The king is dead. ") * 20, "label": "qs"[i % 2]})
@@ -414,11 +413,18 @@ def test_classifier_guidance_from_the_server(runs, loaded, tmp_path, capsys):
             for i in range(20)
         )
     )
-    clf = tmp_path / "clf" / "question"
-    assert (
-        main(["classifier", "train", str(runs["replaid"]), "--data", str(data), "--out", str(clf), "--steps", "2"]) == 0
-    )
-    capsys.readouterr()
+    clf = root / "question"
+    argv = ["classifier", "train", str(runs["replaid"]), "--data", str(data), "--out", str(clf), "--steps", "2"]
+    assert main(argv) == 0
+    return clf
+
+
+def test_classifier_guidance_from_the_server(runs, loaded, question_classifier, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from replaid.web.app import create_app
+
+    clf = question_classifier
     c = TestClient(
         create_app(
             [str(runs["replaid"]), str(runs["mdlm"])], runs=[loaded["replaid"], loaded["mdlm"]], classifiers=[str(clf)]
@@ -439,6 +445,17 @@ def test_classifier_guidance_from_the_server(runs, loaded, tmp_path, capsys):
         create_app([str(runs["mdlm"])], runs=[loaded["mdlm"]], classifiers=[str(clf)])
     with pytest.raises(ValueError, match="no classifier.json"):
         create_app([str(runs["replaid"])], runs=[loaded["replaid"]], classifiers=[str(tmp_path)])
+
+
+def test_classifiers_under_the_run_folder_are_offered(loaded, question_classifier, tmp_path):
+    from replaid.web.engine import guides_for
+
+    shutil.copytree(question_classifier, tmp_path / "classifiers" / "topic")
+    shutil.copytree(question_classifier, tmp_path / "checkpoints" / "old")  # not looked into
+    (tmp_path / "classifiers" / "broken").mkdir()
+    (tmp_path / "classifiers" / "broken" / "classifier.json").write_text("{")  # skipped, not fatal
+    guides = guides_for(loaded["replaid"], tmp_path, [question_classifier])
+    assert {k: g.labels for k, g in guides.items()} == {"classifiers/topic": ["q", "s"], "question": ["q", "s"]}
 
 
 def test_serve_refuses_a_busy_port_in_one_line(runs, capsys):
@@ -666,3 +683,26 @@ def test_page_generate_with_a_required_word(page, loaded):
     assert page.text_content("#gen-view .state") == "done"
     assert "guidance scale 50" in page.text_content("#gen-view .stats")
     assert page.text_content("#gen-view .finals .req") == "required words: ✓"
+
+
+@pytest.mark.browser
+def test_page_generate_with_a_classifier(browser, runs, loaded, question_classifier):
+    from replaid.web.app import create_app
+
+    app = create_app([str(runs["replaid"])], runs=[loaded["replaid"]], classifiers=[str(question_classifier)])
+    with _serving(app) as port:
+        pg = browser.new_page(viewport={"width": 1280, "height": 800})
+        pg.goto(f"http://127.0.0.1:{port}/")
+        pg.wait_for_selector("#gen-form .classifier-select option[value=question]", state="attached")
+        assert pg.locator("#gen-form .label-select").is_disabled()  # no classifier chosen yet
+        pg.select_option("#gen-form .classifier-select", "question")
+        assert pg.locator("#gen-form .label-select option").all_text_contents() == ["q", "s"]
+        pg.select_option("#gen-form .label-select", "s")
+        pg.fill("#gen-form input[name=guidance_scale]", "2")
+        pg.fill("#gen-form textarea[name=text]", "")
+        pg.fill("#gen-form input[name=steps]", "4")
+        pg.click("#gen-button")
+        pg.wait_for_selector("#gen-view .state[data-state=done], #gen-view .state[data-state=error]", timeout=30000)
+        assert pg.text_content("#gen-view .state") == "done"
+        assert "guidance scale 2" in pg.text_content("#gen-view .stats")
+        pg.close()

@@ -6,6 +6,7 @@ const state = { runs: [], limits: {} };
 
 function $(sel, root = document) { return root.querySelector(sel); }
 function $all(sel, root = document) { return Array.from(root.querySelectorAll(sel)); }
+function esc(s) { return String(s).replace(/[&<>"']/g, c => `&#${c.charCodeAt(0)};`); }  // text into HTML
 
 function showError(msg) {
   const e = $("#error");
@@ -214,7 +215,7 @@ function fillSamplers(runSelect) {
   if (cs) {
     const cl = run.classifiers || [];
     cs.innerHTML = `<option value="">${cl.length ? "none" : "none offered (replaid serve --classifier DIR)"}</option>` +
-      cl.map(c => `<option value="${c.id}">${c.id}</option>`).join("");
+      cl.map(c => `<option value="${esc(c.id)}">${esc(c.id)}</option>`).join("");
     cs.disabled = !cl.length;
     fillLabels(cs);
   }
@@ -225,7 +226,7 @@ function fillLabels(cs) {
   const run = state.runs.find(r => r.id === $(".run-select", scope).value) || {};
   const c = (run.classifiers || []).find(x => x.id === cs.value);
   const ls = $(".label-select", scope);
-  ls.innerHTML = c ? c.labels.map(l => `<option>${l}</option>`).join("") : "";
+  ls.innerHTML = c ? c.labels.map(l => `<option value="${esc(l)}">${esc(l)}</option>`).join("") : "";
   ls.disabled = !c;
 }
 
