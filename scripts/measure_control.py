@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import tempfile
 import time
 from pathlib import Path
 
@@ -174,6 +175,22 @@ def labelled_windows(tok, path: Path, L: int) -> tuple[list[list[int]], list[str
     return ws, ys
 
 
+def chunked(src: Path, dst: Path, n: int) -> Path:
+    """``src``'s documents cut into ``n``-character pieces (a last piece under n/2 dropped), labels kept:
+    ``replaid classifier train`` draws a document, then a window, so equal-length pieces make each label
+    as frequent in its batches as in the corpus's windows (long-document corpora are otherwise rare)."""
+    with dst.open("w") as f:
+        for line in src.read_text().splitlines():
+            if not line.strip():
+                continue
+            d = json.loads(line)
+            for o in range(0, len(d["text"]), n):
+                piece = d["text"][o : o + n]
+                if len(piece) >= n // 2:
+                    f.write(json.dumps({"text": piece, "label": d["label"]}) + "\n")
+    return dst
+
+
 def latent_classifier(run, args, corpus: Path):
     """(a) The latent classifier, trained by ``replaid classifier train RUN --data CORPUS/train.jsonl --out
     CLF`` (the CLI itself) unless CLF already holds one for this run; returns (folder, classifier, its metrics)."""
@@ -181,13 +198,18 @@ def latent_classifier(run, args, corpus: Path):
     from replaid.training.classifier import load_classifier
     from replaid.training.loading import run_dir_of
 
-    clf_dir = Path(args.classifier) if args.classifier else Path(run_dir_of(Path(run.ckpt))) / "classifiers" / "label"
+    name = "label" if not args.clf_chunk_chars else f"label-chunk{args.clf_chunk_chars}"
+    clf_dir = Path(args.classifier) if args.classifier else Path(run_dir_of(Path(run.ckpt))) / "classifiers" / name
     if not (clf_dir / "classifier.json").is_file():
-        argv = ["classifier", "train", args.run, "--data", str(corpus / "train.jsonl"), "--out", str(clf_dir)]
-        argv += ["--steps", str(args.clf_steps)]
-        print("training the latent classifier: replaid " + " ".join(argv), flush=True)
-        if cli(argv) != 0:
-            raise SystemExit("replaid classifier train failed")
+        with tempfile.TemporaryDirectory() as tmp:
+            data = corpus / "train.jsonl"
+            if args.clf_chunk_chars:
+                data = chunked(data, Path(tmp) / "train-chunked.jsonl", args.clf_chunk_chars)
+            argv = ["classifier", "train", args.run, "--data", str(data), "--out", str(clf_dir)]
+            argv += ["--steps", str(args.clf_steps)]
+            print("training the latent classifier: replaid " + " ".join(argv), flush=True)
+            if cli(argv) != 0:
+                raise SystemExit("replaid classifier train failed")
     clf = load_classifier(clf_dir, run)  # refuses a classifier of another run
     return clf_dir, clf, json.loads((clf_dir / "classifier.json").read_text()).get("metrics", {})
 
@@ -306,6 +328,7 @@ def attribute(run, bigram, args, out: Path) -> dict:
         "label": "corpus of origin",
         "targets": list(args.targets),
         "classifier": str(clf_dir),
+        "classifier_chunk_chars": args.clf_chunk_chars,
         "latent_classifier": clf_metrics,
         "latent_classifier_test_accuracy_t0": lat_acc,
         "latent_classifier_test_recall_t0": lat_recall,
@@ -425,6 +448,12 @@ def main(argv: list[str] | None = None) -> None:
         "--classifier", default=None, help="latent classifier folder (default RUN/classifiers/label; trained if absent)"
     )
     p.add_argument("--judge-split", default="test", help="the corpus split the judge is evaluated on")
+    p.add_argument(
+        "--clf-chunk-chars",
+        type=int,
+        default=0,
+        help="train the latent classifier on the documents cut into pieces of this many characters (0: as they are)",
+    )
     p.add_argument("--device", default="cpu", help="cpu | cuda | auto")
     p.add_argument("--only", nargs="+", default=["lexical", "editing", "attribute"])
     p.add_argument("--plot-only", action="store_true")

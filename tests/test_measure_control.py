@@ -63,3 +63,12 @@ def test_attribute_measurement_runs_end_to_end(tmp_path):
     # a second run reuses the classifier (no retraining) and keeps the other sections' results
     _script().main(args + ["--plot-only"])
     assert json.loads((out / "results.json").read_text())["attribute"] == at
+
+
+def test_chunked_training_data_balances_documents(tmp_path):
+    src = tmp_path / "train.jsonl"
+    src.write_text(
+        json.dumps({"text": "a" * 2500, "label": "x"}) + "\n" + json.dumps({"text": "b" * 900, "label": "y"})
+    )
+    rows = [json.loads(x) for x in _script().chunked(src, tmp_path / "c.jsonl", 1000).read_text().splitlines()]
+    assert [(len(r["text"]), r["label"]) for r in rows] == [(1000, "x"), (1000, "x"), (500, "x"), (900, "y")]
