@@ -317,6 +317,147 @@ def test_a_page_that_goes_away_cancels_its_generation(runs, loaded):
         h.remove()
 
 
+# ------------------------------------------------------------------ steering: Edit and guidance (issue 26)
+
+SOURCE = "To be, or not to be, that is the question."
+
+
+def test_edit_endpoint_at_strength_zero_returns_the_text_exactly(client):
+    ev = _events(client.post("/api/edit", json={"run": "replaid", "text": SOURCE, "strength": 0, "samples": 2}))
+    assert [e["type"] for e in ev] == ["queued", "running", "start", "done"]  # no step: nothing is re-noised
+    assert ev[-1]["texts"] == [SOURCE, SOURCE] and ev[-1]["nfe"] == 0 and ev[-1]["steps"] == 0
+    assert ev[2]["mode"] == "edit" and ev[2]["strength"] == 0.0
+
+
+def test_edit_endpoint_keeps_the_text_outside_the_spans_verbatim(client, loaded):
+    body = {"run": "replaid", "text": SOURCE, "strength": 0.6, "spans": "3:15,30:38", "steps": 8, "samples": 2}
+    ev = _events(client.post("/api/edit", json=body))
+    start, steps, done = ev[2], [e for e in ev if e["type"] == "step"], ev[-1]
+    assert [e["i"] for e in steps] == [1, 2, 3, 4, 5, 6]  # ceil(0.6 * 8) = 5 steps, then the readout
+    for t in done["texts"]:
+        assert t[:3] == SOURCE[:3] and t.endswith(SOURCE[38:]) and SOURCE[15:30] in t
+    assert any(t[3:15] != SOURCE[3:15] for t in done["texts"])  # the spans were edited
+    tok = loaded["replaid"].tokenizer
+    pieces = [SOURCE[:3], SOURCE[3:15], SOURCE[15:30], SOURCE[30:38], SOURCE[38:]]
+    assert start["ids"] == sum((tok.encode(p) for p in pieces), [])  # frame 0: the source, piece by piece
+    kept = [k for p, keep in zip(pieces, [1, 0, 1, 0, 1]) for k in [bool(keep)] * len(tok.encode(p))]
+    assert start["known"] == kept
+    for e in steps:  # the kept tokens are shown as given at every step
+        assert all(
+            [i for i, k in zip(row, kept) if k] == [i for i, k in zip(start["ids"], kept) if k] for row in e["ids"]
+        )
+    # the same request through generate() (what replaid edit runs) gives the same texts
+    from replaid.sampling.generate import generate
+
+    rows = generate(
+        loaded["replaid"],
+        SampleRequest(edit=SOURCE, strength=0.6, edit_chars="3:15,30:38", steps=8, num=2, batch_size=2, progress=False),
+    )
+    assert [r["text"] for r in rows] == done["texts"]
+
+
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        ({"strength": 1.5}, "--strength 1.5: must be in [0, 1]"),
+        ({"strength": -0.1}, "--strength -0.1: must be in [0, 1]"),
+        ({"text": ""}, "--text is empty"),
+        ({"spans": "3:15,10:20"}, "give non-overlapping START:END character spans"),
+        ({"spans": "3:99"}, "bad --span '3:99'"),
+        ({"spans": "3:5", "token_spans": "1:2"}, "not both"),
+        ({"run": "mdlm", "sampler": "ancestral"}, "editing needs a continuous-diffusion run"),
+        ({"strength": "lots"}, "field 'strength' must be float"),
+    ],
+)
+def test_edit_endpoint_refuses_bad_input_with_one_line(client, body, message):
+    resp = client.post("/api/edit", json={"run": "replaid", "text": SOURCE, **body})
+    assert resp.status_code == 400
+    err = resp.json()["error"]
+    assert message in err and "\n" not in err
+
+
+def test_edit_endpoint_gives_the_clis_message(client, runs, capsys):
+    assert main(["edit", str(runs["replaid"]), "--text", SOURCE, "--strength", "1.5"]) == 2
+    cli = capsys.readouterr().err.strip().removeprefix("replaid: error: ")
+    resp = client.post("/api/edit", json={"run": "replaid", "text": SOURCE, "strength": 1.5})
+    assert resp.status_code == 400 and resp.json()["error"] == cli
+
+
+def test_guided_generate_at_scale_zero_is_the_unguided_sample(client):
+    plain = _events(client.post("/api/generate", json={"run": "replaid", "steps": 6, "seed": 4, "samples": 2}))
+    body = {"run": "replaid", "steps": 6, "seed": 4, "samples": 2, "require": [" the@3"], "guidance_scale": 0}
+    zero = _events(client.post("/api/generate", json=body))
+    assert zero[-1]["ids"] == plain[-1]["ids"] and zero[2]["guided"]
+    assert "required" in zero[-1] and "required" not in plain[-1]
+
+
+def test_guided_generate_with_a_strong_scale_puts_the_required_word_there(client, loaded):
+    word = loaded["replaid"].tokenizer.encode(" the")
+    base = {"run": "replaid", "steps": 8, "seed": 1, "samples": 2}
+    plain = _events(client.post("/api/generate", json=base))[-1]
+    strong = _events(client.post("/api/generate", json={**base, "require": [" the@3"], "guidance_scale": 50}))[-1]
+    assert strong["required"] == [[True], [True]]
+    assert all(row[3 : 3 + len(word)] == word for row in strong["ids"])
+    assert not all(row[3 : 3 + len(word)] == word for row in plain["ids"])
+
+
+@pytest.fixture(scope="module")
+def question_classifier(runs, tmp_path_factory):
+    """A latent classifier (labels q, s) of the debug replaid run, trained by the CLI in 2 steps."""
+    root = tmp_path_factory.mktemp("clf")
+    data = root / "labelled.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"text": ("To be or not to be? " if i % 2 else "The king is dead. ") * 20, "label": "qs"[i % 2]})
+            + "\n"
+            for i in range(20)
+        )
+    )
+    clf = root / "question"
+    argv = ["classifier", "train", str(runs["replaid"]), "--data", str(data), "--out", str(clf), "--steps", "2"]
+    assert main(argv) == 0
+    return clf
+
+
+def test_classifier_guidance_from_the_server(runs, loaded, question_classifier, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from replaid.web.app import create_app
+
+    clf = question_classifier
+    c = TestClient(
+        create_app(
+            [str(runs["replaid"]), str(runs["mdlm"])], runs=[loaded["replaid"], loaded["mdlm"]], classifiers=[str(clf)]
+        )
+    )
+    listed = {r["id"]: r["classifiers"] for r in c.get("/api/runs").json()["runs"]}
+    assert listed == {"replaid": [{"id": "question", "labels": ["q", "s"]}], "mdlm": []}
+    body = {"run": "replaid", "steps": 4, "classifier": "question", "label": "q", "guidance_scale": 2}
+    ev = _events(c.post("/api/generate", json=body))
+    assert ev[2]["guided"] and ev[2]["guidance_scale"] == 2.0 and ev[-1]["type"] == "done"
+    for bad, message in (
+        ({"label": "maybe"}, "label 'maybe' is not one of classifier 'question''s labels: q, s"),
+        ({"classifier": "../../x"}, "unknown classifier '../../x'"),
+    ):
+        resp = c.post("/api/generate", json={**body, **bad})
+        assert resp.status_code == 400 and message in resp.json()["error"]
+    with pytest.raises(ValueError, match="trained on none of the served runs"):
+        create_app([str(runs["mdlm"])], runs=[loaded["mdlm"]], classifiers=[str(clf)])
+    with pytest.raises(ValueError, match="no classifier.json"):
+        create_app([str(runs["replaid"])], runs=[loaded["replaid"]], classifiers=[str(tmp_path)])
+
+
+def test_classifiers_under_the_run_folder_are_offered(loaded, question_classifier, tmp_path):
+    from replaid.web.engine import guides_for
+
+    shutil.copytree(question_classifier, tmp_path / "classifiers" / "topic")
+    shutil.copytree(question_classifier, tmp_path / "checkpoints" / "old")  # not looked into
+    (tmp_path / "classifiers" / "broken").mkdir()
+    (tmp_path / "classifiers" / "broken" / "classifier.json").write_text("{")  # skipped, not fatal
+    guides = guides_for(loaded["replaid"], tmp_path, [question_classifier])
+    assert {k: g.labels for k, g in guides.items()} == {"classifiers/topic": ["q", "s"], "question": ["q", "s"]}
+
+
 def test_serve_refuses_a_busy_port_in_one_line(runs, capsys):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -417,7 +558,7 @@ def _record_states(page, sel: str) -> None:
 
 
 def _generate(page, text: str, steps: int = 24, **fields):
-    page.fill("#gen-form textarea", text)
+    page.fill("#gen-form textarea[name=text]", text)
     page.fill("#gen-form input[name=steps]", str(steps))
     for k, v in fields.items():
         page.fill(f"#gen-form input[name={k}]", str(v))
@@ -492,3 +633,76 @@ def test_run_page_shows_config_curves_and_figures(page):
     assert '"method": "replaid"' in page.text_content("#run-page .config")
     page.wait_for_function("document.querySelector('#run-page img.curves').naturalWidth > 0")
     assert page.text_content("#run-page figcaption") == "diagnose/loss_vs_t.png"
+
+
+@pytest.mark.browser
+def test_page_edits_a_text_and_shows_the_trajectory(page):
+    page.click("#tab-edit")
+    page.fill("#edit-form textarea[name=text]", SOURCE)
+    page.locator("#edit-form textarea[name=text]").evaluate("el => el.setSelectionRange(3, 15)")
+    page.click("#add-selection")
+    assert page.input_value("#edit-form input[name=spans]") == "3:15"
+    assert page.text_content("#span-preview mark") == SOURCE[3:15]
+    page.fill("#edit-form input[name=steps]", "10")
+    page.locator("#edit-form input[name=strength]").fill("0.6")
+    assert page.text_content("#strength-value") == "0.60"
+    page.click("#edit-button")
+    page.wait_for_selector("#edit-view .state[data-state=done], #edit-view .state[data-state=error]", timeout=30000)
+    assert page.text_content("#edit-view .state") == "done", page.text_content("#edit-view .stats")
+    final = page.text_content("#edit-view .finals .final")
+    assert final.startswith(SOURCE[:3]) and final.endswith(SOURCE[15:])
+    slider = page.locator("#edit-view .slider")
+    assert slider.get_attribute("max") == "7"  # the source, ceil(0.6 * 10) = 6 steps, the readout
+    slider.fill("0")
+    assert page.text_content("#edit-view .step-label") == "0 / 6 (the text to edit)"
+    assert page.locator("#edit-view .tok.mask").count() == 0  # an edit starts from the text, not from masks
+    assert page.locator("#edit-view .tok.kept").count() > 0
+    slider.fill("3")
+    assert page.text_content("#edit-view .step-label") == "3 / 6"
+    page.locator("#edit-form input[name=strength]").fill("0")  # s = 0: the text itself
+    page.click("#edit-button")
+    page.wait_for_selector("#edit-view .state[data-state=done]", timeout=30000)
+    assert page.text_content("#edit-view .finals .final") == SOURCE
+
+
+@pytest.mark.browser
+def test_page_edit_shows_a_bad_request_as_one_line(page):
+    page.click("#tab-edit")
+    page.fill("#edit-form textarea[name=text]", SOURCE)
+    page.fill("#edit-form input[name=spans]", "3:15,10:20")
+    page.click("#edit-button")
+    page.wait_for_selector("#edit-view .state[data-state=error]", timeout=30000)
+    assert "give non-overlapping START:END character spans" in page.text_content("#error")
+
+
+@pytest.mark.browser
+def test_page_generate_with_a_required_word(page, loaded):
+    page.fill("#gen-form textarea[name=require]", " the@3")
+    page.fill("#gen-form input[name=guidance_scale]", "50")
+    _generate(page, "", steps=8)
+    assert page.text_content("#gen-view .state") == "done"
+    assert "guidance scale 50" in page.text_content("#gen-view .stats")
+    assert page.text_content("#gen-view .finals .req") == "required words: ✓"
+
+
+@pytest.mark.browser
+def test_page_generate_with_a_classifier(browser, runs, loaded, question_classifier):
+    from replaid.web.app import create_app
+
+    app = create_app([str(runs["replaid"])], runs=[loaded["replaid"]], classifiers=[str(question_classifier)])
+    with _serving(app) as port:
+        pg = browser.new_page(viewport={"width": 1280, "height": 800})
+        pg.goto(f"http://127.0.0.1:{port}/")
+        pg.wait_for_selector("#gen-form .classifier-select option[value=question]", state="attached")
+        assert pg.locator("#gen-form .label-select").is_disabled()  # no classifier chosen yet
+        pg.select_option("#gen-form .classifier-select", "question")
+        assert pg.locator("#gen-form .label-select option").all_text_contents() == ["q", "s"]
+        pg.select_option("#gen-form .label-select", "s")
+        pg.fill("#gen-form input[name=guidance_scale]", "2")
+        pg.fill("#gen-form textarea[name=text]", "")
+        pg.fill("#gen-form input[name=steps]", "4")
+        pg.click("#gen-button")
+        pg.wait_for_selector("#gen-view .state[data-state=done], #gen-view .state[data-state=error]", timeout=30000)
+        assert pg.text_content("#gen-view .state") == "done"
+        assert "guidance scale 2" in pg.text_content("#gen-view .stats")
+        pg.close()

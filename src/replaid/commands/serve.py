@@ -15,8 +15,10 @@ def register(sub) -> None:
         "serve",
         "Browser playground: watch generation step by step, infill, compare runs.",
         EXAMPLE,
-        description="Serve a local web app over the given runs: Generate (live denoising trajectory), "
-        "Compare (two runs or samplers, same seed), Runs (config, curves, figures). "
+        description="Serve a local web app over the given runs: Generate (live denoising trajectory, with "
+        "token or classifier guidance), Edit (SDEdit, as replaid edit), Compare (two runs or samplers, same "
+        "seed), Runs (config, curves, figures). Classifiers for guidance: those under each run folder "
+        "(replaid classifier train ... --out RUN/classifiers/NAME) and those given with --classifier. "
         "Binds to 127.0.0.1 unless --host says otherwise; needs the 'web' extra "
         "(pip install -e '.[web]').",
     )
@@ -31,6 +33,14 @@ def register(sub) -> None:
         "--max-length", type=NONNEGATIVE, default=0, help="longest sequence per request (0: each run's seq_len)"
     )
     s.add_argument("--max-queue", type=POSITIVE, default=8, help="generations that may wait per run")
+    s.add_argument(
+        "--classifier",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="a latent classifier folder (replaid classifier train --out DIR) to offer for classifier guidance "
+        "on the run it was trained on; repeatable (classifiers under a run folder are found without it)",
+    )
     s.set_defaults(func=run)
 
 
@@ -73,7 +83,7 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     limits = Limits(args.max_steps, args.max_samples, args.max_length, args.max_queue)
-    app = create_app(args.runs, limits, device=args.device)
+    app = create_app(args.runs, limits, device=args.device, classifiers=args.classifier)
     names = ", ".join(app.state.slots)
     print(f"replaid serve: {names} on http://{args.host}:{args.port}  (Ctrl-C stops)", file=sys.stderr)
     if args.host not in ("127.0.0.1", "localhost", "::1"):

@@ -10,6 +10,14 @@ Safety (``replaid serve`` binds 127.0.0.1 by default):
   ``Limits.max_queue`` wait (more get HTTP 429); a page that goes away cancels its job at the next
   step;
 * an exception inside a generation becomes an ``error`` event (one line) and the server keeps going.
+
+Endpoints: ``GET /api/runs`` (the runs, their samplers and classifiers, the limits), ``GET
+/api/runs/{id}`` (+ ``curves.png``, ``figures/{k}``), ``POST /api/generate`` (:class:`GenRequest`: a
+sample, prompt or infill, with optional guidance) and ``POST /api/edit`` (:class:`EditRequest`: SDEdit,
+as ``replaid edit``); both answer a stream of server-sent events (``queued``, ``running``, ``start``,
+``step`` ..., ``done`` or ``error``) or, for a bad request, HTTP 400 with the one-line message the CLI
+gives. Classifiers for guidance: those under each run folder and those given with ``replaid serve
+--classifier DIR`` that were trained on the run (matching embedding fingerprint), named by an id.
 """
 
 from __future__ import annotations
@@ -29,7 +37,18 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from fastapi.staticfiles import StaticFiles
 
 from replaid.methods.base import Kind
-from replaid.web.engine import Cancelled, GenRequest, Limits, generate_stream, prepare, samplers_for
+from replaid.web.engine import (
+    Cancelled,
+    EditRequest,
+    GenRequest,
+    Guide,
+    Limits,
+    classifier_meta,
+    generate_stream,
+    guides_for,
+    prepare,
+    samplers_for,
+)
 
 PLOT_DIRS_SKIP = {"checkpoints", "tb", "tokenizer"}
 MAX_FIGURES = 200
@@ -45,6 +64,7 @@ class Slot:
     run: object
     worker: ThreadPoolExecutor
     figures: list[Path] = field(default_factory=list)
+    guides: dict[str, Guide] = field(default_factory=dict)  # classifiers for guidance, by id
     pending: int = 0  # queued or running generations
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -144,20 +164,44 @@ def check_limits(limits: Limits, slots: dict[str, Slot]) -> None:
             )
 
 
-def create_app(run_paths: list[str], limits: Limits | None = None, device: str = "auto", runs: list | None = None):
+def create_app(
+    run_paths: list[str],
+    limits: Limits | None = None,
+    device: str = "auto",
+    runs: list | None = None,
+    classifiers: list[str] | None = None,
+):
     """The FastAPI app over ``run_paths`` (loaded now, EMA weights). ``runs`` may pass already
-    loaded :class:`replaid.training.loading.Run` objects (tests)."""
+    loaded :class:`replaid.training.loading.Run` objects (tests). ``classifiers``: latent classifier
+    folders (``replaid classifier train``) offered for guidance, each on the runs it was trained on
+    (besides those found under the run folders); one that fits none of the runs is refused."""
     from replaid.training.loading import load_run, run_dir_of
 
     limits = limits or Limits()
+    extra = [Path(c) for c in classifiers or []]
+    for c in extra:
+        classifier_meta(c)  # one line when it is not a classifier folder
     slots: dict[str, Slot] = {}
     for k, (rid, p) in enumerate(zip(run_ids(run_paths), run_paths)):
         run = runs[k] if runs is not None else load_run(p, use_ema=True, train_data=False, device=device)
         rdir = run_dir_of(Path(run.ckpt))
+        guides = guides_for(run, Path(rdir), extra) if run.method.kind is Kind.CONTINUOUS else {}
         slots[rid] = Slot(
-            rid, Path(rdir), run, ThreadPoolExecutor(1, thread_name_prefix=f"gen-{rid}"), find_figures(Path(rdir))
+            rid,
+            Path(rdir),
+            run,
+            ThreadPoolExecutor(1, thread_name_prefix=f"gen-{rid}"),
+            find_figures(Path(rdir)),
+            guides,
         )
     check_limits(limits, slots)
+    used = {g.path for s in slots.values() for g in s.guides.values()}
+    for c in extra:
+        if c.resolve() not in used:
+            raise ValueError(
+                f"--classifier {c}: trained on none of the served runs ({classifier_meta(c).get('run')}); "
+                "serve its run, or train one for these with 'replaid classifier train'"
+            )
 
     app = FastAPI(title="replaid playground", docs_url=None, redoc_url=None, openapi_url=None)
     static = resources.files("replaid.web") / "static"
@@ -194,6 +238,7 @@ def create_app(run_paths: list[str], limits: Limits | None = None, device: str =
                     "samplers": samplers_for(s.run),
                     "continuous": s.run.method.kind is Kind.CONTINUOUS,
                     "params": sum(p.numel() for p in s.run.model.parameters()),
+                    "classifiers": [{"id": g.id, "labels": g.labels} for g in s.guides.values()],
                 }
             )
         return {"runs": out, "limits": asdict(limits)}
@@ -235,19 +280,27 @@ def create_app(run_paths: list[str], limits: Limits | None = None, device: str =
 
     @app.post("/api/generate")
     async def generate(request: Request):
+        return await _stream(request, GenRequest)
+
+    @app.post("/api/edit")
+    async def edit(request: Request):
+        return await _stream(request, EditRequest)
+
+    async def _stream(request: Request, kind: type[GenRequest] | type[EditRequest]):
+        """Validates a request body of ``kind`` (400 with one line) and streams its generation."""
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
             return err("the request body is not JSON")
         try:
-            req = GenRequest.from_dict(body)
+            req = kind.from_dict(body)
         except (ValueError, TypeError) as e:
             return err(one_line(e))
         s = slot_of(req.run)
         if s is None:
             return err(f"unknown run {req.run!r}; this server serves {', '.join(slots)}")
         try:
-            prepare(req, s.run, limits)
+            prepare(req, s.run, limits, s.guides)
         except ValueError as e:
             return err(one_line(e))
         with s.lock:
@@ -272,7 +325,7 @@ def create_app(run_paths: list[str], limits: Limits | None = None, device: str =
                 if gone.is_set():
                     return
                 emit({"type": "running"})
-                generate_stream(s.run, req, emit, gone.is_set, limits)
+                generate_stream(s.run, req, emit, gone.is_set, limits, s.guides)
             except Cancelled:
                 pass
             except Exception as e:  # noqa: BLE001 - any failure becomes one line in the page

@@ -15,28 +15,37 @@ shown" is depends on the method, so every method is drawn the same way:
 
 Every request goes through :func:`replaid.sampling.generate` (as ``replaid sample`` does) with a
 step callback that turns the sampler's state into frames: the same run, seed and settings give the
-same final text (tested).
+same final text (tested). An Edit request (:class:`EditRequest`) is the same path with the
+``SampleRequest`` of ``replaid edit`` (SDEdit: ``edit``, ``strength``, ``edit_chars`` / ``edit_span``):
+its frames start from the given text, and the positions outside the spans are kept (grey). Guidance
+(``require``, ``classifier`` + ``label``, ``guidance_scale``) sets the same ``SampleRequest`` fields as
+``--require``, ``--guide`` and ``--guidance-scale``; a request names a classifier by the id the server
+gave it (:class:`Guide`), never by a path.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from pathlib import Path
+from typing import Callable, Optional, Union
 
 import torch
 
 from replaid.methods.base import Kind
 from replaid.sampling.generate import generate
-from replaid.sampling.infill import InfillPlan
+from replaid.sampling.infill import EditPlan, InfillPlan
 from replaid.sampling.registry import get_sampler
 from replaid.sampling.request import SampleRequest
 
 MASK, EMPTY = -1, -2  # display ids: a masked position (MDLM), a not-yet-generated one (AR)
 _GAP = re.compile(r"\[\[\s*(\d*)\s*\]\]")  # an infill gap in the text box: [[8]] = 8 tokens to fill
 DEFAULT_GAP = 8
+MAX_REQUIRE = 8  # required words per request
+CLASSIFIER_SKIP = {"checkpoints", "tb", "tokenizer"}
 
 
 class Cancelled(Exception):
@@ -53,8 +62,50 @@ class Limits:
     max_queue: int = 8  # waiting requests per run
 
 
+_TYPES = {"str": str, "int": int, "float": float}
+
+
+class _Fields:
+    """``from_dict``: a JSON object -> the request dataclass, every field type-checked (one line)."""
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        if not isinstance(d, dict):
+            raise ValueError("the request body must be a JSON object")
+        names = {f.name: f for f in cls.__dataclass_fields__.values()}  # type: ignore[attr-defined]
+        unknown = sorted(set(d) - set(names))
+        if unknown:
+            raise ValueError(f"unknown field {unknown[0]!r}; fields are {', '.join(names)}")
+        if "run" not in d:
+            raise ValueError("missing field 'run'")
+        kw = {}
+        for k, v in d.items():
+            tname = names[k].type
+            if tname == "list[str]":
+                if isinstance(v, str):
+                    v = [v] if v else []
+                if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                    raise ValueError(f"field {k!r} must be a list of strings, got {v!r}")
+                kw[k] = list(v)
+                continue
+            typ = _TYPES[tname]
+            if typ is float and isinstance(v, int) and not isinstance(v, bool):
+                v = float(v)
+            if typ is int and isinstance(v, str) and v.strip().lstrip("-").isdigit():
+                v = int(v)
+            if typ is float and isinstance(v, str):
+                try:
+                    v = float(v)
+                except ValueError:
+                    pass
+            if not isinstance(v, typ) or isinstance(v, bool):
+                raise ValueError(f"field {k!r} must be {tname}, got {v!r}")
+            kw[k] = v
+        return cls(**kw)
+
+
 @dataclass
-class GenRequest:
+class GenRequest(_Fields):
     """One generation: what the Generate form sends. Validated by :meth:`check`."""
 
     run: str
@@ -66,33 +117,103 @@ class GenRequest:
     length: int = 0  # 0: the run's data.seq_len
     samples: int = 1
     text: str = ""  # "" unconditional; plain text = prompt prefix; text with [[n]] gaps = infill
+    require: list[str] = field(default_factory=list)  # token guidance: WORD, WORD@P or WORD@A:B (--require)
+    classifier: str = ""  # classifier guidance: a classifier id from /api/runs (--guide CLF:LABEL)
+    label: str = ""  # ... and its label
+    guidance_scale: float = 1.0  # w (--guidance-scale)
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "GenRequest":
-        if not isinstance(d, dict):
-            raise ValueError("the request body must be a JSON object")
-        names = {f.name: f for f in cls.__dataclass_fields__.values()}
-        unknown = sorted(set(d) - set(names))
-        if unknown:
-            raise ValueError(f"unknown field {unknown[0]!r}; fields are {', '.join(names)}")
-        if "run" not in d:
-            raise ValueError("missing field 'run'")
-        kw = {}
-        for k, v in d.items():
-            typ = {"str": str, "int": int, "float": float}[names[k].type]
-            if typ is float and isinstance(v, int) and not isinstance(v, bool):
-                v = float(v)
-            if typ is int and isinstance(v, str) and v.strip().lstrip("-").isdigit():
-                v = int(v)
-            if typ is float and isinstance(v, str):
-                try:
-                    v = float(v)
-                except ValueError:
-                    pass
-            if not isinstance(v, typ) or isinstance(v, bool):
-                raise ValueError(f"field {k!r} must be {names[k].type}, got {v!r}")
-            kw[k] = v
-        return cls(**kw)
+
+@dataclass
+class EditRequest(_Fields):
+    """One edit (SDEdit, ``replaid edit``): what the Edit form sends."""
+
+    run: str
+    text: str = ""  # the text to edit (--text)
+    strength: float = 0.5  # s in [0, 1] (--strength)
+    spans: str = ""  # character spans to re-noise, A:B[,C:D] (--span); "" with no token_spans: all of it
+    token_spans: str = ""  # token-position spans to re-noise (--token-span)
+    sampler: str = "ddpm"
+    steps: int = 64  # T of a full run; an edit takes ceil(s T)
+    temperature: float = 1.0
+    score_temperature: float = 1.0
+    seed: int = 0
+    samples: int = 1
+    require: list[str] = field(default_factory=list)
+    classifier: str = ""
+    label: str = ""
+    guidance_scale: float = 1.0
+
+
+Request = Union[GenRequest, EditRequest]
+
+
+@dataclass
+class Guide:
+    """A latent classifier the server offers for a run: ``id`` (what requests name), its folder, labels."""
+
+    id: str
+    path: Path
+    labels: list[str]
+
+
+def classifier_meta(path: Path) -> dict:
+    """``classifier.json`` of a classifier folder (labels, embedding fingerprint); one line when unreadable."""
+    f = Path(path) / "classifier.json"
+    if not f.is_file() or not (Path(path) / "classifier.safetensors").is_file():
+        raise ValueError(
+            f"--classifier {path}: no classifier.json + classifier.safetensors there "
+            "(replaid classifier train RUN --data LABELLED.jsonl --out DIR writes them)"
+        )
+    try:
+        meta = json.loads(f.read_text())
+        meta["labels"] = [str(x) for x in meta["labels"]]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise ValueError(f"--classifier {path}: damaged classifier.json; train it again") from None
+    return meta
+
+
+def find_classifiers(run_dir: Path, limit: int = 50) -> list[Path]:
+    """Classifier folders (``classifier.json``) under a run folder, checkpoints excluded."""
+    out = []
+    for f in sorted(Path(run_dir).rglob("classifier.json")):
+        rel = f.parent.relative_to(run_dir)
+        if rel.parts and rel.parts[0] in CLASSIFIER_SKIP:
+            continue
+        out.append(f.parent)
+    return out[:limit]
+
+
+def guides_for(run, run_dir: Path, extra: list[Path]) -> dict[str, Guide]:
+    """The classifiers offered for ``run``: those under its folder and those given (``--classifier``)
+    whose embedding fingerprint matches the run's (a classifier only steers the run it was trained on).
+    Ids: the path under the run folder, or the folder's name, made unique."""
+    from replaid.training.classifier import embedding_fingerprint
+
+    fp = embedding_fingerprint(run.model.embedding_matrix())
+    out: dict[str, Guide] = {}
+    seen: set[Path] = set()
+    for p in find_classifiers(run_dir) + list(extra):
+        p = Path(p).resolve()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            meta = classifier_meta(p)
+        except ValueError:
+            if p in [Path(x).resolve() for x in extra]:
+                raise
+            continue  # a damaged classifier under the run folder is skipped
+        if meta.get("embedding_fingerprint") != fp:
+            continue
+        try:
+            base = str(p.relative_to(Path(run_dir).resolve()))
+        except ValueError:
+            base = p.name
+        name, k = base, 2
+        while name in out:
+            name, k = f"{base}-{k}", k + 1
+        out[name] = Guide(name, p, meta["labels"])
+    return out
 
 
 def samplers_for(run) -> list[str]:
@@ -100,9 +221,13 @@ def samplers_for(run) -> list[str]:
     return list(run.method.samplers)
 
 
-def check(req: GenRequest, run, limits: Limits) -> None:
+def check(req: Request, run, limits: Limits) -> None:
     """Raises ValueError (one line, naming the field and the allowed range) on a bad request."""
     names = samplers_for(run)
+    if isinstance(req, EditRequest) and run.method.kind is not Kind.CONTINUOUS:
+        raise ValueError(
+            f"editing needs a continuous-diffusion run (replaid, plaid); {req.run!r} is a {run.cfg.method} run"
+        )
     if req.sampler not in names:
         raise ValueError(
             f"sampler {req.sampler!r} is not available for a {run.cfg.method} run; choose {', '.join(names)}"
@@ -110,7 +235,7 @@ def check(req: GenRequest, run, limits: Limits) -> None:
     if not 1 <= req.steps <= limits.max_steps:
         raise ValueError(f"steps must be between 1 and {limits.max_steps}, got {req.steps}")
     max_len = limits.max_length or run.cfg.data.seq_len
-    if not 0 <= req.length <= max_len:
+    if isinstance(req, GenRequest) and not 0 <= req.length <= max_len:
         raise ValueError(
             f"length must be between 1 and {max_len} (0 = the run's {run.cfg.data.seq_len}), got {req.length}"
         )
@@ -124,6 +249,8 @@ def check(req: GenRequest, run, limits: Limits) -> None:
         raise ValueError(f"seed must be a non-negative integer, got {req.seed}")
     if len(req.text) > 20000:
         raise ValueError("text is longer than 20000 characters")
+    if len(req.require) > MAX_REQUIRE or any(len(w) > 200 for w in req.require):
+        raise ValueError(f"at most {MAX_REQUIRE} required words of at most 200 characters each")
 
 
 @dataclass
@@ -165,18 +292,78 @@ def parse_text(text: str, tok, L: int, max_len: int) -> Template:
     return Template(ids, known, "infill")
 
 
-def prepare(req: GenRequest, run, limits: Limits) -> Template:
-    """Validates ``req`` for ``run`` (:func:`check`) and parses its text box into a :class:`Template`."""
+@dataclass
+class Prepared:
+    """A validated request: the ``SampleRequest`` given to :func:`generate`, the positions' ids and
+    which of them are given (kept), the mode (unconditional | prompt | infill | edit), the edit plan."""
+
+    request: SampleRequest
+    ids: list[int]
+    known: list[bool]
+    mode: str
+    edit: Optional[EditPlan] = None
+
+
+def guide_of(req: Request, guides: dict[str, Guide]) -> Optional[str]:
+    """``--guide CLF_DIR:LABEL`` of the request's classifier id and label (both checked), or None."""
+    if not req.classifier:
+        if req.label:
+            raise ValueError("a label needs a classifier: choose one (classifier guidance)")
+        return None
+    g = guides.get(req.classifier)
+    if g is None:
+        known = ", ".join(guides) or "none (replaid serve --classifier DIR, or classifiers under the run folder)"
+        raise ValueError(f"unknown classifier {req.classifier!r} for run {req.run!r}; this server offers {known}")
+    if req.label not in g.labels:
+        raise ValueError(f"label {req.label!r} is not one of classifier {g.id!r}'s labels: {', '.join(g.labels)}")
+    return f"{g.path}:{req.label}"
+
+
+def prepare(req: Request, run, limits: Limits, guides: Optional[dict[str, Guide]] = None) -> Prepared:
+    """Validates ``req`` for ``run`` (:func:`check`, then :meth:`SampleRequest.check`, the CLI's own
+    checks and messages) and builds its :class:`Prepared` request."""
     check(req, run, limits)
     cfg = run.cfg
+    guide = guide_of(req, guides or {})
+    max_len = limits.max_length or cfg.data.seq_len
+    common = dict(
+        sampler=req.sampler,
+        steps=req.steps,
+        num=req.samples,
+        batch_size=req.samples,
+        temperature=req.temperature,
+        score_temperature=req.score_temperature,
+        seed=req.seed,
+        progress=False,
+        allow_longer=True,  # the length is checked against the limits here
+        require=tuple(req.require),
+        guide=guide,
+        guidance_scale=req.guidance_scale,
+    )
+    if isinstance(req, EditRequest):
+        sreq = SampleRequest(
+            **common,
+            edit=req.text,
+            strength=req.strength,
+            edit_chars=req.spans.strip() or None,
+            edit_span=req.token_spans.strip() or None,
+        )
+        eplan = sreq.edit_plan(run.tokenizer) if req.text else None
+        if eplan is not None and len(eplan.ids) > max_len:
+            raise ValueError(f"the text is {len(eplan.ids)} tokens; the limit is {max_len}")
+        sreq.check(run.method, run.tokenizer, cfg.data.seq_len)  # empty text, strength, spans: the CLI's messages
+        assert eplan is not None
+        return Prepared(sreq, eplan.ids.tolist(), eplan.known.tolist(), "edit", eplan)
     L = SampleRequest(length=req.length or None).length_for(cfg.data.seq_len)  # the one default-length rule
-    tpl = parse_text(req.text, run.tokenizer, L, limits.max_length or cfg.data.seq_len)
+    tpl = parse_text(req.text, run.tokenizer, L, max_len)
     if tpl.mode == "infill" and run.method.kind is not Kind.CONTINUOUS:
         raise ValueError(
             f"infill needs a continuous-diffusion run (replaid, plaid); {req.run!r} is a {cfg.method} "
             "run: give a prompt instead"
         )
-    return tpl
+    sreq = sample_request(req, tpl, **common)
+    sreq.check(run.method, run.tokenizer, cfg.data.seq_len)
+    return Prepared(sreq, tpl.ids, tpl.known, tpl.mode)
 
 
 @dataclass
@@ -249,49 +436,50 @@ def _count_calls(module: torch.nn.Module, framer: _Framer):
     return module.register_forward_hook(hook)
 
 
-def sample_request(req: GenRequest, tpl: Template) -> SampleRequest:
-    """The :class:`~replaid.sampling.request.SampleRequest` of a playground request (one batch)."""
+def sample_request(req: GenRequest, tpl: Template, **common) -> SampleRequest:
+    """The :class:`~replaid.sampling.request.SampleRequest` of a playground request (one batch);
+    ``common``: the fields :func:`prepare` sets for every request."""
     prompt = infill = None
     if tpl.mode == "prompt":
         prompt = req.text
     elif tpl.mode == "infill":
         infill = InfillPlan(torch.tensor(tpl.ids, dtype=torch.long), torch.tensor(tpl.known, dtype=torch.bool))
     return SampleRequest(
-        sampler=req.sampler,
-        steps=req.steps,
-        num=req.samples,
-        batch_size=req.samples,
+        **common,
         length=len(tpl.ids) if tpl.mode != "infill" else None,
-        temperature=req.temperature,
-        score_temperature=req.score_temperature,
-        seed=req.seed,
         prompt=prompt,
         template=infill,
-        progress=False,
-        allow_longer=True,
-    )  # the length was checked against the limits
+    )
 
 
 @torch.no_grad()
 def generate_stream(
     run,
-    req: GenRequest,
+    req: Request,
     emit: Callable[[dict], None],
     cancelled: Callable[[], bool] = lambda: False,
     limits: Limits = Limits(),
+    guides: Optional[dict[str, Guide]] = None,
 ) -> Result:
-    """Runs one validated request on ``run`` (a :class:`replaid.training.loading.Run`), calling ``emit`` with
-    a ``start`` event, one ``step`` frame per sampler step and a ``done`` event (also returned).
+    """Runs one validated request (a generation or an edit) on ``run`` (a
+    :class:`replaid.training.loading.Run`), calling ``emit`` with a ``start`` event, one ``step`` frame
+    per sampler step and a ``done`` event (also returned).
 
     Raises ValueError on a bad request and :class:`Cancelled` if ``cancelled()`` turns true."""
-    tpl = prepare(req, run, limits)
+    prep = prepare(req, run, limits, guides)
+    sreq = prep.request
     model, tok, cfg, method = run.model, run.tokenizer, run.cfg, run.method
-    L = len(tpl.ids)
+    L = len(prep.ids)
     sampler = get_sampler(method, req.sampler)
-    steps = L - sum(tpl.known) if method.kind is Kind.AUTOREGRESSIVE else req.steps
+    if method.kind is Kind.AUTOREGRESSIVE:
+        steps = L - sum(prep.known)
+    elif prep.mode == "edit":
+        steps = 0 if req.strength == 0 else max(1, math.ceil(req.strength * req.steps))  # as generate() does
+    else:
+        steps = req.steps
     B = req.samples
-    known = torch.tensor(tpl.known, dtype=torch.bool)  # (L,)
-    known_ids = torch.tensor(tpl.ids, dtype=torch.long)  # (L,)
+    known = torch.tensor(prep.known, dtype=torch.bool)  # (L,)
+    known_ids = torch.tensor(prep.ids, dtype=torch.long)  # (L,)
     framer = _Framer(emit, cancelled, tok, known, known_ids)
     emit(
         {
@@ -302,43 +490,49 @@ def generate_stream(
             "steps": steps,
             "L": L,
             "B": B,
-            "mode": tpl.mode,
-            "known": tpl.known,
-            "ids": known_ids.tolist(),
-            "tokens": framer.strings(known_ids[known]),
-            "nfe_expected": sampler.nfe(steps) if method.kind is Kind.CONTINUOUS and sampler.nfe else None,
+            "mode": prep.mode,
+            "known": prep.known,
+            "ids": known_ids.tolist(),  # an edit: the source text (frame 0 shows it)
+            "tokens": framer.strings(known_ids if prep.mode == "edit" else known_ids[known]),
+            "nfe_expected": sampler.nfe(steps) if method.kind is Kind.CONTINUOUS and sampler.nfe and steps else None,
+            "strength": req.strength if prep.mode == "edit" else None,
+            "guided": bool(sreq.require or sreq.guide),
+            "guidance_scale": sreq.guidance_scale if (sreq.require or sreq.guide) else None,
         }
     )
     handle = _count_calls(model, framer)
     try:
-        rows = generate(run, sample_request(req, tpl), callback=_frames(method.kind, framer, B, L, model))
+        rows = generate(run, sreq, callback=_frames(method.kind, framer, B, L, model))
     finally:
         handle.remove()
     tokens = torch.where(known, known_ids, torch.tensor([r["ids"] for r in rows], dtype=torch.long))
     nfe = rows[0]["nfe"]
     secs = time.perf_counter() - framer.t0
     ids = tokens.tolist()
+    # an edit's text is generate()'s: kept character pieces verbatim (EditPlan.text_of)
+    texts = [r["text"] for r in rows] if prep.mode == "edit" else [tok.decode(r) for r in ids]
     res = Result(
         ids=ids,
-        texts=[tok.decode(r) for r in ids],
+        texts=texts,
         nfe=int(nfe),
         steps=steps,
         seconds=secs,
         first_step_seconds=framer.first,
-        mode=tpl.mode,
+        mode=prep.mode,
     )
-    emit(
-        {
-            "type": "done",
-            "ids": ids,
-            "texts": res.texts,
-            "nfe": res.nfe,
-            "steps": steps,
-            "seconds": round(secs, 4),
-            "first_step_seconds": None if framer.first is None else round(framer.first, 4),
-            "tokens": framer.strings(tokens),
-        }
-    )
+    done = {
+        "type": "done",
+        "ids": ids,
+        "texts": res.texts,
+        "nfe": res.nfe,
+        "steps": steps,
+        "seconds": round(secs, 4),
+        "first_step_seconds": None if framer.first is None else round(framer.first, 4),
+        "tokens": framer.strings(tokens),
+    }
+    if rows and "required" in rows[0]:
+        done["required"] = [r["required"] for r in rows]  # per sample, per word: present where asked
+    emit(done)
     return res
 
 

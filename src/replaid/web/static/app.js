@@ -6,6 +6,7 @@ const state = { runs: [], limits: {} };
 
 function $(sel, root = document) { return root.querySelector(sel); }
 function $all(sel, root = document) { return Array.from(root.querySelectorAll(sel)); }
+function esc(s) { return String(s).replace(/[&<>"']/g, c => `&#${c.charCodeAt(0)};`); }  // text into HTML
 
 function showError(msg) {
   const e = $("#error");
@@ -51,12 +52,13 @@ class View {
       this.learn(ev.tokens);
       const unknown = ev.method === "ar" ? EMPTY : MASK;
       const ids = [], conf = [];
-      for (let b = 0; b < ev.B; b++) {
-        ids.push(ev.ids.map((t, l) => ev.known[l] ? t : unknown));
+      for (let b = 0; b < ev.B; b++) {  // an edit starts from the given text (pale where it will be re-noised)
+        ids.push(ev.ids.map((t, l) => ev.known[l] || ev.mode === "edit" ? t : unknown));
         conf.push(ev.known.map(k => k ? 100 : 0));
       }
       this.frames.push({ i: 0, ids, conf });
-      this.setState("running", `${ev.run} (${ev.method}, ${ev.sampler}) · ${ev.mode} · ${ev.steps} steps · length ${ev.L}`);
+      const extra = (ev.mode === "edit" ? ` · strength ${ev.strength}` : "") + (ev.guided ? ` · guidance scale ${ev.guidance_scale}` : "");
+      this.setState("running", `${ev.run} (${ev.method}, ${ev.sampler}) · ${ev.mode} · ${ev.steps} steps · length ${ev.L}${extra}`);
       this.schedule();
     } else if (ev.type === "step") {
       this.learn(ev.tokens);
@@ -71,15 +73,22 @@ class View {
       this.done = ev;
       $(".bar", this.el).style.width = "100%";
       const m = this.meta || {};
-      this.setState("done", `${m.run} (${m.method}, ${m.sampler}) · ${ev.steps} steps · NFE ${ev.nfe} · ${ev.seconds.toFixed(2)} s total · first step after ${ev.first_step_seconds == null ? "–" : ev.first_step_seconds.toFixed(2) + " s"}`);
+      const extra = (m.mode === "edit" ? ` · strength ${m.strength}` : "") + (m.guided ? ` · guidance scale ${m.guidance_scale}` : "");
+      this.setState("done", `${m.run} (${m.method}, ${m.sampler})${extra} · ${ev.steps} steps · NFE ${ev.nfe} · ${ev.seconds.toFixed(2)} s total · first step after ${ev.first_step_seconds == null ? "–" : ev.first_step_seconds.toFixed(2) + " s"}`);
       const finals = $(".finals", this.el);
       finals.innerHTML = "";
-      for (const t of ev.texts) {
+      ev.texts.forEach((t, b) => {
         const d = document.createElement("div");
         d.className = "final";
         d.textContent = t;
+        if (ev.required) {  // token guidance: is each required word where it was asked for?
+          const r = document.createElement("span");
+          r.className = "req";
+          r.textContent = `required words: ${ev.required[b].map(x => x ? "✓" : "✗").join(" ")}`;
+          d.appendChild(r);
+        }
         finals.appendChild(d);
-      }
+      });
       $(".final-wrap", this.el).hidden = false;
       this.schedule();
     } else if (ev.type === "error") {
@@ -107,7 +116,8 @@ class View {
     if (!f) return;
     const prev = k > 0 ? this.frames[k - 1] : null;
     const T = this.meta ? this.meta.steps : 0;
-    $(".step-label", this.el).textContent = k === 0 ? `0 / ${T} (start)` : f.final ? `${T} / ${T} · final readout` : `${f.i} / ${T}`;
+    const start = this.meta && this.meta.mode === "edit" ? "(the text to edit)" : "(start)";
+    $(".step-label", this.el).textContent = k === 0 ? `0 / ${T} ${start}` : f.final ? `${T} / ${T} · final readout` : `${f.i} / ${T}`;
     const known = this.meta ? this.meta.known : [];
     const box = $(".tokens", this.el);
     box.innerHTML = "";
@@ -146,12 +156,12 @@ class View {
 }
 
 // ---------------------------------------------------------------- streaming a generation
-async function stream(view, payload) {
+async function stream(view, payload, url = "/api/generate") {
   view.reset();
   view.setState("sending", "");
   let resp;
   try {
-    resp = await fetch("/api/generate", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(payload) });
+    resp = await fetch(url, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(payload) });
   } catch (e) {
     view.fail(`the server did not answer: ${e.message}`);
     return;
@@ -183,8 +193,9 @@ async function stream(view, payload) {
 function formValues(form) {
   const v = {};
   for (const el of $all("input, select, textarea", form)) {
-    if (!el.name) continue;
-    v[el.name] = el.type === "number" ? Number(el.value) : el.value;
+    if (!el.name || el.closest("[hidden]")) continue;
+    if (el.dataset.list === "lines") v[el.name] = el.value.split("\n").map(x => x.replace(/\r$/, "")).filter(x => x.trim());
+    else v[el.name] = el.type === "number" || el.type === "range" ? Number(el.value) : el.value;
   }
   return v;
 }
@@ -200,6 +211,23 @@ function fillSamplers(runSelect) {
   ss.innerHTML = run.samplers.map(s => `<option>${s}</option>`).join("");
   if (run.samplers.includes(keep)) ss.value = keep;
   for (const el of $all(".cont-only", scope)) el.hidden = !run.continuous;
+  const cs = $(".classifier-select", scope);
+  if (cs) {
+    const cl = run.classifiers || [];
+    cs.innerHTML = `<option value="">${cl.length ? "none" : "none offered (replaid serve --classifier DIR)"}</option>` +
+      cl.map(c => `<option value="${esc(c.id)}">${esc(c.id)}</option>`).join("");
+    cs.disabled = !cl.length;
+    fillLabels(cs);
+  }
+}
+
+function fillLabels(cs) {
+  const scope = cs.closest("form");
+  const run = state.runs.find(r => r.id === $(".run-select", scope).value) || {};
+  const c = (run.classifiers || []).find(x => x.id === cs.value);
+  const ls = $(".label-select", scope);
+  ls.innerHTML = c ? c.labels.map(l => `<option value="${esc(l)}">${esc(l)}</option>`).join("") : "";
+  ls.disabled = !c;
 }
 
 async function loadRuns() {
@@ -209,6 +237,11 @@ async function loadRuns() {
     sel.innerHTML = state.runs.map(x => `<option value="${x.id}">${x.id} (${x.method}, step ${x.step})</option>`).join("");
     sel.addEventListener("change", () => fillSamplers(sel));
   }
+  for (const cs of $all(".classifier-select")) cs.addEventListener("change", () => fillLabels(cs));
+  // Edit: continuous runs only
+  const cont = state.runs.filter(x => x.continuous);
+  $("#edit-form .run-select").innerHTML = cont.map(x => `<option value="${x.id}">${x.id} (${x.method}, step ${x.step})</option>`).join("") ||
+    `<option value="">no continuous run (editing needs RePlaid or Plaid)</option>`;
   // Compare: the second side defaults to the second run when there is one
   if (state.runs.length > 1) $("#side-b .run-select").value = state.runs[1].id;
   for (const sel of $all(".run-select")) fillSamplers(sel);
@@ -221,6 +254,7 @@ async function loadRuns() {
 
 // ---------------------------------------------------------------- pages
 const genView = new View($("#gen-view"));
+const editView = new View($("#edit-view"));
 const sideViews = { a: new View($("#side-a .output")), b: new View($("#side-b .output")) };
 
 $("#gen-form").addEventListener("submit", ev => {
@@ -229,8 +263,43 @@ $("#gen-form").addEventListener("submit", ev => {
   stream(genView, formValues($("#gen-form")));
 });
 for (const b of $all("button.example")) {
-  b.addEventListener("click", () => { $("#gen-form textarea").value = b.dataset.text; });
+  b.addEventListener("click", () => { $("#gen-form textarea[name=text]").value = b.dataset.text; });
 }
+$("#edit-form").addEventListener("submit", ev => {
+  ev.preventDefault();
+  showError("");
+  stream(editView, formValues($("#edit-form")), "/api/edit");
+});
+const editText = $("#edit-form textarea[name=text]"), editSpans = $("#edit-form input[name=spans]");
+function showStrength() { $("#strength-value").textContent = Number($("#edit-form input[name=strength]").value).toFixed(2); }
+$("#edit-form input[name=strength]").addEventListener("input", showStrength);
+function previewSpans() {  // the text with the spans to re-noise marked (as the server will read them)
+  const box = $("#span-preview"), text = editText.value, cuts = [];
+  for (const part of editSpans.value.split(",").map(x => x.trim()).filter(Boolean)) {
+    const m = /^(\d*):(\d*)$/.exec(part);
+    if (!m) { box.textContent = `not a span: ${part}`; return; }
+    cuts.push([m[1] ? +m[1] : 0, m[2] ? +m[2] : text.length]);
+  }
+  box.innerHTML = "";
+  if (!cuts.length || !text) return;
+  cuts.sort((a, b) => a[0] - b[0]);
+  let pos = 0;
+  for (const [a, b] of cuts) {
+    if (a < pos || b <= a || b > text.length) { box.textContent = "spans overlap or fall outside the text"; return; }
+    box.appendChild(document.createTextNode(text.slice(pos, a)));
+    const mk = document.createElement("mark"); mk.textContent = text.slice(a, b); box.appendChild(mk);
+    pos = b;
+  }
+  box.appendChild(document.createTextNode(text.slice(pos)));
+}
+editText.addEventListener("input", previewSpans);
+editSpans.addEventListener("input", previewSpans);
+$("#add-selection").addEventListener("click", () => {
+  const a = editText.selectionStart, b = editText.selectionEnd;
+  if (b > a) editSpans.value = (editSpans.value.trim() ? editSpans.value.trim() + "," : "") + `${a}:${b}`;
+  previewSpans();
+});
+$("#clear-spans").addEventListener("click", () => { editSpans.value = ""; previewSpans(); });
 $("#cmp-form").addEventListener("submit", ev => {
   ev.preventDefault();
   showError("");
