@@ -309,3 +309,19 @@ def test_classifier_train_guided_sampling_and_edit_end_to_end(tmp_path, capsys):
         assert code == 2
         err = capsys.readouterr().err
         assert err.startswith("replaid: error:") and msg in err and len(err.strip().splitlines()) == 1
+
+
+def test_classifier_windows_are_uniform_over_the_corpus_not_over_documents():
+    """A label's share of the training windows is its share of the text's windows: one long document of
+    label 0 (991 windows) against ten one-window documents of label 1 gives label 0 ~ 991/1001 of the
+    draws (choosing the document first would give it 1/11)."""
+    from replaid.training.classifier import _batch
+
+    L = 10
+    docs = [(list(range(1000)), 0)] + [(list(range(L)), 1) for _ in range(10)]
+    x, y = _batch(docs, L, 4000, torch.Generator().manual_seed(0))
+    assert x.shape == (4000, L)
+    share = float((y == 0).float().mean())
+    assert abs(share - 991 / 1001) < 0.01, share
+    starts = x[y == 0, 0].float()  # window offsets in the long document: uniform on 0..990
+    assert abs(float(starts.mean()) - 495) < 20

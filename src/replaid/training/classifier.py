@@ -85,7 +85,11 @@ def _windows(tok, texts: list[str], labels: list[int], L: int) -> list[tuple[lis
 
 
 def _batch(docs, L: int, B: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    idx = torch.randint(len(docs), (B,), generator=g).tolist()
+    """B windows drawn uniformly over every ``L``-token window of the corpus (a document is chosen with
+    probability proportional to its number of windows, then a window in it), with their labels. Choosing
+    the document first would weight a label by its count of documents instead of its amount of text."""
+    n = torch.tensor([len(ids) - L + 1 for ids, _ in docs], dtype=torch.float64)  # windows per document
+    idx = torch.multinomial(n, B, replacement=True, generator=g).tolist()
     rows, ys = [], []
     for i in idx:
         ids, y = docs[i]
@@ -145,15 +149,17 @@ def train_classifier(
         if log is not None and (step % 50 == 0 or step == cfg.steps):
             log(f"step {step}/{cfg.steps} loss {loss.item():.4f}")
     clf.eval()
-    acc = {}
+    acc, recall = {}, {}
     gv = torch.Generator().manual_seed(cfg.seed + 1)
     with torch.no_grad():
         for tv in (0.0, 0.25, 0.5, 0.75, 1.0):
             x, y = _batch(valid, L, 256, gv)
             z, gamma = noisy_latents(model, E, x, torch.full((256,), tv, dtype=torch.float64), gv)
-            acc[f"t={tv}"] = float((clf(z, gamma).argmax(-1).cpu() == y).float().mean())
+            hit = clf(z, gamma).argmax(-1).cpu() == y  # (256,)
+            acc[f"t={tv}"] = float(hit.float().mean())
+            recall[f"t={tv}"] = {n: float(hit[y == i].float().mean()) for i, n in enumerate(names) if (y == i).any()}
     counts = {n: ys.count(i) for i, n in enumerate(names)}
-    metrics = {"valid_accuracy": acc, "label_counts": counts, "seconds": time.time() - t0}
+    metrics = {"valid_accuracy": acc, "valid_recall": recall, "label_counts": counts, "seconds": time.time() - t0}
     return clf, metrics
 
 
