@@ -105,7 +105,9 @@ def build(data: Path, held_out: str, out: Path, n: int, words: int, seed: int) -
             out / "lambada.jsonl",
             "loglikelihood",
             doc_to_text="{{context}}",
-            doc_to_target="{{target}}",
+            # the harness adds no target_delimiter to a loglikelihood task's continuation (lm-eval 0.4.x):
+            # the word's space goes in the target, as in the harness's own lambada_openai
+            doc_to_target="{{' ' + target}}",
             metric_list=[
                 {"metric": "perplexity", "aggregation": "perplexity", "higher_is_better": False},
                 {"metric": "acc", "aggregation": "mean", "higher_is_better": True},

@@ -303,3 +303,18 @@ def test_bad_inputs_are_one_line_errors(runs, tmp_path, capsys):
         assert code == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("replaid: error:") and what in err and "\n" not in err, err
+
+
+def test_local_tasks_score_the_word_after_a_space(tmp_path):
+    """The continuation of every scored request starts with the space before the word (lambada: the target
+    carries it, the harness adds none to a loglikelihood task; cloze: the harness's target_delimiter), so the
+    word is tokenised as it occurs in text, not glued to the context's last word."""
+    from lm_eval.tasks import TaskManager
+
+    tm = TaskManager(include_path=str(_tasks(tmp_path)))
+    for name in ("replaid_lambada", "replaid_cloze"):
+        task = tm.load_task_or_group([name])[name]
+        task.build_all_requests(limit=2, rank=0, world_size=1)
+        conts = [inst.arguments[1] for inst in task.instances]
+        assert conts and all(c.startswith(" ") and not c.startswith("  ") for c in conts), (name, conts)
+        assert all(not inst.arguments[0].endswith(" ") for inst in task.instances)
