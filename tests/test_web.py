@@ -377,10 +377,14 @@ def test_edit_endpoint_refuses_bad_input_with_one_line(client, body, message):
 
 
 def test_edit_endpoint_gives_the_clis_message(client, runs, capsys):
-    assert main(["edit", str(runs["replaid"]), "--text", SOURCE, "--strength", "1.5"]) == 2
+    """A request the command line's types accept but the edit plan refuses: the same one line from both."""
+    assert main(["edit", str(runs["replaid"]), "--text", SOURCE, "--span", "3:15,10:20"]) == 2
     cli = capsys.readouterr().err.strip().removeprefix("replaid: error: ")
-    resp = client.post("/api/edit", json={"run": "replaid", "text": SOURCE, "strength": 1.5})
+    resp = client.post("/api/edit", json={"run": "replaid", "text": SOURCE, "spans": "3:15,10:20"})
     assert resp.status_code == 400 and resp.json()["error"] == cli
+    # a strength out of range: argparse refuses it on the command line; the API says it in the request's words
+    resp = client.post("/api/edit", json={"run": "replaid", "text": SOURCE, "strength": 1.5})
+    assert resp.status_code == 400 and resp.json()["error"].startswith("--strength 1.5: must be in [0, 1]")
 
 
 def test_guided_generate_at_scale_zero_is_the_unguided_sample(client):
