@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
 
 from replaid.diffusion.denoiser import alpha_sigma
-from replaid.fileio import atomic_write_text
+from replaid.fileio import atomic_write_bytes, atomic_write_text
 from replaid.model.classifier import LatentClassifier, LatentClassifierConfig
 
 
@@ -84,11 +85,19 @@ def _windows(tok, texts: list[str], labels: list[int], L: int) -> list[tuple[lis
     return [(ids, y) for ids, y in docs if len(ids) >= L]
 
 
-def _batch(docs, L: int, B: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def _window_counts(docs, L: int) -> torch.Tensor:
+    """Windows of ``L`` tokens per document (D,): the weights of :func:`_batch`'s document draw."""
+    return torch.tensor([len(ids) - L + 1 for ids, _ in docs], dtype=torch.float64)
+
+
+def _batch(
+    docs, L: int, B: int, g: torch.Generator, counts: Optional[torch.Tensor] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """B windows drawn uniformly over every ``L``-token window of the corpus (a document is chosen with
-    probability proportional to its number of windows, then a window in it), with their labels. Choosing
-    the document first would weight a label by its count of documents instead of its amount of text."""
-    n = torch.tensor([len(ids) - L + 1 for ids, _ in docs], dtype=torch.float64)  # windows per document
+    probability proportional to its number of windows, ``counts``, then a window in it), with their
+    labels. Choosing the document first would weight a label by its count of documents instead of its
+    amount of text."""
+    n = _window_counts(docs, L) if counts is None else counts  # (D,)
     idx = torch.multinomial(n, B, replacement=True, generator=g).tolist()
     rows, ys = [], []
     for i in idx:
@@ -135,8 +144,9 @@ def train_classifier(
     clf.to(E.device)
     opt = torch.optim.AdamW(clf.parameters(), lr=cfg.lr, weight_decay=0.01)
     t0 = time.time()
+    counts = _window_counts(train, L)  # once, not per step
     for step in range(1, cfg.steps + 1):
-        x, y = _batch(train, L, cfg.batch_size, g)
+        x, y = _batch(train, L, cfg.batch_size, g, counts)
         t = torch.rand(cfg.batch_size, generator=g, dtype=torch.float64)
         z, gamma = noisy_latents(model, E, x, t, g)
         lr = cfg.lr * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
@@ -178,9 +188,8 @@ def save_classifier(clf: TrainedClassifier, out: str | Path, run, train_cfg: Cla
         "metrics": metrics,
         "run": str(run.ckpt),
     }
-    tmp = out / "classifier.safetensors.tmp"
-    save_file({k: v.detach().cpu().contiguous() for k, v in clf.state_dict().items()}, str(tmp))
-    tmp.replace(out / "classifier.safetensors")
+    weights = {k: v.detach().cpu().contiguous() for k, v in clf.state_dict().items()}
+    atomic_write_bytes(out / "classifier.safetensors", safetensors_bytes(weights))
     atomic_write_text(out / "classifier.json", json.dumps(meta, indent=2) + "\n")
 
 
