@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import platform
 import time
 from pathlib import Path
@@ -60,6 +61,15 @@ def main() -> None:
     p.add_argument("--num", type=int, default=32, help="samples per seed and configuration")
     p.add_argument("--mauve", action="store_true", help="also MAUVE against held-out windows (slow on a CPU)")
     p.add_argument("--split", default="valid")
+    p.add_argument(
+        "--pair",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("A", "B"),
+        help="paired comparison A - B, each MODEL:SAMPLER:STEPS (e.g. PD-4:ddim:4 teacher:heun:4): per-sample "
+        "differences of judge nats/token and entropy at the same seed and index (the same starting noise)",
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", required=True)
     a = p.parse_args()
@@ -88,6 +98,12 @@ def main() -> None:
     if a.mdlm:
         mdlm = load_run(a.mdlm, device="cpu")
         configs += [("MDLM", mdlm, "ancestral", T) for T in a.mdlm_steps]
+    scored = {f"{label}:{sampler}:{T}" for label, _, sampler, T in configs}
+    for key in (k for pair in a.pair for k in pair):
+        if key not in scored:
+            raise SystemExit(
+                f"replaid: error: --pair {key!r} is not among the scored configurations ({', '.join(sorted(scored))})"
+            )
     ref_feat = None
     if a.mauve:
         ref_texts, _ = reference_windows(teacher, a.split, a.num)
@@ -95,24 +111,25 @@ def main() -> None:
 
     rows = []
     for label, run, sampler, T in configs:
-        per_seed = []
+        per_seed, samples = [], []
         for seed in a.seeds:
             req = SampleRequest(sampler=sampler, steps=T, num=a.num, batch_size=a.num, seed=seed, progress=False)
             t0 = time.time()
             out = generate(run, req)
             secs = (time.time() - t0) / a.num
             texts = [r["text"] for r in out]
-            m = {
-                "gen_ppl": gen_ppl_ar_run(texts, judge)["gen_ppl"],
-                "entropy": unigram_entropy([r["ids"] for r in out])["entropy"],
-                "seconds_per_sample": secs,
-            }
+            g, e = gen_ppl_ar_run(texts, judge), unigram_entropy([r["ids"] for r in out])
+            m = {"gen_ppl": g["gen_ppl"], "entropy": e["entropy"], "seconds_per_sample": secs}
+            samples.append(
+                {"nll": [round(v, 5) for v in g["per_sample"]], "entropy": [round(v, 5) for v in e["per_sample"]]}
+            )
             if ref_feat is not None:
                 m["mauve"] = mauve_score(sentence_features(texts), ref_feat)
             per_seed.append(m)
         row = {"model": label, "sampler": sampler, "steps": T, "nfe": int(out[0]["nfe"]), "example": texts[0]}
         for k in per_seed[0]:
             row[k] = t_interval([m[k] for m in per_seed]).as_dict()
+        row["per_sample"] = samples  # per seed: each sample's judge nats/token and unigram entropy
         rows.append(row)
         print(
             f"{label:10s} {sampler:12s} T={T:<4d} NFE={row['nfe']:<4d} GenPPL {row['gen_ppl']['mean']:8.1f} "
@@ -130,8 +147,9 @@ def main() -> None:
     }
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "frontier.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    (out_dir / "frontier.md").write_text(table(rows))
+    pairs = [paired(rows, A, B) for A, B in a.pair]
+    (out_dir / "frontier.json").write_text(json.dumps({"meta": meta, "rows": rows, "pairs": pairs}, indent=2))
+    (out_dir / "frontier.md").write_text(table(rows) + (pair_table(pairs) if pairs else ""))
     plot(rows, out_dir)
 
 
@@ -139,6 +157,50 @@ def _fmt(iv: dict, digits: int = 1) -> str:
     if iv["n"] < 2:
         return f"{iv['mean']:.{digits}f}"
     return f"{iv['mean']:.{digits}f} [{iv['lo']:.{digits}f}, {iv['hi']:.{digits}f}]"
+
+
+def _find(rows: list[dict], key: str) -> dict:
+    model, sampler, steps = key.rsplit(":", 2)
+    for r in rows:
+        if (r["model"], r["sampler"], r["steps"]) == (model, sampler, int(steps)):
+            return r
+    raise SystemExit(f"replaid: error: --pair {key!r}: no such configuration was scored; use MODEL:SAMPLER:STEPS")
+
+
+def paired(rows: list[dict], a_key: str, b_key: str) -> dict:
+    """A - B over samples paired by (seed, index): the same starting latent for the deterministic samplers.
+    Mean difference of per-sample judge nats/token (``exp`` of it: the GenPPL ratio) and of entropy, with a
+    Student-t interval over the pairs, and the correlation of the pair's nats/token (how much pairing buys)."""
+    import numpy as np
+
+    from replaid.eval.seeds import t_interval
+
+    A, B = _find(rows, a_key), _find(rows, b_key)
+    out = {"a": a_key, "b": b_key, "nfe_a": A["nfe"], "nfe_b": B["nfe"]}
+    for k in ("nll", "entropy"):
+        xa = np.concatenate([s[k] for s in A["per_sample"]])
+        xb = np.concatenate([s[k] for s in B["per_sample"]])
+        if xa.shape != xb.shape:
+            raise SystemExit(f"replaid: error: --pair {a_key} {b_key}: different sample counts; score both alike")
+        ok = np.isfinite(xa) & np.isfinite(xb)
+        out[k] = t_interval((xa[ok] - xb[ok]).tolist()).as_dict()
+        if k == "nll":
+            out["corr"] = float(np.corrcoef(xa[ok], xb[ok])[0, 1])
+    return out
+
+
+def pair_table(pairs: list[dict]) -> str:
+    s = "\n\nPaired by starting noise (same seed and index), A - B, 95% t-interval over the samples:\n\n"
+    s += "| A | B | NFE | judge nats/token A - B (GenPPL ratio) | entropy A - B | corr. of nats/token |\n"
+    s += "|---|---|---|---|---|---|\n"
+    for p in pairs:
+        n, e = p["nll"], p["entropy"]
+        s += (
+            f"| {p['a']} | {p['b']} | {p['nfe_a']} vs {p['nfe_b']} | {n['mean']:+.4f} [{n['lo']:+.4f}, {n['hi']:+.4f}] "
+        )
+        s += f"(x{math.exp(n['mean']):.3f} [{math.exp(n['lo']):.3f}, {math.exp(n['hi']):.3f}]) | "
+        s += f"{e['mean']:+.4f} [{e['lo']:+.4f}, {e['hi']:+.4f}] | {p['corr']:.2f} |\n"
+    return s
 
 
 def table(rows: list[dict]) -> str:

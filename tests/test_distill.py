@@ -66,6 +66,37 @@ def test_progressive_target_is_the_teachers_two_step_ddim_endpoint_in_float64(sc
     assert torch.allclose(one_step, z_s, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("sc", [False, True])
+def test_progressive_heun_target_is_the_teachers_two_heun_steps_in_float64(sc):
+    """``--teacher-solver heun``: the target is the DDIM inverse of two Heun (EDM) steps, each a predictor
+    and a corrector, the teacher self-conditioned on its previous call within the student's step."""
+    teacher = ToyTeacher(6)
+    z = torch.randn(3, 5, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    gt, gm, gs = 2.5, 0.7, -1.9
+    e_tilde = T.progressive_target(teacher, z, gt, gm, gs, sc, solver="heun")
+    assert teacher.calls == [False, sc, sc, sc]
+
+    # independently, in z_bar = z / alpha and sigma_tilde = sigma / alpha (from the definitions):
+    # Euler predictor, then the trapezoid of the two slopes (z_bar - e) / sigma_tilde
+    def heun(z, g0, g1, e_sc):
+        (a0, s0), (a1, s1) = _as64(g0), _as64(g1)
+        zb, t0, t1 = z / a0, s0 / a0, s1 / a1
+        e = teacher(z, g0, e_sc)
+        slope0 = (zb - e) / t0
+        zb_pred = zb + (t1 - t0) * slope0
+        e_pred = teacher(a1 * zb_pred, g1, e if sc else None)
+        slope1 = (zb_pred - e_pred) / t1
+        return a1 * (zb + (t1 - t0) * (slope0 + slope1) / 2), e_pred
+
+    z_mid, e1 = heun(z, gt, gm, None)
+    z_s, _ = heun(z_mid, gm, gs, e1 if sc else None)
+    (at, st), (as_, ss) = _as64(gt), _as64(gs)
+    one_step = as_ * e_tilde + ss * (z - at * e_tilde) / st  # the student's one DDIM step
+    assert torch.allclose(one_step, z_s, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="ddim or heun"):
+        T.teacher_two_step(teacher, z, gt, gm, gs, sc, solver="euler")
+
+
 def test_ddim_inverse_refuses_a_step_that_does_not_go_down():
     z = torch.zeros(1, 1, 2, dtype=torch.float64)
     with pytest.raises(ValueError, match="gamma_s < gamma_t"):
@@ -273,6 +304,25 @@ def test_progressive_resume_reproduces_the_uninterrupted_distillation(teacher_ru
     assert all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(Exception, match="other settings"):
         distill(teacher_run, tmp_path / "part", DistillConfig(**{**d, "seed": 1}), progress=False, resume=True)
+
+
+@pytest.mark.slow
+def test_heun_teacher_solver_applies_to_the_first_round_only(teacher_run, tmp_path, monkeypatch):
+    """``--teacher-solver heun`` distils the original teacher's Heun steps in round 1; round 2's teacher is
+    the round-1 student, trained to take DDIM steps, so it is stepped by DDIM. A folder made before the
+    option existed (no ``teacher_solver`` in distill.json) resumes as ddim."""
+    seen = []
+    real = T.progressive_batch
+    monkeypatch.setattr(T, "progressive_batch", lambda *a, **k: seen.append(a[7]) or real(*a, **k))
+    d = dict(from_steps=4, to_steps=1, steps_per_round=1, batch_size=2, save_every=1, num_threads=1)
+    distill(teacher_run, tmp_path / "h", DistillConfig(**d, teacher_solver="heun"), progress=False)
+    assert seen == ["heun", "ddim"]
+    distill(teacher_run, tmp_path / "old", DistillConfig(**d), progress=False, stop_after=1)
+    f = tmp_path / "old" / "distill.json"
+    stored = json.loads(f.read_text())
+    del stored["config"]["teacher_solver"]
+    f.write_text(json.dumps(stored))
+    assert distill(teacher_run, tmp_path / "old", DistillConfig(**d), progress=False, resume=True)["step"] == 2
 
 
 @pytest.mark.slow

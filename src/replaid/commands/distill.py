@@ -35,6 +35,13 @@ def register(sub) -> None:
     p.add_argument(
         "--steps-per-round", type=POSITIVE, default=d.steps_per_round, help="progressive: optimiser steps per halving"
     )
+    p.add_argument(
+        "--teacher-solver",
+        choices=("ddim", "heun"),
+        default=d.teacher_solver,
+        help="progressive: the solver of the first round's two teacher steps (later rounds: the previous "
+        "student's DDIM steps)",
+    )
     p.add_argument("--cd-steps", type=POSITIVE, default=d.cd_steps, help="consistency: optimiser steps")
     p.add_argument("--cd-levels", type=POSITIVE, default=d.cd_levels, help="consistency: levels N of the time grid")
     p.add_argument("--cd-solver", choices=("heun", "ddim"), default=d.cd_solver, help="consistency: teacher ODE step")
@@ -69,6 +76,7 @@ def run(args) -> int:
         from_steps=args.from_steps,
         to_steps=args.to_steps,
         steps_per_round=args.steps_per_round,
+        teacher_solver=args.teacher_solver,
         cd_steps=args.cd_steps,
         cd_levels=args.cd_levels,
         cd_solver=args.cd_solver,

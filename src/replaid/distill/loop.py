@@ -53,6 +53,7 @@ class DistillConfig:
     from_steps: int = 64  # progressive: the teacher's DDIM steps in round 1 (a power of two)
     to_steps: int = 8  # progressive: the student's steps after the last round
     steps_per_round: int = 200  # progressive: optimiser steps per halving
+    teacher_solver: str = "ddim"  # progressive: the first round's teacher steps (ddim: 2 calls, heun: 4)
     cd_steps: int = 400  # consistency: optimiser steps
     cd_levels: int = 32  # consistency: levels N of the uniform time grid the loss pairs
     cd_solver: str = "heun"  # consistency: the teacher's ODE step (heun: 2 calls, ddim: 1)
@@ -76,6 +77,10 @@ class DistillConfig:
         need(po2(self.from_steps) and po2(self.to_steps), "--from-steps and --to-steps must be powers of two")
         need(self.to_steps < self.from_steps, "--to-steps must be below --from-steps (each round halves them)")
         need(self.cd_solver in ("heun", "ddim"), f"--cd-solver must be heun or ddim, got {self.cd_solver!r}")
+        need(
+            self.teacher_solver in ("heun", "ddim"),
+            f"--teacher-solver must be heun or ddim, got {self.teacher_solver!r}",
+        )
         need(0.0 <= self.cd_ema < 1.0, f"--cd-ema must be in [0, 1), got {self.cd_ema}")
         need(self.lr > 0 and math.isfinite(self.lr), f"--lr must be a positive number, got {self.lr}")
         need(self.batch_size == 0 or self.batch_size >= 2, f"--batch-size must be >= 2, got {self.batch_size}")
@@ -183,7 +188,10 @@ class Distiller:
         g_teacher = gamma_grid(self.teacher.schedule, 2 * K)  # (2K + 1,) float64, the student's grid every other
         assert self.round_teacher is not None
         teach = _ehat_fn(self.round_teacher)
-        loss, per_row = T.progressive_batch(self.student, teach, self.round_sc, self.E, tokens, g_teacher, gen)
+        # round 0 distils the teacher's chosen solver; later rounds the previous student's DDIM steps,
+        # the steps it was trained to take
+        solver = d.teacher_solver if rnd == 0 else "ddim"
+        loss, per_row = T.progressive_batch(self.student, teach, self.round_sc, self.E, tokens, g_teacher, gen, solver)
         return loss, {"loss": float(loss.detach()), "mse_e": float(per_row.mean()), "round": rnd, "student_steps": K}
 
     # ---- consistency ---------------------------------------------------------------------
@@ -311,7 +319,8 @@ def distill(
     teacher = load_run(teacher_path, use_ema=True, train_data=False, device=dcfg.device)
     if resume and (out / "distill.json").is_file():
         stored = json.loads((out / "distill.json").read_text())
-        if stored.get("config") != asdict(dcfg):
+        # a key added since the folder was made reads as its default (teacher_solver: ddim)
+        if {**asdict(DistillConfig()), **stored.get("config", {})} != asdict(dcfg):
             raise ConfigError(
                 f"--resume: {out} was distilled with other settings ({out / 'distill.json'}); give the same "
                 f"options, or --overwrite"

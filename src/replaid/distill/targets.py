@@ -28,7 +28,10 @@ The student's one step (D1) lands on ``z''_s`` exactly when its clean embedding 
 
     e_tilde = (z''_s - (sigma_s / sigma_t) z_t) / c(t, s).                                               (D3)
 
-(Salimans & Ho's eq. for x-prediction, with ``x`` the embedding.) The student is trained on
+(Salimans & Ho's eq. for x-prediction, with ``x`` the embedding.) (D3) holds for any endpoint ``z''_s``:
+with ``solver="heun"`` the teacher takes two Heun (EDM) steps instead of (D2), four calls, and the
+student's one DDIM step is trained to land where Heun lands (``replaid distill --teacher-solver heun``,
+the first round only: later rounds' teachers are students trained to take DDIM steps). The student is trained on
 ``w(t) ||e_hat_student(z_t) - e_tilde||^2`` with their truncated-SNR weight ``w = max(SNR_t, 1)``,
 ``SNR = exp(-gamma)``. In the logits parameterisation ``e_hat = softmax(logits) @ E`` lies in the convex
 hull of the embedding rows, while ``e_tilde`` need not: the loss then has a positive floor (the student
@@ -97,11 +100,42 @@ def ddim_inverse(z_t: Tensor, z_s: Tensor, gamma_t: float, gamma_s: float) -> Te
     return (z_s - a * z_t) / c
 
 
+def _heun(
+    teacher: EHat, z: Tensor, gamma_t: float, gamma_s: float, self_cond: bool, e_sc: Optional[Tensor]
+) -> tuple[Tensor, Tensor]:
+    """One Heun step ``gamma_t -> gamma_s`` (predictor and corrector, VE form, as ``sample_heun``'s inner
+    steps): its first call gets ``e_sc``, its corrector call the first call's ``e_hat`` when ``self_cond``.
+    Returns (``z_s``, the corrector call's ``e_hat``)."""
+    (a_t, _), (a_s, _) = _alpha_sigma(gamma_t), _alpha_sigma(gamma_s)
+    st_t, st_s = math.exp(0.5 * gamma_t), math.exp(0.5 * gamma_s)
+    e = teacher(z, gamma_t, e_sc)
+    zb = z / a_t  # (B, L, d_e)
+    zb_pred = heun_step(zb, e, st_t, st_s)
+    e_pred = teacher(a_s * zb_pred, gamma_s, e if self_cond else None)
+    return a_s * heun_step(zb, e, st_t, st_s, e_pred, zb_pred), e_pred
+
+
 def teacher_two_step(
-    teacher: EHat, z_t: Tensor, gamma_t: float, gamma_mid: float, gamma_s: float, self_cond: bool
+    teacher: EHat,
+    z_t: Tensor,
+    gamma_t: float,
+    gamma_mid: float,
+    gamma_s: float,
+    self_cond: bool,
+    solver: str = "ddim",
 ) -> Tensor:
-    """(D2): the teacher's two DDIM steps ``gamma_t -> gamma_mid -> gamma_s``, its second call
-    self-conditioned on its first when ``self_cond``. z_t (B, L, d_e) float64; returns ``z''_s``."""
+    """(D2): the teacher's two steps ``gamma_t -> gamma_mid -> gamma_s``, each call after the first
+    self-conditioned on the previous call's ``e_hat`` when ``self_cond`` (the samplers' protocol).
+    ``solver``: ``ddim`` (2 calls, (D2) as written) or ``heun`` (4 calls: predictor and corrector in
+    each step, EDM's VE form as :func:`replaid.sampling.continuous.sample_heun`). The student still
+    takes one DDIM step: (D3) inverts whatever endpoint the teacher reaches.
+    z_t (B, L, d_e) float64; returns ``z''_s``."""
+    if solver == "heun":
+        z_mid, e1 = _heun(teacher, z_t, gamma_t, gamma_mid, self_cond, None)
+        z_s, _ = _heun(teacher, z_mid, gamma_mid, gamma_s, self_cond, e1 if self_cond else None)
+        return z_s
+    if solver != "ddim":
+        raise ValueError(f"unknown teacher solver {solver!r}; choose ddim or heun")
     e1 = teacher(z_t, gamma_t, None)
     z_mid = ddim_step(z_t, e1, gamma_t, gamma_mid)
     e2 = teacher(z_mid, gamma_mid, e1 if self_cond else None)
@@ -109,10 +143,17 @@ def teacher_two_step(
 
 
 def progressive_target(
-    teacher: EHat, z_t: Tensor, gamma_t: float, gamma_mid: float, gamma_s: float, self_cond: bool
+    teacher: EHat,
+    z_t: Tensor,
+    gamma_t: float,
+    gamma_mid: float,
+    gamma_s: float,
+    self_cond: bool,
+    solver: str = "ddim",
 ) -> Tensor:
     """``e_tilde`` (D3) of the teacher's two-step endpoint (D2). (B, L, d_e) float64."""
-    return ddim_inverse(z_t, teacher_two_step(teacher, z_t, gamma_t, gamma_mid, gamma_s, self_cond), gamma_t, gamma_s)
+    z_s = teacher_two_step(teacher, z_t, gamma_t, gamma_mid, gamma_s, self_cond, solver)
+    return ddim_inverse(z_t, z_s, gamma_t, gamma_s)
 
 
 def snr_weight(gamma: Tensor) -> Tensor:
@@ -130,17 +171,11 @@ def consistency_map(z: Tensor, e_hat: Tensor, gamma: float, gamma_min: float) ->
 def teacher_ode_step(teacher: EHat, z: Tensor, gamma_t: float, gamma_s: float, solver: str, self_cond: bool) -> Tensor:
     """One teacher PF-ODE step ``gamma_t -> gamma_s`` (``Phi`` in (C2)): ``heun`` (2 calls, EDM's
     VE form, as :func:`replaid.sampling.continuous.sample_heun`) or ``ddim`` (1 call)."""
-    e = teacher(z, gamma_t, None)
-    if solver == "ddim":
-        return ddim_step(z, e, gamma_t, gamma_s)
-    if solver != "heun":
+    if solver == "heun":
+        return _heun(teacher, z, gamma_t, gamma_s, self_cond, None)[0]
+    if solver != "ddim":
         raise ValueError(f"unknown teacher solver {solver!r}; choose heun or ddim")
-    (a_t, _), (a_s, _) = _alpha_sigma(gamma_t), _alpha_sigma(gamma_s)
-    st_t, st_s = math.exp(0.5 * gamma_t), math.exp(0.5 * gamma_s)
-    zb = z / a_t
-    zb_pred = heun_step(zb, e, st_t, st_s)
-    e_pred = teacher(a_s * zb_pred, gamma_s, e if self_cond else None)
-    return a_s * heun_step(zb, e, st_t, st_s, e_pred, zb_pred)
+    return ddim_step(z, teacher(z, gamma_t, None), gamma_t, gamma_s)
 
 
 def consistency_loss(f_student: Tensor, f_target: Tensor, gamma_min: float, weight: Optional[Tensor] = None) -> Tensor:
@@ -186,10 +221,11 @@ def progressive_batch(
     tokens: Tensor,
     g_teacher: Tensor,
     gen: torch.Generator,
+    solver: str = "ddim",
 ) -> tuple[Tensor, Tensor]:
     """Progressive-distillation loss of one batch: each row at a random student step ``k`` of the
     ``K = (len(g_teacher) - 1) / 2``-step grid (``g_teacher[2k]`` -> ``g_teacher[2k + 2]``), ``z_t`` drawn
-    from ``q(z_t | x)``, the target (D3) of the teacher's two steps, weight ``max(SNR, 1)``.
+    from ``q(z_t | x)``, the target (D3) of the teacher's two ``solver`` steps, weight ``max(SNR, 1)``.
     Returns (scalar loss, per-row unweighted ``mean ||e_hat - e_tilde||^2`` (B,))."""
     K = (len(g_teacher) - 1) // 2
     idx = torch.randint(0, K, (tokens.shape[0],), generator=gen)  # (B,) the student's step of each row
@@ -199,7 +235,7 @@ def progressive_batch(
     with torch.no_grad():
         for k, rows in _rows_by_level(idx, z.device):
             g3 = g_teacher[2 * k : 2 * k + 3].tolist()
-            target[rows] = progressive_target(teacher, z[rows], g3[0], g3[1], g3[2], teacher_sc)
+            target[rows] = progressive_target(teacher, z[rows], g3[0], g3[1], g3[2], teacher_sc, solver)
     per_row = ((student_ehat(student, z, gt) - target) ** 2).flatten(1).mean(1)  # (B,)
     return (snr_weight(gt).to(z.device) * per_row).mean(), per_row.detach()
 
