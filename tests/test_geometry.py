@@ -51,6 +51,17 @@ def test_components_for_boundaries():
     assert geo.components_for(np.array([0.95, 1.0])) == 1
 
 
+def test_mean_pairwise_cosine_against_every_pair():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 6)) * rng.uniform(0.5, 3, size=(40, 1))  # rows of different norms
+    U = X / np.linalg.norm(X, axis=1, keepdims=True)
+    brute = np.mean([U[i] @ U[j] for i in range(40) for j in range(40) if i != j])
+    assert geo.mean_pairwise_cosine(X) == pytest.approx(brute, abs=1e-12)
+    collapsed = np.ones((5, 3)) + 1e-3 * rng.normal(size=(5, 3))  # one shared direction
+    assert geo.mean_pairwise_cosine(collapsed) > 0.999
+    assert geo.mean_pairwise_cosine(np.vstack([np.eye(3), -np.eye(3)])) == pytest.approx(-1 / 5)
+
+
 def test_frequency_and_frequent_rows():
     freq = geo.token_frequency(np.array([3, 3, 3, 1, 1, 0]), 5)
     assert freq.tolist() == [1, 2, 0, 3, 0]

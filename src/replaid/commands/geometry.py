@@ -133,6 +133,7 @@ def run(args) -> int:
             "k90_frequent": s_freq["k90"] if s_freq else None,
             "top_ratio_frequent": float(s_freq["ratio"][0]) if s_freq else None,
             "row_norm_mean": float(np.linalg.norm(E, axis=1).mean()),
+            "mean_cosine_frequent": geo.mean_pairwise_cosine(E[ids]) if len(ids) >= 2 else None,
             "nelbo_ppl": ev.get("nelbo_ppl"),
             "nelbo_nats_per_token": ev.get("nelbo_nats_per_token"),
         }
@@ -193,7 +194,10 @@ def run(args) -> int:
     (out / "geometry.json").write_text(json.dumps(summary, indent=2))
     emit(
         {
-            k: {kk: v[kk] for kk in ("d", "k90_all_rows", "k90_frequent", "frequent_tokens", "nelbo_ppl")}
+            k: {
+                kk: v[kk]
+                for kk in ("d", "k90_all_rows", "k90_frequent", "mean_cosine_frequent", "frequent_tokens", "nelbo_ppl")
+            }
             for k, v in summary.items()
         },
         args.json,

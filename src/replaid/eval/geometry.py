@@ -57,6 +57,19 @@ def pca_scree(X: np.ndarray) -> dict:
     }
 
 
+def mean_pairwise_cosine(X: np.ndarray) -> float:
+    """Mean cosine over the ``N (N - 1)`` ordered pairs of distinct rows, ``(||sum_i u_i||^2 - N) / (N (N - 1))``
+    with ``u_i = x_i / ||x_i||``: ~0 for rows spread over the sphere, 1 when they have collapsed onto one
+    direction (PCA of centred rows cannot see this: it removes the shared direction). X (N, d)."""
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2 or X.shape[0] < 2:
+        raise ValueError(f"need at least 2 rows of a 2-D matrix, got shape {X.shape}")
+    U = X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-300)
+    n = U.shape[0]
+    s = U.sum(0)
+    return float((s @ s - n) / (n * (n - 1)))
+
+
 def token_frequency(ids: np.ndarray, vocab_size: int) -> np.ndarray:
     """(V,) counts of each token id in a token array."""
     return np.bincount(np.asarray(ids, dtype=np.int64).ravel(), minlength=vocab_size)[:vocab_size]
