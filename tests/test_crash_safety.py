@@ -327,6 +327,40 @@ def test_a_preemption_signal_saves_exits_75_and_the_run_resumes_bit_exactly(ref,
     assert a.pop("seconds") > 0 and b.pop("seconds") > 0 and a == b  # the same final bound, to the bit
 
 
+SIGNAL_IN_FINAL_EVAL = """
+import os, signal, sys
+from replaid.eval import evaluate as ev
+from replaid.cli import main
+
+real = ev.evaluate
+def evaluating(trainer, *a, **kw):
+    if trainer.step == trainer.cfg.train.steps:  # the final evaluation, after the last save
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real(trainer, *a, **kw)
+ev.evaluate = evaluating
+sys.exit(main(["train", "--preset", "debug", "--out", sys.argv[1], "--no-progress", *sys.argv[2:]]))
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_final_evaluation_exits_75_and_resume_evaluates(ref, tmp_path):
+    """A signal after the last step's checkpoint, during the final evaluation, stops at once with exit 75
+    (not killed by the signal: -15), leaves no final_eval.json, and --resume evaluates the saved step
+    to the same bound as the uninterrupted run."""
+    from replaid.training.train import PREEMPTED_EXIT
+
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-c", SIGNAL_IN_FINAL_EVAL, str(run), *ARGS], capture_output=True, text=True)
+    err = [ln for ln in r.stderr.splitlines() if ln.startswith("replaid:")]
+    assert r.returncode == PREEMPTED_EXIT, r.stderr
+    assert "SIGTERM received during the final evaluation" in err[-1] and "--resume" in err[-1]
+    assert ck.load_state(ck.find_checkpoint(run))["step"] == 6 and runfolder.read_final_eval(run) is None
+    assert not (run / runfolder.OWNER).exists()
+    train(cfg(), run, resume=True, progress=False)
+    a, b = (runfolder.read_final_eval(x)["eval"] for x in (run, ref))
+    assert a.pop("seconds") > 0 and b.pop("seconds") > 0 and a == b
+
+
 @pytest.mark.slow
 def test_sigterm_through_grid_run_stops_saves_exits_75_and_the_rerun_ends_bit_exactly(tmp_path):
     """``replaid grid run`` (local executor, subprocess runs) forwards SIGTERM to its running training

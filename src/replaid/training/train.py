@@ -46,7 +46,8 @@ class Preempted(RuntimeError):
 def preemption_signals() -> Iterator[dict]:
     """Catch SIGTERM/SIGUSR1 for the duration (main thread only): the returned dict gets ``signal``
     set to the signal's name; the loop saves a checkpoint at the next step boundary and stops
-    (:class:`Preempted`). The previous handlers are restored afterwards."""
+    (:class:`Preempted`). Once the caller puts a message in ``got["now"]`` (after the last save), a
+    signal raises :class:`Preempted` with it at once. The previous handlers are restored afterwards."""
     import signal
     import threading
 
@@ -58,6 +59,8 @@ def preemption_signals() -> Iterator[dict]:
 
     def handler(signum, frame):
         got["signal"] = signal.Signals(signum).name
+        if "now" in got:  # past the last step boundary (the checkpoint is saved): stop at once
+            raise Preempted(got["now"].format(signal=got["signal"]))
 
     old = {s: signal.signal(s, handler) for s in sigs}
     try:
@@ -455,16 +458,30 @@ def _train(
                     f"{got.get('signal', 'a preemption signal')} received: checkpoint saved at step {trainer.step} of "
                     f"{cfg.train.steps} in {run_dir}; resume with 'replaid train --out {run_dir} --resume'"
                 )
-    bar.close()
+        bar.close()
 
-    if saved != trainer.step:  # save first: a failing evaluation must not lose the run
-        save(trainer, run_dir, data)
-    result = {"step": trainer.step, "train": trainer.history[-1] if trainer.history else {}}
-    if trainer.step >= cfg.train.steps:
-        result["eval"] = final["eval"] if final is not None else evaluate(trainer, data, progress=show)
-        if final is None and dist.is_main():
-            runfolder.write_final_eval(run_dir, trainer.step, result["eval"])
-            log.log(trainer.step, {f"eval/{k}": v for k, v in result["eval"].items() if isinstance(v, (int, float))})
+        if saved != trainer.step:  # save first: a failing evaluation must not lose the run
+            save(trainer, run_dir, data)
+        # from here a signal stops at once (exit 75): the checkpoint is saved, --resume redoes the evaluation
+        got["now"] = (
+            f"{{signal}} received during the final evaluation: checkpoint saved at step {trainer.step} in {run_dir}; "
+            f"resume with 'replaid train --out {run_dir} --resume' to evaluate it"
+        )
+        if "signal" in got:  # arrived during the last step or the save
+            raise Preempted(got["now"].format(signal=got["signal"]))
+        result = {"step": trainer.step, "train": trainer.history[-1] if trainer.history else {}}
+        done = trainer.step >= cfg.train.steps
+        try:
+            if done:
+                result["eval"] = final["eval"] if final is not None else evaluate(trainer, data, progress=show)
+        except Preempted:
+            log.close()
+            raise
+        finally:
+            del got["now"]  # the writes below are not interrupted: a signal now lets the run finish
+    if done and final is None and dist.is_main():
+        runfolder.write_final_eval(run_dir, trainer.step, result["eval"])
+        log.log(trainer.step, {f"eval/{k}": v for k, v in result["eval"].items() if isinstance(v, (int, float))})
     log.close()
     return result
 
