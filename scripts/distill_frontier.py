@@ -50,8 +50,13 @@ def parse_student(spec: str) -> tuple[str, str, str, list[int]]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--teacher", required=True)
-    p.add_argument("--judge-run", required=True, help="AR run trained on the same corpus (the GenPPL judge)")
+    p.add_argument("--teacher")
+    p.add_argument("--judge-run", help="AR run trained on the same corpus (the GenPPL judge)")
+    p.add_argument(
+        "--from-json",
+        default=None,
+        help="re-render the table, the --pair comparisons and the plots from a frontier.json (no sampling)",
+    )
     p.add_argument("--student", action="append", default=[], help="LABEL=PATH:SAMPLER:STEPS[,STEPS]")
     p.add_argument("--mdlm", default=None, help="MDLM baseline run (scored at --mdlm-steps)")
     p.add_argument("--mdlm-steps", type=int, nargs="+", default=[4, 8, 64])
@@ -73,6 +78,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", required=True)
     a = p.parse_args()
+    if a.from_json:
+        d = json.loads(Path(a.from_json).read_text())
+        write_outputs(d["meta"], d["rows"], a.pair, Path(a.out))
+        return
+    if not (a.teacher and a.judge_run):
+        raise SystemExit("replaid: error: --teacher and --judge-run are required (or --from-json FRONTIER_JSON)")
 
     import torch
 
@@ -105,9 +116,14 @@ def main() -> None:
                 f"replaid: error: --pair {key!r} is not among the scored configurations ({', '.join(sorted(scored))})"
             )
     ref_feat = None
+    ref_texts, _ = reference_windows(teacher, a.split, a.num * len(a.seeds))
+    reference = {  # the held-out text itself, for scale: its entropy and GenPPL under the judge
+        "windows": len(ref_texts),
+        "entropy": unigram_entropy([teacher.tokenizer.encode(t) for t in ref_texts])["entropy"],
+        "gen_ppl": gen_ppl_ar_run(ref_texts, judge)["gen_ppl"],
+    }
     if a.mauve:
-        ref_texts, _ = reference_windows(teacher, a.split, a.num)
-        ref_feat = sentence_features(ref_texts)
+        ref_feat = sentence_features(ref_texts[: a.num])
 
     rows = []
     for label, run, sampler, T in configs:
@@ -144,13 +160,25 @@ def main() -> None:
         "seeds": a.seeds,
         "num": a.num,
         "split": a.split,
+        "reference": reference,
     }
-    out_dir = Path(a.out)
+    write_outputs(meta, rows, a.pair, Path(a.out))
+
+
+def write_outputs(meta: dict, rows: list[dict], pair_keys: list, out_dir: Path) -> None:
+    """``frontier.json`` (rows with their per-sample values, the pairs), ``frontier.md``, the plots."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    pairs = [paired(rows, A, B) for A, B in a.pair]
+    pairs = [paired(rows, A, B) for A, B in pair_keys]
     (out_dir / "frontier.json").write_text(json.dumps({"meta": meta, "rows": rows, "pairs": pairs}, indent=2))
-    (out_dir / "frontier.md").write_text(table(rows) + (pair_table(pairs) if pairs else ""))
-    plot(rows, out_dir)
+    ref = meta.get("reference")
+    note = (
+        f"\n\nHeld-out text ({ref['windows']} windows of the split): unigram entropy {ref['entropy']:.3f}, "
+        f"GenPPL under the judge {ref['gen_ppl']:.1f}.\n"
+        if ref
+        else ""
+    )
+    (out_dir / "frontier.md").write_text(table(rows) + note + (pair_table(pairs) if pairs else ""))
+    plot(rows, out_dir, ref)
 
 
 def _fmt(iv: dict, digits: int = 1) -> str:
@@ -216,7 +244,24 @@ def table(rows: list[dict]) -> str:
     return head + body
 
 
-def plot(rows: list[dict], out: Path) -> None:
+def _styles(names: list[str]) -> dict[str, dict]:
+    """One colour per group (tab20, so 11+ groups stay apart); teacher samplers solid circles, students
+    squares, the discrete baseline dashed diamonds."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab20"]
+    out = {}
+    for i, n in enumerate(names):
+        kind = "teacher" if n.startswith("teacher") else ("MDLM" if n.startswith("MDLM") else "student")
+        out[n] = {
+            "color": cmap(2 * i % 20 + (2 * i // 20) % 2),
+            "marker": {"teacher": "o", "student": "s", "MDLM": "D"}[kind],
+            "linestyle": {"teacher": "-", "student": ":", "MDLM": "--"}[kind],
+        }
+    return out
+
+
+def plot(rows: list[dict], out: Path, ref: dict | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -225,45 +270,66 @@ def plot(rows: list[dict], out: Path) -> None:
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(f"{r['model']} {r['sampler']}", []).append(r)
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for name, rs in groups.items():
-        rs = sorted(rs, key=lambda r: r["nfe"])
-        ax.errorbar(
-            [r["entropy"]["mean"] for r in rs],
-            [r["gen_ppl"]["mean"] for r in rs],
-            yerr=[
-                [r["gen_ppl"]["mean"] - r["gen_ppl"]["lo"] for r in rs],
-                [r["gen_ppl"]["hi"] - r["gen_ppl"]["mean"] for r in rs],
-            ]
-            if all(r["gen_ppl"]["n"] > 1 for r in rs)
-            else None,
-            marker="o",
-            capsize=2,
-            label=name,
-        )
-        for r in rs:
-            ax.annotate(str(r["nfe"]), (r["entropy"]["mean"], r["gen_ppl"]["mean"]), fontsize=7)
-    ax.set_xlabel("mean unigram entropy of a sample (nats)")
-    ax.set_ylabel("GenPPL under the AR judge")
-    ax.set_yscale("log")
-    ax.set_title("Generative frontier (labels: NFE)")
-    ax.legend(fontsize=7)
+    st = _styles(list(groups))
+    ents = [r["entropy"]["mean"] for r in rows]
+    main_lo = min(e for e in ents if e > max(ents) - 0.6)  # the zoomed panel: the bulk, not a collapsed sampler
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    for ax, zoom in zip(axes, (False, True)):
+        for name, rs in groups.items():
+            rs = sorted(rs, key=lambda r: r["nfe"])
+            if zoom:
+                rs = [r for r in rs if r["entropy"]["mean"] >= main_lo - 0.02]
+            if not rs:
+                continue
+            x = [r["entropy"]["mean"] for r in rs]
+            y = [r["gen_ppl"]["mean"] for r in rs]
+            err = None
+            if all(r["gen_ppl"]["n"] > 1 for r in rs):
+                err = [
+                    [r["gen_ppl"]["mean"] - r["gen_ppl"]["lo"] for r in rs],
+                    [r["gen_ppl"]["hi"] - r["gen_ppl"]["mean"] for r in rs],
+                ]
+            ax.errorbar(x, y, yerr=err, capsize=2, label=name, markersize=5, **st[name])
+            for r in rs:
+                ax.annotate(
+                    str(r["nfe"]),
+                    (r["entropy"]["mean"], r["gen_ppl"]["mean"]),
+                    fontsize=7,
+                    xytext=(3, 3),
+                    textcoords="offset points",
+                    color=st[name]["color"],
+                )
+        if ref:
+            ax.axvline(ref["entropy"], color="grey", linestyle="--", linewidth=1, label="held-out text's entropy")
+        ax.set_xlabel("mean unigram entropy of a sample (nats)")
+        ax.set_ylabel("GenPPL under the AR judge")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3, which="both")
+        ax.set_title("zoomed on the bulk (labels: NFE)" if zoom else "Generative frontier (labels: NFE)")
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "frontier_genppl_entropy.png", dpi=120)
     plt.close(fig)
 
-    keys = ["gen_ppl"] + (["mauve"] if any("mauve" in r for r in rows) else [])
-    fig, axes = plt.subplots(1, len(keys), figsize=(6.5 * len(keys), 4.5), squeeze=False)
+    keys = ["gen_ppl", "entropy"] + (["mauve"] if any("mauve" in r for r in rows) else [])
+    fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4.5), squeeze=False)
     for ax, k in zip(axes[0], keys):
         for name, rs in groups.items():
             rs = sorted(rs, key=lambda r: r["nfe"])
-            ax.plot([r["nfe"] for r in rs], [r[k]["mean"] for r in rs], marker="o", label=name)
+            ax.plot([r["nfe"] for r in rs], [r[k]["mean"] for r in rs], label=name, markersize=5, **st[name])
+        if ref and k in ("gen_ppl", "entropy"):
+            ax.axhline(ref[k], color="grey", linestyle="--", linewidth=1, label="held-out text")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("NFE (network calls per sample)")
-        ax.set_ylabel({"gen_ppl": "GenPPL under the AR judge", "mauve": "MAUVE"}[k])
+        ax.set_ylabel(
+            {"gen_ppl": "GenPPL under the AR judge", "mauve": "MAUVE", "entropy": "unigram entropy (nats)"}[k]
+        )
         if k == "gen_ppl":
             ax.set_yscale("log")
-        ax.legend(fontsize=7)
+        if k == "entropy":
+            ax.set_ylim(max(main_lo - 0.1, 0), None)
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "frontier_nfe.png", dpi=120)
     plt.close(fig)
