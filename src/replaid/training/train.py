@@ -467,11 +467,11 @@ def _train(
             f"{{signal}} received during the final evaluation: checkpoint saved at step {trainer.step} in {run_dir}; "
             f"resume with 'replaid train --out {run_dir} --resume' to evaluate it"
         )
-        if "signal" in got:  # arrived during the last step or the save
-            raise Preempted(got["now"].format(signal=got["signal"]))
         result = {"step": trainer.step, "train": trainer.history[-1] if trainer.history else {}}
         done = trainer.step >= cfg.train.steps
         try:
+            if "signal" in got:  # arrived during the last step or the save
+                raise Preempted(got["now"].format(signal=got["signal"]))
             if done:
                 result["eval"] = final["eval"] if final is not None else evaluate(trainer, data, progress=show)
         except Preempted:
