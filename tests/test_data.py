@@ -20,6 +20,7 @@ from replaid.data import (
     SequenceDataset,
     build_tokenizer,
     describe,
+    epoch_seed,
     get_token_array,
     hf_spec,
     iter_documents,
@@ -355,9 +356,53 @@ def test_loader_is_deterministic_and_visits_each_sequence_once_per_epoch():
     assert not torch.equal(first[0], next(BatchLoader(ds, 8, seed=4))["tokens"])
     for epoch in range(2):
         seen = torch.cat([t[:, 0] // 4 for t in first[5 * epoch : 5 * epoch + 5]])
-        assert seen.tolist() == torch.randperm(40, generator=torch.Generator().manual_seed(3 + epoch)).tolist()
+        assert (
+            seen.tolist() == torch.randperm(40, generator=torch.Generator().manual_seed(epoch_seed(3, epoch))).tolist()
+        )
     plain = BatchLoader(ds, 8, shuffle=False)
     assert next(plain)["tokens"][:, 0].tolist() == [4 * i for i in range(8)]
+
+
+def epoch_orders(seed: int, epochs: int, n: int = 40, batch: int = 8) -> list[tuple[int, ...]]:
+    """Each epoch's visiting order, read from the loader's batches (sequence i starts with token 4i)."""
+    ds = SequenceDataset(np.arange(n * 4, dtype=np.uint16), 4)
+    loader = BatchLoader(ds, batch, seed=seed)
+    per = n // batch
+    firsts = [t[:, 0] // 4 for t in batches(loader, per * epochs)]
+    return [tuple(torch.cat(firsts[per * e : per * (e + 1)]).tolist()) for e in range(epochs)]
+
+
+def test_no_two_seeds_share_an_epochs_order():
+    """Issue 33: under the old rule (generator seed = seed + epoch) seed s at epoch e + 1 visited
+    exactly seed s + 1's epoch-e order, so seeds 0-2 of a 9-epoch grid trained on the same
+    permutations, shifted. Every (seed, epoch) must get its own order."""
+    seen: dict[tuple[int, ...], tuple[int, int]] = {}
+    for seed in range(6):
+        for epoch, order in enumerate(epoch_orders(seed, 10)):
+            assert order not in seen, f"seed {seed} epoch {epoch} repeats seed/epoch {seen[order]}"
+            seen[order] = (seed, epoch)
+    assert len({epoch_seed(s, e) for s in range(-3, 50) for e in range(50)}) == 53 * 50
+    assert epoch_seed(-1, 0) == epoch_seed(2**64 - 1, 0)  # a seed is read modulo 2**64
+
+
+def test_cells_with_the_same_seed_see_the_same_batches(tmp_path, monkeypatch):
+    """A seed names one data order across a grid's cells: two methods and two widths with the same
+    train.seed draw identical training batches; another seed draws others."""
+    from replaid.data.pipeline import DataPipeline
+    from replaid.presets import resolve
+
+    monkeypatch.setenv("REPLAID_CACHE_DIR", str(tmp_path / "cache"))
+
+    def first_batches(*overrides: str) -> list[torch.Tensor]:
+        pipe = DataPipeline(resolve("debug", None, ["train.batch_size=8", *overrides]), None)
+        per = pipe.train_loader.steps_per_epoch
+        return [next(pipe.train_iter)["tokens"] for _ in range(per + 3)]  # across an epoch boundary
+
+    a = first_batches("train.seed=1")
+    b = first_batches("method=mdlm", "model.hidden=32", "train.seed=1")
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    c = first_batches("train.seed=2")
+    assert not any(torch.equal(x, y) for x, y in zip(a, c))
 
 
 def test_loader_resume_matches_uninterrupted():

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from replaid.data.cache import get_token_array, load_doc_offsets, open_cache, tokenize_to_cache, validate_tokens
 from replaid.data.errors import DataError
-from replaid.data.loader import BatchLoader, SequenceDataset, unigram_logp, unigram_nll
+from replaid.data.loader import BatchLoader, SequenceDataset, epoch_seed, unigram_logp, unigram_nll
 from replaid.data.sources import HF_DATASETS, SPLITS, HFSpec, hf_spec, holdout_split, iter_documents, source_fingerprint
 from replaid.data.tokenizers import (
     Tokenizer,
@@ -46,6 +46,7 @@ __all__ = [
     "validate_tokens",
     "SequenceDataset",
     "BatchLoader",
+    "epoch_seed",
     "unigram_logp",
     "unigram_nll",
     "describe",

@@ -12,9 +12,23 @@ from torch import Tensor
 from replaid.data.cache import load_doc_offsets, validate_tokens
 from replaid.data.errors import DataError
 
-__all__ = ["SequenceDataset", "BatchLoader", "validate_tokens", "unigram_logp", "unigram_nll"]
+__all__ = ["SequenceDataset", "BatchLoader", "epoch_seed", "validate_tokens", "unigram_logp", "unigram_nll"]
 
 Batch = dict[str, "Tensor | None"]
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The generator seed of epoch ``epoch``'s permutation under run seed ``seed``.
+
+    Child ``epoch`` of the run seed's ``numpy.random.SeedSequence`` (its ``spawn_key``): every
+    (seed, epoch) pair gets its own stream, so no two seeds share an epoch's order (``seed + epoch``
+    gave seed s at epoch e + 1 the order of seed s + 1 at epoch e), and one seed is the same order
+    in every cell and at every world size.
+    """
+    if epoch < 0:
+        raise DataError(f"bad epoch {epoch}: the data order's epoch counts from 0")
+    seq = np.random.SeedSequence(entropy=seed % 2**64, spawn_key=(epoch,))
+    return int(seq.generate_state(1, dtype=np.uint64)[0])
 
 
 class SequenceDataset:
@@ -95,7 +109,7 @@ class SequenceDataset:
 class BatchLoader:
     """Endless, deterministic, resumable, sharded batches of a SequenceDataset.
 
-    Epoch ``e`` visits ``torch.randperm(n, generator=seed + e)`` (or ``arange`` without shuffle)
+    Epoch ``e`` visits ``torch.randperm(n, generator=epoch_seed(seed, e))`` (or ``arange`` without shuffle)
     in global batches of ``batch_size * world_size`` consecutive indices; rank ``r`` takes the
     slice ``[r * batch_size, (r + 1) * batch_size)`` of each. With ``drop_last=False`` the last,
     short global batch is filled up from the start of the permutation (fixed shapes).
@@ -135,7 +149,7 @@ class BatchLoader:
         if self._perm is None or self._perm[0] != epoch:
             n = len(self.dataset)
             if self.shuffle:
-                perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + epoch))
+                perm = torch.randperm(n, generator=torch.Generator().manual_seed(epoch_seed(self.seed, epoch)))
             else:
                 perm = torch.arange(n)
             self._perm = (epoch, perm)
