@@ -181,7 +181,7 @@ CASES = [
     (["sample", "{run}", "--num", "-1"], "argument --num: -1: must be >= 1", None),
     (["sample", "{run}", "--num", "0"], "argument --num: 0: must be >= 1", None),
     (["sample", "{run}", "--steps", "0"], "argument --steps: 0: must be >= 1", None),
-    (["sample", "{run}", "--temperature", "0"], "argument --temperature: 0: must be > 0", None),
+    (["sample", "{run}", "--temperature", "-0.5"], "argument --temperature: -0.5: must be >= 0", None),
     (["sample", "{run}", "--prompt", "return the value " * 40], "leaving nothing to generate", None),
 ]
 

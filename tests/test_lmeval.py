@@ -318,3 +318,62 @@ def test_local_tasks_score_the_word_after_a_space(tmp_path):
         conts = [inst.arguments[1] for inst in task.instances]
         assert conts and all(c.startswith(" ") and not c.startswith("  ") for c in conts), (name, conts)
         assert all(not inst.arguments[0].endswith(" ") for inst in task.instances)
+
+
+# ---------------------------------------------------------------------------------------------- generate_until
+
+
+def known_lm(run_dir: Path, word: str = " the", margin: float = 1.0):
+    """A ReplaidLM whose network outputs the same logits everywhere: ``margin`` on the token of ``word``,
+    0 elsewhere (final layer zeroed, its bias set). Greedy decoding then writes that token at every
+    position; a draw at temperature 1 picks it with probability e^m / (e^m + V - 1), here under 0.01."""
+    from replaid.hub.lmeval import ReplaidLM
+
+    lm = ReplaidLM(run=str(run_dir), seed=0, gen_steps=4, progress=False)
+    (k,) = lm.tok.encode(word)
+    head = lm.run.model.final.linear
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+        head.bias[k] = margin
+    return lm, k
+
+
+def gen(lm, context: str, **kw) -> str:
+    return lm.generate_until([SimpleNamespace(args=(context, kw))], disable_tqdm=True)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["ar", "mdlm"])
+def test_generate_until_honours_do_sample_temperature_until_and_max_gen_toks(runs, method):
+    """Issue 33: ``temperature: 0`` / ``do_sample: False`` were turned into sampling at 1.0. On a network
+    with known logits: greedy requests write the argmax token exactly, sampled ones (do_sample, or a
+    temperature > 0) do not; ``max_gen_toks`` is the number of tokens; ``until`` cuts as the harness cuts."""
+    lm, k = known_lm(runs[method])
+    assert lm.generation_settings({"do_sample": False})["temperature"] == 0
+    greedy = lm.tok.decode([k] * 5)
+    assert gen(lm, "Return the", until=["\n"], max_gen_toks=5, do_sample=False) == greedy
+    assert gen(lm, "Return the", max_gen_toks=5, temperature=0) == greedy  # do_sample unset, temperature 0
+    assert gen(lm, "Return the", max_gen_toks=5) == greedy  # the harness's default is greedy
+    assert gen(lm, "", max_gen_toks=1, do_sample=False) == lm.tok.decode([k])  # no context, one token
+    assert gen(lm, "Return the", max_gen_toks=3, do_sample=False) == lm.tok.decode([k] * 3)
+    sampled = [
+        gen(lm, "Return the", max_gen_toks=5, do_sample=True),
+        gen(lm, "Return", max_gen_toks=5, temperature=1.0),
+    ]
+    assert all(s != greedy for s in sampled), sampled
+    # until: the text before the first stop string ("he" of " the the ..." -> " t")
+    assert gen(lm, "Return the", max_gen_toks=5, do_sample=False, until=["he", "\n"]) == greedy.split("he")[0]
+    assert gen(lm, "Return the", max_gen_toks=5, do_sample=False, until="e t") == greedy.split("e t")[0]
+    with pytest.raises(ValueError, match="top_k"):
+        gen(lm, "Return the", max_gen_toks=2, top_k=5)
+
+
+@pytest.mark.slow
+def test_generate_until_stops_at_eos(runs):
+    lm, k = known_lm(runs["ar"])
+    eos = lm.tok.eos_id
+    with torch.no_grad():
+        lm.run.model.final.linear.bias.zero_()
+        lm.run.model.final.linear.bias[eos] = 5.0
+    assert gen(lm, "Return the", max_gen_toks=4, do_sample=False) == ""

@@ -463,8 +463,11 @@ def test_temperature_wrappers_identity_and_formulas(oracle, E):
         assert torch.allclose(near.e_hat, ref.e_hat, atol=1e-5)
         assert w.self_conditioning is False and torch.equal(w.embedding_matrix(), oracle.embedding_matrix())
         assert not hasattr(w, "vocab_size")  # only the Denoiser interface is offered, not the model
-        with pytest.raises(ValueError):
-            W(oracle, 0.0)
+        for bad in (-1.0, float("nan"), float("inf")):
+            with pytest.raises(ValueError):
+                W(oracle, bad)
+    with pytest.raises(ValueError):
+        ScoreTemperature(oracle, 0.0)  # no greedy limit: the score would be infinite
 
     tau = 0.5
     lt = LogitTemperature(oracle, tau)(z, gamma)
@@ -478,6 +481,29 @@ def test_temperature_wrappers_identity_and_formulas(oracle, E):
     s = torch.sigmoid(gamma).sqrt().view(-1, 1, 1)
     eps = (z.double() - a * ref.e_hat.double()) / s / tau
     assert torch.allclose(st.e_hat.double(), (z.double() - s * eps) / a, atol=1e-5)
+
+
+def test_logit_temperature_zero_is_the_greedy_limit(oracle, E):
+    """tau = 0: e_hat is the argmax token's embedding, the limit of softmax(logits / tau) @ E as tau -> 0
+    (checked against a float64 computation at tau = 1e-6); the logits (and so the readout) unchanged."""
+    z = randn(3, 10, D_E, seed=1, device=E.device)
+    gamma = torch.tensor([2.0, -1.0, -5.0], dtype=torch.float64, device=E.device)
+    ref = oracle(z, gamma)
+    g = LogitTemperature(oracle, 0.0)(z, gamma)
+    limit = torch.softmax(ref.logits.double() / 1e-6, -1) @ E.double()  # (B, L, d_e)
+    assert torch.allclose(g.e_hat.double(), limit, atol=1e-5)
+    assert torch.equal(g.logits, ref.logits)
+
+
+def test_tempered_probs_zero_is_one_hot_argmax():
+    from replaid.sampling.discrete import tempered_probs
+
+    logits = torch.randn(4, 7, 50, generator=torch.Generator().manual_seed(0))
+    p0 = tempered_probs(logits, 0.0)
+    assert p0.dtype == torch.float64 and torch.equal(p0.sum(-1), torch.ones(4, 7, dtype=torch.float64))
+    assert torch.equal(p0.argmax(-1), logits.argmax(-1)) and torch.equal(p0.max(-1).values, torch.ones(4, 7).double())
+    assert torch.allclose(p0, tempered_probs(logits, 1e-6))
+    assert torch.allclose(tempered_probs(logits, 0.5), torch.softmax(logits.double() * 2, -1))
 
 
 def test_temperature_lowers_sample_entropy(oracle):

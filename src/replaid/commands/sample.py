@@ -39,7 +39,9 @@ def register(sub) -> None:
         help="sequence length (default: the run's data.seq_len; with --context, the context's)",
     )
     s.add_argument("--allow-longer", action="store_true", help="allow --length beyond the run's trained length")
-    s.add_argument("--temperature", type=float_in(0, lo_open=True), default=1.0, help="logit temperature")
+    s.add_argument(
+        "--temperature", type=float_in(0), default=1.0, help="logit temperature (0: greedy, the argmax of every draw)"
+    )
     s.add_argument("--score-temperature", type=float_in(0, lo_open=True), default=1.0, help="Plaid's score temperature")
     s.add_argument("--prompt", default=None, help="text fixed at the start of every sample (default: none)")
     s.add_argument(

@@ -14,8 +14,10 @@ What each request's number is (:mod:`replaid.eval.harness`, where the windows ar
   token scored once; windows without context take the joint bound (``replaid zeroshot``'s computation;
   ``likelihood=ode`` with ``K``: the ODE/IWAE bound), the context-overlapped last window the conditional.
 * ``generate_until(context, gen_kwargs)``: a prompted sample with the run's default sampler
-  (``gen_steps`` steps), at most ``max_gen_toks`` tokens and at most the model's length, cut at the
-  first ``until`` string.
+  (``gen_steps`` steps), at most ``max_gen_toks`` tokens and at most the model's length, cut at EOS and
+  at the ``until`` strings. Greedy (temperature 0: the argmax of every draw) unless the request sets
+  ``do_sample`` or a ``temperature`` > 0, as the harness defines them; a sampled request without a
+  temperature uses the model argument ``temperature``.
 
 Model arguments (``--model_args key=value,...``): run, mc_samples (4), seed (0), rolling_context (0:
 the harness's ``context_len=1``), likelihood (nelbo | ode), K (1), ode_steps (64), gen_steps (64),
@@ -151,37 +153,70 @@ class ReplaidLM(LM):
         self._time("loglikelihood_rolling", len(requests), t0)
         return out
 
+    def generation_settings(self, gen_kwargs: dict | None) -> dict:
+        """The harness's ``gen_kwargs`` as it defines them (its own ``normalize_gen_kwargs``): greedy
+        unless ``do_sample`` is true or a ``temperature`` > 0 is given; a sampled request without a
+        temperature takes the model argument ``temperature``. Returns ``until`` (stop strings),
+        ``max_gen_toks``, ``temperature`` (0 = greedy: the argmax of every draw, see
+        :class:`~replaid.sampling.SampleRequest`) and ``top_p`` (AR runs)."""
+        from lm_eval.models.utils import normalize_gen_kwargs
+
+        kw = dict(normalize_gen_kwargs(dict(gen_kwargs or {}), default_max_gen_toks=256))
+        until = [u for u in kw.pop("until") if u]
+        max_gen_toks = int(kw.pop("max_gen_toks"))
+        do_sample = bool(kw.pop("do_sample"))
+        temperature = float(kw.pop("temperature", 0.0) or 0.0)
+        top_p = kw.pop("top_p", None)
+        if kw:
+            raise ValueError(
+                f"generation argument(s) {', '.join(sorted(kw))} not supported by --model replaid "
+                f"(it honours until, max_gen_toks, do_sample, temperature, top_p)"
+            )
+        if max_gen_toks < 1:
+            raise ValueError(f"max_gen_toks={max_gen_toks}: need at least 1 token to generate")
+        if top_p is not None and self.run.method.name != "ar":
+            raise ValueError(f"top_p is an AR setting; this run's method is {self.run.method.name}")
+        if not do_sample:
+            temperature = 0.0
+        elif temperature <= 0:
+            temperature = self.temperature
+        return {"until": until, "max_gen_toks": max_gen_toks, "temperature": temperature, "top_p": top_p}
+
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Each request's continuation: at most ``max_gen_toks`` tokens after the context (the context
+        cut from the left so both fit in the model's length L), cut at the first EOS token and then,
+        as the harness cuts, at each ``until`` string."""
+        from lm_eval.models.utils import postprocess_generated_text
+
         from replaid.sampling import SampleRequest, generate
 
         t0 = time.time()
         L = self.scorer.L
+        eos = getattr(self.tok, "eos_id", None)
         out = []
         for req in tqdm(requests, desc="generate_until", disable=disable_tqdm or not self.scorer.progress):
-            context, kw = req.args
-            kw = dict(kw or {})
-            until = kw.pop("until", None) or []
-            until = [until] if isinstance(until, str) else list(until)
-            max_new = int(kw.pop("max_gen_toks", 256))
-            ctx = self.tok.encode(context)[-(L - 1) :] if context else []
-            n = max(1, min(max_new, L - len(ctx)))
-            ctx = ctx[len(ctx) + n - L :] if len(ctx) + n > L else ctx
+            context, gen_kwargs = req.args
+            g = self.generation_settings(gen_kwargs)
+            ctx = self.tok.encode(context) if context else []
+            n = min(g["max_gen_toks"], L - 1 if ctx else L)  # tokens to generate
+            ctx = ctx[max(0, len(ctx) + n - L) :]  # the context's last L - n tokens
             sreq = SampleRequest(
                 num=1,
                 batch_size=1,
                 steps=self.gen_steps,
                 length=len(ctx) + n if ctx else max(n, 2),
                 prompt=self.tok.decode(ctx) if ctx else None,
-                temperature=float(kw.pop("temperature", 0) or self.temperature),
+                temperature=g["temperature"],
+                top_p=g["top_p"],
                 seed=self.seed,
                 progress=False,
             )
             row = generate(self.run, sreq)[0]
             n_pre = len(self.tok.encode(sreq.prompt)) if sreq.prompt else 0
-            text = self.tok.decode(row["ids"][n_pre:])
-            for s in until:
-                if s and s in text:
-                    text = text.split(s)[0]
+            ids = list(row["ids"][n_pre : n_pre + n])
+            if eos is not None and eos in ids:
+                ids = ids[: ids.index(eos)]
+            text = postprocess_generated_text(self.tok.decode(ids), g["until"], None)
             self.cache_hook.add_partial("generate_until", req.args, text)
             out.append(text)
         self._time("generate_until", len(requests), t0)

@@ -587,9 +587,11 @@ class _Tempered:
     """A denoiser -> denoiser wrapper with a positive temperature ``tau`` (tau = 1 is the identity);
     it offers the :class:`~replaid.diffusion.denoiser.Denoiser` interface of the one it wraps."""
 
+    allows_zero = False  # LogitTemperature takes tau = 0 too: its greedy limit
+
     def __init__(self, denoiser: Denoiser, tau: float):
-        if not tau > 0:
-            raise ValueError(f"temperature must be positive, got {tau}")
+        if not (math.isfinite(tau) and (tau > 0 or (tau == 0 and self.allows_zero))):
+            raise ValueError(f"temperature must be a finite number {'>=' if self.allows_zero else '>'} 0, got {tau}")
         self.inner, self.tau = denoiser, float(tau)
 
     @property
@@ -602,14 +604,19 @@ class _Tempered:
 
 class LogitTemperature(_Tempered):
     """Logit temperature (CANDI style, appendix "temperature"): ``logits / tau`` and
-    ``e_hat = softmax(logits / tau) @ E``. The argmax readout is unchanged; tau = 1 is the identity."""
+    ``e_hat = softmax(logits / tau) @ E``. The argmax readout is unchanged; tau = 1 is the identity;
+    tau = 0 is the greedy limit, ``e_hat = E[argmax logits]`` (logits left as they are)."""
+
+    allows_zero = True
 
     def __call__(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None) -> DenoiserOutput:
         out = self.inner(z, gamma, e_sc)
         if self.tau == 1.0:
             return out
+        E = self.inner.embedding_matrix().to(out.logits.device, torch.float32)  # (V, d_e)
+        if self.tau == 0.0:
+            return DenoiserOutput(out.logits, E[out.logits.argmax(-1)].to(out.e_hat.dtype))  # (B, L, d_e)
         logits = out.logits / self.tau  # (B, L, V)
-        E = self.inner.embedding_matrix().to(logits.device, torch.float32)  # (V, d_e)
         e_hat = torch.softmax(logits.float(), dim=-1) @ E  # (B, L, d_e)
         return DenoiserOutput(logits, e_hat.to(out.e_hat.dtype))
 

@@ -36,6 +36,15 @@ def top_p_filter(probs: Tensor, top_p: float) -> Tensor:
     return out / out.sum(-1, keepdim=True)
 
 
+def tempered_probs(logits: Tensor, temperature: float) -> Tensor:
+    """``softmax(logits / temperature)`` over the last dim in float64; ``temperature = 0`` is its limit,
+    the one-hot of the argmax (greedy decoding: every draw from it returns the argmax)."""
+    lg = logits.double()
+    if temperature == 0:
+        return torch.zeros_like(lg).scatter_(-1, lg.argmax(-1, keepdim=True), 1.0)
+    return torch.softmax(lg / temperature, -1)
+
+
 def exponential_race(probs: Tensor, generator: Optional[torch.Generator]) -> Tensor:
     """Categorical draw over the last dim by Gumbel-max as an exponential race:
     ``argmax_v p_v / E_v`` with ``E_v ~ Exp(1)`` drawn in float64 on ``probs``' device (from a
@@ -70,8 +79,7 @@ def sample_ar(
     logits = model.forward_cached(inp, cache, 0)[:, -1]
     nfe = 1
     for pos in range(n_prefix, L):
-        lg = logits.double() / max(temperature, 1e-8)
-        probs = top_p_filter(torch.softmax(lg, -1), top_p)
+        probs = top_p_filter(tempered_probs(logits, temperature), top_p)  # (B, V) float64
         out[:, pos] = exponential_race(probs, generator)  # Gumbel-max through an exponential race, in float64
         if callback is not None:
             callback({"i": pos - n_prefix, "T": L - n_prefix, "pos": pos, "tokens": out, "probs": probs})
@@ -110,8 +118,7 @@ def sample_mdlm(
         t, s = float(ts[k]), float(ts[k + 1])
         if probs is None or model.time_conditioning:
             tt = torch.full((B,), t, device=dev) if model.time_conditioning else None
-            logits = model(z, tt).double() / max(temperature, 1e-8)
-            probs = torch.softmax(logits, -1)  # (B, L, V) float64: x_theta
+            probs = tempered_probs(model(z, tt), temperature)  # (B, L, V) float64: x_theta
             nfe += 1
         # q(z_s | z_t = mask, x_theta): mask with probability s/t, else a token drawn from x_theta
         stay = torch.rand(B, L, generator=gen, dtype=torch.float64, device=dev) < s / t
@@ -157,7 +164,7 @@ def sample_duo(
         a_t, a_s = 1 - t, 1 - s
         a_ts = a_t / a_s
         logits = model(z, torch.full((B,), t, device=dev))
-        xt = torch.softmax(logits.double() / max(temperature, 1e-8), -1)
+        xt = tempered_probs(logits, temperature)  # (B, L, V) float64
         prior = a_s * xt + (1 - a_s) / V
         trans = torch.full_like(prior, (1 - a_ts) / V)
         trans.scatter_add_(-1, z.unsqueeze(-1), torch.full((B, L, 1), a_ts, dtype=torch.float64, device=dev))

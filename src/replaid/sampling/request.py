@@ -26,7 +26,7 @@ class SampleRequest:
     batch_size: int = 16
     length: Optional[int] = None  # None: the template's length, else the run's data.seq_len
     allow_longer: bool = False  # allow a length beyond the run's data.seq_len
-    temperature: float = 1.0  # logit temperature
+    temperature: float = 1.0  # logit temperature (0: greedy, the argmax of every draw)
     score_temperature: float = 1.0  # Plaid's score temperature (continuous methods)
     top_p: Optional[float] = None  # AR nucleus mass (None: the run's ar.top_p)
     seed: int = 0
@@ -152,8 +152,12 @@ class SampleRequest:
 
         for k in ("steps", "num", "batch_size"):
             need(getattr(self, k) >= 1, k, "must be >= 1")
-        for k in ("temperature", "score_temperature"):
-            need(math.isfinite(getattr(self, k)) and getattr(self, k) > 0, k, "must be a finite number > 0")
+        need(math.isfinite(self.temperature) and self.temperature >= 0, "temperature", "must be a finite number >= 0")
+        need(
+            math.isfinite(self.score_temperature) and self.score_temperature > 0,
+            "score_temperature",
+            "must be a finite number > 0",
+        )
         need(self.trajectory >= 0, "trajectory", "must be >= 0 (0 = off)")
         need(self.top_p is None or 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         need(L >= 2, "length", "must be >= 2", L)
