@@ -1,0 +1,227 @@
+"""Derived figures of the results pages, computed from the JSON beside them (issue 33).
+
+A results page may quote a figure that its raw JSON does not hold: a GenPPL ratio (``exp`` of a mean
+difference), an interval under another unit or with a family-wise correction, a difference between two
+cells. This script computes each such figure from the committed JSON and writes it to
+``page_figures.json`` in the page's folder, so that ``scripts/pagecheck.py`` finds every number a page
+prints in a JSON file. No experiment is run::
+
+    python scripts/page_figures.py            # rewrites the page_figures.json files
+    python scripts/page_figures.py --check    # exits 1 if a committed file is stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
+
+
+def _t_interval(x: np.ndarray, confidence: float = 0.95) -> dict:
+    n = len(x)
+    mean, sd = float(np.mean(x)), float(np.std(x, ddof=1))
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
+    return {"n": n, "mean": mean, "sd": sd, "lo": mean - half, "hi": mean + half, "confidence": confidence}
+
+
+def _ratio(iv: dict) -> dict:
+    return {"x": math.exp(iv["mean"]), "x_lo": math.exp(iv["lo"]), "x_hi": math.exp(iv["hi"])}
+
+
+def _find(rows: list[dict], key: str) -> dict:
+    model, sampler, steps = key.split(":")
+    for r in rows:
+        if r["model"] == model and r["sampler"] == sampler and r["steps"] == int(steps):
+            return r
+    raise KeyError(key)
+
+
+def distillation_pair(rows: list[dict], a: str, b: str, family: int, table: int) -> dict:
+    """A - B of per-sample judge nats/token and entropy, paired by (seed, index), four ways: the 95%
+    t-interval over the pairs; the same with a Bonferroni correction for the ``family`` comparisons the
+    page quotes (what its verdicts use) and for the ``table`` pairs of its table alone; the 95%
+    t-interval over the seeds' mean differences (the seed as the unit)."""
+    A, B = _find(rows, a), _find(rows, b)
+    out: dict = {"a": a, "b": b, "family": family}
+    for k in ("nll", "entropy"):
+        per_seed = [np.asarray(sa[k]) - np.asarray(sb[k]) for sa, sb in zip(A["per_sample"], B["per_sample"])]
+        d = np.concatenate(per_seed)
+        pooled = _t_interval(d)
+        out[k] = {
+            "per_sample": pooled,
+            "per_sample_bonferroni": _t_interval(d, 1 - 0.05 / family),
+            "per_sample_bonferroni_table": _t_interval(d, 1 - 0.05 / table),
+            "seeds": _t_interval(np.array([float(np.mean(s)) for s in per_seed])),
+        }
+        if k == "nll":
+            for iv in out[k].values():
+                iv.update(_ratio(iv))
+            out[k]["seed_means"] = [float(np.mean(s)) for s in per_seed]
+    return out
+
+
+def distillation() -> dict:
+    fr = json.loads((RESULTS / "distillation" / "frontier.json").read_text())
+    rows = fr["rows"]
+    extra = [
+        ("PD-8:ddim:8", "teacher:dpmpp2m:15"),
+        ("PD-8:ddim:8", "teacher:ddim:15"),
+        ("PD-8:ddim:8", "teacher:ddpm:15"),
+        ("PD-8h:ddim:8", "teacher:ddim:15"),
+        ("PD-8h:ddim:8", "teacher:ddpm:15"),
+        ("teacher:heun:4", "teacher:heun:8"),
+    ]
+    table, family = len(fr["pairs"]), len(fr["pairs"]) + len(extra)
+    return {
+        "note": "derived from frontier.json by scripts/page_figures.py; family: every pair the page quotes "
+        "(the table's and the extra ones), table: the table's pairs alone",
+        "family": family,
+        "table": table,
+        "pairs": [distillation_pair(rows, p["a"], p["b"], family, table) for p in fr["pairs"]],
+        "extra_pairs": [distillation_pair(rows, a, b, family, table) for a, b in extra],
+    }
+
+
+def _welch_from_ci(m1: float, ci1: float, m2: float, ci2: float, n: int = 3) -> dict:
+    """Welch t-interval of m1 - m2 from two means and their 95% t half-widths over n seeds each."""
+    t = float(stats.t.ppf(0.975, n - 1))
+    v1, v2 = (ci1 / t) ** 2, (ci2 / t) ** 2  # squared standard errors
+    se = math.sqrt(v1 + v2)
+    df = (v1 + v2) ** 2 / (v1**2 / (n - 1) + v2**2 / (n - 1)) if se > 0 else float("inf")
+    half = float(stats.t.ppf(0.975, df)) * se
+    d = m1 - m2
+    return {"diff": d, "lo": d - half, "hi": d + half, "df": df, "se": se}
+
+
+def control() -> dict:
+    att = json.loads((RESULTS / "control" / "attribute" / "results.json").read_text())["attribute"]
+    out: dict[str, Any] = {"note": "derived from attribute/results.json by scripts/page_figures.py"}
+    out["guided_minus_best_of_16"] = {}
+    for target in ("python", "shakespeare"):
+        g = next(r for r in att["guided"] if r["target"] == target and r["scale"] == 8.0)
+        r = next(r for r in att["rejection"] if r["target"] == target and r["k"] == 16)
+        w = _welch_from_ci(g["judge"], g["judge_ci"], r["judge"], r["judge_ci"])
+        w.update({"guided_lo": g["judge"] - g["judge_ci"], "guided_hi": g["judge"] + g["judge_ci"]})
+        w.update({"best16_lo": r["judge"] - r["judge_ci"], "best16_hi": r["judge"] + r["judge_ci"]})
+        out["guided_minus_best_of_16"][target] = w
+    return out
+
+
+def _holm(ps: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values."""
+    m, order = len(ps), sorted(range(len(ps)), key=lambda i: ps[i])
+    adj, running = [0.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * ps[i]))
+        adj[i] = running
+    return adj
+
+
+def _paired_cells(cells: dict, a: str, b: str, source: str) -> dict:
+    """A - B over the seeds both cells ran, with its 95% t-interval."""
+    va = dict(zip(cells[a]["seeds"], cells[a]["values"]))
+    vb = dict(zip(cells[b]["seeds"], cells[b]["values"]))
+    seeds = sorted(set(va) & set(vb))
+    iv = _t_interval(np.array([va[s] - vb[s] for s in seeds]))
+    return {"a": a, "b": b, "source": source, "seeds": seeds, **iv}
+
+
+def ablations() -> dict:
+    rep = json.loads((RESULTS / "ablations" / "grid" / "report.json").read_text())
+    ords = rep["orderings"]
+    m = len(ords)
+    ps, rows = [], []
+    for o in ords:
+        d = np.asarray(o["diffs"], dtype=float)
+        n, mean, sd = len(d), float(np.mean(d)), float(np.std(d, ddof=1))
+        tstat = mean / (sd / math.sqrt(n))
+        ps.append(float(2 * stats.t.sf(abs(tstat), n - 1)))
+        half = float(stats.t.ppf(1 - 0.05 / (2 * m), n - 1)) * sd / math.sqrt(n)
+        rows.append({"claim": o["claim"], "mean": mean, "bonferroni_lo": mean - half, "bonferroni_hi": mean + half})
+    for row, p, h in zip(rows, ps, _holm(ps)):
+        row.update({"p": p, "p_holm": h, "holds_family_wise": h < 0.05})
+    cells = {c["cell"]: c for c in rep["cells"]}
+    gap = json.loads((RESULTS / "ablations" / "plaid-gap" / "report.json").read_text())
+    gcells = {c["cell"]: c for c in gap["cells"]}
+    off = [c for c in rep["cells"] if c["cell"] != "ar" and not c["on_plateau"]]
+    return {
+        "note": "derived from grid/report.json by scripts/page_figures.py: paired t-tests of the 19 orderings, "
+        "Bonferroni-adjusted 95% intervals (t quantile 1 - 0.05/38) and Holm-adjusted p-values",
+        "family": m,
+        "expected_false_verdicts_if_all_null": 0.05 * m,
+        "orderings": rows,
+        "below_unigram_off_plateau_diffusion": [
+            min(c["below_unigram"] for c in off),
+            max(c["below_unigram"] for c in off),
+        ],
+        "paired_not_in_reports": [
+            _paired_cells(cells, "paper-init", "plaid", "grid/report.json"),
+            _paired_cells(gcells, "readout2", "legacy", "plaid-gap/report.json"),
+        ],
+        "replaid_minus_replaid_nosc_abs_bound": max(
+            abs(cells["replaid"]["mean"] - cells["replaid-nosc"]["mean"]),
+            *(abs(x) for o in ords if o["claim"] == "replaid < replaid-nosc" for x in (o["diff_lo"], o["diff_hi"])),
+        ),
+    }
+
+
+PASS_TOKENS = 10_418_048  # one pass of linux-docs' train split in whole 64-token sequences
+
+
+def scaling() -> dict:
+    """Per run: passes over the data; at 1e11: the seeds' mean and sd per (method, size)."""
+    import csv
+
+    with (RESULTS / "scaling" / "runs.csv").open() as f:
+        runs = list(csv.DictReader(f))
+    loss = {(r["method"], r["size"]): float(r["loss"]) for r in runs if float(r["budget"]) == 3e12}
+    groups: dict[tuple[str, str], list[float]] = {}
+    for r in runs:
+        if float(r["budget"]) == 1e11:
+            groups.setdefault((r["method"], r["size"]), []).append(float(r["loss"]))
+    return {
+        "note": "derived from runs.csv by scripts/page_figures.py; passes = tokens / " + str(PASS_TOKENS),
+        "passes": {r["id"]: int(r["tokens"]) / PASS_TOKENS for r in runs},
+        "mdlm_below_replaid_3e12": {
+            z: float(loss["replaid", z] - loss["mdlm", z]) for (m, z) in loss if m == "mdlm" and ("replaid", z) in loss
+        },
+        "replicates_1e11": [
+            {"method": m, "size": z, "n": len(v), "mean": float(np.mean(v)), "sd": float(np.std(v, ddof=1))}
+            for (m, z), v in groups.items()
+        ],
+    }
+
+
+PAGES = {"distillation": distillation, "control": control, "ablations": ablations, "scaling": scaling}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if a committed page_figures.json is stale")
+    args = ap.parse_args(argv)
+    stale = []
+    for folder, fn in PAGES.items():
+        path = RESULTS / folder / "page_figures.json"
+        text = json.dumps(fn(), indent=1) + "\n"
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path))
+        else:
+            path.write_text(text)
+            print(f"wrote {path}")
+    if stale:
+        print("stale (rerun scripts/page_figures.py): " + ", ".join(stale), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
