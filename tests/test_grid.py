@@ -170,7 +170,59 @@ def test_grid_plan_run_report_end_to_end(tmp_path, capsys):
     assert nosc["paired"]["diff_hi"] == pytest.approx(d.mean() + half, abs=1e-10)
     assert nosc["values"] == [vals[f"nosc__s{s}"] for s in range(3)]
     assert (g / "report.md").is_file() and (g / "report.png").stat().st_size > 1000
+    # plateau exit: recomputed from each run's logged rows (bound and its tokens' unigram NLL)
+    for c in rep["cells"]:
+        assert len(c["plateau_exits"]) == 3
+        for s, got in zip(c["seeds"], c["plateau_exits"]):
+            rows = [
+                json.loads(x) for x in (g / "runs" / f"{c['cell']}__s{s}" / "metrics.jsonl").read_text().splitlines()
+            ]
+            rows = [r for r in rows if "loss" in r]
+            assert all(r["unigram"] > 0 for r in rows)
+            ok = [r["unigram"] - r["loss"] >= 0.3 for r in rows]
+            want = next((r["step"] for i, r in enumerate(rows) if all(ok[i:])), None)
+            assert got == want
+    assert "plateau exit (step)" in (g / "report.md").read_text()
     assert main(["grid", "report", str(g), "--reference", "nope"]) == 2
+
+
+def test_report_plateau_exit_per_cell_with_interval_only_when_every_seed_left():
+    rows = [
+        {"cell": "a", "seed": s, "value": 5.0, "kind": "NELBO", "unigram": 6.0, "plateau_exit": x}
+        for s, x in enumerate([300, 450, 600])
+    ] + [
+        {"cell": "b", "seed": s, "value": 5.5, "kind": "NELBO", "unigram": 6.0, "plateau_exit": x}
+        for s, x in enumerate([500, None, 700])
+    ]
+    rep = report(rows, "a")
+    a, b = rep["cells"]
+    x = np.array([300, 450, 600], dtype=np.float64)
+    half = T975_2 * x.std(ddof=1) / math.sqrt(3)
+    m, lo, hi = x.mean(), x.mean() - half, x.mean() + half
+    assert (a["plateau_exit_mean"], a["plateau_exit_lo"], a["plateau_exit_hi"]) == pytest.approx((m, lo, hi))
+    assert b["plateau_exits"] == [500, None, 700] and b["plateau_not_left"] == 1 and b["plateau_exit_mean"] is None
+    md = report_markdown(rep)
+    assert "300 450 600: 450 [" in md and "500 - 700 (1 not left)" in md
+
+
+def test_training_logs_the_unigram_nll_of_the_rows_tokens(tmp_path):
+    """Each logged row's ``unigram`` is the add-one unigram NLL (fitted on the train split) of exactly the
+    tokens of the steps it averages, recomputed here from the loader (same seed, same order)."""
+    from replaid.data.pipeline import DataPipeline
+    from replaid.eval.evaluate import evaluate
+    from replaid.presets import resolve
+    from replaid.training.train import train
+
+    cfg = resolve("debug", None, ["train.steps=6", "train.log_every=3", "eval.max_batches=1", "train.num_threads=1"])
+    train(cfg, tmp_path / "r", progress=False, evaluate=evaluate)
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "loss" in r]
+    pipe = DataPipeline(cfg, tmp_path / "r")
+    logp = pipe.unigram_logp()
+    batches = [next(pipe.train_iter)["tokens"].numpy() for _ in range(6)]
+    for r, window in zip(rows, (batches[:3], batches[3:])):
+        toks = np.concatenate([b.reshape(-1) for b in window])
+        assert r["unigram"] == pytest.approx(float(-logp[toks].mean()), rel=1e-12)
 
 
 def test_training_curves_read_each_run_and_keep_the_last_of_a_repeated_step(tmp_path):

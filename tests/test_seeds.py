@@ -65,3 +65,50 @@ def test_plateau_flag():
     assert off.below_unigram.mean == pytest.approx(1.0) and off.on_plateau is False
     assert on.on_plateau is True
     assert CellSummary("x", {0: 1.0}).on_plateau is None
+
+
+# ---------------------------------------------------------------------------------------------- plateau exit
+
+
+def brute_exit(steps, bound, uni, margin=PLATEAU_NATS):
+    """The definition read literally: the smallest logged s with u_k - x_k >= margin for all k >= s."""
+    for i, s in enumerate(steps):
+        if all(u - x >= margin for x, u in zip(bound[i:], uni[i:])):
+            return s
+    return None
+
+
+@pytest.mark.parametrize(
+    "bound,expected",
+    [
+        ([6.0, 5.9, 5.6, 5.5, 5.4], 150),  # leaves at the third row: 5.95 - 5.6 = 0.35 >= 0.3
+        ([6.0, 5.5, 5.8, 5.5, 5.4], 200),  # dips below at 100, returns to the plateau at 150: counts from 200
+        ([6.0, 5.9, 5.8, 5.7, 5.7], None),  # never 0.3 below
+        ([5.5, 5.5, 5.5, 5.5, 5.5], 50),  # below from the first logged step
+        ([6.0, 5.5, 5.5, 5.5, 5.8], None),  # left, then back on the plateau at the end: not left
+        ([5.5, float("nan"), 5.5, 5.5, 5.5], 150),  # a non-finite row counts as on the plateau
+    ],
+)
+def test_plateau_exit_of_planted_curves(bound, expected):
+    from replaid.eval.seeds import plateau_exit
+
+    steps, uni = [50, 100, 150, 200, 250], [5.95] * 5
+    assert plateau_exit(steps, bound, uni) == expected
+    if all(math.isfinite(b) for b in bound):
+        assert plateau_exit(steps, bound, uni) == brute_exit(steps, bound, uni)
+
+
+def test_plateau_exit_reads_each_rows_own_unigram():
+    """The reference moves with the rows' tokens: the same bound is off the plateau against one row's
+    unigram and on it against another's."""
+    from replaid.eval.seeds import plateau_exit
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 12))
+        steps = sorted(rng.choice(np.arange(1, 1000), n, replace=False).tolist())
+        bound = rng.uniform(5.0, 6.2, n).tolist()
+        uni = rng.uniform(5.6, 6.1, n).tolist()
+        assert plateau_exit(steps, bound, uni) == brute_exit(steps, bound, uni)
+    with pytest.raises(ValueError):
+        plateau_exit([2, 1], [5.0, 5.0], [6.0, 6.0])

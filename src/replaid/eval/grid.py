@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from replaid.config import ConfigError, RunConfig, parse_overrides
-from replaid.eval.seeds import PLATEAU_NATS, CellSummary, paired_difference
+from replaid.eval.seeds import PLATEAU_NATS, CellSummary, paired_difference, t_interval
 
 CELL_NAME = re.compile(r"^[A-Za-z0-9._=,+-]+$")
 
@@ -293,6 +293,7 @@ def report(
             "below_unigram_hi": bu.hi if bu else None,
             "on_plateau": s.on_plateau,
             "paper": (paper or {}).get(c),
+            **exit_summary(sorted(rs, key=lambda r: r["seed"]), confidence),
         }
         if reference is not None and c != reference:
             entry["paired"] = paired_difference(
@@ -319,6 +320,35 @@ def report(
     }
 
 
+def exit_summary(rows: list[dict], confidence: float = 0.95) -> dict:
+    """A cell's plateau-exit steps (:func:`replaid.eval.seeds.plateau_exit`, one per seed, None where a
+    seed has not left the plateau) and their t-interval, given only when every seed has left (a mean over
+    the seeds that left would hide the others). Empty when the rows carry no exit (older callers)."""
+    if not any("plateau_exit" in r for r in rows):
+        return {}
+    exits = [r.get("plateau_exit") for r in rows]
+    left = [int(x) for x in exits if x is not None]
+    iv = t_interval(left, confidence) if left and len(left) == len(exits) else None
+    return {
+        "plateau_exits": exits,
+        "plateau_not_left": len(exits) - len(left),
+        "plateau_exit_mean": iv.mean if iv else None,
+        "plateau_exit_lo": iv.lo if iv and iv.n >= 2 else None,
+        "plateau_exit_hi": iv.hi if iv and iv.n >= 2 else None,
+    }
+
+
+def _exit_cell(c: dict) -> str:
+    if "plateau_exits" not in c:
+        return "n/a"
+    per = " ".join("-" if x is None else str(x) for x in c["plateau_exits"])
+    if c["plateau_not_left"]:
+        return f"{per} ({c['plateau_not_left']} not left)"
+    if c["plateau_exit_lo"] is None:
+        return per
+    return f"{per}: {c['plateau_exit_mean']:.0f} [{c['plateau_exit_lo']:.0f}, {c['plateau_exit_hi']:.0f}]"
+
+
 def report_markdown(rep: dict, title: str = "Grid report", command: Optional[str] = None) -> str:
     conf = int(round(100 * rep["confidence"]))
     ref = rep["reference"]
@@ -329,16 +359,20 @@ def report_markdown(rep: dict, title: str = "Grid report", command: Optional[str
         f"Bound: nats/token on the evaluation split (exact NLL for AR, NELBO otherwise). Intervals: {conf}% "
         f"Student-t over seeds (training noise, not the evaluation's standard error). Below unigram: the "
         f"unigram NLL of the same tokens minus the bound; a cell less than {rep['plateau_nats']} nats below is "
-        f"**on the plateau** and is not interpreted.",
+        f"**on the plateau** and is not interpreted. Plateau exit: per seed, the first logged training step "
+        f"from which the training bound stays at least {rep['plateau_nats']} nats below the unigram NLL of "
+        f"the same training tokens ('-': not left), with its interval when every seed has left.",
         "",
     ]
     has_paper = any(c.get("paper") for c in rep["cells"])
+    has_exit = any("plateau_exits" in c for c in rep["cells"])
     head = (
         "| cell |"
         + (" paper |" if has_paper else "")
         + " seeds | per-seed | mean (PPL) | sd | interval | below unigram |"
+        + (" plateau exit (step) |" if has_exit else "")
     )
-    sep = "|---|" + ("---|" if has_paper else "") + "---|---|---|---|---|---|"
+    sep = "|---|" + ("---|" if has_paper else "") + "---|---|---|---|---|---|" + ("---|" if has_exit else "")
     if ref:
         head += f" minus `{ref}` (paired) | verdict |"
         sep += "---|---|"
@@ -355,7 +389,7 @@ def report_markdown(rep: dict, title: str = "Grid report", command: Optional[str
             f"| {c['cell']} |"
             + (f" {c.get('paper') or ''} |" if has_paper else "")
             + f" {c['n']} | {vals} | {c['mean']:.3f}{ppl} | {_f(c['sd'])} | "
-            f"[{_f(c['lo'])}, {_f(c['hi'])}] | {bu} |"
+            f"[{_f(c['lo'])}, {_f(c['hi'])}] | {bu} |" + (f" {_exit_cell(c)} |" if has_exit else "")
         )
         if ref:
             if "paired" in c:
@@ -397,8 +431,10 @@ def plot_report(rep: dict, path: Path, title: str = "") -> Path:
 
     cells = rep["cells"]
     paired = [c for c in cells if "paired" in c]
+    exits = [c for c in cells if "plateau_exits" in c]
+    ncols = 1 + bool(paired) + bool(exits)
     fig, axes = plt.subplots(
-        1, 2 if paired else 1, figsize=(max(6.0, 0.75 * len(cells) + 3) * (1.6 if paired else 1), 4.2), squeeze=False
+        1, ncols, figsize=(max(6.0, 0.75 * len(cells) + 3) * (1 + 0.6 * (ncols - 1)), 4.2), squeeze=False
     )
     ax = axes[0][0]
     for i, c in enumerate(cells):
@@ -454,11 +490,45 @@ def plot_report(rep: dict, path: Path, title: str = "") -> Path:
         ax2.set_ylabel(f"minus {rep['reference']} (nats/token, same seed)")
         ax2.set_title("paired differences (grey: not determined)")
         ax2.grid(alpha=0.3, axis="y")
+    if exits:
+        _plot_exits(axes[0][ncols - 1], exits, rep)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _plot_exits(ax, cells: list[dict], rep: dict) -> None:
+    """Plateau-exit steps per seed (a cross at the top: not left), mean and interval when all left."""
+    last = max((x for c in cells for x in c["plateau_exits"] if x is not None), default=1)
+    for i, c in enumerate(cells):
+        xs = c["plateau_exits"]
+        ax.scatter(
+            [i] * sum(x is not None for x in xs), [x for x in xs if x is not None], s=14, color="tab:blue", zorder=3
+        )
+        if c["plateau_not_left"]:
+            ax.scatter([i] * c["plateau_not_left"], [last * 1.08] * c["plateau_not_left"], marker="x", color="tab:red")
+        if c.get("plateau_exit_lo") is not None:
+            m = c["plateau_exit_mean"]
+            ax.errorbar(
+                [i + 0.2],
+                [m],
+                yerr=[[m - c["plateau_exit_lo"]], [c["plateau_exit_hi"] - m]],
+                fmt="o",
+                color="black",
+                capsize=3,
+                zorder=4,
+            )
+    ax.set_xlim(-0.6, len(cells) - 0.4)
+    ax.set_xticks(range(len(cells)))
+    ax.set_xticklabels([c["cell"] for c in cells], rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("plateau exit (training step)")
+    ax.set_title(
+        f"first step staying {rep['plateau_nats']} nats below unigram (x: not left)",
+        fontsize=9,
+    )
+    ax.grid(alpha=0.3, axis="y")
 
 
 def plot_curves(curves: dict[str, dict[int, tuple[list[int], list[float]]]], path: Path, title: str = "") -> Path:

@@ -13,6 +13,10 @@ It is *not determined* when that interval contains 0 (or fewer than two common s
 Distance below unigram: ``u_s - x_s`` with ``u_s`` the unigram NLL of the same evaluated tokens.
 A cell less than :data:`PLATEAU_NATS` below unigram (on the mean) is *on the plateau*: its
 embeddings, schedule and geometry say nothing about what training does, and are not interpreted.
+
+Plateau exit of a run (:func:`plateau_exit`): the first logged training step from which the training
+bound stays at least :data:`PLATEAU_NATS` below the unigram NLL of the same training tokens, i.e. the
+smallest logged ``s`` with ``u_k - x_k >= PLATEAU_NATS`` for every logged ``k >= s``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,27 @@ from scipy import stats
 
 PLATEAU_NATS = 0.3  # a cell must be at least this far below the unigram bound to be interpreted
 MIN_SEEDS = 3  # a paired difference over fewer seeds gets no verdict (its interval is shown, not read)
+
+
+def plateau_exit(
+    steps: Sequence[int], bound: Sequence[float], unigram: Sequence[float], margin: float = PLATEAU_NATS
+) -> Optional[int]:
+    """The plateau-exit step of one training curve (module docstring): the first logged step from
+    which ``unigram - bound >= margin`` at every later logged step; None when the last logged step is
+    not that far below (the run has not left the plateau). A dip below that returns counts only
+    from its last return. Steps must be increasing; non-finite bounds count as on the plateau."""
+    if not len(steps) == len(bound) == len(unigram):
+        raise ValueError(f"steps, bound and unigram differ in length ({len(steps)}, {len(bound)}, {len(unigram)})")
+    if any(b <= a for a, b in zip(steps, steps[1:])):
+        raise ValueError("steps must be strictly increasing")
+    exit_step = None
+    for st, x, u in zip(steps, bound, unigram):
+        below = math.isfinite(x) and math.isfinite(u) and u - x >= margin
+        if not below:
+            exit_step = None
+        elif exit_step is None:
+            exit_step = int(st)
+    return exit_step
 
 
 @dataclass

@@ -26,6 +26,7 @@ from replaid.eval.grid import (
     run_value,
     spec_from_dict,
 )
+from replaid.eval.seeds import plateau_exit
 from replaid.fileio import atomic_write_text
 from replaid.scaling.plan import planned_vocab_size
 from replaid.scaling.runner import run_status
@@ -121,8 +122,12 @@ def collect(folder: Path, entries: list[GridEntry]) -> tuple[list[dict], list[st
                 f"run {run} was trained with another config than the grid's {e.config} (re-planned "
                 f"with --force?); move that run folder away to retrain it, or re-plan as it was"
             )
+        exit_step, last_step, reference = plateau_exit_of(run)
         rows.append(
             {
+                "plateau_exit": exit_step,
+                "last_step": last_step,
+                "exit_reference": reference,
                 "cell": e.cell,
                 "seed": e.seed,
                 "value": value,
@@ -173,26 +178,67 @@ def write_report(
     return rep
 
 
+def training_rows(run: Path) -> dict[int, tuple[float, Optional[float]]]:
+    """``{step: (bound, unigram or None)}`` of a run's logged training rows (``metrics.jsonl``; the
+    low-variance MDLM's ``nelbo`` where present, else ``loss``; ``unigram``: the same tokens' unigram
+    NLL, logged since issue 34). Unreadable lines are skipped; a step logged again (resume) keeps the last."""
+    f = Path(run) / "metrics.jsonl"
+    rows: dict[int, tuple[float, Optional[float]]] = {}
+    if not f.is_file():
+        return rows
+    for line in f.read_text(errors="replace").splitlines():
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(r, dict) or not isinstance(r.get("step"), int):
+            continue
+        key = "nelbo" if "nelbo" in r else "loss"
+        if isinstance(r.get(key), (int, float)):
+            u = r.get("unigram")
+            rows[r["step"]] = (float(r[key]), float(u) if isinstance(u, (int, float)) else None)
+    return rows
+
+
+def plateau_exit_of(run: Path) -> tuple[Optional[int], Optional[int], str]:
+    """(plateau-exit step, last logged step, what the bound was read against) of a finished run
+    (:func:`replaid.eval.seeds.plateau_exit`): the logged unigram NLL of each row's training tokens;
+    for a run logged before that existed, the train split's unigram NLL (the same model, the expected
+    value over the split rather than over each row's tokens)."""
+    rows = training_rows(run)
+    if not rows:
+        return None, None, "no training rows"
+    steps = sorted(rows)
+    bound = [rows[s][0] for s in steps]
+    uni = [rows[s][1] for s in steps]
+    if all(u is not None for u in uni):
+        reference = "the logged rows' tokens"
+        ref = [float(u) for u in uni]  # type: ignore[arg-type]
+    else:
+        reference = "the train split (rows logged without 'unigram')"
+        ref = [train_split_unigram(run)] * len(steps)
+    return plateau_exit(steps, bound, ref), steps[-1], reference
+
+
+def train_split_unigram(run: Path) -> float:
+    """The train split's NLL (nats/token) under its own add-one unigram model, with the run's tokenizer."""
+    from replaid.data import unigram_nll
+    from replaid.data.pipeline import DataPipeline
+
+    cfg = RunConfig.from_dict(json.loads((Path(run) / "config.json").read_text()))
+    data = DataPipeline(cfg, Path(run), train=False)
+    arr = data.array("train")[0]
+    return unigram_nll(arr, arr, data.vocab_size)
+
+
 def training_curves(folder: Path, entries: list[GridEntry]) -> dict[str, dict[int, tuple[list[int], list[float]]]]:
-    """``{cell: {seed: (steps, loss)}}`` from each run's ``metrics.jsonl`` (the training rows; the
-    low-variance MDLM's logged ``nelbo`` where present, else ``loss``). Unreadable lines are skipped."""
+    """``{cell: {seed: (steps, bound)}}`` from each run's logged training rows (:func:`training_rows`)."""
     out: dict[str, dict[int, tuple[list[int], list[float]]]] = {}
     for e in entries:
-        f = Path(folder) / e.run_dir / "metrics.jsonl"
-        if not f.is_file():
-            continue
-        rows = {}
-        for line in f.read_text().splitlines():
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            key = "nelbo" if "nelbo" in r else "loss"
-            if isinstance(r, dict) and key in r and "step" in r:
-                rows[int(r["step"])] = float(r[key])  # a resumed run logs a step again: keep the last
+        rows = training_rows(Path(folder) / e.run_dir)
         if rows:
             steps = sorted(rows)
-            out.setdefault(e.cell, {})[e.seed] = (steps, [rows[s] for s in steps])
+            out.setdefault(e.cell, {})[e.seed] = (steps, [rows[s][0] for s in steps])
     return out
 
 

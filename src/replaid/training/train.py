@@ -256,6 +256,16 @@ class Trainer:
         return [slices[k * world + rank].contiguous() for k in range(accum)]
 
 
+def unigram_sums(logp: Tensor, batch: dict) -> Tensor:
+    """(2,) float64: the summed NLL of the batch's real tokens under the train split's add-one unigram
+    model ``logp`` (V,), and their count: the reference a training bound is read against (plateau exit)."""
+    nll = -logp[batch["tokens"].long()]  # (B, L) float64
+    mask = batch.get("mask")
+    if mask is not None:
+        nll = nll[mask.bool()]
+    return torch.stack([nll.sum(), torch.tensor(float(nll.numel()), dtype=torch.float64)])
+
+
 def compile_loss(model: nn.Module, method: Method) -> None:
     """``train.compile``: what the method compiles (RePlaid, Plaid: the loss core, everything but the
     noise draws and the schedule, without a graph break; the others: the backbone)."""
@@ -425,16 +435,24 @@ def _train(
     bar = log.progress(total=cfg.train.steps, initial=trainer.step, disable=not progress)
     show = progress and dist.is_main()  # evaluation bars (stderr)
     t0, tokens_seen = time.time(), 0
+    uni_logp, uni_sum = torch.from_numpy(data.unigram_logp()), torch.zeros(2, dtype=torch.float64)  # (V,), (2,)
     with preemption_signals() as got:
         while trainer.step < end:
             mbs = [next(data.train_iter) for _ in range(cfg.train.grad_accum)]
             logging = (trainer.step + 1) % cfg.train.log_every == 0 or trainer.step + 1 == end
+            uni = sum(unigram_sums(uni_logp, mb) for mb in mbs)
             m = trainer.train_step(mbs, log=logging)
+            if not m.get("skipped"):
+                uni_sum += uni  # the same (finite) steps as the trainer's logging window
             tokens_seen += micro * cfg.train.grad_accum * dist.world_size() * cfg.data.seq_len
             bar.update(1)
             _guard_nonfinite(trainer, m, run_dir, log)
             if logging:
                 m["tokens_per_s"] = tokens_seen / max(time.time() - t0, 1e-9)
+                if not m.get("skipped"):  # the unigram NLL of the tokens behind the logged (windowed) bound
+                    tot = dist.all_reduce_sum(uni_sum.to(trainer.device)).cpu()
+                    m["unigram"] = float(tot[0] / tot[1])
+                    uni_sum.zero_()
                 trainer.history.append({k: v for k, v in m.items() if isinstance(v, (int, float))})
                 log.log(trainer.step, m)
                 bar.set_postfix(loss=f"{m.get('loss', float('nan')):.3f}", B_r=m.get("B_r", "-"))
