@@ -21,7 +21,7 @@ from replaid.diffusion.denoiser import DenoiserOutput, alpha_sigma
 from replaid.diffusion.oracle import OracleDenoiser, random_unit_embeddings
 from replaid.methods import get_method
 from replaid.presets import resolve
-from replaid.sampling.continuous import SAMPLERS, gamma_grid
+from replaid.sampling.continuous import SAMPLERS, Inpaint, gamma_grid
 from replaid.sampling.generate import generate
 from replaid.sampling.guidance import ClassifierObjective, Guided, RequireTokens, guidance_gradient, parse_require
 from replaid.sampling.request import SampleRequest
@@ -179,9 +179,9 @@ def run():
     return fake_run()
 
 
-def edit(run, **kw):
+def edit(run, callback=None, **kw):
     base = dict(steps=8, num=3, batch_size=2, seed=0, progress=False, edit=TEXT)
-    return generate(run, SampleRequest(**{**base, **kw}))
+    return generate(run, SampleRequest(**{**base, **kw}), callback)
 
 
 @pytest.mark.parametrize("sampler", ALL)
@@ -200,6 +200,45 @@ def test_edit_every_sampler(sampler, run):
         assert all(r["ids"][:4] == enc[:4] and r["ids"][7:] == enc[7:] for r in chars)
     full = edit(run, sampler=sampler, strength=0.3)
     assert all(len(r["ids"]) == len(enc) and r["steps"] == 3 for r in full)  # ceil(0.3 * 8) steps
+
+
+def test_inpaint_replace_is_the_forward_sample_at_known_positions():
+    """``Inpaint.replace``: known positions ``alpha e + sigma eps`` (eps the generator's next draw), the rest kept."""
+    E = random_unit_embeddings(V, D_E, seed=0).double()  # (V, d_e)
+    toks = torch.tensor([[3, 0, 4, 1], [2, 2, 0, 4]])  # (B, L)
+    known = torch.tensor([True, False, True, True])  # (L,)
+    z = torch.randn(2, 4, D_E, dtype=torch.float64)
+    out = Inpaint(toks, known, E).replace(z, -1.5, torch.Generator().manual_seed(7))
+    eps = torch.randn(z.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    a, s = alpha_sigma(torch.tensor(-1.5, dtype=torch.float64))
+    want = torch.where(known[None, :, None], a * E[toks] + s * eps, z)
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("sampler", ALL)
+def test_edit_replaces_the_kept_latents_by_the_noised_source(sampler, run):
+    """Before any token forcing: after every step to level gamma_s the kept positions' latent is
+    ``alpha_s e(source) + sigma_s eps`` with eps ~ N(0, I) (SDEdit with a span: replacement, as Inpaint),
+    checked from the latents the sampler reports to the callback."""
+    enc = torch.tensor(CharTok().encode(TEXT))  # (L,)
+    kept = torch.ones(len(enc), dtype=torch.bool)
+    kept[4:7] = kept[19:22] = False
+    E = run.model.embedding_matrix().detach().double()  # (V, d_e)
+    steps: list[dict] = []
+    edit(run, sampler=sampler, strength=0.6, edit_span="4:7,19:22", callback=steps.append)
+    checked = 0
+    for info in steps:
+        if info.get("final") or (sampler == "consistency" and info["i"] == info["T"] - 1):
+            continue  # consistency's last report holds the latent of the level before (no update)
+        a, s = alpha_sigma(torch.tensor(info["gamma_next"], dtype=torch.float64))
+        eps = (info["z"].double() - a * E[enc])[:, kept] / s  # (B, 23, d_e): the noise if z = alpha e + sigma eps
+        m, v, top = float(eps.mean()), float(eps.var()), float(eps.abs().max())
+        assert abs(m) < 0.2 and 0.75 < v < 1.3 and top < 5.5, (
+            f"step {info['i']} (gamma {info['gamma_next']:.2f}): the kept latents are not alpha e + sigma eps, "
+            f"eps mean {m:.3g}, var {v:.3g}, max |eps| {top:.3g} over {eps.numel()} draws"
+        )
+        checked += 1
+    assert checked >= 2 * 4  # 2 batches (3 samples, 2 at a time) x 4 or 5 steps (ceil(0.6 x 8) = 5)
 
 
 def test_edit_at_strength_one_is_an_unconditional_sample(run):
