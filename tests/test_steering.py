@@ -248,13 +248,54 @@ def test_edit_at_strength_one_is_an_unconditional_sample(run):
 
 
 def test_token_guidance_through_generate(run):
-    base = dict(steps=6, num=4, batch_size=4, seed=0, progress=False, length=16)
+    """``--require c@3``: bit-identical at w = 0; at w = 50 the word is at position 3 in (nearly) every one of
+    32 samples (w = 1 puts it in 23 of them, w = 0 in none): a sign or a scale lost on the way fails."""
+    base = dict(steps=6, num=32, batch_size=32, seed=0, progress=False, length=16)
+    c = ord("c") % 40
     plain = generate(run, SampleRequest(**base))
     zero = generate(run, SampleRequest(**base, require=("c",), guidance_scale=0.0))
     assert [r["ids"] for r in plain] == [r["ids"] for r in zero]  # bit-identical at w = 0
-    assert all(r["required"] == [RequireTokens([ord("c") % 40]).satisfied(torch.tensor([r["ids"]]))[0]] for r in zero)
+    assert all(r["required"] == [RequireTokens([c]).satisfied(torch.tensor([r["ids"]]))[0]] for r in zero)
     strong = generate(run, SampleRequest(**base, require=("c@3",), guidance_scale=50.0))
-    assert sum(r["ids"][3] == ord("c") % 40 for r in strong) > sum(r["ids"][3] == ord("c") % 40 for r in plain)
+    rate0, rate50 = (sum(r["ids"][3] == c for r in rows) / 32 for rows in (plain, strong))
+    assert rate0 <= 0.1 and rate50 >= 0.95, (rate0, rate50)
+    assert all(r["required"] == [r["ids"][3] == c] and r["guidance_scale"] == 50.0 for r in strong)
+
+
+def test_guided_prediction_through_generate_is_g3(run):
+    """Every guided DDIM step of ``generate`` returns (G3), ``e_hat + w (sigma^2 / alpha) grad_z log
+    x_theta(z)[3, c]``, recomputed here from the network (its gradient checked by central differences
+    along a random direction); no self-conditioning, so each step's input is the latent the step before
+    reported."""
+    w, c = 3.0, ord("c") % 40
+    req = SampleRequest(
+        steps=4, num=3, batch_size=3, seed=0, progress=False, length=16, sampler="ddim",
+        require=("c@3",), guidance_scale=w, self_cond=False,
+    )  # fmt: skip
+    steps: list[dict] = []
+    generate(run, req, steps.append)
+    model, gen = run.model, torch.Generator().manual_seed(0)
+
+    def logp(z, gamma):  # (B,) log x_theta(z)[3, c] of the network (float32)
+        return torch.log_softmax(model(z.float(), gamma, None).logits.double(), -1)[:, 3, c]
+
+    for prev, info in zip(steps, steps[1:-1]):  # step i evaluates the latent step i - 1 reported
+        gamma = torch.full((3,), info["gamma"], dtype=torch.float64)  # (B,)
+        z0 = prev["z"].float()  # (B, L, d_e)
+        with torch.enable_grad():
+            z = z0.clone().requires_grad_(True)
+            out = model(z, gamma, None)
+            (grad,) = torch.autograd.grad(torch.log_softmax(out.logits, -1)[:, 3, c].sum(), z)
+        v = torch.randn(z0.shape, generator=gen)  # (B, L, d_e)
+        h = 1e-2
+        fd = (logp(z0 + h * v, gamma) - logp(z0 - h * v, gamma)) / (2 * h)  # (B,) directional derivatives
+        torch.testing.assert_close((grad.double() * v).sum((1, 2)), fd, rtol=2e-2, atol=1e-3)
+        a2, s2 = torch.sigmoid(-gamma[0]), torch.sigmoid(gamma[0])  # alpha^2, sigma^2
+        e_hat = out.e_hat.detach().double()  # (B, L, d_e) unguided
+        want = e_hat + w * s2 / a2.sqrt() * grad.double()  # (B, L, d_e), eq. (G3)
+        assert float((want - e_hat).abs().max()) > 0.05  # the guidance term is not negligible here
+        torch.testing.assert_close(info["e_hat"].double(), want, rtol=1e-4, atol=1e-5)
+    assert len(steps) == 5  # 4 steps and the readout
 
 
 def test_bad_requests_are_refused_in_one_line(run):
