@@ -90,8 +90,6 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     from replaid.eval.quality import gen_ppl_ar_run, mauve_score, reference_windows, sentence_features, unigram_entropy
     from replaid.eval.seeds import t_interval
-    from replaid.sampling.generate import generate
-    from replaid.sampling.request import SampleRequest
     from replaid.training.loading import load_run
 
     judge = load_run(a.judge_run, device="cpu")
@@ -129,9 +127,8 @@ def main() -> None:
     for label, run, sampler, T in configs:
         per_seed, samples = [], []
         for seed in a.seeds:
-            req = SampleRequest(sampler=sampler, steps=T, num=a.num, batch_size=a.num, seed=seed, progress=False)
             t0 = time.time()
-            out = generate(run, req)
+            out = draw(run, sampler, T, seed, a.num)
             secs = (time.time() - t0) / a.num
             texts = [r["text"] for r in out]
             g, e = gen_ppl_ar_run(texts, judge), unigram_entropy([r["ids"] for r in out])
@@ -163,6 +160,15 @@ def main() -> None:
         "reference": reference,
     }
     write_outputs(meta, rows, a.pair, Path(a.out))
+
+
+def draw(run, sampler: str, T: int, seed: int, num: int) -> list:
+    """``num`` samples of ``run`` (one batch) at ``seed``: sample i of every model, sampler and step count
+    starts from the same noise, which the paired comparisons (:func:`paired`) rest on."""
+    from replaid.sampling.generate import generate
+    from replaid.sampling.request import SampleRequest
+
+    return generate(run, SampleRequest(sampler=sampler, steps=T, num=num, batch_size=num, seed=seed, progress=False))
 
 
 def write_outputs(meta: dict, rows: list[dict], pair_keys: list, out_dir: Path) -> None:

@@ -40,19 +40,16 @@ import numpy as np
 import torch
 
 from replaid.diffusion.denoiser import alpha_sigma
+from replaid.eval.seeds import t_interval
 from replaid.sampling.generate import generate
 from replaid.sampling.request import SampleRequest
 from replaid.training.loading import load_run
 
-T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57}
-
 
 def ci(xs) -> tuple[float, float]:
-    """Mean and 95% t half-width over seeds."""
-    a = np.asarray(xs, dtype=float)
-    if len(a) < 2:
-        return float(a.mean()), float("nan")
-    return float(a.mean()), float(T95.get(len(a) - 1, 2.0) * a.std(ddof=1) / math.sqrt(len(a)))
+    """Mean and 95% Student-t half-width ``t(0.975, n - 1) sd / sqrt(n)`` over seeds (NaN for one seed)."""
+    iv = t_interval(xs)
+    return iv.mean, (iv.hi - iv.mean if iv.n >= 2 else float("nan"))
 
 
 class Bigram:
@@ -236,12 +233,20 @@ def clean_scores(run, clf, ids: list[list[int]], draws: int = 8) -> np.ndarray:
     return np.concatenate(out)
 
 
+def fit_judge(texts: list[str], labels: list[str]):
+    """(b) The judge: TF-IDF (character 1-3-grams, sublinear tf) + logistic regression (C = 4) fitted on
+    ``texts``; ``predict(texts)`` gives their labels, ``classes_`` the labels it knows."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+
+    vec = TfidfVectorizer(analyzer="char_wb", ngram_range=(1, 3), min_df=2, sublinear_tf=True)
+    return make_pipeline(vec, LogisticRegression(max_iter=2000, C=4.0)).fit(texts, labels)
+
+
 def attribute(run, bigram, args, out: Path) -> dict:
     """Attribute control with the corpus-of-origin label (module docstring): (a) latent classifier, (b) an
     independent judge, (c) guidance across scales, (d) best-of-k by the latent classifier at equal cost."""
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.linear_model import LogisticRegression
-
     tok, L = run.tokenizer, run.cfg.data.seq_len
     corpus = Path(args.corpus)
     clf_dir, clf, clf_metrics = latent_classifier(run, args, corpus)
@@ -251,9 +256,8 @@ def attribute(run, bigram, args, out: Path) -> dict:
     # accuracy on the held-out split's windows; never used for guidance or ranking
     tr_w, tr_y = labelled_windows(tok, corpus / "train.jsonl", L)
     te_w, te_y = labelled_windows(tok, corpus / f"{args.judge_split}.jsonl", L)
-    vec = TfidfVectorizer(analyzer="char_wb", ngram_range=(1, 3), min_df=2, sublinear_tf=True)
-    judge = LogisticRegression(max_iter=2000, C=4.0).fit(vec.fit_transform([tok.decode(w) for w in tr_w]), tr_y)
-    pred = judge.predict(vec.transform([tok.decode(w) for w in te_w]))
+    judge = fit_judge([tok.decode(w) for w in tr_w], tr_y)
+    pred = judge.predict([tok.decode(w) for w in te_w])
     te = np.asarray(te_y)
     judge_acc = float((pred == te).mean())
     judge_per = {c: float((pred[te == c] == c).mean()) for c in sorted(set(te_y))}
@@ -267,7 +271,7 @@ def attribute(run, bigram, args, out: Path) -> dict:
 
     def stats(texts: list[str], ids: list[list[int]], target: str, seconds: float) -> dict:
         """The judge's fraction of ``target``, GenPPL, unigram entropy and seconds per sample of a sample set."""
-        j = float((judge.predict(vec.transform(texts)) == target).mean())
+        j = float((judge.predict(texts) == target).mean())
         return dict(judge=j, genppl=bigram.ppl(ids), entropy=entropy(ids), seconds=seconds)
 
     for target in args.targets:

@@ -366,11 +366,12 @@ def test_debug_flag_and_environment_show_the_traceback(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- generated: every numeric option
 
-FUZZ_SECONDS = float(os.environ.get("REPLAID_FUZZ_SECONDS", "60"))  # stop generating cases after this
+FUZZ_SECONDS = float(os.environ.get("REPLAID_FUZZ_SECONDS", "60"))  # random extra cases stop after this
 BIG = "9" * 30
 ALWAYS_BAD = ["", "abc", "nan", "inf", "-inf", "1e400", "-1e400"]  # no numeric option takes these
 INT_BAD = ["1e9", "2.5", "0x10"]  # not whole numbers written as digits
 MAYBE_BAD = ["-1", "0", BIG, "-" + BIG]  # bad where the option's range says so
+NON_FINITE = ["nan", "NaN", "+nan", "-nan", "inf", "+inf", "-inf", "Infinity", "-INFINITY", "1e999", "-2e308"]
 
 
 def numeric_options():
@@ -394,64 +395,97 @@ def numeric_options():
                 yield path, ["{run}"] * sum(1 for x in positionals if x.required or x.nargs == "+"), a
 
 
-def test_generated_bad_numbers_for_every_numeric_option(trained, tmp_path):
-    """Every numeric option of every command, given bad numbers (not a number, empty, NaN, inf, 1e400,
-    '1e9' and '2.5' for whole numbers, and -1 / 0 / 30-digit numbers where its range excludes them):
-    exit 2, exactly one line 'replaid: error: argument OPTION: ...', no traceback, files untouched.
-    Every numeric option declares its range (int_in/float_in/POSITIVE/..., never a bare int or float).
-    Cases run in process, in a seeded order, until REPLAID_FUZZ_SECONDS (60); the count is printed."""
+def edge_values(a) -> list[str]:
+    """The edge values every numeric option gets: ALWAYS_BAD, INT_BAD for whole numbers, MAYBE_BAD."""
+    return ALWAYS_BAD + (INT_BAD if a.type.__name__ == "int" else []) + MAYBE_BAD
+
+
+def random_value(rng) -> str:
+    """A random number-like string: a non-finite spelling, or sign + mantissa + exponent + junk."""
+    if rng.random() < 0.25:
+        return rng.choice(NON_FINITE)
+    mant = rng.choice(["0", "1", "7", ".5", "5.", "1.5", "0.0", "1_000", "12345678901234567890", "1,5", ""])
+    exp = rng.choice(["", "", "e0", "e-3", "e9", "e308", "e309", "e-400", "E5", "e"])
+    return rng.choice(["", "-", "+"]) + mant + exp + rng.choice(["", "", " ", "x", "%"])
+
+
+def check_bad_number(run: Path, path, pos, a, v) -> str | None:
+    """Gives option ``a`` of command ``path`` the value ``v`` through ``replaid.cli.main``; returns
+    None if the option's type takes ``v`` (nothing run), else asserts exit 2, exactly one line
+    'replaid: error: argument OPTION: ...' and no traceback, and returns the command words."""
     import argparse
     import contextlib
     import io
+
+    try:
+        a.type(v)
+    except (argparse.ArgumentTypeError, ValueError, TypeError):
+        pass
+    else:
+        return None
+    opt = a.option_strings[0]
+    argv = [*path, *(x.replace("{run}", str(run)) for x in pos), f"{opt}={v}"]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+    lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+    where = f"{' '.join(argv[: len(path)])} {opt}={v!r}: {lines}"
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"replaid: error: argument {opt}"), where
+    assert "Traceback" not in lines[0], where
+    return " ".join(path)
+
+
+def test_generated_bad_numbers_for_every_numeric_option(trained, tmp_path, monkeypatch):
+    """Every numeric option of every command, given every edge value (not a number, empty, NaN, inf,
+    1e400, '1e9' and '2.5' for whole numbers, and -1 / 0 / 30-digit numbers where its range excludes
+    them): exit 2, exactly one line 'replaid: error: argument OPTION: ...', no traceback, files untouched.
+    Every numeric option declares its range (int_in/float_in/POSITIVE/..., never a bare int or float).
+    The edge cases always all run (no time budget); REPLAID_FUZZ_SECONDS (60) only bounds the random
+    extra values after them (a taken one must be finite). Cases run in process through ``main`` with the
+    parser built once (building it is most of a case's cost); the counts are printed."""
+    import math
     import random
     import time
+
+    from replaid import cli
 
     opts = list(numeric_options())
     bare = [f"{' '.join(p)} {a.option_strings[0]}" for p, _, a in opts if a.type in (int, float)]
     assert not bare, f"numeric options without a declared range (use int_in/float_in): {bare}"
+    parser = cli._parser()
+    monkeypatch.setattr(cli, "_parser", lambda: parser)  # main(argv) as it is, without rebuilding it per case
     run = tmp_path / "run"
     shutil.copytree(trained, run)
     before = files(tmp_path)
-    cases = [
-        (path, pos, a, v)
-        for path, pos, a in opts
-        for v in ALWAYS_BAD + (INT_BAD if a.type.__name__ == "int" else []) + MAYBE_BAD
-    ]
-    random.Random(0).shuffle(cases)  # a budget cut leaves a spread over every command, not the first ones
     t0, ran, in_range, unvalidated, seen = time.time(), 0, 0, [], set()
-    for path, pos, a, v in cases:
-        if time.time() - t0 > FUZZ_SECONDS:
-            break
-        try:
-            a.type(v)
-        except (argparse.ArgumentTypeError, ValueError, TypeError):
-            pass
-        else:  # the option's type takes v: a bug for ALWAYS_BAD/INT_BAD, within its declared range otherwise
-            if v in MAYBE_BAD:
-                in_range += 1
-            else:
-                unvalidated.append(f"{' '.join(path)} {a.option_strings[0]} {v!r}")
-            continue
-        opt = a.option_strings[0]
-        argv = [*path, *(x.replace("{run}", str(run)) for x in pos), f"{opt}={v}"]
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            try:
-                code = main(argv)
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else 1
-        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
-        ran += 1
-        seen.add(" ".join(path))
-        where = f"{' '.join(argv[: len(path)])} {opt}={v!r}: {lines}"
-        assert code == 2 and len(lines) == 1 and lines[0].startswith(f"replaid: error: argument {opt}"), where
-        assert "Traceback" not in lines[0], where
-    seconds = time.time() - t0
+    edges = [(path, pos, a, v) for path, pos, a in opts for v in edge_values(a)]
+    for path, pos, a, v in edges:  # every option x every edge value, always
+        cmd = check_bad_number(run, path, pos, a, v)
+        if cmd is not None:
+            ran += 1
+            seen.add(cmd)
+        elif v in MAYBE_BAD:  # within the option's declared range
+            in_range += 1
+        else:  # the option's type takes a non-number, a non-finite or (whole numbers) a non-digit value
+            unvalidated.append(f"{' '.join(path)} {a.option_strings[0]} {v!r}")
+    edge_seconds = time.time() - t0
+    rng, extra, t1 = random.Random(0), 0, time.time()
+    while time.time() - t1 < FUZZ_SECONDS and extra < 10 * len(edges):  # random extras, within the budget
+        path, pos, a = rng.choice(opts)
+        v = random_value(rng)
+        extra += 1
+        if check_bad_number(run, path, pos, a, v) is None:
+            x = a.type(v)
+            if not (math.isfinite(x) and (a.type.__name__ != "int" or isinstance(x, int))):
+                unvalidated.append(f"{' '.join(path)} {a.option_strings[0]} {v!r} -> {x!r}")
     assert files(tmp_path) == before  # nothing written or damaged by any case
     print(
-        f"\nfuzz: {ran} bad-number cases run over {len(seen)} commands ({len(opts)} numeric options) in "
-        f"{seconds:.0f}s, 0 tracebacks; {in_range} values within an option's declared range skipped; "
-        f"{len(cases)} cases generated"
+        f"\nfuzz: {len(edges)} edge cases over {len(opts)} numeric options in {edge_seconds:.1f}s: {ran} refused "
+        f"over {len(seen)} commands, 0 tracebacks, {in_range} within an option's declared range; "
+        f"{extra} random extras in {time.time() - t1:.1f}s"
     )
     assert not unvalidated, f"numeric options that take a non-number or non-finite value: {unvalidated}"
-    assert ran > 0
+    assert ran > 0 and len(seen) == len({" ".join(p) for p, _, _ in opts})

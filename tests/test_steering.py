@@ -21,7 +21,7 @@ from replaid.diffusion.denoiser import DenoiserOutput, alpha_sigma
 from replaid.diffusion.oracle import OracleDenoiser, random_unit_embeddings
 from replaid.methods import get_method
 from replaid.presets import resolve
-from replaid.sampling.continuous import SAMPLERS, gamma_grid
+from replaid.sampling.continuous import SAMPLERS, Inpaint, gamma_grid
 from replaid.sampling.generate import generate
 from replaid.sampling.guidance import ClassifierObjective, Guided, RequireTokens, guidance_gradient, parse_require
 from replaid.sampling.request import SampleRequest
@@ -179,9 +179,9 @@ def run():
     return fake_run()
 
 
-def edit(run, **kw):
+def edit(run, callback=None, **kw):
     base = dict(steps=8, num=3, batch_size=2, seed=0, progress=False, edit=TEXT)
-    return generate(run, SampleRequest(**{**base, **kw}))
+    return generate(run, SampleRequest(**{**base, **kw}), callback)
 
 
 @pytest.mark.parametrize("sampler", ALL)
@@ -202,6 +202,45 @@ def test_edit_every_sampler(sampler, run):
     assert all(len(r["ids"]) == len(enc) and r["steps"] == 3 for r in full)  # ceil(0.3 * 8) steps
 
 
+def test_inpaint_replace_is_the_forward_sample_at_known_positions():
+    """``Inpaint.replace``: known positions ``alpha e + sigma eps`` (eps the generator's next draw), the rest kept."""
+    E = random_unit_embeddings(V, D_E, seed=0).double()  # (V, d_e)
+    toks = torch.tensor([[3, 0, 4, 1], [2, 2, 0, 4]])  # (B, L)
+    known = torch.tensor([True, False, True, True])  # (L,)
+    z = torch.randn(2, 4, D_E, dtype=torch.float64)
+    out = Inpaint(toks, known, E).replace(z, -1.5, torch.Generator().manual_seed(7))
+    eps = torch.randn(z.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    a, s = alpha_sigma(torch.tensor(-1.5, dtype=torch.float64))
+    want = torch.where(known[None, :, None], a * E[toks] + s * eps, z)
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("sampler", ALL)
+def test_edit_replaces_the_kept_latents_by_the_noised_source(sampler, run):
+    """Before any token forcing: after every step to level gamma_s the kept positions' latent is
+    ``alpha_s e(source) + sigma_s eps`` with eps ~ N(0, I) (SDEdit with a span: replacement, as Inpaint),
+    checked from the latents the sampler reports to the callback."""
+    enc = torch.tensor(CharTok().encode(TEXT))  # (L,)
+    kept = torch.ones(len(enc), dtype=torch.bool)
+    kept[4:7] = kept[19:22] = False
+    E = run.model.embedding_matrix().detach().double()  # (V, d_e)
+    steps: list[dict] = []
+    edit(run, sampler=sampler, strength=0.6, edit_span="4:7,19:22", callback=steps.append)
+    checked = 0
+    for info in steps:
+        if info.get("final") or (sampler == "consistency" and info["i"] == info["T"] - 1):
+            continue  # consistency's last report holds the latent of the level before (no update)
+        a, s = alpha_sigma(torch.tensor(info["gamma_next"], dtype=torch.float64))
+        eps = (info["z"].double() - a * E[enc])[:, kept] / s  # (B, 23, d_e): the noise if z = alpha e + sigma eps
+        m, v, top = float(eps.mean()), float(eps.var()), float(eps.abs().max())
+        assert abs(m) < 0.2 and 0.75 < v < 1.3 and top < 5.5, (
+            f"step {info['i']} (gamma {info['gamma_next']:.2f}): the kept latents are not alpha e + sigma eps, "
+            f"eps mean {m:.3g}, var {v:.3g}, max |eps| {top:.3g} over {eps.numel()} draws"
+        )
+        checked += 1
+    assert checked >= 2 * 4  # 2 batches (3 samples, 2 at a time) x 4 or 5 steps (ceil(0.6 x 8) = 5)
+
+
 def test_edit_at_strength_one_is_an_unconditional_sample(run):
     a = edit(run, strength=1.0)
     b = generate(run, SampleRequest(steps=8, num=3, batch_size=2, seed=0, progress=False, length=len(TEXT)))
@@ -209,13 +248,54 @@ def test_edit_at_strength_one_is_an_unconditional_sample(run):
 
 
 def test_token_guidance_through_generate(run):
-    base = dict(steps=6, num=4, batch_size=4, seed=0, progress=False, length=16)
+    """``--require c@3``: bit-identical at w = 0; at w = 50 the word is at position 3 in (nearly) every one of
+    32 samples (w = 1 puts it in 23 of them, w = 0 in none): a sign or a scale lost on the way fails."""
+    base = dict(steps=6, num=32, batch_size=32, seed=0, progress=False, length=16)
+    c = ord("c") % 40
     plain = generate(run, SampleRequest(**base))
     zero = generate(run, SampleRequest(**base, require=("c",), guidance_scale=0.0))
     assert [r["ids"] for r in plain] == [r["ids"] for r in zero]  # bit-identical at w = 0
-    assert all(r["required"] == [RequireTokens([ord("c") % 40]).satisfied(torch.tensor([r["ids"]]))[0]] for r in zero)
+    assert all(r["required"] == [RequireTokens([c]).satisfied(torch.tensor([r["ids"]]))[0]] for r in zero)
     strong = generate(run, SampleRequest(**base, require=("c@3",), guidance_scale=50.0))
-    assert sum(r["ids"][3] == ord("c") % 40 for r in strong) > sum(r["ids"][3] == ord("c") % 40 for r in plain)
+    rate0, rate50 = (sum(r["ids"][3] == c for r in rows) / 32 for rows in (plain, strong))
+    assert rate0 <= 0.1 and rate50 >= 0.95, (rate0, rate50)
+    assert all(r["required"] == [r["ids"][3] == c] and r["guidance_scale"] == 50.0 for r in strong)
+
+
+def test_guided_prediction_through_generate_is_g3(run):
+    """Every guided DDIM step of ``generate`` returns (G3), ``e_hat + w (sigma^2 / alpha) grad_z log
+    x_theta(z)[3, c]``, recomputed here from the network (its gradient checked by central differences
+    along a random direction); no self-conditioning, so each step's input is the latent the step before
+    reported."""
+    w, c = 3.0, ord("c") % 40
+    req = SampleRequest(
+        steps=4, num=3, batch_size=3, seed=0, progress=False, length=16, sampler="ddim",
+        require=("c@3",), guidance_scale=w, self_cond=False,
+    )  # fmt: skip
+    steps: list[dict] = []
+    generate(run, req, steps.append)
+    model, gen = run.model, torch.Generator().manual_seed(0)
+
+    def logp(z, gamma):  # (B,) log x_theta(z)[3, c] of the network (float32)
+        return torch.log_softmax(model(z.float(), gamma, None).logits.double(), -1)[:, 3, c]
+
+    for prev, info in zip(steps, steps[1:-1]):  # step i evaluates the latent step i - 1 reported
+        gamma = torch.full((3,), info["gamma"], dtype=torch.float64)  # (B,)
+        z0 = prev["z"].float()  # (B, L, d_e)
+        with torch.enable_grad():
+            z = z0.clone().requires_grad_(True)
+            out = model(z, gamma, None)
+            (grad,) = torch.autograd.grad(torch.log_softmax(out.logits, -1)[:, 3, c].sum(), z)
+        v = torch.randn(z0.shape, generator=gen)  # (B, L, d_e)
+        h = 1e-2
+        fd = (logp(z0 + h * v, gamma) - logp(z0 - h * v, gamma)) / (2 * h)  # (B,) directional derivatives
+        torch.testing.assert_close((grad.double() * v).sum((1, 2)), fd, rtol=2e-2, atol=1e-3)
+        a2, s2 = torch.sigmoid(-gamma[0]), torch.sigmoid(gamma[0])  # alpha^2, sigma^2
+        e_hat = out.e_hat.detach().double()  # (B, L, d_e) unguided
+        want = e_hat + w * s2 / a2.sqrt() * grad.double()  # (B, L, d_e), eq. (G3)
+        assert float((want - e_hat).abs().max()) > 0.05  # the guidance term is not negligible here
+        torch.testing.assert_close(info["e_hat"].double(), want, rtol=1e-4, atol=1e-5)
+    assert len(steps) == 5  # 4 steps and the readout
 
 
 def test_bad_requests_are_refused_in_one_line(run):
