@@ -204,3 +204,27 @@ def test_ema_matches_closed_form():
     with ema.applied(m):
         assert torch.allclose(m.weight, torch.full((1, 2), ref))
     assert torch.equal(m.weight, torch.full((1, 2), 5.0))  # raw weights restored
+
+
+def test_logged_diagnostics_per_group_gradients_and_embedding_geometry(tmp_path):
+    """Issue 34 §1's logged quantities: at a logged step (log_every=1: a window of one step) the groups'
+    gradient norms combine to the total norm; the embedding's mean row norm and mean pairwise cosine
+    equal an independent numpy computation on the saved weights (replaid.eval.geometry)."""
+    import math
+
+    import numpy as np
+
+    from replaid.eval.geometry import mean_pairwise_cosine
+
+    cfg = debug_cfg("train.steps=3", "train.log_every=1", "optim.ema=0", "eval.max_batches=1", "train.save_every=3")
+    train(cfg, tmp_path / "r", progress=False)
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "loss" in r]
+    groups = {"embedding", "schedule_mlp", "endpoints", "projections", "backbone"}
+    for r in rows:
+        assert {k.split("/", 1)[1] for k in r if k.startswith("grad_norm/")} == groups
+        total = math.sqrt(sum(v**2 for k, v in r.items() if k.startswith("grad_norm/")))
+        assert total == pytest.approx(r["grad_norm"], rel=1e-5)
+    w = ck.load_tensors(ck.find_checkpoint(tmp_path / "r"), "model")["embedding.weight"].double().numpy()
+    assert rows[-1]["emb_norm"] == pytest.approx(float(np.linalg.norm(w, axis=1).mean()), rel=1e-12)
+    assert rows[-1]["emb_cosine"] == pytest.approx(mean_pairwise_cosine(w), abs=1e-12)

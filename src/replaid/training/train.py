@@ -195,6 +195,7 @@ class Trainer:
             losses.append(loss.detach().float())
             for key, v in m.items():
                 rows.setdefault(key, []).append(v)
+        diag = self.group_grad_norms() if log else {}  # before clipping and the step
         clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
         grad_norm = dist.plain(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))  # on the device
         finite = self._all_finite(torch.stack(losses), grad_norm)  # else skip: weights, EMA, split unchanged
@@ -226,7 +227,20 @@ class Trainer:
             }
         if "recon" in out and "diffusion" in out:
             out["loss"] = out["recon"] + out["diffusion"] + out.get("prior", 0.0)
+        out.update(diag, **embedding_stats(self.model))
         out.update(lr=self.optimizer.param_groups[-1]["lr"], **status)
+        return out
+
+    def group_grad_norms(self) -> dict[str, float]:
+        """``grad_norm/<group>``: the 2-norm of each optimiser group's gradients (the paper's groups:
+        embedding, schedule, endpoints, projections, backbone, ...), at the logged step, before clipping."""
+        out = {}
+        for g in self.optimizer.param_groups:
+            grads = [p.grad for p in g["params"] if p.grad is not None]
+            if grads:
+                out[f"grad_norm/{g.get('name', len(out))}"] = float(
+                    dist.plain(torch.nn.utils.get_total_norm(grads, 2.0))
+                )
         return out
 
     @staticmethod
@@ -254,6 +268,22 @@ class Trainer:
         t = low_discrepancy(n_global, u=host_uniform(g), device=self.device)  # on the device
         slices = t.view(n_d, accum * world).t()  # slice j = t[j::accum*world]
         return [slices[k * world + rank].contiguous() for k in range(accum)]
+
+
+@torch.no_grad()
+def embedding_stats(model: nn.Module) -> dict[str, float]:
+    """For a model with a token-embedding matrix (``model.embedding.weight``, (V, d)): ``emb_norm``, the
+    mean norm of its raw rows (before RePlaid's unit normalisation), and ``emb_cosine``, the mean cosine
+    over ordered pairs of distinct rows, ``(||sum_i u_i||^2 - V) / (V (V - 1))`` with ``u_i = w_i / ||w_i||``
+    (0 for rows spread over the sphere, 1 when collapsed onto one direction)."""
+    w = getattr(getattr(model, "embedding", None), "weight", None)
+    if not isinstance(w, Tensor) or w.dim() != 2 or w.shape[0] < 2:
+        return {}
+    w = dist.plain(w.detach()).double()  # (V, d)
+    norms = w.norm(dim=-1)  # (V,)
+    s = (w / norms.clamp_min(1e-300).unsqueeze(-1)).sum(0)  # (d,)
+    V = w.shape[0]
+    return {"emb_norm": float(norms.mean()), "emb_cosine": float((s @ s - V) / (V * (V - 1)))}
 
 
 def unigram_sums(logp: Tensor, batch: dict) -> Tensor:
