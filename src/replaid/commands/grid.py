@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from replaid.commands import SEED, add_command, add_run_options, float_in, run_manifest_command
+from replaid.commands import POSITIVE, SEED, add_command, add_run_options, float_in, run_manifest_command
 
 EXAMPLE = """examples:
   replaid grid plan study.yaml --out runs/study                       # cells and seeds from a spec file
@@ -15,7 +15,8 @@ EXAMPLE = """examples:
       --reference ref --out runs/sc data.source=../shared/data/tinyshakespeare train.num_threads=1
   replaid grid plan --base debug --vary diffusion.schedule=learned,linear --seeds 0 1 2 --out runs/sched
   replaid grid run runs/study --max-parallel 2
-  replaid grid report runs/study --reference ref"""
+  replaid grid report runs/study --reference ref
+  replaid grid trend runs/study --steps 800 1600 3200 6400 --reference mdlm --out docs/results/trend"""
 
 SPEC_HELP = """A spec (YAML or JSON): base (a preset or a config file), overrides (every run), seeds (a count or
 a list), cells (name -> overrides) and/or vary (key -> values, their product), reference (a cell).
@@ -31,7 +32,7 @@ def register(sub) -> None:
         EXAMPLE,
         description="Multi-seed grids. " + SPEC_HELP,
     )
-    ss = s.add_subparsers(dest="grid_cmd", required=True, help="plan | run | report (each has --help)")
+    ss = s.add_subparsers(dest="grid_cmd", required=True, help="plan | run | report | trend (each has --help)")
 
     p = add_command(
         ss,
@@ -100,6 +101,30 @@ def register(sub) -> None:
     t.add_argument("--title", help="the report's heading")
     t.add_argument("--json", action="store_true", help="print report.json")
     t.set_defaults(func=run_report)
+
+    tr = add_command(
+        ss,
+        "trend",
+        "The grid read at several step counts: bounds and paired gaps against training FLOPs.",
+        "example: replaid grid trend runs/study --steps 800 1600 3200 6400 --reference mdlm --out trend/",
+        description="Reads the evaluations each run logged along the way (train.eval_every with "
+        "eval.split=test and a constant learning rate: one run per seed gives the whole curve) and "
+        "reports each step count as 'grid report' does, with FLOPs and passes over the train split, "
+        "and each cell's gap to the reference as a trend in log FLOPs (shrinks / grows / flips).",
+    )
+    tr.add_argument("grid", help="grid folder")
+    tr.add_argument("--steps", nargs="+", type=POSITIVE, required=True, help="step counts to read (logged evaluations)")
+    tr.add_argument("--reference", help="the cell gaps are taken against (absent: the spec's)")
+    tr.add_argument(
+        "--confidence",
+        type=float_in(0, 1, lo_open=True, hi_open=True),
+        default=0.95,
+        help="confidence of the t-intervals, in (0, 1)",
+    )
+    tr.add_argument("--out", help="folder for trend.json/.md/.png (absent: the grid folder)")
+    tr.add_argument("--title", help="the page's heading")
+    tr.add_argument("--json", action="store_true", help="print trend.json")
+    tr.set_defaults(func=run_trend)
 
 
 def _spec(args):
@@ -179,4 +204,16 @@ def run_report(args) -> int:
         print(json.dumps(rep))
     else:
         print((out / "report.md").read_text())
+    return 0
+
+
+def run_trend(args) -> int:
+    from replaid.scaling.trend import write_trend
+
+    tr = write_trend(Path(args.grid), args.steps, args.reference, args.confidence, args.out, args.title)
+    out = Path(args.out or args.grid)
+    if args.json:
+        print(json.dumps(tr))
+    else:
+        print((out / "trend.md").read_text())
     return 0
