@@ -83,3 +83,17 @@ def test_grid_trend_end_to_end_reads_each_step_from_the_runs_logs(tmp_path, caps
     ).read_text()
     assert main(["grid", "trend", str(g), "--steps", "3"]) == 2  # no evaluation logged at step 3
     assert main(["grid", "trend", str(g), "--steps", "60"]) == 2  # beyond the runs
+
+
+def test_crossing_is_the_interpolated_last_sign_change():
+    from replaid.scaling.trend import crossing
+
+    assert crossing([1.0, 2.0, 3.0], [0.4, 0.1, -0.2]) == pytest.approx(2.0 + 0.1 / 0.3)
+    assert crossing([1.0, 2.0, 3.0, 4.0], [0.4, -0.1, 0.1, -0.3]) == pytest.approx(3.0 + 0.1 / 0.4)  # the last one
+    assert crossing([1.0, 2.0, 3.0], [0.4, 0.0, -0.2]) == 2.0
+    assert crossing([1.0, 2.0, 3.0], [0.4, 0.2, 0.1]) is None
+    x = [12.0, 12.3, 12.6, 12.9]
+    g = gap_trend(x, {k: [0.3 + d, 0.1 + d, -0.1 + d, -0.3 + d] for k, d in enumerate((-0.02, 0.0, 0.02))})
+    want = [crossing(x, [0.3 + d, 0.1 + d, -0.1 + d, -0.3 + d]) for d in (-0.02, 0.0, 0.02)]
+    assert g["crossing_log10_flops"] == pytest.approx(want) and g["crossing_mean"] == pytest.approx(np.mean(want))
+    assert "do not cross" in gap_trend(x, {0: [0.3, 0.2, 0.1, 0.05], 1: [0.3, 0.1, -0.1, -0.2]})["crossing"]

@@ -12,7 +12,8 @@ differences against the reference), with the training FLOPs and the passes over 
     the gap *shrinks* when the t-interval over seeds of slope_k lies wholly on the side that moves the
     gap towards 0 (from the sign of the mean gap at the first step), *grows* when on the other side,
     else *not determined*; it *flips* when the paired interval at the first step and the one at the
-    last step both exclude 0 with opposite signs.
+    last step both exclude 0 with opposite signs. Where every seed's gap changes sign, the crossing
+    (:func:`crossing`, log10 FLOPs of the last sign change, interpolated) gets a t-interval over seeds.
 
 No trend is fitted through fewer than 3 step counts or 2 seeds.
 """
@@ -85,6 +86,13 @@ def gap_trend(log_flops: list[float], gaps: dict[int, list[float]], confidence: 
     else:
         verdict = "shrinks" if (iv.mean > 0) == (towards_zero > 0) else "grows"
     flips = not first.contains_zero and not last.contains_zero and (first.mean > 0) != (last.mean > 0)
+    cross = [crossing(x.tolist(), gaps[k]) for k in seeds]
+    if all(c is not None for c in cross):
+        civ = t_interval([float(c) for c in cross if c is not None], confidence)
+        out.update(crossing_log10_flops=[float(c) for c in cross if c is not None], crossing_mean=civ.mean)
+        out.update(crossing_lo=civ.lo, crossing_hi=civ.hi)
+    else:
+        out["crossing"] = f"{sum(c is None for c in cross)} of {len(seeds)} seeds do not cross 0 in the range run"
     out.update(
         slopes=slopes,
         slope_mean=iv.mean,
@@ -94,6 +102,22 @@ def gap_trend(log_flops: list[float], gaps: dict[int, list[float]], confidence: 
         flips=flips,
     )
     return out
+
+
+def crossing(log_flops: list[float], gap: list[float]) -> Optional[float]:
+    """Where one seed's gap crosses 0 for the last time: log10 FLOPs by linear interpolation between the
+    two step counts around its last sign change (a point exactly at 0 counts as the crossing); None when
+    the gap keeps one sign throughout."""
+    last = None
+    for i in range(len(gap) - 1):
+        a, b = gap[i], gap[i + 1]
+        if a == 0:
+            last = log_flops[i]
+        elif (a > 0) != (b > 0) and b != 0:
+            last = log_flops[i] + (log_flops[i + 1] - log_flops[i]) * a / (a - b)
+    if gap and gap[-1] == 0:
+        last = log_flops[-1]
+    return last
 
 
 def trend(
