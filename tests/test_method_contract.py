@@ -25,8 +25,9 @@ from replaid.diffusion.nelbo import low_discrepancy
 from replaid.eval.evaluate import evaluate
 from replaid.methods import METHODS, Kind, get_method
 from replaid.presets import resolve
-from replaid.sampling import REGISTRY, SampleRequest, generate
+from replaid.sampling import REGISTRY, SampleRequest
 from replaid.sampling.continuous import time_grid
+from replaid.sampling.generate import generate
 from replaid.training.syncs import SyncCounter, meta_as_cpu_autocast
 from replaid.training.train import train as _train
 

@@ -39,13 +39,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)  # builds and parses without torch: ``--help`` and usage errors exit here
+
     from replaid.config import ConfigError
     from replaid.data import DataError
+    from replaid.training import checkpoint
     from replaid.training.checkpoint import CheckpointError
     from replaid.training.train import PREEMPTED_EXIT, Preempted, TrainingDiverged
-
-    args = _parser().parse_args(argv)
-    from replaid.training import checkpoint
 
     checkpoint.VERIFY = not args.no_verify
     debug = args.debug or os.environ.get("REPLAID_DEBUG", "") not in ("", "0")

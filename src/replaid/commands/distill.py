@@ -14,7 +14,7 @@ then:    replaid sample runs/demo-pd8 --sampler ddim --steps 8     (progressive 
 
 
 def register(sub) -> None:
-    from replaid.distill.loop import METHODS, DistillConfig
+    from replaid.distill.config import METHODS, DistillConfig
 
     d = DistillConfig()
     p = add_command(

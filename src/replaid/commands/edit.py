@@ -6,7 +6,7 @@ import json
 
 from replaid.commands import POSITIVE, SEED, STEPS, add_command, float_in
 from replaid.commands.sample import add_guidance_args
-from replaid.sampling.registry import SAMPLER_NAMES
+from replaid.sampling.names import SAMPLER_NAMES
 
 EXAMPLE = (
     "example: replaid edit runs/demo --text 'To be, or not to be, that is the question.' --strength 0.5\n"

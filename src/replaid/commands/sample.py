@@ -6,7 +6,7 @@ import json
 from typing import TYPE_CHECKING
 
 from replaid.commands import NONNEGATIVE, POSITIVE, SEED, STEPS, add_command, float_in
-from replaid.sampling.registry import SAMPLER_NAMES
+from replaid.sampling.names import SAMPLER_NAMES
 
 if TYPE_CHECKING:
     from replaid.sampling.request import SampleRequest

@@ -8,21 +8,57 @@ batch = next(loader)  # {"tokens": LongTensor (32, 128), "mask": None}
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from replaid.data.cache import get_token_array, load_doc_offsets, open_cache, tokenize_to_cache, validate_tokens
 from replaid.data.errors import DataError
-from replaid.data.loader import BatchLoader, SequenceDataset, epoch_seed, unigram_logp, unigram_nll
-from replaid.data.sources import HF_DATASETS, SPLITS, HFSpec, hf_spec, holdout_split, iter_documents, source_fingerprint
-from replaid.data.tokenizers import (
-    Tokenizer,
-    build_tokenizer,
-    load_saved_tokenizer,
-    load_tokenizer_file,
-    save_tokenizer,
-    tokenizer_for_source,
-)
+
+if TYPE_CHECKING:
+    from replaid.data.cache import get_token_array, load_doc_offsets, open_cache, tokenize_to_cache, validate_tokens
+    from replaid.data.loader import BatchLoader, SequenceDataset, epoch_seed, unigram_logp, unigram_nll
+    from replaid.data.sources import (
+        HF_DATASETS,
+        SPLITS,
+        HFSpec,
+        hf_spec,
+        holdout_split,
+        iter_documents,
+        source_fingerprint,
+    )
+    from replaid.data.tokenizers import (
+        Tokenizer,
+        build_tokenizer,
+        load_saved_tokenizer,
+        load_tokenizer_file,
+        save_tokenizer,
+        tokenizer_for_source,
+    )
+
+# The names above load from their modules on first use (PEP 562), so importing a light module of the
+# package (``replaid.data.zeroshot``'s table, ``DataError``) imports no torch or numpy: the CLI's parser
+# reads ``replaid.data.zeroshot.SETS``.
+_LAZY = {
+    name: f"replaid.data.{module}"
+    for module, names in {
+        "cache": "get_token_array load_doc_offsets open_cache tokenize_to_cache validate_tokens",
+        "loader": "BatchLoader SequenceDataset epoch_seed unigram_logp unigram_nll",
+        "sources": "HF_DATASETS SPLITS HFSpec hf_spec holdout_split iter_documents source_fingerprint",
+        "tokenizers": "Tokenizer build_tokenizer load_saved_tokenizer load_tokenizer_file save_tokenizer "
+        "tokenizer_for_source",
+    }.items()
+    for name in names.split()
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DataError",
@@ -77,6 +113,10 @@ def describe(
 
     Tokenises the split into the token cache (``cache_dir``, default ``default_cache_dir()``).
     """
+    from replaid.data.cache import get_token_array
+    from replaid.data.sources import iter_documents
+    from replaid.data.tokenizers import tokenizer_for_source
+
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     tok = tokenizer_for_source(
         tokenizer_kind, tokenizer_path, source, text_field=text_field, vocab_size=vocab_size, cache_dir=cache

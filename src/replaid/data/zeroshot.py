@@ -42,11 +42,12 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
-
-import numpy as np
+from typing import TYPE_CHECKING, Callable, Optional
 
 from replaid.data.errors import DataError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # ------------------------------------------------------------------ detokenisers (MDLM dataloader.py)
 
@@ -209,6 +210,8 @@ MAP_BATCH = 1000  # datasets.map(batched=True) default batch_size, MDLM's groupi
 def wrap_documents(docs: list[list[int]], seq_len: int, bos: int, eos: int, group: int = MAP_BATCH) -> np.ndarray:
     """MDLM ``_group_texts``: per group of ``group`` documents, concatenate ``doc + [EOS]``, cut into
     ``seq_len - 2`` tokens, write ``[BOS] chunk [EOS]``, drop the remainder. Returns (N, seq_len) int64."""
+    import numpy as np  # here, not at the top: the CLI's parser reads SETS and needs no numpy
+
     if seq_len < 3:
         raise DataError(f"model length {seq_len} leaves no room between [BOS] and [EOS]")
     n = seq_len - 2

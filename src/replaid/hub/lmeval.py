@@ -188,7 +188,8 @@ class ReplaidLM(LM):
         as the harness cuts, at each ``until`` string."""
         from lm_eval.models.utils import postprocess_generated_text
 
-        from replaid.sampling import SampleRequest, generate
+        from replaid.sampling.generate import generate
+        from replaid.sampling.request import SampleRequest
 
         t0 = time.time()
         L = self.scorer.L

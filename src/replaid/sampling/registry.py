@@ -2,7 +2,8 @@
 
 A method declares the names it offers (:attr:`replaid.methods.base.Method.samplers`, the default
 first); this table says which plain function each (kind, name) is and how many network calls a
-T-step run makes. The CLI's ``--sampler`` choices are :data:`SAMPLER_NAMES`.
+T-step run makes. The CLI's ``--sampler`` choices are :data:`SAMPLER_NAMES`, named in the torch-free
+:mod:`replaid.sampling.names` (checked here against the table).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, Callable, Optional
 
 from replaid.methods.base import Kind, Method
 from replaid.sampling import continuous, discrete
+from replaid.sampling.names import SAMPLER_NAMES
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ REGISTRY: dict[tuple[Kind, str], Sampler] = {
         ),
     )
 }
-SAMPLER_NAMES: tuple[str, ...] = tuple(dict.fromkeys(name for _, name in REGISTRY))
+assert tuple(dict.fromkeys(name for _, name in REGISTRY)) == SAMPLER_NAMES, "keep sampling.names.SAMPLER_NAMES in step"
 
 
 def samplers_for(method: Method[Any]) -> tuple[str, ...]:
