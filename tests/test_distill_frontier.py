@@ -103,7 +103,7 @@ def test_every_model_and_sampler_starts_sample_i_of_a_seed_from_the_same_noise(m
 
     import torch
 
-    gen = importlib.import_module("replaid.sampling.generate")  # the module (the package exports the function)
+    gen = importlib.import_module("replaid.sampling.generate")  # the module, not its function generate
 
     starts: list = []
     real = gen.get_sampler

@@ -93,7 +93,7 @@ def test_non_finite_results_are_an_error_naming_them():
 
 
 def test_sample_refuses_what_cannot_fit_before_allocating(trained, monkeypatch):
-    g = importlib.import_module("replaid.sampling.generate")  # the module (the package exports its function)
+    g = importlib.import_module("replaid.sampling.generate")  # the module, not its function generate
     from replaid.sampling.request import SampleRequest
     from replaid.training.loading import load_run
 
