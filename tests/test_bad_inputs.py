@@ -125,6 +125,21 @@ def fifo_or_dir(run, name: str, fifo: bool):
         f.mkdir()
 
 
+LABELLED = "{tmp}/labelled.jsonl"
+
+
+def labelled(run):
+    text = "def f{i}(x):\n    return x + {i}  # the value plus one\n" * 8
+    lines = [json.dumps({"text": text.format(i=i), "label": "yes" if i % 2 else "no"}) for i in range(16)]
+    write("labelled.jsonl", "\n".join(lines) + "\n")(run)
+
+
+def checkpoints_loop(run):
+    """D20: RUN/checkpoints replaced by a symlink to itself (a loop: it cannot be read)."""
+    shutil.rmtree(run / "checkpoints")
+    os.symlink("checkpoints", run / "checkpoints")
+
+
 CASES = [
     # (command, message fragment, how to damage a copy of the trained run first)
     (NEW + ["train.log_every=0"], "train.log_every: must be >= 1", None),
@@ -295,6 +310,28 @@ HOSTILE = [
         write("foreign/notes.txt", "x"),
     ),
     (["train", "--out", "{run}", "--resume", "train.steps=1"], "is at step 2, beyond train.steps=1", None),
+    # issue 38: outputs never over existing ones nor inside a run's managed folders (tests/test_trust.py)
+    (
+        ["classifier", "train", "{run}", "--data", LABELLED, "--out", "{tmp}/clf", "--steps", "2"],
+        "already holds classifier.safetensors",  # H13
+        lambda run: (labelled(run), write("clf/classifier.safetensors", "mine")(run)),
+    ),
+    (
+        [
+            "classifier",
+            "train",
+            "{run}",
+            "--data",
+            LABELLED,
+            "--out",
+            "{tmp}/other/checkpoints/step_0000002",
+            "--steps",
+            "2",
+        ],
+        "inside the checkpoints/ of the run",  # H14: any run's, not only the input's
+        lambda run: (labelled(run), shutil.copytree(run, run.parent / "other")),
+    ),
+    (["train", "--out", "{run}", "--resume"], "checkpoints cannot be read", checkpoints_loop),  # D20
     # integrity: a flipped bit in any tensor file is named on load
     (["eval", "{run}"], FSCK, flip_byte("ema.safetensors")),
     (["eval", "{run}", "--no-ema"], FSCK, flip_byte("model.safetensors")),

@@ -380,7 +380,10 @@ def test_classifier_train_guided_sampling_and_edit_end_to_end(tmp_path, capsys):
         (["sample", str(a), "--guide", f"{clf}:maybe"], "not one of this classifier's labels"),
         (["sample", str(a), "--guide", f"{tmp_path}:q"], "no classifier.json"),
         (["edit", str(a), "--text", "hello there", "--strength", "2"], "--strength"),
-        (["classifier", "train", str(a), "--data", str(tmp_path / "none.jsonl"), "--out", str(clf)], "no such file"),
+        (
+            ["classifier", "train", str(a), "--data", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "clf2")],
+            "no such file",
+        ),
     ):
         try:
             code = main(argv)

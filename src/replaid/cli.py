@@ -1,6 +1,8 @@
 """``replaid`` command line: builds the parser from ``replaid.commands`` and maps errors to exit codes.
 
-Every bad input ends in one line ``replaid: error: ...`` naming the problem and the fix, exit 2.
+Every bad input ends in one line ``replaid: error: ...`` naming the problem and the fix, exit 2. A
+reader that closes the output early (``replaid presets | head``) ends the command quietly with
+:data:`SIGPIPE_EXIT`, as ``ls``, ``git`` and other Unix tools killed by SIGPIPE do.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import os
 import sys
 
 from replaid.commands import COMMANDS
+
+SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for `ls | head`; the output was cut short, not complete
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,7 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint.VERIFY = not args.no_verify
     debug = args.debug or os.environ.get("REPLAID_DEBUG", "") not in ("", "0")
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit (exit 120 and a traceback)
+        return code
+    except BrokenPipeError:  # the reader went away (`| head`): quiet, as Unix tools are (Python docs, signal)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the final flush at exit writes nowhere, without a second error
+        return SIGPIPE_EXIT
     except (ConfigError, DataError, CheckpointError, TrainingDiverged, OSError, ValueError) as e:
         if debug:
             raise

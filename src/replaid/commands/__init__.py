@@ -215,8 +215,12 @@ STEPS = int_in(1, 100_000)  # sampling / solver steps: beyond this a time grid a
 
 def check_out(out: str | None, *, protected: tuple[str, ...] = (), names: tuple[str, ...] = ()) -> None:
     """Check an ``--out`` folder before any work: a folder (or absent, with a writable parent), not a
-    run or checkpoint folder of ``protected`` nor inside one, and holding none of ``names`` already."""
+    run or checkpoint folder of ``protected`` nor inside one, nor inside any run's ``checkpoints/`` or
+    ``tokenizer/``, and holding none of ``names`` already (an output is never overwritten). The one
+    check of every command that writes results into an ``--out`` folder."""
     import os
+
+    from replaid.training import runfolder
 
     if not out:
         return
@@ -234,6 +238,9 @@ def check_out(out: str | None, *, protected: tuple[str, ...] = (), names: tuple[
             )
     if (rp / "config.json").is_file() and (rp / "checkpoints").is_dir():
         raise ValueError(f"--out {out} holds a run; choose a new folder for the results")
+    inside = runfolder.managed_folder(rp)  # any run's, not only an input's: its trainer prunes them
+    if inside:
+        raise ValueError(f"--out {out} is {inside}; choose a folder outside it (e.g. RUN/results)")
     taken = [n for n in names if (p / n).exists()]
     if taken:
         raise ValueError(f"--out {out} already holds {', '.join(taken)}; choose a new folder or remove them")
@@ -244,16 +251,9 @@ def check_out(out: str | None, *, protected: tuple[str, ...] = (), names: tuple[
 
 def require_finite(res: dict, where: str) -> None:
     """Refuse an evaluation result holding NaN/Inf (an error, never a printed Infinity)."""
-    import math
+    from replaid.training.train import nonfinite_entries
 
-    def walk(d, prefix=""):
-        for k, v in d.items():
-            if isinstance(v, dict):
-                yield from walk(v, f"{prefix}{k}.")
-            elif isinstance(v, float) and not math.isfinite(v):
-                yield f"{prefix}{k}={v}"
-
-    bad = list(walk(res))
+    bad = nonfinite_entries(res)
     if bad:
         raise ValueError(
             f"evaluating {where} gave non-finite results ({', '.join(bad[:3])}): the weights overflow on this "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from replaid.commands import POSITIVE, SEED, add_command, float_in
+from replaid.commands import POSITIVE, SEED, add_command, check_out, float_in
 
 EXAMPLE = (
     "example: replaid classifier train runs/demo --data labelled.jsonl --out clf/question --steps 400\n"
@@ -42,6 +42,7 @@ def run(args) -> int:
             raise ValueError(f"--{k.replace('_', '-')} {getattr(args, k)}: must be >= 1")
     if not args.lr > 0:
         raise ValueError(f"--lr {args.lr}: must be > 0")
+    check_out(args.out, protected=(args.run,), names=("classifier.safetensors", "classifier.json"))
     texts, labels = read_labelled(args.data)
     run_ = load_run(args.run, use_ema=True, train_data=False)
     if run_.method.kind.value != "continuous":

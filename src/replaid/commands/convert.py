@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from replaid.commands import add_command
+from replaid.commands import add_command, check_out
 
 EXAMPLE = """example: replaid convert mdlm kuleshov-group/mdlm-owt --out peers/mdlm-owt \\
            --set data.tokenizer_path=../shared/tokenizers/gpt2 data.source=../shared/data/wiki-sample
@@ -33,6 +33,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from replaid.hub.peers import convert
 
+    check_out(args.out)  # and convert refuses a non-empty folder
     out = convert(args.peer, args.src, args.out, args.overrides)
     print(f"converted {args.peer} {args.src} -> {out}")
     return 0

@@ -47,7 +47,7 @@ def run(args) -> int:
     from replaid.methods import Kind
     from replaid.training.loading import load_run
 
-    check_out(args.out, protected=tuple(args.runs))
+    check_out(args.out, protected=tuple(args.runs), names=("diagnose.json",))
     labels = run_labels(args.runs, args.labels)
     runs = [load_run(p, use_ema=not args.no_ema) for p in args.runs]  # all inputs checked before writing
     for p, r in zip(args.runs, runs):

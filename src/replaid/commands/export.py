@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from replaid.commands import add_command
+from replaid.commands import add_command, check_out
 
 EXAMPLE = """example: replaid export runs/demo --out exports/demo
 then:    hf upload OWNER/NAME exports/demo      (the Hub's own client; or huggingface_hub.upload_folder)
@@ -22,6 +22,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from replaid.hub.export import export_run
 
+    check_out(args.out, protected=(args.run,))  # and export_run refuses a non-empty folder
     out = export_run(args.run, args.out, raw=args.raw)
     print(f"exported {args.run} -> {out}")
     return 0

@@ -6,7 +6,7 @@ import csv
 import json
 from pathlib import Path
 
-from replaid.commands import NONNEGATIVE, POSITIVE, SEED, add_command, emit, run_labels
+from replaid.commands import NONNEGATIVE, POSITIVE, SEED, add_command, check_out, emit, run_labels
 
 EXAMPLE = (
     "example: replaid geometry runs/wiki runs/wiki-ce1 --labels nelbo ce1 --out runs/geometry "
@@ -98,6 +98,7 @@ def run(args) -> int:
 
     if args.min_count < 1 or args.tsne_max < 10 or args.pos_row_len < 2 or args.knn < 1:
         raise ValueError("need --min-count >= 1, --tsne-max >= 10, --pos-row-len >= 2, --knn >= 1")
+    check_out(args.out, protected=tuple(args.runs), names=("geometry.json",))
     labels = run_labels(args.runs, args.labels)
     runs = [load_run(p, use_ema=not args.no_ema) for p in args.runs]  # all inputs checked before writing
     out = Path(args.out)

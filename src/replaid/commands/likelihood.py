@@ -118,7 +118,7 @@ def run(args) -> int:
     from replaid.methods import Kind
     from replaid.training.loading import load_run
 
-    check_out(args.out, protected=(args.run,))
+    check_out(args.out, protected=(args.run,), names=("likelihood.json",))
     run_ = load_run(args.run, use_ema=not args.no_ema)
     if run_.method.kind is not Kind.CONTINUOUS:
         raise ValueError(

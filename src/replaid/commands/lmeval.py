@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from replaid.commands import NONNEGATIVE, POSITIVE, SEED, STEPS, add_command, float_in
+from replaid.commands import NONNEGATIVE, POSITIVE, SEED, STEPS, add_command, check_out, float_in
 
 EXAMPLE = """example: replaid lmeval runs/demo --tasks replaid_wikitext2 replaid_lambada replaid_cloze \\
     --include-path docs/lmeval/tasks --limit 20 --mc-samples 8 --out runs/demo/lmeval
@@ -58,8 +58,7 @@ def _harness():
 
 def run(args) -> int:
     _harness()
-    if args.out and Path(args.out).exists() and any(Path(args.out).glob("results.*")):
-        raise ValueError(f"--out {args.out} already holds lmeval results; choose a new folder")
+    check_out(args.out, protected=(args.run,), names=("results.json", "results.md"))
     if args.include_path and not Path(args.include_path).is_dir():
         raise ValueError(f"--include-path {args.include_path} is not a folder of task YAMLs")
     if args.limit is not None and args.limit <= 0:

@@ -64,7 +64,7 @@ def run(args) -> int:
         unigram_entropy,
     )
 
-    check_out(args.out, protected=tuple(r for r in (args.samples, args.judge_run) if r))
+    check_out(args.out, protected=tuple(r for r in (args.samples, args.judge_run) if r), names=("quality.json",))
     texts, ids = read_samples(args.samples)
     if not texts:
         raise ValueError(f"{args.samples} holds no samples")

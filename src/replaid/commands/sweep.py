@@ -66,7 +66,7 @@ def run(args) -> int:
             raise ValueError(f"unknown sampler {s!r}; choose from {', '.join(SAMPLER_NAMES)}")
     if args.num < 2:
         raise ValueError(f"--num {args.num}: a sweep needs at least 2 samples per point (MAUVE)")
-    check_out(args.out, protected=tuple(r for r in (args.run, args.judge_run) if r))
+    check_out(args.out, protected=tuple(r for r in (args.run, args.judge_run) if r), names=("sweep.json",))
     judge = make_judge(args.judge, args.judge_run, args.context, device="cpu" if args.device == "auto" else args.device)
     if judge is None:
         raise ValueError(

@@ -29,7 +29,7 @@ from replaid.eval.grid import (
 from replaid.eval.seeds import plateau_exit
 from replaid.fileio import atomic_write_text
 from replaid.scaling.plan import planned_vocab_size
-from replaid.scaling.runner import run_status
+from replaid.scaling.runner import check_entries, run_status
 from replaid.training import runfolder
 from replaid.training.flops import train_flops_per_token
 
@@ -99,6 +99,7 @@ def read_grid(folder: Path) -> tuple[GridSpec, list[GridEntry]]:
         raise ConfigError(
             f"{man} is not a grid manifest ({e.__class__.__name__}); re-plan it with 'replaid grid plan ... --force'"
         ) from None
+    check_entries(folder, entries, man)
     return spec, entries
 
 

@@ -24,7 +24,7 @@ from typing import Callable, Mapping, Optional, Sequence
 from replaid.config import ConfigError, RunConfig, parse_overrides, set_key
 from replaid.data.pipeline import DataPipeline
 from replaid.presets import ISOFLOP_SIZES, isoflop_config
-from replaid.scaling.runner import legacy_final_eval, run_status
+from replaid.scaling.runner import check_entries, legacy_final_eval, run_status
 from replaid.training import runfolder
 from replaid.training.flops import param_counts, train_flops_per_token
 
@@ -322,11 +322,13 @@ def read_manifest(sweep: Path) -> list[PlanEntry]:
         raise ConfigError(f"{sweep} has no manifest.json; make one with 'replaid scaling plan --out {sweep}'")
     try:
         rows = json.loads(man.read_text())["runs"]
-        return [PlanEntry(**r) for r in rows]
+        entries = [PlanEntry(**r) for r in rows]
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise ConfigError(
             f"{man} is not a scaling manifest ({e.__class__.__name__}); re-plan with 'replaid scaling plan'"
         ) from None
+    check_entries(Path(sweep), entries, man)
+    return entries
 
 
 # ------------------------------------------------------------------ results

@@ -49,6 +49,21 @@ INPROCESS = "inprocess"  # --python inprocess: the training function in this pro
 # ------------------------------------------------------------------ run state
 
 
+def check_entries(folder: Path, entries: Sequence[ManifestEntry], manifest: Path) -> None:
+    """Refuse a manifest whose ``run_dir`` or ``config`` leaves its folder (absolute, or with ``..``):
+    a manifest's runs live inside it, so that running it never resumes or replaces a run elsewhere.
+    Checked on the paths as written (a ``runs/`` symlinked to other storage stays allowed)."""
+    for e in entries:
+        for key in ("run_dir", "config"):
+            rel = getattr(e, key)
+            parts = Path(rel).parts if isinstance(rel, str) else ()
+            if not parts or Path(rel).is_absolute() or ".." in parts:
+                raise ConfigError(
+                    f"{manifest}: run {e.id}'s {key} {str(rel)[:80]!r} is outside the folder {folder} (absolute or "
+                    f"with '..'); a manifest's runs live inside its folder: re-plan it, or move that run in"
+                )
+
+
 def legacy_final_eval(run: Path) -> Optional[dict]:
     """Runs written before ``final_eval.json`` existed kept the final evaluation in the last checkpoint."""
     try:

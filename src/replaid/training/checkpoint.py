@@ -164,6 +164,27 @@ def save_checkpoint(
     return final
 
 
+def set_aside(run_dir: Path, step: int, dest: Path) -> tuple[Path, Optional[Path]]:
+    """Take checkpoint ``step`` out of force without deleting it: ``LATEST`` first names the newest
+    complete checkpoint before it (or is removed when there is none), then the folder moves to
+    ``dest/step_N`` (``step_N.1``, ... when taken). Returns (where it went, the checkpoint now in force)."""
+    ckdir = Path(run_dir) / "checkpoints"
+    name = step_name(step)
+    earlier = [c for c in complete_checkpoints(ckdir) if _step_of(c) < step]
+    if earlier:
+        atomic_write_text(ckdir / "LATEST", earlier[-1].name)
+    else:
+        (ckdir / "LATEST").unlink(missing_ok=True)
+    dest.mkdir(parents=True, exist_ok=True)
+    target, n = dest / name, 0
+    while os.path.lexists(target):
+        n += 1
+        target = dest / f"{name}.{n}"
+    os.rename(ckdir / name, target)
+    fsync_dir(ckdir)
+    return target, (earlier[-1] if earlier else None)
+
+
 def _prune(ckdir: Path, step: int, keep: int) -> None:
     """Keep the newest ``keep`` checkpoints up to ``step`` (the one LATEST names is the newest);
     remove those beyond ``step``, left by an attempt that never named them in LATEST."""
@@ -211,10 +232,26 @@ def read_latest(ckdir: Path) -> tuple[Optional[Path], str]:
     return Path(ckdir) / name, ""
 
 
+def check_readable(ckdir: Path) -> None:
+    """Refuse a ``checkpoints/`` that is there but cannot be listed (a symlink loop, a dangling link, a
+    file, no permission): an error naming it, never "no checkpoint yet" (a fresh start over the run)."""
+    if not os.path.lexists(ckdir):
+        return
+    try:
+        os.listdir(ckdir)
+    except OSError as e:
+        raise CheckpointError(
+            f"{ckdir} cannot be read ({e.strerror or e.__class__.__name__}); restore it as the folder of the "
+            f"run's step_N checkpoints, or move it away and start again with --overwrite"
+        ) from None
+
+
 def latest_checkpoint(path: str | Path) -> Optional[Path]:
-    """The checkpoint in force in a run (LATEST, else the newest complete one, saying so), or None."""
+    """The checkpoint in force in a run (LATEST, else the newest complete one, saying so), or None.
+    A ``checkpoints/`` that cannot be read is an error (:func:`check_readable`)."""
     p = Path(path)
     ckdir = p if p.name == "checkpoints" else p / "checkpoints"
+    check_readable(ckdir)
     ckpt, problem = read_latest(ckdir)
     if ckpt is not None:
         return ckpt

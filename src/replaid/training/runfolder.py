@@ -26,7 +26,8 @@ from replaid.training import checkpoint as ck
 
 LOCK, OWNER = ".lock", ".lock.owner"
 FINAL_EVAL = "final_eval.json"
-RUN_FILES = ("config.json", "tokenizer", "checkpoints", "metrics.jsonl", "tb", FINAL_EVAL)
+NONFINITE = "nonfinite"  # checkpoints whose final evaluation was not finite, out of force (kept, not deleted)
+RUN_FILES = ("config.json", "tokenizer", "checkpoints", "metrics.jsonl", "tb", FINAL_EVAL, NONFINITE)
 
 
 class RunFolderError(ValueError):
@@ -58,6 +59,22 @@ def _acquire(run_dir: Path) -> FileLock:
             f"cannot write to run folder {run_dir} ({e.__class__.__name__}: {e.strerror}); choose a writable --out"
         ) from None
     return fl
+
+
+MANAGED = ("checkpoints", "tokenizer")  # a run's folders that its trainer writes, replaces and prunes
+
+
+def managed_folder(path: str | Path) -> Optional[str]:
+    """What makes ``path`` a place no output may go, or None: a run's own ``checkpoints/`` or
+    ``tokenizer/`` (or a folder inside them), of any run; or a checkpoint folder (or inside one)."""
+    p = Path(os.path.realpath(path))  # never raises (a symlink loop stays unresolved)
+    for a in [p, *p.parents]:
+        if a.name in MANAGED and (a.parent / "config.json").is_file():
+            return f"inside the {a.name}/ of the run {a.parent}"
+    ckpt = next(
+        (a for a in [p, *p.parents] if (a / "state.json").is_file() and (a / "model.safetensors").is_file()), None
+    )
+    return f"inside the checkpoint {ckpt}" if ckpt is not None else None
 
 
 def check_free(run_dir: Path) -> None:
@@ -99,7 +116,7 @@ def lock(run_dir: Path, check: Optional[Callable[[], None]] = None) -> Iterator[
 
 def _run_files(run_dir: Path, resume: bool) -> list[str]:
     """The run files in ``run_dir`` (a lone ``tokenizer/`` of a start killed before its config.json is none)."""
-    present = [n for n in RUN_FILES if (run_dir / n).exists()]
+    present = [n for n in RUN_FILES if os.path.lexists(run_dir / n)]  # a broken link is there too
     return [] if present == ["tokenizer"] and not resume else present
 
 
@@ -131,7 +148,12 @@ def claim(run_dir: Path, *, resume: bool = False, overwrite: bool = False) -> It
             )
         if resume and not (run_dir / "config.json").is_file():
             raise RunFolderError(f"--resume: {run_dir} has no config.json; start a run there without --resume first")
+        if resume:
+            ck.check_readable(run_dir / "checkpoints")  # unreadable: an error, never a start from step 0
 
+    inside = managed_folder(run_dir)
+    if inside:
+        raise RunFolderError(f"--out {run_dir} is {inside}, which its trainer prunes; choose a folder outside it")
     with lock(run_dir, check), _undo_failed_start(run_dir, created and not resume):
         if (run_dir / "tokenizer").exists() and not _run_files(run_dir, resume) and not resume:
             shutil.rmtree(run_dir / "tokenizer")  # a start killed before its config.json: no run yet

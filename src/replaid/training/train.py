@@ -462,6 +462,7 @@ def _train(
     micro = cfg.train.batch_size // (cfg.train.grad_accum * dist.world_size())
     end = cfg.train.steps if stop_after is None else min(cfg.train.steps, trainer.step + stop_after)
     saved = trainer.step if stored is not None else None
+    start = trainer.step
     bar = log.progress(total=cfg.train.steps, initial=trainer.step, disable=not progress)
     show = progress and dist.is_main()  # evaluation bars (stderr)
     t0, tokens_seen = time.time(), 0
@@ -507,6 +508,10 @@ def _train(
                     f"{cfg.train.steps} in {run_dir}; resume with 'replaid train --out {run_dir} --resume'"
                 )
         bar.close()
+        ran = trainer.step - start
+        if ran > 0 and trainer.nonfinite_in_row >= ran:  # no step of this call changed the weights
+            log.close()
+            raise TrainingDiverged(_all_skipped(trainer, ran, start, run_dir))
 
         if saved != trainer.step:  # save first: a failing evaluation must not lose the run
             save(trainer, run_dir, data)
@@ -527,6 +532,10 @@ def _train(
             raise
         finally:
             del got["now"]  # the writes below are not interrupted: a signal now lets the run finish
+    bad = nonfinite_entries(result["eval"]) if done and final is None else []
+    if bad:  # a failed run: no final_eval.json, and its checkpoint out of force (eval would refuse it)
+        log.close()
+        raise TrainingDiverged(_nonfinite_final_eval(trainer, bad, run_dir, wrote=start != trainer.step))
     if done and final is None and dist.is_main():
         runfolder.write_final_eval(run_dir, trainer.step, result["eval"])
         log.log(trainer.step, {f"eval/{k}": v for k, v in result["eval"].items() if isinstance(v, (int, float))})
@@ -545,6 +554,53 @@ def _stop_requested(got: dict, logging: bool, device: torch.device) -> bool:
     return bool(dist.all_reduce_sum(flag).item() > 0)
 
 
+def nonfinite_entries(res: dict, prefix: str = "") -> list[str]:
+    """``key=value`` for each NaN/Inf number of a (nested) evaluation result."""
+    bad = []
+    for k, v in res.items():
+        if isinstance(v, dict):
+            bad += nonfinite_entries(v, f"{prefix}{k}.")
+        elif isinstance(v, float) and not math.isfinite(v):
+            bad.append(f"{prefix}{k}={v}")
+    return bad
+
+
+def _causes(trainer: Trainer) -> str:
+    """The likely causes of non-finite losses, with the settings to change."""
+    o = trainer.cfg.optim
+    hint = trainer.method.divergence_hint(trainer.model)
+    causes = f"learning rate too large (optim.lr_backbone={o.lr_backbone:g}, lr_embedding={o.lr_embedding:g}"
+    return causes + f", grad_clip={o.grad_clip:g})" + (f" or {hint}" if hint else "")
+
+
+def _all_skipped(trainer: Trainer, ran: int, start: int, run_dir: Path) -> str:
+    """O26: every step of this call was skipped as non-finite: the weights never changed; nothing is saved."""
+    last = ck.latest_checkpoint(run_dir)
+    since = f" from step {start}" if start else ""
+    return (
+        f"training failed: all {ran} steps{since} had a non-finite loss or gradient and were skipped (the weights "
+        f"never changed); likely cause: {_causes(trainer)}; no checkpoint was written (in force: "
+        f"{last if last is not None else 'none'}): fix the config and start again with --overwrite"
+    )
+
+
+def _nonfinite_final_eval(trainer: Trainer, bad: list[str], run_dir: Path, wrote: bool) -> str:
+    """O26: the final evaluation is not finite. The checkpoint it evaluated, when this call wrote it, is
+    moved to ``RUN/nonfinite/`` (kept, out of force: ``eval`` would refuse it); the one before is in force."""
+    step, name = trainer.step, ck.step_name(trainer.step)
+    if not wrote:
+        kept = f"its checkpoint {name} (saved before this call) is kept"
+    elif not dist.is_main():
+        kept = f"checkpoint {name} was set aside"
+    else:
+        aside, now = ck.set_aside(run_dir, step, run_dir / runfolder.NONFINITE)
+        kept = f"checkpoint {name} was moved to {aside}; in force: {now if now is not None else 'none'}"
+    return (
+        f"the final evaluation at step {step} is not finite ({', '.join(bad[:3])}): the run failed; {kept}; "
+        f"likely cause: {_causes(trainer)}; fix the config and start again with --overwrite"
+    )
+
+
 def _guard_nonfinite(trainer: Trainer, m: dict, run_dir: Path, log) -> None:
     """Say that a non-finite step was skipped; after ``train.max_nonfinite_steps`` in a row, log the
     row and stop with the likely causes and the checkpoint still in force."""
@@ -558,10 +614,7 @@ def _guard_nonfinite(trainer: Trainer, m: dict, run_dir: Path, log) -> None:
     if n < cfg.train.max_nonfinite_steps:
         return
     log.log(trainer.step, m)
-    o = cfg.optim
-    hint = trainer.method.divergence_hint(trainer.model)
-    causes = f"learning rate too large (optim.lr_backbone={o.lr_backbone:g}, lr_embedding={o.lr_embedding:g}"
-    causes += f", grad_clip={o.grad_clip:g})" + (f" or {hint}" if hint else "")
+    causes = _causes(trainer)
     last = ck.latest_checkpoint(run_dir)
     raise TrainingDiverged(
         f"training diverged: {n} steps in a row up to step {trainer.step} had a non-finite loss or "
