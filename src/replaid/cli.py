@@ -42,6 +42,32 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _end_progress_bars() -> None:
+    """Close every live tqdm bar, so that the message printed next is the last line of stderr, alone.
+
+    A bar left open by an exception is otherwise drawn again when it is garbage-collected (at exit),
+    after the message, and the message starts on the bar's unfinished line. Inner bars (position > 0)
+    are closed first; the outermost is left drawn (its last state: how far the command got) and ends
+    its line, whatever its ``leave``.
+    """
+    std = sys.modules.get("tqdm.std")  # tqdm not imported yet: no bar was ever drawn
+    if std is None:
+        return
+    for bar in sorted(list(std.tqdm._instances), key=lambda b: abs(getattr(b, "pos", 0)), reverse=True):
+        try:
+            if not abs(getattr(bar, "pos", 0)):
+                bar.leave = True  # ends the line with '\n' (leave=False would only clear it with '\r')
+            bar.close()
+        except Exception:  # noqa: BLE001 - a bar that cannot draw (closed stream) must not hide the error
+            pass
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr on a line of its own, after the live progress bars are closed."""
+    _end_progress_bars()
+    print(line, file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)  # builds and parses without torch: ``--help`` and usage errors exit here
 
@@ -67,13 +93,13 @@ def main(argv: list[str] | None = None) -> int:
         msg = str(e).splitlines()[0] if str(e) else e.__class__.__name__
         if isinstance(e, OSError) and e.filename:  # e.g. a read-only or full disk: name the file
             msg = f"{e.strerror or e.__class__.__name__}: {e.filename}; check the path and its permissions/space"
-        print(f"replaid: error: {msg}", file=sys.stderr)
+        _say(f"replaid: error: {msg}")
         return 2
     except Preempted as e:  # a checkpoint was saved: the scheduler requeues, the next start resumes
-        print(f"replaid: preempted: {e}", file=sys.stderr)
+        _say(f"replaid: preempted: {e}")
         return PREEMPTED_EXIT
     except KeyboardInterrupt:
-        print("replaid: interrupted", file=sys.stderr)
+        _say("replaid: interrupted")
         return 130
 
 
