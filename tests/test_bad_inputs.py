@@ -341,6 +341,78 @@ HOSTILE = [
 CASES += HOSTILE
 
 
+class Marker:
+    """Pickles as ``open(path, 'w')``: unpickling it would create ``path`` (weights-only loading refuses it)."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def embedding_pt(name: str, obj):
+    """``name`` (beside the run): ``obj`` saved with torch.save; a callable gets the folder first."""
+
+    def make(run):
+        torch.save(obj(run.parent) if callable(obj) else obj, run.parent / name)
+
+    return make
+
+
+def pickled_marker(run):
+    embedding_pt("x.pt", {"a": Marker(run.parent / "UNPICKLED")})(run)
+
+
+def nan_embedding(run):
+    """x.safetensors: the trained run's own (V, d_e) matrix with one NaN."""
+    w = load_file(str(ck.find_checkpoint(run) / "model.safetensors"))["embedding.weight"].clone()
+    w[0, 0] = math.nan
+    save_file({"embedding": w}, str(run.parent / "x.safetensors"))
+
+
+EMB = NEW + ["model.embeddings=file"]
+ACCEPTED = "accepted are .safetensors (key 'embedding'), .npy or a .pt holding one tensor"
+# issue 36 §4.3: model.embeddings=file reads a (V, d_e) matrix and nothing else, in one line
+EMBEDDINGS = [
+    (EMB + ["model.embeddings_path={tmp}/x.pt"], f"x.pt is not a (V, d_e) matrix: {ACCEPTED}", pickled_marker),
+    (
+        EMB + ["model.embeddings_path={tmp}/x.pt"],
+        f"x.pt is not a (V, d_e) matrix: {ACCEPTED}",
+        embedding_pt("x.pt", {"embedding": torch.zeros(3, 4)}),  # weights-only loads it: a dict, not a tensor
+    ),
+    (
+        EMB + ["model.embeddings_path={tmp}/x.pt"],
+        f"x.pt is not a (V, d_e) matrix: {ACCEPTED}",
+        embedding_pt("x.pt", {1, 2, 3}),  # a set: weights-only refuses it
+    ),
+    (
+        EMB + ["model.embeddings_path={tmp}/x.npy"],
+        f"x.npy is not a (V, d_e) matrix: {ACCEPTED}",
+        write("x.npy", b"\x93NUMPY garbage"),
+    ),
+    (
+        EMB + ["model.embeddings_path={tmp}/x.safetensors"],
+        f"x.safetensors is not a (V, d_e) matrix: {ACCEPTED}",
+        write("x.safetensors", b"not safetensors at all"),
+    ),
+    (
+        EMB + ["model.embeddings_path={tmp}/x.pt"],
+        "x.pt has shape (3, 4), expected (",
+        embedding_pt("x.pt", torch.zeros(3, 4)),
+    ),
+    (EMB + ["model.embeddings_path={tmp}/x.safetensors"], "x.safetensors is not a (V, d_e) matrix", nan_embedding),
+    (EMB + ["model.embeddings_path={tmp}/none.pt"], "none.pt does not exist", None),
+    (EMB, "model.embeddings_path: is required when model.embeddings=file", None),
+    (
+        NEW + ["model.embeddings_path={tmp}/x.pt"],
+        "model.embeddings_path: is read only with model.embeddings=file (here learned)",
+        embedding_pt("x.pt", torch.zeros(3, 4)),
+    ),
+]
+CASES += EMBEDDINGS
+
+
 def files(root: Path) -> dict:
     """Every file under ``root`` with its bytes, lock files included (a refusal changes nothing)."""
     if not root.exists():
@@ -378,6 +450,13 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(trained, tmp_path, arg
     errors = [ln for ln in err if ln.startswith("replaid: error: ")]  # besides progress bars (tokenizing)
     assert code == 2 and errors == err[-1:] and needle in errors[0] and "Traceback" not in "".join(err), err
     assert unchanged  # nothing written, nothing damaged (lock files included), no new --out left behind
+
+
+def test_a_pickled_embedding_file_is_never_unpickled(trained, tmp_path):
+    """Issue 36 §4.3: the refusal reads no object: the pickle's ``open`` call never runs."""
+    code, err, unchanged = run_case(trained, tmp_path, EMBEDDINGS[0][0], pickled_marker)
+    assert code == 2 and len(err) == 1 and not (tmp_path / "UNPICKLED").exists() and unchanged, err
+    assert "weights_only" not in err[0]  # no invitation to load it in full
 
 
 def test_damaged_cache_meta_names_the_file(trained, tmp_path, monkeypatch, capsys):

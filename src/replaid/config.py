@@ -86,6 +86,12 @@ class ModelConfig:
             "model.embeddings_path",
             "is required when model.embeddings=file",
         )
+        _check(
+            self.embeddings == "file" or not self.embeddings_path,
+            "model.embeddings_path",
+            f"is read only with model.embeddings=file (here {self.embeddings}); set model.embeddings=file "
+            f"to start from that matrix, or drop model.embeddings_path",
+        )
         _check(self.head_chunk_rows >= 0, "model.head_chunk_rows", "must be >= 0")
         _check(
             self.up_projection or (self.d_e == self.hidden and self.embeddings != "one-hot"),

@@ -48,28 +48,60 @@ class TokenEmbedding(nn.Module):
         return w / (w.norm(dim=-1, keepdim=True) + 1e-8) if self.normalize else w
 
 
+EMBEDDING_FORMATS = ".safetensors (key 'embedding'), .npy or a .pt holding one tensor"
+
+
 def load_embedding_file(path: str, vocab_size: int, d_e: int) -> Tensor:
-    """Read a (V, d_e) matrix from .safetensors (key ``embedding``), .npy or .pt (weights only)."""
+    """Read a (V, d_e) matrix from .safetensors (key ``embedding``), .npy or .pt (one tensor).
+
+    Nothing else is read: a .npy is loaded without pickle and a .pt weights-only, so no object in the
+    file is ever constructed. A file that holds anything other than one finite float matrix of the
+    model's shape is a one-line :class:`ValueError` naming the file and the formats accepted.
+    """
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"embedding file {p} does not exist; set model.embeddings_path to a (V, d_e) matrix")
-    if p.suffix == ".safetensors":
-        from safetensors.torch import load_file
 
-        t = load_file(str(p))
-        w = t.get("embedding", next(iter(t.values())))
-    elif p.suffix == ".npy":
-        import numpy as np
+    def refuse(why: str) -> ValueError:
+        return ValueError(
+            f"model.embeddings_path: {p} is not a (V, d_e) matrix: accepted are {EMBEDDING_FORMATS} ({why})"
+        )
 
-        w = torch.from_numpy(np.load(p, allow_pickle=False))
-    else:
-        w = torch.load(p, weights_only=True, map_location="cpu")
+    try:
+        if p.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            t = load_file(str(p))
+            if not t:
+                raise refuse("it holds no tensor")
+            w = t.get("embedding", next(iter(t.values())))
+        elif p.suffix == ".npy":
+            import numpy as np
+
+            w = torch.from_numpy(np.load(p, allow_pickle=False))
+        else:
+            w = torch.load(p, weights_only=True, map_location="cpu")
+    except OSError:  # unreadable (permissions, a folder): the CLI names the file
+        raise
+    except Exception as e:  # noqa: BLE001 - a pickled object, a damaged file: refused, never loaded in full
+        if str(e).startswith("model.embeddings_path:"):
+            raise
+        if p.suffix in (".safetensors", ".npy"):
+            raise refuse(f"not a readable {p.suffix} file") from None
+        raise refuse("a pickled object other than a tensor, or a damaged file; it was not loaded") from None
+    if not isinstance(w, Tensor):
+        raise refuse(f"it holds a {type(w).__name__}, not a tensor")
+    if not (w.is_floating_point() or w.dtype in (torch.int32, torch.int64)):
+        raise refuse(f"its dtype is {w.dtype}")
     if tuple(w.shape) != (vocab_size, d_e):
         raise ValueError(
             f"embedding file {p} has shape {tuple(w.shape)}, expected ({vocab_size}, {d_e}); "
             f"set model.d_e to match or use another file"
         )
-    return w.float()
+    w = w.float()
+    if not bool(torch.isfinite(w).all()):
+        raise refuse("it holds NaN/Inf")
+    return w
 
 
 PAPER_WIDTH = 768  # the width of the paper's 0.1B model

@@ -427,11 +427,11 @@ def _train(
     dist.barrier()
     data = data or DataPipeline(cfg, run_dir, rank=dist.rank(), world_size=dist.world_size())
     data.check_splits(("train", cfg.eval.split))  # an unusable split fails now, not after training
-    if not resume and dist.is_main():
-        runfolder.begin(run_dir, cfg.to_json())
     method = get_method(cfg)
     method.check_training(cfg, dist.world_size())
-    model = method.build_model(data.vocab_size).to(device)
+    model = method.build_model(data.vocab_size).to(device)  # reads model.embeddings_path: a bad file leaves no run
+    if not resume and dist.is_main():
+        runfolder.begin(run_dir, cfg.to_json())
     torch.manual_seed(cfg.train.seed * 1_000_003 + 29 + dist.rank())  # per-rank dropout streams
     trainer = Trainer(cfg, model, method, None, device)
     stored = _resume(trainer, run_dir, data, weights_only) if resume else None
