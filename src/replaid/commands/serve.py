@@ -6,6 +6,8 @@ import sys
 
 from replaid.commands import NONNEGATIVE, POSITIVE, STEPS, add_command, int_in
 
+MAX_BODY = 1 << 20  # replaid.web.engine.MAX_BODY (this module loads without the web extra)
+
 EXAMPLE = "example: replaid serve runs/demo runs/demo-mdlm --port 8000   (then open http://127.0.0.1:8000)"
 
 
@@ -33,6 +35,12 @@ def register(sub) -> None:
         "--max-length", type=NONNEGATIVE, default=0, help="longest sequence per request (0: each run's seq_len)"
     )
     s.add_argument("--max-queue", type=POSITIVE, default=8, help="generations that may wait per run")
+    s.add_argument(
+        "--max-body",
+        type=POSITIVE,
+        default=MAX_BODY,
+        help=f"largest request body in bytes (default {MAX_BODY}); a larger one gets HTTP 413 before it is read",
+    )
     s.add_argument(
         "--classifier",
         action="append",
@@ -74,7 +82,7 @@ def run(args) -> int:
 
     from replaid.web.engine import Limits
 
-    for k in ("max_steps", "max_samples", "max_queue"):
+    for k in ("max_steps", "max_samples", "max_queue", "max_body"):
         if getattr(args, k) < 1:
             raise ValueError(f"--{k.replace('_', '-')} must be >= 1")
     if not 0 < args.port < 65536:
@@ -82,7 +90,7 @@ def run(args) -> int:
     _check_port(args.host, args.port)
     if args.threads:
         torch.set_num_threads(args.threads)
-    limits = Limits(args.max_steps, args.max_samples, args.max_length, args.max_queue)
+    limits = Limits(args.max_steps, args.max_samples, args.max_length, args.max_queue, args.max_body)
     app = create_app(args.runs, limits, device=args.device, classifiers=args.classifier)
     names = ", ".join(app.state.slots)
     print(f"replaid serve: {names} on http://{args.host}:{args.port}  (Ctrl-C stops)", file=sys.stderr)

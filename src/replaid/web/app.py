@@ -6,6 +6,8 @@ Safety (``replaid serve`` binds 127.0.0.1 by default):
   field value, never a path (figures are listed once at start-up and served by their index);
 * every request is validated with bounds on steps, length and samples (``Limits``), a bad one gets
   HTTP 400 with a one-line ``error``;
+* a request body over ``Limits.max_body`` bytes gets HTTP 413 before it is read: at once when its
+  Content-Length says so, as soon as the limit is passed when it comes in chunks;
 * each run has one worker thread: its generations run one at a time in arrival order, at most
   ``Limits.max_queue`` wait (more get HTTP 429); a page that goes away cancels its job at the next
   step;
@@ -204,6 +206,7 @@ def create_app(
             )
 
     app = FastAPI(title="replaid playground", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, max_body=limits.max_body)
     static = resources.files("replaid.web") / "static"
     app.mount("/static", StaticFiles(directory=str(static)), name="static")
     app.state.slots = slots
@@ -353,6 +356,55 @@ def create_app(
         )
 
     return app
+
+
+class BodyLimit:
+    """ASGI middleware: a request body of more than ``max_body`` bytes is answered with HTTP 413 and the
+    server's one-line error JSON, never read in full. A Content-Length over the limit is refused before
+    any of the body is read; a body without one (chunked) is read up to the limit, then refused. A body
+    within the limit is read here (at most ``max_body`` bytes held) and handed on whole; the messages
+    after it (a client that goes away) pass through, so a dropped page still cancels its generation."""
+
+    def __init__(self, app, max_body: int):
+        self.app, self.max_body = app, max_body
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body:
+            return await self._refuse(send, f"is {int(declared)} bytes")
+        chunks, size = [], 0
+        while True:
+            msg = await receive()
+            if msg["type"] != "http.request":  # the client went away before its body was complete
+                return
+            chunks.append(msg.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body:
+                return await self._refuse(send, f"passed {size} bytes")
+            if not msg.get("more_body", False):
+                break
+        body, handed = b"".join(chunks), False
+
+        async def replay():
+            nonlocal handed
+            if not handed:
+                handed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send, what: str) -> None:
+        msg = (
+            f"the request body {what}, over the limit of {self.max_body} bytes (replaid serve --max-body); "
+            "send a smaller request"
+        )
+        data = json.dumps({"error": msg}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+        await send({"type": "http.response.start", "status": 413, "headers": [*headers, (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": data})
 
 
 def _sse(ev: dict) -> str:

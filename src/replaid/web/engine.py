@@ -52,6 +52,9 @@ class Cancelled(Exception):
     """Raised from the step callback when the page that asked went away."""
 
 
+MAX_BODY = 1 << 20  # 1 MiB: a request is a few fields and a text of at most max_length tokens
+
+
 @dataclass
 class Limits:
     """Per-request bounds (``replaid serve`` options)."""
@@ -60,6 +63,7 @@ class Limits:
     max_samples: int = 4
     max_length: int = 0  # 0: the run's training length data.seq_len
     max_queue: int = 8  # waiting requests per run
+    max_body: int = MAX_BODY  # bytes of a request body (more: HTTP 413, refused before it is read)
 
 
 _TYPES = {"str": str, "int": int, "float": float}
