@@ -196,7 +196,7 @@ CASES = [
     (["sample", "{run}", "--num", "-1"], "argument --num: -1: must be >= 1", None),
     (["sample", "{run}", "--num", "0"], "argument --num: 0: must be >= 1", None),
     (["sample", "{run}", "--steps", "0"], "argument --steps: 0: must be >= 1", None),
-    (["sample", "{run}", "--temperature", "-0.5"], "argument --temperature: -0.5: must be >= 0", None),
+    (["sample", "{run}", "--temperature", "-0.5"], "argument --temperature: -0.5: must be 0 or >= 1e-06", None),
     (["sample", "{run}", "--prompt", "return the value " * 40], "leaving nothing to generate", None),
 ]
 
@@ -209,7 +209,7 @@ HOSTILE = [
     (["sample", "{run}", "--steps", "1000000000"], "argument --steps: 1000000000: must be <= 100000", None),
     (["sample", "{run}", "--seed", "99999999999999999999999"], "argument --seed", None),
     (["likelihood", "{run}", "--fd-step", "nan", "--out", "{tmp}/lk"], "--fd-step: nan: must be a finite", None),
-    (["likelihood", "{run}", "--rtol", "-1", "--out", "{tmp}/lk"], "argument --rtol: -1: must be > 0", None),
+    (["likelihood", "{run}", "--rtol", "-1", "--out", "{tmp}/lk"], "argument --rtol: -1: must be >= 1e-12", None),
     (["likelihood", "{run}", "--K", "0", "--out", "{tmp}/lk"], "argument --K: 0: must be >= 1", None),
     (["memory", "--vocab", "-5"], "argument --vocab: -5: must be >= 2", None),
     (["memory", "--per-device-batch", "0"], "argument --per-device-batch: 0", None),
@@ -222,7 +222,7 @@ HOSTILE = [
         None,
     ),
     (["scaling", "plan", "--budgets", "1e400"], "argument --budgets: 1e400: must be a finite number", None),
-    (["scaling", "plan", "--mfu", "0"], "argument --mfu: 0: must be > 0", None),
+    (["scaling", "plan", "--mfu", "0"], "argument --mfu: 0: must be >= 0.001", None),
     (["scaling", "run", "{tmp}/sw", "--max-parallel", "-3"], "argument --max-parallel: -3: must be >= 1", None),
     (["scaling", "run", "{tmp}/sw", "--max-parallel", "0"], "argument --max-parallel: 0: must be >= 1", None),
     (["scaling", "fit", "{tmp}/f.csv", "--bootstrap", "0"], "argument --bootstrap: 0", None),
@@ -243,6 +243,30 @@ HOSTILE = [
     (NEW + ["train.steps=1e3.5"], "train.steps expects a whole number", None),
     (NEW + ["optim.lr_backbone=1e999"], "optim.lr_backbone", None),
     (["sample", "{run}", "--context", "return the value", "--infill", "1:9999"], "--infill 1:9999 makes samples", None),
+    # issue 38, numbers validated where they enter: huge finite and tiny positive values (tests/test_numbers.py)
+    (
+        ["sample", "{run}", "--require", "the", "--guidance-scale", "1e308"],
+        "--guidance-scale: 1e+308: must be <=",
+        None,
+    ),
+    (["sample", "{run}", "--require", "the", "--guidance-scale", "1e30"], "--guidance-scale: 1e+30: must be <=", None),
+    (["sample", "{run}", "--temperature", "1e-300"], "--temperature: 1e-300: must be 0 or >= 1e-06", None),  # X10
+    (["sample", "{run}", "--temperature", "1e300"], "--temperature: 1e+300: must be <= 1e+06", None),  # X11
+    (["sweep", "{run}", "--out", "{tmp}/sw", "--temperatures", "1e-300"], "--temperatures: 1e-300: must be >=", None),
+    (NEW + ["optim.lr_backbone=1e300"], "optim.lr_backbone: must be in [0, 10]", None),  # O24
+    (NEW + ["model.dropout=1e-300"], "model.dropout: 1e-300 is beyond the range float32", None),
+    (["likelihood", "{run}", "--out", "{tmp}/lk", "--rtol", "1e-300", "--atol", "1e-300"], "must be >= 1e-12", None),
+    (["scaling", "plan", "--sizes", "tiny", "--budgets", "1"], "below one training step of every size", None),  # K06
+    (["scaling", "plan", "--out", "{tmp}/k", "--budgets", "1e11", "1e11"], "1e+11 is given twice", None),  # K07
+    (["scaling", "plan", "--budgets", "1e11", "1.0001e11"], "same budget to 3 significant digits", None),  # K07
+    (
+        ["quality", SAMPLES],
+        'line 2: field "vocab_size" is 50257, but line 1 has 512',  # U10
+        write(
+            "s.jsonl",
+            '{"text": "a", "ids": [1], "vocab_size": 512}\n{"text": "b", "ids": [3], "vocab_size": 50257}\n',
+        ),
+    ),
     # memory before allocation
     (["sample", "{run}", "--num", "1000000000", "--batch-size", "1000000000"], "GB free; use --num", None),
     (["sample", "{run}", "--length", "100000000", "--allow-longer"], "GB free; use --length", None),
@@ -484,9 +508,12 @@ def test_debug_flag_and_environment_show_the_traceback(tmp_path, monkeypatch):
 
 FUZZ_SECONDS = float(os.environ.get("REPLAID_FUZZ_SECONDS", "60"))  # random extra cases stop after this
 BIG = "9" * 30
-ALWAYS_BAD = ["", "abc", "nan", "inf", "-inf", "1e400", "-1e400"]  # no numeric option takes these
+# no numeric option takes these: whole numbers are digits, and every float option's range ends below 1e30
+# (the float32 limit, with the headroom a computation needs: issue 38, X09-X11)
+ALWAYS_BAD = ["", "abc", "nan", "inf", "-inf", "1e400", "-1e400", "1e30", "1e300", "-1e300"]
 INT_BAD = ["1e9", "2.5", "0x10"]  # not whole numbers written as digits
-MAYBE_BAD = ["-1", "0", BIG, "-" + BIG]  # bad where the option's range says so
+TINY = "1e-300"  # a float option takes it only where its range starts at a closed 0 (tiny is its 0)
+MAYBE_BAD = ["-1", "0", BIG, "-" + BIG, TINY]  # bad where the option's range says so
 NON_FINITE = ["nan", "NaN", "+nan", "-nan", "inf", "+inf", "-inf", "Infinity", "-INFINITY", "1e999", "-2e308"]
 
 
@@ -512,7 +539,8 @@ def numeric_options():
 
 
 def edge_values(a) -> list[str]:
-    """The edge values every numeric option gets: ALWAYS_BAD, INT_BAD for whole numbers, MAYBE_BAD."""
+    """The edge values every numeric option gets: ALWAYS_BAD (huge finite 1e30 and 1e300 among them), INT_BAD
+    for whole numbers, MAYBE_BAD (tiny positive 1e-300 among them)."""
     return ALWAYS_BAD + (INT_BAD if a.type.__name__ == "int" else []) + MAYBE_BAD
 
 
@@ -571,6 +599,9 @@ def test_generated_bad_numbers_for_every_numeric_option(trained, tmp_path, monke
     opts = list(numeric_options())
     bare = [f"{' '.join(p)} {a.option_strings[0]}" for p, _, a in opts if a.type in (int, float)]
     assert not bare, f"numeric options without a declared range (use int_in/float_in): {bare}"
+    floats = [(p, a) for p, _, a in opts if a.type.__name__ == "float"]
+    unbounded = [f"{' '.join(p)} {a.option_strings[0]}" for p, a in floats if not a.type.range[1] < 1e30]
+    assert not unbounded, f"float options without a finite upper end below 1e30 (float32): {unbounded}"
     parser = cli._parser()
     monkeypatch.setattr(cli, "_parser", lambda: parser)  # main(argv) as it is, without rebuilding it per case
     run = tmp_path / "run"
@@ -583,6 +614,8 @@ def test_generated_bad_numbers_for_every_numeric_option(trained, tmp_path, monke
         if cmd is not None:
             ran += 1
             seen.add(cmd)
+        elif v == TINY and a.type.__name__ == "float" and a.type.range[:1] + a.type.range[2:3] != (0, False):
+            unvalidated.append(f"{' '.join(path)} {a.option_strings[0]} {v!r} (a positive range needs a floor)")
         elif v in MAYBE_BAD:  # within the option's declared range
             in_range += 1
         else:  # the option's type takes a non-number, a non-finite or (whole numbers) a non-digit value

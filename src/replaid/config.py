@@ -17,6 +17,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+# Declared ranges of numbers that reach a tensor (issue 38), shared by the CLI's argparse types, the
+# sampling request's and the config's validation. float32 holds up to 3.4e38; a config float stays within
+# +-FLOAT_LIMIT (and is 0 or at least 1/FLOAT_LIMIT in magnitude), and the options below within their
+# meaningful range (outside it the float32 arithmetic over- or underflows: e.g. logits / 1e-300 are inf, a
+# guidance term times 1e30 is inf, and every token id comes out 0).
+FLOAT_LIMIT = 1e30
+# logit temperature: 0 (greedy: the argmax of every draw) or in [1e-6, 1e6]. Below 1e-6 the draws are
+# greedy to float32 precision (two logits 1e-4 apart already weigh e^100 : 1), so 0 says it exactly; above
+# 1e6 the tempered logits are uniform to float32 precision.
+TEMPERATURE_RANGE = (1e-6, 1e6)
+SCORE_TEMPERATURE_RANGE = (1e-3, 1e3)  # Plaid's score temperature: eps_hat / tau; 1e-6 already overflows e_hat
+GUIDANCE_SCALE_MAX = 1e4  # guidance w: beyond it the guidance term alone decides every token (1e30 overflows)
+LR_MAX = 10.0  # learning rates (and weight decays) in [0, 10]: an Adam step of 1e300 overflows float32
+# adaptive ODE solves (likelihood --solver dopri5) run in float64: a tolerance below ODE_TOL_MIN is rounding
+# (float64 resolves 2.2e-16 relative; the error estimate sums several such roundings per step), and each
+# solve stops with an error after MAX_SOLVER_STEPS steps (--max-solver-steps) instead of running for hours
+ODE_TOL_MIN = 1e-12
+MAX_SOLVER_STEPS = 1_000  # about 6000 drift evaluations: ~25x a default Heun solve (128 steps)
+
 
 class ConfigError(ValueError):
     """A bad configuration key or value (one-line message naming the key and the fix)."""
@@ -180,15 +199,23 @@ class OptimConfig:
         _check(0.0 <= self.warmup_frac < 1.0, "optim.warmup_frac", "must be in [0, 1)")
         _check(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
         for k in ("lr_backbone", "lr_projections", "lr_embedding", "lr_schedule_mlp", "lr_endpoints"):
-            _check(getattr(self, k) >= 0, f"optim.{k}", "must be >= 0")
+            _check(0 <= getattr(self, k) <= LR_MAX, f"optim.{k}", f"must be in [0, {LR_MAX:g}]")
+        for k in ("wd_backbone", "wd_projections", "wd_embedding", "wd_schedule_mlp", "wd_endpoints"):
+            _check(0 <= getattr(self, k) <= LR_MAX, f"optim.{k}", f"must be in [0, {LR_MAX:g}]")
         _check(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 = off)")
         _check(self.eps > 0, "optim.eps", "must be > 0")
         _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "optim.beta1", "beta1 and beta2 must be in [0, 1)")
         _check(
             self.lr_min >= 0 and self.min_warmup_steps >= 0, "optim.lr_min", "lr_min and min_warmup_steps must be >= 0"
         )
+        _check(self.lr_min <= LR_MAX, "optim.lr_min", f"must be in [0, {LR_MAX:g}]")
+        _check(1e-30 <= self.eps <= 1, "optim.eps", "must be in [1e-30, 1] (float32 holds it)")
         for k in ("lr_norms_head", "wd_norms_head"):
-            _check(getattr(self, k) >= 0 or getattr(self, k) == -1, f"optim.{k}", "must be >= 0 or -1 (as backbone)")
+            _check(
+                0 <= getattr(self, k) <= LR_MAX or getattr(self, k) == -1,
+                f"optim.{k}",
+                f"must be in [0, {LR_MAX:g}] or -1 (as backbone)",
+            )
 
 
 @dataclass
@@ -380,7 +407,14 @@ class RunConfig:
                     f"{f.name}.{g.name}",
                     f"must be a finite number, got {x}",
                 )
-            v.validate()
+            v.validate()  # its own ranges first, then the one every float has
+            for g in dataclasses.fields(v):  # every float reaches a float32 tensor or multiplies one
+                x = getattr(v, g.name)
+                if isinstance(x, float) and not (x == 0 or 1 / FLOAT_LIMIT <= abs(x) <= FLOAT_LIMIT):
+                    raise ConfigError(
+                        f"invalid config value {f.name}.{g.name}: {x:g} is beyond the range float32 computes in; "
+                        f"give 0 or a magnitude in [{1 / FLOAT_LIMIT:g}, {FLOAT_LIMIT:g}]"
+                    )
         if self.method in CONTINUOUS_METHODS:  # Algorithm 1 needs a reconstruction row and a diffusion row
             micro = self.train.batch_size // self.train.grad_accum
             _check(

@@ -185,8 +185,21 @@ def int_in(lo: int | None = None, hi: int | None = None):
     return parse
 
 
-def float_in(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False):
-    """An argparse type: a finite number in ``[lo, hi]`` (``lo_open``/``hi_open``: that end excluded)."""
+FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32: a number that reaches a tensor stays below it
+
+
+def float_in(
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    or_zero: bool = False,
+):
+    """An argparse type: a finite number in ``[lo, hi]`` (``lo_open``/``hi_open``: that end excluded;
+    ``or_zero``: 0 is taken too, as the option's documented special value, e.g. greedy decoding). The
+    range is kept on the parser as ``.range`` (lo, hi, lo_open, hi_open, or_zero) for the generated
+    tests: every float option declares a finite upper end that float32 represents."""
 
     def parse(s: str) -> float:
         import math
@@ -197,14 +210,36 @@ def float_in(lo: float | None = None, hi: float | None = None, *, lo_open: bool 
             raise argparse.ArgumentTypeError(f"{s[:40]!r} is not a number") from None
         if not math.isfinite(v):
             raise argparse.ArgumentTypeError(f"{s[:40]}: must be a finite number")
+        if or_zero and v == 0:
+            return v
+        zero = "0 or " if or_zero else ""
         if lo is not None and (v < lo or (lo_open and v == lo)):
-            raise argparse.ArgumentTypeError(f"{v:g}: must be {'>' if lo_open else '>='} {lo:g}")
+            raise argparse.ArgumentTypeError(f"{v:g}: must be {zero}{'>' if lo_open else '>='} {lo:g}")
         if hi is not None and (v > hi or (hi_open and v == hi)):
             raise argparse.ArgumentTypeError(f"{v:g}: must be {'<' if hi_open else '<='} {hi:g}")
         return v
 
     parse.__name__ = "float"
+    parse.range = (lo, hi, lo_open, hi_open, or_zero)  # type: ignore[attr-defined]
     return parse
+
+
+class Distinct(argparse.Action):
+    """``action=Distinct`` for a list option: a value given twice is refused (``--budgets 1e11 1e11``
+    would plan the same runs twice under one id and double-count their FLOPs)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        seen: set = set()
+        for v in values or []:
+            if v in seen:
+                raise argparse.ArgumentError(
+                    self,
+                    f"{v:g} is given twice; give each value once"
+                    if isinstance(v, float)
+                    else f"{v} is given twice; give each value once",
+                )
+            seen.add(v)
+        setattr(namespace, self.dest, values)
 
 
 POSITIVE = int_in(1)

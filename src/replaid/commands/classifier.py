@@ -6,6 +6,7 @@ import json
 import sys
 
 from replaid.commands import POSITIVE, SEED, add_command, check_out, float_in
+from replaid.config import LR_MAX
 
 EXAMPLE = (
     "example: replaid classifier train runs/demo --data labelled.jsonl --out clf/question --steps 400\n"
@@ -27,7 +28,12 @@ def register(sub) -> None:
     t.add_argument("--out", required=True, help="folder for classifier.safetensors + classifier.json")
     t.add_argument("--steps", type=POSITIVE, default=400, help="optimiser steps")
     t.add_argument("--batch-size", type=POSITIVE, default=32, help="windows per step")
-    t.add_argument("--lr", type=float_in(0, lo_open=True), default=2e-3, help="peak learning rate (cosine decay)")
+    t.add_argument(
+        "--lr",
+        type=float_in(1e-10, LR_MAX),
+        default=2e-3,
+        help=f"peak learning rate (cosine decay), in [1e-10, {LR_MAX:g}]",
+    )
     t.add_argument("--hidden", type=POSITIVE, default=128, help="classifier width")
     t.add_argument("--seed", type=SEED, default=0, help="seed of the windows, times and noise")
     t.set_defaults(func=run)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from replaid.commands import NONNEGATIVE, POSITIVE, SEED, add_command, float_in, int_in
+from replaid.config import LR_MAX
 
 EXAMPLE = """example: replaid distill runs/demo --out runs/demo-pd8 --from-steps 64 --to-steps 8 --steps-per-round 200
          replaid distill runs/demo --out runs/demo-cd --method consistency --cd-steps 400
@@ -51,7 +52,9 @@ def register(sub) -> None:
         default=d.cd_ema,
         help="consistency: EMA decay of the target network",
     )
-    p.add_argument("--lr", type=float_in(0, lo_open=True), default=d.lr, help="learning rate (AdamW)")
+    p.add_argument(
+        "--lr", type=float_in(1e-10, LR_MAX), default=d.lr, help=f"learning rate (AdamW), in [1e-10, {LR_MAX:g}]"
+    )
     p.add_argument("--batch-size", type=NONNEGATIVE, default=d.batch_size, help="rows per step (0: the teacher's)")
     p.add_argument("--seed", type=SEED, default=d.seed, help="seed of the data order and noise")
     p.add_argument("--save-every", type=POSITIVE, default=d.save_every, help="checkpoint every N steps")

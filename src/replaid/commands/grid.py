@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from replaid.commands import POSITIVE, SEED, add_command, add_run_options, float_in, run_manifest_command
+from replaid.commands import POSITIVE, SEED, Distinct, add_command, add_run_options, float_in, run_manifest_command
 
 EXAMPLE = """examples:
   replaid grid plan study.yaml --out runs/study                       # cells and seeds from a spec file
@@ -63,6 +63,7 @@ def register(sub) -> None:
         "--seeds",
         nargs="+",
         type=SEED,
+        action=Distinct,
         metavar="N",
         help="one number: that many seeds from 0; several: those seeds (absent: the spec's, else 3)",
     )
@@ -93,9 +94,9 @@ def register(sub) -> None:
     t.add_argument("--reference", help="the cell paired differences are taken against (absent: the spec's)")
     t.add_argument(
         "--confidence",
-        type=float_in(0, 1, lo_open=True, hi_open=True),
+        type=float_in(0.5, 1, hi_open=True),
         default=0.95,
-        help="confidence of the t-intervals, in (0, 1)",
+        help="confidence of the t-intervals, in [0.5, 1)",
     )
     t.add_argument("--out", help="folder for report.json/.md/.png (absent: the grid folder)")
     t.add_argument("--title", help="the report's heading")
@@ -113,13 +114,20 @@ def register(sub) -> None:
         "and each cell's gap to the reference as a trend in log FLOPs (shrinks / grows / flips).",
     )
     tr.add_argument("grid", help="grid folder")
-    tr.add_argument("--steps", nargs="+", type=POSITIVE, required=True, help="step counts to read (logged evaluations)")
+    tr.add_argument(
+        "--steps",
+        nargs="+",
+        type=POSITIVE,
+        action=Distinct,
+        required=True,
+        help="step counts to read (logged evaluations)",
+    )
     tr.add_argument("--reference", help="the cell gaps are taken against (absent: the spec's)")
     tr.add_argument(
         "--confidence",
-        type=float_in(0, 1, lo_open=True, hi_open=True),
+        type=float_in(0.5, 1, hi_open=True),
         default=0.95,
-        help="confidence of the t-intervals, in (0, 1)",
+        help="confidence of the t-intervals, in [0.5, 1)",
     )
     tr.add_argument("--out", help="folder for trend.json/.md/.png (absent: the grid folder)")
     tr.add_argument("--title", help="the page's heading")

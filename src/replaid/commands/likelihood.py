@@ -8,7 +8,10 @@ import math
 import time
 from pathlib import Path
 
-from replaid.commands import POSITIVE, SEED, STEPS, add_command, check_out, emit, float_in, run_title
+from replaid.commands import POSITIVE, SEED, STEPS, add_command, check_out, emit, float_in, int_in, run_title
+from replaid.config import MAX_SOLVER_STEPS, ODE_TOL_MIN
+
+TOLERANCE = float_in(ODE_TOL_MIN, 1)  # dopri5 --rtol/--atol: what its float64 solve resolves
 
 EXAMPLE = (
     "example: replaid likelihood runs/demo --split valid --num-seqs 64 --K 8 --steps 128 "
@@ -35,8 +38,14 @@ def register(sub) -> None:
         choices=["heun", "dopri5"],
         help="fixed-step Heun, or torchdiffeq's adaptive dopri5 (fixed probes per row)",
     )
-    p.add_argument("--rtol", type=float_in(0, lo_open=True), default=1e-5, help="dopri5 relative tolerance")
-    p.add_argument("--atol", type=float_in(0, lo_open=True), default=1e-5, help="dopri5 absolute tolerance")
+    p.add_argument("--rtol", type=TOLERANCE, default=1e-5, help=f"dopri5 relative tolerance, in [{ODE_TOL_MIN:g}, 1]")
+    p.add_argument("--atol", type=TOLERANCE, default=1e-5, help=f"dopri5 absolute tolerance, in [{ODE_TOL_MIN:g}, 1]")
+    p.add_argument(
+        "--max-solver-steps",
+        type=int_in(1, 10**7),
+        default=MAX_SOLVER_STEPS,
+        help="dopri5: steps (accepted or rejected) a solve may take before the command stops with an error",
+    )
     p.add_argument(
         "--n-hutch",
         type=POSITIVE,
@@ -49,12 +58,12 @@ def register(sub) -> None:
     p.add_argument(
         "--fd-step",
         dest="h",
-        type=float_in(0, 1, lo_open=True),
+        type=float_in(1e-6, 1),
         default=1e-3,
-        help="finite-difference step of --jvp fd",
+        help="finite-difference step of --jvp fd, in [1e-6, 1] (a smaller step is float32 rounding noise)",
     )
     p.add_argument(
-        "--h", dest="h", type=float_in(0, 1, lo_open=True), default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        "--h", dest="h", type=float_in(1e-6, 1), default=argparse.SUPPRESS, help=argparse.SUPPRESS
     )  # old spelling
     p.add_argument(
         "--selfcond-correction",
@@ -161,6 +170,7 @@ def run(args) -> int:
         solver=args.solver,
         rtol=args.rtol,
         atol=args.atol,
+        max_steps=args.max_solver_steps,
         selfcond_correction=args.selfcond_correction == "on",
         progress=progress,
     )

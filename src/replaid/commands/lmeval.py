@@ -25,7 +25,7 @@ def register(sub) -> None:
     e.add_argument("--tasks", nargs="+", required=True, help="harness task or group names")
     e.add_argument("--include-path", default=None, help="folder of extra task YAMLs (e.g. docs/lmeval/tasks)")
     e.add_argument(
-        "--limit", type=float_in(0, lo_open=True), default=None, help="documents per task (a fraction if < 1)"
+        "--limit", type=float_in(1e-6, 1e9), default=None, help="documents per task (a fraction if < 1), in [1e-6, 1e9]"
     )
     e.add_argument("--num-fewshot", type=NONNEGATIVE, default=None, help="few-shot examples (default: the task's)")
     e.add_argument("--mc-samples", type=POSITIVE, default=4, help="diffusion times per scored row (ignored by AR)")

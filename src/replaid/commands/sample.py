@@ -6,6 +6,7 @@ import json
 from typing import TYPE_CHECKING
 
 from replaid.commands import NONNEGATIVE, POSITIVE, SEED, STEPS, add_command, float_in
+from replaid.config import GUIDANCE_SCALE_MAX, SCORE_TEMPERATURE_RANGE, TEMPERATURE_RANGE
 from replaid.sampling.names import SAMPLER_NAMES
 
 if TYPE_CHECKING:
@@ -40,9 +41,18 @@ def register(sub) -> None:
     )
     s.add_argument("--allow-longer", action="store_true", help="allow --length beyond the run's trained length")
     s.add_argument(
-        "--temperature", type=float_in(0), default=1.0, help="logit temperature (0: greedy, the argmax of every draw)"
+        "--temperature",
+        type=float_in(*TEMPERATURE_RANGE, or_zero=True),
+        default=1.0,
+        help=f"logit temperature: 0 (greedy, the argmax of every draw) or in [{TEMPERATURE_RANGE[0]:g}, "
+        f"{TEMPERATURE_RANGE[1]:g}] (below it the draws are greedy to float32 precision: give 0)",
     )
-    s.add_argument("--score-temperature", type=float_in(0, lo_open=True), default=1.0, help="Plaid's score temperature")
+    s.add_argument(
+        "--score-temperature",
+        type=float_in(*SCORE_TEMPERATURE_RANGE),
+        default=1.0,
+        help=f"Plaid's score temperature, in [{SCORE_TEMPERATURE_RANGE[0]:g}, {SCORE_TEMPERATURE_RANGE[1]:g}]",
+    )
     s.add_argument("--prompt", default=None, help="text fixed at the start of every sample (default: none)")
     s.add_argument(
         "--context",
@@ -94,9 +104,10 @@ def add_guidance_args(s) -> None:
     )
     s.add_argument(
         "--guidance-scale",
-        type=float_in(0),
+        type=float_in(0, GUIDANCE_SCALE_MAX),
         default=1.0,
-        help="w: adds w * grad log p(y | z_t) to the score (0: unguided, 1: the exact conditional)",
+        help="w: adds w * grad log p(y | z_t) to the score (0: unguided, 1: the exact conditional; at most "
+        f"{GUIDANCE_SCALE_MAX:g}: beyond it the guidance term alone decides every token)",
     )
 
 

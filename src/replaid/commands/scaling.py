@@ -6,7 +6,16 @@ import json
 import sys
 from pathlib import Path
 
-from replaid.commands import POSITIVE, SEED, add_command, add_run_options, float_in, int_in, run_manifest_command
+from replaid.commands import (
+    POSITIVE,
+    SEED,
+    Distinct,
+    add_command,
+    add_run_options,
+    float_in,
+    int_in,
+    run_manifest_command,
+)
 
 EXAMPLE = """examples:
   replaid scaling plan --methods ar mdlm replaid --budgets 6e18 1e19 3e19 6e19 1e20 --sizes paper --out SWEEP
@@ -27,13 +36,19 @@ def register(sub) -> None:
         "example: replaid scaling plan --methods ar mdlm replaid --sizes paper --mfu 0.4",
     )
     p.add_argument(
-        "--methods", nargs="+", default=["ar", "mdlm", "replaid"], help="any of ar mdlm duo replaid replaid-nosc plaid"
+        "--methods",
+        nargs="+",
+        action=Distinct,
+        default=["ar", "mdlm", "replaid"],
+        help="any of ar mdlm duo replaid replaid-nosc plaid",
     )
     p.add_argument(
         "--budgets",
         nargs="+",
-        type=float_in(0, 1e30, lo_open=True),
-        help="compute budgets C in FLOPs (absent: the paper's five, or 1e11 3e11 6e11 for tiny)",
+        type=float_in(1, 1e26),
+        action=Distinct,
+        help="compute budgets C in FLOPs, each in [1, 1e26] and given once (absent: the paper's five, or 1e11 3e11 "
+        "6e11 for tiny)",
     )
     p.add_argument(
         "--sizes", default="paper", help="paper | tiny | comma-separated size labels (e.g. 116M,140M or 32x1,48x2)"
@@ -72,15 +87,15 @@ def register(sub) -> None:
     p.add_argument("--force", action="store_true", help="re-plan an existing sweep folder (its runs are kept)")
     p.add_argument(
         "--mfu",
-        type=float_in(0, 1, lo_open=True),
+        type=float_in(1e-3, 1),
         default=0.4,
         help="model FLOPs utilisation for the GPU-hour estimate",
     )
     p.add_argument(
         "--gpu-tflops",
-        type=float_in(0, lo_open=True),
+        type=float_in(1e-3, 1e6),
         default=989.0,
-        help="peak bf16 dense TFLOP/s of one GPU for the estimate (989: H100 SXM)",
+        help="peak bf16 dense TFLOP/s of one GPU for the estimate (989: H100 SXM), in [1e-3, 1e6]",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
     p.add_argument("overrides", nargs="*", help="section.key=value applied to every run, e.g. data.source=...")
@@ -122,8 +137,8 @@ def register(sub) -> None:
     )
     f.add_argument(
         "--slice-params",
-        type=float_in(0, lo_open=True),
-        help="N of the over-training slice plot (absent: a crossover N in the middle)",
+        type=float_in(1, 1e15),
+        help="N of the over-training slice plot, in [1, 1e15] (absent: a crossover N in the middle)",
     )
     f.add_argument("--json", action="store_true", help="print every fitted number as one JSON object")
     f.set_defaults(func=run_fit)

@@ -6,8 +6,9 @@ import datetime
 import platform
 from pathlib import Path
 
-from replaid.commands import POSITIVE, SEED, STEPS, add_command, check_out, emit, float_in
+from replaid.commands import POSITIVE, SEED, STEPS, Distinct, add_command, check_out, emit, float_in
 from replaid.commands.quality import add_judge_arguments
+from replaid.config import TEMPERATURE_RANGE
 
 EXAMPLE = (
     "example: replaid sweep runs/demo --judge-run runs/demo-ar --steps 16 64 256 "
@@ -31,14 +32,20 @@ def register(sub) -> None:
         "--samplers", nargs="+", help="samplers compared (default: ddpm ddim dpmpp2m heun; AR/MDLM/Duo: their own)"
     )
     p.add_argument(
-        "--steps", nargs="+", type=STEPS, help="step counts of each sampler (default: 16 64 256; AR: data.seq_len)"
+        "--steps",
+        nargs="+",
+        type=STEPS,
+        action=Distinct,
+        help="step counts of each sampler (default: 16 64 256; AR: data.seq_len)",
     )
     p.add_argument(
         "--temperatures",
         nargs="*",
-        type=float_in(0, lo_open=True),
+        type=float_in(*TEMPERATURE_RANGE),
+        action=Distinct,
         default=[0.6, 0.7, 0.8, 0.9, 1.0],
-        help="logit temperatures of the temperature sweep (none: skip it)",
+        help=f"logit temperatures of the temperature sweep, each in [{TEMPERATURE_RANGE[0]:g}, "
+        f"{TEMPERATURE_RANGE[1]:g}] (none: skip it)",
     )
     p.add_argument("--temp-sampler", help="sampler of the temperature sweep (default: the first of --samplers)")
     p.add_argument("--temp-steps", type=STEPS, help="steps of the temperature sweep (default: 64; AR: data.seq_len)")

@@ -39,6 +39,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
+from replaid.config import MAX_SOLVER_STEPS, ODE_TOL_MIN
 from replaid.diffusion.denoiser import alpha_sigma
 
 LOG_2PI = math.log(2 * math.pi)
@@ -200,13 +201,15 @@ def ode_log_weight(
     solver: str = "heun",
     rtol: float = 1e-5,
     atol: float = 1e-5,
+    max_steps: int = MAX_SOLVER_STEPS,
     callback: Optional[Callable[[float], None]] = None,
 ) -> dict[str, Tensor]:
     """One importance sample per row: ``log w`` (eq. ode-logweight-gamma) for tokens (B, L).
 
     ``solver="heun"``: Heun2 on a uniform gamma grid of ``steps`` steps from gamma_0 to gamma_1,
     fresh Hutchinson probes at every drift evaluation. ``solver="dopri5"``: torchdiffeq's adaptive
-    Dormand-Prince (``rtol``, ``atol``) on the augmented state (z, int div) in float64, with the
+    Dormand-Prince (``rtol``, ``atol`` in [ODE_TOL_MIN, 1], at most ``max_steps`` accepted or rejected
+    steps per solve; beyond it a ValueError says so) on the augmented state (z, int div) in float64, with the
     probes fixed per row for the whole solve (FFJORD) so the drift is deterministic. Returns float64
     (B,) tensors ``log_w``, ``log_px_z0``, ``log_q``, ``log_pz1``, ``div_int`` (the log-weight's pieces)
     and ``div_var``, the estimated variance of ``div_int``'s Hutchinson noise (Heun with
@@ -242,7 +245,9 @@ def ode_log_weight(
         )
     elif solver == "dopri5":
         probes = [draw_probe(tuple(z0.shape), probe, generator, dev, torch.float64) for _ in range(n_hutch)]
-        z, div_int = _solve_adaptive(ode, z0, gamma_0, gamma_1, rtol, atol, callback, probes=probes, jvp=jvp, h=h)
+        z, div_int = _solve_adaptive(
+            ode, z0, gamma_0, gamma_1, rtol, atol, callback, max_steps=max_steps, probes=probes, jvp=jvp, h=h
+        )
     else:
         raise ValueError(f"unknown ODE solver {solver!r}; use heun or dopri5")
     log_pz1 = -0.5 * n * LOG_2PI - 0.5 * (z.double() ** 2).reshape(B, -1).sum(1)
@@ -295,9 +300,20 @@ def _solve_adaptive(
     rtol: float,
     atol: float,
     callback: Optional[Callable[[float], None]] = None,
+    max_steps: int = MAX_SOLVER_STEPS,
     **kw,
 ) -> tuple[Tensor, Tensor]:
-    """torchdiffeq dopri5 on (z, int div) in float64 with fixed probes (``kw["probes"]``)."""
+    """torchdiffeq dopri5 on (z, int div) in float64 with fixed probes (``kw["probes"]``): at most
+    ``max_steps`` steps (accepted or rejected), else a ValueError naming the budget; tolerances below
+    :data:`~replaid.config.ODE_TOL_MIN` (what float64 resolves) are refused before the solve."""
+    for name, tol in (("rtol", rtol), ("atol", atol)):
+        if not (math.isfinite(tol) and ODE_TOL_MIN <= tol <= 1):
+            raise ValueError(
+                f"--{name} {tol:g}: must be in [{ODE_TOL_MIN:g}, 1]; the float64 solve cannot resolve a smaller "
+                f"tolerance (its step size underflows)"
+            )
+    if int(max_steps) < 1:
+        raise ValueError(f"--max-solver-steps {max_steps}: must be >= 1")
     try:
         from torchdiffeq import odeint
     except ImportError:
@@ -315,7 +331,17 @@ def _solve_adaptive(
 
     y0 = (z0.double(), torch.zeros(B, dtype=torch.float64, device=dev))
     ts = torch.tensor([float(gamma_0), float(gamma_1)], dtype=torch.float64, device=dev)
-    zs, divs = odeint(f, y0, ts, rtol=rtol, atol=atol, method="dopri5")
+    try:
+        zs, divs = odeint(f, y0, ts, rtol=rtol, atol=atol, method="dopri5", options={"max_num_steps": int(max_steps)})
+    except AssertionError as e:  # torchdiffeq's own checks: the step budget, a step size that underflows
+        if "max_num_steps" not in str(e) and "underflow" not in str(e):
+            raise
+        what = "ran out of its step budget" if "max_num_steps" in str(e) else "needed a step below float64's resolution"
+        raise ValueError(
+            f"the dopri5 solve {what} after reaching {reached[0]:.1%} of the gamma path "
+            f"(--max-solver-steps {int(max_steps)}, --rtol {rtol:g}, --atol {atol:g}); loosen --rtol/--atol, "
+            f"raise --max-solver-steps, or use --solver heun"
+        ) from None
     return zs[-1].to(z0.dtype), divs[-1]
 
 

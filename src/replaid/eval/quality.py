@@ -293,6 +293,7 @@ def read_samples(path: str) -> tuple[list[str], Optional[list[list[int]]]]:
     if p.suffix not in (".jsonl", ".json"):
         return [ln for _, ln in numbered], None
     texts, ids = [], []
+    vocab: Optional[tuple[int, int]] = None  # (vocab_size, its first line): every row's ids share one vocabulary
     for i, ln in numbered:
         try:
             r = json.loads(ln)
@@ -318,6 +319,13 @@ def read_samples(path: str) -> tuple[list[str], Optional[list[list[int]]]]:
                 f'{p} line {i}: field "ids" holds {row_ids[j]} at position {j}, beyond the vocabulary '
                 f'(field "vocab_size" {V}: ids 0..{V - 1}); the ids do not come from that run: regenerate the file'
             )
+        if V is not None and vocab is not None and V != vocab[0]:
+            raise ValueError(
+                f'{p} line {i}: field "vocab_size" is {V}, but line {vocab[1]} has {vocab[0]}: the rows come from '
+                f"runs of different vocabularies, whose ids are not comparable; score each run's samples apart"
+            )
+        if V is not None and vocab is None:
+            vocab = (V, i)
         ids.append(row_ids)
     return texts, (ids if ids and all(x is not None for x in ids) else None)
 

@@ -7,13 +7,12 @@ otherwise ``length``, or the run's training length ``data.seq_len`` when it is `
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 
-from replaid.config import ConfigError
+from replaid.config import GUIDANCE_SCALE_MAX, SCORE_TEMPERATURE_RANGE, TEMPERATURE_RANGE, ConfigError
 from replaid.methods.base import Kind, Method
 from replaid.sampling.infill import EditPlan, InfillPlan, plan_edit, plan_infill
 
@@ -134,8 +133,8 @@ class SampleRequest:
         return plan
 
     def _check_guidance(self, L: int) -> None:
-        if not (math.isfinite(self.guidance_scale) and self.guidance_scale >= 0):
-            raise ConfigError(f"--guidance-scale {self.guidance_scale}: must be a finite number >= 0")
+        if not (0 <= self.guidance_scale <= GUIDANCE_SCALE_MAX):  # NaN fails too
+            raise ConfigError(f"--guidance-scale {self.guidance_scale:g}: must be in [0, {GUIDANCE_SCALE_MAX:g}]")
         if self.guide is not None and ":" not in self.guide:
             raise ValueError(f"--guide {self.guide!r}: expected CLASSIFIER_DIR:LABEL (see replaid classifier train)")
         from replaid.sampling.guidance import parse_require
@@ -152,12 +151,14 @@ class SampleRequest:
 
         for k in ("steps", "num", "batch_size"):
             need(getattr(self, k) >= 1, k, "must be >= 1")
-        need(math.isfinite(self.temperature) and self.temperature >= 0, "temperature", "must be a finite number >= 0")
+        lo, hi = TEMPERATURE_RANGE
         need(
-            math.isfinite(self.score_temperature) and self.score_temperature > 0,
-            "score_temperature",
-            "must be a finite number > 0",
+            self.temperature == 0 or lo <= self.temperature <= hi,
+            "temperature",
+            f"must be 0 (greedy) or in [{lo:g}, {hi:g}]; below {lo:g} the draws are greedy to float32 precision: give 0",
         )
+        lo, hi = SCORE_TEMPERATURE_RANGE
+        need(lo <= self.score_temperature <= hi, "score_temperature", f"must be in [{lo:g}, {hi:g}]")
         need(self.trajectory >= 0, "trajectory", "must be >= 0 (0 = off)")
         need(self.top_p is None or 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         need(L >= 2, "length", "must be >= 2", L)

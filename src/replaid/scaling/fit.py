@@ -140,13 +140,22 @@ def group_budgets(rows: list[dict]) -> list[float]:
 # ------------------------------------------------------------------ per-budget quadratic
 
 
+# the largest natural log whose exp is a finite float64 (exp(709.78) = 1.8e308)
+LOG_FINITE = math.log(np.finfo(np.float64).max)
+
+
 def isoflop_min(logn: np.ndarray, logl: np.ndarray) -> dict:
-    """Quadratic in log-log; its minimum (NaN when the parabola opens downwards)."""
+    """Quadratic in log-log; its minimum (NaN when the parabola opens downwards, and NaN with
+    ``vertex_beyond`` set when it is so flat that its vertex N* or L* lies beyond the finite range:
+    a degenerate fit, reported as such, never an OverflowError)."""
     a, b, c = np.polyfit(logn, logl, 2)
     if a <= 0:
         return {"a": a, "b": b, "c": c, "log_n_opt": math.nan, "log_l_opt": math.nan}
     x = -b / (2 * a)
-    return {"a": a, "b": b, "c": c, "log_n_opt": x, "log_l_opt": c - b * b / (4 * a)}
+    y = c - b * b / (4 * a)
+    if not (abs(x) < LOG_FINITE and abs(y) < LOG_FINITE):
+        return {"a": a, "b": b, "c": c, "log_n_opt": math.nan, "log_l_opt": math.nan, "vertex_beyond": float(x)}
+    return {"a": a, "b": b, "c": c, "log_n_opt": x, "log_l_opt": y}
 
 
 def linfit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -558,17 +567,22 @@ def fit_points(
             lo, hi = points[m]["logn"][sel].min(), points[m]["logn"][sel].max()
             bracketed = q["bracketed"]
             if not bracketed:
+                beyond = q.get("vertex_beyond")
                 why = (
-                    "the quadratic opens downwards"
+                    f"degenerate: the quadratic is nearly flat, its vertex N* = exp({beyond:.3g}) lies beyond "
+                    f"the finite range"
+                    if beyond is not None
+                    else "the quadratic opens downwards"
                     if not np.isfinite(q["log_n_opt"])
                     else f"N* = {math.exp(q['log_n_opt']):.3g} lies outside the sizes run "
                     f"[{math.exp(lo):.3g}, {math.exp(hi):.3g}]"
                 )
+                x_opt = beyond if beyond is not None else q["log_n_opt"]
                 where = (
                     "sizes on both sides"
-                    if not np.isfinite(q["log_n_opt"])
+                    if not np.isfinite(x_opt)
                     else "smaller sizes"
-                    if q["log_n_opt"] < lo
+                    if x_opt < lo
                     else "larger sizes"
                 )
                 warn.append(f"{m} at C={b:.3g}: minimum not bracketed ({why}); add {where}")

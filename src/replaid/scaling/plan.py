@@ -210,6 +210,15 @@ def make_plan(
         raise ConfigError(f"unknown protocol '{proto}'; choose {' or '.join(PROTOCOLS)}")
     if any(b <= 0 for b in budgets) or not budgets:
         raise ConfigError("--budgets must be positive FLOP counts, e.g. 6e18 1e19")
+    labels: dict[str, float] = {}
+    for b in budgets:  # a run's id names its budget to 3 significant digits: two budgets, two ids
+        lab = f"{float(b):.3g}"
+        if lab in labels:
+            raise ConfigError(
+                f"--budgets {labels[lab]:g} and {float(b):g} are the same budget to 3 significant digits (run ids "
+                f"C{lab.replace('+', '')}); give each budget once"
+            )
+        labels[lab] = float(b)
     plan = Plan(proto, [float(b) for b in budgets], list(methods), list(overrides))
     cfgs, params = {}, {}
     for m in methods:
@@ -233,7 +242,19 @@ def make_plan(
         cost[m, s] = (fpt, cfg.train.batch_size * cfg.data.seq_len)
     for b in plan.budgets:  # budget-major: an interrupted sweep still has whole budgets
         for m in methods:
-            fits = [s for s in table if max_tokens <= 0 or _steps(b, *cost[m, s]) * cost[m, s][1] <= max_tokens]
+            one_step = {s: cost[m, s][0] * cost[m, s][1] for s in table}  # FLOPs of one training step
+            if all(b / one_step[s] < 0.5 for s in table):  # even the smallest run would be >= 2x the budget
+                s0 = min(table, key=lambda s: one_step[s])
+                raise ConfigError(
+                    f"budget {b:.3g} FLOPs is below one training step of every size of {m} (the smallest, {s0}, "
+                    f"takes {one_step[s0]:.3g} FLOPs a step); give budgets of at least {one_step[s0]:.3g}"
+                )
+            fits = [
+                s
+                for s in table
+                if b / one_step[s] >= 0.5  # at least one step, not a step rounded up from nothing
+                and (max_tokens <= 0 or _steps(b, *cost[m, s]) * cost[m, s][1] <= max_tokens)
+            ]
             if not fits:
                 raise ConfigError(
                     f"budget {b:.3g}: every size of {m} would read more than --max-tokens "
@@ -245,6 +266,8 @@ def make_plan(
                 cfg = _copy(cfgs[m, s])
                 fpt, tps = cost[m, s]
                 steps = _steps(b, fpt, tps)
+                if steps >= 2**53:  # beyond what a float (JSON, the CSV) counts exactly, and any run
+                    raise ConfigError(f"budget {b:.3g} gives {m} {s} {steps:.3g} steps; use smaller budgets")
                 cfg.train.steps = steps
                 if save_checkpoints > 1 and steps >= 2 * save_checkpoints:
                     cfg.train.save_every = steps // save_checkpoints
