@@ -244,7 +244,7 @@ def test_sweep_command_writes_points_and_plots(ar_and_diffusion_runs, tmp_path, 
     assert all(p["gen_ppl"] > 1 and 0 < p["mauve"] <= 1 and p["entropy"] > 0 for p in res["points"])
     for f in ("sweep.json", "sweep.csv", "sweep.png", "sweep.md", "samples/ddpm-T2-tau1.jsonl"):
         assert (out / f).is_file(), f
-    assert main(["sweep", str(rp), "--out", str(out)]) == 2  # no judge: one-line error
+    assert main(["sweep", str(rp), "--out", str(tmp_path / "nojudge")]) == 2  # no judge: one-line error
     assert "judge" in capsys.readouterr().err
     # methods with their own sampler (here AR, its own judge): one ancestral point per temperature
     assert (
