@@ -29,6 +29,12 @@ def register(sub) -> None:
         action="store_true",
         help="with --resume: accept a checkpoint without optimizer/RNG state (fresh optimizer)",
     )
+    t.add_argument(
+        "--accept-changed-data",
+        action="store_true",
+        help="with --resume: go on although the corpus changed since the checkpoint (a row of "
+        "metrics.jsonl records the step and the old and new fingerprints)",
+    )
     t.add_argument("--show-config", action="store_true", help="print the resolved config as JSON and exit")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.steps=100")
@@ -48,6 +54,8 @@ def run(args) -> int:
         overrides.append(f"method={args.method}")
     if args.resume_weights_only and not args.resume:
         raise ConfigError("--resume-weights-only modifies --resume; pass both")
+    if args.accept_changed_data and not args.resume:
+        raise ConfigError("--accept-changed-data modifies --resume (a run whose corpus changed); pass both")
     if args.resume and args.overwrite:
         raise ConfigError("--resume continues the run in --out and --overwrite deletes it; pass one of them")
     if args.resume and args.out:
@@ -85,6 +93,7 @@ def run(args) -> int:
             progress=not args.no_progress,
             overwrite=args.overwrite,
             weights_only=args.resume_weights_only,
+            accept_changed_data=args.accept_changed_data,
         )
     finally:
         main_rank = dist.is_main()

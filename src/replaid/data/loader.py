@@ -178,7 +178,16 @@ class BatchLoader:
         return {"epoch": self.epoch, "index": self.index}
 
     def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+        """Go on from ``state_dict()``'s ``{"epoch": e, "index": i}``: whole numbers, ``e >= 0`` and
+        ``0 <= i <= steps_per_epoch`` (else a DataError naming them)."""
+        epoch, index = state["epoch"], state["index"]
+        ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (epoch, index))
+        if not ok or epoch < 0 or not 0 <= index <= self.steps_per_epoch:
+            raise DataError(
+                f"data_state {{epoch: {epoch!r}, index: {index!r}}} lies outside the data: need whole numbers, "
+                f"epoch >= 0 and 0 <= index <= {self.steps_per_epoch} (the batches per epoch)"
+            )
+        self.epoch, self.index = epoch, index
 
 
 def _counts(arr: np.ndarray, vocab_size: int) -> np.ndarray:

@@ -19,7 +19,8 @@ from replaid.data import (
     tokenizer_for_source,
     unigram_logp,
 )
-from replaid.data.tokenizers import SPEC_FILE
+from replaid.data.sources import corpus_fingerprint
+from replaid.data.tokenizers import SPEC_FILE, tokenizer_files_sha256, vocab_sha256
 
 
 def cache_dir(cfg: RunConfig) -> str:
@@ -32,21 +33,50 @@ def has_saved_tokenizer(run_dir: Path) -> bool:
 
 
 def load_run_tokenizer(run_dir: Path):
-    """The tokenizer a run was trained with (saved in RUN/tokenizer/)."""
+    """The tokenizer a run was trained with (saved in RUN/tokenizer/); never made again in its place."""
     if not has_saved_tokenizer(run_dir):
-        raise DataError(f"run {run_dir} has no tokenizer/ folder; it was not written by 'replaid train'")
+        raise DataError(
+            f"{run_dir} has no tokenizer ({Path(run_dir) / 'tokenizer' / SPEC_FILE} is missing): a run decodes "
+            f"and scores only with the tokenizer it was trained with, and none is made again in its place; "
+            f"restore its tokenizer/ folder from a copy of the run"
+        )
     return load_saved_tokenizer(None, Path(run_dir) / "tokenizer")
+
+
+def tokenizer_mismatch(recorded: object, now: dict) -> str:
+    """Why the tokenizer ``now`` (:meth:`DataPipeline.tokenizer_binding`) is not the one a checkpoint
+    recorded (``state["binding"]["tokenizer"]``), or "" when it is, or nothing was recorded (older runs)."""
+    if not isinstance(recorded, dict):
+        return ""
+    old = recorded.get("files")
+    if isinstance(old, dict) and old and old != now["files"]:
+        names = sorted(n for n in set(old) | set(now["files"]) if old.get(n) != now["files"].get(n))
+        return f"the sha256 of tokenizer/{', tokenizer/'.join(names[:3])} differ from those recorded"
+    if recorded.get("vocab_sha256") and recorded["vocab_sha256"] != now["vocab_sha256"]:
+        return f"the sha256 of its vocabulary ({now['vocab_sha256'][:12]}) differs from the one recorded"
+    return ""
 
 
 class DataPipeline:
     """Tokenizer + train loader + evaluation batches for one run (per rank)."""
 
     def __init__(
-        self, cfg: RunConfig, run_dir: Optional[Path] = None, rank: int = 0, world_size: int = 1, train: bool = True
+        self,
+        cfg: RunConfig,
+        run_dir: Optional[Path] = None,
+        rank: int = 0,
+        world_size: int = 1,
+        train: bool = True,
+        new_run: bool = False,
     ):
+        """``run_dir``: the run whose ``tokenizer/`` is loaded; only a run being made (``new_run``: a
+        fresh ``train``) gets one built from the config and saved there, any other without one is an
+        error (:func:`load_run_tokenizer`). ``train``: build the train loader (and fingerprint the corpus)."""
         self.cfg, d = cfg, cfg.data
         self.cache = cache_dir(cfg)
-        if run_dir is not None and has_saved_tokenizer(run_dir):
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self._binding: Optional[dict] = None
+        if run_dir is not None and (has_saved_tokenizer(run_dir) or not new_run):
             self.tokenizer = load_run_tokenizer(Path(run_dir))
         else:
             self.tokenizer = tokenizer_for_source(
@@ -64,6 +94,7 @@ class DataPipeline:
         self._arrays: dict[str, tuple[np.ndarray, dict]] = {}
         self.rank, self.world_size = rank, world_size
         if train:
+            self.binding()  # the corpus as it is now, before it is read
             micro = cfg.train.batch_size // (cfg.train.grad_accum * world_size)
             if micro < 2:
                 raise DataError(
@@ -74,6 +105,22 @@ class DataPipeline:
                 self.dataset("train"), micro, seed=cfg.train.seed, rank=rank, world_size=world_size, shuffle=True
             )
             self.train_iter = self.train_loader
+
+    def tokenizer_binding(self) -> dict:
+        """What identifies the tokenizer: the sha256 of the files of ``RUN/tokenizer/`` and of its
+        id -> token table (the latter also covers tokenizers read from ``data.tokenizer_path``)."""
+        files = tokenizer_files_sha256(self.run_dir / "tokenizer") if self.run_dir is not None else {}
+        return {"files": files, "vocab_sha256": vocab_sha256(self.tokenizer)}
+
+    def binding(self) -> dict:
+        """``{"tokenizer": ..., "corpus": ...}`` as checkpoints record it (state.json ``"binding"``),
+        computed once (a training pipeline: when it is made, before the corpus is read)."""
+        if self._binding is None:
+            self._binding = {
+                "tokenizer": self.tokenizer_binding(),
+                "corpus": corpus_fingerprint(self.cfg.data.source),
+            }
+        return self._binding
 
     def array(self, split: str) -> tuple[np.ndarray, dict]:
         """The split's token array (tokenised once into the cache) and its meta."""

@@ -80,6 +80,87 @@ def source_fingerprint(source: str, split: str) -> str:
     return f"local:{'split' if presplit else 'hash'}:{split}:" + "|".join(stats)
 
 
+# A run's corpus fingerprint (recorded in its checkpoints, compared on ``train --resume``). It must be
+# cheap on a 10 GB corpus, so each file contributes its name, its size and the sha256 of a sample of
+# its bytes: the whole file up to FULL_HASH_BYTES, else its first and last SAMPLE_BYTES and
+# SAMPLE_BLOCKS blocks of BLOCK_BYTES spread evenly in between (about 2.5 MiB read per file). No mtime:
+# a copy or a 'touch' of the same bytes is the same corpus. It misses an edit inside a file over
+# FULL_HASH_BYTES that keeps the file's size and falls between the sampled blocks.
+SAMPLE_BYTES = 1 << 20
+FULL_HASH_BYTES = 2 * SAMPLE_BYTES
+SAMPLE_BLOCKS, BLOCK_BYTES = 8, 1 << 16
+
+
+def sampled_sha256(path: Path, size: int) -> str:
+    """sha256 of ``path``'s bytes (all of them up to FULL_HASH_BYTES, else a fixed sample) and size."""
+    h = hashlib.sha256(f"{size}|".encode())
+    with open(path, "rb") as f:
+        if size <= FULL_HASH_BYTES:
+            for block in iter(lambda: f.read(SAMPLE_BYTES), b""):
+                h.update(block)
+            return h.hexdigest()
+        span = size - 2 * SAMPLE_BYTES - BLOCK_BYTES
+        offsets = [(0, SAMPLE_BYTES)]
+        offsets += [(SAMPLE_BYTES + span * (i + 1) // (SAMPLE_BLOCKS + 1), BLOCK_BYTES) for i in range(SAMPLE_BLOCKS)]
+        offsets += [(size - SAMPLE_BYTES, SAMPLE_BYTES)]
+        for offset, n in offsets:
+            f.seek(offset)
+            h.update(f.read(n))
+    return h.hexdigest()
+
+
+def corpus_files(root: Path) -> list[Path]:
+    """Every file of a local corpus ``root``: the file itself, the split files of a pre-split folder, or
+    the document files of a folder split by hash."""
+    if root.is_file():
+        return [root]
+    presplit = [f for s in SPLITS if (f := _split_file(root, s)) is not None] if root.is_dir() else []
+    return list(dict.fromkeys(presplit)) or _local_files(root, "train")[0]
+
+
+def corpus_fingerprint(source: str) -> dict:
+    """What identifies the corpus of ``data.source`` for a run (``"sha256"``: a digest of the rest).
+
+    ``local``: each file's name (relative to the source), size and :func:`sampled_sha256`;
+    ``stdlib``: the Python version; ``hf``: the dataset's name, config, split mapping and holdout
+    (a new revision of the same Hub dataset is not seen: nothing is downloaded to check it)."""
+    fp: dict[str, Any]
+    if source == "stdlib":
+        fp = {"kind": "stdlib", "python": sys.version.split()[0]}
+    elif source.startswith("hf:"):
+        spec = hf_spec(source)
+        fp = {"kind": "hf", "name": spec.path, "config": spec.config, "splits": spec.splits, "holdout": spec.holdout}
+    else:
+        root = Path(source)
+        entries = []
+        for p in corpus_files(root):
+            size = p.stat().st_size
+            name = p.name if p == root else p.relative_to(root).as_posix()
+            entries.append({"name": name, "size": size, "sha256": sampled_sha256(p, size)})
+        fp = {"kind": "local", "files": entries}
+    fp["sha256"] = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()
+    return fp
+
+
+def corpus_change(old: dict, new: dict) -> str:
+    """What differs between two :func:`corpus_fingerprint` results, in a few words ("" when nothing)."""
+    if old.get("sha256") == new.get("sha256"):
+        return ""
+    if old.get("kind") != "local" or new.get("kind") != "local":
+        keys = [k for k in sorted(set(old) | set(new)) if k != "sha256" and old.get(k) != new.get(k)]
+        return "; ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys[:3]) or "its fingerprint differs"
+    before = {f["name"]: f for f in old.get("files", []) if isinstance(f, dict) and "name" in f}
+    after = {f["name"]: f for f in new.get("files", [])}
+    said = [f"{n} removed" for n in before if n not in after] + [f"{n} added" for n in after if n not in before]
+    for n in (n for n in after if n in before):
+        if before[n].get("size") != after[n]["size"]:
+            said.append(f"{n} size {before[n].get('size')} -> {after[n]['size']} bytes")
+        elif before[n].get("sha256") != after[n]["sha256"]:
+            said.append(f"{n} content changed (same size)")
+    more = f" and {len(said) - 3} more" if len(said) > 3 else ""
+    return (", ".join(said[:3]) + more) or "its fingerprint differs"
+
+
 def _nonempty(docs: Iterable[str], message: str) -> Iterator[str]:
     """Pass ``docs`` through; raise DataError(message) if there were none."""
     seen = False

@@ -344,6 +344,29 @@ def load_saved_tokenizer(spec: dict | None, out_dir: str | os.PathLike) -> Token
     return tok
 
 
+def vocab_sha256(tok: Tokenizer) -> str:
+    """sha256 of the id -> token table of ``tok`` (what decoding reads), whatever files it came from."""
+    if isinstance(tok, HFTokenizer):
+        table = sorted((i, t) for t, i in tok._tok.get_vocab(with_added_tokens=True).items())
+    elif isinstance(tok, SentencePieceTokenizer):
+        table = [(i, tok._sp.id_to_piece(i)) for i in range(tok.vocab_size)]
+    else:
+        table = [(i, tok.decode([i])) for i in range(tok.vocab_size)]
+    return hashlib.sha256(json.dumps(table, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def tokenizer_files_sha256(folder: str | os.PathLike) -> dict[str, str]:
+    """sha256 of every file of a saved tokenizer folder (``RUN/tokenizer/``; hidden temporaries left out)."""
+    root = Path(folder)
+    if not root.is_dir():
+        return {}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.iterdir())
+        if p.is_file() and not p.name.startswith(".")
+    }
+
+
 def tokenizer_for_source(
     kind: str,
     path: str = "",

@@ -159,6 +159,7 @@ class Distiller:
             "vocab_size": self.teacher_run.data.vocab_size,
             "method_state": self.teacher_run.method.state_dict(),
             "data_state": self.loader.state_dict(),
+            "binding": self.data.binding(),  # the student's tokenizer/ (the teacher's, copied) and corpus
             "distill": {
                 **asdict(self.dcfg),
                 "teacher": str(self.teacher_run.ckpt),
@@ -211,7 +212,7 @@ class Distiller:
     def run(self, resume: bool, progress: bool, stop_after: Optional[int], log: Callable[[dict], None]) -> dict:
         from replaid.data.pipeline import DataPipeline
 
-        self.data = DataPipeline(self.cfg, self.out, train=True)
+        self.data = DataPipeline(self.cfg, self.out, train=True, new_run=not resume)  # resumed: its own tokenizer/
         self.loader = self.data.train_loader
         if resume:
             self.resume()

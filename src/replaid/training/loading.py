@@ -20,7 +20,7 @@ from replaid.methods import get_method
 from replaid.methods.base import Method
 from replaid.training import checkpoint as ck
 from replaid.training.checkpoint import CheckpointError
-from replaid.training.train import resolve_device
+from replaid.training.train import check_tokenizer, resolve_device
 
 
 @dataclass
@@ -101,7 +101,8 @@ def load_run(path: str | Path, use_ema: bool = True, train_data: bool = False, d
     cfg = stored.config()
     cfg.train.device = device if device != "auto" else cfg.train.device
     dev = resolve_device(cfg.train.device if cfg.train.device != "auto" else "auto")
-    data = DataPipeline(cfg, run_dir_of(ckpt), train=train_data)
+    data = DataPipeline(cfg, run_dir_of(ckpt), train=train_data)  # its own tokenizer/, never a new one
+    check_tokenizer(data, st, ckpt)  # TS1: the files the checkpoint recorded
     if data.vocab_size != st["vocab_size"]:
         raise ck.CheckpointError(
             f"checkpoint {ckpt} was trained with vocab size {st['vocab_size']} but its "

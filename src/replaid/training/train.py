@@ -20,7 +20,9 @@ from torch import Tensor, nn
 
 from replaid import dist
 from replaid.config import ConfigError, OptimConfig, RunConfig
-from replaid.data.pipeline import DataPipeline
+from replaid.data.errors import DataError
+from replaid.data.pipeline import DataPipeline, tokenizer_mismatch
+from replaid.data.sources import corpus_change
 from replaid.diffusion.nelbo import low_discrepancy
 from replaid.diffusion.rng import host_uniform
 from replaid.methods import get_method, method_class
@@ -358,6 +360,7 @@ def save(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: Optional[di
         "ranks_in_sync": in_sync,
         "nonfinite_steps": trainer.nonfinite_steps,
         "nonfinite_in_row": trainer.nonfinite_in_row,
+        "binding": data.binding(),  # the tokenizer's and the corpus's fingerprints (issue 38)
         **(extra or {}),
     }
     return ck.save_checkpoint(run_dir, trainer.step, model_sd, state, ema_sd, opt_sd, rng_state())
@@ -389,11 +392,13 @@ def train(
     stop_after: Optional[int] = None,
     overwrite: bool = False,
     weights_only: bool = False,
+    accept_changed_data: bool = False,
 ) -> dict:
     """Train ``cfg`` into ``run_dir``; returns the final metrics (and ``evaluate``'s evaluation).
 
     The run folder is locked for the duration (rank 0); a folder holding a run needs ``resume`` or
-    ``overwrite``; ``weights_only`` lets a resume proceed from a checkpoint without optimizer/RNG state.
+    ``overwrite``; ``weights_only`` lets a resume proceed from a checkpoint without optimizer/RNG state;
+    ``accept_changed_data`` one whose corpus changed since the checkpoint (a metrics.jsonl row records it).
     """
     run_dir = Path(run_dir)
     if not method_class(cfg.method).trainable:  # before anything is written
@@ -408,7 +413,7 @@ def train(
     claim = runfolder.claim(run_dir, resume=resume, overwrite=overwrite) if dist.is_main() else nullcontext()
     with claim:
         dist.barrier()
-        return _train(cfg, run_dir, device, evaluate, resume, progress, stop_after, weights_only)
+        return _train(cfg, run_dir, device, evaluate, resume, progress, stop_after, weights_only, accept_changed_data)
 
 
 def _train(
@@ -420,12 +425,16 @@ def _train(
     progress: bool,
     stop_after: Optional[int],
     weights_only: bool,
+    accept_changed_data: bool = False,
 ) -> dict:
     torch.manual_seed(cfg.train.seed * 1_000_003 + 17)  # identical initial weights on every rank
     # rank 0 trains the tokenizer and fills the token caches first; the others then read them
-    data = DataPipeline(cfg, run_dir, rank=0, world_size=dist.world_size()) if dist.is_main() else None
+    # a new run gets its tokenizer built and saved; a resumed one only ever loads its own
+    data = (
+        DataPipeline(cfg, run_dir, rank=0, world_size=dist.world_size(), new_run=not resume) if dist.is_main() else None
+    )
     dist.barrier()
-    data = data or DataPipeline(cfg, run_dir, rank=dist.rank(), world_size=dist.world_size())
+    data = data or DataPipeline(cfg, run_dir, rank=dist.rank(), world_size=dist.world_size(), new_run=not resume)
     data.check_splits(("train", cfg.eval.split))  # an unusable split fails now, not after training
     method = get_method(cfg)
     method.check_training(cfg, dist.world_size())
@@ -434,7 +443,8 @@ def _train(
         runfolder.begin(run_dir, cfg.to_json())
     torch.manual_seed(cfg.train.seed * 1_000_003 + 29 + dist.rank())  # per-rank dropout streams
     trainer = Trainer(cfg, model, method, None, device)
-    stored = _resume(trainer, run_dir, data, weights_only) if resume else None
+    changed: dict = {}  # the corpus change --accept-changed-data accepted, if any (logged below)
+    stored = _resume(trainer, run_dir, data, weights_only, accept_changed_data, changed) if resume else None
     # parallelism applied from the outside; EMA and optimizer state follow the (sharded) parameters
     trainer.loss_module = dist.wrap_model(TrainModule(model, method), cfg.train.parallel, device)
     trainer.optimizer = optimizer = build_optimizer(model, cfg.optim)  # after sharding: FSDP2 swaps parameters
@@ -459,6 +469,12 @@ def _train(
             final is not None or row["step"] < cfg.train.steps or not any(k.startswith("eval/") for k in row)
         ),
     )  # an unrecorded final eval is redone
+    if changed:
+        log.log(trainer.step, changed)
+        log.write(
+            f"replaid: note: --accept-changed-data: the corpus changed since step {trainer.step} "
+            f"({changed['change']}); training goes on with it (recorded in {run_dir / 'metrics.jsonl'})"
+        )
     micro = cfg.train.batch_size // (cfg.train.grad_accum * dist.world_size())
     end = cfg.train.steps if stop_after is None else min(cfg.train.steps, trainer.step + stop_after)
     saved = trainer.step if stored is not None else None
@@ -624,9 +640,74 @@ def _guard_nonfinite(trainer: Trainer, m: dict, run_dir: Path, log) -> None:
     )
 
 
-def _resume(trainer: Trainer, run_dir: Path, data: DataPipeline, weights_only: bool = False) -> Optional[ck.Stored]:
+def check_tokenizer(data: DataPipeline, state: dict, ckpt: Path) -> None:
+    """Refuse a tokenizer whose files (or vocabulary) differ from those checkpoint ``ckpt`` recorded
+    (TS1: another run's tokenizer decodes the same ids to other text); a warning under
+    ``replaid --no-verify``. Checkpoints written before the hashes were recorded pass unchecked."""
+    binding = state.get("binding")
+    why = tokenizer_mismatch(binding.get("tokenizer") if isinstance(binding, dict) else None, data.tokenizer_binding())
+    if not why:
+        return
+    where = data.run_dir / "tokenizer" if data.run_dir is not None else "the tokenizer"
+    msg = f"{where} is not the tokenizer checkpoint {ckpt} was trained with ({why} in its state.json)"
+    if not ck.VERIFY:
+        ck.warn(f"{msg}; used anyway (--no-verify): its output may be other text")
+        return
+    raise ck.CheckpointError(
+        f"{msg}: the same ids would decode to other text; restore the run's own tokenizer/ folder, "
+        f"or pass 'replaid --no-verify' to use this one anyway"
+    )
+
+
+def _check_data(data: DataPipeline, st: dict, ckpt: Path, accept: bool, changed: dict) -> None:
+    """C7: refuse a corpus that changed since ``ckpt`` unless ``accept`` (then ``changed`` is filled
+    with the metrics row that records it); Q06: refuse a ``data_state`` outside the data."""
+    binding = st.get("binding")
+    old = binding.get("corpus") if isinstance(binding, dict) else None
+    if not isinstance(old, dict):
+        print(
+            f"replaid: note: checkpoint {ckpt} records no tokenizer or corpus fingerprint (written before "
+            f"they were); the next checkpoint records them",
+            file=sys.stderr,
+        )
+    new = data.binding()["corpus"]
+    what = corpus_change(old, new) if isinstance(old, dict) else ""
+    if what and not accept:
+        raise ck.CheckpointError(
+            f"--resume: the corpus data.source={data.cfg.data.source} changed since checkpoint {ckpt} ({what}); "
+            f"going on would train the rest of the run on other data: restore it, or pass "
+            f"--accept-changed-data to continue on the new data (recorded in metrics.jsonl)"
+        )
+    if what:
+        changed.update(
+            {"event": "data_changed", "change": what, "old_corpus": str(old.get("sha256")), "new_corpus": new["sha256"]}
+        )
+    loader, ds = data.train_loader, st["data_state"]
+    try:
+        if what and isinstance(ds, dict) and isinstance(ds.get("index"), int):  # other data: go on from its next epoch
+            ds = {**ds, "index": min(ds["index"], loader.steps_per_epoch)}
+        loader.load_state_dict(ds)
+        batches = int(st["step"]) * data.cfg.train.grad_accum
+        if loader.epoch > batches:
+            raise DataError(f"epoch {loader.epoch} is beyond the {batches} batches drawn by step {st['step']}")
+    except (DataError, KeyError, TypeError, AttributeError) as e:
+        raise ck.CheckpointError(
+            f"checkpoint file {ckpt / 'state.json'} holds a damaged data_state ({e}); remove {ckpt} to fall "
+            f"back on an earlier one"
+        ) from None
+
+
+def _resume(
+    trainer: Trainer,
+    run_dir: Path,
+    data: DataPipeline,
+    weights_only: bool = False,
+    accept_changed_data: bool = False,
+    changed: Optional[dict] = None,
+) -> Optional[ck.Stored]:
     """Restore weights, method and data state, RNG and step (before wrapping); returns the checkpoint
-    read, or None when the run has none yet (it then starts from step 0)."""
+    read, or None when the run has none yet (it then starts from step 0). The tokenizer and the corpus
+    must be those the checkpoint records (:func:`check_tokenizer`, :func:`_check_data`)."""
     ckpt = ck.latest_checkpoint(run_dir)
     if ckpt is None:
         ck.explain_damage(run_dir)  # checkpoint folders, none complete: refuse, naming the damage
@@ -645,13 +726,14 @@ def _resume(trainer: Trainer, run_dir: Path, data: DataPipeline, weights_only: b
             f"checkpoint {ckpt} lacks {', '.join(lacking)}: resuming would restart the "
             f"optimizer/RNG and not continue the run; pass --resume-weights-only to go on anyway"
         )
+    check_tokenizer(data, st, ckpt)
+    _check_data(data, st, ckpt, accept_changed_data, {} if changed is None else changed)
     ck.load_model_weights(trainer.model, stored.weights(ema=False)[0], str(ckpt))
     rng = stored.tensors("rng")
     if rng is not None:
         set_rng_state(rng)
     try:
         trainer.method.load_state_dict(st["method_state"])
-        data.train_loader.load_state_dict(st["data_state"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ck.CheckpointError(
             f"checkpoint file {ckpt / 'state.json'} holds a damaged method/data state "
