@@ -437,6 +437,55 @@ EMBEDDINGS = [
 CASES += EMBEDDINGS
 
 
+def foreign_tokenizer(run):
+    """TS1: another run's tokenizer of the same vocabulary size (a BPE of other text) in the run's tokenizer/."""
+    from replaid.data.sources import iter_documents
+    from replaid.data.tokenizers import EOT, HFTokenizer, save_tokenizer, train_bpe
+
+    vocab = json.loads((run / "tokenizer" / "tokenizer_spec.json").read_text())["vocab_size"]
+    shutil.rmtree(run / "tokenizer")
+    tok = train_bpe(iter_documents("stdlib", "valid"), vocab)
+    save_tokenizer(HFTokenizer(tok, name="bpe-foreign", kind="bpe", eos_token=EOT), run / "tokenizer")
+
+
+def data_state(state: dict):
+    """Q06: the checkpoint's data_state replaced by ``state``."""
+
+    def make(run):
+        f = ck.find_checkpoint(run) / "state.json"
+        st = json.loads(f.read_text())
+        st["data_state"] = state
+        f.write_text(json.dumps(st))
+
+    return make
+
+
+NOT_OURS = "is not the tokenizer checkpoint"
+# issue 38 class 2: a run is bound to its tokenizer and its data (tests/test_binding.py has the corpus cases)
+BINDING = [
+    (["sample", "{run}", "--num", "1"], "has no tokenizer", lambda run: shutil.rmtree(run / "tokenizer")),  # D26
+    (["eval", "{run}"], "has no tokenizer", lambda run: shutil.rmtree(run / "tokenizer")),
+    (
+        ["train", "--out", "{run}", "--resume", "train.steps=4"],
+        "has no tokenizer",
+        lambda r: shutil.rmtree(r / "tokenizer"),
+    ),
+    (["sample", "{run}", "--num", "1"], NOT_OURS, foreign_tokenizer),  # TS1
+    (["eval", "{run}"], NOT_OURS, foreign_tokenizer),
+    (["train", "--out", "{run}", "--resume", "train.steps=4"], NOT_OURS, foreign_tokenizer),
+    (
+        ["train", "--out", "{run}", "--resume", "train.steps=4"],
+        "data_state",
+        data_state({"epoch": -5, "index": 10**12}),
+    ),
+    (["train", "--out", "{run}", "--resume", "train.steps=4"], "data_state", data_state({"epoch": 0, "index": 10**9})),
+    (["train", "--out", "{run}", "--resume", "train.steps=4"], "data_state", data_state({"epoch": 10**6, "index": 0})),
+    (["train", "--out", "{run}", "--resume", "train.steps=4"], "data_state", data_state({"epoch": "0", "index": 1})),
+    (["train", "--out", "{run}", "--accept-changed-data"], "modifies --resume", None),  # C7's flag alone
+]
+CASES += BINDING
+
+
 def files(root: Path) -> dict:
     """Every file under ``root`` with its bytes, lock files included (a refusal changes nothing)."""
     if not root.exists():
