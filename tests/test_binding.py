@@ -13,6 +13,7 @@
 import contextlib
 import io
 import json
+import random
 import shutil
 from pathlib import Path
 
@@ -173,3 +174,57 @@ def test_an_unchanged_run_resumes_and_loads_without_a_word(copy):
     assert code == 0 and not [ln for ln in err if ln.startswith("replaid: ")], err
     code, err = cli(argv(RESUME, copy))
     assert code == 0 and not [ln for ln in err if ln.startswith("replaid: ")], err
+
+
+def test_TS1_an_exported_folder_records_its_tokenizer_and_refuses_another(trained, tmp_path):
+    out = tmp_path / "exp"
+    code, err = cli(["export", trained, "--out", out])
+    assert code == 0, err
+    assert ck.load_state(out)["binding"]["tokenizer"]["files"]
+    code, err = cli(argv(SAMPLE, out))
+    assert code == 0, err
+    foreign_tokenizer(
+        out / "tokenizer", json.loads((out / "tokenizer" / "tokenizer_spec.json").read_text())["vocab_size"]
+    )
+    before = files(tmp_path)
+    code, err = cli(argv(SAMPLE, out))
+    one_error(code, err, "is not the tokenizer checkpoint")
+    assert files(tmp_path) == before
+
+
+def test_the_corpus_fingerprint_is_cheap_and_says_what_it_misses(tmp_path):
+    """Up to 2 MiB a file is hashed in full; a bigger one by its first and last MiB and 8 blocks of 64 KiB
+    in between: an edit there, or a new size, is seen; an edit elsewhere that keeps the size is not.
+    A copy or a touched file with the same bytes is the same corpus (no mtime, names relative)."""
+    import os
+
+    from replaid.data.sources import FULL_HASH_BYTES, SAMPLE_BYTES, corpus_change, corpus_fingerprint
+
+    big = random.Random(0).randbytes(5 * SAMPLE_BYTES)
+    d = tmp_path / "c"
+    d.mkdir()
+    (d / "a.txt").write_bytes(big)
+    (d / "b.txt").write_text("small file " * 100)
+    fp = corpus_fingerprint(str(d))
+    assert [f["name"] for f in fp["files"]] == ["a.txt", "b.txt"]
+
+    def with_byte(pos: int) -> dict:
+        b = bytearray(big)
+        b[pos] ^= 1
+        (d / "a.txt").write_bytes(bytes(b))
+        return corpus_fingerprint(str(d))
+
+    assert with_byte(10)["sha256"] != fp["sha256"]  # head
+    assert with_byte(len(big) - 10)["sha256"] != fp["sha256"]  # tail
+    assert corpus_change(fp, with_byte(10)) == "a.txt content changed (same size)"
+    assert with_byte(SAMPLE_BYTES + 5)["sha256"] == fp["sha256"]  # the documented miss: between the samples
+    (d / "a.txt").write_bytes(big + b"x")
+    assert "a.txt size" in corpus_change(fp, corpus_fingerprint(str(d)))
+    (d / "a.txt").write_bytes(big)
+    os.utime(d / "b.txt", (1, 1))  # touched: same bytes, same corpus
+    shutil.copytree(d, tmp_path / "copy")
+    assert corpus_fingerprint(str(d))["sha256"] == corpus_fingerprint(str(tmp_path / "copy"))["sha256"] == fp["sha256"]
+    (d / "b.txt").write_text("small file " * 99 + "small filf ")  # under FULL_HASH_BYTES: every byte counts
+    assert FULL_HASH_BYTES > 1100 and corpus_fingerprint(str(d))["sha256"] != fp["sha256"]
+    (d / "c.md").write_text("new")
+    assert "c.md added" in corpus_change(fp, corpus_fingerprint(str(d)))

@@ -356,15 +356,18 @@ def vocab_sha256(tok: Tokenizer) -> str:
 
 
 def tokenizer_files_sha256(folder: str | os.PathLike) -> dict[str, str]:
-    """sha256 of every file of a saved tokenizer folder (``RUN/tokenizer/``; hidden temporaries left out)."""
+    """sha256 of the files a saved tokenizer folder (``RUN/tokenizer/``) is rebuilt from: its spec and
+    the file the spec names (another file there changes nothing and is left out)."""
     root = Path(folder)
-    if not root.is_dir():
+    spec_path = root / SPEC_FILE
+    if not spec_path.is_file():
         return {}
-    return {
-        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.iterdir())
-        if p.is_file() and not p.name.startswith(".")
-    }
+    try:
+        named = json.loads(spec_path.read_text(encoding="utf-8")).get("file")
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        named = None
+    names = [SPEC_FILE] + ([named] if isinstance(named, str) and (root / named).is_file() else [])
+    return {n: hashlib.sha256((root / n).read_bytes()).hexdigest() for n in sorted(names)}
 
 
 def tokenizer_for_source(

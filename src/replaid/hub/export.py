@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import save_file
 
 from replaid.config import RunConfig
-from replaid.data.tokenizers import SPEC_FILE
+from replaid.data.tokenizers import SPEC_FILE, tokenizer_files_sha256, vocab_sha256
 from replaid.methods import get_method, method_class
 from replaid.training import checkpoint as ck
 from replaid.training.loading import load_run, resolve, run_dir_of
@@ -215,12 +215,17 @@ def write_folder(out: Path, state: dict, weights: dict[str, torch.Tensor], token
         save_file(
             {k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"}
         )
-        state = {**state, "sha256": {"model.safetensors": ck.sha256_file(tmp / "model.safetensors")}}
+        _copy_tokenizer(tokenizer, tmp, cfg["data"]["seq_len"])
+        binding = {"files": tokenizer_files_sha256(tmp / "tokenizer"), "vocab_sha256": vocab_sha256(tokenizer)}
+        state = {
+            **state,
+            "sha256": {"model.safetensors": ck.sha256_file(tmp / "model.safetensors")},
+            "binding": {"tokenizer": binding},  # its own tokenizer/, checked by load_run (issue 38)
+        }
         (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")
         (tmp / "config.json").write_text(
             json.dumps(hf_config(cfg, state["vocab_size"], state["step"], state["weights"]), indent=2) + "\n"
         )
-        _copy_tokenizer(tokenizer, tmp, cfg["data"]["seq_len"])
         shutil.copyfile(Path(__file__).with_name(MODELING_FILE), tmp / MODELING_FILE)
         (tmp / "README.md").write_text(card)
         if out.exists():
