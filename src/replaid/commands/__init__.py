@@ -248,11 +248,14 @@ SEED = int_in(0, 2**63 - 1)
 STEPS = int_in(1, 100_000)  # sampling / solver steps: beyond this a time grid alone is gigabytes
 
 
-def check_out(out: str | None, *, protected: tuple[str, ...] = (), names: tuple[str, ...] = ()) -> None:
+def check_out(
+    out: str | None, *, protected: tuple[str, ...] = (), names: tuple[str, ...] = (), empty: bool = False
+) -> None:
     """Check an ``--out`` folder before any work: a folder (or absent, with a writable parent), not a
     run or checkpoint folder of ``protected`` nor inside one, nor inside any run's ``checkpoints/`` or
-    ``tokenizer/``, and holding none of ``names`` already (an output is never overwritten). The one
-    check of every command that writes results into an ``--out`` folder."""
+    ``tokenizer/``, and holding none of ``names`` already (an output is never overwritten); ``empty``:
+    any non-empty folder is refused (export, convert write a whole folder). The one check of every
+    command that writes results into an ``--out`` folder."""
     import os
 
     from replaid.training import runfolder
@@ -262,6 +265,8 @@ def check_out(out: str | None, *, protected: tuple[str, ...] = (), names: tuple[
     p = Path(out)
     if p.exists() and not p.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder; choose a folder path")
+    if empty and p.is_dir() and any(p.iterdir()):
+        raise ValueError(f"--out {out} exists and is not empty; choose a new folder (nothing was written)")
     rp = p.resolve()
     for run in protected:  # results may go in a subfolder of a run, never among its own files
         r = Path(run).resolve()

@@ -33,7 +33,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from replaid.hub.peers import convert
 
-    check_out(args.out)  # and convert refuses a non-empty folder
+    check_out(args.out, empty=True)
     out = convert(args.peer, args.src, args.out, args.overrides)
     print(f"converted {args.peer} {args.src} -> {out}")
     return 0

@@ -22,7 +22,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from replaid.hub.export import export_run
 
-    check_out(args.out, protected=(args.run,))  # and export_run refuses a non-empty folder
+    check_out(args.out, protected=(args.run,), empty=True)
     out = export_run(args.run, args.out, raw=args.raw)
     print(f"exported {args.run} -> {out}")
     return 0
