@@ -11,7 +11,7 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -m pip install -q --disable-pip-version-check -c scripts/constraints.txt -e ".[dev,geometry,web,lmeval]" 2>&1 | grep -v "^WARNING: Location" || true
 # `lm_eval --model replaid` (the harness's own CLI finds no plugins): a .pth line adds replaid's import hook
-.venv/bin/python -m replaid._lmeval_hook >/dev/null
+.venv/bin/python -m replaid._lmeval_pth >/dev/null
 # The browser tests of `replaid serve` drive Debian's chromium (never a downloaded browser build).
 if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   echo "installing chromium for the browser tests (apt-get)"
