@@ -1,8 +1,9 @@
 """Make ``--model replaid`` known to the harness's own CLI (``lm_eval``), which discovers no plugins.
 
-``scripts/setup.sh`` writes ``replaid_lmeval.pth`` (one line importing this module when replaid is importable) into the
-environment's site-packages; ``python -m replaid._lmeval_hook`` writes it into any other environment.
-At start-up this module only adds an import hook (no ``lm_eval``, no torch import): when the harness
+``replaid_lmeval.pth`` (one line importing this module when replaid is importable) sits in the
+environment's site-packages: an installed wheel carries it (see setup.py); for an editable install or
+another environment ``python -m replaid._lmeval_pth`` writes it (``scripts/setup.sh`` does). At
+start-up this module only adds an import hook (no ``lm_eval``, no torch import): when the harness
 imports ``lm_eval.models`` (its model table, loaded on the first model look-up), ``replaid`` is
 registered there as a lazy entry ``replaid.hub.lmeval:ReplaidLM``, imported only when chosen.
 """
@@ -15,8 +16,6 @@ import sys
 
 TARGET = "lm_eval.models"
 ENTRY = "replaid.hub.lmeval:ReplaidLM"
-# the .pth line: a no-op when replaid is not importable (uninstalled), never an error at start-up
-LINE = 'import importlib.util; importlib.util.find_spec("replaid") and __import__("replaid._lmeval_hook")\n'
 
 
 def _register() -> None:
@@ -54,12 +53,9 @@ def install() -> None:
         sys.meta_path.insert(0, _Finder())
 
 
-install()
+if __name__ == "__main__":  # the former spelling of ``python -m replaid._lmeval_pth`` (which see)
+    from replaid._lmeval_pth import main
 
-if __name__ == "__main__":  # write the .pth into this interpreter's site-packages
-    import sysconfig
-    from pathlib import Path
-
-    pth = Path(sysconfig.get_paths()["purelib"]) / "replaid_lmeval.pth"
-    pth.write_text(LINE)
-    print(f"wrote {pth}: lm_eval --model replaid now works in this environment")
+    sys.exit(main())
+else:
+    install()
