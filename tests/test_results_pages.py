@@ -16,6 +16,7 @@ COVERED = [
     "scaling/README.md",
     "distillation/README.md",
     "control/README.md",
+    "lmeval/README.md",
 ]
 
 
