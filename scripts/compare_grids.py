@@ -49,7 +49,25 @@ def compare(before: dict, after: dict) -> dict:
                 "after": {k: a[k] for k in keep},
                 "verdict_moved": a["verdict"] != b["verdict"],
             }
+    holm(orderings)
     return {"cells": cells, "orderings": orderings}
+
+
+def holm(orderings: dict) -> None:
+    """Adds to each ordering's ``after`` the two-sided paired t-test p-value of its differences and the
+    Holm-adjusted p-value over the orderings compared (family-wise error); ``after["holm_verdict"]`` keeps
+    the verdict where the adjusted p is below 0.05, else "not determined"."""
+    from scipy import stats
+
+    ps = {}
+    for claim, o in orderings.items():
+        d = o["after"]["diffs"]
+        ps[claim] = float(stats.ttest_1samp(d, 0.0).pvalue) if len(d) >= 2 else 1.0
+    m, running = len(ps), 0.0
+    for i, (claim, p) in enumerate(sorted(ps.items(), key=lambda kv: kv[1])):
+        running = max(running, min(1.0, (m - i) * p))
+        a = orderings[claim]["after"]
+        a.update(p=p, p_holm=running, holm_verdict=a["verdict"] if running < 0.05 else "not determined")
 
 
 def markdown(cmp: dict) -> str:
@@ -66,15 +84,15 @@ def markdown(cmp: dict) -> str:
         )
     lines += [
         "",
-        "| ordering | before: difference [95% t] | verdict | after: difference [95% t] | verdict | moved |",
-        "|---|---|---|---|---|---|",
+        "| ordering | before: difference [95% t] | verdict | after: difference [95% t] | verdict | moved | after: Holm p | family-wise |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for claim, o in cmp["orderings"].items():
         b, a = o["before"], o["after"]
         lines.append(
             f"| {claim} | {b['diff_mean']:+.3f} [{b['diff_lo']:+.3f}, {b['diff_hi']:+.3f}] | {b['verdict']} | "
             f"{a['diff_mean']:+.3f} [{a['diff_lo']:+.3f}, {a['diff_hi']:+.3f}] | {a['verdict']} | "
-            f"{'yes' if o['verdict_moved'] else 'no'} |"
+            f"{'yes' if o['verdict_moved'] else 'no'} | {a['p_holm']:.3g} | {a['holm_verdict']} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -53,7 +53,23 @@ def test_compare_recomputes_means_sds_and_flags_a_moved_verdict(tmp_path, capsys
     o = cmp["orderings"]["a < b"]
     assert o["after"]["diff_lo"] == pytest.approx(d.mean() - half, abs=1e-12)
     assert (o["before"]["verdict"], o["after"]["verdict"], o["verdict_moved"]) == ("holds", "not determined", True)
+    assert o["after"]["p"] == pytest.approx(stats.ttest_1samp(d, 0.0).pvalue)
+    assert o["after"]["p_holm"] == pytest.approx(o["after"]["p"])  # one ordering: Holm = the raw p
     assert "| a < b |" in capsys.readouterr().out
+
+
+def test_holm_adjusts_over_the_orderings():
+    mod = _script()
+    diffs = {"x": [-1.0, -1.1, -0.9], "y": [-0.2, -0.25, -0.1], "z": [0.1, -0.3, 0.2]}
+    ords = {k: {"after": {"diffs": d, "verdict": "holds"}} for k, d in diffs.items()}
+    mod.holm(ords)
+    p = sorted((stats.ttest_1samp(d, 0.0).pvalue, k) for k, d in diffs.items())
+    want, run = {}, 0.0
+    for i, (pv, k) in enumerate(p):
+        run = max(run, min(1.0, (3 - i) * pv))
+        want[k] = run
+    assert {k: o["after"]["p_holm"] for k, o in ords.items()} == pytest.approx(want)
+    assert ords["z"]["after"]["holm_verdict"] == "not determined"
 
 
 def test_compare_refuses_a_file_that_is_no_report(tmp_path, capsys):
