@@ -91,16 +91,7 @@ def register(sub) -> None:
         "example: replaid grid report runs/study --reference ref",
     )
     t.add_argument("grid", help="grid folder")
-    t.add_argument("--reference", help="the cell paired differences are taken against (absent: the spec's)")
-    t.add_argument(
-        "--confidence",
-        type=float_in(0.5, 1, hi_open=True),
-        default=0.95,
-        help="confidence of the t-intervals, in [0.5, 1)",
-    )
-    t.add_argument("--out", help="folder for report.json/.md/.png (absent: the grid folder)")
-    t.add_argument("--title", help="the report's heading")
-    t.add_argument("--json", action="store_true", help="print report.json")
+    _report_options(t, "paired differences are", "report", "the report's heading")
     t.set_defaults(func=run_report)
 
     tr = add_command(
@@ -122,17 +113,22 @@ def register(sub) -> None:
         required=True,
         help="step counts to read (logged evaluations)",
     )
-    tr.add_argument("--reference", help="the cell gaps are taken against (absent: the spec's)")
-    tr.add_argument(
+    _report_options(tr, "gaps are", "trend", "the page's heading")
+    tr.set_defaults(func=run_trend)
+
+
+def _report_options(p, taken: str, name: str, title: str) -> None:
+    """--reference, --confidence, --out, --title, --json of 'grid report' and 'grid trend'."""
+    p.add_argument("--reference", help=f"the cell {taken} taken against (absent: the spec's)")
+    p.add_argument(
         "--confidence",
         type=float_in(0.5, 1, hi_open=True),
         default=0.95,
         help="confidence of the t-intervals, in [0.5, 1)",
     )
-    tr.add_argument("--out", help="folder for trend.json/.md/.png (absent: the grid folder)")
-    tr.add_argument("--title", help="the page's heading")
-    tr.add_argument("--json", action="store_true", help="print trend.json")
-    tr.set_defaults(func=run_trend)
+    p.add_argument("--out", help=f"folder for {name}.json/.md/.png (absent: the grid folder)")
+    p.add_argument("--title", help=title)
+    p.add_argument("--json", action="store_true", help=f"print {name}.json")
 
 
 def _spec(args):

@@ -13,7 +13,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from replaid.config import ConfigError, RunConfig
 from replaid.eval.grid import (
@@ -179,21 +179,27 @@ def write_report(
     return rep
 
 
-def training_rows(run: Path) -> dict[int, tuple[float, Optional[float]]]:
-    """``{step: (bound, unigram or None)}`` of a run's logged training rows (``metrics.jsonl``; the
-    low-variance MDLM's ``nelbo`` where present, else ``loss``; ``unigram``: the same tokens' unigram
-    NLL, logged since issue 34). Unreadable lines are skipped; a step logged again (resume) keeps the last."""
+def metrics_rows(run: Path) -> Iterator[dict]:
+    """The rows of a run's ``metrics.jsonl`` that are JSON objects with an integer ``step``, in order;
+    unreadable lines (a torn last line, a stray edit) are skipped."""
     f = Path(run) / "metrics.jsonl"
-    rows: dict[int, tuple[float, Optional[float]]] = {}
     if not f.is_file():
-        return rows
+        return
     for line in f.read_text(errors="replace").splitlines():
         try:
             r = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if not isinstance(r, dict) or not isinstance(r.get("step"), int):
-            continue
+        if isinstance(r, dict) and isinstance(r.get("step"), int):
+            yield r
+
+
+def training_rows(run: Path) -> dict[int, tuple[float, Optional[float]]]:
+    """``{step: (bound, unigram or None)}`` of a run's logged training rows (:func:`metrics_rows`; the
+    low-variance MDLM's ``nelbo`` where present, else ``loss``; ``unigram``: the same tokens' unigram
+    NLL, logged since issue 34). A step logged again (resume) keeps the last."""
+    rows: dict[int, tuple[float, Optional[float]]] = {}
+    for r in metrics_rows(run):
         key = "nelbo" if "nelbo" in r else "loss"
         if isinstance(r.get(key), (int, float)):
             u = r.get("unigram")

@@ -31,25 +31,17 @@ from replaid.config import ConfigError, RunConfig
 from replaid.eval.grid import report, run_value
 from replaid.eval.seeds import t_interval
 from replaid.fileio import atomic_write_text
-from replaid.scaling.grid import GridEntry, read_grid, training_rows
+from replaid.scaling.grid import GridEntry, metrics_rows, read_grid, training_rows
 
 
 def eval_rows(run: Path) -> dict[int, dict]:
     """``{step: evaluation}`` of a run's logged evaluations (``eval/...`` rows of ``metrics.jsonl``,
     prefix stripped; the final evaluation is logged there too). A repeated step keeps the last row."""
-    f = Path(run) / "metrics.jsonl"
     out: dict[int, dict] = {}
-    if not f.is_file():
-        return out
-    for line in f.read_text(errors="replace").splitlines():
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(r, dict) and isinstance(r.get("step"), int):
-            ev = {k[5:]: v for k, v in r.items() if k.startswith("eval/")}
-            if "nelbo_nats_per_token" in ev or "nll_nats_per_token" in ev:
-                out[r["step"]] = ev
+    for r in metrics_rows(run):
+        ev = {k[5:]: v for k, v in r.items() if k.startswith("eval/")}
+        if "nelbo_nats_per_token" in ev or "nll_nats_per_token" in ev:
+            out[r["step"]] = ev
     return out
 
 
