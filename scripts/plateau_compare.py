@@ -7,7 +7,7 @@ raw row norm and mean pairwise cosine, each optimiser group's gradient norm, and
 B_r. One panel per quantity, one colour per cell, one line style per seed. Writes ``compare.png`` and
 ``compare.json`` (per run: its plateau exit and every quantity at the ``--at`` steps).
 
-    python scripts/plateau_compare.py runs/rerun --cells replaid plaid --until 1000 --out docs/results/trend/plateau
+    python scripts/plateau_compare.py runs/rerun [runs/plateau] --cells replaid plaid --until 1000 --out DIR
 """
 
 from __future__ import annotations
@@ -43,7 +43,12 @@ def run_rows(run: Path, until: int) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("grid", type=Path, help="grid folder (replaid grid plan/run)")
+    p.add_argument(
+        "grid",
+        type=Path,
+        nargs="+",
+        help="grid folders (replaid grid plan/run); a run id in a later grid replaces an earlier one's when it has logged rows",
+    )
     p.add_argument("--cells", nargs="+", required=True, help="cells to compare")
     p.add_argument("--until", type=int, default=1000, help="last step shown (default 1000)")
     p.add_argument("--at", type=int, nargs="+", default=[100, 250, 500, 1000], help="steps tabulated in the JSON")
@@ -52,13 +57,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.until < 1:
         print(f"replaid: error: --until {args.until}: must be >= 1", file=sys.stderr)
         return 2
-    _, entries = read_grid(args.grid)
-    runs = [e for e in entries if e.cell in args.cells]
-    unknown = sorted(set(args.cells) - {e.cell for e in entries})
+    data: dict = {}
+    known: set[str] = set()
+    for grid in args.grid:
+        _, entries = read_grid(grid)
+        known |= {e.cell for e in entries}
+        for e in entries:
+            if e.cell in args.cells:
+                rows = run_rows(grid / e.run_dir, args.until)
+                if rows or e.id not in data:
+                    data[e.id] = (e, rows)
+    unknown = sorted(set(args.cells) - known)
     if unknown:
-        print(f"replaid: error: --cells {' '.join(unknown)}: no such cell in {args.grid}", file=sys.stderr)
+        print(
+            f"replaid: error: --cells {' '.join(unknown)}: no such cell in {' '.join(map(str, args.grid))}",
+            file=sys.stderr,
+        )
         return 2
-    data = {e.id: (e, run_rows(args.grid / e.run_dir, args.until)) for e in runs}
     groups = sorted({k for _, rows in data.values() for r in rows for k in r if k.startswith("grad_norm/")})
     keys = [k for k in BASE + groups if any(k in r for _, rows in data.values() for r in rows)]
 
@@ -102,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         ax.axis("off")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(
-        f"{args.grid.name}: the first {args.until} steps of {', '.join(args.cells)} (line style = seed)", fontsize=10
+        f"{', '.join(g.name for g in args.grid)}: the first {args.until} steps of {', '.join(args.cells)} (line style = seed)",
+        fontsize=10,
     )
     fig.tight_layout()
     args.out.mkdir(parents=True, exist_ok=True)

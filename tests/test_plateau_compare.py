@@ -43,5 +43,19 @@ def test_exit_and_quantities_from_planted_rows(tmp_path, capsys):
     assert s["a__s0"]["at"]["100"]["gamma_0"] == -2.0
     assert abs(s["a__s1"]["at"]["100"]["below_unigram"] - 0.35) < 1e-12
     assert (out / "compare.png").stat().st_size > 1000
+    # a later grid's run replaces an earlier one's when it has rows (a__s1 re-logged), not when empty (b__s0)
+    g2 = tmp_path / "g2"
+    write_grid(
+        GridSpec(base="debug", cells={"a": [], "b": ["model.self_conditioning=false"]}, seeds=[0, 1]).validate(), g2
+    )
+    (g2 / "runs" / "a__s1").mkdir(parents=True)
+    rows = [{"step": 50 * (i + 1), "loss": 5.0, "unigram": 6.0} for i in range(4)]
+    (g2 / "runs" / "a__s1" / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out2 = tmp_path / "out2"
+    assert _script().main([str(g), str(g2), "--cells", "a", "b", "--until", "200", "--out", str(out2)]) == 0
+    s2 = json.loads((out2 / "compare.json").read_text())["runs"]
+    assert (
+        s2["a__s1"]["plateau_exit"] == 50 and s2["a__s0"]["plateau_exit"] == 150 and s2["b__s0"]["plateau_exit"] is None
+    )
     assert _script().main([str(g), "--cells", "zz", "--out", str(out)]) == 2
     assert capsys.readouterr().err.strip().startswith("replaid: error: --cells zz")
