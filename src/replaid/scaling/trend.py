@@ -28,7 +28,7 @@ from typing import Any, Optional
 import numpy as np
 
 from replaid.config import ConfigError, RunConfig
-from replaid.eval.grid import report, run_value
+from replaid.eval.grid import _f, report, run_value
 from replaid.eval.seeds import t_interval
 from replaid.fileio import atomic_write_text
 from replaid.scaling.grid import GridEntry, metrics_rows, read_grid, training_rows
@@ -219,10 +219,6 @@ def trend_markdown(tr: dict, title: str = "Gap against training compute") -> str
             )
             L.append(f"| {cell} | {g['points']} | {len(g['seeds'])} | {sl} | {g['verdict']} |")
     return "\n".join(L) + "\n"
-
-
-def _f(x: Optional[float], fmt: str = ".3f") -> str:
-    return "n/a" if x is None or not math.isfinite(x) else format(x, fmt)
 
 
 def plot_trend(tr: dict, path: Path, title: str = "") -> Path:
