@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import socket
 import threading
@@ -500,6 +501,10 @@ def _raw_post(port: int, headers: list[str], parts: list[bytes], timeout: float 
         head = ["POST /api/generate HTTP/1.1", f"Host: 127.0.0.1:{port}", "Content-Type: application/json", *headers]
         s.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
         for part in parts:
+            # stop sending once the server has answered: it closes after a 413, and writing on into
+            # the closed connection would reset it before the answer is read
+            if select.select([s], [], [], 0.05)[0]:
+                break
             s.sendall(part)
         data = b""
         while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < 2:
