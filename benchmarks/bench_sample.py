@@ -23,7 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import append_results, device_name, sync  # noqa: E402
 
 from replaid.presets import resolve  # noqa: E402
-from replaid.sampling.continuous import gamma_grid, get_sampler  # noqa: E402
+from replaid.sampling.continuous import gamma_grid, get_sampler, time_grid  # noqa: E402
+
+
+def initial_tokens(method, model, B: int, L: int, dev: torch.device, g: torch.Generator) -> torch.Tensor:
+    """MDLM's start: every position [MASK] (id V, one past the vocabulary)."""
+    return torch.full((B, L), model.n_out, dtype=torch.long, device=dev)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     from replaid.methods import get_method
+    from replaid.sampling.registry import get_sampler as get_registered
     from replaid.training.memory import preset_vocab
 
     a = build_parser().parse_args()
@@ -72,10 +78,12 @@ def main() -> None:
                     sync(dev)
                     t0 = time.perf_counter()
                     nfe = get_sampler(name)(model, z, gammas, generator=g).nfe
-                else:
+                else:  # the method's default sampler from the registry, from its initial state
+                    sampler = get_registered(method)
+                    x = initial_tokens(method, model, a.batch, L, dev, g)
                     sync(dev)
                     t0 = time.perf_counter()
-                    _, nfe = method.sample(model, a.batch, L, T, g)
+                    _, nfe = sampler.fn(model, x, time_grid(T), generator=g)
                 sync(dev)
             secs = time.perf_counter() - t0
             rows.append([name, T, nfe, a.batch, L, secs, a.batch * L / secs, nfe / secs])

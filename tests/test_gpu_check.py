@@ -141,3 +141,38 @@ def test_docs_hold_the_gpu_check_block():
     text = (REPO / "docs" / "benchmarks.md").read_text()
     assert text.count(gpu_check.BEGIN) == 1 and text.count(gpu_check.END) == 1
     assert "scripts/gpu_check.sh" in (REPO / "README.md").read_text()
+
+
+def test_the_syncs_child_builds_every_method_on_cpu():
+    """The syncs step's configs and trainers, run on the CPU (nothing counted there): its overrides
+    must be ones each method reads (on the H200 on 2026-11-26 it failed for MDLM on a RePlaid-only key)."""
+    out = gpu_check.child_syncs(list(gpu_check.ALL_METHODS), steps=1, device="cpu", allow_cpu=True)
+    assert set(out["methods"]) == set(gpu_check.ALL_METHODS)
+
+
+def test_the_mdlm_sampler_benchmark_runs_on_cpu():
+    """bench_sample.py --method mdlm times the registry's sampler (it called a removed method.sample)."""
+    r = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/bench_sample.py",
+            "--preset",
+            "debug",
+            "--method",
+            "mdlm",
+            "--steps",
+            "4",
+            "--batch",
+            "2",
+            "--device",
+            "cpu",
+            "--json",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    row = json.loads(r.stdout.strip().splitlines()[-1])
+    assert row["method"] == "mdlm" and 1 <= row["nfe"] <= 4

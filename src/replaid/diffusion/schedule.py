@@ -41,7 +41,7 @@ class MonotoneShape(nn.Module):
     def forward(self, t: Tensor) -> tuple[Tensor, Tensor]:
         """Returns ``(gamma_tilde(t), gamma_tilde'(t))`` in float64, shapes of ``t``."""
         g, dg = self._g(t)
-        ends, _ = self._g(torch.tensor([0.0, 1.0], dtype=torch.float64, device=t.device))
+        ends, _ = self._g(torch.arange(2, dtype=torch.float64, device=t.device))  # t = 0, 1: no host copy
         span = ends[1] - ends[0]
         return (g - ends[0]) / span, dg / span
 

@@ -83,14 +83,25 @@ def _table(V: int) -> tuple[np.ndarray, np.ndarray]:
     return (V * p - 1) / (V - 1), V * dp / (V - 1)
 
 
+@lru_cache(maxsize=8)
+def _device_table(V: int, device: torch.device) -> Tensor:
+    """``_table(V)`` as one (2, n) float64 tensor on ``device`` (one copy per (V, device), not per step)."""
+    return torch.from_numpy(np.stack(_table(V))).to(device)
+
+
 def duo_alpha(gamma: Tensor, V: int) -> tuple[Tensor, Tensor]:
     """``(alpha(gamma), d alpha / d gamma)`` of the operator, float64, from the cached table
-    (linear interpolation; gamma clipped to [-10, 10])."""
-    a_tab, da_tab = _table(V)
-    g = gamma.detach().double().cpu().numpy()
-    a = np.interp(g, _TABLE_GAMMA, a_tab)
-    da = np.interp(g, _TABLE_GAMMA, da_tab)
-    return (torch.from_numpy(a).to(gamma.device), torch.from_numpy(da).to(gamma.device))
+    (linear interpolation on its uniform grid, as ``np.interp``; gamma clipped to [-10, 10]).
+    Computed on ``gamma``'s device: no host read in the training step."""
+    tab = _device_table(V, gamma.device)  # (2, n)
+    n = tab.shape[1]
+    lo, hi = float(_TABLE_GAMMA[0]), float(_TABLE_GAMMA[-1])
+    pos = (gamma.detach().double().clamp(lo, hi) - lo) * ((n - 1) / (hi - lo))  # fractional grid index
+    i0 = pos.floor().clamp(max=n - 2).long()
+    frac = pos - i0
+    a0, a1 = tab[:, i0], tab[:, i0 + 1]  # (2, *gamma.shape)
+    out = a0 + frac * (a1 - a0)
+    return out[0], out[1]
 
 
 # ------------------------------------------------------------------ the UDLM NELBO integrand
@@ -160,7 +171,7 @@ class DuoMethod(Method[TokenDiT]):
         if t_diff is None:
             u = float(torch.rand((), generator=generator, dtype=torch.float64))
             t_diff = (torch.arange(n, dtype=torch.float64) + u) / n
-        return self.eps + (1 - self.eps) * t_diff.double().cpu()
+        return self.eps + (1 - self.eps) * t_diff.double()  # on t_diff's device: no host copy
 
     def schedule(self, t: Tensor) -> tuple[Tensor, Tensor]:
         """``(alpha_t, alpha'_t) = (1 - (1 - eps) t, -(1 - eps))``, float64."""
@@ -209,7 +220,7 @@ class DuoMethod(Method[TokenDiT]):
         B, L = tokens.shape
         V = model.n_out
         dev = tokens.device
-        t = self.times(B, generator, t_diff)
+        t = self.times(B, generator, t_diff).to(dev)  # (B,) float64 (the trainer's slice is on dev already)
         tau = self.curriculum_tau()
         if tau is None:
             rows = self.loss_rows(model, tokens, t, generator, mask)
