@@ -50,6 +50,9 @@ def test_gap_trend_verdicts_on_planted_gaps(start, slope, verdict):
 def test_gap_trend_not_fitted_on_too_few_points():
     assert gap_trend([12.0, 12.3], {0: [0.1, 0.2], 1: [0.1, 0.2]})["verdict"].startswith("not fitted")
     assert gap_trend([12.0, 12.3, 12.6], {0: [0.1, 0.2, 0.3]})["verdict"].startswith("not fitted")
+    # two seeds: fitted, but no verdict (a difference takes its interval from 3 or more seeds)
+    two = gap_trend([12.0, 12.3, 12.6], {0: [0.5, 0.4, 0.3], 1: [0.51, 0.41, 0.3]})
+    assert "slope_mean" in two and two["verdict"].startswith("not determined (2 seeds")
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ differences against the reference), with the training FLOPs and the passes over 
     last step both exclude 0 with opposite signs. Where every seed's gap changes sign, the crossing
     (:func:`crossing`, log10 FLOPs of the last sign change, interpolated) gets a t-interval over seeds.
 
-No trend is fitted through fewer than 3 step counts or 2 seeds.
+No trend is fitted through fewer than 3 step counts or 2 seeds, and none is given a verdict with fewer than 3 seeds.
 """
 
 from __future__ import annotations
@@ -73,7 +73,9 @@ def gap_trend(log_flops: list[float], gaps: dict[int, list[float]], confidence: 
     first = t_interval([gaps[k][0] for k in seeds], confidence)
     last = t_interval([gaps[k][-1] for k in seeds], confidence)
     towards_zero = -1.0 if first.mean > 0 else 1.0  # the slope's sign that brings the gap nearer 0
-    if iv.contains_zero:
+    if len(seeds) < 3:  # the project's rule: a difference between trained runs takes its interval from 3+ seeds
+        verdict = f"not determined ({len(seeds)} seeds; a verdict takes 3)"
+    elif iv.contains_zero:
         verdict = "not determined"
     else:
         verdict = "shrinks" if (iv.mean > 0) == (towards_zero > 0) else "grows"
