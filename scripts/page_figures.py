@@ -200,7 +200,54 @@ def scaling() -> dict:
     }
 
 
-PAGES = {"distillation": distillation, "control": control, "ablations": ablations, "scaling": scaling}
+def trend_gap() -> dict:
+    """The H200 gap grid (trend/gap/h200): passes over linux-docs' train split at each step count,
+    the plateau exits paired by seed (a run still on the plateau counts at its last logged step, a
+    lower bound of its exit), and RePlaid s1's gradient norm before it diverged."""
+    root = RESULTS / "trend" / "gap" / "h200"
+    tokens = 8_764_446  # linux-docs train split, BPE 2,048 rebuilt here from the run's config
+    per_step = 32 * 64
+    runs = json.loads((root / "compare.json").read_text())["runs"]
+
+    def rows(run: str) -> list[dict]:
+        out = []
+        for line in (root / "runs" / run / "metrics.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            if "loss" in r:
+                out.append(r)
+        return out
+
+    exits: dict[str, dict[int, tuple[int, bool]]] = {}
+    for name, r in runs.items():
+        last = rows(name)[-1]["step"]
+        exits.setdefault(r["cell"], {})[r["seed"]] = (
+            (r["plateau_exit"], True) if r["plateau_exit"] is not None else (last, False)
+        )
+    seeds = sorted(set(exits["replaid"]) & set(exits["plaid"]))
+    diff = np.array([exits["replaid"][k][0] - exits["plaid"][k][0] for k in seeds], dtype=np.float64)
+    s1 = {r["step"]: r for r in rows("replaid__s1")}
+    return {
+        "note": "derived by scripts/page_figures.py from h200/compare.json and h200/runs/*/metrics.jsonl",
+        "train_tokens": tokens,
+        "passes": {str(k): k * per_step / tokens for k in (800, 1600, 2400, 3200, 4000, 4800, 6400)},
+        "exits": {c: {str(k): {"step": v[0], "left": v[1]} for k, v in e.items()} for c, e in exits.items()},
+        "exit_replaid_minus_plaid": {
+            "seeds": seeds,
+            "diffs": diff.tolist(),
+            **_t_interval(diff),
+            "censored": "replaid s1 never left: counted at its last logged step (a lower bound)",
+        },
+        "replaid_s1_grad_norm": {str(k): s1[k]["grad_norm"] for k in (1600, 2000, 2050, 2100)},
+    }
+
+
+PAGES = {
+    "distillation": distillation,
+    "control": control,
+    "ablations": ablations,
+    "scaling": scaling,
+    "trend/gap": trend_gap,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,9 @@ COVERED = [
     "distillation/README.md",
     "control/README.md",
     "lmeval/README.md",
+    "trend/gap/README.md",
 ]
+MIN_FIGURES = {"trend/gap/README.md": 50}  # a shorter page
 
 
 def _load(name: str):
@@ -37,7 +39,7 @@ def test_every_figure_on_the_page_is_in_its_data(page):
     path = RESULTS / page
     assert pagecheck.DATA.search(path.read_text()), f"{page} declares no data (<!-- data: ... -->)"
     n, errors = pagecheck.check_page(path)
-    assert n > 100, f"{page}: only {n} figures found; is the parser broken?"
+    assert n > MIN_FIGURES.get(page, 100), f"{page}: only {n} figures found; is the parser broken?"
     assert not errors, "\n".join(errors)
 
 
