@@ -23,7 +23,7 @@ nbclient = pytest.importorskip("nbclient")
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 TUTORIALS = sorted((DOCS / "tutorials").glob("*.py"))
-SLOW_TUTORIALS = {"grid", "distill", "peers", "slurm"}  # over 30 s each on the 2-core CI machine
+SLOW_TUTORIALS = {"quickstart", "grid", "distill", "peers", "slurm"}  # over 30 s each on a loaded 2-core machine
 
 
 def mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess:

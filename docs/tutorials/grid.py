@@ -70,11 +70,11 @@ print(replaid("grid", "plan", str(spec), "--out", str(WORK / "study"), "--force"
 # %% [markdown]
 # ## Run
 #
-# Each run is a normal run folder `study/runs/<cell>__s<seed>`; `--max-parallel 2` would train two at a
-# time. Running the same command again skips what is done.
+# Each run is a normal run folder `study/runs/<cell>__s<seed>`; `--max-parallel 2` trains two at a time
+# (each on one thread, as pinned above). Running the same command again skips what is done.
 
 # %%
-print(replaid("grid", "run", str(WORK / "study"), "--no-progress", log=True))
+print(replaid("grid", "run", str(WORK / "study"), "--max-parallel", "2", "--no-progress", log=True))
 print(replaid("grid", "run", str(WORK / "study"), "--no-progress", log=True))  # nothing left to do
 
 # %% [markdown]
