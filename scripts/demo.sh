@@ -26,4 +26,6 @@ print(f"NELBO perplexity {r['nelbo_ppl']:.2f} ({r['nelbo_nats_per_token']:.3f} n
 PY
 echo "== samples (DDPM ancestral, T=64)"
 .venv/bin/replaid sample "$OUT" --sampler ddpm --steps 64 --num 3 --seed 0
+# beside the samples: a held-out passage, unigram samples of the same tokens, the NELBO's pieces, RUN/demo.png
+.venv/bin/python scripts/demo_report.py "$OUT"
 echo "== demo finished in $(( $(date +%s) - start )) s (after set-up)"

@@ -6,8 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 echo "== ruff check, ruff format --check, lint-imports, mypy"
-.venv/bin/ruff check src tests benchmarks scripts setup.py
-.venv/bin/ruff format --check src tests benchmarks scripts setup.py
+.venv/bin/ruff check src tests benchmarks scripts setup.py docs/tutorials
+.venv/bin/ruff format --check src tests benchmarks scripts setup.py docs/tutorials
 .venv/bin/lint-imports
 .venv/bin/mypy
 exec .venv/bin/python -m pytest -q tests "$@"

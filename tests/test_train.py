@@ -60,6 +60,21 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_resuming_a_finished_run_with_more_steps_evaluates_the_new_end(tmp_path):
+    """A finished run resumed with a larger train.steps gets a final evaluation at its new last step (it
+    once returned the old step's evaluation as the new one and left final_eval.json at the old step)."""
+    run = tmp_path / "run"
+    first = train(debug_cfg("train.steps=5"), run, progress=False)
+    res = train(debug_cfg("train.steps=10"), run, resume=True, progress=False)
+    final = json.loads((run / "final_eval.json").read_text())
+    assert final["step"] == 10 and final["eval"] == res["eval"] != first["eval"]
+    assert any(
+        r["step"] == 10 and "eval/nelbo_nats_per_token" in r for r in map(json.loads, open(run / "metrics.jsonl"))
+    )
+    again = train(debug_cfg("train.steps=10"), run, resume=True, progress=False)  # finished: the same evaluation
+    assert again["eval"] == res["eval"]
+
+
 def test_checkpoint_is_atomic_and_pickle_free(tmp_path, monkeypatch):
     run = tmp_path / "r"
     train(debug_cfg("train.steps=2"), run, progress=False)

@@ -233,6 +233,8 @@ class TrainConfig:
     num_threads: int = 0  # torch CPU threads; 0 = torch default
     parallel: str = "ddp"  # under torchrun: ddp | fsdp
     max_nonfinite_steps: int = 10  # stop after this many NaN/Inf steps in a row (each one is skipped)
+    logger: str = "tensorboard"  # trackers beside metrics.jsonl: tensorboard | wandb | tensorboard+wandb | none
+    wandb_project: str = "replaid"  # the W&B project of train.logger=wandb (entity: WANDB_ENTITY or wandb's default)
 
     def validate(self) -> None:
         _check(self.steps > 0, "train.steps", "must be positive")
@@ -258,6 +260,13 @@ class TrainConfig:
         ):
             _check(getattr(self, k) >= 0, f"train.{k}", f"must be >= 0 (0 = {zero})")
         _check(self.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", "must be >= 1")
+        parts = self.logger.split("+")
+        _check(
+            self.logger == "none" or (len(set(parts)) == len(parts) and set(parts) <= {"tensorboard", "wandb"}),
+            "train.logger",
+            f"must be tensorboard, wandb, tensorboard+wandb or none, got {self.logger!r}",
+        )
+        _check(bool(self.wandb_project.strip()), "train.wandb_project", "must not be empty")
 
 
 @dataclass

@@ -1,10 +1,19 @@
-"""Metrics to JSONL and TensorBoard, and a tqdm progress bar."""
+"""Metrics to JSONL, TensorBoard and/or Weights & Biases, and a tqdm progress bar.
+
+``train.logger`` picks the trackers beside RUN/metrics.jsonl (always written): ``tensorboard`` (the
+default, RUN/tb/), ``wandb`` (RUN/wandb/: the ``wandb`` extra, imported only then), both
+(``tensorboard+wandb``) or ``none``. Both trackers get the same scalars at the same steps (the numeric
+fields of each metrics.jsonl row; no other plots are logged); W&B also gets the run folder's config
+(``config.json``) as the run's config. ``WANDB_MODE=offline`` keeps a W&B run on disk under
+RUN/wandb/ (``wandb sync`` uploads it later); a resumed run continues the same W&B run (its id is kept
+in RUN/wandb/run-id)."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -12,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from replaid import dist
+from replaid.config import ConfigError
 from replaid.fileio import atomic_write_text
 
 
@@ -41,12 +51,16 @@ class MetricsLogger:
         tensorboard: bool = True,
         resume_step: Optional[int] = None,
         keep: Callable[[dict], bool] = lambda row: True,
+        wandb: Optional[dict] = None,
     ):
         """``resume_step``: a resumed run first drops the rows after that step (and those ``keep``
-        rejects), so redone steps are not logged twice; TensorBoard purges them likewise."""
+        rejects), so redone steps are not logged twice; TensorBoard purges them likewise (W&B keeps the
+        steps it had: it ignores a step lower than its last). ``wandb``: log to a W&B run too, with
+        these :func:`start_wandb` arguments (``project``, ``config``)."""
         self.enabled = enabled
         self.file = None
         self.tb = None
+        self.wb = None
         if not enabled:
             return
         run_dir = Path(run_dir)
@@ -62,6 +76,8 @@ class MetricsLogger:
                 self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=purge)
             except ImportError:  # tensorboard not installed: JSONL only
                 self.tb = None
+        if wandb is not None:
+            self.wb = start_wandb(run_dir, resume=resume_step is not None, **wandb)
 
     def log(self, step: int, metrics: dict) -> None:
         if not self.enabled:
@@ -73,10 +89,12 @@ class MetricsLogger:
         }
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
+        scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if self.tb is not None:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self.tb.add_scalar(k, v, step)
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, step)
+        if self.wb is not None:
+            self.wb.log(scalars, step=step)
 
     def write(self, message: str) -> None:
         """A line on stderr that does not break the progress bar (main rank only)."""
@@ -99,6 +117,49 @@ class MetricsLogger:
             self.file.close()
         if self.tb is not None:
             self.tb.close()
+        if self.wb is not None:
+            self.wb.finish()
+            self.wb = None
+
+
+def trackers(logger: str) -> tuple[str, ...]:
+    """The trackers ``train.logger`` names (``tensorboard``, ``wandb``, ``tensorboard+wandb``, ``none``)."""
+    return () if logger == "none" else tuple(logger.split("+"))
+
+
+def require_wandb() -> None:
+    """Import ``wandb`` now, or fail in one line naming the extra (called before a run folder is touched)."""
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "train.logger=wandb needs the wandb package: pip install 'replaid[wandb]' "
+            "(or train.logger=tensorboard, the default)"
+        ) from None
+
+
+def start_wandb(run_dir: Path, project: str, config: dict, resume: bool = False):
+    """A W&B run named after ``run_dir``, its files under RUN/wandb/, ``config`` as its config. A resumed
+    training continues the W&B run whose id RUN/wandb/run-id keeps; a new one starts a new W&B run.
+    ``WANDB_MODE=offline`` (or ``wandb offline``) writes it to disk only."""
+    import wandb
+
+    folder = run_dir / "wandb"
+    folder.mkdir(parents=True, exist_ok=True)
+    id_file = folder / "run-id"
+    run_id = id_file.read_text().strip() if resume and id_file.is_file() else None
+    if not run_id:
+        run_id = uuid.uuid4().hex[:12]  # W&B ids: lower-case letters and digits
+        atomic_write_text(id_file, run_id + "\n")
+    return wandb.init(
+        project=project,
+        dir=str(run_dir),
+        name=run_dir.resolve().name,
+        id=run_id,
+        resume="allow",
+        config=config,
+        settings=wandb.Settings(console="off"),  # the progress bar stays on the terminal, not in the run
+    )
 
 
 class DeviceMeans:

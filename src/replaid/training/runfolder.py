@@ -27,7 +27,7 @@ from replaid.training import checkpoint as ck
 LOCK, OWNER = ".lock", ".lock.owner"
 FINAL_EVAL = "final_eval.json"
 NONFINITE = "nonfinite"  # checkpoints whose final evaluation was not finite, out of force (kept, not deleted)
-RUN_FILES = ("config.json", "tokenizer", "checkpoints", "metrics.jsonl", "tb", FINAL_EVAL, NONFINITE)
+RUN_FILES = ("config.json", "tokenizer", "checkpoints", "metrics.jsonl", "tb", "wandb", FINAL_EVAL, NONFINITE)
 
 
 class RunFolderError(ValueError):

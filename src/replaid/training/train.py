@@ -29,7 +29,7 @@ from replaid.methods import get_method, method_class
 from replaid.methods.base import Method
 from replaid.training import checkpoint as ck
 from replaid.training import runfolder
-from replaid.training.metrics_log import DeviceMeans, MetricsLogger
+from replaid.training.metrics_log import DeviceMeans, MetricsLogger, require_wandb, trackers
 
 
 class TrainingDiverged(RuntimeError):
@@ -406,6 +406,8 @@ def train(
             f"method={cfg.method} is for converted checkpoints (evaluation and sampling); it "
             f"cannot be trained: use method=replaid"
         )
+    if "wandb" in trackers(cfg.train.logger) and dist.is_main():
+        require_wandb()  # before the run folder is touched
     use_deterministic_kernels()
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
@@ -461,9 +463,12 @@ def _train(
 
     final = runfolder.read_final_eval(run_dir) if resume else None
     final = final if final and final.get("step") == trainer.step else None
+    tracked = trackers(cfg.train.logger)
     log = MetricsLogger(
         run_dir,
         enabled=dist.is_main(),
+        tensorboard="tensorboard" in tracked,
+        wandb={"project": cfg.train.wandb_project, "config": cfg.to_dict()} if "wandb" in tracked else None,
         resume_step=trainer.step if resume else None,
         keep=lambda row: (
             final is not None or row["step"] < cfg.train.steps or not any(k.startswith("eval/") for k in row)
@@ -536,6 +541,8 @@ def _train(
             f"{{signal}} received during the final evaluation: checkpoint saved at step {trainer.step} in {run_dir}; "
             f"resume with 'replaid train --out {run_dir} --resume' to evaluate it"
         )
+        if final is not None and final.get("step") != trainer.step:  # resumed with more steps: evaluate anew
+            final = None
         result = {"step": trainer.step, "train": trainer.history[-1] if trainer.history else {}}
         done = trainer.step >= cfg.train.steps
         try:
