@@ -71,12 +71,15 @@ KEYS = ("T", "e_hat", "gamma", "gamma_next", "i", "logits", "pos", "probs", "s",
 
 
 def _digest(info) -> str:
-    """A fingerprint of a callback payload (a dict, or an object with these attributes)."""
+    """A fingerprint of a callback payload (a dict, or an object with these attributes); a key holding the
+    very object of a key before it (AR's ``z``, which is its ``tokens``) adds nothing."""
     h = hashlib.sha256()
+    seen: list[object] = []
     for k in KEYS:
         v = info.get(k) if isinstance(info, dict) else getattr(info, k, None)
-        if v is None:
+        if v is None or (isinstance(v, torch.Tensor) and any(v is x for x in seen)):
             continue
+        seen.append(v)
         h.update(k.encode())
         if isinstance(v, torch.Tensor):
             h.update(v.detach().cpu().contiguous().numpy().tobytes())
