@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import append_results, device_name, sync  # noqa: E402
 
 from replaid.presets import resolve  # noqa: E402
-from replaid.sampling.continuous import gamma_grid, get_sampler, time_grid  # noqa: E402
+from replaid.sampling.continuous import gamma_grid, time_grid  # noqa: E402
 
 
 def initial_tokens(method, model, B: int, L: int, dev: torch.device, g: torch.Generator) -> torch.Tensor:
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     from replaid.methods import get_method
-    from replaid.sampling.registry import get_sampler as get_registered
+    from replaid.sampling.registry import get_sampler
     from replaid.training.memory import preset_vocab
 
     a = build_parser().parse_args()
@@ -72,18 +72,17 @@ def main() -> None:
             ctx = torch.autocast("cuda", torch.bfloat16) if dev.type == "cuda" else torch.autocast("cpu", enabled=False)
             g = torch.Generator().manual_seed(0)
             with torch.no_grad(), ctx:
-                if a.method == "replaid":
-                    gammas = gamma_grid(model.schedule, T)
-                    z = torch.randn(a.batch, L, model.d_e, device=dev)
-                    sync(dev)
-                    t0 = time.perf_counter()
-                    nfe = get_sampler(name)(model, z, gammas, generator=g).nfe
+                if a.method == "replaid":  # the registry's samplers, one contract (sampling/contract.py)
+                    sampler = get_sampler(method, name)
+                    grid = gamma_grid(model.schedule, T)
+                    state = torch.randn(a.batch, L, model.d_e, device=dev)
                 else:  # the method's default sampler from the registry, from its initial state
-                    sampler = get_registered(method)
-                    x = initial_tokens(method, model, a.batch, L, dev, g)
-                    sync(dev)
-                    t0 = time.perf_counter()
-                    _, nfe = sampler.fn(model, x, time_grid(T), generator=g)
+                    sampler = get_sampler(method)
+                    grid = time_grid(T)
+                    state = initial_tokens(method, model, a.batch, L, dev, g)
+                sync(dev)
+                t0 = time.perf_counter()
+                nfe = sampler.fn(model, state, grid, generator=g).nfe
                 sync(dev)
             secs = time.perf_counter() - t0
             rows.append([name, T, nfe, a.batch, L, secs, a.batch * L / secs, nfe / secs])

@@ -75,18 +75,18 @@ def one(method: str, V: int, steps: int, overrides: list[str], sample: bool) -> 
                     from replaid.sampling.continuous import time_grid
                     from replaid.sampling.discrete import sample_mdlm
 
-                    _, nfe = sample_mdlm(model, torch.full((B, L), model.n_out), time_grid(4), generator=g)
+                    res = sample_mdlm(model, torch.full((B, L), model.n_out), time_grid(4), generator=g)
+                    nfe = res[1] if isinstance(res, tuple) else res.nfe  # (ids, nfe) before issue 35
                 except ImportError:  # an older src/: the sampler was a method
                     _, nfe = m.sample(model, B, L, 4, g)
             else:
                 try:
-                    from replaid.sampling.continuous import gamma_grid, get_sampler
+                    from replaid.sampling.continuous import gamma_grid, sample_ddpm
                 except ImportError:  # an older src/
                     from replaid.diffusion.samplers import gamma_grid, get_sampler
 
-                nfe = get_sampler("ddpm")(
-                    model, torch.randn(B, L, model.d_e), gamma_grid(model.schedule, 3), generator=g
-                ).nfe
+                    sample_ddpm = get_sampler("ddpm")
+                nfe = sample_ddpm(model, torch.randn(B, L, model.d_e), gamma_grid(model.schedule, 3), generator=g).nfe
         out["nfe_per_s"] = nfe / (time.process_time() - t0)
     return out
 

@@ -144,12 +144,13 @@ def test_mdlm_sampler_unmasks_everything_and_reuses_unchanged_steps():
     m = MDLMMethod(cfg_for("mdlm"))
     model = perturb_head(m.build_model(V)).eval()
     masks = torch.full((2, 6), V)
-    ids, nfe = sample_mdlm(model, masks, time_grid(64), generator=torch.Generator().manual_seed(0))
+    res = sample_mdlm(model, masks, time_grid(64), generator=torch.Generator().manual_seed(0))
+    ids, nfe = res.tokens, res.nfe
     assert ids.shape == (2, 6) and int(ids.max()) < V and int(ids.min()) >= 0
     assert nfe <= 13  # at most one call per step that changed something (+1): 12 positions
     x = masks.clone()
     x[:, :2] = torch.tensor([3, 4])
-    ids, _ = sample_mdlm(model, x, time_grid(8), generator=torch.Generator().manual_seed(0))
+    ids = sample_mdlm(model, x, time_grid(8), generator=torch.Generator().manual_seed(0)).tokens
     assert torch.equal(ids[:, :2], x[:, :2])
 
 

@@ -228,7 +228,9 @@ def test_consistency_loss_is_zero_at_the_exact_ode_map_and_positive_off_it():
 
 
 def test_consistency_sampler_predicts_renoises_and_reads_its_last_prediction():
-    from replaid.sampling.continuous import nfe_for, sample_consistency
+    from replaid.methods import Kind
+    from replaid.sampling.continuous import sample_consistency
+    from replaid.sampling.registry import nfe_for
 
     o = _oracle()
     gammas = torch.linspace(5.0, -4.0, 5, dtype=torch.float64)  # T = 4
@@ -249,7 +251,7 @@ def test_consistency_sampler_predicts_renoises_and_reads_its_last_prediction():
     z = torch.randn(3, 6, o.E.shape[1], generator=torch.Generator().manual_seed(0))
     infos: list[dict] = []
     res = sample_consistency(Counting(), z, gammas, generator=torch.Generator().manual_seed(1), callback=infos.append)
-    assert res.nfe == len(seen) == nfe_for("consistency", 4) == 4
+    assert res.nfe == len(seen) == nfe_for(Kind.CONTINUOUS, "consistency", 4) == 4
     assert seen == gammas[:-1].tolist()  # no extra readout call at gammas[T]
     assert torch.equal(res.tokens, infos[-1]["logits"].argmax(-1))  # the tokens are the last prediction
     # between calls the latent is a fresh forward sample of the prediction at the next level: the noise is

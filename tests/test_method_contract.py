@@ -183,10 +183,11 @@ def test_discrete_samplers_draw_on_the_device(name, sampler):
     gen = torch.Generator().manual_seed(0)
     with meta_as_cpu_autocast(), torch.no_grad(), SyncCounter("meta") as c:
         if m.kind is Kind.AUTOREGRESSIVE:
-            z, _ = fn(model, torch.zeros(2, 5, dtype=torch.long, device=meta), 0, generator=gen)
+            z = fn(model, torch.zeros(2, 5, dtype=torch.long, device=meta), torch.arange(0, 6), generator=gen).tokens
         else:
             start = 50 if m.kind is Kind.MASKED else 7  # all [MASK] / any token
-            z, _ = fn(model, torch.full((2, 5), start, dtype=torch.long, device=meta), time_grid(3), generator=gen)
+            x = torch.full((2, 5), start, dtype=torch.long, device=meta)
+            z = fn(model, x, time_grid(3), generator=gen).tokens
     assert z.device.type == "meta"
     assert not c.host_random and not c.copies, (dict(c.host_random), dict(c.copies))
 

@@ -112,7 +112,7 @@ def test_sample_refuses_what_cannot_fit_before_allocating(trained, monkeypatch):
         g.check_memory(run, SampleRequest(num=4096, batch_size=bs + 1), 32, free=1e9)
     g.check_memory(run, SampleRequest(num=4, batch_size=4), 32, free=1e9)  # the ordinary request passes
     calls = []
-    monkeypatch.setattr(g, "_continuous", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(g, "_sample", lambda *a, **k: calls.append(a))
     monkeypatch.setattr("replaid.training.memory.free_bytes", lambda dev: 1e6)
     with pytest.raises(ValueError, match="MB|GB free"):
         g.generate(run, SampleRequest(num=4, batch_size=4))

@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from replaid.config import DiffusionConfig, ModelConfig
+from replaid.methods import Kind
 from replaid.model.replaid import RePlaid
-from replaid.sampling.continuous import SAMPLERS, gamma_grid, get_sampler, prefix_inpaint
+from replaid.sampling.continuous import gamma_grid, prefix_inpaint
+from replaid.sampling.registry import samplers_of
 from replaid.training.syncs import SyncCounter, meta_as_cpu_autocast
 
 META = torch.device("meta")
@@ -20,7 +22,7 @@ def _meta_autocast():
 
 
 @pytest.mark.parametrize("inpaint", [False, True])
-@pytest.mark.parametrize("name", sorted(SAMPLERS))
+@pytest.mark.parametrize("name", sorted(samplers_of(Kind.CONTINUOUS)))
 def test_continuous_samplers_draw_on_the_device(name, inpaint):
     torch.manual_seed(0)
     model = RePlaid(ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4), DiffusionConfig(), 23)
@@ -28,7 +30,7 @@ def test_continuous_samplers_draw_on_the_device(name, inpaint):
     model = model.to(META).eval()
     ip = prefix_inpaint(torch.zeros(2, 3, dtype=torch.long, device=META), 6, model.embedding()) if inpaint else None
     with torch.no_grad(), SyncCounter("meta") as c:
-        res = get_sampler(name)(
+        res = samplers_of(Kind.CONTINUOUS)[name].fn(
             model, torch.randn(2, 6, 4, device=META), gammas, generator=torch.Generator().manual_seed(0), inpaint=ip
         )
     assert res.tokens.device.type == "meta"

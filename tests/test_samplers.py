@@ -15,8 +15,8 @@ import torch
 from replaid.diffusion.denoiser import DenoiserOutput
 from replaid.diffusion.oracle import OracleDenoiser, random_unit_embeddings
 from replaid.diffusion.rng import device_generator
+from replaid.methods import Kind
 from replaid.sampling.continuous import (
-    SAMPLERS,
     Inpaint,
     LogitTemperature,
     SampleResult,
@@ -28,7 +28,6 @@ from replaid.sampling.continuous import (
     gamma_grid,
     heun_step,
     infill_inpaint,
-    nfe_for,
     parse_infill_spans,
     prefix_inpaint,
     sample_ddim,
@@ -36,6 +35,15 @@ from replaid.sampling.continuous import (
     time_grid,
     trajectory_recorder,
 )
+from replaid.sampling.registry import nfe_for as registry_nfe
+from replaid.sampling.registry import samplers_of
+
+SAMPLERS = {name: s.fn for name, s in samplers_of(Kind.CONTINUOUS).items()}  # the continuous samplers
+
+
+def nfe_for(name: str, T: int) -> int:
+    return registry_nfe(Kind.CONTINUOUS, name, T)
+
 
 V, D_E = 5, 3
 P = torch.tensor([0.40, 0.25, 0.15, 0.12, 0.08], dtype=torch.float64)

@@ -19,16 +19,18 @@ import torch
 
 from replaid.diffusion.denoiser import DenoiserOutput, alpha_sigma
 from replaid.diffusion.oracle import OracleDenoiser, random_unit_embeddings
-from replaid.methods import get_method
+from replaid.methods import Kind, get_method
 from replaid.presets import resolve
-from replaid.sampling.continuous import SAMPLERS, Inpaint, gamma_grid
+from replaid.sampling.continuous import Inpaint, gamma_grid
 from replaid.sampling.generate import generate
 from replaid.sampling.guidance import ClassifierObjective, Guided, RequireTokens, guidance_gradient, parse_require
+from replaid.sampling.registry import samplers_of
 from replaid.sampling.request import SampleRequest
 
 V, D_E = 5, 3
 P = torch.tensor([0.40, 0.25, 0.15, 0.12, 0.08], dtype=torch.float64)
 R = torch.tensor([0.9, 0.2, 0.2, 0.9, 0.5], dtype=torch.float64)  # p(y = 0 | x = v)
+SAMPLERS = {name: s.fn for name, s in samplers_of(Kind.CONTINUOUS).items()}
 ALL = list(SAMPLERS)
 
 

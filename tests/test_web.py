@@ -144,7 +144,7 @@ def test_parse_text_modes(loaded):
         ("steps", 0, "steps must be between 1 and 64"),
         ("steps", 65, "steps must be between 1 and 64"),
         ("length", 33, "length must be between 1 and 32"),
-        ("samples", 3, "samples must be between 1 and 2"),
+        ("samples", 3, "num must be between 1 and 2"),  # the request's field (SampleRequest.num)
         ("temperature", 0.0, "temperature must be between"),
         ("sampler", "euler", "sampler 'euler' is not available"),
     ],
@@ -386,6 +386,33 @@ def test_edit_endpoint_gives_the_clis_message(client, runs, capsys):
     # a strength out of range: argparse refuses it on the command line; the API says it in the request's words
     resp = client.post("/api/edit", json={"run": "replaid", "text": SOURCE, "strength": 1.5})
     assert resp.status_code == 400 and resp.json()["error"].startswith("--strength 1.5: must be in [0, 1]")
+
+
+@pytest.mark.parametrize(
+    "run,flags,body",
+    [
+        ("replaid", ["--length", "1"], {"length": 1}),
+        (
+            "replaid",
+            ["--length", "8", "--prompt", "return the value " * 4],
+            {"length": 8, "text": "return the value " * 4},
+        ),
+        ("replaid", ["--sampler", "ancestral"], {"sampler": "ancestral"}),
+        ("replaid", ["--length", "8", "--require", " the@40"], {"length": 8, "require": [" the@40"]}),
+        ("mdlm", ["--score-temperature", "2"], {"sampler": "ancestral", "score_temperature": 2}),
+        ("ar", ["--sampler", "ddim"], {"sampler": "ddim"}),
+    ],
+)
+def test_the_same_invalid_request_gets_the_same_message_from_the_cli_and_the_server(
+    client, runs, capsys, run, flags, body
+):
+    """One schema (SampleRequest), validated once: ``replaid sample``'s flags and the playground's JSON
+    map onto the same request, so a request both accept as types gets one message from both."""
+    assert main(["sample", str(runs[run]), "--steps", "4", "--num", "1", *flags]) == 2
+    cli = capsys.readouterr().err.strip().removeprefix("replaid: error: ")
+    resp = client.post("/api/generate", json={"run": run, "steps": 4, "samples": 1, **body})
+    assert resp.status_code == 400
+    assert resp.json()["error"] == cli and "\n" not in cli
 
 
 def test_guided_generate_at_scale_zero_is_the_unguided_sample(client):

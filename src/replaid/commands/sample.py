@@ -144,9 +144,9 @@ def run(args) -> int:
     from replaid.training.loading import load_run
 
     run_ = load_run(args.run, use_ema=True, train_data=False)
-    req = request_of(args)
-    plan = req.check(run_.method, run_.tokenizer, run_.cfg.data.seq_len)
+    req = request_of(args)  # validated once, by generate (SampleRequest.check), as the playground's requests are
     if args.show_positions:
+        plan = req.check(run_.method, run_.tokenizer, run_.cfg.data.seq_len)
         if plan is None:
             raise ValueError("--show-positions shows an infilling request's positions: give --context")
         print(plan.describe(run_.tokenizer), file=sys.stderr)

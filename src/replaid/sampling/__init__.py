@@ -2,7 +2,10 @@
 
 * :mod:`~replaid.sampling.request`: :class:`SampleRequest` (validated; the one default-length rule);
 * :mod:`~replaid.sampling.generate`: :func:`generate` (``replaid sample``, ``replaid sweep``, the playground);
-* :mod:`~replaid.sampling.registry`: ``(method kind, name) -> sampler`` and the CLI's choices;
+* :mod:`~replaid.sampling.contract`: the one sampler signature ``fn(net, state, grid, *, generator,
+  callback, **options) -> SampleResult`` and the callback's ``StepInfo``;
+* :mod:`~replaid.sampling.registry`: ``(method kind, name) -> sampler`` (function, NFE) and the CLI's choices;
+* :mod:`~replaid.sampling.starts`: how each kind starts its samplers (initial state, grid, generator, options);
 * :mod:`~replaid.sampling.continuous` / :mod:`~replaid.sampling.discrete`: the samplers, plain functions;
 * :mod:`~replaid.sampling.infill`: infilling requests in the user's terms; :mod:`~replaid.sampling.sweep`:
   sample-quality sweeps.

@@ -1,10 +1,12 @@
 """Samplers of the continuous methods (RePlaid, Plaid, LangFlow): plain functions in the style of
 k-diffusion (paper appendix "Sampler Update Formulas").
 
-Every sampler has the signature
+Every sampler has the one sampler contract (:mod:`replaid.sampling.contract`) with its own options:
 
     sample_X(denoiser, z, gammas, *, generator=None, callback=None, self_cond=None,
              inpaint=None, disable_progress=True) -> SampleResult
+
+The registry (:data:`replaid.sampling.registry.REGISTRY`) holds them with their NFE.
 
 * ``z``       (B, L, d_e) starting latent at t = 1 (the caller draws ``N(0, I)``).
 * ``gammas``  1-D float64 tensor of length T + 1, strictly decreasing: ``gammas[0] = gamma(1)``
@@ -40,9 +42,11 @@ from tqdm.auto import tqdm
 
 from replaid.diffusion.denoiser import Denoiser, DenoiserOutput, alpha_sigma
 from replaid.diffusion.rng import device_generator
+from replaid.sampling.contract import Callback, SampleResult, StepInfo
 
 __all__ = [
     "SampleResult",
+    "StepInfo",
     "time_grid",
     "gamma_grid",
     "ddpm_step",
@@ -55,9 +59,6 @@ __all__ = [
     "sample_dpmpp_2m",
     "sample_heun",
     "sample_consistency",
-    "SAMPLERS",
-    "nfe_for",
-    "get_sampler",
     "LogitTemperature",
     "ScoreTemperature",
     "Inpaint",
@@ -67,8 +68,6 @@ __all__ = [
     "TrajectoryRecorder",
     "trajectory_recorder",
 ]
-
-Callback = Callable[[dict], None]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -307,14 +306,6 @@ def infill_inpaint(reference_ids: Tensor, spec: str, E: Tensor) -> Inpaint:
 # ----------------------------------------------------------------------------------------------
 
 
-@dataclass
-class SampleResult:
-    tokens: Tensor  # (B, L) long: argmax of the readout logits (known positions forced)
-    z0: Tensor  # (B, L, d_e) final latent at gammas[T], dtype of the input z
-    nfe: int  # counted denoiser calls
-    logits: Tensor  # (B, L, V) readout logits at gammas[T]
-
-
 class _Run:
     """Bookkeeping shared by the samplers: denoiser calls (NFE, self-conditioning, dtypes),
     noise, inpainting replacement, callbacks and the final readout."""
@@ -377,15 +368,7 @@ class _Run:
     def report(self, i: int, z: Tensor, logits: Tensor, e_hat: Tensor) -> None:
         if self.callback is not None:
             self.callback(
-                {
-                    "i": i,
-                    "T": self.T,
-                    "gamma": self.g[i],
-                    "gamma_next": self.g[i + 1],
-                    "z": z,
-                    "e_hat": e_hat,
-                    "logits": logits,
-                }
+                StepInfo(i=i, T=self.T, gamma=self.g[i], gamma_next=self.g[i + 1], z=z, e_hat=e_hat, logits=logits)
             )
 
     def finish(self, z: Tensor) -> SampleResult:
@@ -554,30 +537,6 @@ def sample_consistency(
     return SampleResult(tokens=tokens, z0=z.to(run.in_dtype), nfe=run.nfe, logits=logits)
 
 
-SAMPLERS: dict[str, Callable[..., SampleResult]] = {
-    "ddpm": sample_ddpm,
-    "ddim": sample_ddim,
-    "dpmpp2m": sample_dpmpp_2m,
-    "heun": sample_heun,
-    "consistency": sample_consistency,
-}
-
-
-def get_sampler(name: str) -> Callable[..., SampleResult]:
-    if name not in SAMPLERS:
-        raise ValueError(f"unknown sampler {name!r}; choose from {sorted(SAMPLERS)}")
-    return SAMPLERS[name]
-
-
-def nfe_for(name: str, T: int) -> int:
-    """Denoiser calls of a T-step run including the final argmax readout (T + 1; Heun 2T;
-    consistency T, whose last prediction is the readout)."""
-    get_sampler(name)
-    if int(T) < 1:
-        raise ValueError(f"need at least one sampling step, got T={T}")
-    return {"heun": 2 * int(T), "consistency": int(T)}.get(name, int(T) + 1)
-
-
 # ----------------------------------------------------------------------------------------------
 # denoiser wrappers
 # ----------------------------------------------------------------------------------------------
@@ -656,7 +615,7 @@ class TrajectoryRecorder:
         self.records: list[tuple[int, Tensor]] = []
         self.texts: list[tuple[int, Any]] = []
 
-    def __call__(self, info: dict) -> None:
+    def __call__(self, info: StepInfo) -> None:
         i, T = info["i"], info["T"]
         if i % self.every != 0 and (T is None or i != T - 1):
             return

@@ -1,28 +1,29 @@
-"""Samplers of the discrete methods (AR, MDLM, Duo) as plain functions, k-diffusion style.
+"""Samplers of the discrete methods (AR, MDLM, Duo) as plain functions with the one sampler contract
+(:mod:`replaid.sampling.contract`): the network, the initial state (B, L) of token ids built as the kind
+declares (:mod:`replaid.sampling.starts`: all [MASK] for MDLM, uniform noise for Duo, the prompt for AR),
+the grid it walks, a generator and a callback, then the sampler's own options:
 
-Each takes the network, the initial state (B, L) of token ids drawn by the caller (all [MASK] for
-MDLM, uniform noise for Duo, the prompt for AR), the grid it walks, a generator and a callback:
+    sample_mdlm(model, x, ts, *, generator, callback, temperature, disable_progress) -> SampleResult
+    sample_duo(model, x, ts, *, generator, callback, temperature, known, disable_progress) -> SampleResult
+    sample_ar(model, x, positions, *, generator, callback, temperature, top_p, disable_progress) -> SampleResult
 
-    sample_mdlm(model, x, ts, *, generator, temperature, callback) -> (ids (B, L), nfe)
-    sample_duo(model, x, ts, *, generator, temperature, known, callback) -> (ids, nfe)
-    sample_ar(model, x, n_prefix, *, generator, temperature, top_p, callback) -> (ids, nfe)
-
-``ts``: (T + 1,) float64 from 1 to 0 (:func:`replaid.sampling.continuous.time_grid`). Every draw is an
+``ts``: (T + 1,) float64 from 1 to 0 (:func:`replaid.sampling.continuous.time_grid`); ``positions``:
+``n_prefix, n_prefix + 1, ..., L`` (AR's step i fills position ``positions[i]``). Every draw is an
 exponential race in float64 on the model's device. The callback (what the playground draws) gets one
-dict per step, documented on each sampler.
+:class:`~replaid.sampling.contract.StepInfo` per step, documented on each sampler.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from replaid.diffusion.rng import device_generator
 from replaid.model.tokens import TokenDiT
-
-Callback = Callable[[dict], None]
+from replaid.sampling.contract import Callback, SampleResult
 
 
 def top_p_filter(probs: Tensor, top_p: float) -> Tensor:
@@ -58,35 +59,41 @@ def exponential_race(probs: Tensor, generator: Optional[torch.Generator]) -> Ten
 def sample_ar(
     model: TokenDiT,
     x: Tensor,
-    n_prefix: int,
+    positions: Tensor,
     *,
     generator: Optional[torch.Generator] = None,
+    callback: Optional[Callback] = None,
     temperature: float = 1.0,
     top_p: float = 1.0,
-    callback: Optional[Callback] = None,
-) -> tuple[Tensor, int]:
-    """Ancestral sampling with a KV cache from the prefix ``x[:, :n_prefix]`` (B, L); the rest of ``x``
-    is overwritten. Returns (tokens (B, L), number of network calls).
+    disable_progress: bool = True,
+) -> SampleResult:
+    """Ancestral sampling with a KV cache from the prefix ``x[:, :n_prefix]`` (B, L), ``positions`` =
+    ``n_prefix, ..., L`` (consecutive); the rest of ``x`` is overwritten. Returns the tokens (B, L) and the
+    number of network calls (one per generated token).
 
     ``callback`` is called after each new token with ``{"i", "T": number of generated positions,
-    "pos", "tokens": (B, L) (valid up to pos), "probs": (B, V) float64 distribution drawn from}``."""
+    "pos", "z" = "tokens": (B, L) (valid up to pos), "probs": (B, V) float64 distribution drawn from}``."""
     dev = x.device
     B, L = x.shape
+    pos_list = [int(p) for p in positions.tolist()]
+    if not pos_list or pos_list[-1] != L or pos_list != list(range(pos_list[0], L + 1)) or pos_list[0] < 0:
+        raise ValueError(f"positions must run n_prefix, n_prefix + 1, ..., L = {L}; got {pos_list}")
+    n_prefix = pos_list[0]
     bos = model.n_in - 1
     out = x.clone()
     cache: list = []
     inp = torch.cat([torch.full((B, 1), bos, dtype=torch.long, device=dev), out[:, :n_prefix]], dim=1)
     logits = model.forward_cached(inp, cache, 0)[:, -1]
     nfe = 1
-    for pos in range(n_prefix, L):
+    for pos in tqdm(range(n_prefix, L), disable=disable_progress, desc="ar", leave=False):
         probs = top_p_filter(tempered_probs(logits, temperature), top_p)  # (B, V) float64
         out[:, pos] = exponential_race(probs, generator)  # Gumbel-max through an exponential race, in float64
         if callback is not None:
-            callback({"i": pos - n_prefix, "T": L - n_prefix, "pos": pos, "tokens": out, "probs": probs})
+            callback({"i": pos - n_prefix, "T": L - n_prefix, "pos": pos, "tokens": out, "z": out, "probs": probs})
         if pos + 1 < L:
             logits = model.forward_cached(out[:, pos : pos + 1], cache, pos + 1)[:, -1]
             nfe += 1
-    return out, nfe
+    return SampleResult(out, nfe)
 
 
 @torch.no_grad()
@@ -96,14 +103,15 @@ def sample_mdlm(
     ts: Tensor,
     *,
     generator: Optional[torch.Generator] = None,
-    temperature: float = 1.0,
     callback: Optional[Callback] = None,
-) -> tuple[Tensor, int]:
+    temperature: float = 1.0,
+    disable_progress: bool = True,
+) -> SampleResult:
     """MDLM's ancestral sampler on the grid ``ts`` (1 -> 0), float64, from ``x`` (B, L): [MASK] (id V)
     where to generate, the given tokens elsewhere. Each masked position is unmasked between t and s
     with probability ``(t - s)/t`` to a token drawn from ``x_theta``; unmasked positions stay. Without
     time conditioning a step that unmasks nothing leaves the input unchanged and its output is reused.
-    Returns (tokens, network calls).
+    Returns the tokens and the network calls.
 
     ``callback`` (k-diffusion style) is called after each step with ``{"i", "T", "t", "s",
     "z": (B, L) state at s (mask id ``V``), "probs": (B, L, V) float64 x_theta used}``."""
@@ -114,7 +122,7 @@ def sample_mdlm(
     z = x
     gen = device_generator(generator, dev)  # all draws on the model's device
     probs, nfe = None, 0
-    for k in range(steps):
+    for k in tqdm(range(steps), disable=disable_progress, desc="mdlm", leave=False):
         t, s = float(ts[k]), float(ts[k + 1])
         if probs is None or model.time_conditioning:
             tt = torch.full((B,), t, device=dev) if model.time_conditioning else None
@@ -132,7 +140,7 @@ def sample_mdlm(
         z = z_new
         if callback is not None:
             callback({"i": k, "T": steps, "t": t, "s": s, "z": z, "probs": probs_used})
-    return z, nfe
+    return SampleResult(z, nfe)
 
 
 @torch.no_grad()
@@ -142,10 +150,11 @@ def sample_duo(
     ts: Tensor,
     *,
     generator: Optional[torch.Generator] = None,
+    callback: Optional[Callback] = None,
     temperature: float = 1.0,
     known: Optional[Tensor] = None,
-    callback: Optional[Callback] = None,
-) -> tuple[Tensor, int]:
+    disable_progress: bool = True,
+) -> SampleResult:
     """Duo's ancestral sampler, float64, on the grid ``ts`` (1 -> 0) from ``x`` (B, L) (uniform noise;
     ``known`` (L,) bool: positions of ``x`` kept as they are after every step):
     ``p(z_s = j | z_t = i) ∝ (a_ts [j = i] + (1 - a_ts)/V) (a_s x_theta_j + (1 - a_s)/V)``.
@@ -159,7 +168,7 @@ def sample_duo(
     gen = device_generator(generator, dev)  # all draws on the model's device
     given = x.clone()
     z = x
-    for k in range(steps):
+    for k in tqdm(range(steps), disable=disable_progress, desc="duo", leave=False):
         t, s = float(ts[k]), float(ts[k + 1])
         a_t, a_s = 1 - t, 1 - s
         a_ts = a_t / a_s
@@ -174,4 +183,4 @@ def sample_duo(
             z = torch.where(known.to(dev), given, z)
         if callback is not None:
             callback({"i": k, "T": steps, "t": t, "s": s, "z": z, "probs": xt})
-    return z, steps
+    return SampleResult(z, steps)

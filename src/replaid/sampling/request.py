@@ -1,5 +1,10 @@
 """One sampling request (``replaid sample``, ``replaid sweep``, the playground): a validated dataclass.
 
+It is the one schema of every front end: ``replaid sample``'s flags (``commands/sample.py``) and the
+playground's JSON (``web/engine.py``) are mapped onto it, and it is validated once, by
+:meth:`SampleRequest.check`, so that the same request gets the same one-line message from either. A
+server's bounds (``replaid serve --max-steps`` ...) are :class:`RequestLimits`, checked there too.
+
 The one default-length rule (:meth:`SampleRequest.length_for`): an infilling template (``--context``
 or the playground's ``[[n]]`` gaps) is exactly as long as it is (``--length`` may only extend it);
 otherwise ``length``, or the run's training length ``data.seq_len`` when it is ``None``.
@@ -7,6 +12,7 @@ otherwise ``length``, or the run's training length ``data.seq_len`` when it is `
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -15,6 +21,37 @@ import torch
 from replaid.config import GUIDANCE_SCALE_MAX, SCORE_TEMPERATURE_RANGE, TEMPERATURE_RANGE, ConfigError
 from replaid.methods.base import Kind, Method
 from replaid.sampling.infill import EditPlan, InfillPlan, plan_edit, plan_infill
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """A server's bounds on a request (``replaid serve``'s options), checked by :meth:`SampleRequest.check`
+    before anything else; each message names the request's field, the allowed range and the value."""
+
+    max_steps: int = 1024
+    max_num: int = 4
+    max_length: Optional[int] = None  # None: the run's training length data.seq_len
+    temperature: tuple[float, float] = (0.01, 100.0)  # logit and score temperatures
+    max_require: int = 8  # required words per request
+    max_require_chars: int = 200
+
+    def check(self, req: "SampleRequest", trained_len: int) -> None:
+        def between(k: str, v: float, lo: float, hi: float, extra: str = "") -> None:
+            if not (math.isfinite(v) and lo <= v <= hi):  # NaN fails too
+                raise ValueError(f"{k} must be between {lo:g} and {hi:g}{extra}, got {v}")
+
+        between("steps", req.steps, 1, self.max_steps)
+        between("num", req.num, 1, self.max_num)
+        if req.length is not None:
+            max_len = self.max_length or trained_len
+            between("length", req.length, 1, max_len, f" (none: the run's {trained_len})")
+        for k in ("temperature", "score_temperature"):
+            between(k, getattr(req, k), *self.temperature)
+        if len(req.require) > self.max_require or any(len(w) > self.max_require_chars for w in req.require):
+            raise ValueError(
+                f"require: at most {self.max_require} required words of at most {self.max_require_chars} "
+                "characters each"
+            )
 
 
 @dataclass
@@ -57,9 +94,13 @@ class SampleRequest:
             return len(plan.ids)
         return self.length if self.length is not None else trained_len
 
-    def check(self, method: Method[Any], tok, trained_len: int) -> Optional[InfillPlan]:
-        """Refuse what ``method``'s run cannot honour, before any sampling (one line, naming the option);
-        returns the infilling plan, if any."""
+    def check(
+        self, method: Method[Any], tok, trained_len: int, limits: Optional[RequestLimits] = None
+    ) -> Optional[InfillPlan]:
+        """Refuse what ``method``'s run (or a server's ``limits``) cannot honour, before any sampling (one
+        line, naming the option); returns the infilling plan, if any."""
+        if limits is not None:
+            limits.check(self, trained_len)
         continuous = method.kind is Kind.CONTINUOUS
         if not continuous:
             own = (
@@ -69,7 +110,7 @@ class SampleRequest:
             )
             if self.sampler is not None and self.sampler not in method.samplers:
                 raise ValueError(
-                    f"--sampler {self.sampler} is for RePlaid/Plaid runs; this '{method.name}' run "
+                    f"sampler {self.sampler!r} is not available for a {method.name} run, which "
                     f"samples with {own}: drop --sampler"
                 )
             for flag, used in (
@@ -82,10 +123,12 @@ class SampleRequest:
                 ("--no-self-cond", not self.self_cond),
             ):
                 if used:
-                    raise ValueError(f"{flag} needs a RePlaid/Plaid run; this '{method.name}' run samples with {own}")
+                    raise ValueError(
+                        f"{flag} needs a continuous-diffusion run; this '{method.name}' run samples with {own}"
+                    )
         elif self.sampler is not None and self.sampler not in method.samplers:
             raise ValueError(
-                f"unknown sampler {self.sampler!r} for a {method.name} run; choose from {', '.join(method.samplers)}"
+                f"sampler {self.sampler!r} is not available for a {method.name} run; choose {', '.join(method.samplers)}"
             )
         if self.prompt and (self.context or self.infill or self.infill_chars or self.template is not None):
             raise ValueError(
@@ -151,6 +194,7 @@ class SampleRequest:
 
         for k in ("steps", "num", "batch_size"):
             need(getattr(self, k) >= 1, k, "must be >= 1")
+        need(0 <= self.seed < 2**63, "seed", "must be a non-negative integer below 2^63")
         lo, hi = TEMPERATURE_RANGE
         need(
             self.temperature == 0 or lo <= self.temperature <= hi,
@@ -176,7 +220,7 @@ def prompt_ids(tok, prompt: str, L: int) -> torch.Tensor:
     ids = tok.encode(prompt)
     if len(ids) >= L:
         raise ConfigError(
-            f"--prompt is {len(ids)} tokens but samples are {L} long, leaving nothing to generate; "
-            f"shorten the prompt or pass a larger --length"
+            f"the prompt is {len(ids)} tokens but samples are {L} long, leaving nothing to generate; "
+            f"shorten the prompt or ask for a longer length"
         )
     return torch.tensor(ids, dtype=torch.long)

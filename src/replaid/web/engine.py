@@ -39,12 +39,11 @@ from replaid.methods.base import Kind
 from replaid.sampling.generate import generate
 from replaid.sampling.infill import EditPlan, InfillPlan
 from replaid.sampling.registry import get_sampler
-from replaid.sampling.request import SampleRequest
+from replaid.sampling.request import RequestLimits, SampleRequest, prompt_ids
 
 MASK, EMPTY = -1, -2  # display ids: a masked position (MDLM), a not-yet-generated one (AR)
 _GAP = re.compile(r"\[\[\s*(\d*)\s*\]\]")  # an infill gap in the text box: [[8]] = 8 tokens to fill
 DEFAULT_GAP = 8
-MAX_REQUIRE = 8  # required words per request
 CLASSIFIER_SKIP = {"checkpoints", "tb", "tokenizer"}
 
 
@@ -64,6 +63,10 @@ class Limits:
     max_length: int = 0  # 0: the run's training length data.seq_len
     max_queue: int = 8  # waiting requests per run
     max_body: int = MAX_BODY  # bytes of a request body (more: HTTP 413, refused before it is read)
+
+    def request_limits(self) -> RequestLimits:
+        """The bounds :meth:`SampleRequest.check` applies to every request of this server."""
+        return RequestLimits(max_steps=self.max_steps, max_num=self.max_samples, max_length=self.max_length or None)
 
 
 _TYPES = {"str": str, "int": int, "float": float}
@@ -225,36 +228,15 @@ def samplers_for(run) -> list[str]:
     return list(run.method.samplers)
 
 
-def check(req: Request, run, limits: Limits) -> None:
-    """Raises ValueError (one line, naming the field and the allowed range) on a bad request."""
-    names = samplers_for(run)
+def check(req: Request, run) -> None:
+    """What only the playground's forms can get wrong (one line each); every sampling field is the
+    :class:`SampleRequest`'s, checked by :meth:`SampleRequest.check` with the server's :class:`Limits`."""
     if isinstance(req, EditRequest) and run.method.kind is not Kind.CONTINUOUS:
         raise ValueError(
             f"editing needs a continuous-diffusion run (replaid, plaid); {req.run!r} is a {run.cfg.method} run"
         )
-    if req.sampler not in names:
-        raise ValueError(
-            f"sampler {req.sampler!r} is not available for a {run.cfg.method} run; choose {', '.join(names)}"
-        )
-    if not 1 <= req.steps <= limits.max_steps:
-        raise ValueError(f"steps must be between 1 and {limits.max_steps}, got {req.steps}")
-    max_len = limits.max_length or run.cfg.data.seq_len
-    if isinstance(req, GenRequest) and not 0 <= req.length <= max_len:
-        raise ValueError(
-            f"length must be between 1 and {max_len} (0 = the run's {run.cfg.data.seq_len}), got {req.length}"
-        )
-    if not 1 <= req.samples <= limits.max_samples:
-        raise ValueError(f"samples must be between 1 and {limits.max_samples}, got {req.samples}")
-    for k in ("temperature", "score_temperature"):
-        v = getattr(req, k)
-        if not (math.isfinite(v) and 0.01 <= v <= 100):
-            raise ValueError(f"{k} must be between 0.01 and 100, got {v}")
-    if not 0 <= req.seed < 2**63:
-        raise ValueError(f"seed must be a non-negative integer, got {req.seed}")
     if len(req.text) > 20000:
         raise ValueError("text is longer than 20000 characters")
-    if len(req.require) > MAX_REQUIRE or any(len(w) > 200 for w in req.require):
-        raise ValueError(f"at most {MAX_REQUIRE} required words of at most 200 characters each")
 
 
 @dataclass
@@ -274,9 +256,7 @@ def parse_text(text: str, tok, L: int, max_len: int) -> Template:
         return Template([0] * L, [False] * L, "unconditional")
     parts = _GAP.split(text)  # kept, n, kept, n, ..., kept
     if len(parts) == 1:
-        ids = tok.encode(text)
-        if len(ids) >= L:
-            raise ValueError(f"the prompt is {len(ids)} tokens; it must be shorter than the length {L}")
+        ids = prompt_ids(tok, text, L).tolist()  # the request's own message when it leaves nothing to generate
         return Template(ids + [0] * (L - len(ids)), [True] * len(ids) + [False] * (L - len(ids)), "prompt")
     ids: list[int] = []
     known: list[bool] = []
@@ -324,10 +304,11 @@ def guide_of(req: Request, guides: dict[str, Guide]) -> Optional[str]:
 
 
 def prepare(req: Request, run, limits: Limits, guides: Optional[dict[str, Guide]] = None) -> Prepared:
-    """Validates ``req`` for ``run`` (:func:`check`, then :meth:`SampleRequest.check`, the CLI's own
-    checks and messages) and builds its :class:`Prepared` request."""
-    check(req, run, limits)
+    """Validates ``req`` for ``run`` (:func:`check`, then :meth:`SampleRequest.check` with the server's
+    limits: the CLI's own checks and messages) and builds its :class:`Prepared` request."""
+    check(req, run)
     cfg = run.cfg
+    bounds = limits.request_limits()
     guide = guide_of(req, guides or {})
     max_len = limits.max_length or cfg.data.seq_len
     common = dict(
@@ -352,21 +333,25 @@ def prepare(req: Request, run, limits: Limits, guides: Optional[dict[str, Guide]
             edit_chars=req.spans.strip() or None,
             edit_span=req.token_spans.strip() or None,
         )
+        bounds.check(sreq, cfg.data.seq_len)  # the server's limits
         eplan = sreq.edit_plan(run.tokenizer) if req.text else None
         if eplan is not None and len(eplan.ids) > max_len:
             raise ValueError(f"the text is {len(eplan.ids)} tokens; the limit is {max_len}")
         sreq.check(run.method, run.tokenizer, cfg.data.seq_len)  # empty text, strength, spans: the CLI's messages
         assert eplan is not None
         return Prepared(sreq, eplan.ids.tolist(), eplan.known.tolist(), "edit", eplan)
-    L = SampleRequest(length=req.length or None).length_for(cfg.data.seq_len)  # the one default-length rule
-    tpl = parse_text(req.text, run.tokenizer, L, max_len)
+    asked = SampleRequest(**common, length=req.length or None)
+    bounds.check(asked, cfg.data.seq_len)  # the server's limits, before the text is laid out at that length
+    tpl = parse_text(
+        req.text, run.tokenizer, asked.length_for(cfg.data.seq_len), max_len
+    )  # the one default-length rule
     if tpl.mode == "infill" and run.method.kind is not Kind.CONTINUOUS:
         raise ValueError(
             f"infill needs a continuous-diffusion run (replaid, plaid); {req.run!r} is a {cfg.method} "
             "run: give a prompt instead"
         )
     sreq = sample_request(req, tpl, **common)
-    sreq.check(run.method, run.tokenizer, cfg.data.seq_len)
+    sreq.check(run.method, run.tokenizer, cfg.data.seq_len)  # the limits were checked on ``asked``
     return Prepared(sreq, tpl.ids, tpl.known, tpl.mode)
 
 
