@@ -3,11 +3,18 @@
 LayerNorm, bidirectional (or causal) attention with rotary embeddings through PyTorch SDPA,
 MLP with biases and GELU(tanh), AdaLN-Zero modulation with learnable gates on both residual
 branches. The residual stream stays float32; under bf16 autocast the matmuls run in bf16.
+
+Beyond one full sequence (issue 39), :meth:`Backbone.forward` also takes explicit rotary
+``positions``, a boolean attention ``mask`` (True = attend) and a :class:`KVCache`: block diffusion
+trains on ``[x_t, x_0]`` under :func:`replaid.model.blocks.block_diffusion_mask` and samples block by
+block against the cached keys of the committed blocks. The conditioning ``c`` may be per sequence
+(B, cond) or per token (B, L, cond), so that every block carries its own noise level.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -32,16 +39,64 @@ class Rotary(nn.Module):
             self._cache = (L, device, f.cos(), f.sin())
         return self._cache[2], self._cache[3]
 
+    def at(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """The (cos, sin) rows of the given positions (n,): (n, hd/2) each, computed as :meth:`forward`'s."""
+        L = int(positions.max()) + 1 if positions.numel() else 0
+        cos, sin = self(L, positions.device)
+        return cos[positions], sin[positions]
+
+
+def wide(t: Tensor) -> Tensor:
+    """``t`` at float32 or wider: bf16/fp16 to float32 (as ``.float()``), float64 kept (a float64 reference)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """x: (B, H, L, hd); rotate pairs (x1, x2) = halves of the head dim."""
-    x1, x2 = x.float().chunk(2, dim=-1)
+    x1, x2 = wide(x).chunk(2, dim=-1)
     out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
     return out.to(x.dtype)
 
 
+def per_token(m: Tensor) -> Tensor:
+    """A modulation (B, D) per sequence as (B, 1, D); one already per token (B, L, D) as it is."""
+    return m[:, None] if m.dim() == 2 else m
+
+
 def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
-    return x * (1 + scale[:, None]) + shift[:, None]
+    return x * (1 + per_token(scale)) + per_token(shift)
+
+
+@dataclass
+class KVCache:
+    """The rotated keys and values of committed rows, one (k, v) pair of (B, H, n, hd) per block (layer),
+    and the next absolute position. ``window``: keep only the last ``window`` committed rows (a sliding
+    window; rotary scores depend only on position differences, so every query-key offset stays below
+    the window and inside what the model was trained on; None keeps everything)."""
+
+    window: Optional[int] = None
+    layers: list[tuple[Tensor, Tensor]] = field(default_factory=list)
+    next_pos: int = 0  # the absolute position of the next committed row
+
+    @property
+    def length(self) -> int:
+        """Committed rows held (after the window's trim)."""
+        return int(self.layers[0][0].shape[2]) if self.layers else 0
+
+    def keys(self, i: int) -> Optional[tuple[Tensor, Tensor]]:
+        return self.layers[i] if i < len(self.layers) else None
+
+    def put(self, i: int, k: Tensor, v: Tensor) -> None:
+        """Append block ``i``'s new (k, v) rows (B, H, n, hd), trimmed to the window."""
+        old = self.keys(i)
+        if old is not None:
+            k, v = torch.cat([old[0], k], dim=2), torch.cat([old[1], v], dim=2)
+        if self.window is not None and k.shape[2] > self.window:
+            k, v = k[:, :, -self.window :], v[:, :, -self.window :]
+        if i < len(self.layers):
+            self.layers[i] = (k, v)
+        else:
+            self.layers.append((k, v))
 
 
 class DiTBlock(nn.Module):
@@ -73,24 +128,55 @@ class DiTBlock(nn.Module):
             self.adaLN = None
             self.gates = nn.Parameter(torch.zeros(2, hidden))
 
-    def attention(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+    def attention(
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor],
+        mask: Optional[Tensor] = None,
+        cache: Optional[KVCache] = None,
+        layer: int = 0,
+        commit: bool = False,
+    ) -> Tensor:
+        """Self-attention of x (B, L, D); with ``cache``, over [cached keys, x's keys] (``mask``: (L,
+        cached + L) bool, True = attend; None = all, or causal for a causal block without a cache);
+        ``commit`` appends x's rotated keys and values to the cache."""
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # (B, H, L, hd)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        if cache is not None:
+            old = cache.keys(layer)
+            if commit:
+                cache.put(layer, k, v)
+            if old is not None:
+                k, v = torch.cat([old[0], k], dim=2), torch.cat([old[1], v], dim=2)
+        if mask is None and cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.attn_out(y.transpose(1, 2).reshape(B, L, D))
 
-    def forward(self, x: Tensor, c: Optional[Tensor], rope: tuple[Tensor, Tensor]) -> Tensor:
-        # x: (B, L, D) float32 residual stream; c: (B, cond_dim)
+    def forward(
+        self,
+        x: Tensor,
+        c: Optional[Tensor],
+        rope: tuple[Tensor, Tensor],
+        mask: Optional[Tensor] = None,
+        cache: Optional[KVCache] = None,
+        layer: int = 0,
+        commit: bool = False,
+    ) -> Tensor:
+        # x: (B, L, D) float32 residual stream; c: (B, cond_dim) or per token (B, L, cond_dim)
+        kw = {"mask": mask, "cache": cache, "layer": layer, "commit": commit}
         if self.adaLN is not None:
-            sh1, sc1, g1, sh2, sc2, g2 = self.adaLN(c).float().chunk(6, dim=-1)
+            sh1, sc1, g1, sh2, sc2, g2 = wide(self.adaLN(c)).chunk(6, dim=-1)
             h = modulate(self.norm1(x), sh1, sc1)
-            x = x + g1[:, None] * F.dropout(self.attention(h, rope).float(), self.dropout, self.training)
+            x = x + per_token(g1) * F.dropout(wide(self.attention(h, rope, **kw)), self.dropout, self.training)
             h = modulate(self.norm2(x), sh2, sc2)
-            x = x + g2[:, None] * F.dropout(self.mlp(h).float(), self.dropout, self.training)
+            x = x + per_token(g2) * F.dropout(wide(self.mlp(h)), self.dropout, self.training)
         else:
-            x = x + self.gates[0] * F.dropout(self.attention(self.norm1(x), rope).float(), self.dropout, self.training)
-            x = x + self.gates[1] * F.dropout(self.mlp(self.norm2(x)).float(), self.dropout, self.training)
+            a = self.attention(self.norm1(x), rope, **kw)
+            x = x + self.gates[0] * F.dropout(wide(a), self.dropout, self.training)
+            x = x + self.gates[1] * F.dropout(wide(self.mlp(self.norm2(x))), self.dropout, self.training)
         return x
 
 
@@ -111,8 +197,8 @@ class FinalLayer(nn.Module):
     def features(self, x: Tensor, c: Optional[Tensor]) -> Tensor:
         h = self.norm(x)
         if self.adaLN is not None:
-            shift, scale = self.adaLN(c).float().chunk(2, dim=-1)
-            h = modulate(h, shift, scale)
+            shift, scale = wide(self.adaLN(c)).chunk(2, dim=-1)
+            h = modulate(h, shift, scale)  # c: (B, cond) or per token (B, L, cond)
         return h
 
 
@@ -178,13 +264,38 @@ class Backbone(nn.Module):
                 if lin.bias is not None:
                     nn.init.zeros_(lin.bias)
 
-    def forward(self, x: Tensor, c: Optional[Tensor]) -> Tensor:
-        rope = self.rotary(x.shape[1], x.device)
-        for blk in self.blocks:
-            if self.activation_checkpointing and self.training:
-                x = checkpoint(blk, x, c, rope, use_reentrant=False)
+    def forward(
+        self,
+        x: Tensor,
+        c: Optional[Tensor],
+        *,
+        positions: Optional[Tensor] = None,
+        mask: Optional[Tensor] = None,
+        cache: Optional[KVCache] = None,
+        commit: bool = False,
+    ) -> Tensor:
+        """x (B, L, D) -> (B, L, D). ``positions`` (L,): each row's rotary position (default: ``0..L-1``,
+        or the cache's next positions); ``mask`` (L, keys) bool, True = attend, keys = cached + L; with
+        a ``cache`` and no mask every row sees every cached key and the new rows (causal blocks: the
+        new rows up to their own); ``commit`` writes the rows' keys to the cache and advances it."""
+        L = x.shape[1]
+        if positions is None and cache is None:
+            rope = self.rotary(L, x.device)
+        else:
+            if positions is None:
+                assert cache is not None
+                positions = torch.arange(cache.next_pos, cache.next_pos + L, device=x.device)
+            rope = self.rotary.at(positions)
+        if cache is not None and mask is None and self.blocks[0].causal and L > 1:
+            n = cache.length
+            mask = torch.ones(L, n + L, dtype=torch.bool, device=x.device).tril(diagonal=n)
+        for i, blk in enumerate(self.blocks):
+            if self.activation_checkpointing and self.training and cache is None:
+                x = checkpoint(blk, x, c, rope, mask, use_reentrant=False)
             else:
-                x = blk(x, c, rope)
+                x = blk(x, c, rope, mask, cache, i, commit)
+        if cache is not None and commit:
+            cache.next_pos += L
         return x
 
 
