@@ -19,6 +19,7 @@ from replaid.methods import METHODS, get_method
 from replaid.methods.ar import ARMethod, shift_right
 from replaid.methods.duo import DuoMethod, duo_alpha, udlm_integrand
 from replaid.methods.mdlm import MDLMMethod, antithetic_times
+from replaid.model.dit import KVCache
 from replaid.model.plaid_backbone import PlaidBlock, PlaidModel
 from replaid.presets import resolve
 from replaid.sampling.continuous import time_grid
@@ -79,7 +80,7 @@ def test_ar_kv_cache_matches_full_forward():
     x = tokens_batch()
     inp = shift_right(x, V)
     full = model(inp)
-    cache = []
+    cache = KVCache()
     a = model.forward_cached(inp[:, :5], cache, 0)  # prefill 5, then one at a time
     steps = [model.forward_cached(inp[:, p : p + 1], cache, p) for p in range(5, x.shape[1])]
     cached = torch.cat([a, *steps], 1)

@@ -27,11 +27,10 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from replaid.config import ModelConfig
-from replaid.model.dit import Backbone, DiTTimestepFeatures, FinalLayer, TimeEmbedding, apply_rotary, modulate
+from replaid.model.dit import Backbone, DiTTimestepFeatures, FinalLayer, KVCache, TimeEmbedding
 
 N_TIME_FEATURES = 64
 N_DIT_FEATURES = 256
@@ -123,36 +122,18 @@ class TokenDiT(nn.Module):
 
     # ------------------------------------------------------------------ KV cache (causal, unconditioned)
     @torch.no_grad()
-    def forward_cached(self, ids: Tensor, cache: list, start: int) -> Tensor:
+    def forward_cached(self, ids: Tensor, cache: KVCache, start: int) -> Tensor:
         """Run ``ids`` (B, T) at absolute positions ``start .. start+T-1`` given the keys/values of
-        the earlier positions in ``cache`` (a list, one (k, v) per block, filled in place; pass
-        ``[]`` at the start). Returns float32 logits (B, T, n_out). Exact for causal, unconditioned
+        the earlier positions in ``cache`` (:class:`~replaid.model.dit.KVCache`, filled in place; pass
+        a new one at the start). Returns float32 logits (B, T, n_out). Exact for causal, unconditioned
         models (eval mode): equal to the matching rows of :meth:`forward` on the whole prefix."""
         if not self.causal or self.time_conditioning:
             raise ValueError("forward_cached needs a causal model without time conditioning")
-        B, T = ids.shape
+        if start != cache.next_pos:
+            raise ValueError(f"the cache holds positions up to {cache.next_pos}, not {start}")
         x = self.input_states(ids)
-        c = self.conditioning(None, B, x.device)  # the constant condition
-        cos, sin = self.backbone.rotary(start + T, x.device)
-        cos, sin = cos[start : start + T], sin[start : start + T]
-        mask = None
-        if T > 1:  # new query j may see the old keys and new keys <= j
-            mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(diagonal=start)
-        for i, blk in enumerate(self.backbone.blocks):
-            sh1, sc1, g1, sh2, sc2, g2 = blk.adaLN(c).float().chunk(6, dim=-1)
-            h = modulate(blk.norm1(x), sh1, sc1)
-            D = h.shape[-1]
-            q, k, v = blk.qkv(h).view(B, T, 3, blk.n_heads, D // blk.n_heads).permute(2, 0, 3, 1, 4)
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-            if len(cache) > i:
-                k = torch.cat([cache[i][0], k], dim=2)
-                v = torch.cat([cache[i][1], v], dim=2)
-                cache[i] = (k, v)
-            else:
-                cache.append((k, v))
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-            x = x + g1[:, None] * blk.attn_out(y.transpose(1, 2).reshape(B, T, D)).float()
-            x = x + g2[:, None] * blk.mlp(modulate(blk.norm2(x), sh2, sc2)).float()
+        c = self.conditioning(None, ids.shape[0], x.device)  # the constant condition
+        x = self.backbone(x, c, cache=cache, commit=True)
         return self.head(self.final.features(x, c))
 
     # ------------------------------------------------------------------ optimiser groups

@@ -22,6 +22,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from replaid.diffusion.rng import device_generator
+from replaid.model.dit import KVCache
 from replaid.model.tokens import TokenDiT
 from replaid.sampling.contract import Callback, SampleResult
 
@@ -81,7 +82,7 @@ def sample_ar(
     n_prefix = pos_list[0]
     bos = model.n_in - 1
     out = x.clone()
-    cache: list = []
+    cache = KVCache()  # one (k, v) per block, filled by each call
     inp = torch.cat([torch.full((B, 1), bos, dtype=torch.long, device=dev), out[:, :n_prefix]], dim=1)
     logits = model.forward_cached(inp, cache, 0)[:, -1]
     nfe = 1
