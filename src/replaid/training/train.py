@@ -687,9 +687,8 @@ def _check_data(data: DataPipeline, st: dict, ckpt: Path, accept: bool, changed:
         if what and isinstance(ds, dict) and isinstance(ds.get("index"), int):  # other data: go on from its next epoch
             ds = {**ds, "index": min(ds["index"], loader.steps_per_epoch)}
         loader.load_state_dict(ds)
-        batches = int(st["step"]) * data.cfg.train.grad_accum
-        if loader.epoch > batches:
-            raise DataError(f"epoch {loader.epoch} is beyond the {batches} batches drawn by step {st['step']}")
+        if loader.epoch > int(st["step"]):  # an epoch takes at least one (global) batch, one per step
+            raise DataError(f"epoch {loader.epoch} is beyond the {st['step']} batches drawn by step {st['step']}")
     except (DataError, KeyError, TypeError, AttributeError) as e:
         raise ck.CheckpointError(
             f"checkpoint file {ckpt / 'state.json'} holds a damaged data_state ({e}); remove {ckpt} to fall "
