@@ -459,6 +459,11 @@ def _train(
     data.check_splits(("train", cfg.eval.split))  # an unusable split fails now, not after training
     method = get_method(cfg)
     method.check_training(cfg, dist.world_size())
+    if cfg.train.parallel == "hsdp" and dist.is_dist():
+        try:
+            dist.hsdp_mesh_shape(cfg.train.hsdp_shard)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     model = method.build_model(data.vocab_size).to(device)  # reads model.embeddings_path: a bad file leaves no run
     if not resume and dist.is_main():
         runfolder.begin(run_dir, cfg.to_json())
@@ -467,7 +472,7 @@ def _train(
     changed: dict = {}  # the corpus change --accept-changed-data accepted, if any (logged below)
     stored = _resume(trainer, run_dir, data, weights_only, accept_changed_data, changed) if resume else None
     # parallelism applied from the outside; EMA and optimizer state follow the (sharded) parameters
-    trainer.loss_module = dist.wrap_model(TrainModule(model, method), cfg.train.parallel, device)
+    trainer.loss_module = dist.wrap_model(TrainModule(model, method), cfg.train.parallel, device, cfg.train.hsdp_shard)
     trainer.optimizer = optimizer = build_optimizer(model, cfg.optim)  # after sharding: FSDP2 swaps parameters
     if stored is not None and stored.sharded:  # weights, optimizer, EMA: each rank reads its shards (DCP)
         trainer.ema = EMA(model, cfg.optim.ema) if cfg.optim.ema > 0 else None
