@@ -33,7 +33,7 @@ def test_each_node_gets_torchrun_with_a_c10d_rendezvous_on_the_first_node():
     argv = launch.torchrun_argv(8, 4, SLURM)
     assert argv == shlex.split(
         "torchrun --nproc_per_node 8 --nnodes 4 --node_rank 2 --rdzv_backend c10d "
-        "--rdzv_endpoint gpu-a07:29500 --rdzv_id 4242 -m replaid"
+        "--rdzv_endpoint gpu-a07:29742 --rdzv_id 4242 -m replaid"
     )
     own = launch.torchrun_argv(8, 4, {**SLURM, "MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "31000"})
     assert "10.0.0.9:31000" in own  # torchrun's own variables win
@@ -67,7 +67,7 @@ def test_the_node_command_module_prints_this_nodes_torchrun_or_one_error_line():
     r = cli("replaid.scaling.launch", "--nodes", "4", "--gpus-per-node", "8", env=SLURM)
     assert r.returncode == 0
     assert shlex.split(r.stdout)[:3] == [sys.executable, "-m", "torch.distributed.run"]
-    assert "--node_rank 2" in r.stdout and "gpu-a07:29500" in r.stdout
+    assert "--node_rank 2" in r.stdout and "gpu-a07:29742" in r.stdout  # 29500 + job id mod 1000
     r = cli("replaid.scaling.launch", "--nodes", "2", "--gpus-per-node", "8", env=SLURM)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "replaid: error: --nodes 2 but this SLURM allocation has 4 nodes (SLURM_NNODES): pass --nodes 4"
@@ -157,3 +157,32 @@ def test_two_nodes_of_two_ranks_equal_one_node_of_four(tmp_path):
     # the same arithmetic but for the order of gloo's all-reduce sums (4 ranks on 2 launchers vs 1)
     for k in wa:
         assert torch.allclose(wa[k], wb[k], rtol=1e-5, atol=1e-6), k
+
+
+def test_a_sweep_job_over_several_nodes_runs_each_nodes_torchrun(tmp_path, monkeypatch):
+    """The sweep runner's multi-node option: a submitit task on each node of the job builds that node's
+    torchrun from SLURM's variables (the rest of the command is the one-node job's)."""
+    from dataclasses import dataclass
+
+    from replaid.scaling import runner
+
+    @dataclass
+    class Entry:
+        id: str = "r0"
+        run_dir: str = "runs/r0"
+        config: str = "configs/r0.json"
+        steps: int = 10
+
+        def cost(self) -> float:
+            return 1.0
+
+    for k, v in SLURM.items():
+        monkeypatch.setenv(k, v)
+    cmd = runner.RunJob(str(tmp_path), Entry(), "replaid", torchrun_gpus=8, nodes=4)._cmd()
+    assert cmd[: cmd.index("train")] == launch.torchrun_argv(8, 4, SLURM)
+    assert cmd[cmd.index("train") :] == ["train", "--out", str(tmp_path / "runs/r0"), "--no-progress", "--config",
+                                         str(tmp_path / "configs/r0.json")]  # fmt: skip
+    one = runner.RunJob(str(tmp_path), Entry(), "replaid", torchrun_gpus=8)._cmd()
+    assert one[:5] == ["torchrun", "--standalone", "--nproc_per_node", "8", "-m"]  # one node: as before
+    with pytest.raises(ConfigError, match="--nodes-per-job 2 needs --executor slurm"):
+        runner.run_submitit(tmp_path, [Entry()], "submitit-local", nodes_per_job=2, gpus_per_job=8)

@@ -5,7 +5,7 @@ Each node runs one ``torchrun`` with a c10d rendezvous on the first node's addre
 ``multinode_trainer.slurm`` does (``--rdzv_backend c10d --rdzv_endpoint HEAD:29500 --rdzv_id JOB``):
 
 * the head: ``MASTER_ADDR`` when set, else the first host of ``SLURM_JOB_NODELIST`` (``node[03-06]``
-  -> ``node03``); the port: ``MASTER_PORT``, else 29500;
+  -> ``node03``); the port: ``MASTER_PORT``, else 29500 + (``SLURM_JOB_ID`` mod 1000);
 * the number of nodes: ``SLURM_NNODES`` / ``SLURM_JOB_NUM_NODES`` (they must agree with ``--nodes``);
   the node's rank: ``SLURM_NODEID`` (``NODE_RANK`` outside SLURM); the rendezvous id: ``SLURM_JOB_ID``.
 
@@ -49,7 +49,9 @@ def rendezvous(env: Mapping[str, str], nodes: int) -> dict:
             "a multi-node run needs the head node's address: run it inside a SLURM allocation "
             "(SLURM_JOB_NODELIST) or set MASTER_ADDR"
         )
-    port = env.get("MASTER_PORT") or str(DEFAULT_PORT)
+    job = env.get("SLURM_JOB_ID", "")
+    # one port per job: jobs of an array may share a head node (the sbatch script sets MASTER_PORT)
+    port = env.get("MASTER_PORT") or str(DEFAULT_PORT + (int(job) % 1000 if job.isdigit() else 0))
     got = env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES")
     if got is not None and got.strip() != str(nodes):
         raise ConfigError(
