@@ -33,6 +33,7 @@ COMMANDS = (
     "grid",
     "serve",
     "memory",
+    "plan_cluster",
 )
 
 
