@@ -221,3 +221,54 @@ def test_dcp_metadata_naming_another_global_is_refused_not_unpickled(tmp_path, m
         finally:
             ck.VERIFY = True
     assert called == []
+
+
+KILL_HOOK = """
+import os
+if os.environ.get("RANK") == "1":  # a torchrun worker: die inside the sharded save of step 4
+    import replaid.training.sharded as s
+
+    _save = s.save
+
+    def save(path, state_dict):
+        if "step_0000004" in str(path):
+            os._exit(9)
+        return _save(path, state_dict)
+
+    s.save = save
+"""
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_rank_killed_during_a_sharded_save_leaves_the_previous_checkpoint_in_force(tmp_path):
+    """Rank 1 of 2 dies (os._exit) inside the DCP write of step 4: the run fails, step 2 stays in force
+    and loads, the torn folder is never taken for a checkpoint, and the run resumes (on one process) to
+    the end with the losses of an unbroken run."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(KILL_HOOK)
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(hook), env.get("PYTHONPATH", "")])
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
+    r = subprocess.run(
+        [*launch, "-m", "replaid", "train", "--out", str(run), *COMMON, "train.steps=6", "train.save_every=2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert r.returncode != 0
+    ckdir = run / "checkpoints"
+    assert (ckdir / ".step_0000004.sharded").is_dir()  # the torn save
+    assert [c.name for c in ck.complete_checkpoints(ckdir)] == ["step_0000002"]
+    stored = ck.Stored.open(run)
+    assert stored.step == 2 and stored.sharded and ck.nonfinite_tensor(stored.weights()[0]) is None
+    replaid("train", "--out", str(run), "--resume", "--no-progress")  # one process now
+    assert not (ckdir / ".step_0000004.sharded").exists()  # cleared when the run was claimed again
+    ref = tmp_path / "ref"
+    replaid("train", "--out", str(ref), *COMMON, "train.steps=6", "train.grad_accum=2")
+    want, got = losses(ref), losses(run)
+    for k in (3, 4, 5, 6):
+        assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-6), k
