@@ -103,6 +103,7 @@ def test_plan_cluster_prints_the_table_for_the_papers_sizes():
             "--preset",
             "owt-0.1b",
             "isoflop-413m",
+            "isoflop-1708m",
             "--nodes",
             "1",
             "2",
