@@ -431,6 +431,56 @@ def test_loader_shards_disjoint_and_union_is_the_global_batch():
         assert not set(parts[0][:, 0].tolist()) & set(parts[1][:, 0].tolist())
 
 
+SPLITS = [(1, 1, 8), (1, 4, 2), (2, 2, 2), (4, 1, 2), (2, 1, 4), (1, 2, 4), (8, 1, 1)]  # (world, accum, micro)
+
+
+def global_batches(ds, world: int, accum: int, micro: int, steps: int, state: dict | None = None):
+    """The first sequence of each row of the global batch of each of ``steps`` optimiser steps, put
+    together from ``world`` rank loaders drawing ``accum`` micro-batches each, by the trainer's slot
+    ``k * world + rank``; also the (JSON round-tripped) loader state after them."""
+    ranks = [BatchLoader(ds, micro, seed=7, rank=r, world_size=world, accum=accum) for r in range(world)]
+    for r in ranks:
+        if state is not None:
+            r.load_state_dict(state)
+    out = []
+    for _ in range(steps):
+        slots = {}
+        for k in range(accum):
+            for r, loader in enumerate(ranks):
+                slots[k * world + r] = next(loader)["tokens"][:, 0]
+        out.append(torch.cat([slots[s] for s in sorted(slots)]).tolist())
+    return out, json.loads(json.dumps(ranks[0].state_dict()))
+
+
+def test_global_data_order_is_the_same_for_any_world_size_and_accumulation():
+    """Issue 36: the global batches, their order and the epoch boundaries depend only on the global
+    batch (8), not on its split into ranks x accumulation x micro-batch; a state saved under one split
+    resumes under any other (index counted in global batches)."""
+    ds = SequenceDataset(np.arange(45 * 2, dtype=np.uint16), 2)  # 45 sequences: 5 global batches + 5 left over
+    ref, _ = global_batches(ds, 1, 1, 8, 13)  # 2.6 epochs
+    perm = [torch.randperm(45, generator=torch.Generator().manual_seed(epoch_seed(7, e))) for e in range(3)]
+    assert ref[5] == (2 * perm[1][:8]).tolist()  # epoch 1 starts at step 5 (the 5 left over are dropped)
+    for world, accum, micro in SPLITS:
+        got, _ = global_batches(ds, world, accum, micro, 13)
+        assert got == ref, (world, accum, micro)
+    for a in SPLITS:  # saved under split a at step 7 (epoch 1), resumed under every split b
+        _, state = global_batches(ds, *a, 7)
+        assert state == {"epoch": 1, "index": 2, "global_batch": 8}
+        for b in SPLITS:
+            got, _ = global_batches(ds, *b, 6, state=state)
+            assert got == ref[7:], (a, b)
+
+
+def test_a_data_state_from_before_global_units_still_loads():
+    """A state without ``global_batch`` counted batches of batch_size x world (per accumulation step)."""
+    ds = SequenceDataset(np.arange(45 * 2, dtype=np.uint16), 2)
+    loader = BatchLoader(ds, 2, accum=4)
+    loader.load_state_dict({"epoch": 0, "index": 8})
+    assert (loader.epoch, loader.index) == (0, 2)
+    with pytest.raises(DataError, match="global batches of 16 sequences"):
+        loader.load_state_dict({"epoch": 0, "index": 1, "global_batch": 16})
+
+
 def test_unigram_nll_reference_floor():
     got = unigram_nll(np.array([0, 0, 1], np.uint16), np.array([0, 2], np.uint16), 3)
     assert math.isclose(got, -(math.log(3 / 6) + math.log(1 / 6)) / 2)

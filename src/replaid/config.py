@@ -231,7 +231,8 @@ class TrainConfig:
     eval_every: int = 0  # 0 = only at the end
     save_every: int = 0  # 0 = only at the end
     num_threads: int = 0  # torch CPU threads; 0 = torch default
-    parallel: str = "ddp"  # under torchrun: ddp | fsdp
+    parallel: str = "ddp"  # under torchrun: ddp | fsdp | hsdp (FSDP2 on a replicate x shard mesh)
+    hsdp_shard: int = 0  # hsdp: ranks per shard group (0 = the ranks of one node, LOCAL_WORLD_SIZE)
     max_nonfinite_steps: int = 10  # stop after this many NaN/Inf steps in a row (each one is skipped)
     logger: str = "tensorboard"  # trackers beside metrics.jsonl: tensorboard | wandb | tensorboard+wandb | none
     wandb_project: str = "replaid"  # the W&B project of train.logger=wandb (entity: WANDB_ENTITY or wandb's default)
@@ -246,7 +247,8 @@ class TrainConfig:
             f"must be divisible by train.grad_accum ({self.grad_accum})",
         )
         _check(self.precision in ("auto", "fp32", "bf16"), "train.precision", "must be auto, fp32 or bf16")
-        _check(self.parallel in ("ddp", "fsdp"), "train.parallel", "must be ddp or fsdp")
+        _check(self.parallel in ("ddp", "fsdp", "hsdp"), "train.parallel", "must be ddp, fsdp or hsdp")
+        _check(self.hsdp_shard >= 0, "train.hsdp_shard", "must be >= 0 (0 = the ranks of one node)")
         _check(
             re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device) is not None,
             "train.device",

@@ -46,16 +46,39 @@ def setup_device(device: torch.device) -> torch.device:
     return device
 
 
-def wrap_model(module: nn.Module, parallel: str, device: torch.device) -> nn.Module:
-    """DDP or FSDP2 (``fully_shard`` on each DiT block, then the root) when distributed."""
+def hsdp_mesh_shape(shard: int = 0) -> tuple[int, int]:
+    """``(replicate, shard)`` of HSDP's 2-D device mesh over this run's ranks: ``shard`` ranks hold one
+    copy of the sharded state (0: the ranks of one node, torchrun's ``LOCAL_WORLD_SIZE``), and the
+    ``world / shard`` groups replicate it (gradients all-reduced across them), as torchtitan's
+    ``dp_replicate`` x ``dp_shard``. Raises ValueError when ``shard`` does not divide the world size."""
+    world = world_size()
+    shard = shard or int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if shard < 1 or world % shard:
+        raise ValueError(
+            f"train.hsdp_shard={shard} does not divide the {world} ranks: pick a divisor of the world size "
+            f"(e.g. the GPUs per node)"
+        )
+    return world // shard, shard
+
+
+def wrap_model(module: nn.Module, parallel: str, device: torch.device, hsdp_shard: int = 0) -> nn.Module:
+    """DDP, or FSDP2 (``fully_shard`` on each DiT block, then the root), when distributed. ``hsdp``:
+    FSDP2 on a 2-D ``(replicate, shard)`` device mesh (:func:`hsdp_mesh_shape`): parameters sharded
+    within a shard group, replicated across groups."""
     if not is_dist():
         return module
-    if parallel == "fsdp":
+    if parallel in ("fsdp", "hsdp"):
         from torch.distributed.fsdp import fully_shard
 
+        kw = {}
+        if parallel == "hsdp":
+            from torch.distributed.device_mesh import init_device_mesh
+
+            shape = hsdp_mesh_shape(hsdp_shard)
+            kw["mesh"] = init_device_mesh(device.type, shape, mesh_dim_names=("dp_replicate", "dp_shard"))
         for blk in module.model.backbone.blocks:
-            fully_shard(blk)
-        fully_shard(module)
+            fully_shard(blk, **kw)
+        fully_shard(module, **kw)
         return module
     return DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
 

@@ -33,6 +33,7 @@ COMMANDS = (
     "grid",
     "serve",
     "memory",
+    "plan_cluster",
 )
 
 
@@ -103,6 +104,12 @@ def add_run_options(r) -> None:
     )
     r.add_argument("--gpus-per-job", type=NONNEGATIVE, default=0, help="slurm: GPUs per job, run under torchrun")
     r.add_argument(
+        "--nodes-per-job",
+        type=POSITIVE,
+        default=1,
+        help="slurm: nodes per job (with --gpus-per-job G per node): one torchrun per node, c10d rendezvous",
+    )
+    r.add_argument(
         "--slurm",
         nargs="*",
         default=[],
@@ -147,6 +154,7 @@ def run_manifest_command(args, folder, entries, what: str) -> int:
             extra,
             wait=not args.no_wait,
             log=log,
+            nodes_per_job=args.nodes_per_job,
         )
     log(runner.progress_line(folder, entries))
     if any(r["returncode"] == PREEMPTED_EXIT for r in res):

@@ -37,8 +37,66 @@ def register(sub) -> None:
     )
     t.add_argument("--show-config", action="store_true", help="print the resolved config as JSON and exit")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument(
+        "--nodes",
+        type=int,
+        default=0,
+        help="submit the run to SLURM over N nodes (one torchrun per node, c10d rendezvous on the first)",
+    )
+    t.add_argument("--gpus-per-node", type=int, default=0, help="with --nodes: GPUs (ranks) per node")
+    t.add_argument(
+        "--slurm",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="with --nodes: an extra #SBATCH option, e.g. --slurm --partition=gpu",
+    )
+    t.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="with --nodes: print the sbatch script and node 0's command, submit nothing",
+    )
     t.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.steps=100")
     t.set_defaults(func=run)
+
+
+def submit(args, cfg) -> int:
+    """``--nodes N --gpus-per-node G``: the sbatch script of the run (``scaling/launch.py``), printed
+    with ``--dry-run``, else written next to ``--out`` (``OUT.sbatch``) and handed to ``sbatch``."""
+    import shlex
+    import shutil
+    import subprocess
+    import sys
+
+    from replaid.config import ConfigError
+    from replaid.scaling import launch
+
+    if args.nodes < 1 or args.gpus_per_node < 1:
+        raise ConfigError(f"--nodes {args.nodes} --gpus-per-node {args.gpus_per_node}: both must be >= 1")
+    if not args.out:
+        raise ConfigError("train --nodes needs --out DIR (on a file system every node sees)")
+    if args.resume or args.overwrite:
+        raise ConfigError(
+            "train --nodes submits a new run; its requeued jobs resume by themselves (no --resume/--overwrite)"
+        )
+    rest = ["--preset", args.preset] + (["--config", args.config] if args.config else [])
+    rest += (["--method", args.method] if args.method else []) + ["--no-progress", *args.overrides]
+    python = shlex.quote(sys.executable)
+    script = launch.sbatch_script(args.out, rest, args.nodes, args.gpus_per_node, extra=args.slurm, python=python)
+    if args.dry_run:
+        node0 = launch.torchrun_argv(args.gpus_per_node, args.nodes, {"MASTER_ADDR": "HEAD_NODE", "SLURM_NODEID": "0"})
+        print(script)
+        print(f"# node 0 runs: {shlex.join([*node0, 'train', '--out', args.out, *rest])}")
+        return 0
+    if not shutil.which("sbatch"):
+        raise ConfigError("train --nodes needs SLURM's sbatch on PATH (run it on a login node), or pass --dry-run")
+    path = Path(str(Path(args.out)).rstrip("/") + ".sbatch")
+    path.write_text(script)
+    r = subprocess.run(["sbatch", str(path)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise ConfigError(f"sbatch {path} failed: {(r.stderr or r.stdout).strip()[:200]}")
+    print(r.stdout.strip())
+    return 0
 
 
 def run(args) -> int:
@@ -81,6 +139,10 @@ def run(args) -> int:
     if args.show_config:
         print(cfg.to_json())
         return 0
+    if args.nodes or args.gpus_per_node or args.dry_run or args.slurm:
+        if not args.nodes:
+            raise ConfigError("--gpus-per-node, --slurm and --dry-run go with --nodes N (a SLURM submission)")
+        return submit(args, cfg)
     if not args.out:
         raise ConfigError("train needs --out DIR (where the run's checkpoints and metrics go)")
     t0 = time.time()

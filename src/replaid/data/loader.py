@@ -110,9 +110,16 @@ class BatchLoader:
     """Endless, deterministic, resumable, sharded batches of a SequenceDataset.
 
     Epoch ``e`` visits ``torch.randperm(n, generator=epoch_seed(seed, e))`` (or ``arange`` without shuffle)
-    in global batches of ``batch_size * world_size`` consecutive indices; rank ``r`` takes the
-    slice ``[r * batch_size, (r + 1) * batch_size)`` of each. With ``drop_last=False`` the last,
-    short global batch is filled up from the start of the permutation (fixed shapes).
+    in *global* batches of ``batch_size * world_size * accum`` consecutive indices, one per optimiser
+    step. Each is cut into ``accum * world_size`` micro-batches of ``batch_size``: micro-batch ``k`` of
+    rank ``r`` is global slot ``s = k * world_size + r``, the slice ``[s * batch_size, (s + 1) * batch_size)``
+    (the slot the trainer seeds that micro-batch's noise with). So the global batches, their order and
+    the epoch boundaries depend only on the global batch, never on how it is split over ranks and
+    accumulation steps. With ``drop_last=False`` the last, short global batch is filled up from the
+    start of the permutation (fixed shapes).
+
+    ``state_dict()`` is ``{"epoch", "index", "global_batch"}`` with ``index`` counted in global batches:
+    the same position for any world size, so a checkpoint resumes on another.
     """
 
     def __init__(
@@ -124,24 +131,26 @@ class BatchLoader:
         world_size: int = 1,
         shuffle: bool = True,
         drop_last: bool = True,
+        accum: int = 1,
     ):
-        if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
+        if batch_size < 1 or world_size < 1 or accum < 1 or not 0 <= rank < world_size:
             raise DataError(
-                f"bad loader setup batch_size={batch_size} rank={rank} world_size={world_size}: "
-                f"need batch_size >= 1 and 0 <= rank < world_size"
+                f"bad loader setup batch_size={batch_size} rank={rank} world_size={world_size} accum={accum}: "
+                f"need batch_size >= 1, accum >= 1 and 0 <= rank < world_size"
             )
         self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
-        self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
-        self.global_batch = batch_size * world_size
+        self.rank, self.world_size, self.shuffle, self.accum = rank, world_size, shuffle, accum
+        self.global_batch = batch_size * world_size * accum
         n = len(dataset)
         if n < self.global_batch:
+            acc = f" x accum {accum}" if accum > 1 else ""
             raise DataError(
                 f"only {n} sequences of length {getattr(dataset, 'seq_len', '?')}, fewer than one "
                 f"global batch of {self.global_batch} (batch_size {batch_size} x world_size "
-                f"{world_size}): use a smaller batch size or seq_len, or more data"
+                f"{world_size}{acc}): use a smaller batch size or seq_len, or more data"
             )
         self.steps_per_epoch = n // self.global_batch if drop_last else math.ceil(n / self.global_batch)
-        self.epoch, self.index = 0, 0
+        self.epoch, self.index, self.micro = 0, 0, 0  # index: global batches done; micro: of the next one
         self._perm: tuple[int, Tensor] | None = None
 
     def permutation(self, epoch: int) -> Tensor:
@@ -155,39 +164,60 @@ class BatchLoader:
             self._perm = (epoch, perm)
         return self._perm[1]
 
-    def indices(self, epoch: int, index: int) -> Tensor:
-        """This rank's sequence indices for global batch ``index`` of ``epoch``."""
+    def global_indices(self, epoch: int, index: int) -> Tensor:
+        """The sequence indices of global batch ``index`` of ``epoch`` (every rank's, in slot order)."""
         perm = self.permutation(epoch)
         start = index * self.global_batch
         glob = perm[start : start + self.global_batch]
         if len(glob) < self.global_batch:
             glob = torch.cat([glob, perm[: self.global_batch - len(glob)]])
-        return glob[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+        return glob
+
+    def indices(self, epoch: int, index: int, micro: int = 0) -> Tensor:
+        """This rank's sequence indices for micro-batch ``micro`` of global batch ``index`` of ``epoch``."""
+        slot = micro * self.world_size + self.rank
+        return self.global_indices(epoch, index)[slot * self.batch_size : (slot + 1) * self.batch_size]
 
     def __iter__(self) -> Iterator[Batch]:
         return self
 
     def __next__(self) -> Batch:
-        if self.index >= self.steps_per_epoch:
+        if self.micro == 0 and self.index >= self.steps_per_epoch:
             self.epoch, self.index = self.epoch + 1, 0
-        idx = self.indices(self.epoch, self.index)
-        self.index += 1
+        idx = self.indices(self.epoch, self.index, self.micro)
+        self.micro += 1
+        if self.micro == self.accum:
+            self.index, self.micro = self.index + 1, 0
         return self.dataset.get_batch(idx.numpy())
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "index": self.index}
+        out = {"epoch": self.epoch, "index": self.index, "global_batch": self.global_batch}
+        if self.micro:  # only between the micro-batches of one step (checkpoints are saved at step ends)
+            out["micro"] = self.micro
+        return out
 
     def load_state_dict(self, state: dict) -> None:
-        """Go on from ``state_dict()``'s ``{"epoch": e, "index": i}``: whole numbers, ``e >= 0`` and
-        ``0 <= i <= steps_per_epoch`` (else a DataError naming them)."""
-        epoch, index = state["epoch"], state["index"]
-        ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (epoch, index))
-        if not ok or epoch < 0 or not 0 <= index <= self.steps_per_epoch:
+        """Go on from ``state_dict()``'s ``{"epoch": e, "index": i, "global_batch": g}``: whole numbers,
+        ``e >= 0``, ``0 <= i <= steps_per_epoch`` and ``g`` this loader's global batch (else a DataError
+        naming them). A state without ``global_batch`` (written before it was recorded) counted ``index`` in
+        batches of ``batch_size * world_size``: it is read as ``ceil(index / accum)`` global batches."""
+        epoch, index, micro = state["epoch"], state["index"], state.get("micro", 0)
+        g = state.get("global_batch", None)
+        ints = (epoch, index, micro) + (() if g is None else (g,))
+        ok = all(isinstance(v, int) and not isinstance(v, bool) for v in ints)
+        if ok and g is None:
+            index = -(-index // self.accum)
+        if not ok or epoch < 0 or not 0 <= index <= self.steps_per_epoch or not 0 <= micro < self.accum:
             raise DataError(
                 f"data_state {{epoch: {epoch!r}, index: {index!r}}} lies outside the data: need whole numbers, "
                 f"epoch >= 0 and 0 <= index <= {self.steps_per_epoch} (the batches per epoch)"
             )
-        self.epoch, self.index = epoch, index
+        if g is not None and g != self.global_batch:
+            raise DataError(
+                f"data_state counts global batches of {g} sequences, this run's is {self.global_batch} "
+                f"(train.batch_size): the data position would not carry over"
+            )
+        self.epoch, self.index, self.micro = epoch, index, micro
 
 
 def _counts(arr: np.ndarray, vocab_size: int) -> np.ndarray:

@@ -102,7 +102,13 @@ class DataPipeline:
                     f"accumulation step; raise the batch or lower train.grad_accum / the world size"
                 )
             self.train_loader = BatchLoader(
-                self.dataset("train"), micro, seed=cfg.train.seed, rank=rank, world_size=world_size, shuffle=True
+                self.dataset("train"),
+                micro,
+                seed=cfg.train.seed,
+                rank=rank,
+                world_size=world_size,
+                shuffle=True,
+                accum=cfg.train.grad_accum,
             )
             self.train_iter = self.train_loader
 

@@ -27,6 +27,7 @@ from typing import Callable, Optional, Protocol, Sequence
 
 from replaid.config import ConfigError, RunConfig
 from replaid.eval.evaluate import evaluate
+from replaid.scaling import launch
 from replaid.training import checkpoint as ck
 from replaid.training import runfolder
 from replaid.training.train import PREEMPTED_EXIT, Preempted, preemption_signals, train
@@ -125,11 +126,12 @@ class RunJob:
     python: str
     prefix: str = ""
     torchrun_gpus: int = 0
+    nodes: int = 1  # > 1: this task runs on each of the job's nodes, one torchrun each (scaling/launch.py)
 
     def _cmd(self) -> list[str]:
         py = self.python
         if self.torchrun_gpus > 0:
-            py = f"torchrun --standalone --nproc_per_node {self.torchrun_gpus} -m replaid"
+            py = shlex.join(launch.torchrun_argv(self.torchrun_gpus, self.nodes, os.environ))
         return train_command(Path(self.sweep), self.entry, py, self.prefix)
 
     def __call__(self) -> dict:
@@ -153,7 +155,7 @@ class RunJob:
         import submitit
 
         return submitit.helpers.DelayedSubmission(
-            RunJob(self.sweep, self.entry, self.python, self.prefix, self.torchrun_gpus)
+            RunJob(self.sweep, self.entry, self.python, self.prefix, self.torchrun_gpus, self.nodes)
         )
 
 
@@ -286,8 +288,12 @@ def run_submitit(
     slurm_params: Optional[dict] = None,
     wait: bool = True,
     log: Callable[[str], None] = print,
+    nodes_per_job: int = 1,
 ) -> list[dict]:
     """Submit the unfinished entries as one job array through submitit.
+
+    ``nodes_per_job`` > 1 (slurm, with ``gpus_per_job``): each job spans that many nodes, one task per
+    node, each running its node's torchrun with a c10d rendezvous on the job's first node.
 
     ``executor``: ``slurm`` (``submitit.AutoExecutor``, a SLURM array with ``max_parallel`` jobs at
     once, each a ``torchrun`` over ``gpus_per_job`` GPUs when > 0; preempted/timed-out jobs requeue
@@ -295,6 +301,10 @@ def run_submitit(
     ``debug`` (``submitit.DebugExecutor``: in this process)."""
     import submitit
 
+    if nodes_per_job > 1 and (executor != "slurm" or gpus_per_job < 1):
+        raise ConfigError(
+            f"--nodes-per-job {nodes_per_job} needs --executor slurm and --gpus-per-job G (torchrun on each node)"
+        )
     python = python or default_python()
     todo = [e for e in entries if run_status(sweep, e)[0] != "done"]
     log(
@@ -317,7 +327,7 @@ def run_submitit(
             "slurm_array_parallelism": max_parallel or len(todo),
             "timeout_min": 24 * 60,
             "slurm_signal_delay_s": 120,
-            "nodes": 1,
+            "nodes": nodes_per_job,
             "tasks_per_node": 1,
         }
         if gpus_per_job:
@@ -333,7 +343,8 @@ def run_submitit(
         raise ConfigError(f"unknown executor '{executor}'; choose local, slurm, submitit-local or debug")
     # a submitit job is itself a Python worker: it runs replaid in-process unless it needs torchrun or a prefix
     job_python = python if (prefix or (gpus_per_job and executor == "slurm")) else INPROCESS
-    jobs_in = [RunJob(str(sweep), e, job_python, prefix, gpus_per_job if executor == "slurm" else 0) for e in todo]
+    gpus = gpus_per_job if executor == "slurm" else 0
+    jobs_in = [RunJob(str(sweep), e, job_python, prefix, gpus, nodes_per_job) for e in todo]
     if executor == "submitit-local" and max_parallel:
         # LocalExecutor has no array throttle: submit in waves of max_parallel
         waves = [jobs_in[i : i + max_parallel] for i in range(0, len(jobs_in), max_parallel)]

@@ -4,7 +4,9 @@ Layout of a run directory::
 
     RUN/config.json                 the resolved config
     RUN/tokenizer/                  what rebuilds the tokenizer
-    RUN/checkpoints/step_0000100/   model / ema / optimizer / rng as safetensors + state.json
+    RUN/checkpoints/step_0000100/   model / ema / optimizer / rng as safetensors + state.json; or, written
+                                    by an FSDP2 run, rng.safetensors + state.json + sharded/ (DCP shards,
+                                    ``training/sharded.py``: every rank writes its own, none gathers)
     RUN/checkpoints/LATEST          name of the newest complete checkpoint (a ``step_N`` of this run)
 
 Guarantees (each tested by fault injection in ``tests/test_crash_safety.py``):
@@ -39,8 +41,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from replaid import dist
 from replaid.config import ConfigError, RunConfig
 from replaid.fileio import atomic_write_text, fsync_dir, fsync_file
+from replaid.training import sharded
 
 STEP_NAME = re.compile(r"step_\d{7,}")
 VERIFY = True  # check tensor files against the sha256 in state.json (``replaid --no-verify`` turns it off)
@@ -139,24 +143,101 @@ def save_checkpoint(
             _write_json(tmp / "optimizer.json", meta)
         if rng:
             save_file({k: v.contiguous() for k, v in rng.items()}, str(tmp / "rng.safetensors"))
-        hashes = {f.name: sha256_file(f) for f in sorted(tmp.glob("*.safetensors"))}
-        _write_json(tmp / "state.json", {**state, "step": step, "sha256": hashes})
-        for f in tmp.iterdir():
-            fsync_file(f)
-        fsync_dir(tmp)
-        if final.exists():  # left by a save that died before naming it in LATEST: set aside, not deleted
-            trash = Path(tempfile.mkdtemp(prefix=f".trash.{name}.", dir=ckdir))
-            os.rename(final, trash / name)
-        os.rename(tmp, final)
-        fsync_dir(ckdir)
-        atomic_write_text(ckdir / "LATEST", name)
+        trash = _commit(tmp, final, {**state, "step": step})
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, (OSError, SafetensorError)):  # e.g. a full disk: the checkpoint in force is intact
-            raise CheckpointError(
-                f"could not write checkpoint {name} into {ckdir} ({e.__class__.__name__}: {e}); "
-                f"the previous one (LATEST) is intact: free disk space, then --resume"
-            ) from e
+            raise _write_error(name, ckdir, e) from e
+        raise
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
+    _prune(ckdir, step, keep)
+    return final
+
+
+def _write_error(name: str, ckdir: Path, e: BaseException) -> CheckpointError:
+    return CheckpointError(
+        f"could not write checkpoint {name} into {ckdir} ({e.__class__.__name__}: {e}); "
+        f"the previous one (LATEST) is intact: free disk space, then --resume"
+    )
+
+
+def _commit(tmp: Path, final: Path, state: dict) -> Optional[Path]:
+    """Record the sha256 of every file of ``tmp`` in its state.json (written last), fsync it all,
+    rename it to ``final`` and name it in ``LATEST``. Returns the folder a stale ``final`` was moved
+    into (to remove once LATEST names the new one), if any."""
+    ckdir, name = final.parent, final.name
+    files = sorted(f for f in tmp.rglob("*") if f.is_file())
+    hashes = {f.relative_to(tmp).as_posix(): sha256_file(f) for f in files if f.suffix in (".safetensors", ".distcp")}
+    hashes.update({f.relative_to(tmp).as_posix(): sha256_file(f) for f in files if f.name == sharded.METADATA})
+    _write_json(tmp / "state.json", {**state, "sha256": hashes})
+    for f in [*files, tmp / "state.json"]:
+        fsync_file(f)
+    for d in sorted({f.parent for f in files} | {tmp}, key=lambda d: -len(d.parts)):
+        fsync_dir(d)
+    trash = None
+    if final.exists():  # left by a save that died before naming it in LATEST: set aside, not deleted
+        trash = Path(tempfile.mkdtemp(prefix=f".trash.{name}.", dir=ckdir))
+        os.rename(final, trash / name)
+    os.rename(tmp, final)
+    fsync_dir(ckdir)
+    atomic_write_text(ckdir / "LATEST", name)
+    return trash
+
+
+def save_sharded_checkpoint(
+    run_dir: Path,
+    step: int,
+    state_dict: dict,
+    state: dict,
+    rng: Optional[dict[str, torch.Tensor]] = None,
+    keep: int = 2,
+) -> Optional[Path]:
+    """Write checkpoint ``step`` in the sharded format on every rank (a collective): each rank writes
+    its shards of ``state_dict`` (``{"model", "optim", "ema"}``, DTensors) through DCP into
+    ``.step_N.sharded/sharded/``; then rank 0 adds ``rng.safetensors`` and ``state.json`` (the sha256 of
+    every file), renames the folder to ``step_N`` and names it in ``LATEST``: the same guarantees as
+    :func:`save_checkpoint` (a crash before the rename leaves the checkpoint in force as it was; the
+    next save removes the torn folder). Returns the folder on rank 0, None on the others."""
+    local = {
+        f"{part}.{k}": (v.to_local() if hasattr(v, "to_local") else v)
+        for part in ("model", "ema")
+        for k, v in (state_dict.get(part) or {}).items()
+    }
+    bad = nonfinite_tensor(local)
+    flag = dist.all_reduce_sum(torch.tensor([0.0 if bad is None else 1.0]))
+    if float(flag[0]) > 0:
+        raise CheckpointError(f"refusing to write checkpoint step {step}: a model or EMA tensor holds NaN/Inf")
+    ckdir = Path(run_dir) / "checkpoints"
+    name = step_name(step)
+    final, tmp = ckdir / name, ckdir / f".{name}.sharded"
+    current, _ = read_latest(ckdir)
+    if current is not None and current.name == name:
+        return final if dist.is_main() else None
+    if dist.is_main():
+        ckdir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # a torn one, left by a save that died
+        tmp.mkdir()
+    dist.barrier()
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        sharded.save(tmp / sharded.SHARDED_DIR, state_dict)
+    except (OSError, CheckpointException) as e:
+        if dist.is_main():
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise _write_error(name, ckdir, e) from e
+    if not dist.is_main():
+        return None
+    trash = None
+    try:
+        if rng:
+            save_file({k: v.contiguous() for k, v in rng.items()}, str(tmp / "rng.safetensors"))
+        trash = _commit(tmp, final, {**state, "step": step, "format": "dcp"})
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, (OSError, SafetensorError)):
+            raise _write_error(name, ckdir, e) from e
         raise
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)
@@ -205,7 +286,12 @@ def is_complete(ckpt: Path) -> bool:
         st = json.loads((ckpt / "state.json").read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(st, dict) and isinstance(st.get("step"), int) and (ckpt / "model.safetensors").is_file()
+    return isinstance(st, dict) and isinstance(st.get("step"), int) and has_weights(ckpt)
+
+
+def has_weights(ckpt: Path) -> bool:
+    """Whether ``ckpt`` holds weights: ``model.safetensors``, or DCP shards (``sharded/.metadata``)."""
+    return (ckpt / "model.safetensors").is_file() or (ckpt / sharded.SHARDED_DIR / sharded.METADATA).is_file()
 
 
 def complete_checkpoints(ckdir: Path) -> list[Path]:
@@ -271,7 +357,7 @@ def find_checkpoint(path: str | Path) -> Path:
         raise CheckpointError(
             f"{p} is a file, not a run or checkpoint folder; pass the folder that holds it ({p.parent})"
         )
-    if (p / "state.json").is_file() and (p / "model.safetensors").is_file():
+    if (p / "state.json").is_file() and has_weights(p):
         return p
     ckpt = latest_checkpoint(p)
     if ckpt is None:
@@ -295,7 +381,7 @@ def explain_damage(path: Path) -> None:
     if dirs:
         load_state(dirs[-1], need=("step",))
         raise CheckpointError(
-            f"checkpoint {dirs[-1]} is incomplete (no model.safetensors) and no other is complete; "
+            f"checkpoint {dirs[-1]} is incomplete (no model.safetensors or sharded/) and no other is complete; "
             f"restore it, or start again with --overwrite"
         )
 
@@ -405,8 +491,60 @@ class Stored:
                 f"checkpoint {self.path} carries an invalid config ({e}); it is from another version"
             ) from None
 
+    @property
+    def sharded(self) -> bool:
+        """Whether the tensors are DCP shards (written by an FSDP2 run) rather than safetensors files."""
+        return self.state.get("format") == "dcp"
+
+    def has_part(self, part: str) -> bool:
+        """Whether a sharded checkpoint holds ``part`` (``model``, ``ema``, ``optim``)."""
+        try:
+            keys = sharded.stored_keys(self.shards())
+        except sharded.UnsafeCheckpoint as e:
+            raise CheckpointError(str(e)) from None
+        return any(w[0] == part for w in keys.values())
+
+    def shards(self) -> Path:
+        """The DCP folder of a sharded checkpoint, its files checked against the sha256 in state.json
+        (unless :data:`VERIFY` is off); a missing or changed file is named in one line."""
+        folder = self.path / sharded.SHARDED_DIR
+        rec = self.state.get("sha256")
+        rec = {k: v for k, v in rec.items() if k.startswith(f"{sharded.SHARDED_DIR}/")} if isinstance(rec, dict) else {}
+        if not rec or not (folder / sharded.METADATA).is_file():
+            raise CheckpointError(
+                f"checkpoint {self.path} is sharded but {folder} lacks its files (or state.json their sha256); "
+                f"it is damaged: remove {self.path} to fall back on an earlier checkpoint"
+            )
+        if VERIFY and not getattr(self, "_verified", False):
+            for rel, h in rec.items():
+                f = self.path / rel
+                if not f.is_file() or sha256_file(f) != h:
+                    raise CheckpointError(
+                        f"checkpoint file {f} does not match the sha256 recorded in {self.path / 'state.json'}"
+                        f"{' (it is missing)' if not f.is_file() else ''}: it was damaged after it was written; "
+                        f"remove {self.path} to fall back on an earlier checkpoint, or pass 'replaid --no-verify' "
+                        f"to load it anyway"
+                    )
+            self._verified = True
+        return folder
+
     def tensors(self, name: str) -> Optional[dict[str, torch.Tensor]]:
-        """``model`` / ``ema`` / ``optimizer`` / ``rng`` tensors, None when the file is absent."""
+        """``model`` / ``ema`` / ``optimizer`` / ``rng`` tensors, None when the file is absent (the
+        full ``model`` / ``ema`` tensors of a sharded checkpoint, read from its shards in this process;
+        its optimizer state is read by :func:`load_sharded_training_state`)."""
+        if self.sharded and name in ("model", "ema", "optimizer"):
+            if name == "optimizer":
+                return None
+            try:
+                return sharded.load_full(self.shards(), name)
+            except sharded.UnsafeCheckpoint as e:
+                raise CheckpointError(str(e)) from None
+            except CheckpointError:
+                raise
+            except Exception as e:  # DCP's own read errors
+                raise CheckpointError(
+                    f"checkpoint {self.path} has unreadable shards ({e.__class__.__name__}); it is damaged"
+                ) from None
         return load_tensors(self.path, name, self.sha256(name))
 
     def sha256(self, name: str) -> Optional[str]:
@@ -434,4 +572,43 @@ class Stored:
         return w, from_ema
 
     def optimizer(self) -> Optional[dict]:
-        return load_optimizer(self.path, self.sha256("optimizer"))
+        """The full optimizer state of a single-file checkpoint (None for a sharded one: see
+        :func:`load_sharded_training_state`)."""
+        return None if self.sharded else load_optimizer(self.path, self.sha256("optimizer"))
+
+
+def load_sharded_training_state(
+    stored: Stored, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ema: Optional[dict]
+) -> None:
+    """Restore the weights, the optimizer state and the EMA ``ema`` (a name -> tensor dict, filled in
+    place) of a sharded checkpoint into a model as placed now (FSDP2 on any number of ranks, DDP, or
+    one process): DCP reads each rank's part of every tensor, re-sharding as needed (a collective)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    folder = stored.shards()
+    try:
+        keys = sharded.stored_keys(folder)
+    except sharded.UnsafeCheckpoint as e:
+        raise CheckpointError(str(e)) from None
+    saved = {str(w[1]) for w in keys.values() if len(w) == 2 and w[0] == "model"}
+    own = set(model.state_dict())
+    if saved != own:
+        miss, extra = sorted(own - saved), sorted(saved - own)
+        detail = f"missing {miss[:2]}" if miss else f"unexpected {extra[:2]}"
+        raise CheckpointError(
+            f"checkpoint {stored.path} does not match this model ({detail}); it was written by another model "
+            f"or config: load it with its own config.json"
+        )
+    msd, osd = get_state_dict(model, optimizer)
+    sd: dict = {"model": msd, "optim": osd}
+    has_ema = any(w[0] == "ema" for w in keys.values())
+    if ema is not None and has_ema:
+        sd["ema"] = ema
+    try:
+        sharded.load(folder, sd)
+    except Exception as e:  # DCP's read errors (a shard missing for this world, a torn file)
+        raise CheckpointError(
+            f"checkpoint {stored.path} has unreadable shards ({e.__class__.__name__}: {str(e)[:200]}); "
+            f"remove it to fall back on an earlier checkpoint"
+        ) from None
+    set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])

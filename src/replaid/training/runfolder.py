@@ -71,9 +71,7 @@ def managed_folder(path: str | Path) -> Optional[str]:
     for a in [p, *p.parents]:
         if a.name in MANAGED and (a.parent / "config.json").is_file():
             return f"inside the {a.name}/ of the run {a.parent}"
-    ckpt = next(
-        (a for a in [p, *p.parents] if (a / "state.json").is_file() and (a / "model.safetensors").is_file()), None
-    )
+    ckpt = next((a for a in [p, *p.parents] if (a / "state.json").is_file() and ck.has_weights(a)), None)
     return f"inside the checkpoint {ckpt}" if ckpt is not None else None
 
 

@@ -6,6 +6,7 @@ wired in ``commands/train.py`` and by the scaling runner)."""
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import sys
@@ -342,14 +343,22 @@ def set_rng_state(st: dict[str, Tensor]) -> None:
 
 
 def save(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: Optional[dict] = None) -> Optional[Path]:
-    """Gather full state on every rank (a collective under FSDP2), write from rank 0."""
+    """DDP or one process: gather the full state, write one safetensors file each from rank 0. FSDP2:
+    every rank writes its own shards (DCP, :func:`ck.save_sharded_checkpoint`), nothing is gathered."""
+    if dist.is_sharded(trainer.model):
+        return _save_sharded(trainer, run_dir, data, extra)
     model_sd = dist.full_state_dict(trainer.model)
     ema_sd = dist.full_tensors(trainer.ema.shadow) if trainer.ema else None
     opt_sd = dist.optimizer_state(trainer.model, trainer.optimizer)
     in_sync = dist.params_in_sync(trainer.model)
     if not dist.is_main():
         return None
-    state = {
+    state = {**_run_state(trainer, data, extra), "ranks_in_sync": in_sync}
+    return ck.save_checkpoint(run_dir, trainer.step, model_sd, state, ema_sd, opt_sd, rng_state())
+
+
+def _run_state(trainer: Trainer, data: DataPipeline, extra: Optional[dict]) -> dict:
+    return {
         "config": trainer.cfg.to_dict(),
         "method": trainer.cfg.method,
         "vocab_size": data.vocab_size,
@@ -357,13 +366,23 @@ def save(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: Optional[di
         "data_state": data.train_loader.state_dict(),
         "history_tail": trainer.history[-5:],
         "world_size": dist.world_size(),
-        "ranks_in_sync": in_sync,
         "nonfinite_steps": trainer.nonfinite_steps,
         "nonfinite_in_row": trainer.nonfinite_in_row,
         "binding": data.binding(),  # the tokenizer's and the corpus's fingerprints (issue 38)
         **(extra or {}),
     }
-    return ck.save_checkpoint(run_dir, trainer.step, model_sd, state, ema_sd, opt_sd, rng_state())
+
+
+def _save_sharded(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: Optional[dict]) -> Optional[Path]:
+    """The sharded checkpoint of an FSDP2 run: ``get_state_dict``'s sharded model and optimizer state and
+    the sharded EMA, as torchtitan's checkpointer saves them (keys: parameter names)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(trainer.model, trainer.optimizer)
+    sd = {"model": msd, "optim": osd, **({"ema": dict(trainer.ema.shadow)} if trainer.ema else {})}
+    in_sync = dist.params_in_sync(trainer.model)
+    state = {**_run_state(trainer, data, extra), "ranks_in_sync": in_sync}
+    return ck.save_sharded_checkpoint(run_dir, trainer.step, sd, state, rng_state())
 
 
 def use_deterministic_kernels() -> None:
@@ -429,6 +448,8 @@ def _train(
     weights_only: bool,
     accept_changed_data: bool = False,
 ) -> dict:
+    if resume:
+        cfg = carry_micro_batch(cfg, run_dir)
     torch.manual_seed(cfg.train.seed * 1_000_003 + 17)  # identical initial weights on every rank
     # rank 0 trains the tokenizer and fills the token caches first; the others then read them
     # a new run gets its tokenizer built and saved; a resumed one only ever loads its own
@@ -440,6 +461,11 @@ def _train(
     data.check_splits(("train", cfg.eval.split))  # an unusable split fails now, not after training
     method = get_method(cfg)
     method.check_training(cfg, dist.world_size())
+    if cfg.train.parallel == "hsdp" and dist.is_dist():
+        try:
+            dist.hsdp_mesh_shape(cfg.train.hsdp_shard)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     model = method.build_model(data.vocab_size).to(device)  # reads model.embeddings_path: a bad file leaves no run
     if not resume and dist.is_main():
         runfolder.begin(run_dir, cfg.to_json())
@@ -448,9 +474,14 @@ def _train(
     changed: dict = {}  # the corpus change --accept-changed-data accepted, if any (logged below)
     stored = _resume(trainer, run_dir, data, weights_only, accept_changed_data, changed) if resume else None
     # parallelism applied from the outside; EMA and optimizer state follow the (sharded) parameters
-    trainer.loss_module = dist.wrap_model(TrainModule(model, method), cfg.train.parallel, device)
+    trainer.loss_module = dist.wrap_model(TrainModule(model, method), cfg.train.parallel, device, cfg.train.hsdp_shard)
     trainer.optimizer = optimizer = build_optimizer(model, cfg.optim)  # after sharding: FSDP2 swaps parameters
-    if cfg.optim.ema > 0:
+    if stored is not None and stored.sharded:  # weights, optimizer, EMA: each rank reads its shards (DCP)
+        trainer.ema = EMA(model, cfg.optim.ema) if cfg.optim.ema > 0 else None
+        ck.load_sharded_training_state(stored, model, optimizer, trainer.ema.shadow if trainer.ema else None)
+        if trainer.ema is not None and not stored.has_part("ema"):
+            trainer.ema = EMA(model, cfg.optim.ema)
+    elif cfg.optim.ema > 0:
         trainer.ema = EMA(model, cfg.optim.ema)
         full = stored.tensors("ema") if stored is not None else None
         if full is not None:
@@ -564,6 +595,37 @@ def _train(
         log.log(trainer.step, {f"eval/{k}": v for k, v in result["eval"].items() if isinstance(v, (int, float))})
     log.close()
     return result
+
+
+def carry_micro_batch(cfg: RunConfig, run_dir: Path) -> RunConfig:
+    """Resuming on another number of ranks than the checkpoint was saved on: keep its micro-batch (rows
+    per rank and accumulation step) by setting ``train.grad_accum`` so that micro x accumulation x ranks
+    is still ``train.batch_size`` (said in a note). The data order is the same either way (the loader
+    counts global batches); the same micro-batches also draw the same noise (seeded by global slot), so
+    the run goes on as it would have. Without such a split the configured accumulation stays."""
+    ckpt = ck.latest_checkpoint(run_dir)
+    try:
+        st = ck.load_state(ckpt) if ckpt is not None else {}
+        old_world, old_accum = int(st["world_size"]), int(st["config"]["train"]["grad_accum"])
+    except (ck.CheckpointError, KeyError, TypeError, ValueError):
+        return cfg  # damage is reported by _resume
+    world, batch = dist.world_size(), cfg.train.batch_size
+    if old_world == world or old_world < 1 or old_accum < 1 or batch % (old_accum * old_world):
+        return cfg
+    micro = batch // (old_accum * old_world)
+    if batch % (micro * world):
+        return cfg
+    accum = batch // (micro * world)
+    if accum != cfg.train.grad_accum:
+        if dist.is_main():
+            print(
+                f"replaid: note: checkpoint {ckpt} was saved on {old_world} rank(s), this run has {world}: "
+                f"train.grad_accum={accum} keeps its micro-batch of {micro} rows (global batch {batch})",
+                file=sys.stderr,
+            )
+        cfg = copy.deepcopy(cfg)
+        cfg.train.grad_accum = accum
+    return cfg
 
 
 def _stop_requested(got: dict, logging: bool, device: torch.device) -> bool:
@@ -694,9 +756,8 @@ def _check_data(data: DataPipeline, st: dict, ckpt: Path, accept: bool, changed:
         if what and isinstance(ds, dict) and isinstance(ds.get("index"), int):  # other data: go on from its next epoch
             ds = {**ds, "index": min(ds["index"], loader.steps_per_epoch)}
         loader.load_state_dict(ds)
-        batches = int(st["step"]) * data.cfg.train.grad_accum
-        if loader.epoch > batches:
-            raise DataError(f"epoch {loader.epoch} is beyond the {batches} batches drawn by step {st['step']}")
+        if loader.epoch > int(st["step"]):  # an epoch takes at least one (global) batch, one per step
+            raise DataError(f"epoch {loader.epoch} is beyond the {st['step']} batches drawn by step {st['step']}")
     except (DataError, KeyError, TypeError, AttributeError) as e:
         raise ck.CheckpointError(
             f"checkpoint file {ckpt / 'state.json'} holds a damaged data_state ({e}); remove {ckpt} to fall "
@@ -727,7 +788,10 @@ def _resume(
             f"checkpoint {ckpt} is a '{st.get('method')}' run, not '{trainer.cfg.method}'; "
             f"resume it with --method {st.get('method')} or start a new --out"
         )
-    lacking = [f for f in ("optimizer.safetensors", "optimizer.json", "rng.safetensors") if not (ckpt / f).is_file()]
+    files = ("rng.safetensors",) if stored.sharded else ("optimizer.safetensors", "optimizer.json", "rng.safetensors")
+    lacking = [f for f in files if not (ckpt / f).is_file()]
+    if stored.sharded and not stored.has_part("optim"):
+        lacking.append("an optimizer state in sharded/")
     if lacking and not weights_only:
         raise ck.CheckpointError(
             f"checkpoint {ckpt} lacks {', '.join(lacking)}: resuming would restart the "
@@ -735,7 +799,8 @@ def _resume(
         )
     check_tokenizer(data, st, ckpt)
     _check_data(data, st, ckpt, accept_changed_data, {} if changed is None else changed)
-    ck.load_model_weights(trainer.model, stored.weights(ema=False)[0], str(ckpt))
+    if not stored.sharded:  # a sharded one is read once the model is placed (_train)
+        ck.load_model_weights(trainer.model, stored.weights(ema=False)[0], str(ckpt))
     rng = stored.tensors("rng")
     if rng is not None:
         set_rng_state(rng)

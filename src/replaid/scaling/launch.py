@@ -1,0 +1,175 @@
+"""Multi-node launch: the per-node ``torchrun`` command of a run over N nodes, from the environment
+SLURM (or the user) sets, and the sbatch script ``replaid train --nodes N --dry-run`` prints.
+
+Each node runs one ``torchrun`` with a c10d rendezvous on the first node's address, as torchtitan's
+``multinode_trainer.slurm`` does (``--rdzv_backend c10d --rdzv_endpoint HEAD:29500 --rdzv_id JOB``):
+
+* the head: ``MASTER_ADDR`` when set, else the first host of ``SLURM_JOB_NODELIST`` (``node[03-06]``
+  -> ``node03``); the port: ``MASTER_PORT``, else 29500 + (``SLURM_JOB_ID`` mod 1000);
+* the number of nodes: ``SLURM_NNODES`` / ``SLURM_JOB_NUM_NODES`` (they must agree with ``--nodes``);
+  the node's rank: ``SLURM_NODEID`` (``NODE_RANK`` outside SLURM); the rendezvous id: ``SLURM_JOB_ID``.
+
+A one-node run keeps ``torchrun --standalone``. Preemption: SLURM's SIGTERM reaches every rank through
+torchrun; the trainer saves at a step boundary and exits 75 (``PREEMPTED_EXIT``); the job requeues and
+``--resume`` goes on (the sweep runner: submitit's ``checkpoint()``; ``replaid train --nodes``: the
+sbatch script's trap and ``scontrol requeue``).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Mapping, Sequence
+
+from replaid.config import ConfigError
+
+DEFAULT_PORT = 29500  # torchrun's and torchtitan's
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: ``gpu-a[07-09,12],gpu-b3`` -> ``gpu-a07``."""
+    s = nodelist.strip()
+    m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?([^,]*)", s)
+    if not s or m is None:
+        raise ConfigError(f"SLURM_JOB_NODELIST={nodelist!r} names no host: run inside a SLURM allocation")
+    head, ranges, tail = m.group(1), m.group(2), m.group(3)
+    if ranges is None:
+        return head
+    first = ranges.split(",")[0].split("-")[0]
+    return f"{head}{first}{tail}"
+
+
+def rendezvous(env: Mapping[str, str], nodes: int) -> dict:
+    """``{"host", "port", "node_rank", "nnodes", "rdzv_id"}`` of this node in a ``nodes``-node run,
+    from SLURM's variables (or ``MASTER_ADDR``/``MASTER_PORT``/``NODE_RANK`` outside SLURM); a
+    ConfigError naming the variable when one is missing or disagrees."""
+    host = env.get("MASTER_ADDR") or (first_host(env["SLURM_JOB_NODELIST"]) if env.get("SLURM_JOB_NODELIST") else "")
+    if not host:
+        raise ConfigError(
+            "a multi-node run needs the head node's address: run it inside a SLURM allocation "
+            "(SLURM_JOB_NODELIST) or set MASTER_ADDR"
+        )
+    job = env.get("SLURM_JOB_ID", "")
+    # one port per job: jobs of an array may share a head node (the sbatch script sets MASTER_PORT)
+    port = env.get("MASTER_PORT") or str(DEFAULT_PORT + (int(job) % 1000 if job.isdigit() else 0))
+    got = env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES")
+    if got is not None and got.strip() != str(nodes):
+        raise ConfigError(
+            f"--nodes {nodes} but this SLURM allocation has {got} nodes (SLURM_NNODES): pass --nodes {got}"
+        )
+    rank = env.get("SLURM_NODEID", env.get("NODE_RANK"))
+    if rank is None or not rank.strip().isdigit() or int(rank) >= nodes:
+        raise ConfigError(
+            f"this node's rank is {rank!r}: a multi-node run reads SLURM_NODEID (or NODE_RANK), 0 to {nodes - 1}"
+        )
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"MASTER_PORT={port!r} is not a port number")
+    return {
+        "host": host,
+        "port": int(port),
+        "node_rank": int(rank),
+        "nnodes": nodes,
+        "rdzv_id": env.get("SLURM_JOB_ID", "replaid"),
+    }
+
+
+def torchrun_argv(
+    gpus_per_node: int, nodes: int, env: Mapping[str, str], launcher: Sequence[str] = ("torchrun",)
+) -> list[str]:
+    """This node's ``torchrun ... -m replaid`` (the prefix of ``replaid train ...``); ``launcher``:
+    how torchrun is called (``python -m torch.distributed.run`` with this interpreter, by the script)."""
+    if gpus_per_node < 1 or nodes < 1:
+        raise ConfigError(f"--nodes {nodes} --gpus-per-node {gpus_per_node}: both must be >= 1")
+    base = [*launcher, "--nproc_per_node", str(gpus_per_node)]
+    if nodes == 1:
+        return [*launcher, "--standalone", *base[len(launcher) :], "-m", "replaid"]
+    r = rendezvous(env, nodes)
+    return [
+        *base,
+        "--nnodes",
+        str(nodes),
+        "--node_rank",
+        str(r["node_rank"]),
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        f"{r['host']}:{r['port']}",
+        "--rdzv_id",
+        str(r["rdzv_id"]),
+        "-m",
+        "replaid",
+    ]
+
+
+def sbatch_script(
+    out: str,
+    train_args: Sequence[str],
+    nodes: int,
+    gpus_per_node: int,
+    *,
+    job_name: str = "replaid",
+    time_min: int = 24 * 60,
+    cpus_per_gpu: int = 8,
+    extra: Sequence[str] = (),
+    python: str = "python",
+) -> str:
+    """The sbatch script of one run into ``out`` over ``nodes`` x ``gpus_per_node``: one task per node,
+    each running this node's torchrun (the node's rank and the head come from SLURM's variables at run
+    time, through ``python -m replaid.scaling.launch``). SIGTERM 120 s before the time limit (or on
+    preemption) reaches the batch shell, which passes it on to every rank (each saves a checkpoint and
+    exits 75) and requeues the job; the requeued job finds ``out/config.json`` and resumes."""
+    fresh = shlex.join(["train", "--out", out, *train_args])
+    again = shlex.join(["train", "--out", out, "--resume"])
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={job_name}",
+        f"#SBATCH --nodes={nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={gpus_per_node}",
+        f"#SBATCH --cpus-per-task={cpus_per_gpu * gpus_per_node}",
+        f"#SBATCH --time={time_min}",
+        "#SBATCH --signal=B:TERM@120",
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
+        *(f"#SBATCH {x}" for x in extra),
+        "",
+        'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        f"export MASTER_PORT={DEFAULT_PORT}",
+        f"if [ -f {shlex.quote(out + '/config.json')} ]; then run=({again}); else run=({fresh}); fi",
+        "# on each node: this node's torchrun (rank from SLURM_NODEID, c10d rendezvous on MASTER_ADDR)",
+        f"srun --kill-on-bad-exit=1 bash -c 'p=$({python} -m replaid.scaling.launch --nodes {nodes} "
+        f'--gpus-per-node {gpus_per_node}) || exit 2; exec $p "$@"\' node "${{run[@]}}" &',
+        "pid=$!",
+        "# preempted or near the time limit: SIGTERM through srun and torchrun to every rank, which saves a",
+        "# checkpoint at a step boundary and exits 75; then requeue (the requeued job resumes)",
+        """trap 'kill -TERM "$pid"; wait "$pid"; scontrol requeue "$SLURM_JOB_ID"; exit 75' TERM""",
+        'wait "$pid"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m replaid.scaling.launch --nodes N --gpus-per-node G``: print this node's torchrun prefix."""
+    import argparse
+    import os
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m replaid.scaling.launch")
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--gpus-per-node", type=int, required=True)
+    a = p.parse_args(argv)
+    try:
+        print(
+            shlex.join(
+                torchrun_argv(a.gpus_per_node, a.nodes, os.environ, (sys.executable, "-m", "torch.distributed.run"))
+            )
+        )
+    except ConfigError as e:
+        print(f"replaid: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
