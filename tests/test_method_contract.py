@@ -10,7 +10,6 @@ Adding a method to the registry adds it to every test here. The build/loss/bound
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from functools import partial
@@ -30,6 +29,8 @@ from replaid.sampling.continuous import time_grid
 from replaid.sampling.generate import generate
 from replaid.training.syncs import SyncCounter, meta_as_cpu_autocast
 from replaid.training.train import train as _train
+
+FIXTURES = Path(__file__).parent / "fixtures" / "configs"
 
 train = partial(_train, evaluate=evaluate)
 V, L, B = 40, 12, 4
@@ -279,9 +280,8 @@ def test_replaid_refuses_micro_batches_without_a_diffusion_row():
 
 
 def test_configs_written_before_the_method_sections_migrate_on_read():
-    old = dataclasses.asdict(RunConfig())  # every section, as configs were stored then
-    for sec in ("ar", "mdlm", "duo", "langflow"):
-        old.pop(sec)
+    old = json.loads((FIXTURES / "config-before-method-sections.json").read_text())  # as stored then
+    assert "baseline" in old and {"ar", "mdlm", "duo", "langflow"}.isdisjoint(old)
     old["baseline"] = {
         "mdlm_low_variance": False,
         "mdlm_time_conditioning": True,
@@ -309,3 +309,36 @@ def test_configs_written_before_the_method_sections_migrate_on_read():
         assert "baseline" in d  # the input is not modified
     assert migrate_config(RunConfig().to_dict()) == RunConfig().to_dict()  # today's layout: unchanged
     assert "duo" not in RunConfig().to_dict() and "duo" in RunConfig(method="duo").to_dict()  # own sections only
+
+
+def test_configs_written_with_the_owner_tables_load_unchanged():
+    """Each method's config.json as the last version with config.py's owner tables wrote it (debug preset,
+    one option of the method's section changed): it loads, keeps that option, and is written back the same."""
+    stored = json.loads((FIXTURES / "config-owner-tables.json").read_text())
+    assert sorted(stored) == sorted(METHODS)
+    for method, d in stored.items():
+        cfg = RunConfig.from_dict(d)
+        assert cfg.to_dict() == d, method  # same keys, same values (JSON order aside)
+    cfg = RunConfig.from_dict(stored["duo"])
+    assert cfg.options.gamma_min == -3.6 and cfg.duo is cfg.options
+    assert RunConfig.from_dict(stored["plaid"]).diffusion.prior_ramp_steps == 7
+    assert RunConfig.from_dict(stored["ar"]).options.top_p == 0.8
+
+
+def test_each_method_declares_its_own_options_beside_it():
+    """A method's options dataclass lives in the method's module, and its section is what the config
+    validates and saves; the config module names no method section."""
+    import replaid.config as config_module
+
+    for name, cls in METHODS.items():
+        assert cls.options is not None and cls.options.__module__ == cls.__module__ or name == "plaid", name
+        cfg = RunConfig(method=name)
+        sec = cls.section or cls.name
+        assert isinstance(cfg.options, cls.options) and sec in cfg.to_dict(), name
+        others = {c.section or c.name for c in METHODS.values()} - {sec}
+        assert others.isdisjoint(cfg.to_dict()), name
+    gone = ("SECTION_OWNERS", "MODEL_KEY_OWNERS", "METHOD_NAMES", "owners_of", "refuse_foreign_keys")
+    assert not [n for n in gone if hasattr(config_module, n)]
+    assert not [
+        c for c in vars(config_module).values() if isinstance(c, type) and c in {m.options for m in METHODS.values()}
+    ]
