@@ -464,7 +464,11 @@ def refuse_unread_keys(cfg: RunConfig, keys: list[str]) -> None:
     model_keys, sec = cfg.read_keys()
     own = ", ".join(f"model.{k}" for k in model_keys if k not in BACKBONE_KEYS)
     reads = f"the backbone keys, {own}" if own else "the backbone keys"
-    reads += f" and section {sec}" if sec else " and no section of its own"
+    if sec:
+        names = ", ".join(f.name for f in dataclasses.fields(cfg.section(sec)))
+        reads += f" and section {sec} ({names})"
+    else:
+        reads += " and no section of its own"
     whose = f"belongs to method {'/'.join(owners)}" if owners else "is read by no registered method"
     fix = f" (or set method={owners[0]})" if owners else ""
     raise ConfigError(

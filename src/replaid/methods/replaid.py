@@ -174,7 +174,13 @@ class RePlaidMethod(Method[RePlaid]):
     global_times = True  # the diffusion rows' times come from the global batch
     options = DiffusionOptions
     section = "diffusion"
-    model_keys: ClassVar[tuple[str, ...]] = (*CONTINUOUS_MODEL_KEYS, "in_z_std", "adaln_features", "time_input", "readout_mult")
+    model_keys: ClassVar[tuple[str, ...]] = (
+        *CONTINUOUS_MODEL_KEYS,
+        "in_z_std",
+        "adaln_features",
+        "time_input",
+        "readout_mult",
+    )
 
     def __init__(self, cfg: RunConfig):
         super().__init__(cfg)
