@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from replaid.config import ConfigError, RunConfig, migrate_config
+from replaid.config import ConfigError, RunConfig, flat_keys, migrate_config, refuse_unread_keys
 from replaid.diffusion.nelbo import low_discrepancy
 from replaid.eval.evaluate import evaluate
 from replaid.methods import METHODS, Kind, get_method
@@ -307,6 +307,14 @@ def test_configs_written_before_the_method_sections_migrate_on_read():
         cfg = RunConfig.from_dict(d)
         assert check(cfg), method
         assert "baseline" in d  # the input is not modified
+    for method in ("duo", "replaid"):  # what the method never read is dropped: the file is a valid --config
+        d = migrate_config({**old, "method": method})
+        own = "duo" if method == "duo" else "diffusion"
+        assert {"diffusion", "duo", "mdlm", "ar", "langflow"} & set(d) == {own}, method
+        assert ("in_z_std" in d["model"]) == (method == "replaid") and ("time_embedding" in d["model"]) == (
+            method == "duo"
+        )
+        refuse_unread_keys(RunConfig(method=method), flat_keys(d))
     assert migrate_config(RunConfig().to_dict()) == RunConfig().to_dict()  # today's layout: unchanged
     assert "duo" not in RunConfig().to_dict() and "duo" in RunConfig(method="duo").to_dict()  # own sections only
 
