@@ -277,6 +277,10 @@ def test_replaid_refuses_micro_batches_without_a_diffusion_row():
         resolve("debug", None, ["method=replaid", "train.batch_size=4", "train.grad_accum=4"])
     resolve("debug", None, ["method=replaid", "train.batch_size=8", "train.grad_accum=4"])
     resolve("debug", None, ["method=ar", "train.batch_size=4", "train.grad_accum=4"])  # AR learns from one row
+    cfg = resolve("debug", None, ["method=replaid", "train.batch_size=8", "train.grad_accum=2"])  # 4 rows on 1 rank
+    get_method(cfg).check_training(cfg, world_size=2)  # 2 rows per rank: enough
+    with pytest.raises(ConfigError, match=r"gives 1; raise train\.batch_size"):  # the same rule, counting ranks
+        get_method(cfg).check_training(cfg, world_size=4)
 
 
 def test_configs_written_before_the_method_sections_migrate_on_read():
