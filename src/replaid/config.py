@@ -15,7 +15,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Any, Optional
 
 from replaid import registry
 from replaid.registry import ConfigError as ConfigError  # the registry, below the config, raises it too
@@ -38,12 +38,6 @@ LR_MAX = 10.0  # learning rates (and weight decays) in [0, 10]: an Adam step of 
 # solve stops with an error after MAX_SOLVER_STEPS steps (--max-solver-steps) instead of running for hours
 ODE_TOL_MIN = 1e-12
 MAX_SOLVER_STEPS = 1_000  # about 6000 drift evaluations: ~25x a default Heun solve (128 steps)
-
-
-class Section(Protocol):
-    """A config section: a dataclass that checks its own values."""
-
-    def validate(self) -> None: ...
 
 
 # The shared backbone: the model keys every method's network reads. A method's network may read more
