@@ -281,7 +281,7 @@ def child_syncs(methods: list, steps: int = 3, device: str = "cuda", allow_cpu: 
 
     import torch
 
-    from replaid.config import owners_of
+    from replaid.config import RunConfig, unread_keys
     from replaid.methods import get_method
     from replaid.presets import resolve
     from replaid.training.train import EMA, Trainer, TrainModule, build_optimizer
@@ -303,7 +303,8 @@ def child_syncs(methods: list, steps: int = 3, device: str = "cuda", allow_cpu: 
             "train.log_every=1000",
         ]
         # only the keys this method reads: the config refuses another method's keys
-        sets = [s for s in sets if name in (owners_of(s.partition("=")[0]) or (name,))]
+        skip = unread_keys(RunConfig(method=name), [s.partition("=")[0] for s in sets])
+        sets = [s for s in sets if s.partition("=")[0] not in skip]
         cfg = resolve("debug", None, [f"method={name}", *sets])
         method = get_method(cfg)
         torch.manual_seed(0)

@@ -1,7 +1,7 @@
 """``replaid --help`` and every ``replaid COMMAND --help`` import no torch (nor numpy, matplotlib, ...).
 
 The parser is built from the command modules' ``register`` functions; they read their choices from
-torch-free modules (``config.METHOD_NAMES``, ``sampling.names``, ``distill.config``, ``data.zeroshot``)
+torch-free modules (``registry.method_names``, ``sampling.names``, ``distill.config``, ``data.zeroshot``)
 and import their work inside ``run``. One fresh interpreter runs ``python -m replaid [COMMAND ...] --help``
 (via ``runpy``) for the top level and every sub-command, nested ones included, and reports the first
 that loaded a heavy module.

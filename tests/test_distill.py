@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from replaid.cli import main
-from replaid.config import DiffusionConfig, ModelConfig
+from replaid.config import ModelConfig
 from replaid.diffusion.denoiser import DenoiserOutput
 from replaid.diffusion.oracle import OracleDenoiser, random_unit_embeddings
 from replaid.distill import targets as T
 from replaid.distill.loop import DistillConfig, distill
 from replaid.eval.evaluate import evaluate
+from replaid.methods.replaid import DiffusionOptions
 from replaid.model.replaid import RePlaid
 from replaid.presets import resolve
 from replaid.training import checkpoint as ck
@@ -120,7 +121,7 @@ def _student_for(o: OracleDenoiser) -> RePlaid:
     torch.manual_seed(0)
     m = RePlaid(
         ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=16, d_e=o.E.shape[1], self_conditioning=False),
-        DiffusionConfig(),
+        DiffusionOptions(),
         vocab_size=o.vocab_size,
     )
     with torch.no_grad():

@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from replaid.config import DiffusionConfig, ModelConfig
+from replaid.config import ModelConfig
+from replaid.methods.replaid import DiffusionOptions
 from replaid.model.replaid import RePlaid
 from replaid.presets import get_preset
 from replaid.training.flops import forward_flops_per_token, self_conditioning_overhead, train_flops_per_token
@@ -15,7 +16,7 @@ def test_forward_flops_match_torch_counter(hidden, layers, L, V):
     """Per-token matmul FLOPs against FlopCounterMode (linear layers, prior logits, e_hat). The
     counter does not see SDPA on CPU; its 4 L d per layer is our closed-form addition."""
     d_e, B = 8, 2
-    m = RePlaid(ModelConfig(hidden=hidden, n_layers=layers, n_heads=4, cond_dim=16, d_e=d_e), DiffusionConfig(), V)
+    m = RePlaid(ModelConfig(hidden=hidden, n_layers=layers, n_heads=4, cond_dim=16, d_e=d_e), DiffusionOptions(), V)
     with FlopCounterMode(display=False) as fc:
         m(torch.randn(B, L, d_e), torch.zeros(B, dtype=torch.float64), None)  # no s.c. input
     per_seq = {"RePlaid.in_t", "RePlaid.cond", "RePlaid.final.adaLN"} | {

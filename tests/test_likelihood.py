@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from replaid.config import DiffusionConfig, ModelConfig
+from replaid.config import ModelConfig
 from replaid.diffusion.oracle import OracleDenoiser, random_unit_embeddings
 from replaid.eval.likelihood import (
     PFODE,
@@ -22,6 +22,7 @@ from replaid.eval.likelihood import (
     ode_log_weight,
     plot_k_curve,
 )
+from replaid.methods.replaid import DiffusionOptions
 from replaid.model.replaid import RePlaid
 
 P = torch.tensor([0.3, 0.2, 0.15, 0.1, 0.1, 0.07, 0.05, 0.03])
@@ -92,7 +93,7 @@ def tiny_model(self_conditioning=True, device="cpu"):
     torch.manual_seed(0)
     m = RePlaid(
         ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4, self_conditioning=self_conditioning),
-        DiffusionConfig(),
+        DiffusionOptions(),
         vocab_size=12,
     )
     with torch.no_grad():  # perturb the zero-initialised parameters so every path matters

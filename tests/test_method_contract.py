@@ -10,7 +10,6 @@ Adding a method to the registry adds it to every test here. The build/loss/bound
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from functools import partial
@@ -20,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from replaid.config import ConfigError, RunConfig, migrate_config
+from replaid.config import ConfigError, RunConfig, flat_keys, migrate_config, refuse_unread_keys
 from replaid.diffusion.nelbo import low_discrepancy
 from replaid.eval.evaluate import evaluate
 from replaid.methods import METHODS, Kind, get_method
@@ -30,6 +29,8 @@ from replaid.sampling.continuous import time_grid
 from replaid.sampling.generate import generate
 from replaid.training.syncs import SyncCounter, meta_as_cpu_autocast
 from replaid.training.train import train as _train
+
+FIXTURES = Path(__file__).parent / "fixtures" / "configs"
 
 train = partial(_train, evaluate=evaluate)
 V, L, B = 40, 12, 4
@@ -277,12 +278,15 @@ def test_replaid_refuses_micro_batches_without_a_diffusion_row():
         resolve("debug", None, ["method=replaid", "train.batch_size=4", "train.grad_accum=4"])
     resolve("debug", None, ["method=replaid", "train.batch_size=8", "train.grad_accum=4"])
     resolve("debug", None, ["method=ar", "train.batch_size=4", "train.grad_accum=4"])  # AR learns from one row
+    cfg = resolve("debug", None, ["method=replaid", "train.batch_size=8", "train.grad_accum=2"])  # 4 rows on 1 rank
+    get_method(cfg).check_training(cfg, world_size=2)  # 2 rows per rank: enough
+    with pytest.raises(ConfigError, match=r"gives 1; raise train\.batch_size"):  # the same rule, counting ranks
+        get_method(cfg).check_training(cfg, world_size=4)
 
 
 def test_configs_written_before_the_method_sections_migrate_on_read():
-    old = dataclasses.asdict(RunConfig())  # every section, as configs were stored then
-    for sec in ("ar", "mdlm", "duo", "langflow"):
-        old.pop(sec)
+    old = json.loads((FIXTURES / "config-before-method-sections.json").read_text())  # as stored then
+    assert "baseline" in old and {"ar", "mdlm", "duo", "langflow"}.isdisjoint(old)
     old["baseline"] = {
         "mdlm_low_variance": False,
         "mdlm_time_conditioning": True,
@@ -308,5 +312,46 @@ def test_configs_written_before_the_method_sections_migrate_on_read():
         cfg = RunConfig.from_dict(d)
         assert check(cfg), method
         assert "baseline" in d  # the input is not modified
+    for method in ("duo", "replaid"):  # what the method never read is dropped: the file is a valid --config
+        d = migrate_config({**old, "method": method})
+        own = "duo" if method == "duo" else "diffusion"
+        assert {"diffusion", "duo", "mdlm", "ar", "langflow"} & set(d) == {own}, method
+        assert ("in_z_std" in d["model"]) == (method == "replaid") and ("time_embedding" in d["model"]) == (
+            method == "duo"
+        )
+        refuse_unread_keys(RunConfig(method=method), flat_keys(d))
     assert migrate_config(RunConfig().to_dict()) == RunConfig().to_dict()  # today's layout: unchanged
     assert "duo" not in RunConfig().to_dict() and "duo" in RunConfig(method="duo").to_dict()  # own sections only
+
+
+def test_configs_written_with_the_owner_tables_load_unchanged():
+    """Each method's config.json as the last version with config.py's owner tables wrote it (debug preset,
+    one option of the method's section changed): it loads, keeps that option, and is written back the same."""
+    stored = json.loads((FIXTURES / "config-owner-tables.json").read_text())
+    assert sorted(stored) == sorted(METHODS)
+    for method, d in stored.items():
+        cfg = RunConfig.from_dict(d)
+        assert cfg.to_dict() == d, method  # same keys, same values (JSON order aside)
+    cfg = RunConfig.from_dict(stored["duo"])
+    assert cfg.options.gamma_min == -3.6 and cfg.duo is cfg.options
+    assert RunConfig.from_dict(stored["plaid"]).diffusion.prior_ramp_steps == 7
+    assert RunConfig.from_dict(stored["ar"]).options.top_p == 0.8
+
+
+def test_each_method_declares_its_own_options_beside_it():
+    """A method's options dataclass lives in the method's module, and its section is what the config
+    validates and saves; the config module names no method section."""
+    import replaid.config as config_module
+
+    for name, cls in METHODS.items():
+        assert cls.options is not None and cls.options.__module__ == cls.__module__ or name == "plaid", name
+        cfg = RunConfig(method=name)
+        sec = cls.section or cls.name
+        assert isinstance(cfg.options, cls.options) and sec in cfg.to_dict(), name
+        others = {c.section or c.name for c in METHODS.values()} - {sec}
+        assert others.isdisjoint(cfg.to_dict()), name
+    gone = ("SECTION_OWNERS", "MODEL_KEY_OWNERS", "METHOD_NAMES", "owners_of", "refuse_foreign_keys")
+    assert not [n for n in gone if hasattr(config_module, n)]
+    assert not [
+        c for c in vars(config_module).values() if isinstance(c, type) and c in {m.options for m in METHODS.values()}
+    ]

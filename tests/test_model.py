@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from replaid.config import ConfigError, DiffusionConfig, ModelConfig, RunConfig, set_key
+from replaid.config import ConfigError, ModelConfig, RunConfig, set_key
 from replaid.diffusion.denoiser import prior_logits
 from replaid.diffusion.schedule import NoiseSchedule
-from replaid.methods.replaid import RePlaidMethod, SplitState
+from replaid.methods.replaid import DiffusionOptions, RePlaidMethod, SplitState
 from replaid.model.dit import Backbone, DiTBlock
 from replaid.model.replaid import RePlaid
 from replaid.presets import PRESETS, get_preset, resolve
@@ -255,7 +255,7 @@ def test_train_outputs_match_plain_forward_values_and_gradients(prior_scale, chu
 
     torch.manual_seed(0)
     mc = ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4, head_chunk_rows=chunk)
-    m = RePlaid(mc, DiffusionConfig(), 23)
+    m = RePlaid(mc, DiffusionOptions(), 23)
     with torch.no_grad():  # non-trivial head so the logits matter
         m.final.linear.weight.normal_()
         m.final.adaLN.bias.normal_()
@@ -305,7 +305,7 @@ def test_prior_scale_multiplies_exactly_the_output_prior():
     from replaid.diffusion.denoiser import prior_logits
 
     torch.manual_seed(0)
-    m = RePlaid(ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4), DiffusionConfig(), 11)
+    m = RePlaid(ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4), DiffusionOptions(), 11)
     with torch.no_grad():
         m.final.linear.weight.normal_()
     z, gamma = torch.randn(3, 5, 4), torch.tensor([-2.0, 0.5, 3.0], dtype=torch.float64)
@@ -319,7 +319,7 @@ def test_precision_policy_under_bf16_autocast():
     """Precision table: input projections, prior logits, reparameterisation and residual stream in
     float32; attention/MLP/head matmuls in bf16 under autocast; schedule in float64."""
     torch.manual_seed(0)
-    m = RePlaid(ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4), DiffusionConfig(), 11)
+    m = RePlaid(ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4), DiffusionOptions(), 11)
     seen = {}
 
     def grab(name):
@@ -364,7 +364,7 @@ def test_input_projection_init_std(std, hidden, expected):
     cfg = ModelConfig(hidden=hidden, n_heads=8, d_e=16, in_z_std=std)
     assert input_init_std(cfg, 16) == pytest.approx(expected, rel=1e-12)
     torch.manual_seed(0)
-    m = RePlaid(ModelConfig(hidden=256, n_layers=1, n_heads=4, cond_dim=8, in_z_std=std), DiffusionConfig(), 50)
+    m = RePlaid(ModelConfig(hidden=256, n_layers=1, n_heads=4, cond_dim=8, in_z_std=std), DiffusionOptions(), 50)
     got = float(m.in_z.weight.std())  # 256 x 16 normal draws: the sample std is within ~5% of its target
     assert got == pytest.approx(input_init_std(m.cfg, 16), rel=0.06)
 
@@ -383,7 +383,7 @@ def test_old_replaid_configs_keep_their_input_init():
 
 def _model(**kw):
     torch.manual_seed(0)
-    m = RePlaid(ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4, **kw), DiffusionConfig(), 12)
+    m = RePlaid(ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4, **kw), DiffusionOptions(), 12)
     with torch.no_grad():  # open the zero-initialised projections and gates so every path matters
         for p in m.parameters():
             p.add_(0.2 * torch.randn_like(p))

@@ -5,10 +5,11 @@ import math
 import pytest
 import torch
 
-from replaid.config import DiffusionConfig, ModelConfig
+from replaid.config import ModelConfig
 from replaid.diffusion.denoiser import alpha_sigma
 from replaid.diffusion.nelbo import diffusion_loss, forward_noise, nelbo_per_sequence, prior_kl, recon_nll
 from replaid.diffusion.oracle import OracleDenoiser, random_unit_embeddings
+from replaid.methods.replaid import DiffusionOptions
 from replaid.model.replaid import RePlaid
 
 P = torch.tensor([0.4, 0.2, 0.15, 0.1, 0.1, 0.05])
@@ -103,7 +104,7 @@ def test_zero_network_logits_are_exact_posterior_under_uniform_prior():
     """Head zero-initialised: logits = exact Gaussian posterior log-probs (up to a constant)."""
     torch.manual_seed(0)
     V, d = 11, 16
-    m = RePlaid(ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=d), DiffusionConfig(), V)
+    m = RePlaid(ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=d), DiffusionOptions(), V)
     E = m.embedding_matrix().double()
     z = torch.randn(2, 3, d)
     gamma = torch.tensor([0.7, -1.5], dtype=torch.float64)
@@ -117,7 +118,7 @@ def test_zero_network_logits_are_exact_posterior_under_uniform_prior():
 def test_output_prior_switch():
     V, d = 11, 16
     m = RePlaid(
-        ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=d, output_prior=False), DiffusionConfig(), V
+        ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=d, output_prior=False), DiffusionOptions(), V
     )
     out = m(torch.randn(1, 3, d), torch.zeros(1, dtype=torch.float64))
     assert torch.allclose(out.logits, torch.zeros_like(out.logits))
@@ -126,7 +127,9 @@ def test_output_prior_switch():
 @pytest.mark.parametrize("mode", ["one-hot", "frozen-random"])
 def test_embedding_modes(mode):
     V = 9
-    m = RePlaid(ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4, embeddings=mode), DiffusionConfig(), V)
+    m = RePlaid(
+        ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4, embeddings=mode), DiffusionOptions(), V
+    )
     E = m.embedding_matrix()
     assert torch.allclose(E.norm(dim=-1), torch.ones(V), atol=1e-5)
     assert not m.embedding.weight.requires_grad

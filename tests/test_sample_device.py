@@ -5,8 +5,9 @@ tensor (which raises on a GPU) and no noise may be drawn on the host and copied 
 import pytest
 import torch
 
-from replaid.config import DiffusionConfig, ModelConfig
+from replaid.config import ModelConfig
 from replaid.methods import Kind
+from replaid.methods.replaid import DiffusionOptions
 from replaid.model.replaid import RePlaid
 from replaid.sampling.continuous import gamma_grid, prefix_inpaint
 from replaid.sampling.registry import samplers_of
@@ -25,7 +26,7 @@ def _meta_autocast():
 @pytest.mark.parametrize("name", sorted(samplers_of(Kind.CONTINUOUS)))
 def test_continuous_samplers_draw_on_the_device(name, inpaint):
     torch.manual_seed(0)
-    model = RePlaid(ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4), DiffusionConfig(), 23)
+    model = RePlaid(ModelConfig(hidden=32, n_layers=1, n_heads=2, cond_dim=8, d_e=4), DiffusionOptions(), 23)
     gammas = gamma_grid(model.schedule, 3)
     model = model.to(META).eval()
     ip = prefix_inpaint(torch.zeros(2, 3, dtype=torch.long, device=META), 6, model.embedding()) if inpaint else None

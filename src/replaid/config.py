@@ -15,7 +15,10 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Optional
+
+from replaid import registry
+from replaid.registry import ConfigError as ConfigError  # the registry, below the config, raises it too
 
 # Declared ranges of numbers that reach a tensor (issue 38), shared by the CLI's argparse types, the
 # sampling request's and the config's validation. float32 holds up to 3.4e38; a config float stays within
@@ -37,14 +40,19 @@ ODE_TOL_MIN = 1e-12
 MAX_SOLVER_STEPS = 1_000  # about 6000 drift evaluations: ~25x a default Heun solve (128 steps)
 
 
-class ConfigError(ValueError):
-    """A bad configuration key or value (one-line message naming the key and the fix)."""
-
-
-class Section(Protocol):
-    """A config section: a dataclass that checks its own values."""
-
-    def validate(self) -> None: ...
+# The shared backbone: the model keys every method's network reads. A method's network may read more
+# of ModelConfig's keys: it lists them in its ``Method.model_keys``; a key no one lists is refused.
+BACKBONE_KEYS = (
+    "hidden",
+    "n_layers",
+    "n_heads",
+    "mlp_ratio",
+    "cond_dim",
+    "d_e",
+    "dropout",
+    "normalize_embeddings",
+    "activation_checkpointing",
+)
 
 
 @dataclass
@@ -121,28 +129,6 @@ class ModelConfig:
         _check(self.in_z_std >= 0 or self.in_z_std == -1, "model.in_z_std", "must be >= 0 (0 = auto) or -1 (legacy)")
         _check(self.adaln_features in ("plaid", "dit", "none"), "model.adaln_features", "must be plaid, dit or none")
         _check(self.readout_mult > 0, "model.readout_mult", "must be > 0")
-
-
-@dataclass
-class DiffusionConfig:
-    gamma_0: float = -3.0  # initial endpoint gamma(0) (learnable)
-    gamma_1: float = 6.0  # initial endpoint gamma(1) (learnable)
-    schedule: str = "learned"  # learned (monotone MLP shape) | linear (fixed shape, endpoints learned)
-    schedule_hidden: int = 1024  # monotone-MLP width
-    learn_endpoints: bool = True
-    sc_rate: float = 0.25  # fraction of training rows with a self-conditioning first pass
-    split_ema: float = 0.997  # EMA decay of the recon/diffusion loss moments (adaptive B_r)
-    ce_weight: float = 0.0  # paper sec. 5.1: + w * CE(t); gradient reaches only E and the denoiser
-    prior_ramp_steps: int = 0  # Plaid: output-prior scale ramps 0 -> 1 over these training steps (0 = off)
-
-    def validate(self) -> None:
-        _check(self.gamma_0 < self.gamma_1, "diffusion.gamma_0", "must be smaller than diffusion.gamma_1")
-        _check(self.schedule in ("learned", "linear"), "diffusion.schedule", "must be learned or linear")
-        _check(0.0 <= self.sc_rate <= 1.0, "diffusion.sc_rate", "must be in [0, 1]")
-        _check(0.0 < self.split_ema < 1.0, "diffusion.split_ema", "must be in (0, 1)")
-        _check(self.schedule_hidden > 0, "diffusion.schedule_hidden", "must be positive")
-        _check(self.ce_weight >= 0, "diffusion.ce_weight", "must be >= 0")
-        _check(self.prior_ramp_steps >= 0, "diffusion.prior_ramp_steps", "must be >= 0")
 
 
 @dataclass
@@ -300,152 +286,112 @@ def apply_cli(cfg: "RunConfig", flags: dict[str, tuple[str, Any]]) -> None:
             raise ConfigError(f"{flag} {value}: {e}") from None
 
 
-# ------------------------------------------------------------------ per-method sections
-# Each method's own settings live in its own section, validated only when that method runs; a key a
-# user sets in another method's section (or a model key only another method reads) is refused, naming
-# its method (refuse_foreign_keys).
+# ------------------------------------------------------------------ the run config
+# A method's own settings are its options dataclass, declared beside the method (``Method.options``, in
+# config files under ``Method.section``) and found through the registry (replaid/registry.py): this
+# module names no method. Only the chosen method's section is validated and saved; a key that the chosen
+# method does not read is refused in one line naming the keys it reads (refuse_unread_keys).
+
+FIXED_SECTIONS = ("model", "data", "optim", "train", "eval")
 
 
-@dataclass
-class ARConfig:
-    """``method=ar``."""
-
-    top_p: float = 1.0  # nucleus sampling mass (1.0 = off)
-
-    def validate(self) -> None:
-        _check(0 < self.top_p <= 1, "ar.top_p", "must be in (0, 1]")
-
-
-@dataclass
-class MDLMConfig:
-    """``method=mdlm``."""
-
-    low_variance: bool = True  # train on plain masked CE (weight 1); evaluation always uses the NELBO
-    time_conditioning: bool = False  # MDLM needs no time input (the mask count carries it)
-
-    def validate(self) -> None:
-        pass
-
-
-@dataclass
-class DuoConfig:
-    """``method=duo``: the Gaussian curriculum (s-sahoo/duo configs/algo/duo.yaml; fractions of train.steps):
-    active from step 0 to curriculum_end (0 = off), log10 tau ramps from start to end over [start, end]."""
-
-    curriculum_start: float = 0.1
-    curriculum_end: float = 0.2
-    gamma_min: float = -3.5
-    gamma_max: float = -1.75
-    tau_log10_start: float = -1.0
-    tau_log10_end: float = -2.0
-
-    def validate(self) -> None:
-        _check(
-            0 <= self.curriculum_start <= self.curriculum_end <= 1,
-            "duo.curriculum_start",
-            "need 0 <= curriculum_start <= curriculum_end <= 1",
-        )
-        _check(self.gamma_min < self.gamma_max, "duo.gamma_min", "must be < duo.gamma_max")
-
-
-@dataclass
-class LangFlowConfig:
-    """``method=langflow`` (converted checkpoints, evaluation only): LangFlow's Gumbel noise schedule."""
-
-    gumbel_loc: float = 4.723
-    gumbel_scale: float = 0.852
-    gumbel_cutoff: float = 1e-5
-
-    def validate(self) -> None:
-        _check(self.gumbel_scale > 0, "langflow.gumbel_scale", "must be positive")
-        _check(0 < self.gumbel_cutoff < 0.5, "langflow.gumbel_cutoff", "must be in (0, 0.5)")
-
-
-# The methods of ``replaid.methods.METHODS`` (named here so the parser and config validation need no torch).
-METHOD_NAMES = ("replaid", "plaid", "ar", "mdlm", "duo")
-# Methods of converted peer checkpoints: evaluated and sampled, not trained (``replaid convert``).
-EVAL_ONLY_METHODS = ("langflow",)
-CONTINUOUS_METHODS = ("replaid", "plaid")  # trained on Algorithm 1 (the diffusion section)
-# method sections and the methods that read them
-SECTION_OWNERS: dict[str, tuple[str, ...]] = {
-    "diffusion": CONTINUOUS_METHODS,
-    "ar": ("ar",),
-    "mdlm": ("mdlm",),
-    "duo": ("duo",),
-    "langflow": ("langflow",),
-}
-# model keys that only some methods' networks read (the others are every method's)
-MODEL_KEY_OWNERS: dict[str, tuple[str, ...]] = {
-    "self_conditioning": CONTINUOUS_METHODS + ("langflow",),
-    **{
-        k: CONTINUOUS_METHODS
-        for k in ("output_prior", "embeddings", "embeddings_path", "up_projection", "head_chunk_rows")
-    },
-    **{k: ("ar", "mdlm", "duo") for k in ("factored_embedding", "time_embedding")},
-    **{k: ("replaid",) for k in ("in_z_std", "adaln_features", "time_input", "readout_mult")},
-}
-
-
-@dataclass
+@dataclass(eq=False)
 class RunConfig:
+    """method, the shared backbone (``model``), data, optim, train, eval, and the method's options
+    (:attr:`options`; also reachable as ``cfg.<section>``, e.g. ``cfg.duo``, ``cfg.diffusion``)."""
+
     method: str = "replaid"
     preset: str = ""
     model: ModelConfig = field(default_factory=ModelConfig)
-    diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)  # replaid, plaid
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    ar: ARConfig = field(default_factory=ARConfig)
-    mdlm: MDLMConfig = field(default_factory=MDLMConfig)
-    duo: DuoConfig = field(default_factory=DuoConfig)
-    langflow: LangFlowConfig = field(default_factory=LangFlowConfig)
+    # every method section set so far, by section name; switching the method keeps them (presets set
+    # their method's options before an override names another method), only the chosen one counts
+    sections: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    # ------------------------------------------------------------------ the method's options
+    def spec(self) -> Any:
+        """The chosen method's class (imported through the registry; one ConfigError line if it cannot be)."""
+        return registry.load(self.method)
+
+    @property
+    def options(self) -> Any:
+        """The chosen method's options (its dataclass; None for a method without options)."""
+        name = registry.section_of(self.spec())
+        return None if name is None else self.section(name)
+
+    def section(self, name: str) -> Any:
+        """The options of section ``name`` (created with its defaults on first use), or None when no
+        registered method declares that section."""
+        if name not in self.sections:
+            cls = _section_class(self.method, name)
+            if cls is None:
+                return None
+            self.sections[name] = cls()
+        return self.sections[name]
+
+    def __getattr__(self, name: str) -> Any:  # cfg.diffusion, cfg.duo, ...: a method's section
+        if name.startswith("_") or name == "sections" or "sections" not in self.__dict__:
+            raise AttributeError(name)
+        opts = self.section(name)
+        if opts is None:
+            raise AttributeError(f"RunConfig has no section {name!r}")
+        return opts
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunConfig) and self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    # ------------------------------------------------------------------ validation
+    def read_keys(self) -> tuple[list[str], Optional[str]]:
+        """(the model keys the chosen method reads, its section or None)."""
+        cls = self.spec()
+        return [*BACKBONE_KEYS, *getattr(cls, "model_keys", ())], registry.section_of(cls)
 
     def validate(self) -> "RunConfig":
-        _check(
-            self.method in METHOD_NAMES + EVAL_ONLY_METHODS,
-            "method",
-            f"unknown method {self.method!r}; choose one of " + ", ".join(METHOD_NAMES),
-        )
-        for f in dataclasses.fields(self):
-            v: Section = getattr(self, f.name)
-            if not dataclasses.is_dataclass(v) or self.method not in SECTION_OWNERS.get(f.name, (self.method,)):
-                continue  # another method's section: not used, not validated
+        try:
+            cls = self.spec()
+        except ConfigError as e:
+            raise ConfigError(f"invalid config value method: {e}") from None
+        parts: list[tuple[str, Any]] = [(k, getattr(self, k)) for k in FIXED_SECTIONS]
+        sec = registry.section_of(cls)
+        if sec is not None:
+            parts.append((sec, self.section(sec)))
+        for name, v in parts:
             for g in dataclasses.fields(v):  # NaN passes no comparison, inf passes ">= 0": refuse both
                 x = getattr(v, g.name)
                 _check(
                     not isinstance(x, float) or math.isfinite(x),
-                    f"{f.name}.{g.name}",
+                    f"{name}.{g.name}",
                     f"must be a finite number, got {x}",
                 )
-            v.validate()  # its own ranges first, then the one every float has
+            if hasattr(v, "validate"):
+                v.validate()  # its own ranges first, then the one every float has
             for g in dataclasses.fields(v):  # every float reaches a float32 tensor or multiplies one
                 x = getattr(v, g.name)
                 if isinstance(x, float) and not (x == 0 or 1 / FLOAT_LIMIT <= abs(x) <= FLOAT_LIMIT):
                     raise ConfigError(
-                        f"invalid config value {f.name}.{g.name}: {x:g} is beyond the range float32 computes in; "
+                        f"invalid config value {name}.{g.name}: {x:g} is beyond the range float32 computes in; "
                         f"give 0 or a magnitude in [{1 / FLOAT_LIMIT:g}, {FLOAT_LIMIT:g}]"
                     )
-        if self.method in CONTINUOUS_METHODS:  # Algorithm 1 needs a reconstruction row and a diffusion row
-            micro = self.train.batch_size // self.train.grad_accum
-            _check(
-                micro >= 2,
-                "train.batch_size",
-                f"method={self.method} needs micro-batches of at least 2 rows "
-                f"(one reconstruction row, one diffusion row); batch_size {self.train.batch_size} / grad_accum "
-                f"{self.train.grad_accum} gives {micro}: raise train.batch_size or lower train.grad_accum",
-            )
+        check = getattr(cls, "check_config", None)
+        if check is not None:
+            check(self)  # the method's own rule on the shared sections (e.g. RePlaid's micro-batch rows)
         return self
 
+    # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict:
         """Every key this run's method reads (other methods' sections and model keys are left out)."""
-        d = dataclasses.asdict(self)
-        for sec, owners in SECTION_OWNERS.items():
-            if self.method not in owners:
-                d.pop(sec)
-        for k, owners in MODEL_KEY_OWNERS.items():
-            if self.method not in owners:
-                d["model"].pop(k)
+        model_keys, sec = self.read_keys()
+        d: dict[str, Any] = {"method": self.method, "preset": self.preset}
+        d["model"] = {k: v for k, v in dataclasses.asdict(self.model).items() if k in model_keys}
+        for k in FIXED_SECTIONS[1:]:
+            d[k] = dataclasses.asdict(getattr(self, k))
+        if sec is not None:
+            d[sec] = dataclasses.asdict(self.section(sec))
         return d
 
     def to_json(self) -> str:
@@ -459,24 +405,81 @@ class RunConfig:
         return cfg.validate()
 
 
-def owners_of(key: str) -> tuple[str, ...] | None:
-    """The methods that read config key ``section.key`` (None: every method)."""
-    sec, _, name = key.partition(".")
-    if sec == "model":
-        return MODEL_KEY_OWNERS.get(name)
-    return SECTION_OWNERS.get(sec)
+def _section_class(method: str, name: str) -> Optional[type]:
+    """The options dataclass of section ``name``: the chosen method's if it is its section, else the first
+    registered method's that declares it (a method that cannot be loaded is passed over)."""
+    for m in (method, *registry.method_names()):
+        try:
+            cls = registry.load(m)
+        except ConfigError:
+            if m == method:
+                raise
+            continue
+        if registry.section_of(cls) == name:
+            return registry.options_of(cls)
+    return None
 
 
-def refuse_foreign_keys(cfg: RunConfig, keys: list[str]) -> None:
-    """Refuse (one line naming the method it belongs to) any of the keys a user set (``key=value``
-    overrides, a YAML file) that ``cfg.method`` never reads: it would be accepted without effect."""
+def _section_owners(name: str) -> list[str]:
+    """The loadable registered methods whose section is ``name``."""
+    out = []
+    for m in registry.method_names():
+        try:
+            if registry.section_of(registry.load(m)) == name:
+                out.append(m)
+        except ConfigError:
+            continue
+    return out
+
+
+def _model_key_owners(key: str) -> list[str]:
+    """The loadable registered methods whose network reads model key ``key``."""
+    out = []
+    for m in registry.method_names():
+        try:
+            if key in getattr(registry.load(m), "model_keys", ()):
+                out.append(m)
+        except ConfigError:
+            continue
+    return out
+
+
+def unread_keys(cfg: RunConfig, keys: list[str]) -> list[str]:
+    """The keys of ``keys`` (``section.key``, older spellings too) that ``cfg.method`` never reads."""
+    model_keys, sec = cfg.read_keys()
+    out = []
     for key in keys:
-        owners = owners_of(LEGACY_KEYS.get(key, key))
-        if owners is not None and cfg.method not in owners:
-            raise ConfigError(
-                f"config key {key} belongs to method {'/'.join(owners)}, but this run is "
-                f"method={cfg.method}: drop it (or set method={owners[0]})"
-            )
+        head, _, name = LEGACY_KEYS.get(key, key).partition(".")
+        if head in ("method", "preset", *FIXED_SECTIONS[1:]) or head == sec:
+            continue
+        if head != "model" or (name and name not in model_keys):
+            out.append(key)
+    return out
+
+
+def refuse_unread_keys(cfg: RunConfig, keys: list[str]) -> None:
+    """Refuse, in one line naming the keys ``cfg.method`` reads, any key a user set (``key=value``
+    overrides, a YAML file) that the chosen method never reads: it would be accepted without effect."""
+    bad = unread_keys(cfg, keys)
+    if not bad:
+        return
+    key = LEGACY_KEYS.get(bad[0], bad[0])
+    head, _, name = key.partition(".")
+    owners = _model_key_owners(name) if head == "model" else _section_owners(head)
+    model_keys, sec = cfg.read_keys()
+    own = ", ".join(f"model.{k}" for k in model_keys if k not in BACKBONE_KEYS)
+    reads = f"the backbone keys, {own}" if own else "the backbone keys"
+    if sec:
+        names = ", ".join(f.name for f in dataclasses.fields(cfg.section(sec)))
+        reads += f" and section {sec} ({names})"
+    else:
+        reads += " and no section of its own"
+    whose = f"belongs to method {'/'.join(owners)}" if owners else "is read by no registered method"
+    fix = f" (or set method={owners[0]})" if owners else ""
+    raise ConfigError(
+        f"config key {key} {whose}, but this run is method={cfg.method}: drop it{fix}; "
+        f"method={cfg.method} reads {reads}"
+    )
 
 
 def flat_keys(d: dict, prefix: str = "") -> list[str]:
@@ -503,16 +506,19 @@ LEGACY_KEYS: dict[str, str] = {
 def migrate_config(d: dict) -> dict:
     """A stored config (any version) in today's layout; the input is not modified.
 
-    A RePlaid config without ``model.in_z_std`` was written when ``W_z`` started at std ``1/sqrt(d_e)``:
-    it gets ``-1``, which keeps that init. Before the per-method sections every run stored every method's options in one flat ``baseline``
-    section: each key moves to its method's section (:data:`LEGACY_KEYS`). Keys of sections and model
-    keys that the run's method never read are reset to their defaults (they had no effect), so an
-    old run keeps loading under the foreign-key check."""
+    A config of a method whose network reads ``model.in_z_std`` (RePlaid) but that lacks the key was
+    written when ``W_z`` started at std ``1/sqrt(d_e)``: it gets ``-1``, which keeps that init. Before the
+    per-method sections every run stored every method's options in one flat ``baseline`` section: each
+    key moves to its method's section (:data:`LEGACY_KEYS`), and the sections and model keys that the
+    run's method never read are dropped (they had no effect; the method declares what it reads), so an
+    old run keeps loading under :func:`refuse_unread_keys`'s rule."""
     if not isinstance(d, dict):
         return d
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in d.items()}
+    method = out.get("method", "replaid")
+    model_keys, own = RunConfig(method=method).read_keys() if isinstance(method, str) else ([], None)
     model = out.get("model")
-    if out.get("method", "replaid") == "replaid" and isinstance(model, dict) and "in_z_std" not in model:
+    if "in_z_std" in model_keys and isinstance(model, dict) and "in_z_std" not in model:
         model["in_z_std"] = -1.0  # written before model.in_z_std: W_z was initialised with std 1/sqrt(d_e)
     old = out.pop("baseline", None)
     if isinstance(old, dict):
@@ -522,35 +528,61 @@ def migrate_config(d: dict) -> dict:
                 raise ConfigError(f"unknown config key 'baseline.{k}' in a stored config; it is from another version")
             sec, key = new.split(".")
             out.setdefault(sec, {})[key] = v
-        method = out.get("method", "replaid")
-        for sec, owners in SECTION_OWNERS.items():
-            if method not in owners:
-                out.pop(sec, None)
-        model = out.get("model")
+        for sec in [k for k, v in out.items() if isinstance(v, dict) and k not in FIXED_SECTIONS and k != own]:
+            out.pop(sec)
         if isinstance(model, dict):
-            for k, owners in MODEL_KEY_OWNERS.items():
-                if method not in owners:
-                    model.pop(k, None)
+            for k in [k for k in model if k not in model_keys]:
+                model.pop(k)
     return out
 
 
-def _check(ok: bool, key: str, msg: str) -> None:
+def check(ok: bool, key: str, msg: str) -> None:
+    """Raise ``invalid config value KEY: MSG`` (one line) unless ``ok``: the check of every section,
+    a method's options included."""
     if not ok:
         raise ConfigError(f"invalid config value {key}: {msg}")
+
+
+_check = check
 
 
 # --------------------------------------------------------------------------- overrides
 
 
+def _fields(obj: Any) -> list[str]:
+    """The settable keys of a config object: a dataclass's fields; a RunConfig's are its own (not
+    ``sections``) and its method's section."""
+    names = [f.name for f in dataclasses.fields(obj) if f.name != "sections"]
+    if isinstance(obj, RunConfig):
+        try:
+            sec = registry.section_of(obj.spec())
+        except ConfigError:
+            sec = None
+        names += [sec] if sec is not None else []
+    return names
+
+
+def _child(obj: Any, name: str) -> Any:
+    """``obj.name`` for a key being set (a RunConfig's method sections included: any registered
+    method's, kept aside until :func:`refuse_unread_keys`), or raise KeyError."""
+    if name == "sections":
+        raise KeyError(name)
+    if name in {f.name for f in dataclasses.fields(obj)}:
+        return getattr(obj, name)
+    sub = obj.section(name) if isinstance(obj, RunConfig) else None
+    if sub is None:
+        raise KeyError(name)
+    return sub
+
+
 def _all_keys(obj: Any, prefix: str = "") -> list[str]:
     keys = []
-    for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        name = prefix + f.name
+    for name in _fields(obj):
+        v = _child(obj, name)
         if dataclasses.is_dataclass(v):
-            keys += _all_keys(v, name + ".")
+            keys += _all_keys(v, prefix + name + ".")
         else:
-            keys.append(name)
+            keys.append(prefix + name)
     return keys
 
 
@@ -617,11 +649,11 @@ def set_key(cfg: RunConfig, key: str, value: Any) -> None:
     parts = key.split(".")
     obj: Any = cfg
     for i, p in enumerate(parts):
-        names = {f.name: f for f in dataclasses.fields(obj)}
-        if p not in names:
-            raise _unknown(key, cfg)
+        try:
+            sub = _child(obj, p)
+        except KeyError:
+            raise _unknown(key, cfg) from None
         if i == len(parts) - 1:
-            sub = getattr(obj, p)
             if dataclasses.is_dataclass(sub):
                 if not isinstance(value, dict):
                     raise ConfigError(
@@ -632,7 +664,7 @@ def set_key(cfg: RunConfig, key: str, value: Any) -> None:
             hints = typing.get_type_hints(type(obj))
             setattr(obj, p, _coerce(key, value, hints[p]))
         else:
-            obj = getattr(obj, p)
+            obj = sub
             if not dataclasses.is_dataclass(obj):
                 raise _unknown(key, cfg)
 
@@ -641,12 +673,14 @@ def apply_dict(obj: Any, d: dict, prefix: str = "", root: Any = None) -> None:
     root = root if root is not None else obj
     if not isinstance(d, dict):
         raise ConfigError(f"config section {prefix or '<root>'} must be a mapping, got {type(d).__name__}")
+    if isinstance(obj, RunConfig) and "method" in d:  # the method first: it decides what its section is
+        d = {"method": d["method"], **d}
     for k, v in d.items():
         full = prefix + str(k)
-        names = {f.name for f in dataclasses.fields(obj)}
-        if k not in names:
-            raise _unknown(full, root)
-        sub = getattr(obj, k)
+        try:
+            sub = _child(obj, str(k))
+        except KeyError:
+            raise _unknown(full, root) from None
         if dataclasses.is_dataclass(sub):
             apply_dict(sub, v, prefix=full + ".", root=root)
         else:

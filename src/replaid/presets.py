@@ -13,7 +13,7 @@ from replaid.config import (
     flat_keys,
     load_yaml,
     parse_overrides,
-    refuse_foreign_keys,
+    refuse_unread_keys,
     set_key,
 )
 
@@ -240,5 +240,5 @@ def resolve(preset: str | None, yaml_path: str | None = None, overrides: list[st
     for k, v in parse_overrides(overrides or []):
         set_key(cfg, k, v)
         keys.append(k)
-    refuse_foreign_keys(cfg, keys)
+    refuse_unread_keys(cfg, keys)
     return cfg.validate()

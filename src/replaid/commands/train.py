@@ -7,7 +7,8 @@ import time
 from pathlib import Path
 
 from replaid.commands import add_command
-from replaid.config import METHOD_NAMES
+from replaid.config import ConfigError
+from replaid.registry import method_names
 
 EXAMPLE = "example: replaid train --preset demo --out runs/demo train.steps=200 data.source=../shared/data/wiki-sample"
 
@@ -21,7 +22,11 @@ def register(sub) -> None:
         "applied after the preset, before the key=value overrides",
     )
     t.add_argument("--out", help="run directory (config, tokenizer, checkpoints, metrics)")
-    t.add_argument("--method", choices=METHOD_NAMES, help="method to train (default: the preset's, replaid)")
+    try:  # the registered names (plug-ins too), read from package metadata: no method is imported
+        names: tuple[str, ...] | None = method_names()
+    except ConfigError:  # a name registered twice: config validation names the clash in one line
+        names = None
+    t.add_argument("--method", choices=names, help="method to train (default: the preset's, replaid)")
     t.add_argument("--resume", action="store_true", help="continue exactly from the run's latest checkpoint")
     t.add_argument("--overwrite", action="store_true", help="replace the run already in --out (deletes it)")
     t.add_argument(

@@ -1,38 +1,51 @@
-"""The method registry: every method implements :class:`replaid.methods.base.Method`.
+"""The methods: every one implements :class:`replaid.methods.base.Method`.
 
-``METHODS`` maps each name to its class (the trainable ones and the evaluation-only ones of
-converted peer checkpoints); :func:`get_method` builds the method a config names. Capabilities
-(kind, trainable, samplers, bound) are class attributes; nothing outside this registry compares
-method names.
+:data:`METHODS` maps each registered name (this repository's methods, then the plug-ins of the
+entry-point group ``replaid.methods``: :mod:`replaid.registry`) to its class, imported on first use;
+:func:`get_method` builds the method a config names. Capabilities (kind, trainable, samplers, bound,
+options) are class attributes; nothing outside the methods compares method names.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from replaid.config import EVAL_ONLY_METHODS, METHOD_NAMES, ConfigError, RunConfig
-from replaid.methods.ar import ARMethod
+from replaid import registry
+from replaid.config import ConfigError, RunConfig
 from replaid.methods.base import Kind, Method
-from replaid.methods.duo import DuoMethod
-from replaid.methods.langflow import LangFlowMethod
-from replaid.methods.mdlm import MDLMMethod
-from replaid.methods.plaid import PlaidMethod
-from replaid.methods.replaid import RePlaidMethod
-
-METHODS: dict[str, type[Method[Any]]] = {
-    c.name: c for c in (RePlaidMethod, PlaidMethod, ARMethod, MDLMMethod, DuoMethod, LangFlowMethod)
-}
-assert tuple(n for n, c in METHODS.items() if c.trainable) == METHOD_NAMES, "keep config.METHOD_NAMES in step"
-assert tuple(n for n, c in METHODS.items() if not c.trainable) == EVAL_ONLY_METHODS, "keep config.EVAL_ONLY_METHODS"
 
 __all__ = ["METHODS", "Kind", "Method", "get_method", "method_class"]
 
 
 def method_class(name: str) -> type[Method[Any]]:
-    """The class registered under ``name`` (ConfigError naming the choices otherwise)."""
-    if name not in METHODS:
-        raise ConfigError(f"unknown method '{name}'; choose one of {', '.join(sorted(METHODS))}")
-    return METHODS[name]
+    """The class registered under ``name`` (one ConfigError line: unknown, clashing or broken)."""
+    cls = registry.load(name)
+    if not issubclass(cls, Method):
+        e = registry.entries()[name]
+        raise ConfigError(
+            f"method '{name}' ({e.target}, from {e.origin}) is not a replaid method: point the entry point "
+            f"at a subclass of replaid.methods.Method"
+        )
+    return cls
+
+
+class _Registered(Mapping[str, type[Method[Any]]]):
+    """Every registered method by name, each imported when it is looked up."""
+
+    def __getitem__(self, name: str) -> type[Method[Any]]:
+        if name not in registry.entries():
+            raise KeyError(name)
+        return method_class(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(registry.method_names())
+
+    def __len__(self) -> int:
+        return len(registry.method_names())
+
+
+METHODS: Mapping[str, type[Method[Any]]] = _Registered()
 
 
 def get_method(cfg: RunConfig) -> Method[Any]:

@@ -13,20 +13,32 @@ Sampling is ancestral (temperature, optional nucleus/top-p) with a KV cache
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from replaid.config import check
 from replaid.diffusion.nelbo import masked_mean
 from replaid.methods.base import Kind, Method
-from replaid.model.tokens import TokenDiT
+from replaid.model.tokens import TOKEN_MODEL_KEYS, TokenDiT
 
 
 def shift_right(tokens: Tensor, bos: int) -> Tensor:
     """(B, L) -> (B, L): ``[BOS, x_0, ..., x_{L-2}]``."""
     return torch.cat([torch.full_like(tokens[:, :1], bos), tokens[:, :-1]], dim=1)
+
+
+@dataclass
+class AROptions:
+    """``method=ar``: the config section ``ar``."""
+
+    top_p: float = 1.0  # nucleus sampling mass (1.0 = off)
+
+    def validate(self) -> None:
+        check(0 < self.top_p <= 1, "ar.top_p", "must be in (0, 1]")
 
 
 class ARMethod(Method[TokenDiT]):
@@ -36,6 +48,8 @@ class ARMethod(Method[TokenDiT]):
     samplers = ("ancestral",)
     bound = "nll"
     conditional = "exact"
+    options = AROptions
+    model_keys = TOKEN_MODEL_KEYS
 
     def build_model(self, vocab_size: int) -> TokenDiT:
         return TokenDiT(self.cfg.model, vocab_size + 1, vocab_size, time_conditioning=False, causal=True)

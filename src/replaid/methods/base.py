@@ -15,6 +15,15 @@ a method *can do* is declared on its class, never probed:
 * ``global_times``: the trainer draws low-discrepancy times for the *global* batch and hands each
   micro-batch its slice (``t_diff``), after :meth:`Method.recon_rows` rows kept for reconstruction.
 
+A method owns its settings: ``options`` is its dataclass (declared beside it, with a ``validate()``
+calling :func:`replaid.config.check`), stored in config files as the section ``section`` (by default
+the method's name) and read as ``cfg.options``; ``model_keys`` lists the keys of
+:class:`~replaid.config.ModelConfig` its network reads beyond the shared backbone
+(:data:`replaid.config.BACKBONE_KEYS`). A key the chosen method reads in neither is refused in one line.
+:meth:`check_config` refuses a config the method cannot run (with ``world_size`` ranks: the trainer's call).
+Methods are found by name through :mod:`replaid.registry` (this repository's, and plug-ins of the
+entry-point group ``replaid.methods``); docs/adding-a-method.md shows the file an author writes.
+
 The optional hooks have defaults: :meth:`before_step` / :meth:`after_step` (around each optimiser
 step), :meth:`refresh` (on logging steps: the one host read of method statistics), :meth:`compile`,
 :meth:`state_dict` / :meth:`load_state_dict` (method state saved in checkpoints and exports),
@@ -58,6 +67,9 @@ class Method(ABC, Generic[ModelT]):
     bound: ClassVar[str] = "nelbo"  # "nelbo" | "nll"
     conditional: ClassVar[str] = "bound"  # what conditional_nll is: "exact" | "bound" (an upper bound on the NLL)
     global_times: ClassVar[bool] = False
+    options: ClassVar[Optional[type]] = None  # this method's options dataclass (None: it has none)
+    section: ClassVar[str] = ""  # its section in config files; "" = the method's name
+    model_keys: ClassVar[tuple[str, ...]] = ()  # ModelConfig keys its network reads beyond BACKBONE_KEYS
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
@@ -100,8 +112,14 @@ class Method(ABC, Generic[ModelT]):
         """Rows of a micro-batch of ``batch`` rows that take no global time (RePlaid's adaptive split)."""
         return 0
 
+    @classmethod
+    def check_config(cls, cfg: RunConfig, world_size: int = 1) -> None:
+        """Refuse (ConfigError, one line) a config this method cannot run: called by the config's
+        validation (one rank) and by the trainer (``world_size`` ranks)."""
+
     def check_training(self, cfg: RunConfig, world_size: int = 1) -> None:
         """Refuse (ConfigError, one line) a training shape this method cannot learn from."""
+        self.check_config(cfg, world_size)
 
     def before_step(self) -> None:
         """Called before each optimiser step."""

@@ -35,6 +35,7 @@ The network is conditioned on ``1 - alpha_t`` in both phases.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional
 
@@ -42,11 +43,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from replaid.config import RunConfig
+from replaid.config import RunConfig, check
 from replaid.diffusion.nelbo import masked_mean, stratified_time_average
 from replaid.diffusion.rng import device_generator
 from replaid.methods.base import Kind, Method
-from replaid.model.tokens import TokenDiT
+from replaid.model.tokens import TOKEN_MODEL_KEYS, TokenDiT
 
 EPS = 1e-3
 
@@ -146,18 +147,42 @@ def uniform_corrupt(x: Tensor, alpha: Tensor, V: int, generator: Optional[torch.
     return torch.where(keep, x, rnd)
 
 
+@dataclass
+class DuoOptions:
+    """``method=duo``, the config section ``duo``: the Gaussian curriculum (s-sahoo/duo
+    configs/algo/duo.yaml; fractions of train.steps): active from step 0 to curriculum_end (0 = off),
+    log10 tau ramps from start to end over [start, end]."""
+
+    curriculum_start: float = 0.1
+    curriculum_end: float = 0.2
+    gamma_min: float = -3.5
+    gamma_max: float = -1.75
+    tau_log10_start: float = -1.0
+    tau_log10_end: float = -2.0
+
+    def validate(self) -> None:
+        check(
+            0 <= self.curriculum_start <= self.curriculum_end <= 1,
+            "duo.curriculum_start",
+            "need 0 <= curriculum_start <= curriculum_end <= 1",
+        )
+        check(self.gamma_min < self.gamma_max, "duo.gamma_min", "must be < duo.gamma_max")
+
+
 class DuoMethod(Method[TokenDiT]):
     name = "duo"
     kind = Kind.UNIFORM
     description = "Duo (uniform-state discrete diffusion; NELBO bound)"
     samplers = ("ancestral",)
     global_times = True  # the trainer passes t_diff, sliced from the global batch
+    options = DuoOptions
+    model_keys = TOKEN_MODEL_KEYS
 
     def __init__(self, cfg: RunConfig, eps: float = EPS):
-        """Curriculum window and ranges from ``cfg.duo`` (module docstring)."""
+        """Curriculum window and ranges from the config's :class:`DuoOptions` (module docstring)."""
         super().__init__(cfg)
         self.eps = eps
-        d = cfg.duo
+        d: DuoOptions = cfg.options
         self.curriculum = (d.curriculum_start, d.curriculum_end)
         self.gamma_range = (d.gamma_min, d.gamma_max)
         self.tau_log10 = (d.tau_log10_start, d.tau_log10_end)

@@ -15,11 +15,13 @@ behind the same denoiser interface (``kind = continuous``), so they share the ev
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import Tensor
 
+from replaid.config import check
 from replaid.methods.base import Kind, Method
 from replaid.methods.replaid import (
     CONTINUOUS_SAMPLERS,
@@ -30,15 +32,31 @@ from replaid.methods.replaid import (
 from replaid.model.langflow import LangFlowDenoiser
 
 
+@dataclass
+class LangFlowOptions:
+    """``method=langflow`` (converted checkpoints, evaluation only), the config section ``langflow``:
+    LangFlow's Gumbel noise schedule."""
+
+    gumbel_loc: float = 4.723
+    gumbel_scale: float = 0.852
+    gumbel_cutoff: float = 1e-5
+
+    def validate(self) -> None:
+        check(self.gumbel_scale > 0, "langflow.gumbel_scale", "must be positive")
+        check(0 < self.gumbel_cutoff < 0.5, "langflow.gumbel_cutoff", "must be in (0, 0.5)")
+
+
 class LangFlowMethod(Method[LangFlowDenoiser]):
     name = "langflow"
     kind = Kind.CONTINUOUS
     description = "LangFlow (converted checkpoint; continuous diffusion, evaluation only)"
     samplers = CONTINUOUS_SAMPLERS
     trainable = False
+    options = LangFlowOptions
+    model_keys = ("self_conditioning",)
 
     def build_model(self, vocab_size: int) -> LangFlowDenoiser:
-        m, lf = self.cfg.model, self.cfg.langflow
+        m, lf = self.cfg.model, self.cfg.options
         return LangFlowDenoiser(
             vocab_size,
             m.hidden,

@@ -25,6 +25,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -35,7 +36,7 @@ from replaid.config import RunConfig
 from replaid.diffusion.nelbo import stratified_time_average
 from replaid.diffusion.rng import device_generator
 from replaid.methods.base import Kind, Method
-from replaid.model.tokens import TokenDiT
+from replaid.model.tokens import TOKEN_MODEL_KEYS, TokenDiT
 
 EPS = 1e-3
 
@@ -51,20 +52,31 @@ def mask_probability(t: Tensor, eps: float = EPS) -> Tensor:
     return (1 - eps) * t
 
 
+@dataclass
+class MDLMOptions:
+    """``method=mdlm``: the config section ``mdlm``."""
+
+    low_variance: bool = True  # train on plain masked CE (weight 1); evaluation always uses the NELBO
+    time_conditioning: bool = False  # MDLM needs no time input (the mask count carries it)
+
+
 class MDLMMethod(Method[TokenDiT]):
     name = "mdlm"
     kind = Kind.MASKED
     description = "MDLM (masked discrete diffusion; NELBO bound)"
     samplers = ("ancestral",)
     global_times = True  # the trainer passes t_diff, sliced from the global batch
+    options = MDLMOptions
+    model_keys = TOKEN_MODEL_KEYS
 
     def __init__(
         self, cfg: RunConfig, low_variance: bool | None = None, time_conditioning: bool | None = None, eps: float = EPS
     ):
-        """Options default to ``cfg.mdlm.low_variance`` / ``cfg.mdlm.time_conditioning``."""
+        """Options default to the config's (:class:`MDLMOptions`)."""
         super().__init__(cfg)
-        self.low_variance = cfg.mdlm.low_variance if low_variance is None else low_variance
-        self.time_conditioning = cfg.mdlm.time_conditioning if time_conditioning is None else time_conditioning
+        opts: MDLMOptions = cfg.options
+        self.low_variance = opts.low_variance if low_variance is None else low_variance
+        self.time_conditioning = opts.time_conditioning if time_conditioning is None else time_conditioning
         self.eps = eps
 
     def build_model(self, vocab_size: int) -> TokenDiT:

@@ -12,13 +12,14 @@ muP would rescale the matrix learning rates, which the small presets do not do.
 
 from __future__ import annotations
 
-from replaid.methods.replaid import RePlaidMethod
+from replaid.methods.replaid import CONTINUOUS_MODEL_KEYS, RePlaidMethod
 from replaid.model.plaid_backbone import PlaidModel
 
 
 class PlaidMethod(RePlaidMethod):
     name = "plaid"
     description = "Plaid (continuous diffusion, original backbone; NELBO bound)"
+    model_keys = CONTINUOUS_MODEL_KEYS  # RePlaid's options (section diffusion); not its in_z/AdaLN/readout keys
 
     def build_model(self, vocab_size: int) -> PlaidModel:
-        return PlaidModel(self.cfg.model, self.cfg.diffusion, vocab_size)
+        return PlaidModel(self.cfg.model, self.opts, vocab_size)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import ClassVar, Optional
 
 import torch
 from torch import Tensor
 
 from replaid import dist
-from replaid.config import ConfigError, RunConfig
+from replaid.config import ConfigError, RunConfig, check
 from replaid.diffusion.nelbo import (
     diffusion_loss,
     forward_noise,
@@ -23,6 +23,42 @@ from replaid.diffusion.nelbo import (
 from replaid.diffusion.rng import device_generator, host_uniform
 from replaid.methods.base import Kind, Method
 from replaid.model.replaid import RePlaid, denoise
+
+
+@dataclass
+class DiffusionOptions:
+    """RePlaid's (and Plaid's) options, the config section ``diffusion``: the learned noise schedule's
+    start, self-conditioning and the adaptive split of Algorithm 1."""
+
+    gamma_0: float = -3.0  # initial endpoint gamma(0) (learnable)
+    gamma_1: float = 6.0  # initial endpoint gamma(1) (learnable)
+    schedule: str = "learned"  # learned (monotone MLP shape) | linear (fixed shape, endpoints learned)
+    schedule_hidden: int = 1024  # monotone-MLP width
+    learn_endpoints: bool = True
+    sc_rate: float = 0.25  # fraction of training rows with a self-conditioning first pass
+    split_ema: float = 0.997  # EMA decay of the recon/diffusion loss moments (adaptive B_r)
+    ce_weight: float = 0.0  # paper sec. 5.1: + w * CE(t); gradient reaches only E and the denoiser
+    prior_ramp_steps: int = 0  # Plaid: output-prior scale ramps 0 -> 1 over these training steps (0 = off)
+
+    def validate(self) -> None:
+        check(self.gamma_0 < self.gamma_1, "diffusion.gamma_0", "must be smaller than diffusion.gamma_1")
+        check(self.schedule in ("learned", "linear"), "diffusion.schedule", "must be learned or linear")
+        check(0.0 <= self.sc_rate <= 1.0, "diffusion.sc_rate", "must be in [0, 1]")
+        check(0.0 < self.split_ema < 1.0, "diffusion.split_ema", "must be in (0, 1)")
+        check(self.schedule_hidden > 0, "diffusion.schedule_hidden", "must be positive")
+        check(self.ce_weight >= 0, "diffusion.ce_weight", "must be >= 0")
+        check(self.prior_ramp_steps >= 0, "diffusion.prior_ramp_steps", "must be >= 0")
+
+
+# the model keys of the continuous networks (RePlaid's and Plaid's) beyond the shared backbone
+CONTINUOUS_MODEL_KEYS: tuple[str, ...] = (
+    "self_conditioning",
+    "output_prior",
+    "embeddings",
+    "embeddings_path",
+    "up_projection",
+    "head_chunk_rows",
+)
 
 
 @dataclass
@@ -136,21 +172,31 @@ class RePlaidMethod(Method[RePlaid]):
     description = "RePlaid (continuous diffusion on learned embeddings; NELBO bound)"
     samplers = CONTINUOUS_SAMPLERS
     global_times = True  # the diffusion rows' times come from the global batch
+    options = DiffusionOptions
+    section = "diffusion"
+    model_keys: ClassVar[tuple[str, ...]] = (
+        *CONTINUOUS_MODEL_KEYS,
+        "in_z_std",
+        "adaln_features",
+        "time_input",
+        "readout_mult",
+    )
 
     def __init__(self, cfg: RunConfig):
         super().__init__(cfg)
-        self.split = SplitState(decay=cfg.diffusion.split_ema)
+        self.opts: DiffusionOptions = cfg.options
+        self.split = SplitState(decay=self.opts.split_ema)
         self.core = self.loss_core  # compiled by compile()
         self.step = 0  # optimiser steps taken (for the output-prior ramp)
 
     def prior_scale(self) -> float:
         """Plaid's ``bias_scale``: the output prior logits ramp linearly 0 -> 1 over
         ``diffusion.prior_ramp_steps`` training steps (1 when off, and always at evaluation)."""
-        n = self.cfg.diffusion.prior_ramp_steps
+        n = self.opts.prior_ramp_steps
         return 1.0 if n <= 0 else min(1.0, self.step / n)
 
     def build_model(self, vocab_size: int) -> RePlaid:
-        return RePlaid(self.cfg.model, self.cfg.diffusion, vocab_size)
+        return RePlaid(self.cfg.model, self.opts, vocab_size)
 
     # ------------------------------------------------------------------ training (Algorithm 1)
     def train_loss(
@@ -166,7 +212,7 @@ class RePlaidMethod(Method[RePlaid]):
         the diffusion rows (B - B_r,), sliced from the global batch by the caller; drawn here if None.
         Returns the scalar loss (float64) and per-row losses / metrics (device tensors: nothing
         here waits for the device)."""
-        dcfg = self.cfg.diffusion
+        dcfg = self.opts
         dev = tokens.device
         B = tokens.shape[0]
         B_r = self.split.recon_rows(B) if n_recon is None else n_recon
@@ -249,11 +295,13 @@ class RePlaidMethod(Method[RePlaid]):
         """B_r of Algorithm 1 line 2 (the adaptive split, as of the last :meth:`refresh`)."""
         return self.split.recon_rows(batch)
 
-    def check_training(self, cfg: RunConfig, world_size: int = 1) -> None:
+    @classmethod
+    def check_config(cls, cfg: RunConfig, world_size: int = 1) -> None:
+        """Algorithm 1 needs a reconstruction row and a diffusion row in every micro-batch."""
         micro = cfg.train.batch_size // (cfg.train.grad_accum * world_size)
         if micro < 2:
             raise ConfigError(
-                f"invalid config value train.batch_size: method={self.name} needs micro-batches of at "
+                f"invalid config value train.batch_size: method={cls.name} needs micro-batches of at "
                 f"least 2 rows (one reconstruction row, one diffusion row), but batch_size "
                 f"{cfg.train.batch_size} / (grad_accum {cfg.train.grad_accum} x {world_size} ranks) "
                 f"gives {micro}; raise train.batch_size or lower train.grad_accum"
@@ -306,7 +354,7 @@ class RePlaidMethod(Method[RePlaid]):
 
     def divergence_hint(self, model: RePlaid) -> str:
         ends = [round(float(g.detach()), 3) for g in model.schedule.endpoints()]
-        d = self.cfg.diffusion
+        d = self.opts
         return f"noise-schedule endpoints (gamma_0, gamma_1 now {ends}, started at {d.gamma_0:g}, {d.gamma_1:g})"
 
     def embedding_rows(self, model: RePlaid) -> Tensor:

@@ -32,9 +32,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from replaid.config import DiffusionConfig, ModelConfig
+from replaid.config import ModelConfig
 from replaid.model.dit import FinalLayer, Rotary, apply_rotary
-from replaid.model.replaid import RePlaid
+from replaid.model.replaid import RePlaid, ScheduleOptions
 
 MUP_BASE_WIDTH = 256  # Plaid's muP base shapes: the readout multiplier is MUP_BASE_WIDTH / hidden
 RMS_EPS = 1e-5  # apex FusedRMSNorm's default
@@ -112,7 +112,7 @@ class PlaidBackbone(nn.Module):
 class PlaidModel(RePlaid):
     """Plaid: RePlaid's diffusion components around the original Plaid backbone (no AdaLN)."""
 
-    def __init__(self, cfg: ModelConfig, dcfg: DiffusionConfig, vocab_size: int):
+    def __init__(self, cfg: ModelConfig, dcfg: ScheduleOptions, vocab_size: int):
         super().__init__(cfg, dcfg, vocab_size)
         del self.cond  # no AdaLN conditioning: time enters through in_t only
         self.backbone = PlaidBackbone(

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Protocol
 
 import torch
 from torch import Tensor, nn
 
-from replaid.config import DiffusionConfig, ModelConfig
+from replaid.config import ModelConfig
 from replaid.diffusion.denoiser import DenoiserOutput, alpha_sigma, prior_logits
 from replaid.diffusion.schedule import NoiseSchedule
 from replaid.model.dit import Backbone, DiTTimestepFeatures, FinalLayer, TimeEmbedding
@@ -123,10 +123,21 @@ def input_init_std(cfg: ModelConfig, d_e: int) -> float:
     return min(1.0, cfg.hidden / PAPER_WIDTH) / math.sqrt(3 * d_e)
 
 
+class ScheduleOptions(Protocol):
+    """What the network reads of its method's options (``replaid.methods.replaid.DiffusionOptions``):
+    the noise schedule's start."""
+
+    gamma_0: float
+    gamma_1: float
+    schedule: str
+    schedule_hidden: int
+    learn_endpoints: bool
+
+
 class RePlaid(nn.Module):
     """RePlaid: VDM denoiser with learned embeddings, schedule, prior logits and self-conditioning."""
 
-    def __init__(self, cfg: ModelConfig, dcfg: DiffusionConfig, vocab_size: int):
+    def __init__(self, cfg: ModelConfig, dcfg: ScheduleOptions, vocab_size: int):
         super().__init__()
         d_e = vocab_size if cfg.embeddings == "one-hot" else cfg.d_e
         self.vocab_size, self.d_e, self.cfg = vocab_size, d_e, cfg

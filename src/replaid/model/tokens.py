@@ -33,6 +33,8 @@ from replaid.config import ModelConfig
 from replaid.model.dit import Backbone, DiTTimestepFeatures, FinalLayer, KVCache, TimeEmbedding
 
 N_TIME_FEATURES = 64
+# the ModelConfig keys a TokenDiT reads beyond the shared backbone (config.BACKBONE_KEYS)
+TOKEN_MODEL_KEYS = ("factored_embedding", "time_embedding")
 N_DIT_FEATURES = 256
 
 
