@@ -3,7 +3,7 @@ GPUs (the scaling model of ``replaid.scaling.cluster``)."""
 
 from __future__ import annotations
 
-from replaid.commands import POSITIVE, add_command
+from replaid.commands import POSITIVE, add_command, float_in, int_in
 
 EXAMPLE = "example: replaid plan-cluster --preset owt-0.1b isoflop-413m --nodes 1 2 16 --budget 1e20 --mfu 0.4"
 
@@ -19,14 +19,30 @@ def register(sub) -> None:
     p.add_argument("--nodes", type=POSITIVE, nargs="+", default=[1, 2, 16], help="node counts, one row each")
     p.add_argument("--gpus-per-node", type=POSITIVE, default=8, help="GPUs per node")
     p.add_argument("--global-batch", type=POSITIVE, default=0, help="sequences per step (0: the preset's)")
-    p.add_argument("--micro-batch", type=int, default=0, help="per-GPU micro-batch (0: the largest that fits)")
+    p.add_argument(
+        "--micro-batch", type=int_in(0, 1 << 20), default=0, help="per-GPU micro-batch (0: the largest that fits)"
+    )
     p.add_argument("--parallel", choices=["ddp", "fsdp", "hsdp"], default="hsdp", help="data parallelism")
-    p.add_argument("--budget", type=float, default=1e20, help="training FLOPs of the run")
-    p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed for the compute")
-    p.add_argument("--peak-tflops", type=float, default=989.0, help="peak dense bf16 TFLOP/s per GPU (H100 SXM)")
-    p.add_argument("--nvlink-gbps", type=float, default=450.0, help="GB/s per GPU within a node, one direction")
-    p.add_argument("--ib-gbps", type=float, default=50.0, help="GB/s per GPU across nodes (400 Gb/s NDR)")
-    p.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory per GPU, GB")
+    p.add_argument("--budget", type=float_in(0, 1e28, lo_open=True), default=1e20, help="training FLOPs of the run")
+    p.add_argument(
+        "--mfu", type=float_in(0, 1, lo_open=True), default=0.4, help="model FLOPs utilisation assumed for the compute"
+    )
+    p.add_argument(
+        "--peak-tflops",
+        type=float_in(0, 1e6, lo_open=True),
+        default=989.0,
+        help="peak dense bf16 TFLOP/s per GPU (H100 SXM)",
+    )
+    p.add_argument(
+        "--nvlink-gbps",
+        type=float_in(0, 1e6, lo_open=True),
+        default=450.0,
+        help="GB/s per GPU within a node, one direction",
+    )
+    p.add_argument(
+        "--ib-gbps", type=float_in(0, 1e6, lo_open=True), default=50.0, help="GB/s per GPU across nodes (400 Gb/s NDR)"
+    )
+    p.add_argument("--gpu-memory-gb", type=float_in(0, 1e6, lo_open=True), default=80.0, help="memory per GPU, GB")
     p.set_defaults(func=run)
 
 

@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from replaid.commands import add_command
+from replaid.commands import add_command, int_in
 from replaid.config import ConfigError
 from replaid.registry import method_names
 
@@ -44,11 +44,11 @@ def register(sub) -> None:
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument(
         "--nodes",
-        type=int,
+        type=int_in(0, 4096),
         default=0,
         help="submit the run to SLURM over N nodes (one torchrun per node, c10d rendezvous on the first)",
     )
-    t.add_argument("--gpus-per-node", type=int, default=0, help="with --nodes: GPUs (ranks) per node")
+    t.add_argument("--gpus-per-node", type=int_in(0, 1024), default=0, help="with --nodes: GPUs (ranks) per node")
     t.add_argument(
         "--slurm",
         action="append",
