@@ -23,26 +23,26 @@ def register(sub) -> None:
         "--micro-batch", type=int_in(0, 1 << 20), default=0, help="per-GPU micro-batch (0: the largest that fits)"
     )
     p.add_argument("--parallel", choices=["ddp", "fsdp", "hsdp"], default="hsdp", help="data parallelism")
-    p.add_argument("--budget", type=float_in(0, 1e28, lo_open=True), default=1e20, help="training FLOPs of the run")
+    p.add_argument("--budget", type=float_in(1, 1e28), default=1e20, help="training FLOPs of the run")
     p.add_argument(
-        "--mfu", type=float_in(0, 1, lo_open=True), default=0.4, help="model FLOPs utilisation assumed for the compute"
+        "--mfu", type=float_in(1e-3, 1), default=0.4, help="model FLOPs utilisation assumed for the compute"
     )
     p.add_argument(
         "--peak-tflops",
-        type=float_in(0, 1e6, lo_open=True),
+        type=float_in(1e-3, 1e6),
         default=989.0,
         help="peak dense bf16 TFLOP/s per GPU (H100 SXM)",
     )
     p.add_argument(
         "--nvlink-gbps",
-        type=float_in(0, 1e6, lo_open=True),
+        type=float_in(1e-3, 1e6),
         default=450.0,
         help="GB/s per GPU within a node, one direction",
     )
     p.add_argument(
-        "--ib-gbps", type=float_in(0, 1e6, lo_open=True), default=50.0, help="GB/s per GPU across nodes (400 Gb/s NDR)"
+        "--ib-gbps", type=float_in(1e-3, 1e6), default=50.0, help="GB/s per GPU across nodes (400 Gb/s NDR)"
     )
-    p.add_argument("--gpu-memory-gb", type=float_in(0, 1e6, lo_open=True), default=80.0, help="memory per GPU, GB")
+    p.add_argument("--gpu-memory-gb", type=float_in(1e-3, 1e6), default=80.0, help="memory per GPU, GB")
     p.set_defaults(func=run)
 
 
