@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from replaid import schema
+
 # Declared ranges of numbers that reach a tensor (issue 38), shared by the CLI's argparse types, the
 # sampling request's and the config's validation. float32 holds up to 3.4e38; a config float stays within
 # +-FLOAT_LIMIT (and is 0 or at least 1/FLOAT_LIMIT in magnitude), and the options below within their
@@ -446,6 +448,30 @@ class RunConfig:
         cfg = cls()
         apply_dict(cfg, migrate_config(d))
         return cfg.validate()
+
+
+def read_run_config(path: str | Path, fix: str = "restore it, or start the run again with --overwrite") -> RunConfig:
+    """A run's ``config.json`` (or a grid's ``configs/ID.json``), read and validated: one
+    :class:`ConfigError` naming the file and the key otherwise."""
+    try:
+        d = schema.read_json(path, None, fix)
+        cfg = RunConfig.from_dict(d)
+        _strings_are_strings(migrate_config(d), cfg.to_dict(), "")
+        return cfg
+    except schema.SchemaError as e:
+        raise ConfigError(str(e)) from None
+    except ConfigError as e:
+        raise ConfigError(f"{path} is not a valid run config ({e}); {fix}") from None
+
+
+def _strings_are_strings(raw: dict, read: dict, prefix: str) -> None:
+    """A JSON file states its strings as strings: a number read into a string key is refused (a YAML
+    file or an override may still spell ``data.source=5``)."""
+    for k, v in raw.items():
+        if isinstance(v, dict) and isinstance(read.get(k), dict):
+            _strings_are_strings(v, read[k], f"{prefix}{k}.")
+        elif isinstance(read.get(k), str) and not isinstance(v, str):
+            raise ConfigError(f"config key {prefix}{k} expects a string, got {v!r}")
 
 
 def owners_of(key: str) -> tuple[str, ...] | None:
