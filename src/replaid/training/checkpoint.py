@@ -310,7 +310,8 @@ def load_state(ckpt: Path, need: tuple[str, ...] = ("step",)) -> dict:
     try:
         return schema.read_json(f, schema.STATE, fix, optional=() if VERIFY else ("sha256",), need=need)
     except schema.SchemaError as e:
-        raise CheckpointError(f"checkpoint file {e}") from None
+        also = ", or pass 'replaid --no-verify' to load it unchecked" if '"sha256"' in str(e) else ""
+        raise CheckpointError(f"checkpoint file {e}{also}") from None
 
 
 def load_optimizer(ckpt: Path, sha256: Optional[str] = None) -> Optional[dict]:
