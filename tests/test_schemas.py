@@ -266,3 +266,14 @@ def test_an_error_about_a_file_names_the_file(grid, tmp_path, argv, name, make):
     assert code == 2 and len(lines) == 1 and lines[0].startswith("replaid: error: "), (code, lines)
     assert str(f) in lines[0] and name in lines[0], lines[0]
     assert files(tmp_path) == before
+
+
+def test_the_playground_reads_metrics_rows_through_the_schema(tmp_path, capsys):
+    """replaid serve's curves and run info read metrics.jsonl through the same schema (a JSON list row
+    used to reach r.get / r.items)."""
+    pytest.importorskip("fastapi")
+    from replaid.web.app import read_metrics
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n[1]\n{"step": 2, "loss": 1.0}\n')
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+    assert "skipped 1 line(s)" in capsys.readouterr().err
