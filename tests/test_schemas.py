@@ -34,6 +34,17 @@ OPENS = {
         "sample": ["sample", RUN, "--num", "1"],
         "resume": ["train", "--out", RUN, "--resume", "--no-progress", "train.steps=4"],
     },
+}
+# the other commands that load a run (replaid.training.loading.load_run), for its two files
+LOADERS = {
+    "export": ["export", RUN, "--out", "{g}/x"],
+    "edit": ["edit", RUN, "--text", "the value", "--steps", "2"],
+    "diagnose": ["diagnose", RUN, "--out", "{g}/d"],
+    "likelihood": ["likelihood", RUN, "--out", "{g}/lk", "--num-seqs", "1"],
+}
+for _name in ("state.json", "tokenizer_spec.json"):
+    OPENS[_name].update(LOADERS)
+OPENS |= {
     "final_eval.json": {
         "grid report": ["grid", "report", "{g}"],
         "grid run": ["grid", "run", "{g}", "--python", "inprocess", "--no-progress"],
