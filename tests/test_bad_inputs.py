@@ -183,11 +183,19 @@ CASES = [
     ),
     (["train", "--preset", "debug", "--no-progress", "--out", "/proc/replaid-run"], "cannot write to run folder", None),
     (["train", "--out", "{run}", "--resume", "--overwrite"], "pass one of them", None),
-    (["train", "--out", "{run}", "--resume", "train.steps=4"], "not a replaid state", corrupt_state_list),
-    (["train", "--out", "{run}", "--resume", "train.steps=4"], "lacks config", corrupt_state_keys),
+    (
+        ["train", "--out", "{run}", "--resume", "train.steps=4"],
+        "holds a JSON list, not a JSON object",
+        corrupt_state_list,
+    ),
+    (
+        ["train", "--out", "{run}", "--resume", "train.steps=4"],
+        'state.json: field "config" is missing',
+        corrupt_state_keys,
+    ),
     (["train", "--out", "{run}", "--resume", "train.steps=4"], "optimizer.json is damaged", corrupt_optimizer),
-    (["train", "--out", "{run}", "--resume"], "config.json is not a valid run config", corrupt_config),
-    (["eval", "{run}"], "tokenizer_spec.json is damaged", corrupt_tokenizer_spec),
+    (["train", "--out", "{run}", "--resume"], "config.json is not JSON", corrupt_config),
+    (["eval", "{run}"], "tokenizer_spec.json is not JSON", corrupt_tokenizer_spec),
     (["eval", "{run}"], "non-finite weights", nan_weights),
     (["eval", "{run}", "--t-samples", "0"], "argument --t-samples: 0: must be >= 1", None),
     (["eval", "{run}", "--max-batches", "-1"], "argument --max-batches: -1: must be >= 0", None),
@@ -484,6 +492,75 @@ BINDING = [
     (["train", "--out", "{run}", "--accept-changed-data"], "modifies --resume", None),  # C7's flag alone
 ]
 CASES += BINDING
+
+
+def edit_json(where, edit):
+    """A damage step: ``edit`` applied to the JSON file ``where(run)``."""
+
+    def make(run):
+        f = where(run)
+        d = json.loads(f.read_text())
+        edit(d)
+        f.write_text(json.dumps(d))
+
+    return make
+
+
+SPEC = lambda run: run / "tokenizer" / "tokenizer_spec.json"  # noqa: E731
+STATE = lambda run: ck.find_checkpoint(run) / "state.json"  # noqa: E731
+# issue 38 class 1: every run-folder file is read through its schema (tests/test_schemas.py generates the rest)
+SCHEMAS = [
+    (
+        ["sample", "{run}", "--num", "1"],
+        'tokenizer_spec.json: field "name" is missing',
+        edit_json(SPEC, lambda d: d.pop("name")),
+    ),  # D10
+    (
+        ["export", "{run}", "--out", "{tmp}/x"],
+        'field "name" is missing',
+        edit_json(SPEC, lambda d: d.pop("name")),
+    ),  # D22
+    (
+        ["sample", "{run}", "--num", "1"],
+        'field "file" is a whole number',
+        edit_json(SPEC, lambda d: d.update(file=5)),
+    ),  # D11
+    (
+        ["sample", "{run}", "--num", "1"],
+        'field "method_state" is a whole number',
+        edit_json(STATE, lambda d: d.update(method_state=5)),
+    ),  # D30
+    (
+        ["diagnose", "{run}", "--out", "{tmp}/d"],
+        'field "method_state"',
+        edit_json(STATE, lambda d: d.update(method_state=5)),
+    ),  # DG1
+    (
+        ["eval", "{run}"],
+        'state.json: field "step" is a JSON list',
+        edit_json(STATE, lambda d: d.update(step=[4])),
+    ),  # D34
+    (["eval", "{run}"], 'field "sha256" is missing', edit_json(STATE, lambda d: d.pop("sha256"))),
+    (
+        ["distill", "{run}", "--out", "{tmp}/st", "--resume"],
+        'distill.json: field "config" is a whole number',  # DR2
+        write("st/distill.json", '{"config": 5, "teacher": "x"}'),
+    ),
+    (
+        ["grid", "plan", "{tmp}/g.yaml", "--out", "{tmp}/g"],
+        "g.yaml: 'reference' is one cell name",  # R01
+        write("g.yaml", "base: debug\ncells: {a: []}\nreference: [a]\n"),
+    ),
+]
+LANGFLOW_CONFIG = (Path(__file__).parent / "fixtures" / "peers" / "langflow" / "config.json").read_text()
+CONVERT_LF = ["convert", "langflow", "{tmp}/peer", "--out", "{tmp}/c"]
+SCHEMAS += [
+    (CONVERT_LF, "is not a complete LangFlow checkpoint", peer('{"model_type": "bert"}', None)),  # N04
+    (CONVERT_LF, "holds a list, not a config", peer("[1]", None)),  # N05
+    (CONVERT_LF, "model.safetensors is not a readable safetensors", peer(LANGFLOW_CONFIG, b"x" * 20)),  # N06
+    (CONVERT_LF, "is not a complete LangFlow checkpoint", peer(LANGFLOW_CONFIG, None)),  # N07
+]
+CASES += SCHEMAS
 
 
 def files(root: Path) -> dict:

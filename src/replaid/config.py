@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from replaid import registry
+from replaid import registry, schema
 from replaid.registry import ConfigError as ConfigError  # the registry, below the config, raises it too
 
 # Declared ranges of numbers that reach a tensor (issue 38), shared by the CLI's argparse types, the
@@ -420,6 +420,30 @@ def _section_class(method: str, name: str) -> Optional[type]:
     return None
 
 
+def read_run_config(path: str | Path, fix: str = "restore it, or start the run again with --overwrite") -> RunConfig:
+    """A run's ``config.json`` (or a grid's ``configs/ID.json``), read and validated: one
+    :class:`ConfigError` naming the file and the key otherwise."""
+    try:
+        d = schema.read_json(path, None, fix)
+        cfg = RunConfig.from_dict(d)
+        _strings_are_strings(migrate_config(d), cfg.to_dict(), "")
+        return cfg
+    except schema.SchemaError as e:
+        raise ConfigError(str(e)) from None
+    except ConfigError as e:
+        raise ConfigError(f"{path} is not a valid run config ({e}); {fix}") from None
+
+
+def _strings_are_strings(raw: dict, read: dict, prefix: str) -> None:
+    """A JSON file states its strings as strings: a number read into a string key is refused (a YAML
+    file or an override may still spell ``data.source=5``)."""
+    for k, v in raw.items():
+        if isinstance(v, dict) and isinstance(read.get(k), dict):
+            _strings_are_strings(v, read[k], f"{prefix}{k}.")
+        elif isinstance(read.get(k), str) and not isinstance(v, str):
+            raise ConfigError(f"config key {prefix}{k} expects a string, got {v!r}")
+
+
 def _section_owners(name: str) -> list[str]:
     """The loadable registered methods whose section is ``name``."""
     out = []
@@ -705,7 +729,9 @@ def load_yaml(path: str | Path) -> dict:
     if not p.is_file():
         raise ConfigError(f"config file {p} does not exist; pass an existing YAML file to --config")
     try:
-        d = yaml.safe_load(p.read_text()) or {}
+        d = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {p} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {p} is not valid YAML ({str(e).splitlines()[0]}); fix its syntax") from None
     if not isinstance(d, dict):

@@ -235,10 +235,19 @@ def resolve(preset: str | None, yaml_path: str | None = None, overrides: list[st
     keys: list[str] = []
     if yaml_path:
         d = load_yaml(yaml_path)
-        apply_dict(cfg, d, root=cfg)
+        try:
+            apply_dict(cfg, d, root=cfg)
+        except ConfigError as e:
+            raise ConfigError(f"config file {yaml_path}: {e}") from None
         keys += flat_keys(d)
+    from_yaml = list(keys)
     for k, v in parse_overrides(overrides or []):
         set_key(cfg, k, v)
         keys.append(k)
-    refuse_unread_keys(cfg, keys)
-    return cfg.validate()
+    try:
+        refuse_unread_keys(cfg, keys)
+        return cfg.validate()
+    except ConfigError as e:  # a key the YAML file set: name the file (YA6)
+        if any(k in str(e) for k in from_yaml if k not in keys[len(from_yaml) :]):
+            raise ConfigError(f"config file {yaml_path}: {e}") from None
+        raise

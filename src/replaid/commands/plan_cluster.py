@@ -24,9 +24,7 @@ def register(sub) -> None:
     )
     p.add_argument("--parallel", choices=["ddp", "fsdp", "hsdp"], default="hsdp", help="data parallelism")
     p.add_argument("--budget", type=float_in(1, 1e28), default=1e20, help="training FLOPs of the run")
-    p.add_argument(
-        "--mfu", type=float_in(1e-3, 1), default=0.4, help="model FLOPs utilisation assumed for the compute"
-    )
+    p.add_argument("--mfu", type=float_in(1e-3, 1), default=0.4, help="model FLOPs utilisation assumed for the compute")
     p.add_argument(
         "--peak-tflops",
         type=float_in(1e-3, 1e6),
@@ -39,9 +37,7 @@ def register(sub) -> None:
         default=450.0,
         help="GB/s per GPU within a node, one direction",
     )
-    p.add_argument(
-        "--ib-gbps", type=float_in(1e-3, 1e6), default=50.0, help="GB/s per GPU across nodes (400 Gb/s NDR)"
-    )
+    p.add_argument("--ib-gbps", type=float_in(1e-3, 1e6), default=50.0, help="GB/s per GPU across nodes (400 Gb/s NDR)")
     p.add_argument("--gpu-memory-gb", type=float_in(1e-3, 1e6), default=80.0, help="memory per GPU, GB")
     p.set_defaults(func=run)
 

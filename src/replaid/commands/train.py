@@ -106,7 +106,7 @@ def submit(args, cfg) -> int:
 
 def run(args) -> int:
     from replaid import dist
-    from replaid.config import ConfigError, RunConfig, parse_overrides, set_key
+    from replaid.config import ConfigError, parse_overrides, read_run_config, set_key
     from replaid.eval.evaluate import evaluate
     from replaid.presets import resolve
     from replaid.training import runfolder
@@ -126,13 +126,7 @@ def run(args) -> int:
         if not cfg_file.is_file():
             runfolder.check_free(Path(args.out))  # a trainer starting there has not written it yet
             raise ConfigError(f"--resume: {args.out} has no config.json; start a run there without --resume first")
-        try:
-            cfg = RunConfig.from_dict(json.loads(cfg_file.read_text()))
-        except (ValueError, ConfigError) as e:
-            raise ConfigError(
-                f"--resume: {cfg_file} is not a valid run config ({str(e)[:100]}); restore it "
-                f"or start again with --overwrite"
-            ) from None
+        cfg = read_run_config(cfg_file)
         for k, v in parse_overrides(overrides):
             if k != "train.steps":
                 raise ConfigError(f"--resume accepts only train.steps=N as an override, got {k}")

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Callable, Iterator, Protocol, Sequence
 
+from replaid import schema
 from replaid.data.errors import DataError
 from replaid.fileio import atomic_write_text
 
@@ -324,14 +325,11 @@ def load_saved_tokenizer(spec: dict | None, out_dir: str | os.PathLike) -> Token
     """Rebuild a tokenizer saved by ``save_tokenizer`` (spec None: read it from ``out_dir``)."""
     if spec is None:
         spec_path = _need_file(Path(out_dir) / SPEC_FILE, "a run directory holding tokenizer_spec.json")
+        fix = "the tokenizer file is damaged: restore the run's tokenizer/ folder or retrain with --overwrite"
         try:
-            spec = json.loads(spec_path.read_text(encoding="utf-8"))
-            assert isinstance(spec, dict) and "kind" in spec and "vocab_size" in spec
-        except (ValueError, AssertionError):
-            raise DataError(
-                f"tokenizer file {spec_path} is damaged (not a tokenizer spec): restore the run's "
-                f"tokenizer/ folder or retrain with --overwrite"
-            ) from None
+            spec = schema.read_json(spec_path, schema.TOKENIZER_SPEC, fix)
+        except schema.SchemaError as e:
+            raise DataError(str(e)) from None
     if "file" in spec:
         tok: Tokenizer = load_tokenizer_file(Path(out_dir) / spec["file"], kind=spec["kind"], name=spec["name"])
     else:

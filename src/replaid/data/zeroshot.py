@@ -149,14 +149,30 @@ _SPLIT_FILES = {"validation": ("validation", "valid"), "test": ("test",), "train
 def text_rows(path: Path, rows: str) -> list[str]:
     """Rows of a local .txt (per line: WikiText keeps the newline and empties blank lines; PTB strips)
     or .jsonl (``text`` / ``sentence`` / ``article`` field) file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"zero-shot file {path} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
     if path.suffix == ".jsonl":
         out = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
                 d = json.loads(line)
-                out.append(next(d[k] for k in ("text", "sentence", "article") if k in d))
+            except ValueError as e:
+                raise DataError(
+                    f"zero-shot file {path} line {n}: not JSON ({str(e)[:60]}); fix or remove the line"
+                ) from None
+            row = [d[k] for k in ("text", "sentence", "article") if k in d] if isinstance(d, dict) else []
+            if not row or not isinstance(row[0], str):
+                raise DataError(
+                    f'zero-shot file {path} line {n}: no string field "text", "sentence" or "article"; '
+                    f"each line must be a JSON object holding one"
+                )
+            out.append(row[0])
         return out
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines = text.splitlines(keepends=True)
     if rows == "stripped":
         return [ln.strip() for ln in lines]
     return [ln if ln.strip() else "" for ln in lines]

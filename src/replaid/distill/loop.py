@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from replaid import schema
 from replaid.config import ConfigError
 from replaid.distill import targets as T
 from replaid.distill.config import DistillConfig
@@ -262,9 +263,10 @@ def distill(
         torch.set_num_threads(dcfg.num_threads)
     teacher = load_run(teacher_path, use_ema=True, train_data=False, device=dcfg.device)
     if resume and (out / "distill.json").is_file():
-        stored = json.loads((out / "distill.json").read_text())
+        fix = "it is damaged: restore it, or start the student again with --overwrite"
+        stored = schema.read_json(out / "distill.json", schema.DISTILL, fix)
         # a key added since the folder was made reads as its default (teacher_solver: ddim)
-        if {**asdict(DistillConfig()), **stored.get("config", {})} != asdict(dcfg):
+        if {**asdict(DistillConfig()), **stored["config"]} != asdict(dcfg):
             raise ConfigError(
                 f"--resume: {out} was distilled with other settings ({out / 'distill.json'}); give the same "
                 f"options, or --overwrite"

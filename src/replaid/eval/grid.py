@@ -138,12 +138,14 @@ def spec_from_dict(d: Any, where: str = "grid spec") -> GridSpec:
         seeds = list(range(seeds))
     if not isinstance(seeds, list):
         raise ConfigError(f"{where}: 'seeds' is a count or a list of integers")
+    if d.get("reference") is not None and not isinstance(d["reference"], str):
+        raise ConfigError(f"{where}: 'reference' is one cell name, got {d['reference']!r}")
     orderings, paper = d.get("orderings") or [], d.get("paper") or {}
     if not isinstance(orderings, list):
         raise ConfigError(f"{where}: 'orderings' is a list of 'A < B' claims")
     if not isinstance(paper, dict):
         raise ConfigError(f"{where}: 'paper' maps cell names to the figure shown beside them")
-    return GridSpec(
+    spec = GridSpec(
         str(d.get("base", "demo")),
         [str(x) for x in ov],
         seeds,
@@ -152,7 +154,11 @@ def spec_from_dict(d: Any, where: str = "grid spec") -> GridSpec:
         d.get("reference"),
         [str(x) for x in orderings],
         {str(k): str(v) for k, v in paper.items()},
-    ).validate()
+    )
+    try:
+        return spec.validate()
+    except ConfigError as e:  # name the file the spec came from (GR1)
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def load_spec(path: str | Path) -> GridSpec:
@@ -199,9 +205,11 @@ def resolve_base(base: str, overrides: list[str]) -> RunConfig:
         from replaid.config import set_key
 
         try:
-            cfg = RunConfig.from_dict(json.loads(p.read_text()))
+            cfg = RunConfig.from_dict(json.loads(p.read_text(encoding="utf-8")))
         except json.JSONDecodeError as e:
             raise ConfigError(f"grid base {p} line {e.lineno}: not valid JSON ({e.msg})") from None
+        except (ConfigError, UnicodeDecodeError) as e:
+            raise ConfigError(f"grid base {p} is not a run config ({e}); fix it or name a preset") from None
         for k, v in parse_overrides(overrides):
             set_key(cfg, k, v)
         return cfg.validate()

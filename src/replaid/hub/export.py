@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from replaid import schema
 from replaid.config import RunConfig
 from replaid.data.tokenizers import SPEC_FILE, tokenizer_files_sha256, vocab_sha256
 from replaid.methods import get_method, method_class
@@ -79,17 +80,11 @@ def build_from_hf_config(d: dict):
 
 def last_eval(run_dir: Path) -> dict:
     """The last evaluation record of ``RUN/metrics.jsonl`` (keys without the ``eval/`` prefix)."""
-    f = run_dir / "metrics.jsonl"
     out: dict = {}
-    if f.is_file():
-        for line in f.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            ev = {k[5:]: v for k, v in rec.items() if k.startswith("eval/")}
-            if ev:
-                out = {"step": rec.get("step"), **ev}
+    for rec in schema.jsonl_rows(run_dir / "metrics.jsonl", schema.METRICS_ROW):
+        ev = {k[5:]: v for k, v in rec.items() if k.startswith("eval/")}
+        if ev:
+            out = {"step": rec["step"], **ev}
     return out
 
 

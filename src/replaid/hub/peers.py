@@ -209,7 +209,7 @@ def convert(kind: str, src: str, out: str, overrides: list[str]) -> Path:
             n_heads=lf.backbone.blocks[0].n_heads,
             cond_dim=lf.cond[0].out_features,
             vocab=lf.vocab_size,
-            length=json.loads((resolve(src) / "config.json").read_text()).get("model_length", 1024),
+            length=read_peer(src)[0].get("model_length", 1024),
             extra=[
                 f"model.self_conditioning={str(lf.self_conditioning).lower()}",
                 f"langflow.gumbel_loc={sched.loc!r}",
@@ -259,19 +259,27 @@ def langflow_to_denoiser(folder: str | Path):
     :class:`replaid.model.langflow.LangFlowDenoiser` with the same weights (strict)."""
 
     d = resolve(folder)
-    if not (d / "config.json").is_file() or not (d / "model.safetensors").is_file():
-        raise CheckpointError(f"{d} needs config.json and model.safetensors (LangFlow's save_pretrained layout)")
-    cfg = json.loads((d / "config.json").read_text())
+    cfg, sd = read_peer(d)  # config.json an object, model.safetensors readable (N04-N06)
+    try:
+        return _langflow_model(cfg, sd, d)
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:  # N07: a key or tensor missing
+        raise CheckpointError(
+            f"{d} is not a complete LangFlow checkpoint (config.json key or tensor {e} missing or malformed: "
+            f"{e.__class__.__name__}); pass LangFlow's own save_pretrained folder"
+        ) from None
+
+
+def _langflow_model(cfg: dict, sd: dict, d: Path):
     if (
         not cfg.get("use_normalized_embedding", True)
         or cfg.get("embedding_norm_method", "layernorm") != "layernorm"
         or not cfg.get("use_bias", True)
     ):
-        raise CheckpointError("only LangFlow's released configuration converts (normalised embeddings, use_bias)")
-    sd = {
-        k[len("backbone.") :] if k.startswith("backbone.") else k: v
-        for k, v in load_file(str(d / "model.safetensors")).items()
-    }
+        raise CheckpointError(
+            f"{d / 'config.json'}: only LangFlow's released configuration converts (normalised embeddings, use_bias)"
+        )
     model = LangFlowDenoiser(
         cfg["vocab_size"],
         cfg["hidden_size"],

@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
-from replaid.config import ConfigError, RunConfig
+from replaid import schema
+from replaid.config import ConfigError, RunConfig, read_run_config
 from replaid.eval.grid import (
     GridSpec,
     plan,
@@ -32,6 +33,8 @@ from replaid.scaling.plan import planned_vocab_size
 from replaid.scaling.runner import check_entries, run_status
 from replaid.training import runfolder
 from replaid.training.flops import train_flops_per_token
+
+REPLAN = "re-plan the grid with 'replaid grid plan SPEC --out GRID --force' (its runs are kept)"
 
 
 @dataclass
@@ -89,16 +92,16 @@ def read_grid(folder: Path) -> tuple[GridSpec, list[GridEntry]]:
             f"{folder} holds no grid (manifest.json and spec.json); make one with "
             f"'replaid grid plan SPEC --out {folder}'"
         )
-    try:
-        obj = json.loads(man.read_text())
-        if obj.get("kind") != "grid":
-            raise KeyError("kind")
-        entries = [GridEntry(**r) for r in obj["runs"]]
-        spec = spec_from_dict(json.loads(sp.read_text()), f"grid spec {sp}")
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ConfigError(
-            f"{man} is not a grid manifest ({e.__class__.__name__}); re-plan it with 'replaid grid plan ... --force'"
-        ) from None
+    obj = schema.read_json(man, schema.MANIFEST, REPLAN)
+    if obj.get("kind") != "grid":
+        raise ConfigError(f'{man}: field "kind" is {obj.get("kind")!r}, not "grid"; {REPLAN}')
+    entries = []
+    for i, r in enumerate(obj["runs"]):
+        r = schema.validate(r, schema.GRID_RUN, f"{man}: runs[{i}]", REPLAN)
+        if not all(isinstance(o, str) for o in r["overrides"]):
+            raise ConfigError(f'{man}: runs[{i}]: field "overrides" is not a list of strings; {REPLAN}')
+        entries.append(GridEntry(**{k: r[k] for k in schema.GRID_RUN}))
+    spec = spec_from_dict(schema.read_json(sp, None, REPLAN), f"grid spec {sp}")
     check_entries(folder, entries, man)
     return spec, entries
 
@@ -116,9 +119,8 @@ def collect(folder: Path, entries: list[GridEntry]) -> tuple[list[dict], list[st
             missing.append(e.id)
             continue
         value, kind, uni = run_value(fe)
-        cfg = json.loads((run / "config.json").read_text())
-        planned = json.loads((Path(folder) / e.config).read_text())
-        if RunConfig.from_dict(cfg).to_dict() != RunConfig.from_dict(planned).to_dict():
+        run_cfg = read_run_config(run / "config.json")
+        if run_cfg.to_dict() != read_run_config(Path(folder) / e.config, REPLAN).to_dict():
             raise ConfigError(
                 f"run {run} was trained with another config than the grid's {e.config} (re-planned "
                 f"with --force?); move that run folder away to retrain it, or re-plan as it was"
@@ -137,7 +139,7 @@ def collect(folder: Path, entries: list[GridEntry]) -> tuple[list[dict], list[st
                 "split": fe["eval"].get("split"),
                 "config": e.overrides,
                 "id": e.id,
-                "threads": cfg.get("train", {}).get("num_threads"),
+                "threads": run_cfg.train.num_threads,
             }
         )
     return rows, missing
@@ -180,18 +182,9 @@ def write_report(
 
 
 def metrics_rows(run: Path) -> Iterator[dict]:
-    """The rows of a run's ``metrics.jsonl`` that are JSON objects with an integer ``step``, in order;
-    unreadable lines (a torn last line, a stray edit) are skipped."""
-    f = Path(run) / "metrics.jsonl"
-    if not f.is_file():
-        return
-    for line in f.read_text(errors="replace").splitlines():
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(r, dict) and isinstance(r.get("step"), int):
-            yield r
+    """The rows of a run's ``metrics.jsonl`` (:data:`replaid.schema.METRICS_ROW`), in order; a stray
+    line of this append-only log (a torn last line, an edit) is skipped with a warning."""
+    yield from schema.jsonl_rows(Path(run) / "metrics.jsonl", schema.METRICS_ROW)
 
 
 def training_rows(run: Path) -> dict[int, tuple[float, Optional[float]]]:
@@ -232,7 +225,7 @@ def train_split_unigram(run: Path) -> float:
     from replaid.data import unigram_nll
     from replaid.data.pipeline import DataPipeline
 
-    cfg = RunConfig.from_dict(json.loads((Path(run) / "config.json").read_text()))
+    cfg = read_run_config(Path(run) / "config.json")
     data = DataPipeline(cfg, Path(run), train=False)
     arr = data.array("train")[0]
     return unigram_nll(arr, arr, data.vocab_size)
@@ -250,4 +243,4 @@ def training_curves(folder: Path, entries: list[GridEntry]) -> dict[str, dict[in
 
 
 def base_config_of(folder: Path, e: GridEntry) -> RunConfig:
-    return RunConfig.from_dict(json.loads((Path(folder) / e.config).read_text()))
+    return read_run_config(Path(folder) / e.config, REPLAN)

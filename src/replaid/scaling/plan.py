@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
-from replaid.config import ConfigError, RunConfig, parse_overrides, set_key
+from replaid import schema
+from replaid.config import ConfigError, RunConfig, parse_overrides, read_run_config, set_key
 from replaid.data.pipeline import DataPipeline
 from replaid.presets import ISOFLOP_SIZES, isoflop_config
 from replaid.scaling.runner import check_entries, legacy_final_eval, run_status
@@ -343,13 +344,12 @@ def read_manifest(sweep: Path) -> list[PlanEntry]:
     man = Path(sweep) / "manifest.json"
     if not man.is_file():
         raise ConfigError(f"{sweep} has no manifest.json; make one with 'replaid scaling plan --out {sweep}'")
-    try:
-        rows = json.loads(man.read_text())["runs"]
-        entries = [PlanEntry(**r) for r in rows]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ConfigError(
-            f"{man} is not a scaling manifest ({e.__class__.__name__}); re-plan with 'replaid scaling plan'"
-        ) from None
+    fix = "re-plan the sweep with 'replaid scaling plan' (its runs are kept)"
+    rows = schema.read_json(man, schema.MANIFEST, fix)["runs"]
+    entries = [
+        PlanEntry(**{k: schema.validate(r, schema.PLAN_RUN, f"{man}: runs[{i}]", fix)[k] for k in schema.PLAN_RUN})
+        for i, r in enumerate(rows)
+    ]
     check_entries(Path(sweep), entries, man)
     return entries
 
@@ -379,8 +379,8 @@ def results_table(sweep: Path) -> list[dict]:
             continue
         run_cfg = Path(sweep) / e.run_dir / "config.json"
         cfg = run_cfg if run_cfg.is_file() else Path(sweep) / e.config
-        train = json.loads(cfg.read_text())["train"] if cfg.is_file() else {}
-        steps = train.get("steps", e.steps) if run_cfg.is_file() else e.steps
+        train = read_run_config(cfg).train if cfg.is_file() else None
+        steps = train.steps if train is not None and run_cfg.is_file() else e.steps
         rows.append(
             {
                 "method": e.method,
@@ -393,7 +393,7 @@ def results_table(sweep: Path) -> list[dict]:
                 "stderr": r.get("stderr"),
                 "unigram": r.get("unigram_nats_per_token"),
                 "id": e.id,
-                "seed": int(train.get("seed", 0)),  # runs differing only in train.seed are replicates
+                "seed": train.seed if train is not None else 0,  # runs differing only in train.seed are replicates
             }
         )
     return rows

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Protocol, Sequence
 
-from replaid.config import ConfigError, RunConfig
+from replaid.config import ConfigError, read_run_config
 from replaid.eval.evaluate import evaluate
 from replaid.scaling import launch
 from replaid.training import checkpoint as ck
@@ -98,10 +98,9 @@ def train_entry(sweep: Path, e: ManifestEntry, resume: bool) -> dict:
     """Train ``e`` with the training function in this process (resuming from its run folder's config)."""
     run = Path(sweep) / e.run_dir
     src = run / "config.json" if resume else Path(sweep) / e.config
-    try:
-        cfg = RunConfig.from_dict(json.loads(src.read_text()))
-    except (OSError, ValueError) as ex:
-        raise ConfigError(f"{src} is not a readable run config ({str(ex)[:100]}); re-plan the manifest") from None
+    cfg = read_run_config(
+        src, "re-plan the manifest" if not resume else "restore it, or move the run away to retrain it"
+    )
     return train(cfg, run, evaluate=evaluate, resume=resume, progress=False)
 
 

@@ -27,11 +27,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from replaid.config import ConfigError, RunConfig
+from replaid.config import ConfigError, read_run_config
 from replaid.eval.grid import _f, report, run_value
 from replaid.eval.seeds import t_interval
 from replaid.fileio import atomic_write_text
-from replaid.scaling.grid import GridEntry, metrics_rows, read_grid, training_rows
+from replaid.scaling.grid import REPLAN, GridEntry, metrics_rows, read_grid, training_rows
 
 
 def eval_rows(run: Path) -> dict[int, dict]:
@@ -148,7 +148,7 @@ def trend(
         per_cell = {}
         for c in rep["cells"]:
             e = next(x for x in entries if x.cell == c["cell"])
-            cfg = RunConfig.from_dict(json.loads((folder / e.config).read_text()))
+            cfg = read_run_config(folder / e.config, REPLAN)
             tokens = s * cfg.train.batch_size * cfg.data.seq_len  # tokens read by step s
             passes = tokens / train_tokens[c["cell"]] if train_tokens and c["cell"] in train_tokens else None
             per_cell[c["cell"]] = {"flops": flops[c["cell"]], "tokens": tokens, "passes": passes}
@@ -320,6 +320,6 @@ def train_split_tokens(folder: Path) -> dict[str, int]:
         run = Path(folder) / e.run_dir
         if e.cell in out or not (run / "tokenizer").is_dir() or not training_rows(run):
             continue
-        cfg = RunConfig.from_dict(json.loads((run / "config.json").read_text()))
+        cfg = read_run_config(run / "config.json")
         out[e.cell] = int(len(DataPipeline(cfg, run, train=False).array("train")[0]))
     return out

@@ -41,7 +41,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from replaid import dist
+from replaid import dist, schema
 from replaid.config import ConfigError, RunConfig
 from replaid.fileio import atomic_write_text, fsync_dir, fsync_file
 from replaid.training import sharded
@@ -281,12 +281,13 @@ def _step_of(ckpt: Path) -> int:
 
 
 def is_complete(ckpt: Path) -> bool:
-    """A ``step_N`` folder whose state.json parses (written last, before the rename) with its weights."""
+    """A ``step_N`` folder whose state.json parses (written last, before the rename) with its weights; a
+    field of the wrong type is damage, not incompleteness: :func:`load_state` names it."""
     try:
         st = json.loads((ckpt / "state.json").read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(st, dict) and isinstance(st.get("step"), int) and has_weights(ckpt)
+    return isinstance(st, dict) and "step" in st and has_weights(ckpt)
 
 
 def has_weights(ckpt: Path) -> bool:
@@ -387,22 +388,15 @@ def explain_damage(path: Path) -> None:
 
 
 def load_state(ckpt: Path, need: tuple[str, ...] = ("step",)) -> dict:
-    """state.json of ``ckpt``, checked to be a mapping holding ``need``."""
+    """state.json of ``ckpt``, checked against its schema (:data:`replaid.schema.STATE`) and to hold
+    ``need``; the sha256 record may be absent only under ``replaid --no-verify``."""
     f = ckpt / "state.json"
+    fix = f"it is damaged or foreign: remove {ckpt} to fall back on an earlier checkpoint"
     try:
-        st = json.loads(f.read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(
-            f"checkpoint file {f} is unreadable ({e.__class__.__name__}); it is damaged: "
-            f"remove {ckpt} to fall back on an earlier checkpoint"
-        ) from None
-    missing = [k for k in need if k not in st] if isinstance(st, dict) else list(need)
-    if missing:
-        raise CheckpointError(
-            f"checkpoint file {f} is not a replaid state (lacks {', '.join(missing[:3])}); it is "
-            f"damaged or foreign: remove {ckpt} to fall back on an earlier checkpoint"
-        )
-    return st
+        return schema.read_json(f, schema.STATE, fix, optional=() if VERIFY else ("sha256",), need=need)
+    except schema.SchemaError as e:
+        also = ", or pass 'replaid --no-verify' to load it unchecked" if '"sha256"' in str(e) else ""
+        raise CheckpointError(f"checkpoint file {e}{also}") from None
 
 
 def load_optimizer(ckpt: Path, sha256: Optional[str] = None) -> Optional[dict]:
@@ -488,7 +482,8 @@ class Stored:
             return RunConfig.from_dict(self.state["config"])
         except ConfigError as e:
             raise CheckpointError(
-                f"checkpoint {self.path} carries an invalid config ({e}); it is from another version"
+                f'checkpoint file {self.path / "state.json"}: field "config" is not a valid run config ({e}); '
+                f"it is damaged or from another version: remove {self.path} to fall back on an earlier checkpoint"
             ) from None
 
     @property
@@ -548,9 +543,16 @@ class Stored:
         return load_tensors(self.path, name, self.sha256(name))
 
     def sha256(self, name: str) -> Optional[str]:
-        """The recorded sha256 of ``NAME.safetensors`` (None in checkpoints written before hashes)."""
+        """The recorded sha256 of ``NAME.safetensors``; a tensor file without one is an error (None only
+        under ``replaid --no-verify``), never a file loaded unchecked."""
         rec = self.state.get("sha256")
         h = rec.get(f"{name}.safetensors") if isinstance(rec, dict) else None
+        if h is None and VERIFY and (self.path / f"{name}.safetensors").is_file():
+            raise CheckpointError(
+                f'checkpoint file {self.path / "state.json"}: field "sha256" records no sha256 of '
+                f"{name}.safetensors; remove {self.path} to fall back on an earlier checkpoint, or pass "
+                f"'replaid --no-verify' to load it unchecked"
+            )
         return h if isinstance(h, str) else None
 
     def weights(self, ema: bool = True) -> tuple[dict[str, torch.Tensor], bool]:

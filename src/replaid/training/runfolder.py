@@ -21,6 +21,8 @@ from typing import Callable, Iterator, Optional
 
 from filelock import FileLock, Timeout
 
+from replaid import schema
+from replaid.config import read_run_config
 from replaid.fileio import atomic_write_text, remove_stale_temporaries
 from replaid.training import checkpoint as ck
 
@@ -204,11 +206,12 @@ def status(run_dir: Path) -> dict:
     exist; ``interrupted``: config.json exists but not both; ``empty``: no config.json.
     """
     run_dir = Path(run_dir)
-    try:
-        steps = json.loads((run_dir / "config.json").read_text())["train"]["steps"]
-    except (OSError, ValueError, KeyError, TypeError):
+    if not (run_dir / "config.json").is_file():
         return {"state": "empty", "step": None, "steps": None}
+    steps = read_run_config(run_dir / "config.json").train.steps
     ckpt = ck.latest_checkpoint(run_dir)
+    if ckpt is None:
+        ck.explain_damage(run_dir)  # checkpoint folders, none complete: name what is wrong
     step = int(ck.load_state(ckpt, ("step",))["step"]) if ckpt is not None else None
     final = read_final_eval(run_dir)
     done = step is not None and step >= steps and final is not None and final.get("step") == step
@@ -216,11 +219,12 @@ def status(run_dir: Path) -> dict:
 
 
 def read_final_eval(run_dir: Path) -> Optional[dict]:
-    try:
-        d = json.loads((Path(run_dir) / FINAL_EVAL).read_text())
-    except (OSError, ValueError):
+    """``RUN/final_eval.json`` checked against :data:`replaid.schema.FINAL_EVAL`; None when absent."""
+    f = Path(run_dir) / FINAL_EVAL
+    if not f.is_file():
         return None
-    return d if isinstance(d, dict) else None
+    fix = f"it is damaged: remove it, then 'replaid train --out {run_dir} --resume' evaluates the run again"
+    return schema.read_json(f, schema.FINAL_EVAL, fix)
 
 
 def recorded_final_eval(ckpt: Path, state: dict) -> Optional[dict]:

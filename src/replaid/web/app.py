@@ -38,6 +38,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
+from replaid import schema
 from replaid.methods.base import Kind
 from replaid.web.engine import (
     Cancelled,
@@ -95,15 +96,8 @@ def find_figures(run_dir: Path) -> list[Path]:
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    rows = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line being written
-    return rows
+    """The run's metrics.jsonl rows (:data:`replaid.schema.METRICS_ROW`); a stray line is skipped."""
+    return list(schema.jsonl_rows(run_dir / "metrics.jsonl", schema.METRICS_ROW))
 
 
 def curves_png(rows: list[dict], title: str) -> bytes:
