@@ -129,7 +129,7 @@ def opened(run: Path) -> ck.Stored:
 
 
 def save(run: Path, step: int, seed: int = 0) -> Path:
-    out = ck.save_sharded_checkpoint(run, step, state_dict(seed), {"config": {}, "step": step})
+    out = ck.save_sharded_checkpoint(run, step, state_dict(seed), {"config": {}, "step": step, "vocab_size": 8})
     assert out is not None
     return out
 

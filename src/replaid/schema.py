@@ -155,6 +155,7 @@ STATE: Schema = {
     "final_eval": Field("dict", required=False),
     "exported_from": Field("str", required=False),
     "converted_from": Field("str", required=False),
+    "format": Field("str", required=False),  # "dcp": the weights are DCP shards in sharded/
 }
 # RUN/tokenizer/tokenizer_spec.json
 TOKENIZER_SPEC: Schema = {
