@@ -183,3 +183,128 @@ def test_a_causal_backbone_with_a_cache_equals_its_full_pass():
     steps = [net(x[:, :5], None, cache=cache, commit=True)]
     steps += [net(x[:, p : p + 1], None, cache=cache, commit=True) for p in range(5, x.shape[1])]
     assert (torch.cat(steps, 1) - full).abs().max() < TOL
+
+
+# ------------------------------------------------------------------ MDLM with blocks (BD3-LM), the method
+
+
+def mdlm(block: int, L: int = 8, **kw):
+    import torch.nn as nn
+
+    from replaid.methods import get_method
+    from replaid.presets import resolve
+
+    cfg = resolve(
+        "debug",
+        None,
+        ["method=mdlm", f"mdlm.block_size={block}", f"data.seq_len={L}", "model.hidden=32", "model.n_layers=2"]
+        + ["model.n_heads=4", "model.cond_dim=16", *kw.get("sets", [])],
+    )
+    method = get_method(cfg)
+    torch.manual_seed(0)
+    model = method.build_model(11).double().eval()
+    for m in model.modules():  # AdaLN-Zero and the zero head start as the identity/zero: give them values
+        if isinstance(m, nn.Linear):
+            torch.nn.init.normal_(m.weight, std=0.3)
+    return method, model
+
+
+def test_mdlm_block_size_of_the_whole_sequence_is_plain_mdlm_bit_for_bit():
+    tokens = torch.randint(0, 11, (4, 8), generator=torch.Generator().manual_seed(3))
+    out = []
+    for block in (0, 8):
+        method, model = mdlm(block)
+        assert not method.blocks
+        loss, rows = method.train_loss(model, tokens, torch.Generator().manual_seed(5))
+        out.append((loss, rows["nelbo"]))
+    assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
+    # and the vectorised block pass with one block is the plain forward
+    method, model = mdlm(4)
+    z = torch.where(torch.rand(4, 8, generator=torch.Generator().manual_seed(1)) < 0.5, 11, tokens)
+    assert (model.forward_blocks(z, tokens, 8) - model(z)).abs().max() < TOL
+
+
+@pytest.mark.parametrize("block", [1, 2, 4])
+def test_the_block_loss_equals_each_block_alone_on_its_clean_prefix(block):
+    """BD3-LM's vectorised loss, token for token, against a loop that runs each block on its own clean
+    prefix and noisy block (the same masks: the same draws from the same generator)."""
+    method, model = mdlm(block)
+    B, L, V = 3, 8, 11
+    tokens = torch.randint(0, V, (B, L), generator=torch.Generator().manual_seed(3))
+    t_tok = method.block_times(B, L, torch.Generator().manual_seed(4))
+    assert torch.equal(t_tok[:, ::block].repeat_interleave(block, 1), t_tok)  # one time per block
+    ce, n = method.masked_terms(model, tokens, t_tok, torch.Generator().manual_seed(6))
+    u = torch.rand(B, L, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    z = torch.where(u < (1 - 1e-3) * t_tok, V, tokens)  # the same draw, made again
+    c = model.conditioning(None, B, tokens.device)
+    want = torch.zeros(B, L, dtype=torch.float64)
+    for k in range(L // block):
+        s, e = k * block, (k + 1) * block
+        h = torch.cat([model.input_states(tokens[:, :s]), model.input_states(z[:, s:e])], 1)
+        mask = torch.zeros(e, e, dtype=torch.bool)
+        blk = torch.arange(e) // block
+        mask[:s, :s] = blk[:s, None] >= blk[None, :s]
+        mask[s:, :] = True
+        logits = model.head(model.final.features(model.backbone(h, c, positions=torch.arange(e), mask=mask), c))
+        lp = torch.log_softmax(logits[:, s:].double(), -1).gather(-1, tokens[:, s:e, None])[..., 0]
+        want[:, s:e] = torch.where(z[:, s:e] == V, -lp, torch.zeros(()))
+    assert (ce - want).abs().max() < 1e-6
+    nelbo = (ce / t_tok).sum(1) / n  # the bound: each block's conditional NELBO, summed
+    assert (nelbo - (want / t_tok).sum(1) / L).abs().max() < 1e-5
+    # the training step's NELBO and low-variance loss are these sums, from the same draws
+    _, rows = method.train_loss(model, tokens, torch.Generator().manual_seed(7))
+    g = torch.Generator().manual_seed(7)
+    t2 = method.block_times(B, L, g)
+    ce2, n2 = method.masked_terms(model, tokens, t2, g)
+    assert torch.equal(rows["nelbo"], (ce2 / t2).sum(1) / n2) and torch.equal(rows["loss"], ce2.sum(1) / n2)
+
+
+def test_at_block_size_one_the_bound_is_the_cross_entropy_of_the_same_logits():
+    """Blocks of one token: a masked token is predicted from the clean tokens before it alone (the AR
+    limit), so its CE is the same at every t and under every other token's draw, and the bound's
+    expectation over the masking, (1/L) sum P(masked) CE / t = (1 - eps) CE, is the mean CE of those
+    logits (MDLM's schedule leaves out [0, eps], hence 1 - eps)."""
+    method, model = mdlm(1)
+    B, L, V = 2, 8, 11
+    tokens = torch.randint(0, V, (B, L), generator=torch.Generator().manual_seed(3))
+    all_masked = torch.full((B, L), V)
+    ar = -torch.log_softmax(model.forward_blocks(all_masked, tokens, 1).double(), -1).gather(-1, tokens[..., None])
+    ar = ar[..., 0]  # (B, L): CE of each token given the tokens before it
+    later = tokens.clone()
+    later[:, 5:] = (later[:, 5:] + 1) % V  # no position sees a later token
+    ar2 = -torch.log_softmax(model.forward_blocks(all_masked, later, 1).double(), -1).gather(-1, later[..., None])
+    assert (ar[:, :5] - ar2[:, :5, 0]).abs().max() < TOL
+    expected = torch.zeros(B, dtype=torch.float64)
+    for seed in range(3):
+        t_tok = method.block_times(B, L, torch.Generator().manual_seed(seed))
+        ce, n = method.masked_terms(model, tokens, t_tok, torch.Generator().manual_seed(10 + seed))
+        hit = ce > 0
+        assert (ce[hit] - ar[hit]).abs().max() < 1e-6  # every masked token's CE is its AR-limit CE
+        p = (1 - 1e-3) * t_tok  # the masking integrated out: P(masked) CE / t
+        expected = (p * ar / t_tok).sum(1) / L
+        assert (expected - (1 - 1e-3) * ar.mean(1)).abs().max() < 1e-12
+
+
+def test_block_options_are_checked_and_a_block_run_is_not_sampled_yet():
+    from replaid.config import ConfigError
+
+    with pytest.raises(ConfigError, match="divide data.seq_len"):
+        mdlm(3)
+    with pytest.raises(ConfigError, match="without time conditioning"):
+        mdlm(4, sets=["mdlm.time_conditioning=true"])
+    method, _ = mdlm(4)
+    assert "block_size" in (method.sampling_refusal() or "")
+    assert mdlm(0)[0].sampling_refusal() is None
+
+
+def test_a_bd3lm_run_trains_and_evaluates_and_sampling_it_is_refused_in_one_line(tmp_path, capsys):
+    from replaid.cli import main
+
+    run = tmp_path / "bd3"
+    sets = ["method=mdlm", "mdlm.block_size=4", "train.steps=3", "eval.max_batches=1", "data.seq_len=16"]
+    assert main(["train", "--preset", "debug", "--out", str(run), "--no-progress", *sets]) == 0
+    assert main(["eval", str(run), "--json", "--max-batches", "1"]) == 0
+    capsys.readouterr()
+    assert main(["sample", str(run), "--num", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("replaid: error:") and "mdlm.block_size" in err[0], err

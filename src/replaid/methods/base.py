@@ -121,6 +121,10 @@ class Method(ABC, Generic[ModelT]):
         """Refuse (ConfigError, one line) a training shape this method cannot learn from."""
         self.check_config(cfg, world_size)
 
+    def sampling_refusal(self) -> Optional[str]:
+        """Why this run cannot be sampled yet (one line), or None."""
+        return None
+
     def before_step(self) -> None:
         """Called before each optimiser step."""
 

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from replaid.config import RunConfig
+from replaid.config import ConfigError, RunConfig
 from replaid.diffusion.nelbo import stratified_time_average
 from replaid.diffusion.rng import device_generator
 from replaid.methods.base import Kind, Method
@@ -58,6 +58,7 @@ class MDLMOptions:
 
     low_variance: bool = True  # train on plain masked CE (weight 1); evaluation always uses the NELBO
     time_conditioning: bool = False  # MDLM needs no time input (the mask count carries it)
+    block_size: int = 0  # BD3-LM's blocks (issue 39): 0 = the whole sequence (plain MDLM); else divides seq_len
 
 
 class MDLMMethod(Method[TokenDiT]):
@@ -78,6 +79,38 @@ class MDLMMethod(Method[TokenDiT]):
         self.low_variance = opts.low_variance if low_variance is None else low_variance
         self.time_conditioning = opts.time_conditioning if time_conditioning is None else time_conditioning
         self.eps = eps
+        L = cfg.data.seq_len
+        self.block = opts.block_size or L  # tokens per block; == L: plain MDLM, the code path of old
+        self.blocks = self.block < L
+
+    @classmethod
+    def check_config(cls, cfg: RunConfig, world_size: int = 1) -> None:
+        """``mdlm.block_size``: 0 or a divisor of ``data.seq_len``; blocks run without time conditioning."""
+        opts: MDLMOptions = cfg.options
+        b, L = opts.block_size, cfg.data.seq_len
+        if b < 0 or (b and L % b):
+            raise ConfigError(f"mdlm.block_size={b} must be 0 (the whole sequence) or divide data.seq_len={L}")
+        if 0 < b < L and opts.time_conditioning:
+            raise ConfigError(
+                f"mdlm.block_size={b} runs without time conditioning (BD3-LM's default): drop mdlm.time_conditioning"
+            )
+
+    def sampling_refusal(self) -> Optional[str]:
+        if self.blocks:
+            return (
+                f"this MDLM run has blocks of {self.block} tokens (mdlm.block_size): block-by-block sampling "
+                "with a KV cache is not built yet (issue 39 §2); evaluate it with 'replaid eval'"
+            )
+        return None
+
+    def block_times(self, B: int, L: int, generator: torch.Generator) -> Tensor:
+        """Per-token times (B, L) float64, one per (row, block), stratified over all B x L/block of them
+        (BD3-LM's ``_sample_t``: ``(u_k / n + k / n) mod 1``), mapped to ``[eps, 1]``."""
+        n_blocks = L // self.block
+        n = B * n_blocks
+        u = torch.rand(B, n_blocks, generator=generator, dtype=torch.float64)
+        s = (u / n + torch.arange(n, dtype=torch.float64).view(B, n_blocks) / n) % 1
+        return (self.eps + (1 - self.eps) * s).repeat_interleave(self.block, dim=1)
 
     def build_model(self, vocab_size: int) -> TokenDiT:
         return TokenDiT(
@@ -94,20 +127,42 @@ class MDLMMethod(Method[TokenDiT]):
         mask: Optional[Tensor] = None,
         clean: Optional[Tensor] = None,
     ) -> tuple[Tensor, Tensor]:
-        """Draw z_t ~ q(z_t | x) at per-row times t (B,) float64 and return
-        ``(S, n)``: S = (1/L) sum over masked (valid) positions of the CE (B,) float64, and the
-        number of valid positions per row. The NELBO estimate is ``S / t``. ``clean`` (B, L) bool:
-        positions never masked (a conditional's context)."""
+        """:meth:`masked_terms` summed per row: ``(S, n)``, S = (1/n) sum of the masked CE (per-row t: the
+        NELBO estimate is ``S / t``), or of ``CE / t`` (per-token t: the NELBO itself)."""
+        ce, n = self.masked_terms(model, tokens, t, generator, mask, clean)
+        if t.dim() == 2:
+            ce = ce / t.to(ce.device)
+        return ce.sum(1) / n, n
+
+    def masked_terms(
+        self,
+        model: TokenDiT,
+        tokens: Tensor,
+        t: Tensor,
+        generator: Optional[torch.Generator],
+        mask: Optional[Tensor] = None,
+        clean: Optional[Tensor] = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Draw z_t ~ q(z_t | x) at times t, per row (B,) or per token (B, L) float64 (blocks), and return
+        ``(ce, n)``: the CE (B, L) float64 at the masked (valid) positions, 0 elsewhere (SUBS), and the
+        number n (B,) of valid positions per row. ``clean`` (B, L) bool: positions never masked (a
+        conditional's context). With blocks (``mdlm.block_size``) block k is predicted from the clean
+        blocks before it and its own noisy block (:meth:`TokenDiT.forward_blocks`)."""
         dev = tokens.device
         B, L = tokens.shape
         V = model.n_out
         u = torch.rand(B, L, generator=device_generator(generator, dev), dtype=torch.float64, device=dev)
-        is_masked = u < mask_probability(t, self.eps).to(dev).view(-1, 1)
+        p = mask_probability(t, self.eps).to(dev)
+        is_masked = u < (p.view(-1, 1) if p.dim() == 1 else p)
         if clean is not None:
             is_masked = is_masked & ~clean.bool()
         z = torch.where(is_masked, torch.full_like(tokens, V), tokens)
-        logits = model(z, t.to(dev).float() if model.time_conditioning else None)
-        ce = F.cross_entropy(logits.float().reshape(B * L, V), tokens.reshape(B * L), reduction="none").view(B, L)
+        if self.blocks:
+            logits = model.forward_blocks(z, tokens, self.block)
+        else:
+            logits = model(z, t.to(dev).float() if model.time_conditioning else None)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32 (float64 in a reference)
+        ce = F.cross_entropy(logits.reshape(B * L, V), tokens.reshape(B * L), reduction="none").view(B, L)
         keep = is_masked if mask is None else (is_masked & mask.bool())
         ce = torch.where(keep, ce.double(), torch.zeros((), dtype=torch.float64, device=dev))  # SUBS carry-over
         n = (
@@ -115,7 +170,7 @@ class MDLMMethod(Method[TokenDiT]):
             if mask is None
             else mask.double().sum(1).clamp_min(1)
         )
-        return ce.sum(1) / n, n
+        return ce, n
 
     def train_loss(
         self,
@@ -128,6 +183,12 @@ class MDLMMethod(Method[TokenDiT]):
     ) -> tuple[Tensor, dict]:
         """t_diff: (B,) low-discrepancy values in [0, 1), this micro-batch's slice of the global batch
         (the trainer's); mapped to ``t = eps + (1 - eps) t_diff``. Drawn here when None."""
+        if self.blocks:  # a time per (row, block), BD3-LM's; each token's NELBO weight is its block's 1/t
+            t_tok = self.block_times(tokens.shape[0], tokens.shape[1], generator).to(tokens.device)
+            ce, n = self.masked_terms(model, tokens, t_tok, generator, mask)
+            nelbo = (ce / t_tok).sum(1) / n
+            loss_rows = ce.sum(1) / n if self.low_variance else nelbo
+            return loss_rows.mean(), {"loss": loss_rows.detach(), "nelbo": nelbo.detach()}
         if t_diff is None:
             t = antithetic_times(tokens.shape[0], generator, self.eps)
         else:

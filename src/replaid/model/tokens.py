@@ -30,7 +30,8 @@ import torch
 from torch import Tensor, nn
 
 from replaid.config import ModelConfig
-from replaid.model.dit import Backbone, DiTTimestepFeatures, FinalLayer, KVCache, TimeEmbedding
+from replaid.model.blocks import block_diffusion_mask, pair_positions
+from replaid.model.dit import Backbone, DiTTimestepFeatures, FinalLayer, KVCache, TimeEmbedding, wide
 
 N_TIME_FEATURES = 64
 # the ModelConfig keys a TokenDiT reads beyond the shared backbone (config.BACKBONE_KEYS)
@@ -85,7 +86,7 @@ class TokenDiT(nn.Module):
     def input_states(self, x: Tensor) -> Tensor:
         """x: (B, L) ids, or (B, L, K) float weights over the first K embedding rows."""
         if x.dtype in (torch.long, torch.int32, torch.int64):
-            e = self.embed(x).float()  # (B, L, hidden) or (B, L, d_e)
+            e = wide(self.embed(x))  # (B, L, hidden) or (B, L, d_e); float64 kept (a reference)
         else:
             e = x.float() @ self.rows(x.shape[-1])
         if not self.factored:
@@ -109,11 +110,12 @@ class TokenDiT(nn.Module):
         elif t is None:
             raise ValueError("this model is time-conditioned: pass the noise level t (B,)")
         t = t.reshape(-1).expand(B) if t.numel() == 1 else t.reshape(B)
-        return self.cond(self.time_features(t))
+        f = self.time_features(t)  # (B, n) float32
+        return self.cond(f.to(self.cond[0].weight.dtype))  # float64 in a float64 reference model
 
     def head(self, feats: Tensor) -> Tensor:
         """The logit head, bf16 under autocast (the paper's precision table, as RePlaid's), float32 out."""
-        return self.final.linear(feats).float()
+        return wide(self.final.linear(feats))
 
     def forward(self, x: Tensor, t: Optional[Tensor] = None) -> Tensor:
         """Returns float32 logits (B, L, n_out)."""
@@ -121,6 +123,19 @@ class TokenDiT(nn.Module):
         c = self.conditioning(t, h.shape[0], h.device)  # (B, cond_dim)
         h = self.backbone(h, c)
         return self.head(self.final.features(h, c))
+
+    def forward_blocks(self, z: Tensor, x0: Tensor, block: int) -> Tensor:
+        """Block diffusion (BD3-LM): the noisy ``z`` and clean ``x0`` ids (B, L) run side by side as one
+        (B, 2L) input under :func:`~replaid.model.blocks.block_diffusion_mask`; returns the noisy half's
+        float32 logits (B, L, n_out): block k's given the clean blocks before it and its own noisy block.
+        Unconditioned on time (BD3-LM's default), so one condition serves every block."""
+        if self.time_conditioning:
+            raise ValueError("block diffusion runs without time conditioning (BD3-LM's default)")
+        B, L = z.shape
+        h = torch.cat([self.input_states(z), self.input_states(x0)], dim=1)  # (B, 2L, D)
+        c = self.conditioning(None, B, h.device)  # (B, cond_dim)
+        h = self.backbone(h, c, positions=pair_positions(L, h.device), mask=block_diffusion_mask(L, block, h.device))
+        return self.head(self.final.features(h[:, :L], c))
 
     # ------------------------------------------------------------------ KV cache (causal, unconditioned)
     @torch.no_grad()

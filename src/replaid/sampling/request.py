@@ -101,6 +101,9 @@ class SampleRequest:
         line, naming the option); returns the infilling plan, if any."""
         if limits is not None:
             limits.check(self, trained_len)
+        refusal = method.sampling_refusal()
+        if refusal is not None:
+            raise ValueError(refusal)
         continuous = method.kind is Kind.CONTINUOUS
         if not continuous:
             own = (
