@@ -308,3 +308,48 @@ def test_a_bd3lm_run_trains_and_evaluates_and_sampling_it_is_refused_in_one_line
     assert main(["sample", str(run), "--num", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("replaid: error:") and "mdlm.block_size" in err[0], err
+
+
+# ------------------------------------------------------------------ generation block by block (§2)
+
+
+def test_cached_and_uncached_block_generation_draw_the_same_tokens_past_the_training_length():
+    from replaid.sampling.blocks import sample_blocks
+    from replaid.sampling.continuous import time_grid
+
+    _, model = mdlm(4)  # trained length 8: generate 24 (3x), with a 3-token prompt
+    V = model.n_out
+    x = torch.full((2, 24), V)
+    x[:, :3] = torch.tensor([1, 2, 3])
+    runs = [
+        sample_blocks(model, x, time_grid(6), generator=torch.Generator().manual_seed(0), block=4, use_cache=c)
+        for c in (True, False)
+    ]
+    assert torch.equal(runs[0].tokens, runs[1].tokens) and runs[0].tokens.shape == (2, 24)
+    assert bool((runs[0].tokens != V).all()) and torch.equal(runs[0].tokens[:, :3], x[:, :3])
+    # the cache's run pays one commit pass per block; both pay the same denoising calls
+    assert runs[0].nfe == runs[1].nfe + 24 // 4
+
+
+def test_block_generation_runs_to_eight_times_the_context_with_a_window_and_stops():
+    from replaid.sampling.blocks import sample_blocks
+    from replaid.sampling.continuous import time_grid
+
+    _, model = mdlm(4)
+    V = model.n_out
+    x = torch.full((1, 64), V)  # 8 x the trained length 8
+    res = sample_blocks(model, x, time_grid(4), generator=torch.Generator().manual_seed(1), block=4, window=8)
+    assert res.tokens.shape == (1, 64) and bool((res.tokens != V).all())
+    stop_tok = int(res.tokens[0, 20])  # stop once the token drawn at position 20 has appeared
+    res2 = sample_blocks(
+        model,
+        x,
+        time_grid(4),
+        generator=torch.Generator().manual_seed(1),
+        block=4,
+        window=8,
+        stop=lambda ids: (ids == stop_tok).any(1),
+    )
+    first = int((res.tokens[0] == stop_tok).nonzero()[0])
+    assert res2.tokens.shape[1] == (first // 4 + 1) * 4  # ended with the block that wrote it
+    assert torch.equal(res2.tokens, res.tokens[:, : res2.tokens.shape[1]])

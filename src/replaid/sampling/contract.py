@@ -56,6 +56,7 @@ class StepInfo(TypedDict, total=False):
     pos: int
     tokens: Tensor
     final: bool
+    block: int  # block diffusion: the block being written (sampling/blocks.py)
 
 
 STEP_KEYS = ("i", "T", "z")  # the keys every sampler's StepInfo has
