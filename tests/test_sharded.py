@@ -3,6 +3,8 @@
 * An FSDP2 run on 2 gloo ranks writes a sharded checkpoint (every rank its own shards, sha256 of every
   file); it resumes on 2 ranks and on 1 process, and a single-file checkpoint of 1 process resumes on 2
   FSDP2 ranks: the losses of the steps after the resume equal those of an unbroken run.
+* Saved on 4 ranks (4 shard files), it resumes on 2 and on 1 with the same global batch (the micro-batch
+  carried over through train.grad_accum), again as an unbroken run.
 * ``replaid eval`` and ``replaid export`` read a sharded checkpoint.
 * A save that fails or dies part-way leaves the checkpoint in force loadable (fault injection on one
   process: the same code path, DCP without a process group).
@@ -105,6 +107,51 @@ def test_sharded_checkpoint_resumes_on_two_ranks_and_on_one_process_as_an_unbrok
     ema = ck.Stored.open(two).weights(ema=True)[0]
     out = ck.Stored.open(exp).weights()[0]
     assert all(torch.equal(ema[k], out[k]) for k in ema)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_sharded_checkpoint_saved_on_four_ranks_resumes_on_two_and_on_one_as_an_unbroken_run(tmp_path):
+    """Issue 36's acceptance: a run saved on 4 FSDP2 ranks (4 shard files) resumes on 2 ranks and on 1
+    process. The global batch stays 8 rows: 4 ranks x 1 micro-batch of 2 rows, then 2 x 2 and 1 x 4 (the
+    resume carries the micro-batch over by setting train.grad_accum, said in a note)."""
+    ref = tmp_path / "ref"  # unbroken: 6 steps in one process, 4 accumulation steps of 2 rows
+    replaid("train", "--out", str(ref), *COMMON, "train.steps=6", "train.grad_accum=4")
+    full = losses(ref)
+
+    four = tmp_path / "four"  # 3 steps on 4 FSDP2 ranks: one micro-batch of 2 rows each
+    replaid("train", "--out", str(four), *COMMON, "train.steps=3", "train.grad_accum=1", ranks=4)
+    ckpt = ck.find_checkpoint(four)
+    st = ck.load_state(ckpt)
+    assert st["format"] == "dcp" and st["world_size"] == 4 and st["step"] == 3
+    assert not (ckpt / "model.safetensors").exists()
+    shards = [f"sharded/__{r}_0.distcp" for r in range(4)]
+    assert sorted(st["sha256"]) == ["rng.safetensors", "sharded/.metadata", *shards]
+    for name in shards:
+        assert (ckpt / name).is_file() and st["sha256"][name] == ck.sha256_file(ckpt / name), name
+    for k, v in losses(four).items():
+        assert v == pytest.approx(full[k], rel=1e-5, abs=1e-6), k
+
+    on_two, on_one = tmp_path / "on_two", tmp_path / "on_one"
+    shutil.copytree(four, on_two)
+    shutil.copytree(four, on_one)
+    r = replaid("train", "--out", str(on_two), "--resume", "--no-progress", "train.steps=6", ranks=2)
+    assert "this run has 2: train.grad_accum=2 keeps its micro-batch of 2 rows (global batch 8)" in r.stderr
+    r = replaid("train", "--out", str(on_one), "--resume", "--no-progress", "train.steps=6")
+    assert "this run has 1: train.grad_accum=4 keeps its micro-batch of 2 rows (global batch 8)" in r.stderr
+    for run in (on_two, on_one):
+        got = losses(run)
+        assert sorted(got) == [1, 2, 3, 4, 5, 6], run.name
+        for k in (4, 5, 6):
+            assert got[k] == pytest.approx(full[k], rel=1e-5, abs=1e-6), (run.name, k)
+    assert ck.load_state(ck.find_checkpoint(on_two))["format"] == "dcp"
+    assert ck.load_state(ck.find_checkpoint(on_one)).get("format") is None  # one process: single files
+    wa = ck.Stored.open(ref).weights(ema=True)[0]
+    for run in (on_two, on_one):
+        wb = ck.Stored.open(run).weights(ema=True)[0]
+        assert wa.keys() == wb.keys()
+        for k in wa:
+            assert torch.allclose(wa[k], wb[k], rtol=1e-4, atol=1e-5), (run.name, k)
 
 
 # ------------------------------------------------------------------ one process: format and faults
