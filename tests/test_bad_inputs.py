@@ -539,7 +539,27 @@ SCHEMAS = [
         ["eval", "{run}"],
         'state.json: field "step" is a JSON list',
         edit_json(STATE, lambda d: d.update(step=[4])),
+    ),
+    (
+        ["sample", "{run}", "--num", "1"],
+        'state.json: field "step" is a JSON list',
+        edit_json(STATE, lambda d: d.update(step=[4])),
     ),  # D34
+    (
+        ["eval", "{run}/checkpoints/step_0000002"],
+        'step_0000002/state.json: field "step" is a JSON list',
+        edit_json(STATE, lambda d: d.update(step=[4])),
+    ),  # WN6: eval on the checkpoint folder itself
+    (
+        ["edit", "{run}", "--text", "the value", "--steps", "2"],
+        'tokenizer_spec.json: field "file" is a whole number',
+        edit_json(SPEC, lambda d: d.update(file=5)),
+    ),  # WN5
+    (
+        ["edit", "{run}", "--text", "the value", "--steps", "2"],
+        'state.json: field "method_state" is a whole number',
+        edit_json(STATE, lambda d: d.update(method_state=5)),
+    ),  # WN4
     (["eval", "{run}"], 'field "sha256" is missing', edit_json(STATE, lambda d: d.pop("sha256"))),
     (
         ["distill", "{run}", "--out", "{tmp}/st", "--resume"],
@@ -600,6 +620,30 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(trained, tmp_path, arg
     errors = [ln for ln in err if ln.startswith("replaid: error: ")]  # besides progress bars (tokenizing)
     assert code == 2 and errors == err[-1:] and needle in errors[0] and "Traceback" not in "".join(err), err
     assert unchanged  # nothing written, nothing damaged (lock files included), no new --out left behind
+
+
+# V02, V03: `replaid serve` loads its runs at start-up, through the same schemas; a damaged run is refused
+# there in one line, before anything listens (uvicorn.run is replaced: a run that got past the check would
+# otherwise start serving and the test would hang)
+SERVE = [
+    ('tokenizer_spec.json: field "name" is missing', edit_json(SPEC, lambda d: d.pop("name"))),  # V02
+    ('state.json: field "method_state" is a whole number', edit_json(STATE, lambda d: d.update(method_state=5))),  # V03
+]
+
+
+@pytest.mark.parametrize("needle,damage", SERVE, ids=["V02", "V03"])
+def test_serve_refuses_a_damaged_run_at_start_up(trained, tmp_path, monkeypatch, needle, damage):
+    uvicorn = pytest.importorskip("uvicorn")
+
+    def listen(*a, **k):
+        raise AssertionError("replaid serve started serving a damaged run")
+
+    monkeypatch.setattr(uvicorn, "run", listen)
+    argv = ["serve", "{run}", "--port", str(free_port()), "--device", "cpu"]
+    code, err, unchanged = run_case(trained, tmp_path, argv, damage)
+    assert code == 2 and len(err) == 1 and err[0].startswith("replaid: error: "), err
+    assert needle in err[0] and str(tmp_path / "run") in err[0], err
+    assert unchanged
 
 
 def test_a_pickled_embedding_file_is_never_unpickled(trained, tmp_path):
