@@ -262,6 +262,11 @@ HOSTILE = [
     (["sample", "{run}", "--temperature", "1e300"], "--temperature: 1e+300: must be <= 1e+06", None),  # X11
     (["sweep", "{run}", "--out", "{tmp}/sw", "--temperatures", "1e-300"], "--temperatures: 1e-300: must be >=", None),
     (NEW + ["optim.lr_backbone=1e300"], "optim.lr_backbone: must be in [0, 10]", None),  # O24
+    (
+        NEW + ["train.steps=2", "model.readout_mult=1e300"],
+        "model.readout_mult: 1e+300 is beyond the range float32",  # O26's input: refused before any step
+        None,
+    ),
     (NEW + ["model.dropout=1e-300"], "model.dropout: 1e-300 is beyond the range float32", None),
     (["likelihood", "{run}", "--out", "{tmp}/lk", "--rtol", "1e-300", "--atol", "1e-300"], "must be >= 1e-12", None),
     (["scaling", "plan", "--sizes", "tiny", "--budgets", "1"], "below one training step of every size", None),  # K06
