@@ -262,6 +262,11 @@ HOSTILE = [
     (["sample", "{run}", "--temperature", "1e300"], "--temperature: 1e+300: must be <= 1e+06", None),  # X11
     (["sweep", "{run}", "--out", "{tmp}/sw", "--temperatures", "1e-300"], "--temperatures: 1e-300: must be >=", None),
     (NEW + ["optim.lr_backbone=1e300"], "optim.lr_backbone: must be in [0, 10]", None),  # O24
+    (
+        NEW + ["train.steps=2", "model.readout_mult=1e300"],
+        "model.readout_mult: 1e+300 is beyond the range float32",  # O26's input: refused before any step
+        None,
+    ),
     (NEW + ["model.dropout=1e-300"], "model.dropout: 1e-300 is beyond the range float32", None),
     (["likelihood", "{run}", "--out", "{tmp}/lk", "--rtol", "1e-300", "--atol", "1e-300"], "must be >= 1e-12", None),
     (["scaling", "plan", "--sizes", "tiny", "--budgets", "1"], "below one training step of every size", None),  # K06
@@ -539,7 +544,27 @@ SCHEMAS = [
         ["eval", "{run}"],
         'state.json: field "step" is a JSON list',
         edit_json(STATE, lambda d: d.update(step=[4])),
+    ),
+    (
+        ["sample", "{run}", "--num", "1"],
+        'state.json: field "step" is a JSON list',
+        edit_json(STATE, lambda d: d.update(step=[4])),
     ),  # D34
+    (
+        ["eval", "{run}/checkpoints/step_0000002"],
+        'step_0000002/state.json: field "step" is a JSON list',
+        edit_json(STATE, lambda d: d.update(step=[4])),
+    ),  # WN6: eval on the checkpoint folder itself
+    (
+        ["edit", "{run}", "--text", "the value", "--steps", "2"],
+        'tokenizer_spec.json: field "file" is a whole number',
+        edit_json(SPEC, lambda d: d.update(file=5)),
+    ),  # WN5
+    (
+        ["edit", "{run}", "--text", "the value", "--steps", "2"],
+        'state.json: field "method_state" is a whole number',
+        edit_json(STATE, lambda d: d.update(method_state=5)),
+    ),  # WN4
     (["eval", "{run}"], 'field "sha256" is missing', edit_json(STATE, lambda d: d.pop("sha256"))),
     (
         ["distill", "{run}", "--out", "{tmp}/st", "--resume"],
@@ -600,6 +625,30 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(trained, tmp_path, arg
     errors = [ln for ln in err if ln.startswith("replaid: error: ")]  # besides progress bars (tokenizing)
     assert code == 2 and errors == err[-1:] and needle in errors[0] and "Traceback" not in "".join(err), err
     assert unchanged  # nothing written, nothing damaged (lock files included), no new --out left behind
+
+
+# V02, V03: `replaid serve` loads its runs at start-up, through the same schemas; a damaged run is refused
+# there in one line, before anything listens (uvicorn.run is replaced: a run that got past the check would
+# otherwise start serving and the test would hang)
+SERVE = [
+    ('tokenizer_spec.json: field "name" is missing', edit_json(SPEC, lambda d: d.pop("name"))),  # V02
+    ('state.json: field "method_state" is a whole number', edit_json(STATE, lambda d: d.update(method_state=5))),  # V03
+]
+
+
+@pytest.mark.parametrize("needle,damage", SERVE, ids=["V02", "V03"])
+def test_serve_refuses_a_damaged_run_at_start_up(trained, tmp_path, monkeypatch, needle, damage):
+    uvicorn = pytest.importorskip("uvicorn")
+
+    def listen(*a, **k):
+        raise AssertionError("replaid serve started serving a damaged run")
+
+    monkeypatch.setattr(uvicorn, "run", listen)
+    argv = ["serve", "{run}", "--port", str(free_port()), "--device", "cpu"]
+    code, err, unchanged = run_case(trained, tmp_path, argv, damage)
+    assert code == 2 and len(err) == 1 and err[0].startswith("replaid: error: "), err
+    assert needle in err[0] and str(tmp_path / "run") in err[0], err
+    assert unchanged
 
 
 def test_a_pickled_embedding_file_is_never_unpickled(trained, tmp_path):
@@ -764,3 +813,57 @@ def test_generated_bad_numbers_for_every_numeric_option(trained, tmp_path, monke
     )
     assert not unvalidated, f"numeric options that take a non-number or non-finite value: {unvalidated}"
     assert ran > 0 and len(seen) == len({" ".join(p) for p, _, _ in opts})
+
+
+# ---------------------------------------------------------------- generated: every numeric config override
+
+OVERRIDE_BAD = ["nan", "inf", "-inf", "1e400", "1e300", "-1e300", "abc", ""]  # no numeric key takes these
+OVERRIDE_BAD_FLOAT = ["1e-300"]  # below float32's range (a float key takes 0, or a magnitude >= 1e-30)
+OVERRIDE_BAD_INT = ["2.5"]  # not a whole number
+
+
+def numeric_overrides() -> list[tuple[str, str, type]]:
+    """(method, key, type) for every int or float key of every method's config (its own sections too)."""
+    from replaid.config import RunConfig
+    from replaid.registry import method_names
+
+    def leaves(d: dict, path: tuple = ()):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from leaves(v, path + (k,))
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                yield ".".join(path + (k,)), type(v)
+
+    out: dict[str, tuple[str, str, type]] = {}
+    for m in method_names():
+        for key, typ in leaves(RunConfig(method=m).to_dict()):
+            out.setdefault(key, (m, key, typ))
+    return list(out.values())
+
+
+def test_generated_bad_values_for_every_numeric_override():
+    """Issue 38 class 3, overrides: every numeric key of every method's config (``KEY=VALUE`` on the
+    command line, or a YAML --config), given NaN, inf, 1e400, 1e300, -1e300, a non-number, an empty
+    string, 1e-300 (floats) or 2.5 (whole numbers), is refused by validation with a ConfigError naming
+    the key (the CLI prints it as one line, exit 2: the rows above); none is accepted, none raises
+    anything else. Prints the count."""
+    from replaid.config import ConfigError, RunConfig, set_key
+
+    keys, cases, wrong = numeric_overrides(), 0, []
+    assert len(keys) > 40  # train, optim, model, diffusion, data, eval and the methods' own sections
+    for method, key, typ in keys:
+        for v in OVERRIDE_BAD + (OVERRIDE_BAD_FLOAT if typ is float else OVERRIDE_BAD_INT):
+            cases += 1
+            cfg = RunConfig(method=method)
+            try:
+                set_key(cfg, key, v)
+                cfg.validate()
+            except ConfigError as e:  # a joint check (beta1 and beta2, curriculum_start <= _end) names both
+                if key.rsplit(".", 1)[-1] not in str(e):
+                    wrong.append(f"{key}={v!r}: the message does not name it: {e}")
+            except Exception as e:  # noqa: BLE001 - anything else is the bug this test is for
+                wrong.append(f"{key}={v!r}: {type(e).__name__}: {e}")
+            else:
+                wrong.append(f"{key}={v!r}: accepted")
+    print(f"\noverrides: {cases} (key, value) cases over {len(keys)} numeric config keys, all refused")
+    assert not wrong, wrong

@@ -41,6 +41,8 @@ LOADERS = {
     "edit": ["edit", RUN, "--text", "the value", "--steps", "2"],
     "diagnose": ["diagnose", RUN, "--out", "{g}/d"],
     "likelihood": ["likelihood", RUN, "--out", "{g}/lk", "--num-seqs", "1"],
+    # V02, V03: the playground loads its runs at start-up (uvicorn.run is replaced in the test: never listens)
+    "serve": ["serve", RUN, "--port", "{port}", "--device", "cpu"],
 }
 for _name in ("state.json", "tokenizer_spec.json"):
     OPENS[_name].update(LOADERS)
@@ -147,6 +149,15 @@ def files(root: Path) -> dict:
     return {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def free_port() -> int:
+    """A TCP port nothing listens on now (serve gets past its port check to loading the run)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_cli(argv: list[str]) -> tuple[int, list[str]]:
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
@@ -155,7 +166,14 @@ def run_cli(argv: list[str]) -> tuple[int, list[str]]:
 
 
 @pytest.mark.parametrize("name,field,how,edit,cmd", PARAMS, ids=[f"{p[0]}:{p[2]}:{p[4]}" for p in PARAMS])
-def test_a_corrupted_field_is_one_line_naming_file_and_field(grid, tmp_path, name, field, how, edit, cmd):
+def test_a_corrupted_field_is_one_line_naming_file_and_field(grid, tmp_path, monkeypatch, name, field, how, edit, cmd):
+    if cmd == "serve":
+        uvicorn = pytest.importorskip("uvicorn")
+
+        def listen(*a, **k):
+            raise AssertionError("replaid serve started serving a damaged run")
+
+        monkeypatch.setattr(uvicorn, "run", listen)
     g = tmp_path / "g"
     shutil.copytree(grid, g)
     f = where(g, name)
@@ -163,7 +181,7 @@ def test_a_corrupted_field_is_one_line_naming_file_and_field(grid, tmp_path, nam
     d = edit(d) or d  # an edit changes d in place, or returns what replaces it
     f.write_text(json.dumps(d))
     before = files(tmp_path)
-    code, lines = run_cli([a.replace("{g}", str(g)) for a in OPENS[name][cmd]])
+    code, lines = run_cli([a.replace("{g}", str(g)).replace("{port}", str(free_port())) for a in OPENS[name][cmd]])
     assert code == 2, (code, lines)
     assert len(lines) == 1 and lines[0].startswith("replaid: error: "), lines
     assert str(f) in lines[0] and field in lines[0], lines[0]
