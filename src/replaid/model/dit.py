@@ -281,10 +281,11 @@ class Backbone(nn.Module):
         L = x.shape[1]
         if positions is None and cache is None:
             rope = self.rotary(L, x.device)
+        elif positions is None:  # the cache's next positions: a slice of the tables, no host read
+            assert cache is not None
+            cos, sin = self.rotary(cache.next_pos + L, x.device)
+            rope = (cos[cache.next_pos :], sin[cache.next_pos :])
         else:
-            if positions is None:
-                assert cache is not None
-                positions = torch.arange(cache.next_pos, cache.next_pos + L, device=x.device)
             rope = self.rotary.at(positions)
         if cache is not None and mask is None and self.blocks[0].causal and L > 1:
             n = cache.length

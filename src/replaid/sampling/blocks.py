@@ -28,7 +28,7 @@ from replaid.diffusion.rng import device_generator
 from replaid.model.dit import KVCache
 from replaid.model.tokens import TokenDiT
 from replaid.sampling.contract import Callback, SampleResult
-from replaid.sampling.discrete import exponential_race, tempered_probs
+from replaid.sampling.discrete import tempered_probs, unmask_step
 
 
 def _block_logits(
@@ -39,9 +39,8 @@ def _block_logits(
     B = ids.shape[0]
     c = model.conditioning(None, B, ids.device)
     if cache is not None:
-        h = model.backbone(
-            model.input_states(ids), c, positions=torch.arange(start, start + block, device=ids.device), cache=cache
-        )
+        assert cache.next_pos == start  # blocks are committed in order: the cache's next positions are these
+        h = model.backbone(model.input_states(ids), c, cache=cache)
     else:
         n = start + block
         h = torch.cat([model.input_states(out[:, :start]), model.input_states(ids)], dim=1)
@@ -49,15 +48,15 @@ def _block_logits(
         mask = blk[:, None] >= blk[None, :]  # clean prefix block-causal ...
         mask[start:, :] = True  # ... the noisy block sees the whole prefix and itself
         mask[:start, start:] = False
-        h = model.backbone(h, c, positions=torch.arange(n, device=ids.device), mask=mask)[:, start:]
+        h = model.backbone(h, c, mask=mask)[:, start:]  # positions 0 .. n-1
     return model.head(model.final.features(h, c))
 
 
 def _commit(model: TokenDiT, ids: Tensor, start: int, cache: KVCache) -> None:
     """One clean pass over the finished block ``ids`` (B, b), its keys and values written to the cache."""
+    assert cache.next_pos == start
     c = model.conditioning(None, ids.shape[0], ids.device)
-    pos = torch.arange(start, start + ids.shape[1], device=ids.device)
-    model.backbone(model.input_states(ids), c, positions=pos, cache=cache, commit=True)
+    model.backbone(model.input_states(ids), c, cache=cache, commit=True)  # at the cache's next positions
 
 
 @torch.no_grad()
@@ -109,9 +108,7 @@ def sample_blocks(
             if probs is None:  # no time conditioning: an unchanged block gives the same output
                 probs = tempered_probs(_block_logits(model, z, out, s0, block, cache), temperature)  # (B, b, V)
                 nfe += 1
-            stay = torch.rand(B, block, generator=gen, dtype=torch.float64, device=dev) < s / t
-            draw = torch.where(stay, V, exponential_race(probs, gen))
-            z_new = torch.where(z == V, draw, z)
+            z_new = unmask_step(z, probs, t, s, gen)
             used = probs
             if not torch.equal(z_new, z):
                 probs = None

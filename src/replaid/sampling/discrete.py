@@ -97,6 +97,16 @@ def sample_ar(
     return SampleResult(out, nfe)
 
 
+def unmask_step(z: Tensor, probs: Tensor, t: float, s: float, gen: Optional[torch.Generator]) -> Tensor:
+    """One step of MDLM's ancestral sampler from t to s: each [MASK] (id V = ``probs``' last dim) stays
+    masked with probability ``s/t`` (q(z_s | z_t = mask, x_theta)), else takes a token drawn from
+    ``probs``; unmasked positions stay. ``z`` (B, n), ``probs`` (B, n, V) float64."""
+    V = probs.shape[-1]
+    stay = torch.rand(z.shape, generator=gen, dtype=torch.float64, device=z.device) < s / t
+    draw = torch.where(stay, V, exponential_race(probs, gen))
+    return torch.where(z == V, draw, z)
+
+
 @torch.no_grad()
 def sample_mdlm(
     model: TokenDiT,
@@ -117,7 +127,6 @@ def sample_mdlm(
     ``callback`` (k-diffusion style) is called after each step with ``{"i", "T", "t", "s",
     "z": (B, L) state at s (mask id ``V``), "probs": (B, L, V) float64 x_theta used}``."""
     dev = x.device
-    V = model.n_out
     B, L = x.shape
     steps = len(ts) - 1
     z = x
@@ -129,11 +138,7 @@ def sample_mdlm(
             tt = torch.full((B,), t, device=dev) if model.time_conditioning else None
             probs = tempered_probs(model(z, tt), temperature)  # (B, L, V) float64: x_theta
             nfe += 1
-        # q(z_s | z_t = mask, x_theta): mask with probability s/t, else a token drawn from x_theta
-        stay = torch.rand(B, L, generator=gen, dtype=torch.float64, device=dev) < s / t
-        draw = torch.where(stay, V, exponential_race(probs, gen))
-        is_m = z == V
-        z_new = torch.where(is_m, draw, z)
+        z_new = unmask_step(z, probs, t, s, gen)
         if not torch.equal(z_new, z):
             probs_used, probs = probs, None  # the input changed: recompute at the next step
         else:
