@@ -241,12 +241,83 @@ def trend_gap() -> dict:
     }
 
 
+def trend_gap2() -> dict:
+    """The H100 gap grid (trend/gap2/h100): passes at each step count, the plateau exits paired by seed
+    (every run of RePlaid, Plaid, MDLM and fixed-ends left), where gamma_0 and the reconstruction term
+    peaked, the sign test of RePlaid's later exit over both grids' seed pairs, and the compute at which
+    MDLM's mean bound equals RePlaid's at 4,000 steps (log-linear in FLOPs between its evaluations)."""
+    root = RESULTS / "trend" / "gap2" / "h100"
+    tokens = 8_764_446  # linux-docs train split, BPE 2,048 (the grid's tokenizer rebuilt here)
+    runs = json.loads((root / "compare.json").read_text())["runs"]
+    exits = {(r["cell"], r["seed"]): r["plateau_exit"] for r in runs.values()}
+
+    def paired(a: str, b: str) -> dict:
+        d = np.array([exits[(a, k)] - exits[(b, k)] for k in range(3)], dtype=np.float64)
+        return {"diffs": d.tolist(), **_t_interval(d)}
+
+    peaks = {}
+    for name, r in runs.items():
+        rows = [json.loads(x) for x in (root / "runs" / name / "metrics.jsonl").read_text().splitlines()]
+        rows = [x for x in rows if "loss" in x and "gamma_0" in x]
+        if not rows:  # MDLM: no schedule
+            continue
+        g = max(rows, key=lambda x: x["gamma_0"])
+        rec = max(rows, key=lambda x: x["recon"])
+        peaks[name] = {
+            "gamma_0_step": g["step"],
+            "gamma_0": g["gamma_0"],
+            "recon_step": rec["step"],
+            "recon": rec["recon"],
+        }
+    old = json.loads((RESULTS / "trend" / "gap" / "page_figures.json").read_text())["exit_replaid_minus_plaid"]
+    pairs = [*old["diffs"], *paired("replaid", "plaid")["diffs"]]
+    later = sum(1 for d in pairs if d > 0)
+    tr = json.loads((root / "trend.json").read_text())
+
+    def mean_at(step: int, cell: str) -> tuple[float, float]:
+        p = next(p for p in tr["steps"] if p["step"] == step)
+        c = next(c for c in p["report"]["cells"] if c["cell"] == cell)
+        return p["cells"][cell]["flops"], c["mean"]
+
+    target_flops, target = mean_at(4000, "replaid")
+    pts = [mean_at(k, "mdlm") for k in (400, 800, 1600, 3200, 4000)]
+    match = None
+    for (f0, l0), (f1, l1) in zip(pts, pts[1:]):
+        if l0 >= target >= l1:
+            w = (l0 - target) / (l0 - l1)
+            match = math.exp(math.log(f0) + w * (math.log(f1) - math.log(f0)))
+            break
+    return {
+        "note": "derived by scripts/page_figures.py from gap2/h100/compare.json, trend.json, runs/*/metrics.jsonl",
+        "train_tokens": tokens,
+        "passes": {str(k): k * 32 * 64 / tokens for k in (400, 800, 1600, 3200, 4000, 6400)},
+        "exits": {f"{c}__s{k}": v for (c, k), v in exits.items()},
+        "exit_replaid_minus_plaid": paired("replaid", "plaid"),
+        "exit_fixed_ends_minus_replaid": paired("fixed-ends", "replaid"),
+        "exit_replaid_minus_mdlm": paired("replaid", "mdlm"),
+        "peaks": peaks,
+        "replaid_later_both_grids": {
+            "pairs": pairs,
+            "later": later,
+            "n": len(pairs),
+            "sign_test_p_two_sided": float(stats.binomtest(later, len(pairs)).pvalue),
+        },
+        "mdlm_matches_replaid_4000": {
+            "replaid_bound": target,
+            "replaid_flops": target_flops,
+            "mdlm_flops": match,
+            "ratio": None if match is None else target_flops / match,
+        },
+    }
+
+
 PAGES = {
     "distillation": distillation,
     "control": control,
     "ablations": ablations,
     "scaling": scaling,
     "trend/gap": trend_gap,
+    "trend/gap2": trend_gap2,
 }
 
 

@@ -11,6 +11,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def test_bf16_train_step_on_gpu():
+    """bf16 autocast trains: float32 master weights, and on one fixed batch drawn from 64 of the 512
+    tokens the loss falls towards that batch's unigram level (uniform over 64: 4.16 nats). The loss of
+    one step is too noisy to compare with another's (each step draws its own t); the means of the first
+    and last five steps fall by about 1.2 nats in float32 on the CPU, seeds 0-2."""
+    torch.manual_seed(0)
     cfg = resolve("debug", None, ["train.device=cuda", "train.precision=bf16"])
     method = get_method(cfg)
     model = method.build_model(512).cuda()
@@ -22,11 +27,11 @@ def test_bf16_train_step_on_gpu():
         torch.device("cuda"),
         loss_module=TrainModule(model, method),
     )
-    m1 = tr.train_step([{"tokens": torch.randint(0, 512, (8, 32))}])
-    for _ in range(20):
-        m2 = tr.train_step([{"tokens": torch.randint(0, 512, (8, 32))}])
+    batch = torch.randint(0, 64, (8, 32), generator=torch.Generator().manual_seed(0))
+    losses = torch.tensor([tr.train_step([{"tokens": batch}])["loss"] for _ in range(40)])
     assert all(p.dtype == torch.float32 for p in model.parameters())
-    assert torch.isfinite(torch.tensor(m2["loss"])) and m2["loss"] < m1["loss"] + 1.0
+    assert torch.isfinite(losses).all()
+    assert losses[-5:].mean() < losses[:5].mean() - 0.5, losses
 
 
 def test_fused_head_same_on_gpu():

@@ -18,8 +18,9 @@ COVERED = [
     "control/README.md",
     "lmeval/README.md",
     "trend/gap/README.md",
+    "trend/gap2/README.md",
 ]
-MIN_FIGURES = {"trend/gap/README.md": 50}  # a shorter page
+MIN_FIGURES = {"trend/gap/README.md": 50, "trend/gap2/README.md": 50}  # shorter pages
 
 
 def _load(name: str):

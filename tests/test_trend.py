@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -84,6 +85,17 @@ def test_grid_trend_end_to_end_reads_each_step_from_the_runs_logs(tmp_path, caps
     assert (tmp_path / "t" / "trend.png").stat().st_size > 1000 and "| 6 | nosc |" in (
         tmp_path / "t" / "trend.md"
     ).read_text()
+    counted = p["cells"]["ref"]["tokens"] / p["cells"]["ref"]["passes"]
+    # a committed grid carries no tokenizer: its train split's size is given, and the passes follow it
+    for run in (g / "runs").iterdir():
+        shutil.rmtree(run / "tokenizer")
+    assert main(["grid", "trend", str(g), "--steps", "6", "--json", "--out", str(tmp_path / "t")]) == 0
+    bare = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert bare["steps"][0]["cells"]["ref"]["passes"] is None
+    argv = ["grid", "trend", str(g), "--steps", "6", "--json", "--train-tokens", str(round(counted))]
+    assert main([*argv, "--out", str(tmp_path / "t")]) == 0
+    given = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert given["steps"][0]["cells"]["nosc"]["passes"] == pytest.approx(p["cells"]["nosc"]["passes"], rel=1e-6)
     assert main(["grid", "trend", str(g), "--steps", "3"]) == 2  # no evaluation logged at step 3
     assert main(["grid", "trend", str(g), "--steps", "60"]) == 2  # beyond the runs
 

@@ -113,6 +113,13 @@ def register(sub) -> None:
         required=True,
         help="step counts to read (logged evaluations)",
     )
+    tr.add_argument(
+        "--train-tokens",
+        type=POSITIVE,
+        default=None,
+        help="tokens in the train split, for the passes column of a grid whose run folders carry no "
+        "tokenizer (a committed grid); absent: counted from each cell's run folder",
+    )
     _report_options(tr, "gaps are", "trend", "the page's heading")
     tr.set_defaults(func=run_trend)
 
@@ -214,7 +221,15 @@ def run_report(args) -> int:
 def run_trend(args) -> int:
     from replaid.scaling.trend import write_trend
 
-    tr = write_trend(Path(args.grid), args.steps, args.reference, args.confidence, args.out, args.title)
+    tr = write_trend(
+        Path(args.grid),
+        args.steps,
+        args.reference,
+        args.confidence,
+        args.out,
+        args.title,
+        train_tokens=args.train_tokens,
+    )
     out = Path(args.out or args.grid)
     if args.json:
         print(json.dumps(tr))

@@ -296,10 +296,17 @@ def write_trend(
     out: Optional[Path] = None,
     title: Optional[str] = None,
     passes: bool = True,
+    train_tokens: Optional[int] = None,
 ) -> dict:
-    """``trend.json``, ``trend.md`` and ``trend.png`` (in ``out``, default the grid folder)."""
+    """``trend.json``, ``trend.md`` and ``trend.png`` (in ``out``, default the grid folder).
+    ``train_tokens``: the train split's size for every cell, where the run folders hold no tokenizer
+    to count it with."""
     folder = Path(folder)
-    tokens = train_split_tokens(folder) if passes else None
+    tokens: Optional[dict[str, int]] = None
+    if train_tokens is not None:
+        tokens = {e.cell: train_tokens for e in read_grid(folder)[1]}
+    elif passes:
+        tokens = train_split_tokens(folder)
     tr = trend(folder, steps, reference, confidence, tokens)
     out = Path(out) if out else folder
     out.mkdir(parents=True, exist_ok=True)
