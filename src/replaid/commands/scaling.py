@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -143,6 +144,31 @@ def register(sub) -> None:
     f.add_argument("--json", action="store_true", help="print every fitted number as one JSON object")
     f.set_defaults(func=run_fit)
 
+    o = add_command(
+        ss,
+        "overtrain",
+        "The over-training crossover of two methods at one size, measured over seeds (no fit).",
+        "example: replaid scaling overtrain runs/ot-* --optimum mdlm=5e11 replaid=2e12 --corpus corpus --out ot/",
+        description="Each method trained at multiples of its own compute-optimal budget (C*, from an "
+        "IsoFLOP study), several train.seed each: the bound against FLOPs per method, the difference "
+        "at each budget paired by seed (the other method's curve interpolated in log FLOPs), and where "
+        "the curves cross, with the over-training factors there (the paper's statistic).",
+    )
+    o.add_argument("source", nargs="+", help="sweep folder(s) or CSV(s), as for 'scaling fit'")
+    o.add_argument(
+        "--optimum",
+        nargs=2,
+        required=True,
+        metavar="METHOD=C",
+        help="each method's compute-optimal budget at this size, e.g. mdlm=5e11 replaid=2e12; the first "
+        "method is A in the differences A - B",
+    )
+    o.add_argument("--corpus-tokens", type=POSITIVE, help="tokens of one pass over the train split (passes column)")
+    o.add_argument("--confidence", type=float_in(0.5, 0.999), default=0.95, help="of the t-intervals")
+    o.add_argument("--out", required=True, help="folder for overtrain.json/.md/.png and runs.csv")
+    o.add_argument("--title", default="The over-training crossover", help="the page's heading")
+    o.set_defaults(func=run_overtrain)
+
 
 def _table(rows: list[list[str]], head: list[str]) -> str:
     w = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
@@ -275,4 +301,41 @@ def run_fit(args) -> int:
     else:
         print(sf.summary_text(res))
         print(f"wrote {out / 'fit.json'}, {out / 'report.md'} and plots", file=sys.stderr)
+    return 0
+
+
+def run_overtrain(args) -> int:
+    import csv
+
+    from replaid.fileio import atomic_write_text
+    from replaid.scaling import overtrain as ot
+    from replaid.scaling.fit import read_sources
+
+    optimum: dict[str, float] = {}
+    for item in args.optimum:
+        name, _, value = item.partition("=")
+        try:
+            optimum[name] = float(value)
+        except ValueError:
+            raise ValueError(f"--optimum {item}: give METHOD=FLOPS, e.g. mdlm=5e11") from None
+        if not (name and math.isfinite(optimum[name]) and optimum[name] > 0):
+            raise ValueError(f"--optimum {item}: give a method and a positive budget, e.g. mdlm=5e11")
+    if len(optimum) != 2:
+        raise ValueError(f"--optimum names {', '.join(args.optimum)}: give two different methods")
+    a, b = list(optimum)
+    rows, _ = read_sources(args.source)
+    res = ot.overtrain(rows, optimum, a, b, args.corpus_tokens, args.confidence)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "overtrain.json", json.dumps(res, indent=1))
+    atomic_write_text(out / "overtrain.md", ot.markdown(res, args.title) + "\n![loss against FLOPs](overtrain.png)\n")
+    ot.plot(res, out / "overtrain.png", args.title)
+    keys = ["id", "method", "seed", "size", "params", "flops", "tokens", "loss", "stderr", "unigram"]
+    with open(out / "runs.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        for r in sorted(rows, key=lambda r: (r["method"], r["flops"], r.get("seed", 0))):
+            if r["method"] in optimum:
+                w.writerow(r)
+    print((out / "overtrain.md").read_text())
     return 0
