@@ -260,7 +260,12 @@ def test_a_key_of_another_method_is_refused_naming_its_method():
     with pytest.raises(ConfigError, match=r"diffusion\.sc_rate belongs to method replaid/plaid"):
         resolve("debug", None, ["method=mdlm", "diffusion.sc_rate=0.5"])
     assert resolve("debug", None, ["method=duo", "duo.gamma_min=-4"]).duo.gamma_min == -4
-    assert resolve("debug", None, ["method=mdlm", "baseline.mdlm_low_variance=false"]).mdlm.low_variance is False
+    with pytest.raises(ConfigError, match=r"baseline\.mdlm_low_variance is the name .* write mdlm\.low_variance="):
+        resolve(
+            "debug", None, ["method=mdlm", "baseline.mdlm_low_variance=false"]
+        )  # old spellings: stored configs only
+    old = {"method": "mdlm", "baseline": {"mdlm_low_variance": False, "ar_top_p": 0.9}}
+    assert migrate_config(old)["mdlm"] == {"low_variance": False} and "ar" not in migrate_config(old)
 
 
 def test_a_method_section_is_validated_only_when_that_method_runs():

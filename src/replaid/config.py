@@ -469,11 +469,11 @@ def _model_key_owners(key: str) -> list[str]:
 
 
 def unread_keys(cfg: RunConfig, keys: list[str]) -> list[str]:
-    """The keys of ``keys`` (``section.key``, older spellings too) that ``cfg.method`` never reads."""
+    """The keys of ``keys`` (``section.key``) that ``cfg.method`` never reads."""
     model_keys, sec = cfg.read_keys()
     out = []
     for key in keys:
-        head, _, name = LEGACY_KEYS.get(key, key).partition(".")
+        head, _, name = key.partition(".")
         if head in ("method", "preset", *FIXED_SECTIONS[1:]) or head == sec:
             continue
         if head != "model" or (name and name not in model_keys):
@@ -487,7 +487,7 @@ def refuse_unread_keys(cfg: RunConfig, keys: list[str]) -> None:
     bad = unread_keys(cfg, keys)
     if not bad:
         return
-    key = LEGACY_KEYS.get(bad[0], bad[0])
+    key = bad[0]
     head, _, name = key.partition(".")
     owners = _model_key_owners(name) if head == "model" else _section_owners(head)
     model_keys, sec = cfg.read_keys()
@@ -668,8 +668,13 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
 
 
 def set_key(cfg: RunConfig, key: str, value: Any) -> None:
-    """Set ``section.key`` on ``cfg`` with type checking (keys of older versions, :data:`LEGACY_KEYS`, too)."""
-    key = LEGACY_KEYS.get(key, key)
+    """Set ``section.key`` on ``cfg`` with type checking. A key of an older version (:data:`LEGACY_KEYS`)
+    is refused with its new name: stored configs are migrated when read (:func:`migrate_config`), so
+    only live input (an override, a YAML file, a request) can still carry one."""
+    if key in LEGACY_KEYS:
+        raise ConfigError(
+            f"config key {key} is the name it had before the per-method sections: write {LEGACY_KEYS[key]}=... instead"
+        )
     parts = key.split(".")
     obj: Any = cfg
     for i, p in enumerate(parts):
