@@ -20,7 +20,7 @@
 # A full check is longer than one call: split it with --steps as the dry run lists (each call writes its
 # own gpu_check.json under $OUT), then here: --merge the fetched files --out docs/gpu_check --record.
 #
-# Steps (benchmarks/gpu_check.py has the details): env, tests, bf16, syncs, compile, speed, memory,
+# Steps (benchmarks/gpu_check/__init__.py has the details): env, tests, bf16, syncs, compile, speed, memory,
 # sampler, likelihood, mdlm_ref, maxbatch (all in --quick, sized down), speed_compiled (full only).
 # A failing step is recorded with its error and the rest go on. Exit status: 0 when every step that ran
 # passed (the dry run: when every command resolved), 1 otherwise, 2 for bad input.

@@ -12,7 +12,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-import gpu_check  # noqa: E402
+from gpu_check import base, children, cli, dryrun, plan, report  # noqa: E402
+from gpu_check.record import BEGIN, END, merge, record  # noqa: E402
 
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
 
@@ -31,29 +32,32 @@ def test_dry_run_resolves_every_step(quick):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout
     assert "dry run: every step resolved" in out and "BAD" not in out
-    planned = [s.name for s in gpu_check.STEPS if s.quick or not quick]
+    planned = [s.name for s in plan.STEPS if s.quick or not quick]
     for name in ["setup", *planned]:
         assert f"[{name}]" in out, name
-    n = sum(len(s.commands(gpu_check.Ctx(quick=quick))) for s in gpu_check.STEPS if s.name in planned)
+    n = sum(len(s.commands(plan.Ctx(quick=quick))) for s in plan.STEPS if s.name in planned)
     assert f"resolved: {n + 1}/{n + 1} commands" in out
     if not quick:  # every step of the full check is in one of the 10-minute calls it lists
-        assert {x for call in gpu_check.FULL_SPLIT for x in call.split(",")} == set(gpu_check.STEP_NAMES)
+        assert {x for call in plan.FULL_SPLIT for x in call.split(",")} == set(plan.STEP_NAMES)
 
 
-def test_a_command_that_does_not_resolve_is_reported(tmp_path, monkeypatch):
+def test_a_command_that_does_not_resolve_is_reported():
     py = sys.executable
-    C = gpu_check.Cmd
-    assert not gpu_check.resolve_cmd(C("script", ["benchmarks/no_such_bench.py"], 1), py)[0]
-    ok, why = gpu_check.resolve_cmd(C("script", ["benchmarks/bench_gpu.py", "--no-such-option"], 1), py)
+    C = plan.Cmd
+    assert not dryrun.resolve_cmd(C("script", ["benchmarks/no_such_bench.py"], 1), py)[0]
+    ok, why = dryrun.resolve_cmd(C("script", ["benchmarks/bench_gpu.py", "--no-such-option"], 1), py)
     assert not ok and "rejects" in why
-    assert not gpu_check.resolve_cmd(C("child", ["x", "--child", "nope", "--spec", "{}"], 1), py)[0]
-    assert not gpu_check.resolve_cmd(C("child", ["x", "--child", "bf16", "--spec", '{"method": 1}'], 1), py)[0]
-    assert gpu_check.resolve_cmd(C("child", ["x", "--child", "bf16", "--spec", '{"methods": ["ar"]}'], 1), py)[0]
+    assert not dryrun.resolve_cmd(C("child", ["x", "--child", "nope", "--spec", "{}"], 1), py)[0]
+    assert not dryrun.resolve_cmd(C("child", ["x", "--child", "bf16", "--spec", '{"method": 1}'], 1), py)[0]
+    assert dryrun.resolve_cmd(C("child", ["x", "--child", "bf16", "--spec", '{"methods": ["ar"]}'], 1), py)[0]
+    # a replaid command line is resolved by the CLI's public parse (replaid.cli.parse), not run
+    assert dryrun.resolve_cmd(C("cli", ["-m", "replaid", "presets"], 1), py)[0]
+    ok, why = dryrun.resolve_cmd(C("cli", ["-m", "replaid", "presets", "--no-such-option"], 1), py)
+    assert not ok and "replaid rejects" in why and "--no-such-option" in why
     # a planted bug: the sampler benchmark goes missing, so the dry run fails and names it
-    monkeypatch.setattr(gpu_check, "cmds_sampler", lambda ctx: [C("script", ["benchmarks/bench_missing.py"], 1)])
-    monkeypatch.setattr(gpu_check, "STEPS", [gpu_check.Step("sampler", "t", True, (1, 1), gpu_check.cmds_sampler)])
-    a = gpu_check.build_parser().parse_args(["--dry-run"])
-    assert gpu_check.dry_run(a, gpu_check.STEPS) == 1
+    steps = [plan.Step("sampler", "t", True, (1, 1), lambda ctx: [C("script", ["benchmarks/bench_missing.py"], 1)])]
+    a = cli.build_parser().parse_args(["--dry-run"])
+    assert dryrun.dry_run(a, steps) == 1
 
 
 def test_bad_input_is_one_error_line(tmp_path):
@@ -72,7 +76,7 @@ def test_bad_input_is_one_error_line(tmp_path):
 def test_a_failing_step_is_recorded_and_the_run_goes_on(tmp_path):
     """On a CPU the syncs step fails (it counts CUDA syncs); env still runs; both land in the JSON."""
     out = tmp_path / "out"
-    rc = gpu_check.main(["--tiny", "--device", "cpu", "--steps", "syncs,env", "--out", str(out)])
+    rc = cli.main(["--tiny", "--device", "cpu", "--steps", "syncs,env", "--out", str(out)])
     assert rc == 1
     doc = json.loads((out / "gpu_check.json").read_text())
     assert doc["steps"]["syncs"]["status"] == "fail" and "needs --device cuda" in doc["steps"]["syncs"]["error"]
@@ -123,31 +127,56 @@ def test_merge_render_and_record(tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(_doc("speed", speed)))
     b.write_text(json.dumps(_doc("mdlm_ref", ref, "2026-11-24T10:20:00+00:00")))
-    doc = gpu_check.merge([str(a), str(b)])
+    doc = merge([str(a), str(b)])
     assert set(doc["steps"]) == {"speed", "mdlm_ref"} and len(doc["runs"]) == 2
-    md = gpu_check.render(doc)
+    md = report.render(doc)
     assert "NVIDIA H100" in md and "31.0 s, 31.0 s" in md and "kuleshov-group/mdlm" in md
     assert "replaid mdlm (eager)" in md and "41.0%" in md
     docs = tmp_path / "benchmarks.md"
-    docs.write_text(f"# B\n\nbefore\n{gpu_check.BEGIN}\nNo GPU measured yet.\n{gpu_check.END}\nafter\n")
-    gpu_check.record(md, docs)
+    docs.write_text(f"# B\n\nbefore\n{BEGIN}\nNo GPU measured yet.\n{END}\nafter\n")
+    record(md, docs)
     text = docs.read_text()
     assert "No GPU measured yet" not in text and "before" in text and "after" in text and "kuleshov-group" in text
-    gpu_check.record("again", docs)  # idempotent: the block is replaced, not appended
-    assert docs.read_text().count(gpu_check.BEGIN) == 1 and "kuleshov-group" not in docs.read_text()
+    record("again", docs)  # idempotent: the block is replaced, not appended
+    assert docs.read_text().count(BEGIN) == 1 and "kuleshov-group" not in docs.read_text()
+
+
+@pytest.mark.parametrize("name", ["gpu_check", "h200-2026-11-26"])
+def test_the_committed_records_render_as_committed(name):
+    """The committed JSON renders to the committed markdown byte for byte (the renderers' output is fixed)."""
+    folder = REPO / "docs" / "gpu_check"
+    assert report.render(json.loads((folder / f"{name}.json").read_text())) == (folder / f"{name}.md").read_text()
+
+
+def test_every_step_has_its_renderer():
+    """One renderer per step (the compiled speed is a mode of the speed table)."""
+    assert {name for name, _ in report.RENDERERS} | {"speed_compiled"} == set(plan.STEP_NAMES)
+
+
+def test_the_check_imports_no_private_name_of_the_library():
+    """The GPU check uses replaid's public API only (the dry run resolved a command line with the
+    private ``replaid.cli._parser`` before ``replaid.cli.parse``)."""
+    import ast
+
+    bad = []
+    for f in sorted((REPO / "benchmarks" / "gpu_check").glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("replaid"):
+                bad += [f"{f.name}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+    assert not bad, bad
 
 
 def test_docs_hold_the_gpu_check_block():
     text = (REPO / "docs" / "benchmarks.md").read_text()
-    assert text.count(gpu_check.BEGIN) == 1 and text.count(gpu_check.END) == 1
+    assert text.count(BEGIN) == 1 and text.count(END) == 1
     assert "scripts/gpu_check.sh" in (REPO / "README.md").read_text()
 
 
 def test_the_syncs_child_builds_every_method_on_cpu():
     """The syncs step's configs and trainers, run on the CPU (nothing counted there): its overrides
     must be ones each method reads (on the H200 on 2026-11-26 it failed for MDLM on a RePlaid-only key)."""
-    out = gpu_check.child_syncs(list(gpu_check.ALL_METHODS), steps=1, device="cpu", allow_cpu=True)
-    assert set(out["methods"]) == set(gpu_check.ALL_METHODS)
+    out = children.child_syncs(list(base.ALL_METHODS), steps=1, device="cpu", allow_cpu=True)
+    assert set(out["methods"]) == set(base.ALL_METHODS)
 
 
 def test_the_mdlm_sampler_benchmark_runs_on_cpu():

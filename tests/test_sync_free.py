@@ -7,10 +7,10 @@ import inspect
 import pytest
 import torch
 
-from replaid.methods import METHODS, Kind, get_method
-from replaid.presets import resolve
+from replaid.methods import METHODS
 from replaid.training.syncs import SyncCounter, meta_as_cpu_autocast
-from replaid.training.train import EMA, Trainer, TrainModule, build_optimizer
+from replaid.training.testbed import small_trainer
+from replaid.training.train import Trainer
 
 V = 64
 
@@ -22,36 +22,19 @@ def _meta_autocast():
 
 
 def meta_trainer(method_name: str, extra=()):
-    small_schedule = ["diffusion.schedule_hidden=16"] if METHODS[method_name].kind is Kind.CONTINUOUS else []
-    cfg = resolve(
-        "debug",
-        None,
-        [
-            f"method={method_name}",
-            "model.hidden=32",
-            "model.n_layers=1",
-            "model.n_heads=2",
-            "model.cond_dim=16",
-            *small_schedule,
-            "train.batch_size=8",
-            "data.seq_len=8",
-            "optim.ema=0.9",
-            *extra,
-        ],
-    )
-    method = get_method(cfg)
-    dev = torch.device("meta")
-    with dev:
-        model = method.build_model(V)
-    return Trainer(
-        cfg,
-        model,
-        method,
-        build_optimizer(model, cfg.optim),
-        dev,
-        EMA(model, 0.9),
-        loss_module=TrainModule(model, method),
-    )
+    """The method's toy trainer on ``meta`` (the GPU check's syncs step builds its own the same way)."""
+    sets = [
+        "model.hidden=32",
+        "model.n_layers=1",
+        "model.n_heads=2",
+        "model.cond_dim=16",
+        "diffusion.schedule_hidden=16",  # dropped for the discrete methods (unread)
+        "train.batch_size=8",
+        "data.seq_len=8",
+        "optim.ema=0.9",
+        *extra,
+    ]
+    return small_trainer(method_name, "meta", sets, V)
 
 
 TRAINABLE = sorted(n for n, c in METHODS.items() if c.trainable)

@@ -42,6 +42,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """``replaid ARGV`` parsed and checked without running it (and without importing torch).
+
+    Returns the namespace the command would run with. Bad input exits as ``replaid`` does: one
+    ``replaid: error: ...`` line on stderr and ``SystemExit(2)``; ``--help`` prints and exits 0. For
+    tools that plan ``replaid`` command lines and resolve them before a run (the GPU check's dry run).
+    """
+    return _parser().parse_args(argv)
+
+
 def _end_progress_bars() -> None:
     """Close every live tqdm bar, so that the message printed next is the last line of stderr, alone.
 
@@ -69,7 +79,7 @@ def _say(line: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)  # builds and parses without torch: ``--help`` and usage errors exit here
+    args = parse(argv)  # builds and parses without torch: ``--help`` and usage errors exit here
 
     from replaid.config import ConfigError
     from replaid.data import DataError
