@@ -307,3 +307,34 @@ def test_block_generation_runs_to_eight_times_the_context_with_a_window_and_stop
     plain, pmodel = continuous("replaid", 0)
     with pytest.raises(ValueError, match="has no blocks"):
         sample_any_length(plain, pmodel, empty, 9)
+
+
+def test_the_any_length_entry_point_serves_mdlm_and_tags_each_step_with_its_block():
+    """One function for every block method: an MDLM block run through it is ``sample_blocks``, draw for
+    draw; a continuous run's callback sees every block's steps, tagged."""
+    from replaid.sampling.blocks import sample_any_length, sample_blocks
+    from replaid.sampling.continuous import time_grid
+    from test_blocks import mdlm
+
+    method, model = mdlm(4)
+    prompt = torch.tensor([[1, 2, 3]])
+    got = sample_any_length(method, model, prompt, 9, steps=5, generator=torch.Generator().manual_seed(0))
+    x = torch.full((1, 12), model.n_out)
+    x[:, :3] = prompt
+    want = sample_blocks(model, x, time_grid(5), generator=torch.Generator().manual_seed(0), block=4)
+    assert torch.equal(got.tokens, want.tokens) and got.nfe == want.nfe and len(got.blocks) == 3
+    method, model = continuous("replaid", 4)
+    seen: list[tuple[int, int]] = []
+    sample_any_length(
+        method,
+        model,
+        prompt,
+        9,
+        steps=2,
+        generator=torch.Generator().manual_seed(0),
+        callback=lambda info: seen.append((info["block"], info["i"])),
+    )
+    assert seen == [(k, i) for k in range(3) for i in range(2)]
+    with pytest.raises(ValueError, match="no block sampler"):
+        ar = get_method(resolve("debug", None, ["method=ar", "data.seq_len=8"]))
+        sample_any_length(ar, ar.build_model(V), prompt, 4)
