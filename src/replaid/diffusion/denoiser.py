@@ -52,18 +52,24 @@ def alpha_sigma(gamma: Tensor) -> tuple[Tensor, Tensor]:
     return torch.sigmoid(-gamma).sqrt(), torch.sigmoid(gamma).sqrt()
 
 
+def per_position(x: Tensor) -> Tensor:
+    """A per-row quantity (B,) as (B, 1, 1), a per-token one (B, L) as (B, L, 1) (block diffusion: every
+    block at its own noise level), to scale (B, L, d) tensors."""
+    return x.view(-1, 1, 1) if x.dim() <= 1 else x[..., None]
+
+
 def prior_logits(z: Tensor, gamma: Tensor, E: Tensor, row_norms: bool = False) -> Tensor:
     """Output prior logits ``(alpha / sigma^2) z E^T`` in float32 (section 2, "output prior logits").
 
     With unit-norm rows this is ``log N(z; alpha e_v, sigma^2 I)`` up to a constant shared by
     all tokens v, i.e. the exact posterior logits under a uniform token prior. ``row_norms=True``
     (rows of any length) adds ``-alpha^2 ||e_v||^2 / (2 sigma^2)``, which keeps that identity.
-    z: (B, L, d_e); gamma: (B,); E: (V, d_e). Returns (B, L, V) float32.
+    z: (B, L, d_e); gamma: (B,) or per token (B, L); E: (V, d_e). Returns (B, L, V) float32.
     """
     alpha, sigma = alpha_sigma(gamma.double())
-    scale = (alpha / sigma**2).float().view(-1, 1, 1)  # (B, 1, 1)
+    scale = per_position((alpha / sigma**2).float())  # (B, 1, 1) or (B, L, 1)
     out = scale * (z.float() @ E.float().t())
     if row_norms:
-        half = (0.5 * alpha**2 / sigma**2).float().view(-1, 1, 1)  # (B, 1, 1)
+        half = per_position((0.5 * alpha**2 / sigma**2).float())  # (B, 1, 1) or (B, L, 1)
         out = out - half * (E.float() ** 2).sum(-1)  # (B, L, V)
     return out

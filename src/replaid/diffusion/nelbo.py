@@ -13,15 +13,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from replaid.diffusion.denoiser import alpha_sigma
+from replaid.diffusion.denoiser import alpha_sigma, per_position
 
 ScheduleFn = Callable[[Tensor], tuple[Tensor, Tensor]]
 
 
 def forward_noise(e: Tensor, gamma: Tensor, eps: Tensor) -> Tensor:
-    """``z_t = alpha_t e + sigma_t eps`` (eq. 1). e, eps: (B, L, d_e); gamma: (B,)."""
+    """``z_t = alpha_t e + sigma_t eps`` (eq. 1). e, eps: (B, L, d_e); gamma: (B,) or per token (B, L)."""
     alpha, sigma = alpha_sigma(gamma.double())
-    return (alpha.view(-1, 1, 1) * e.double() + sigma.view(-1, 1, 1) * eps.double()).float()
+    return (per_position(alpha) * e.double() + per_position(sigma) * eps.double()).float()
 
 
 def masked_mean(x: Tensor, mask: Optional[Tensor]) -> Tensor:
@@ -36,11 +36,15 @@ def masked_mean(x: Tensor, mask: Optional[Tensor]) -> Tensor:
 def prior_kl(e: Tensor, gamma_1: Tensor, mask: Optional[Tensor] = None) -> Tensor:
     """``KL(q(z_1|x) || N(0, I))`` per token (appendix "Derivation ..."), per row (B,) float64:
     ``1/2 [d_e (sigma_1^2 - 1 - log sigma_1^2) + alpha_1^2 ||e||^2]``."""
+    return masked_mean(prior_terms(e, gamma_1), mask)
+
+
+def prior_terms(e: Tensor, gamma_1: Tensor) -> Tensor:
+    """:func:`prior_kl` per position (B, L) float64."""
     d_e = e.shape[-1]
     g1 = gamma_1.double().reshape(-1, 1)  # (B, 1) or (1, 1)
     s1, a1 = torch.sigmoid(g1), torch.sigmoid(-g1)
-    per_pos = 0.5 * (d_e * (s1 - 1 - F.logsigmoid(g1)) + a1 * (e.double() ** 2).sum(-1))  # (B, L)
-    return masked_mean(per_pos, mask)
+    return 0.5 * (d_e * (s1 - 1 - F.logsigmoid(g1)) + a1 * (e.double() ** 2).sum(-1))  # (B, L)
 
 
 def recon_nll(logits: Tensor, tokens: Tensor, mask: Optional[Tensor] = None) -> Tensor:
@@ -54,6 +58,25 @@ def diffusion_loss(e_hat: Tensor, e: Tensor, gamma: Tensor, dgamma: Tensor, mask
     """``-1/2 SNR'(t) (1/L) sum_l ||e_hat - e||^2`` per row (B,) float64, ``SNR' = -gamma' e^{-gamma}``."""
     mse = masked_mean(((e_hat.float() - e.float()) ** 2).sum(-1), mask)  # (B,)
     return 0.5 * dgamma.double() * torch.exp(-gamma.double()) * mse
+
+
+def diffusion_terms(e_hat: Tensor, e: Tensor, gamma: Tensor, dgamma: Tensor) -> Tensor:
+    """:func:`diffusion_loss` per position (B, L) float64, ``-1/2 SNR'(t_l) ||e_hat_l - e_l||^2``, with
+    per-token gamma, gamma' (B, L) (block diffusion: each block at its own time)."""
+    sq = ((e_hat.float() - e.float()) ** 2).sum(-1)  # (B, L)
+    return 0.5 * dgamma.double() * torch.exp(-gamma.double()) * sq.double()
+
+
+def block_shares(x: Tensor, block: int, mask: Optional[Tensor] = None) -> Tensor:
+    """Per-position terms x (B, L) as each block's share (B, L / block) of their :func:`masked_mean`:
+    the block's sum over its (``mask``) positions divided by the row's count, so the shares of a row
+    sum to its per-token mean."""
+    B, L = x.shape
+    x = x.double()
+    if mask is None:
+        return x.view(B, L // block, block).sum(-1) / L
+    m = mask.double()
+    return (x * m).view(B, L // block, block).sum(-1) / m.sum(1, keepdim=True).clamp_min(1)
 
 
 def low_discrepancy(
@@ -124,4 +147,54 @@ def nelbo_per_sequence(
         diff += diffusion_loss(e_hat, e, gamma, dgamma, mask) / t_samples
 
     prior = prior_kl(e, gamma_1, mask)
+    return {"recon": recon, "diffusion": diff, "prior": prior, "nelbo": recon + diff + prior}
+
+
+@torch.no_grad()
+def block_nelbo_per_sequence(
+    denoiser,
+    schedule: ScheduleFn,
+    tokens: Tensor,
+    block: int,
+    predict: Callable,
+    t_samples: int = 4,
+    mask: Optional[Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+) -> dict[str, Tensor]:
+    """Block diffusion's NELBO (BD3-LM with eq. 4 per block): ``sum_k NELBO(x^k | x^{<k})``, each block's
+    VDM bound given the clean blocks before it, every block at its own times. Returns each block's
+    share (:func:`block_shares`) of the per-token recon, diffusion, prior and nelbo, (B, L / block)
+    float64, so a row's shares sum to its per-token bound.
+
+    ``predict(z, gamma)`` gives (logits, e_hat) of every block at once with gamma per token (B, L),
+    block k seeing the clean blocks before it (the vectorised pass). Reconstruction at t = 0 for every
+    block, diffusion at ``t_samples`` stratified times per (row, block) (``t = (s + u_bk) / S``), prior
+    in closed form (it does not depend on the network, so per block it is today's term)."""
+    E = denoiser.embedding_matrix()
+    dev = E.device
+    tokens = tokens.to(dev)
+    B, L = tokens.shape
+    K = L // block
+    e = E[tokens]  # (B, L, d_e)
+
+    def per_token(t: Tensor) -> tuple[Tensor, Tensor]:  # (B, K) times -> (gamma, gamma') per token (B, L)
+        gamma, dgamma = schedule(t)
+        return gamma.repeat_interleave(block, dim=1), dgamma.repeat_interleave(block, dim=1)
+
+    gamma_0, _ = per_token(torch.zeros(B, K, dtype=torch.float64, device=dev))
+    gamma_1, _ = schedule(torch.ones(B, dtype=torch.float64, device=dev))
+    eps = torch.randn(e.shape, generator=generator, device="cpu").to(dev)
+    logits, _ = predict(forward_noise(e, gamma_0, eps), gamma_0)
+    ce = F.cross_entropy(logits.float().reshape(B * L, -1), tokens.reshape(B * L), reduction="none").view(B, L)
+    recon = block_shares(ce, block, mask)
+
+    diff = torch.zeros(B, K, dtype=torch.float64, device=dev)
+    u = torch.rand(B, K, generator=generator, dtype=torch.float64).to(dev)
+    for k in range(t_samples):
+        gamma, dgamma = per_token((k + u) / t_samples)
+        eps = torch.randn(e.shape, generator=generator, device="cpu").to(dev)
+        _, e_hat = predict(forward_noise(e, gamma, eps), gamma)
+        diff += block_shares(diffusion_terms(e_hat, e, gamma, dgamma), block, mask) / t_samples
+
+    prior = block_shares(prior_terms(e, gamma_1), block, mask)
     return {"recon": recon, "diffusion": diff, "prior": prior, "nelbo": recon + diff + prior}

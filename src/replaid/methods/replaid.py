@@ -1,5 +1,25 @@
 """RePlaid as a method: Algorithm 1 (training loss) and the NELBO bound; its samplers are
-:mod:`replaid.sampling.continuous`."""
+:mod:`replaid.sampling.continuous`.
+
+Block diffusion (issue 39, BD3-LM; ``diffusion.block_size`` = b, 0 or ``seq_len`` = today's model, the
+same code path): the sequence is cut into K = L / b blocks and the bound is ``sum_k NELBO(x^k | x^{<k})``,
+each block's VDM bound (eq. 4: reconstruction + diffusion + prior) given the clean blocks before it.
+Training runs the noisy latents and the clean copy side by side (2L rows) under the block-diffusion
+mask (:meth:`~replaid.model.replaid.RePlaid.block_features`; the clean rows enter as ``alpha_0 e`` at
+``gamma_0``, noise-free). Algorithm 1 carries over by keeping its units rows:
+
+* the adaptive split stays per row: the B_r reconstruction rows are at t = 0 in every block, and each
+  diffusion row's K blocks take the times ``t_bk = (t_b + k / K) mod 1`` from the row's one global
+  low-discrepancy time ``t_b`` (the trainer's ``t_diff``, unchanged): each block's time is uniform,
+  a row's blocks are spread evenly over [0, 1); B_r follows the per-row recon / diffusion losses
+  (a row's is the sum of its blocks' shares), and the schedule's variance hook weights every block
+  of a row by the row's diffusion loss (the gradient of E[L_row^2]);
+* ``sc_rate`` stays a fraction of rows: a self-conditioned row is so in every block, its first pass
+  (the same vectorised pass, no gradient) estimating every noisy block from its own noisy block and
+  the clean blocks before it, each block's estimate fed back to the same block (the clean rows take
+  no self-conditioning input, so the sampler's KV cache of clean blocks stays exact);
+* the prior term does not depend on the network: per block it is today's term, summed.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +33,9 @@ from torch import Tensor
 from replaid import dist
 from replaid.config import ConfigError, RunConfig, check
 from replaid.diffusion.nelbo import (
+    block_nelbo_per_sequence,
     diffusion_loss,
+    diffusion_terms,
     forward_noise,
     low_discrepancy,
     masked_mean,
@@ -22,7 +44,7 @@ from replaid.diffusion.nelbo import (
 )
 from replaid.diffusion.rng import device_generator, host_uniform
 from replaid.methods.base import Kind, Method
-from replaid.model.replaid import RePlaid, denoise
+from replaid.model.replaid import BlockContext, RePlaid, denoise
 
 
 @dataclass
@@ -39,6 +61,7 @@ class DiffusionOptions:
     split_ema: float = 0.997  # EMA decay of the recon/diffusion loss moments (adaptive B_r)
     ce_weight: float = 0.0  # paper sec. 5.1: + w * CE(t); gradient reaches only E and the denoiser
     prior_ramp_steps: int = 0  # Plaid: output-prior scale ramps 0 -> 1 over these training steps (0 = off)
+    block_size: int = 0  # BD3-LM's blocks (issue 39): 0 = the whole sequence (today's model); else divides seq_len
 
     def validate(self) -> None:
         check(self.gamma_0 < self.gamma_1, "diffusion.gamma_0", "must be smaller than diffusion.gamma_1")
@@ -48,6 +71,7 @@ class DiffusionOptions:
         check(self.schedule_hidden > 0, "diffusion.schedule_hidden", "must be positive")
         check(self.ce_weight >= 0, "diffusion.ce_weight", "must be >= 0")
         check(self.prior_ramp_steps >= 0, "diffusion.prior_ramp_steps", "must be >= 0")
+        check(self.block_size >= 0, "diffusion.block_size", "must be >= 0 (0: the whole sequence)")
 
 
 # the model keys of the continuous networks (RePlaid's and Plaid's) beyond the shared backbone
@@ -132,10 +156,18 @@ CONTINUOUS_SAMPLERS = ("ddpm", "ddim", "dpmpp2m", "heun", "consistency")
 
 
 def continuous_eval_bound(
-    cfg: RunConfig, model, tokens: Tensor, generator: Optional[torch.Generator], mask: Optional[Tensor] = None
+    cfg: RunConfig,
+    model,
+    tokens: Tensor,
+    generator: Optional[torch.Generator],
+    mask: Optional[Tensor] = None,
+    block: int = 0,
 ) -> dict[str, Tensor]:
     """The continuous-time VDM NELBO (``nelbo_per_sequence``) of a continuous model, self-conditioning
-    as at evaluation (``eval.self_conditioning``: a first pass feeds the second)."""
+    as at evaluation (``eval.self_conditioning``: a first pass feeds the second). ``block`` (0: none):
+    a block-diffusion model's bound, the sum over blocks of :func:`continuous_block_bound`."""
+    if 0 < block < tokens.shape[1]:
+        return {k: v.sum(1) for k, v in continuous_block_bound(cfg, model, tokens, block, generator, mask).items()}
     ecfg = cfg.eval
     sc = model.self_conditioning and ecfg.self_conditioning
     return nelbo_per_sequence(
@@ -143,8 +175,36 @@ def continuous_eval_bound(
     )
 
 
+@torch.no_grad()
+def continuous_block_bound(
+    cfg: RunConfig,
+    model,
+    tokens: Tensor,
+    block: int,
+    generator: Optional[torch.Generator],
+    mask: Optional[Tensor] = None,
+) -> dict[str, Tensor]:
+    """Each block's share (B, L / block) of a block-diffusion model's per-token NELBO, ``NELBO(x^k |
+    x^{<k})`` (:func:`~replaid.diffusion.nelbo.block_nelbo_per_sequence`), self-conditioning per block
+    as at evaluation: the vectorised pass over [z_t, x_0], twice with self-conditioning."""
+    ecfg = cfg.eval
+    sc = model.self_conditioning and ecfg.self_conditioning
+    E = model.embedding_matrix()  # (V, d_e)
+    ctx = BlockContext(E[tokens.to(E.device)], block)
+    return block_nelbo_per_sequence(
+        model,
+        model.schedule,
+        tokens,
+        block,
+        lambda z, g: denoise(model, z, g, sc, ctx),
+        ecfg.t_samples,
+        mask,
+        generator,
+    )
+
+
 def continuous_conditional_nll(
-    cfg: RunConfig, model, tokens: Tensor, target: Tensor, generator: Optional[torch.Generator]
+    cfg: RunConfig, model, tokens: Tensor, target: Tensor, generator: Optional[torch.Generator], block: int = 0
 ) -> Tensor:
     """The target positions' share of the VDM NELBO (eq. 4), summed over them (B,) float64: every
     position is noised at the row's time (the context as the inpainting samplers see it), only the
@@ -152,9 +212,12 @@ def continuous_conditional_nll(
     context)`` of the conditional model ``E_eps[p(target | context noised with eps)]``: for a fixed
     context noise the target's reverse process is a valid model whose NELBO is these terms, and
     ``E[NELBO_eps] >= E[-log p_eps] >= -log E[p_eps]`` (Jensen); each time's terms depend only on
-    that time's marginal, so drawing the context noise afresh per time changes no expectation."""
+    that time's marginal, so drawing the context noise afresh per time changes no expectation.
+    With ``block`` (a block-diffusion model) the terms are the block bound's: a target block sees the
+    clean blocks before it (context and earlier target), the context after it not at all."""
     n = target.double().sum(1)
-    return continuous_eval_bound(cfg, model, tokens, generator, target.to(tokens.device))["nelbo"] * n.to(tokens.device)
+    bound = continuous_eval_bound(cfg, model, tokens, generator, target.to(tokens.device), block)
+    return bound["nelbo"] * n.to(tokens.device)
 
 
 def schedule_summary(cfg: RunConfig, model) -> dict:
@@ -186,7 +249,10 @@ class RePlaidMethod(Method[RePlaid]):
         super().__init__(cfg)
         self.opts: DiffusionOptions = cfg.options
         self.split = SplitState(decay=self.opts.split_ema)
-        self.core = self.loss_core  # compiled by compile()
+        L = cfg.data.seq_len
+        self.block = self.opts.block_size or L  # tokens per block; == L: today's model, the code path of old
+        self.blocks = self.block < L
+        self.core = self.block_loss_core if self.blocks else self.loss_core  # compiled by compile()
         self.step = 0  # optimiser steps taken (for the output-prior ramp)
 
     def prior_scale(self) -> float:
@@ -230,7 +296,11 @@ class RePlaidMethod(Method[RePlaid]):
         t = torch.cat([torch.zeros(B_r, dtype=torch.float64, device=dev), t_diff.to(dev, torch.float64)])
         is_recon = torch.arange(B, device=dev) < B_r
         hook_w = torch.zeros(B, dtype=torch.float64, device=dev)  # filled with L_diff below
-        gamma, dgamma = model.schedule(t, var_hook_weight=hook_w, detach_shape=is_recon | sc)
+        if self.blocks:  # a time per (row, block), the hook and detaching per row (module docstring)
+            t = self.block_times(t, is_recon, tokens.shape[1] // self.block)  # (B, K)
+            gamma, dgamma = model.schedule(t, var_hook_weight=hook_w[:, None], detach_shape=(is_recon | sc)[:, None])
+        else:
+            gamma, dgamma = model.schedule(t, var_hook_weight=hook_w, detach_shape=is_recon | sc)
         loss, recon, diff, prior = self.core(model, tokens, gamma, dgamma, sc, sc_idx, eps, B_r, ps, mask)
         hook_w[B_r:] = diff.detach()  # variance-minimisation hook weight (paper code figure)
         metrics = {
@@ -286,10 +356,58 @@ class RePlaidMethod(Method[RePlaid]):
         prior = prior_kl(e, g1, mask)  # (B,)
         return recon.mean() + diff.mean() + prior.mean(), recon, diff, prior
 
+    @staticmethod
+    def block_times(t: Tensor, is_recon: Tensor, K: int) -> Tensor:
+        """Per-(row, block) times (B, K) float64 from the rows' times t (B,): ``(t_b + k / K) mod 1`` on
+        diffusion rows (each block uniform on [0, 1), a row's blocks evenly spread), 0 on recon rows."""
+        shift = torch.arange(K, dtype=torch.float64, device=t.device) / K  # (K,)
+        tk = torch.remainder(t[:, None] + shift, 1.0)  # (B, K)
+        return torch.where(is_recon[:, None], torch.zeros((), dtype=torch.float64, device=t.device), tk)
+
+    def block_loss_core(
+        self,
+        model: RePlaid,
+        tokens: Tensor,
+        gamma: Tensor,
+        dgamma: Tensor,
+        sc: Tensor,
+        sc_idx: Tensor,
+        eps: Tensor,
+        B_r: int,
+        ps: float,
+        mask: Optional[Tensor],
+    ):
+        """:meth:`loss_core` with blocks (module docstring): gamma, gamma' (B, K) per (row, block); each
+        block's recon / diffusion term given the clean blocks before it, from one vectorised pass over
+        [z_t, x_0] (two on self-conditioned rows). Returns (loss, recon (B_r,), diffusion (B - B_r,),
+        prior (B,)), per-row sums of the blocks' shares."""
+        E = model.embedding()  # (V, d_e) unit rows
+        gamma = torch.where(sc[:, None], gamma.detach(), gamma)  # (B, K)
+        dgamma = torch.where(sc[:, None], dgamma.detach(), dgamma)
+        g_tok = gamma.repeat_interleave(self.block, dim=1)  # (B, L): each token at its block's level
+        dg_tok = dgamma.repeat_interleave(self.block, dim=1)
+        e = E[tokens]  # (B, L, d_e)
+        e = torch.where(sc.view(-1, 1, 1), e.detach(), e)
+        z = forward_noise(e, g_tok, eps)  # (B, L, d_e)
+        ctx = BlockContext(e, self.block)  # the clean copy: block k sees the clean blocks before it
+        e_sc = None
+        if sc_idx.numel():  # a fixed count: no sync
+            with torch.no_grad():  # every noisy block's first estimate, from its own block and clean prefix
+                sub = BlockContext(e[sc_idx], self.block)
+                first = model.train_outputs(z[sc_idx], g_tok[sc_idx], None, tokens[sc_idx], sc[sc_idx], ps, sub)[1]
+            e_sc = torch.zeros_like(z).index_copy(0, sc_idx, first)  # block k's estimate at block k's rows
+        nll, e_hat = model.train_outputs(z, g_tok, e_sc, tokens, ~sc, ps, ctx)  # (B, L), (B, L, d_e)
+        recon = masked_mean(nll[:B_r], None if mask is None else mask[:B_r])  # (B_r,)
+        terms = diffusion_terms(e_hat[B_r:], e[B_r:], g_tok[B_r:], dg_tok[B_r:])  # (n_d, L)
+        diff = masked_mean(terms, None if mask is None else mask[B_r:])  # (n_d,)
+        _, g1 = model.schedule.endpoints()
+        prior = prior_kl(e, g1, mask)  # (B,)
+        return recon.mean() + diff.mean() + prior.mean(), recon, diff, prior
+
     def compile(self, model: RePlaid) -> None:
-        """``train.compile``: compile :meth:`loss_core` (the whole loss but the noise draws and the
-        schedule with its variance hook)."""
-        self.core = torch.compile(self.loss_core)
+        """``train.compile``: compile :meth:`loss_core` (:meth:`block_loss_core` with blocks: the whole loss
+        but the noise draws and the schedule with its variance hook)."""
+        self.core = torch.compile(self.block_loss_core if self.blocks else self.loss_core)
 
     def recon_rows(self, batch: int) -> int:
         """B_r of Algorithm 1 line 2 (the adaptive split, as of the last :meth:`refresh`)."""
@@ -297,7 +415,16 @@ class RePlaidMethod(Method[RePlaid]):
 
     @classmethod
     def check_config(cls, cfg: RunConfig, world_size: int = 1) -> None:
-        """Algorithm 1 needs a reconstruction row and a diffusion row in every micro-batch."""
+        """Algorithm 1 needs a reconstruction row and a diffusion row in every micro-batch;
+        ``diffusion.block_size`` is 0 or a divisor of ``data.seq_len``."""
+        opts: DiffusionOptions = cfg.options
+        b, L = opts.block_size, cfg.data.seq_len
+        if b < 0 or (b and L % b):
+            raise ConfigError(f"diffusion.block_size={b} must be 0 (the whole sequence) or divide data.seq_len={L}")
+        if 0 < b < L and opts.ce_weight > 0:
+            raise ConfigError(
+                f"diffusion.ce_weight is not built for blocks (diffusion.block_size={b}): set diffusion.ce_weight=0"
+            )
         micro = cfg.train.batch_size // (cfg.train.grad_accum * world_size)
         if micro < 2:
             raise ConfigError(
@@ -337,17 +464,35 @@ class RePlaidMethod(Method[RePlaid]):
         """On logging steps: bring the split's statistics to the host (sets the next B_r)."""
         self.split.refresh()
 
+    def sampling_refusal(self) -> Optional[str]:
+        if self.blocks:
+            return (
+                f"this {self.name} run has blocks of {self.block} tokens (diffusion.block_size): it is sampled "
+                "block by block (replaid.sampling.blocks.sample_any_length), not wired to this command yet; "
+                "evaluate it with 'replaid eval'"
+            )
+        return None
+
     # ------------------------------------------------------------------ evaluation bound
     @torch.no_grad()
     def eval_bound(
         self, model: RePlaid, tokens: Tensor, generator: Optional[torch.Generator], mask: Optional[Tensor] = None
     ) -> dict[str, Tensor]:
-        return continuous_eval_bound(self.cfg, model, tokens, generator, mask)
+        """The VDM NELBO; with blocks, the sum over blocks of each block's bound given the earlier ones."""
+        return continuous_eval_bound(self.cfg, model, tokens, generator, mask, self.block if self.blocks else 0)
+
+    @torch.no_grad()
+    def block_bound(
+        self, model: RePlaid, tokens: Tensor, generator: Optional[torch.Generator], mask: Optional[Tensor] = None
+    ) -> dict[str, Tensor]:
+        """Each block's share (B, K) of :meth:`eval_bound` (whose terms are these summed over blocks)."""
+        return continuous_block_bound(self.cfg, model, tokens, self.block, generator, mask)
 
     def conditional_nll(
         self, model: RePlaid, tokens: Tensor, target: Tensor, generator: Optional[torch.Generator]
     ) -> Tensor:
-        return continuous_conditional_nll(self.cfg, model, tokens, target, generator)
+        block = self.block if self.blocks else 0
+        return continuous_conditional_nll(self.cfg, model, tokens, target, generator, block)
 
     def eval_summary(self, model: RePlaid) -> dict:
         return schedule_summary(self.cfg, model)

@@ -49,3 +49,15 @@ def pair_positions(L: int, device: torch.device | None = None) -> Tensor:
     """(2L,) rotary positions of ``[x_t, x_0]``: ``0 .. L-1`` twice."""
     p = torch.arange(L, device=device)
     return torch.cat([p, p])
+
+
+def prefix_block_mask(start: int, block: int, device: torch.device | None = None) -> Tensor:
+    """(n, n) bool, ``n = start + block``: a clean prefix of ``start`` rows then one noisy block, as the
+    training mask lets them see each other (True = attend): the prefix block-causally among itself,
+    the noisy block the whole prefix and itself. The uncached reference of the block samplers."""
+    n = start + block
+    b = torch.arange(n, device=device) // block
+    mask = b[:, None] >= b[None, :]  # clean prefix block-causal ...
+    mask[start:, :] = True  # ... the noisy block sees the whole prefix and itself
+    mask[:start, start:] = False
+    return mask

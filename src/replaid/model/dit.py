@@ -99,6 +99,46 @@ class KVCache:
             self.layers.append((k, v))
 
 
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rope: tuple[Tensor, Tensor],
+    mask: Optional[Tensor] = None,
+    cache: Optional[KVCache] = None,
+    layer: int = 0,
+    commit: bool = False,
+    causal: bool = False,
+) -> Tensor:
+    """Rotary SDPA of q, k, v (B, H, L, hd), shared by every backbone (DiT's, Plaid's): with ``cache``, over
+    [cached keys, these keys] (``commit`` appends these rotated keys and values to the cache); ``mask``
+    (L, keys) bool, True = attend (None: all, or causal when ``causal`` and there is no cache)."""
+    q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # (B, H, L, hd)
+    if cache is not None:
+        old = cache.keys(layer)
+        if commit:
+            cache.put(layer, k, v)
+        if old is not None:
+            k, v = torch.cat([old[0], k], dim=2), torch.cat([old[1], v], dim=2)
+    if mask is None and cache is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def rope_for(
+    rotary: Rotary, L: int, device: torch.device, positions: Optional[Tensor], cache: Optional[KVCache]
+) -> tuple[Tensor, Tensor]:
+    """The rotary tables of L new rows: ``0..L-1``, the given ``positions`` (L,), or the cache's next
+    positions (a slice of the tables, no host read)."""
+    if positions is None and cache is None:
+        return rotary(L, device)
+    if positions is None:
+        assert cache is not None
+        cos, sin = rotary(cache.next_pos + L, device)
+        return cos[cache.next_pos :], sin[cache.next_pos :]
+    return rotary.at(positions)
+
+
 class DiTBlock(nn.Module):
     """One pre-LN transformer block with AdaLN-Zero (identity at initialisation)."""
 
@@ -142,17 +182,7 @@ class DiTBlock(nn.Module):
         ``commit`` appends x's rotated keys and values to the cache."""
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # (B, H, L, hd)
-        if cache is not None:
-            old = cache.keys(layer)
-            if commit:
-                cache.put(layer, k, v)
-            if old is not None:
-                k, v = torch.cat([old[0], k], dim=2), torch.cat([old[1], v], dim=2)
-        if mask is None and cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = attend(q, k, v, rope, mask, cache, layer, commit, self.causal)  # (B, H, L, hd)
         return self.attn_out(y.transpose(1, 2).reshape(B, L, D))
 
     def forward(
@@ -211,8 +241,8 @@ class TimeEmbedding(nn.Module):
             "freqs", torch.exp(torch.linspace(-5, 5, n_features // 2, dtype=torch.float64)), persistent=False
         )
 
-    def forward(self, gamma: Tensor) -> Tensor:  # (B,) float64 -> (B, n) float32
-        a = gamma.double()[:, None] * self.freqs
+    def forward(self, gamma: Tensor) -> Tensor:  # (B,) or per token (B, L) float64 -> (..., n) float32
+        a = gamma.double()[..., None] * self.freqs
         return torch.cat([a.sin(), a.cos()], dim=-1).float()
 
 
@@ -229,9 +259,9 @@ class DiTTimestepFeatures(nn.Module):
         self.register_buffer("freqs", f, persistent=False)
         self.of_t = of_t
 
-    def forward(self, t: Tensor) -> Tensor:  # (B,) -> (B, n) float32
+    def forward(self, t: Tensor) -> Tensor:  # (B,) or per token (B, L) -> (..., n) float32
         x = -torch.log1p(-t.double()) if self.of_t else t.double()
-        a = x[:, None] * self.freqs
+        a = x[..., None] * self.freqs
         return torch.cat([a.cos(), a.sin()], dim=-1).float()
 
 
@@ -279,14 +309,7 @@ class Backbone(nn.Module):
         a ``cache`` and no mask every row sees every cached key and the new rows (causal blocks: the
         new rows up to their own); ``commit`` writes the rows' keys to the cache and advances it."""
         L = x.shape[1]
-        if positions is None and cache is None:
-            rope = self.rotary(L, x.device)
-        elif positions is None:  # the cache's next positions: a slice of the tables, no host read
-            assert cache is not None
-            cos, sin = self.rotary(cache.next_pos + L, x.device)
-            rope = (cos[cache.next_pos :], sin[cache.next_pos :])
-        else:
-            rope = self.rotary.at(positions)
+        rope = rope_for(self.rotary, L, x.device, positions, cache)
         if cache is not None and mask is None and self.blocks[0].causal and L > 1:
             n = cache.length
             mask = torch.ones(L, n + L, dtype=torch.bool, device=x.device).tril(diagonal=n)

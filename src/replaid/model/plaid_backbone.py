@@ -33,7 +33,8 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from replaid.config import ModelConfig
-from replaid.model.dit import FinalLayer, Rotary, apply_rotary
+from replaid.diffusion.denoiser import alpha_sigma, per_position
+from replaid.model.dit import FinalLayer, KVCache, Rotary, attend, per_token, rope_for
 from replaid.model.replaid import RePlaid, ScheduleOptions
 
 MUP_BASE_WIDTH = 256  # Plaid's muP base shapes: the readout multiplier is MUP_BASE_WIDTH / hidden
@@ -69,16 +70,33 @@ class PlaidBlock(nn.Module):
             nn.Linear(mlp_ratio * hidden, hidden, bias=False),
         )
 
-    def attention(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+    def attention(
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor],
+        mask: Optional[Tensor] = None,
+        cache: Optional[KVCache] = None,
+        layer: int = 0,
+        commit: bool = False,
+    ) -> Tensor:
+        """Bidirectional rotary attention; ``mask``/``cache``/``commit`` as :func:`replaid.model.dit.attend`."""
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        y = F.scaled_dot_product_attention(q, k, v)
+        y = attend(q, k, v, rope, mask, cache, layer, commit)  # (B, H, L, hd)
         return self.attn_out(y.transpose(1, 2).reshape(B, L, D))
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor],
+        mask: Optional[Tensor] = None,
+        cache: Optional[KVCache] = None,
+        layer: int = 0,
+        commit: bool = False,
+    ) -> Tensor:
         s = self.residual_scale
-        x = x + s * F.dropout(self.attention(self.norm1(x), rope).float(), self.dropout, self.training)
+        a = self.attention(self.norm1(x), rope, mask, cache, layer, commit)
+        x = x + s * F.dropout(a.float(), self.dropout, self.training)
         x = x + s * F.dropout(self.mlp(self.norm2(x)).float(), self.dropout, self.training)
         return x
 
@@ -99,13 +117,27 @@ class PlaidBackbone(nn.Module):
         self.rotary = Rotary(hidden // n_heads)
         self.activation_checkpointing = activation_checkpointing  # linears keep PyTorch's default init
 
-    def forward(self, x: Tensor, c: Optional[Tensor] = None) -> Tensor:
-        rope = self.rotary(x.shape[1], x.device)
-        for blk in self.blocks:
-            if self.activation_checkpointing and self.training:
-                x = checkpoint(blk, x, rope, use_reentrant=False)
+    def forward(
+        self,
+        x: Tensor,
+        c: Optional[Tensor] = None,
+        *,
+        positions: Optional[Tensor] = None,
+        mask: Optional[Tensor] = None,
+        cache: Optional[KVCache] = None,
+        commit: bool = False,
+    ) -> Tensor:
+        """x (B, L, D) -> (B, L, D); ``c`` is unused (no AdaLN). ``positions``, ``mask``, ``cache`` and
+        ``commit`` as :meth:`replaid.model.dit.Backbone.forward` (block diffusion, issue 39)."""
+        L = x.shape[1]
+        rope = rope_for(self.rotary, L, x.device, positions, cache)
+        for i, blk in enumerate(self.blocks):
+            if self.activation_checkpointing and self.training and cache is None:
+                x = checkpoint(blk, x, rope, mask, use_reentrant=False)
             else:
-                x = blk(x, rope)
+                x = blk(x, rope, mask, cache, i, commit)
+        if cache is not None and commit:
+            cache.next_pos += L
         return x
 
 
@@ -123,16 +155,17 @@ class PlaidModel(RePlaid):
         self.in_z.reset_parameters()  # Plaid's input_linear: PyTorch's default init
         self.readout_mult = MUP_BASE_WIDTH / cfg.hidden  # muP: output_mult / width_mult
 
-    def hidden_states(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor]) -> tuple[Tensor, None]:
-        from replaid.diffusion.denoiser import alpha_sigma
-
+    def input_states(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor]) -> tuple[Tensor, None]:
+        """``h_0`` (B, L, hidden) and no condition (time enters through ``in_t`` only); gamma (B,) or (B, L)."""
         alpha, sigma = alpha_sigma(gamma.double())
-        scale = torch.rsqrt(alpha**2 / self.d_e + sigma**2).float().view(-1, 1, 1)
-        h = self.in_z(z.float() * scale) + self.in_t(self.time_features(gamma))[:, None]
+        scale = per_position(torch.rsqrt(alpha**2 / self.d_e + sigma**2).float())  # (B, 1, 1) or (B, L, 1)
+        h = self.in_z(z.float() * scale) + per_token(self.in_t(self.time_features(gamma)))
         if e_sc is not None:
             h = h + self.in_sc(e_sc.float() * math.sqrt(self.d_e))
-        h = self.backbone(h)
-        return self.final.features(h, None) * self.readout_mult, None
+        return h, None
+
+    def readout(self, h: Tensor, c: Optional[Tensor]) -> Tensor:
+        return self.final.features(h, None) * self.readout_mult
 
     def head_logits(self, feats: Tensor) -> Tensor:
         with torch.autocast(device_type=feats.device.type, enabled=False):

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Protocol
 
@@ -19,12 +20,22 @@ import torch
 from torch import Tensor, nn
 
 from replaid.config import ModelConfig
-from replaid.diffusion.denoiser import DenoiserOutput, alpha_sigma, prior_logits
+from replaid.diffusion.denoiser import DenoiserOutput, alpha_sigma, per_position, prior_logits
 from replaid.diffusion.schedule import NoiseSchedule
-from replaid.model.dit import Backbone, DiTTimestepFeatures, FinalLayer, TimeEmbedding
+from replaid.model.blocks import block_diffusion_mask, pair_positions
+from replaid.model.dit import Backbone, DiTTimestepFeatures, FinalLayer, TimeEmbedding, per_token
 from replaid.model.head import chunk_rows, plain_head, prior_softmax_head
 
 N_TIME_FEATURES = 64
+
+
+@dataclass(frozen=True)
+class BlockContext:
+    """Block diffusion's training input beside the noisy rows (issue 39): the clean copy ``e`` (B, L,
+    d_e) of the same sequence and the block size (:meth:`RePlaid.block_features`)."""
+
+    e: Tensor
+    block: int
 
 
 class TokenEmbedding(nn.Module):
@@ -179,15 +190,17 @@ class RePlaid(nn.Module):
     def embedding_matrix(self) -> Tensor:
         return self.embedding()
 
-    def hidden_states(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-        """Backbone features before the head. z: (B, L, d_e); gamma: (B,) float64."""
+    def input_states(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
+        """``h_0`` (B, L, hidden) and the AdaLN condition (module docstring). z: (B, L, d_e); gamma: (B,)
+        float64, or per token (B, L) (block diffusion: every block at its own level), and then the
+        condition is per token too, (B, L, cond_dim) instead of (B, cond_dim)."""
         alpha, sigma = alpha_sigma(gamma.double())
-        scale = torch.rsqrt(alpha**2 / self.d_e + sigma**2).float().view(-1, 1, 1)
-        feat = self.time_features(gamma)  # (B, 64)
+        scale = per_position(torch.rsqrt(alpha**2 / self.d_e + sigma**2).float())  # (B, 1, 1) or (B, L, 1)
+        feat = self.time_features(gamma)  # (B, 64) or (B, L, 64)
         with torch.autocast(device_type=z.device.type, enabled=False):  # input projections: float32
             h = self.in_z(z.float() * scale)  # (B, L, hidden)
             if self.cfg.time_input:
-                h = h + self.in_t(feat)[:, None]
+                h = h + per_token(self.in_t(feat))
             if e_sc is not None:
                 h = h + self.in_sc(e_sc.float() * math.sqrt(self.d_e))
         if self.cfg.adaln_features == "dit":
@@ -196,26 +209,79 @@ class RePlaid(nn.Module):
             c = self.cond(torch.zeros_like(feat))  # time enters through in_t only (as Plaid)
         else:
             c = self.cond(feat)
-        h = self.backbone(h, c)
+        return h, c
+
+    def readout(self, h: Tensor, c: Optional[Tensor]) -> Tensor:
+        """The head's input features of the backbone's output h (B, L, hidden)."""
         f = self.final.features(h, c)
-        return (f * self.cfg.readout_mult if self.cfg.readout_mult != 1.0 else f), c
+        return f * self.cfg.readout_mult if self.cfg.readout_mult != 1.0 else f
+
+    def hidden_states(
+        self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor], context: Optional[BlockContext] = None
+    ) -> tuple[Tensor, Optional[Tensor]]:
+        """Backbone features before the head. z: (B, L, d_e); gamma: (B,) float64, or (B, L) with a
+        ``context`` (block diffusion: :meth:`block_features`)."""
+        if context is not None:
+            return self.block_features(z, gamma, e_sc, context)
+        h, c = self.input_states(z, gamma, e_sc)
+        return self.readout(self.backbone(h, c), c), c
+
+    # ---- block diffusion (issue 39; BD3-LM) -------------------------------------------------
+    def clean_states(self, e: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+        """The clean rows' ``h_0`` (B, n, hidden) and per-token condition: a clean block enters as its
+        t = 0 latent without noise, ``z = alpha_0 e`` at ``gamma_0 = gamma(0)`` (the schedule's endpoint,
+        detached: the context does not train the schedule), with no self-conditioning input. e: (B, n, d_e)."""
+        B, n, _ = e.shape
+        g0 = self.schedule.endpoints()[0].detach().expand(B, n)  # (B, n) float64
+        alpha, _ = alpha_sigma(g0)
+        z = (alpha[..., None] * e.double()).to(e.dtype)  # (B, n, d_e)
+        return self.input_states(z, g0, None)
+
+    def block_features(
+        self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor], context: BlockContext
+    ) -> tuple[Tensor, Optional[Tensor]]:
+        """BD3-LM's vectorised pass: the noisy rows z (B, L, d_e) at per-token gamma (B, L) and the clean
+        copy ``context.e`` (B, L, d_e) as one (B, 2L) input under
+        :func:`~replaid.model.blocks.block_diffusion_mask`; returns the noisy half's features (B, L,
+        hidden), block k's given the clean blocks before it and its own noisy block, and its condition."""
+        L = z.shape[1]
+        h_n, c_n = self.input_states(z, gamma, e_sc)  # (B, L, hidden), (B, L, cond) or None
+        h_c, c_c = self.clean_states(context.e)
+        h = torch.cat([h_n, h_c], dim=1)  # (B, 2L, hidden)
+        c = None if c_n is None or c_c is None else torch.cat([c_n, c_c], dim=1)
+        pos, mask = pair_positions(L, h.device), block_diffusion_mask(L, context.block, h.device)
+        h = self.backbone(h, c, positions=pos, mask=mask)
+        return self.readout(h[:, :L], c_n), c_n
 
     def head_logits(self, feats: Tensor) -> Tensor:
         """The logit head, bf16 under autocast (precision table), returned as float32 (B, L, V)."""
         return self.final.linear(feats).float()
 
     def forward(
-        self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None, prior_scale: float = 1.0
+        self,
+        z: Tensor,
+        gamma: Tensor,
+        e_sc: Optional[Tensor] = None,
+        prior_scale: float = 1.0,
+        context: Optional[BlockContext] = None,
     ) -> DenoiserOutput:
         """(z_t, gamma, e_sc) -> (logits, e_hat) for sampling and evaluation (plain autograd).
 
         prior_scale: multiplies the output prior logits (Plaid's ``bias_scale`` ramp; 1 = RePlaid).
+        context: block diffusion's clean copy and block size (gamma then per token (B, L)).
         """
-        feats, _ = self.hidden_states(z, gamma, e_sc)  # (B, L, hidden)
-        return self._output(feats, z, gamma, self.embedding(), prior_scale)
+        feats, _ = self.hidden_states(z, gamma, e_sc, context)  # (B, L, hidden)
+        return self.output(feats, z, gamma, self.embedding(), prior_scale)
 
     def train_outputs(
-        self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor], tokens: Tensor, e_keep: Tensor, prior_scale: float = 1.0
+        self,
+        z: Tensor,
+        gamma: Tensor,
+        e_sc: Optional[Tensor],
+        tokens: Tensor,
+        e_keep: Tensor,
+        prior_scale: float = 1.0,
+        context: Optional[BlockContext] = None,
     ) -> tuple[Tensor, Tensor]:
         """Training outputs of every row through the fused head (:mod:`replaid.model.head`):
         the per-position reconstruction CE ``-log x_hat[tokens]`` (B, L) float32 and ``e_hat``
@@ -223,14 +289,15 @@ class RePlaid(nn.Module):
 
         e_keep: (B,) bool, rows whose output prior logits and reparameterisation train ``E``
             (False on self-conditioned rows, which use ``E.detach()``).
+        context: block diffusion (:meth:`block_features`); gamma is then per token (B, L).
         """
         B, L, d_e = z.shape
-        feats, _ = self.hidden_states(z, gamma, e_sc)  # (B, L, hidden)
+        feats, _ = self.hidden_states(z, gamma, e_sc, context)  # (B, L, hidden)
         E = self.embedding()  # (V, d_e)
         zs = None
         if self.cfg.output_prior:
             alpha, sigma = alpha_sigma(gamma.double())
-            zs = (z.float() * (prior_scale * alpha / sigma**2).float().view(-1, 1, 1)).reshape(B * L, d_e)
+            zs = (z.float() * per_position((prior_scale * alpha / sigma**2).float())).reshape(B * L, d_e)
         lin = self.final.linear
         args = (
             feats.reshape(B * L, -1),
@@ -255,7 +322,9 @@ class RePlaid(nn.Module):
             return torch.get_autocast_dtype(device.type)
         return torch.float32
 
-    def _output(self, feats: Tensor, z: Tensor, gamma: Tensor, E: Tensor, prior_scale: float = 1.0) -> DenoiserOutput:
+    def output(self, feats: Tensor, z: Tensor, gamma: Tensor, E: Tensor, prior_scale: float = 1.0) -> DenoiserOutput:
+        """(logits, e_hat) of the head's features (B, L, hidden): the head, the output prior logits at
+        z (B, L, d_e) and gamma (B,) or (B, L), the categorical reparameterisation."""
         logits = self.head_logits(feats)  # (b, L, V): the head in bf16 under autocast
         with torch.autocast(device_type=z.device.type, enabled=False):
             if self.cfg.output_prior:
@@ -282,11 +351,19 @@ class RePlaid(nn.Module):
         return sum(p.numel() for p in self.parameters()) - self.embedding.weight.numel()
 
 
-def denoise(model, z: Tensor, gamma: Tensor, self_cond: Optional[bool] = None) -> DenoiserOutput:
+def denoise(
+    model, z: Tensor, gamma: Tensor, self_cond: Optional[bool] = None, context: Optional[BlockContext] = None
+) -> DenoiserOutput:
     """Evaluation-time prediction: with self-conditioning, a first pass with no s.c. input
-    whose ``e_hat`` feeds the second pass (on for every row)."""
+    whose ``e_hat`` feeds the second pass (on for every row). With a block ``context`` both are the
+    vectorised block pass, so each block's first estimate feeds the same block's second pass."""
     sc = model.self_conditioning if self_cond is None else self_cond
+    if context is None:
+        if not sc:
+            return model(z, gamma, None)
+        first = model(z, gamma, None)
+        return model(z, gamma, first.e_hat)
     if not sc:
-        return model(z, gamma, None)
-    first = model(z, gamma, None)
-    return model(z, gamma, first.e_hat)
+        return model(z, gamma, None, context=context)
+    first = model(z, gamma, None, context=context)
+    return model(z, gamma, first.e_hat, context=context)

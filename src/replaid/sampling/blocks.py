@@ -1,34 +1,97 @@
 """Block-by-block generation for block diffusion (issue 39 §2; BD3-LM's semi-autoregressive sampler).
 
-A run trained with blocks of ``b`` tokens (``mdlm.block_size``) writes text of any length: block k is
-denoised from all-[MASK] by MDLM's ancestral steps, attending to the committed clean blocks before it,
-then committed by one clean forward pass whose keys and values go to a
-:class:`~replaid.model.dit.KVCache`. The cache is exact: its keys are those the training pass computes
-for the clean copy (clean rows attend block-causally), so cached and uncached generation draw the same
-tokens (``use_cache=False`` recomputes the clean prefix at every step, the reference).
+A run trained with blocks of ``b`` tokens (``mdlm.block_size``, ``diffusion.block_size``) writes text of
+any length: block k is denoised from noise, attending to the committed clean blocks before it, then
+committed by one clean forward pass whose keys and values go to a :class:`~replaid.model.dit.KVCache`.
+The cache is exact: its keys are those the training pass computes for the clean copy (clean rows attend
+block-causally), so cached and uncached generation draw the same tokens (``use_cache=False``
+recomputes the clean prefix at every network call, the reference).
+
+One block loop (:func:`block_loop`) serves every method; what differs is the function that denoises one
+block: MDLM's ancestral unmasking from all-[MASK] (:func:`sample_blocks`), or any registered continuous
+sampler (DDPM, DDIM, DPM-Solver++, Heun, ...) from ``z ~ N(0, I)`` with a denoiser that sees the committed
+blocks (:class:`BlockDenoiser`, :func:`sample_blocks_continuous`). :func:`sample_any_length` is the one
+entry point for a run of any block method.
 
 Past the training context a ``window`` keeps the last ``window`` committed rows: rotary scores depend
 on position differences only, so positions keep counting and every query-key offset stays inside the
 window, i.e. inside what the model was trained on; what falls out of the window is no longer seen.
 
 A prompt fills the first positions: its whole blocks are committed first (prefill), and a block it
-covers in part is denoised with the prompt's tokens kept. ``stop`` (rows' tokens so far -> (B,) bool)
-ends generation once every row is done; the caller cuts each row at its stop.
+covers in part is denoised with the prompt's tokens kept (MDLM: never masked; continuous: replaced by
+their forward samples at every level, :class:`~replaid.sampling.continuous.Inpaint`). ``stop`` (rows'
+tokens so far -> (B,) bool) ends generation once every row is done; the caller cuts each row at its stop.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from replaid.diffusion.denoiser import DenoiserOutput
 from replaid.diffusion.rng import device_generator
-from replaid.model.dit import KVCache
+from replaid.methods.base import Kind, Method
+from replaid.model.blocks import prefix_block_mask
+from replaid.model.dit import KVCache, per_token
 from replaid.model.tokens import TokenDiT
-from replaid.sampling.contract import Callback, SampleResult
+from replaid.sampling.continuous import Inpaint, gamma_grid, time_grid
+from replaid.sampling.contract import Callback, SampleResult, SamplerFn, StepInfo
 from replaid.sampling.discrete import tempered_probs, unmask_step
+from replaid.sampling.registry import get_sampler
+
+Stop = Callable[[Tensor], Tensor]  # rows' tokens so far (B, n) -> (B,) bool: this row is done
+# (k, start, out, cache) -> network calls: write block k (positions start .. start + b) into out (B, N)
+FillBlock = Callable[[int, int, Tensor, Optional[KVCache]], int]
+Commit = Callable[[Tensor, int, KVCache], None]  # one clean pass of the block's ids (B, b) at start, to the cache
+
+
+def block_loop(
+    out: Tensor,
+    known: Tensor,
+    block: int,
+    fill: FillBlock,
+    commit: Commit,
+    *,
+    use_cache: bool = True,
+    window: Optional[int] = None,
+    stop: Optional[Stop] = None,
+    on_block: Optional[Callable[[int, Tensor], None]] = None,
+    disable_progress: bool = True,
+) -> SampleResult:
+    """The one block loop (module docstring). ``out`` (B, N) ids, the prompt's in place where ``known``
+    (B, N) bool; block by block, a block wholly known is committed as it is (prefill), any other is
+    written by ``fill`` and then committed (not after the last block, nor once every row has stopped).
+    ``on_block(k, ids (B, b))`` is told each block written. Returns the ids up to the last block
+    written and the network calls (``fill``'s plus one per commit)."""
+    B, N = out.shape
+    if block < 1 or N % block:
+        raise ValueError(f"the length {N} must be a positive multiple of the block size {block}")
+    if use_cache is False and window is not None:
+        raise ValueError("a window is a property of the cache: use_cache=False sees the whole prefix")
+    cache = KVCache(window=window) if use_cache else None
+    n_blocks = N // block
+    nfe, end = 0, 0
+    for k in tqdm(range(n_blocks), disable=disable_progress, desc="blocks", leave=False):
+        s0, e0 = k * block, (k + 1) * block
+        if not bool(known[:, s0:e0].all()):
+            nfe += fill(k, s0, out, cache)
+            if on_block is not None:
+                on_block(k, out[:, s0:e0])
+        end = e0
+        if k == n_blocks - 1 or (stop is not None and bool(stop(out[:, :end]).all())):
+            break
+        if cache is not None:
+            commit(out[:, s0:e0], s0, cache)
+            nfe += 1
+    return SampleResult(out[:, :end], nfe)
+
+
+# ------------------------------------------------------------------ MDLM (BD3-LM)
 
 
 def _block_logits(
@@ -42,13 +105,9 @@ def _block_logits(
         assert cache.next_pos == start  # blocks are committed in order: the cache's next positions are these
         h = model.backbone(model.input_states(ids), c, cache=cache)
     else:
-        n = start + block
         h = torch.cat([model.input_states(out[:, :start]), model.input_states(ids)], dim=1)
-        blk = torch.arange(n, device=ids.device) // block
-        mask = blk[:, None] >= blk[None, :]  # clean prefix block-causal ...
-        mask[start:, :] = True  # ... the noisy block sees the whole prefix and itself
-        mask[:start, start:] = False
-        h = model.backbone(h, c, mask=mask)[:, start:]  # positions 0 .. n-1
+        mask = prefix_block_mask(start, block, ids.device)
+        h = model.backbone(h, c, mask=mask)[:, start:]  # positions 0 .. start + b - 1
     return model.head(model.final.features(h, c))
 
 
@@ -71,37 +130,24 @@ def sample_blocks(
     block: int = 0,
     use_cache: bool = True,
     window: Optional[int] = None,
-    stop: Optional[Callable[[Tensor], Tensor]] = None,
+    stop: Optional[Stop] = None,
+    on_block: Optional[Callable[[int, Tensor], None]] = None,
     disable_progress: bool = True,
 ) -> SampleResult:
-    """Generate ``x`` (B, N) block by block (module docstring): [MASK] (id V) where to write, the prompt's
-    tokens elsewhere (only in the first blocks); ``N`` a multiple of ``block``; ``ts`` (T + 1,) from 1 to 0,
-    every block's grid. Returns the tokens up to the last block written (all rows stopped, or N) and
-    the network calls (denoising calls plus one commit pass per block).
+    """MDLM: generate ``x`` (B, N) block by block (module docstring): [MASK] (id V) where to write, the
+    prompt's tokens elsewhere (only in the first blocks); ``N`` a multiple of ``block``; ``ts`` (T + 1,)
+    from 1 to 0, every block's grid. Returns the tokens up to the last block written (all rows stopped,
+    or N) and the network calls (denoising calls plus one commit pass per block that another follows).
 
     ``callback`` gets ``{"i", "T", "t", "s", "z": (B, N) tokens so far (mask id V), "probs": (B, b, V),
     "block": k}`` after each step."""
-    if block < 1 or x.shape[1] % block:
-        raise ValueError(f"the length {x.shape[1]} must be a positive multiple of the block size {block}")
-    if use_cache is False and window is not None:
-        raise ValueError("a window is a property of the cache: use_cache=False sees the whole prefix")
-    dev = x.device
     V = model.n_out
-    B, N = x.shape
     steps = len(ts) - 1
-    gen = device_generator(generator, dev)
-    out = x.clone()
-    cache = KVCache(window=window) if use_cache else None
-    nfe, end = 0, 0
-    for k in tqdm(range(N // block), disable=disable_progress, desc="blocks", leave=False):
-        s0, e0 = k * block, (k + 1) * block
+    gen = device_generator(generator, x.device)
+
+    def fill(k: int, s0: int, out: Tensor, cache: Optional[KVCache]) -> int:
+        e0, nfe = s0 + block, 0
         z = out[:, s0:e0]
-        if bool((z != V).all()):  # a block of the prompt: committed as it is (prefill)
-            if cache is not None:
-                _commit(model, z, s0, cache)
-                nfe += 1
-            end = e0
-            continue
         probs = None
         for i in range(steps):
             t, s = float(ts[i]), float(ts[i + 1])
@@ -116,10 +162,230 @@ def sample_blocks(
             out[:, s0:e0] = z
             if callback is not None:
                 callback({"i": i, "T": steps, "t": t, "s": s, "z": out, "probs": used, "block": k})
-        if cache is not None:
-            _commit(model, z, s0, cache)
-            nfe += 1
-        end = e0
-        if stop is not None and bool(stop(out[:, :end]).all()):
-            break
-    return SampleResult(out[:, :end], nfe)
+        return nfe
+
+    return block_loop(
+        x.clone(),
+        x != V,
+        block,
+        fill,
+        lambda ids, s0, cache: _commit(model, ids, s0, cache),
+        use_cache=use_cache,
+        window=window,
+        stop=stop,
+        on_block=on_block,
+        disable_progress=disable_progress,
+    )
+
+
+# ------------------------------------------------------------------ continuous methods (RePlaid, Plaid)
+
+
+class BlockDenoiser:
+    """A continuous model's denoiser (:class:`~replaid.diffusion.denoiser.Denoiser`) for the noisy block
+    at positions ``start ..``, seeing the committed clean blocks before it: the ``cache``'s keys, or (no
+    cache) the clean ``prefix`` ids (B, start) recomputed as the training pass sees them (each clean block
+    ``alpha_0 e`` at ``gamma_0``: :meth:`~replaid.model.replaid.RePlaid.clean_states`). With nothing
+    before it (the first block) it is the plain model. gamma (B,) per row, as every sampler passes it."""
+
+    def __init__(self, model: Any, start: int, cache: Optional[KVCache] = None, prefix: Optional[Tensor] = None):
+        self.model, self.start, self.cache, self.prefix = model, start, cache, prefix
+        self.self_conditioning = model.self_conditioning
+
+    def embedding_matrix(self) -> Tensor:
+        return self.model.embedding_matrix()
+
+    def __call__(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None) -> DenoiserOutput:
+        m, s0 = self.model, self.start
+        if s0 == 0:  # nothing committed before: the model itself (a one-block run is today's sampler)
+            return m(z, gamma, e_sc)
+        h, c = m.input_states(z, gamma, e_sc)  # (B, b, hidden), (B, cond) or None
+        if self.cache is not None:
+            assert self.cache.next_pos == s0  # blocks are committed in order
+            h = m.backbone(h, c, cache=self.cache)
+        else:
+            assert self.prefix is not None
+            b = z.shape[1]
+            h_c, c_c = m.clean_states(m.embedding_matrix()[self.prefix])  # (B, start, hidden)
+            cc = None if c is None or c_c is None else torch.cat([c_c, per_token(c).expand(-1, b, -1)], dim=1)
+            h = m.backbone(torch.cat([h_c, h], dim=1), cc, mask=prefix_block_mask(s0, b, z.device))[:, s0:]
+        return m.output(m.readout(h, c), z, gamma, m.embedding_matrix())
+
+
+def commit_continuous(model: Any, ids: Tensor, start: int, cache: KVCache) -> None:
+    """One clean pass over a finished block's ids (B, b) (as the training pass's clean copy), its keys
+    and values written to the cache."""
+    assert cache.next_pos == start
+    h, c = model.clean_states(model.embedding_matrix()[ids])
+    model.backbone(h, c, cache=cache, commit=True)  # at the cache's next positions
+
+
+@torch.no_grad()
+def sample_blocks_continuous(
+    model: Any,
+    sampler: SamplerFn,
+    ids: Tensor,
+    known: Tensor,
+    gammas: Tensor,
+    *,
+    generator: Optional[torch.Generator] = None,
+    callback: Optional[Callback] = None,
+    block: int = 0,
+    use_cache: bool = True,
+    window: Optional[int] = None,
+    stop: Optional[Stop] = None,
+    on_block: Optional[Callable[[int, Tensor], None]] = None,
+    options: Optional[dict[str, Any]] = None,
+    disable_progress: bool = True,
+) -> SampleResult:
+    """A continuous model (RePlaid, Plaid): write ``ids`` (B, N) where not ``known`` (B, N) bool (the
+    prompt's ids in place), block by block: each block from ``z ~ N(0, I)`` (B, b, d_e) drawn from
+    ``generator``, by ``sampler`` (any registered continuous sampler, e.g. ``sample_ddim``) on ``gammas``
+    with a :class:`BlockDenoiser` (its own self-conditioning chain, per block); the prompt's positions of
+    a block it covers in part by replacement. ``options``: the sampler's own keywords (``self_cond``,
+    ``disable_progress``). ``callback``: the sampler's :class:`StepInfo` with ``"block": k`` added."""
+    dev = ids.device
+    B = ids.shape[0]
+    E = model.embedding_matrix().detach()
+    gen = device_generator(generator, dev)
+    opts = dict(options or {})
+
+    def fill(k: int, s0: int, out: Tensor, cache: Optional[KVCache]) -> int:
+        e0 = s0 + block
+        den = BlockDenoiser(model, s0, cache, None if cache is not None else out[:, :s0])
+        z = torch.randn(B, block, E.shape[1], generator=gen, device=dev)  # (B, b, d_e)
+        kn = known[:, s0:e0]
+        inpaint = Inpaint(out[:, s0:e0], kn, E) if bool(kn.any()) else None
+        cb = None if callback is None else _tagged(callback, k)
+        res = sampler(den, z, gammas, generator=gen, callback=cb, **{**opts, "inpaint": inpaint})
+        out[:, s0:e0] = res.tokens
+        return res.nfe
+
+    return block_loop(
+        ids.clone(),
+        known,
+        block,
+        fill,
+        lambda blk, s0, cache: commit_continuous(model, blk, s0, cache),
+        use_cache=use_cache,
+        window=window,
+        stop=stop,
+        on_block=on_block,
+        disable_progress=disable_progress,
+    )
+
+
+def _tagged(callback: Callback, k: int) -> Callback:
+    def call(info: StepInfo) -> None:
+        callback(StepInfo(**info, block=k))
+
+    return call
+
+
+# ------------------------------------------------------------------ any method, any length
+
+
+@dataclass
+class AnyLength:
+    """What :func:`sample_any_length` wrote: ``tokens`` (B, n) the prompt then the generated ids, up to
+    the last block written (whole blocks: the caller trims to ``prompt_len + max_tokens`` and at its
+    stop); ``blocks`` (start position, ids (B, b)) of each block written, in order (the prompt's whole
+    blocks are not written); ``nfe`` the network calls."""
+
+    tokens: Tensor
+    prompt_len: int
+    nfe: int
+    blocks: list[tuple[int, Tensor]] = field(default_factory=list)
+
+
+def block_size_of(method: Method[Any]) -> int:
+    """The block size of a run's method: its ``block`` (MDLM, RePlaid, Plaid), ``seq_len`` without blocks."""
+    return int(getattr(method, "block", 0) or method.cfg.data.seq_len)
+
+
+@torch.no_grad()
+def sample_any_length(
+    method: Method[Any],
+    model: Any,
+    prompt_ids: Tensor,
+    max_tokens: int,
+    stop: Optional[Stop] = None,
+    sampler: Optional[str] = None,
+    steps: int = 64,
+    window: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
+    callback: Optional[Callback] = None,
+    *,
+    on_block: Optional[Callable[[int, Tensor], None]] = None,
+    use_cache: bool = True,
+    temperature: float = 1.0,
+) -> AnyLength:
+    """Generate ``max_tokens`` ids after ``prompt_ids`` (B, P) long (P may be 0) with a run of MDLM,
+    RePlaid or Plaid, block by block (module docstring): N = ``ceil((P + max_tokens) / b)`` whole blocks.
+    A run without blocks is one block of ``seq_len`` (today's sampler; P + max_tokens <= seq_len).
+
+    ``sampler``: a registered name of the method (None: its default); ``steps``: each block's T;
+    ``window``: the KV cache's committed rows (None: all; past ``seq_len`` pass at most ``seq_len - b``
+    to stay inside the trained context); ``generator``: every draw's (a CPU generator is moved to the
+    model's device as :func:`replaid.diffusion.rng.device_generator` does); ``callback``: each step's
+    :class:`StepInfo` with ``block``; ``on_block(k, ids)``: each block as it is written (streaming);
+    ``temperature``: MDLM's. Returns :class:`AnyLength`."""
+    b = block_size_of(method)
+    L = method.cfg.data.seq_len
+    if prompt_ids.dim() == 1:
+        prompt_ids = prompt_ids[None]
+    Bn, P = prompt_ids.shape
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    N = math.ceil((P + max_tokens) / b) * b
+    if b >= L and N > L:
+        raise ValueError(
+            f"this {method.name} run has no blocks: it writes at most data.seq_len={L} tokens "
+            f"(prompt {P} + max_tokens {max_tokens})"
+        )
+    dev = next(model.parameters()).device
+    fn = get_sampler(method, sampler).fn
+    written: list[tuple[int, Tensor]] = []
+
+    def tell(k: int, ids: Tensor) -> None:
+        written.append((k * b, ids.clone()))
+        if on_block is not None:
+            on_block(k, ids)
+
+    known = (torch.arange(N, device=dev) < P).expand(Bn, N)  # (B, N)
+    if method.kind is Kind.CONTINUOUS:
+        ids = torch.zeros(Bn, N, dtype=torch.long, device=dev)
+        ids[:, :P] = prompt_ids.to(dev)
+        res = sample_blocks_continuous(
+            model,
+            fn,
+            ids,
+            known,
+            gamma_grid(model.schedule, steps),
+            generator=generator,
+            callback=callback,
+            block=b,
+            use_cache=use_cache,
+            window=window,
+            stop=stop,
+            on_block=tell,
+        )
+    elif method.kind is Kind.MASKED:
+        x = torch.full((Bn, N), int(model.n_out), dtype=torch.long, device=dev)
+        x[:, :P] = prompt_ids.to(dev)
+        res = sample_blocks(
+            model,
+            x,
+            time_grid(steps),
+            generator=generator,
+            callback=callback,
+            temperature=temperature,
+            block=b,
+            use_cache=use_cache,
+            window=window,
+            stop=stop,
+            on_block=tell,
+        )
+    else:
+        raise ValueError(f"a {method.name} run has no block sampler: sample it with 'replaid sample'")
+    return AnyLength(res.tokens, P, res.nfe, written)
