@@ -14,11 +14,14 @@ window, i.e. inside what the model was trained on; what falls out of the window 
 A prompt fills the first positions: its whole blocks are committed first (prefill), and a block it
 covers in part is denoised with the prompt's tokens kept. ``stop`` (rows' tokens so far -> (B,) bool)
 ends generation once every row is done; the caller cuts each row at its stop.
+
+:func:`iter_blocks` is the generator under it: it yields each block once committed (what a stream
+prints as it comes, :mod:`replaid.sampling.stream`); :func:`sample_blocks` runs it to the end or the stop.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Generator, Iterator, Optional
 
 import torch
 from torch import Tensor
@@ -27,8 +30,10 @@ from tqdm.auto import tqdm
 from replaid.diffusion.rng import device_generator
 from replaid.model.dit import KVCache
 from replaid.model.tokens import TokenDiT
-from replaid.sampling.contract import Callback, SampleResult
+from replaid.sampling.continuous import time_grid
+from replaid.sampling.contract import Callback, Committed, SampleResult
 from replaid.sampling.discrete import tempered_probs, unmask_step
+from replaid.sampling.request import SampleRequest
 
 
 def _block_logits(
@@ -59,8 +64,8 @@ def _commit(model: TokenDiT, ids: Tensor, start: int, cache: KVCache) -> None:
     model.backbone(model.input_states(ids), c, cache=cache, commit=True)  # at the cache's next positions
 
 
-@torch.no_grad()
-def sample_blocks(
+@torch.no_grad()  # torch enters it around each step of a generator function
+def iter_blocks(
     model: TokenDiT,
     x: Tensor,
     ts: Tensor,
@@ -71,28 +76,24 @@ def sample_blocks(
     block: int = 0,
     use_cache: bool = True,
     window: Optional[int] = None,
-    stop: Optional[Callable[[Tensor], Tensor]] = None,
     disable_progress: bool = True,
-) -> SampleResult:
-    """Generate ``x`` (B, N) block by block (module docstring): [MASK] (id V) where to write, the prompt's
-    tokens elsewhere (only in the first blocks); ``N`` a multiple of ``block``; ``ts`` (T + 1,) from 1 to 0,
-    every block's grid. Returns the tokens up to the last block written (all rows stopped, or N) and
-    the network calls (denoising calls plus one commit pass per block).
-
-    ``callback`` gets ``{"i", "T", "t", "s", "z": (B, N) tokens so far (mask id V), "probs": (B, b, V),
-    "block": k}`` after each step."""
+) -> Generator[Committed, None, None]:
+    """Generate ``x`` (B, N) block by block (module docstring), yielding each block once it is committed:
+    a :class:`~replaid.sampling.contract.Committed` with its tokens (B, block), its start position and the
+    network calls so far (denoising calls plus one commit pass per block). Blocks wholly of the prompt
+    are prefilled and yielded too (``prompt`` True). Stopping early is closing the iterator."""
     if block < 1 or x.shape[1] % block:
         raise ValueError(f"the length {x.shape[1]} must be a positive multiple of the block size {block}")
     if use_cache is False and window is not None:
         raise ValueError("a window is a property of the cache: use_cache=False sees the whole prefix")
     dev = x.device
     V = model.n_out
-    B, N = x.shape
+    N = x.shape[1]
     steps = len(ts) - 1
     gen = device_generator(generator, dev)
     out = x.clone()
     cache = KVCache(window=window) if use_cache else None
-    nfe, end = 0, 0
+    nfe = 0
     for k in tqdm(range(N // block), disable=disable_progress, desc="blocks", leave=False):
         s0, e0 = k * block, (k + 1) * block
         z = out[:, s0:e0]
@@ -100,7 +101,7 @@ def sample_blocks(
             if cache is not None:
                 _commit(model, z, s0, cache)
                 nfe += 1
-            end = e0
+            yield Committed(z, s0, nfe, prompt=True)
             continue
         probs = None
         for i in range(steps):
@@ -119,7 +120,84 @@ def sample_blocks(
         if cache is not None:
             _commit(model, z, s0, cache)
             nfe += 1
-        end = e0
-        if stop is not None and bool(stop(out[:, :end]).all()):
+        yield Committed(z, s0, nfe)
+
+
+@torch.no_grad()
+def sample_blocks(
+    model: TokenDiT,
+    x: Tensor,
+    ts: Tensor,
+    *,
+    generator: Optional[torch.Generator] = None,
+    callback: Optional[Callback] = None,
+    temperature: float = 1.0,
+    block: int = 0,
+    use_cache: bool = True,
+    window: Optional[int] = None,
+    stop: Optional[Callable[[Tensor], Tensor]] = None,
+    disable_progress: bool = True,
+) -> SampleResult:
+    """Generate ``x`` (B, N) block by block (module docstring, :func:`iter_blocks`): [MASK] (id V) where to
+    write, the prompt's tokens elsewhere (only in the first blocks); ``N`` a multiple of ``block``; ``ts``
+    (T + 1,) from 1 to 0, every block's grid. Returns the tokens up to the last block written (all rows
+    stopped, or N) and the network calls (denoising calls plus one commit pass per block).
+
+    ``callback`` gets ``{"i", "T", "t", "s", "z": (B, N) tokens so far (mask id V), "probs": (B, b, V),
+    "block": k}`` after each step."""
+    out = x.clone()
+    nfe, end = 0, 0
+    blocks = iter_blocks(
+        model,
+        x,
+        ts,
+        generator=generator,
+        callback=callback,
+        temperature=temperature,
+        block=block,
+        use_cache=use_cache,
+        window=window,
+        disable_progress=disable_progress,
+    )
+    for c in blocks:
+        end = c.start + c.tokens.shape[1]
+        out[:, c.start : end] = c.tokens
+        nfe = c.nfe
+        if not c.prompt and stop is not None and bool(stop(out[:, :end]).all()):
+            blocks.close()
             break
     return SampleResult(out[:, :end], nfe)
+
+
+def start_masked_blocks(
+    run: Any, req: SampleRequest, prompt: Tensor, length: int, callback: Optional[Callback]
+) -> Callable[[int], Iterator[Committed]]:
+    """MDLM with blocks as a :class:`~replaid.sampling.stream.BlockStarter`: ``batch(B)`` writes B rows of
+    ``length`` tokens (rounded up to whole blocks), ``prompt`` (P,) first, with ``req.steps`` ancestral steps
+    per block at ``req.temperature``; past the training length the cache keeps the last ``seq_len - block``
+    committed rows (the longest prefix a block saw in training). The batches of one request draw in
+    order from one generator seeded with ``req.seed``."""
+    model = run.model
+    block, L = run.method.block_size(), run.cfg.data.seq_len
+    dev = next(model.parameters()).device
+    V = int(model.n_out)
+    N = -(-length // block) * block
+    gen = torch.Generator().manual_seed(req.seed)
+    ts = time_grid(req.steps)
+
+    def batch(B: int) -> Iterator[Committed]:
+        x = torch.full((B, N), V, dtype=torch.long, device=dev)
+        x[:, : len(prompt)] = prompt.to(dev)
+        return iter_blocks(
+            model,
+            x,
+            ts,
+            generator=gen,
+            callback=callback,
+            temperature=req.temperature,
+            block=block,
+            window=L - block,
+            disable_progress=not req.progress,
+        )
+
+    return batch
