@@ -285,7 +285,7 @@ def test_at_block_size_one_the_bound_is_the_cross_entropy_of_the_same_logits():
         assert (expected - (1 - 1e-3) * ar.mean(1)).abs().max() < 1e-12
 
 
-def test_block_options_are_checked_and_a_block_run_is_not_sampled_yet():
+def test_block_options_are_checked_and_a_block_run_says_its_block_size():
     from replaid.config import ConfigError
 
     with pytest.raises(ConfigError, match="divide data.seq_len"):
@@ -293,11 +293,14 @@ def test_block_options_are_checked_and_a_block_run_is_not_sampled_yet():
     with pytest.raises(ConfigError, match="without time conditioning"):
         mdlm(4, sets=["mdlm.time_conditioning=true"])
     method, _ = mdlm(4)
-    assert "block_size" in (method.sampling_refusal() or "")
-    assert mdlm(0)[0].sampling_refusal() is None
+    assert method.block_size() == 4 and method.sampling_refusal() is None
+    assert mdlm(0)[0].block_size() == 0 and mdlm(8)[0].block_size() == 0  # one block: plain MDLM
 
 
-def test_a_bd3lm_run_trains_and_evaluates_and_sampling_it_is_refused_in_one_line(tmp_path, capsys):
+def test_a_bd3lm_run_trains_evaluates_and_samples_block_by_block(tmp_path, capsys):
+    """Sampling block runs in depth: tests/test_completions.py."""
+    import json
+
     from replaid.cli import main
 
     run = tmp_path / "bd3"
@@ -305,9 +308,9 @@ def test_a_bd3lm_run_trains_and_evaluates_and_sampling_it_is_refused_in_one_line
     assert main(["train", "--preset", "debug", "--out", str(run), "--no-progress", *sets]) == 0
     assert main(["eval", str(run), "--json", "--max-batches", "1"]) == 0
     capsys.readouterr()
-    assert main(["sample", str(run), "--num", "1"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("replaid: error:") and "mdlm.block_size" in err[0], err
+    assert main(["sample", str(run), "--num", "2", "--steps", "4", "--json", "--ignore-eos"]) == 0
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [(len(r["ids"]), r["finish_reason"]) for r in rows] == [(16, "length")] * 2  # data.seq_len by default
 
 
 # ------------------------------------------------------------------ generation block by block (§2)

@@ -211,7 +211,8 @@ def test_block_options_are_checked():
     with pytest.raises(ConfigError, match="diffusion.ce_weight"):
         continuous("replaid", 4, sets=("diffusion.ce_weight=0.1",))
     method, _ = continuous("plaid", 4)
-    assert "diffusion.block_size" in (method.sampling_refusal() or "")
+    assert method.sampling_refusal() is None and method.block_size() == 4  # sampled block by block
+    assert continuous("replaid", 0)[0].block_size() == 0
 
 
 def test_a_continuous_block_run_trains_and_evaluates(tmp_path, capsys):

@@ -17,7 +17,8 @@ EXAMPLE = (
     "         replaid sample runs/demo --require ' king' --guidance-scale 2\n"
     "         replaid sample runs/demo --guide clf/question:yes --guidance-scale 3\n"
     "         replaid sample runs/demo --context 'Return the [MASK:6] of the list.' --show-positions\n"
-    "         replaid sample runs/demo --context 'Return the value of the list.' --infill-chars 11:16"
+    "         replaid sample runs/demo --context 'Return the value of the list.' --infill-chars 11:16\n"
+    "         replaid sample runs/bd3 --prompt 'def main' --max-tokens 512 --stop '\\n\\n' --num 1   (a block run)"
 )
 
 
@@ -77,6 +78,27 @@ def register(sub) -> None:
         action="store_true",
         help="print the context's token positions (stderr) and mark filled spans [[like this]]",
     )
+    s.add_argument(
+        "--max-tokens",
+        type=POSITIVE,
+        default=None,
+        metavar="N",
+        help="a completion: at most N tokens after the prompt, cut at the end-of-text token and --stop. A "
+        "block-diffusion run (mdlm.block_size) writes block by block, past its data.seq_len with a sliding "
+        "window (up to 64 x data.seq_len with the prompt), and streams the text as each block is committed "
+        "when a batch holds one sample (--num 1 or --batch-size 1); any other run writes its --length at once "
+        "(N at most that less the prompt). Default on a block run: data.seq_len less the prompt",
+    )
+    s.add_argument(
+        "--stop",
+        action="append",
+        default=None,
+        metavar="S",
+        help="a completion ends before the first S in its text (repeatable; see --max-tokens)",
+    )
+    s.add_argument(
+        "--ignore-eos", action="store_true", help="a completion goes on past the end-of-text token (see --max-tokens)"
+    )
     s.add_argument("--batch-size", type=POSITIVE, default=16, help="samples generated at once")
     s.add_argument("--seed", type=SEED, default=0, help="seed of the sampling noise")
     s.add_argument("--no-self-cond", action="store_true", help="disable self-conditioning while sampling")
@@ -134,6 +156,9 @@ def request_of(args) -> "SampleRequest":
         require=tuple(args.require or ()),
         guide=args.guide,
         guidance_scale=args.guidance_scale,
+        max_tokens=args.max_tokens,
+        stop=tuple(args.stop or ()),
+        ignore_eos=args.ignore_eos,
     )
 
 
@@ -150,9 +175,34 @@ def run(args) -> int:
         if plan is None:
             raise ValueError("--show-positions shows an infilling request's positions: give --context")
         print(plan.describe(run_.tokenizer), file=sys.stderr)
-    rows = generate(run_, req)
     vocab = run_.tokenizer.vocab_size  # in each JSON row: 'replaid quality' checks the ids against it
+    if not args.json and (run_.method.block_size() or req.completion) and min(req.num, req.batch_size) == 1:
+        return stream(run_, req)
+    rows = generate(run_, req)
     for r in rows:
         text = r["marked"] if args.show_positions and "marked" in r else r["text"]
         print(json.dumps({**r, "vocab_size": vocab}) if args.json else text + "\n" + "-" * 40)
+    return 0
+
+
+def stream(run_, req: "SampleRequest") -> int:
+    """A completion, one sample per batch: each sample's prompt, then its text as each block is committed."""
+    import sys
+
+    from replaid.sampling.stream import Completion
+
+    req.progress = False  # the text itself shows the progress
+    comp = Completion(run_, req)
+    shown = -1
+    for deltas in comp:
+        for d in deltas:
+            if d.index != shown:  # a new sample starts
+                if shown >= 0:
+                    print("\n" + "-" * 40)
+                sys.stdout.write(req.prompt or "")
+                shown = d.index
+            if d.text:
+                sys.stdout.write(d.text)
+                sys.stdout.flush()
+    print("\n" + "-" * 40)
     return 0

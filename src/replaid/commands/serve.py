@@ -8,7 +8,10 @@ from replaid.commands import NONNEGATIVE, POSITIVE, STEPS, add_command, int_in
 
 MAX_BODY = 1 << 20  # replaid.web.engine.MAX_BODY (this module loads without the web extra)
 
-EXAMPLE = "example: replaid serve runs/demo runs/demo-mdlm --port 8000   (then open http://127.0.0.1:8000)"
+EXAMPLE = (
+    "example: replaid serve runs/demo runs/demo-mdlm --port 8000   (then open http://127.0.0.1:8000)\n"
+    "         replaid serve runs/bd3 --max-tokens 2048   (OpenAI's API: POST http://127.0.0.1:8000/v1/completions)"
+)
 
 
 def register(sub) -> None:
@@ -22,7 +25,8 @@ def register(sub) -> None:
         "seed), Runs (config, curves, figures). Classifiers for guidance: those under each run folder "
         "(replaid classifier train ... --out RUN/classifiers/NAME) and those given with --classifier. "
         "Binds to 127.0.0.1 unless --host says otherwise; needs the 'web' extra "
-        "(pip install -e '.[web]').",
+        "(pip install -e '.[web]'). POST /v1/completions is OpenAI's text-completion API over the same runs "
+        "(model = the run's folder name; streamed block by block for block-diffusion runs).",
     )
     s.add_argument("runs", nargs="+", metavar="RUN", help="run (or checkpoint) directories to serve")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: this machine only)")
@@ -33,6 +37,13 @@ def register(sub) -> None:
     s.add_argument("--max-samples", type=POSITIVE, default=4, help="largest batch (samples) per request")
     s.add_argument(
         "--max-length", type=NONNEGATIVE, default=0, help="longest sequence per request (0: each run's seq_len)"
+    )
+    s.add_argument(
+        "--max-tokens",
+        type=NONNEGATIVE,
+        default=0,
+        help="largest max_tokens of a POST /v1/completions request (0: 8 x each run's seq_len); a run without "
+        "blocks writes at most its seq_len less the prompt",
     )
     s.add_argument("--max-queue", type=POSITIVE, default=8, help="generations that may wait per run")
     s.add_argument(
@@ -90,7 +101,7 @@ def run(args) -> int:
     _check_port(args.host, args.port)
     if args.threads:
         torch.set_num_threads(args.threads)
-    limits = Limits(args.max_steps, args.max_samples, args.max_length, args.max_queue, args.max_body)
+    limits = Limits(args.max_steps, args.max_samples, args.max_length, args.max_queue, args.max_body, args.max_tokens)
     app = create_app(args.runs, limits, device=args.device, classifiers=args.classifier)
     names = ", ".join(app.state.slots)
     print(f"replaid serve: {names} on http://{args.host}:{args.port}  (Ctrl-C stops)", file=sys.stderr)

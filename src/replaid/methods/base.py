@@ -21,6 +21,7 @@ the method's name) and read as ``cfg.options``; ``model_keys`` lists the keys of
 :class:`~replaid.config.ModelConfig` its network reads beyond the shared backbone
 (:data:`replaid.config.BACKBONE_KEYS`). A key the chosen method reads in neither is refused in one line.
 :meth:`check_config` refuses a config the method cannot run (with ``world_size`` ranks: the trainer's call).
+:meth:`block_size` says whether a run writes text block by block (block diffusion, any length).
 Methods are found by name through :mod:`replaid.registry` (this repository's, and plug-ins of the
 entry-point group ``replaid.methods``); docs/adding-a-method.md shows the file an author writes.
 
@@ -124,6 +125,11 @@ class Method(ABC, Generic[ModelT]):
     def sampling_refusal(self) -> Optional[str]:
         """Why this run cannot be sampled yet (one line), or None."""
         return None
+
+    def block_size(self) -> int:
+        """Tokens per block of a block-diffusion run, which writes text of any length block by block
+        (:mod:`replaid.sampling.stream` finds its block generator by ``kind``); 0: one pass of its length."""
+        return 0
 
     def before_step(self) -> None:
         """Called before each optimiser step."""

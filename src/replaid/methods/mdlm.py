@@ -95,13 +95,9 @@ class MDLMMethod(Method[TokenDiT]):
                 f"mdlm.block_size={b} runs without time conditioning (BD3-LM's default): drop mdlm.time_conditioning"
             )
 
-    def sampling_refusal(self) -> Optional[str]:
-        if self.blocks:
-            return (
-                f"this MDLM run has blocks of {self.block} tokens (mdlm.block_size): block-by-block sampling "
-                "with a KV cache is not built yet (issue 39 §2); evaluate it with 'replaid eval'"
-            )
-        return None
+    def block_size(self) -> int:
+        """``mdlm.block_size`` when it splits the sequence (BD3-LM: sampled block by block), else 0."""
+        return self.block if self.blocks else 0
 
     def block_times(self, B: int, L: int, generator: torch.Generator) -> Tensor:
         """Per-token times (B, L) float64, one per (row, block), stratified over all B x L/block of them

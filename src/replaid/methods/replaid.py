@@ -464,14 +464,9 @@ class RePlaidMethod(Method[RePlaid]):
         """On logging steps: bring the split's statistics to the host (sets the next B_r)."""
         self.split.refresh()
 
-    def sampling_refusal(self) -> Optional[str]:
-        if self.blocks:
-            return (
-                f"this {self.name} run has blocks of {self.block} tokens (diffusion.block_size): it is sampled "
-                "block by block (replaid.sampling.blocks.sample_any_length), not wired to this command yet; "
-                "evaluate it with 'replaid eval'"
-            )
-        return None
+    def block_size(self) -> int:
+        """``diffusion.block_size`` when it splits the sequence (sampled block by block), else 0."""
+        return self.block if self.blocks else 0
 
     # ------------------------------------------------------------------ evaluation bound
     @torch.no_grad()

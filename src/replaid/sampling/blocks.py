@@ -11,7 +11,10 @@ One block loop (:func:`block_loop`) serves every method; what differs is the fun
 block: MDLM's ancestral unmasking from all-[MASK] (:func:`sample_blocks`), or any registered continuous
 sampler (DDPM, DDIM, DPM-Solver++, Heun, ...) from ``z ~ N(0, I)`` with a denoiser that sees the committed
 blocks (:class:`BlockDenoiser`, :func:`sample_blocks_continuous`). :func:`sample_any_length` is the one
-entry point for a run of any block method.
+entry point for a run of any block method. The loop is also a generator (:func:`iter_block_loop`) that
+gives out each block once it is written (:class:`~replaid.sampling.contract.Committed`); the starters
+:func:`start_masked_blocks` and :func:`start_continuous_blocks` build it for a request, which is how
+``replaid sample`` and ``/v1/completions`` stream (:mod:`replaid.sampling.stream`).
 
 Past the training context a ``window`` keeps the last ``window`` committed rows: rotary scores depend
 on position differences only, so positions keep counting and every query-key offset stays inside the
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Generator, Iterator, Optional
 
 import torch
 from torch import Tensor
@@ -40,14 +43,50 @@ from replaid.model.blocks import prefix_block_mask
 from replaid.model.dit import KVCache, per_token
 from replaid.model.tokens import TokenDiT
 from replaid.sampling.continuous import Inpaint, gamma_grid, time_grid
-from replaid.sampling.contract import Callback, SampleResult, SamplerFn, StepInfo
+from replaid.sampling.contract import Callback, Committed, SampleResult, SamplerFn, StepInfo
 from replaid.sampling.discrete import tempered_probs, unmask_step
 from replaid.sampling.registry import get_sampler
+from replaid.sampling.request import SampleRequest
 
 Stop = Callable[[Tensor], Tensor]  # rows' tokens so far (B, n) -> (B,) bool: this row is done
 # (k, start, out, cache) -> network calls: write block k (positions start .. start + b) into out (B, N)
 FillBlock = Callable[[int, int, Tensor, Optional[KVCache]], int]
 Commit = Callable[[Tensor, int, KVCache], None]  # one clean pass of the block's ids (B, b) at start, to the cache
+
+
+def iter_block_loop(
+    out: Tensor,
+    known: Tensor,
+    block: int,
+    fill: FillBlock,
+    commit: Commit,
+    *,
+    use_cache: bool = True,
+    window: Optional[int] = None,
+    disable_progress: bool = True,
+) -> Generator[Committed, None, None]:
+    """The one block loop (module docstring) as a generator. ``out`` (B, N) ids, the prompt's in place
+    where ``known`` (B, N) bool; block by block, a block wholly known is given out as it is (``prompt``
+    True: prefill), any other is written by ``fill``; each is yielded once written, then committed to
+    the cache when the consumer asks for the next (so never after the last block, nor after the consumer
+    closes the generator: stopping early). ``nfe``: ``fill``'s network calls plus one per commit."""
+    B, N = out.shape
+    if block < 1 or N % block:
+        raise ValueError(f"the length {N} must be a positive multiple of the block size {block}")
+    if use_cache is False and window is not None:
+        raise ValueError("a window is a property of the cache: use_cache=False sees the whole prefix")
+    cache = KVCache(window=window) if use_cache else None
+    n_blocks = N // block
+    nfe = 0
+    for k in tqdm(range(n_blocks), disable=disable_progress, desc="blocks", leave=False):
+        s0, e0 = k * block, (k + 1) * block
+        prompt = bool(known[:, s0:e0].all())
+        if not prompt:
+            nfe += fill(k, s0, out, cache)
+        yield Committed(out[:, s0:e0], s0, nfe, prompt=prompt)
+        if k < n_blocks - 1 and cache is not None:
+            commit(out[:, s0:e0], s0, cache)
+            nfe += 1
 
 
 def block_loop(
@@ -63,31 +102,20 @@ def block_loop(
     on_block: Optional[Callable[[int, Tensor], None]] = None,
     disable_progress: bool = True,
 ) -> SampleResult:
-    """The one block loop (module docstring). ``out`` (B, N) ids, the prompt's in place where ``known``
-    (B, N) bool; block by block, a block wholly known is committed as it is (prefill), any other is
-    written by ``fill`` and then committed (not after the last block, nor once every row has stopped).
-    ``on_block(k, ids (B, b))`` is told each block written. Returns the ids up to the last block
-    written and the network calls (``fill``'s plus one per commit)."""
-    B, N = out.shape
-    if block < 1 or N % block:
-        raise ValueError(f"the length {N} must be a positive multiple of the block size {block}")
-    if use_cache is False and window is not None:
-        raise ValueError("a window is a property of the cache: use_cache=False sees the whole prefix")
-    cache = KVCache(window=window) if use_cache else None
-    n_blocks = N // block
+    """:func:`iter_block_loop` run to the end or to ``stop`` (checked after every block). ``on_block(k,
+    ids (B, b))`` is told each block written (not the prompt's). Returns the ids up to the last block
+    and the network calls."""
+    blocks = iter_block_loop(
+        out, known, block, fill, commit, use_cache=use_cache, window=window, disable_progress=disable_progress
+    )
     nfe, end = 0, 0
-    for k in tqdm(range(n_blocks), disable=disable_progress, desc="blocks", leave=False):
-        s0, e0 = k * block, (k + 1) * block
-        if not bool(known[:, s0:e0].all()):
-            nfe += fill(k, s0, out, cache)
-            if on_block is not None:
-                on_block(k, out[:, s0:e0])
-        end = e0
-        if k == n_blocks - 1 or (stop is not None and bool(stop(out[:, :end]).all())):
+    for c in blocks:
+        end, nfe = c.start + block, c.nfe
+        if not c.prompt and on_block is not None:
+            on_block(c.start // block, c.tokens)
+        if stop is not None and bool(stop(out[:, :end]).all()):
+            blocks.close()
             break
-        if cache is not None:
-            commit(out[:, s0:e0], s0, cache)
-            nfe += 1
     return SampleResult(out[:, :end], nfe)
 
 
@@ -118,6 +146,39 @@ def _commit(model: TokenDiT, ids: Tensor, start: int, cache: KVCache) -> None:
     model.backbone(model.input_states(ids), c, cache=cache, commit=True)  # at the cache's next positions
 
 
+def _masked_fill(
+    model: TokenDiT,
+    ts: Tensor,
+    gen: Optional[torch.Generator],
+    temperature: float,
+    block: int,
+    callback: Optional[Callback],
+) -> FillBlock:
+    """MDLM's block writer: ancestral unmasking of block k from all-[MASK] on ``ts``."""
+    steps = len(ts) - 1
+
+    def fill(k: int, s0: int, out: Tensor, cache: Optional[KVCache]) -> int:
+        e0, nfe = s0 + block, 0
+        z = out[:, s0:e0]
+        probs = None
+        for i in range(steps):
+            t, s = float(ts[i]), float(ts[i + 1])
+            if probs is None:  # no time conditioning: an unchanged block gives the same output
+                probs = tempered_probs(_block_logits(model, z, out, s0, block, cache), temperature)  # (B, b, V)
+                nfe += 1
+            z_new = unmask_step(z, probs, t, s, gen)
+            used = probs
+            if not torch.equal(z_new, z):
+                probs = None
+            z = z_new
+            out[:, s0:e0] = z
+            if callback is not None:
+                callback({"i": i, "T": steps, "t": t, "s": s, "z": out, "probs": used, "block": k})
+        return nfe
+
+    return fill
+
+
 @torch.no_grad()
 def sample_blocks(
     model: TokenDiT,
@@ -141,32 +202,10 @@ def sample_blocks(
 
     ``callback`` gets ``{"i", "T", "t", "s", "z": (B, N) tokens so far (mask id V), "probs": (B, b, V),
     "block": k}`` after each step."""
-    V = model.n_out
-    steps = len(ts) - 1
-    gen = device_generator(generator, x.device)
-
-    def fill(k: int, s0: int, out: Tensor, cache: Optional[KVCache]) -> int:
-        e0, nfe = s0 + block, 0
-        z = out[:, s0:e0]
-        probs = None
-        for i in range(steps):
-            t, s = float(ts[i]), float(ts[i + 1])
-            if probs is None:  # no time conditioning: an unchanged block gives the same output
-                probs = tempered_probs(_block_logits(model, z, out, s0, block, cache), temperature)  # (B, b, V)
-                nfe += 1
-            z_new = unmask_step(z, probs, t, s, gen)
-            used = probs
-            if not torch.equal(z_new, z):
-                probs = None
-            z = z_new
-            out[:, s0:e0] = z
-            if callback is not None:
-                callback({"i": i, "T": steps, "t": t, "s": s, "z": out, "probs": used, "block": k})
-        return nfe
-
+    fill = _masked_fill(model, ts, device_generator(generator, x.device), temperature, block, callback)
     return block_loop(
         x.clone(),
-        x != V,
+        x != model.n_out,
         block,
         fill,
         lambda ids, s0, cache: _commit(model, ids, s0, cache),
@@ -176,6 +215,69 @@ def sample_blocks(
         on_block=on_block,
         disable_progress=disable_progress,
     )
+
+
+@torch.no_grad()  # torch enters it around each step of a generator function
+def iter_blocks(
+    model: TokenDiT,
+    x: Tensor,
+    ts: Tensor,
+    *,
+    generator: Optional[torch.Generator] = None,
+    callback: Optional[Callback] = None,
+    temperature: float = 1.0,
+    block: int = 0,
+    use_cache: bool = True,
+    window: Optional[int] = None,
+    disable_progress: bool = True,
+) -> Generator[Committed, None, None]:
+    """:func:`sample_blocks` as a generator: each block of ``x`` (B, N) given out once written
+    (:func:`iter_block_loop`); stopping early is closing it."""
+    fill = _masked_fill(model, ts, device_generator(generator, x.device), temperature, block, callback)
+    yield from iter_block_loop(
+        x.clone(),
+        x != model.n_out,
+        block,
+        fill,
+        lambda ids, s0, cache: _commit(model, ids, s0, cache),
+        use_cache=use_cache,
+        window=window,
+        disable_progress=disable_progress,
+    )
+
+
+def start_masked_blocks(
+    run: Any, req: SampleRequest, prompt: Tensor, length: int, callback: Optional[Callback]
+) -> Callable[[int], Iterator[Committed]]:
+    """MDLM with blocks as a :class:`~replaid.sampling.stream.BlockStarter`: ``batch(B)`` writes B rows of
+    ``length`` tokens (rounded up to whole blocks), ``prompt`` (P,) first, with ``req.steps`` ancestral steps
+    per block at ``req.temperature``; past the training length the cache keeps the last ``seq_len - block``
+    committed rows (the longest prefix a block saw in training). The batches of one request draw in
+    order from one generator seeded with ``req.seed``."""
+    model = run.model
+    block, L = run.method.block_size(), run.cfg.data.seq_len
+    dev = next(model.parameters()).device
+    V = int(model.n_out)
+    N = -(-length // block) * block
+    gen = torch.Generator().manual_seed(req.seed)
+    ts = time_grid(req.steps)
+
+    def batch(B: int) -> Iterator[Committed]:
+        x = torch.full((B, N), V, dtype=torch.long, device=dev)
+        x[:, : len(prompt)] = prompt.to(dev)
+        return iter_blocks(
+            model,
+            x,
+            ts,
+            generator=gen,
+            callback=callback,
+            temperature=req.temperature,
+            block=block,
+            window=L - block,
+            disable_progress=not req.progress,
+        )
+
+    return batch
 
 
 # ------------------------------------------------------------------ continuous methods (RePlaid, Plaid)
@@ -220,6 +322,37 @@ def commit_continuous(model: Any, ids: Tensor, start: int, cache: KVCache) -> No
     model.backbone(h, c, cache=cache, commit=True)  # at the cache's next positions
 
 
+def _continuous_fill(
+    model: Any,
+    sampler: SamplerFn,
+    known: Tensor,
+    gammas: Tensor,
+    gen: Optional[torch.Generator],
+    callback: Optional[Callback],
+    block: int,
+    options: dict[str, Any],
+    wrap: Optional[Callable[[Any], Any]],
+) -> FillBlock:
+    """A continuous method's block writer: ``sampler`` from ``z ~ N(0, I)`` with a :class:`BlockDenoiser`
+    (``wrap``ped, e.g. by the request's temperatures), the prompt's positions by replacement."""
+    E = model.embedding_matrix().detach()
+
+    def fill(k: int, s0: int, out: Tensor, cache: Optional[KVCache]) -> int:
+        e0 = s0 + block
+        den: Any = BlockDenoiser(model, s0, cache, None if cache is not None else out[:, :s0])
+        if wrap is not None:
+            den = wrap(den)
+        z = torch.randn(out.shape[0], block, E.shape[1], generator=gen, device=out.device)  # (B, b, d_e)
+        kn = known[:, s0:e0]
+        inpaint = Inpaint(out[:, s0:e0], kn, E) if bool(kn.any()) else None
+        cb = None if callback is None else _tagged(callback, k)
+        res = sampler(den, z, gammas, generator=gen, callback=cb, **{**options, "inpaint": inpaint})
+        out[:, s0:e0] = res.tokens
+        return res.nfe
+
+    return fill
+
+
 @torch.no_grad()
 def sample_blocks_continuous(
     model: Any,
@@ -244,23 +377,8 @@ def sample_blocks_continuous(
     with a :class:`BlockDenoiser` (its own self-conditioning chain, per block); the prompt's positions of
     a block it covers in part by replacement. ``options``: the sampler's own keywords (``self_cond``,
     ``disable_progress``). ``callback``: the sampler's :class:`StepInfo` with ``"block": k`` added."""
-    dev = ids.device
-    B = ids.shape[0]
-    E = model.embedding_matrix().detach()
-    gen = device_generator(generator, dev)
-    opts = dict(options or {})
-
-    def fill(k: int, s0: int, out: Tensor, cache: Optional[KVCache]) -> int:
-        e0 = s0 + block
-        den = BlockDenoiser(model, s0, cache, None if cache is not None else out[:, :s0])
-        z = torch.randn(B, block, E.shape[1], generator=gen, device=dev)  # (B, b, d_e)
-        kn = known[:, s0:e0]
-        inpaint = Inpaint(out[:, s0:e0], kn, E) if bool(kn.any()) else None
-        cb = None if callback is None else _tagged(callback, k)
-        res = sampler(den, z, gammas, generator=gen, callback=cb, **{**opts, "inpaint": inpaint})
-        out[:, s0:e0] = res.tokens
-        return res.nfe
-
+    gen = device_generator(generator, ids.device)
+    fill = _continuous_fill(model, sampler, known, gammas, gen, callback, block, dict(options or {}), None)
     return block_loop(
         ids.clone(),
         known,
@@ -273,6 +391,42 @@ def sample_blocks_continuous(
         on_block=on_block,
         disable_progress=disable_progress,
     )
+
+
+def start_continuous_blocks(
+    run: Any, req: SampleRequest, prompt: Tensor, length: int, callback: Optional[Callback]
+) -> Callable[[int], Iterator[Committed]]:
+    """RePlaid or Plaid with blocks as a :class:`~replaid.sampling.stream.BlockStarter`: as
+    :func:`start_masked_blocks`, each block written by the request's continuous sampler (``req.sampler``,
+    ``req.steps`` per block, self-conditioning as ``req.self_cond``) with the request's logit and score
+    temperatures applied to the block denoiser."""
+    from replaid.sampling.starts import denoiser_for  # the request's temperatures, as the full-sequence samplers
+
+    model = run.model
+    block, L = run.method.block_size(), run.cfg.data.seq_len
+    dev = next(model.parameters()).device
+    N = -(-length // block) * block
+    fn = get_sampler(run.method, req.sampler).fn
+    gammas = gamma_grid(model.schedule, req.steps)
+    gen = device_generator(torch.Generator().manual_seed(req.seed), dev)
+    options = {"self_cond": None if req.self_cond else False, "disable_progress": True}
+
+    def batch(B: int) -> Iterator[Committed]:
+        ids = torch.zeros(B, N, dtype=torch.long, device=dev)
+        ids[:, : len(prompt)] = prompt.to(dev)
+        known = (torch.arange(N, device=dev) < len(prompt)).expand(B, N)
+        fill = _continuous_fill(model, fn, known, gammas, gen, callback, block, options, lambda d: denoiser_for(d, req))
+        return iter_block_loop(
+            ids,
+            known,
+            block,
+            fill,
+            lambda blk, s0, cache: commit_continuous(model, blk, s0, cache),
+            window=L - block,
+            disable_progress=not req.progress,
+        )
+
+    return batch
 
 
 def _tagged(callback: Callback, k: int) -> Callback:

@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional, Protocol, TypedDict
 import torch
 from torch import Tensor
 
-__all__ = ["Callback", "SampleResult", "SamplerFn", "StepInfo", "STEP_KEYS"]
+__all__ = ["Callback", "Committed", "SampleResult", "SamplerFn", "StepInfo", "STEP_KEYS"]
 
 
 class StepInfo(TypedDict, total=False):
@@ -70,6 +70,16 @@ class SampleResult:
     nfe: int  # counted network calls
     z0: Optional[Tensor] = None  # continuous: (B, L, d_e) final latent at gammas[T], dtype of the input z
     logits: Optional[Tensor] = None  # continuous: (B, L, V) readout logits at gammas[T]
+
+
+@dataclass
+class Committed:
+    """One block of a block-by-block generator, final once yielded (:mod:`replaid.sampling.stream`)."""
+
+    tokens: Tensor  # (B, n) long: the block's tokens (prompt tokens kept)
+    start: int  # the position of its first token in the sequence (the prompt included)
+    nfe: int  # network calls so far
+    prompt: bool = False  # wholly the prompt's (prefilled; nothing generated)
 
 
 class SamplerFn(Protocol):

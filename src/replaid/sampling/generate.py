@@ -12,6 +12,9 @@ kind the same way: the sampler's kind builds the initial state, grid, generator 
 "tokens", "logits"}`` per batch with the readout. Rows hold ids, text, sampler, steps, nfe, seconds,
 batch_seconds, seed, temperature (and, when infilling, ``filled`` / ``marked``; with ``trajectory``, the
 recorded texts).
+
+A completion (``max_tokens``, ``stop``; every request on a block-diffusion run) goes through
+:class:`~replaid.sampling.stream.Completion`: its rows add ``completion`` and ``finish_reason``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from replaid.sampling.contract import Callback
 from replaid.sampling.registry import Sampler, get_sampler
 from replaid.sampling.request import SampleRequest
 from replaid.sampling.starts import Start, denoiser_for, guidance_objective, mark_filled, required_words
+from replaid.sampling.stream import Completion
 
 __all__ = ["generate", "check_memory", "denoiser_for", "guidance_objective", "mark_filled", "required_words"]
 
@@ -34,6 +38,8 @@ def generate(run, request: SampleRequest, callback: Optional[Callback] = None) -
     """Draw ``request.num`` samples from ``run`` (a :class:`replaid.training.loading.Run`); returns one
     row per sample (module docstring). A request the run cannot honour raises a one-line error first."""
     method = run.method
+    if method.block_size() or request.completion:  # text continued block by block, cut at its end
+        return Completion(run, request, callback).rows()
     plan = request.check(method, run.tokenizer, run.cfg.data.seq_len)
     L = request.length_for(run.cfg.data.seq_len, plan)
     sampler = get_sampler(method, request.sampler)

@@ -8,6 +8,14 @@ server's bounds (``replaid serve --max-steps`` ...) are :class:`RequestLimits`, 
 The one default-length rule (:meth:`SampleRequest.length_for`): an infilling template (``--context``
 or the playground's ``[[n]]`` gaps) is exactly as long as it is (``--length`` may only extend it);
 otherwise ``length``, or the run's training length ``data.seq_len`` when it is ``None``.
+
+A *completion* (``max_tokens``, ``stop``; every request on a block-diffusion run, which writes text of any
+length block by block: :meth:`~replaid.methods.base.Method.block_size`) continues the prompt by at most
+``max_tokens`` tokens (:meth:`SampleRequest.completion_tokens`), cut at the tokenizer's end-of-text token
+(unless ``ignore_eos``) and before the first stop string (:mod:`replaid.sampling.stream`). A block run writes
+at most :data:`BLOCK_LENGTH_FACTOR` x ``data.seq_len`` tokens per request, past its training context with a
+sliding window; any other run writes its one length (``length``, else ``data.seq_len``), so there
+``max_tokens`` is at most that length less the prompt.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ from replaid.config import GUIDANCE_SCALE_MAX, SCORE_TEMPERATURE_RANGE, TEMPERAT
 from replaid.methods.base import Kind, Method
 from replaid.sampling.infill import EditPlan, InfillPlan, plan_edit, plan_infill
 
+BLOCK_LENGTH_FACTOR = 64  # a block run's longest request: this many times its data.seq_len (prompt included)
+
 
 @dataclass(frozen=True)
 class RequestLimits:
@@ -34,6 +44,9 @@ class RequestLimits:
     temperature: tuple[float, float] = (0.01, 100.0)  # logit and score temperatures
     max_require: int = 8  # required words per request
     max_require_chars: int = 200
+    max_tokens: Optional[int] = None  # a completion's max_tokens (None: 8 x the run's data.seq_len)
+    max_stop: int = 4  # stop strings per request (OpenAI's limit) ...
+    max_stop_chars: int = 200  # ... of at most this many characters each
 
     def check(self, req: "SampleRequest", trained_len: int) -> None:
         def between(k: str, v: float, lo: float, hi: float, extra: str = "") -> None:
@@ -47,6 +60,12 @@ class RequestLimits:
             between("length", req.length, 1, max_len, f" (none: the run's {trained_len})")
         for k in ("temperature", "score_temperature"):
             between(k, getattr(req, k), *self.temperature)
+        if req.max_tokens is not None:
+            between("max_tokens", req.max_tokens, 1, self.max_tokens or 8 * trained_len)
+        if len(req.stop) > self.max_stop or any(len(s) > self.max_stop_chars for s in req.stop):
+            raise ValueError(
+                f"stop: at most {self.max_stop} stop strings of at most {self.max_stop_chars} characters each"
+            )
         if len(req.require) > self.max_require or any(len(w) > self.max_require_chars for w in req.require):
             raise ValueError(
                 f"require: at most {self.max_require} required words of at most {self.max_require_chars} "
@@ -81,6 +100,19 @@ class SampleRequest:
     require: tuple[str, ...] = ()  # token guidance: words (WORD, WORD@P, WORD@A:B) to steer towards
     guide: Optional[str] = None  # classifier guidance: CLF_DIR:LABEL
     guidance_scale: float = 1.0  # w in e_hat + w sigma^2/alpha grad log p(y | z_t) (sampling/guidance.py)
+    max_tokens: Optional[int] = None  # a completion: at most this many tokens after the prompt
+    stop: tuple[str, ...] = ()  # a completion ends before the first of these strings
+    ignore_eos: bool = False  # a completion goes on past the end-of-text token
+
+    @property
+    def completion(self) -> bool:
+        """Whether this asks for a completion (module docstring), whatever the run."""
+        return self.max_tokens is not None or bool(self.stop) or self.ignore_eos
+
+    def completion_tokens(self, trained_len: int, n_prompt: int) -> int:
+        """A completion's most tokens after the prompt: ``max_tokens``, else what the length (``length``,
+        else ``data.seq_len``) leaves after the ``n_prompt`` prompt tokens."""
+        return self.max_tokens if self.max_tokens is not None else self.length_for(trained_len) - n_prompt
 
     def edit_plan(self, tok) -> Optional[EditPlan]:
         """The SDEdit source (tokens and kept mask), or None when this is no edit."""
@@ -138,6 +170,12 @@ class SampleRequest:
                 "--prompt and --context are two kinds of conditioning: give one (a prompt is "
                 "the context 'PROMPT[MASK:N]')"
             )
+        blocks = method.block_size()
+        if blocks or self.completion:
+            n = self._check_completion(tok, trained_len, blocks, method.name)
+            if blocks:  # its own length rule: at most BLOCK_LENGTH_FACTOR x data.seq_len, checked there
+                self._check_numbers(n, n)
+                return None
         if (self.infill or self.infill_chars) and not self.context:
             raise ValueError("--infill/--infill-chars need --context TEXT whose tokens are kept outside the spans")
         if self.edit is not None and (
@@ -177,6 +215,49 @@ class SampleRequest:
         self._check_numbers(L, trained_len)
         self._check_guidance(L)
         return plan
+
+    def _check_completion(self, tok, trained_len: int, blocks: int, method: str) -> int:
+        """Refuse a completion this run cannot write (module docstring); returns its most tokens, the
+        prompt's included."""
+        what = f"a block-diffusion run ({method}, blocks of {blocks} tokens)" if blocks else "a completion"
+        for flag, used in (
+            ("--context/--infill", self.context or self.infill or self.infill_chars or self.template is not None),
+            ("editing (replaid edit)", self.edit is not None),
+        ):
+            if used:
+                raise ValueError(f"{flag} does not apply to {what}, which continues a --prompt: give a prompt")
+        if self.max_tokens is not None:
+            if blocks and self.length is not None:
+                raise ValueError(
+                    "--length and --max-tokens both set the length of a block run: give one (--max-tokens "
+                    "counts the tokens after the prompt)"
+                )
+            if self.max_tokens < 1:
+                raise ConfigError(f"--max-tokens {self.max_tokens}: must be >= 1")
+        if any(not s for s in self.stop):
+            raise ValueError("--stop '': a stop string must not be empty")
+        P = len(tok.encode(self.prompt)) if self.prompt else 0
+        n = self.completion_tokens(trained_len, P)
+        if n < 1:
+            raise ConfigError(
+                f"the prompt is {P} tokens but samples are {P + n} long, leaving nothing to generate; "
+                "ask for more with --max-tokens"
+            )
+        if blocks:
+            cap = BLOCK_LENGTH_FACTOR * trained_len
+            if P + n > cap:
+                raise ConfigError(
+                    f"--max-tokens {n}: with the prompt's {P} tokens that passes the limit of {cap} tokens "
+                    f"({BLOCK_LENGTH_FACTOR} x the run's data.seq_len={trained_len}) per request; ask for fewer"
+                )
+        else:
+            L = self.length_for(trained_len)
+            if P + n > L:
+                raise ConfigError(
+                    f"--max-tokens {n}: this run is no block-diffusion run, it writes {L} tokens at once (--length, "
+                    f"else data.seq_len), {P} of them the prompt's; ask for at most {L - P}"
+                )
+        return P + n
 
     def _check_guidance(self, L: int) -> None:
         if not (0 <= self.guidance_scale <= GUIDANCE_SCALE_MAX):  # NaN fails too

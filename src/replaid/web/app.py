@@ -18,19 +18,17 @@ Endpoints: ``GET /api/runs`` (the runs, their samplers and classifiers, the limi
 sample, prompt or infill, with optional guidance) and ``POST /api/edit`` (:class:`EditRequest`: SDEdit,
 as ``replaid edit``); both answer a stream of server-sent events (``queued``, ``running``, ``start``,
 ``step`` ..., ``done`` or ``error``) or, for a bad request, HTTP 400 with the one-line message the CLI
-gives. Classifiers for guidance: those under each run folder and those given with ``replaid serve
+gives. ``POST /v1/completions`` (and ``GET /v1/models``) is OpenAI's text-completion API over the same
+runs and queues (:mod:`replaid.web.completions`), the way to a block-diffusion run. Classifiers for guidance: those under each run folder and those given with ``replaid serve
 --classifier DIR`` that were trained on the run (matching embedding fingerprint), named by an id.
 """
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
-import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
 
@@ -40,11 +38,10 @@ from fastapi.staticfiles import StaticFiles
 
 from replaid import schema
 from replaid.methods.base import Kind
+from replaid.web.completions import add_completions
 from replaid.web.engine import (
-    Cancelled,
     EditRequest,
     GenRequest,
-    Guide,
     Limits,
     classifier_meta,
     generate_stream,
@@ -52,24 +49,11 @@ from replaid.web.engine import (
     prepare,
     samplers_for,
 )
+from replaid.web.jobs import Slot, admit, busy, one_line, submit
 
 PLOT_DIRS_SKIP = {"checkpoints", "tb", "tokenizer"}
 MAX_FIGURES = 200
 SKIP_CURVES = {"time", "tokens_per_s"}
-
-
-@dataclass
-class Slot:
-    """One served run: the loaded model, its single-worker queue and its figures."""
-
-    id: str
-    path: Path
-    run: object
-    worker: ThreadPoolExecutor
-    figures: list[Path] = field(default_factory=list)
-    guides: dict[str, Guide] = field(default_factory=dict)  # classifiers for guidance, by id
-    pending: int = 0  # queued or running generations
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def run_ids(paths: list[str]) -> list[str]:
@@ -141,11 +125,6 @@ def curves_png(rows: list[dict], title: str) -> bytes:
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     return buf.getvalue()
-
-
-def one_line(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()
-    return msg[0] if msg else e.__class__.__name__
 
 
 def check_limits(limits: Limits, slots: dict[str, Slot]) -> None:
@@ -234,6 +213,7 @@ def create_app(
                     "seq_len": cfg.data.seq_len,
                     "samplers": samplers_for(s.run),
                     "continuous": s.run.method.kind is Kind.CONTINUOUS,
+                    "block_size": s.run.method.block_size(),  # > 0: served at /v1/completions only
                     "params": sum(p.numel() for p in s.run.model.parameters()),
                     "classifiers": [{"id": g.id, "labels": g.labels} for g in s.guides.values()],
                 }
@@ -275,6 +255,8 @@ def create_app(
             return err("no such figure", 404)
         return FileResponse(str(s.figures[k]), media_type="image/png")
 
+    add_completions(app, slots, limits)
+
     @app.post("/api/generate")
     async def generate(request: Request):
         return await _stream(request, GenRequest)
@@ -300,39 +282,15 @@ def create_app(
             prepare(req, s.run, limits, s.guides)
         except ValueError as e:
             return err(one_line(e))
-        with s.lock:
-            if s.pending >= limits.max_queue + 1:
-                return err(
-                    f"run {s.id!r} is busy: {s.pending - 1} generations are waiting (limit "
-                    f"{limits.max_queue}); try again shortly",
-                    429,
-                )
-            ahead = s.pending
-            s.pending += 1
+        ahead = admit(s, limits.max_queue)
+        if ahead is None:
+            return err(busy(s, limits.max_queue), 429)
 
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-        gone = threading.Event()
+        def work(emit, cancelled) -> None:
+            emit({"type": "running"})
+            generate_stream(s.run, req, emit, cancelled, limits, s.guides)
 
-        def emit(ev: dict) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, ev)
-
-        def job() -> None:
-            try:
-                if gone.is_set():
-                    return
-                emit({"type": "running"})
-                generate_stream(s.run, req, emit, gone.is_set, limits, s.guides)
-            except Cancelled:
-                pass
-            except Exception as e:  # noqa: BLE001 - any failure becomes one line in the page
-                print(f"replaid serve: generation failed on {s.id}: {e!r}", file=sys.stderr)
-                emit({"type": "error", "message": one_line(e)})
-            finally:
-                with s.lock:
-                    s.pending -= 1
-
-        s.worker.submit(job)
+        queue, gone = submit(s, work)
 
         async def events():
             try:

@@ -63,6 +63,7 @@ class Limits:
     max_length: int = 0  # 0: the run's training length data.seq_len
     max_queue: int = 8  # waiting requests per run
     max_body: int = MAX_BODY  # bytes of a request body (more: HTTP 413, refused before it is read)
+    max_tokens: int = 0  # /v1/completions' max_tokens (0: 8 x the run's data.seq_len)
 
     def request_limits(self) -> RequestLimits:
         """The bounds :meth:`SampleRequest.check` applies to every request of this server."""
@@ -234,6 +235,11 @@ def check(req: Request, run) -> None:
     if isinstance(req, EditRequest) and run.method.kind is not Kind.CONTINUOUS:
         raise ValueError(
             f"editing needs a continuous-diffusion run (replaid, plaid); {req.run!r} is a {run.cfg.method} run"
+        )
+    if run.method.block_size():
+        raise ValueError(
+            f"{req.run!r} is a block-diffusion run ({run.cfg.method}, blocks of {run.method.block_size()} tokens): "
+            "it writes text block by block, served at POST /v1/completions (docs/playground/README.md)"
         )
     if len(req.text) > 20000:
         raise ValueError("text is longer than 20000 characters")

@@ -1,0 +1,208 @@
+"""Completions: a prompt continued block by block, each committed block given out as it comes (issue 39).
+
+The interface a method's generator plugs into is a :class:`BlockStarter`, found by the method's kind in
+:data:`BLOCK_STARTS` when its run has blocks (:meth:`~replaid.methods.base.Method.block_size` > 0):
+
+    batch = starter(run, request, prompt, length, callback)   # prompt: (P,) ids; length: P + max_tokens
+    for block in batch(B): ...                                 # Committed(tokens (B, n), start, nfe)
+
+``batch(B)`` writes B rows of at least ``length`` tokens, the prompt first, and yields every block once it
+is final (blocks of the prompt too, which the consumer skips); the batches of one request draw in order
+from the request's seeded generator, and closing the iterator stops the generation. MDLM with blocks is
+:func:`~replaid.sampling.blocks.start_masked_blocks`, RePlaid and Plaid with blocks
+:func:`~replaid.sampling.blocks.start_continuous_blocks`. A run without blocks writes its one length in a single pass of its
+registered sampler (:func:`one_pass`, the draws of :func:`~replaid.sampling.generate.generate`): one block.
+
+:class:`Completion` turns the blocks into text: each sample is cut at the tokenizer's end-of-text token
+(unless ``ignore_eos``), at ``max_tokens`` and before the first stop string, and each committed block
+gives one :class:`Delta` per unfinished sample (the text new since the last; the tail that could still
+become a stop string is held back, as is a byte sequence not yet a whole character). Generation ends when
+every sample of the batch has finished.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, Protocol
+
+import torch
+from torch import Tensor
+
+from replaid.methods.base import Kind, Method
+from replaid.sampling.blocks import start_continuous_blocks, start_masked_blocks
+from replaid.sampling.contract import Callback, Committed
+from replaid.sampling.registry import get_sampler
+from replaid.sampling.request import SampleRequest
+
+__all__ = ["BLOCK_STARTS", "BlockStarter", "Completion", "Delta", "SampleText", "one_pass", "starter_for"]
+
+
+class BlockStarter(Protocol):
+    """How a kind's run writes a request block by block (module docstring)."""
+
+    def __call__(
+        self, run: Any, req: SampleRequest, prompt: Tensor, length: int, callback: Optional[Callback]
+    ) -> Callable[[int], Iterator[Committed]]: ...
+
+
+def one_pass(
+    run: Any, req: SampleRequest, prompt: Tensor, length: int, callback: Optional[Callback]
+) -> Callable[[int], Iterator[Committed]]:
+    """A run without blocks: the registered sampler writes the request's one length (``length`` or
+    ``data.seq_len``) at once, drawn as :func:`~replaid.sampling.generate.generate` draws it: one block."""
+    sampler = get_sampler(run.method, req.sampler)
+    start = sampler.start(run, req, None, req.length_for(run.cfg.data.seq_len), sampler.name, callback)
+
+    def batch(B: int) -> Iterator[Committed]:
+        b = start.batch(B)
+        res = sampler.fn(start.net, b.state, start.grid, generator=start.generator, callback=b.callback, **b.options)
+        b.after(res)
+        yield Committed(res.tokens, 0, res.nfe)
+
+    return batch
+
+
+BLOCK_STARTS: dict[Kind, BlockStarter] = {Kind.MASKED: start_masked_blocks, Kind.CONTINUOUS: start_continuous_blocks}
+
+
+def starter_for(method: Method[Any]) -> BlockStarter:
+    """The block generator of ``method``'s runs: its kind's with blocks, else :func:`one_pass`."""
+    if not method.block_size():
+        return one_pass
+    if method.kind not in BLOCK_STARTS:
+        raise ValueError(f"a {method.name} run with blocks has no block-by-block generator yet")
+    return BLOCK_STARTS[method.kind]
+
+
+@dataclass
+class Delta:
+    """What one committed block adds to one sample."""
+
+    index: int  # the sample, 0 .. num - 1
+    text: str  # the text new since this sample's last delta ("" when nothing is final yet)
+    finish_reason: Optional[str] = None  # set once: "stop" (end-of-text or a stop string), "length" (max_tokens)
+
+
+class SampleText:
+    """One sample's completion as its tokens come: the ids kept (cut at end-of-text and ``max_tokens``),
+    the text given out so far and, once finished, why."""
+
+    def __init__(self, tok: Any, max_tokens: int, stop: tuple[str, ...], eos: Optional[int]):
+        self.tok, self.max_tokens, self.stop, self.eos = tok, max_tokens, stop, eos
+        self.ids: list[int] = []
+        self.text = ""  # given out
+        self.finish_reason: Optional[str] = None
+        self.cut: Optional[int] = None  # the stop string's offset in the decoded ids
+
+    def feed(self, ids: list[int]) -> str:
+        """Take a block's new ids; returns the text now final (module docstring)."""
+        if self.finish_reason is not None:
+            return ""
+        for i in ids:
+            if i == self.eos:
+                self.finish_reason = "stop"
+                break
+            self.ids.append(i)
+            if len(self.ids) >= self.max_tokens:
+                self.finish_reason = "length"
+                break
+        text = self.tok.decode(self.ids)
+        hits = [k for k in (text.find(s) for s in self.stop) if k >= 0]
+        if hits:
+            self.cut = min(hits)
+            text, self.finish_reason = text[: self.cut], "stop"
+        elif self.finish_reason is None:
+            text = text[: len(text) - self._held(text)]
+        new = text[len(self.text) :] if text.startswith(self.text) else ""
+        self.text += new
+        return new
+
+    def _held(self, text: str) -> int:
+        """Characters at the end of ``text`` not final yet: an incomplete character, or the longest tail
+        that is the start of a stop string."""
+        n = len(text) - len(text.rstrip("\ufffd"))
+        tail = text[: len(text) - n]
+        k = max((j for s in self.stop for j in range(1, len(s)) if tail.endswith(s[:j])), default=0)
+        return n + k
+
+    def kept_ids(self) -> list[int]:
+        """The fewest ids whose text covers the completion (cut before a stop string: the ids up to the
+        one that writes the text's last character)."""
+        if self.cut is None:
+            return list(self.ids)
+        lo, hi = 0, len(self.ids)  # the fewest tokens whose text reaches the stop's offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (mid + 1, hi) if len(self.tok.decode(self.ids[:mid])) < self.cut else (lo, mid)
+        return self.ids[:lo]
+
+
+class Completion:
+    """A checked completion request on a loaded run: iterate it for one list of :class:`Delta` per
+    committed block (the deltas of the batch's unfinished samples), or call :meth:`rows` for
+    :func:`~replaid.sampling.generate.generate`'s rows. ``samples``, ``nfe`` and ``batches`` fill in as it runs."""
+
+    def __init__(self, run: Any, req: SampleRequest, callback: Optional[Callback] = None):
+        self.run, self.req = run, req
+        L = run.cfg.data.seq_len
+        req.check(run.method, run.tokenizer, L)
+        tok = run.tokenizer
+        self.prompt = torch.tensor(tok.encode(req.prompt) if req.prompt else [], dtype=torch.long)
+        self.max_tokens = req.completion_tokens(L, len(self.prompt))
+        self.eos = None if req.ignore_eos else tok.eos_id
+        self.batch = starter_for(run.method)(run, req, self.prompt, len(self.prompt) + self.max_tokens, callback)
+        self.samples: list[SampleText] = []
+        self.nfe = 0  # network calls of the batch running (or last run)
+        self.batches: list[tuple[int, float, int]] = []  # per batch done: its samples, seconds and network calls
+
+    def __iter__(self) -> Iterator[list[Delta]]:
+        P, req = len(self.prompt), self.req
+        while len(self.samples) < req.num:
+            B, first = min(req.batch_size, req.num - len(self.samples)), len(self.samples)
+            rows = [SampleText(self.run.tokenizer, self.max_tokens, req.stop, self.eos) for _ in range(B)]
+            self.samples += rows
+            t0, self.nfe = time.time(), 0
+            blocks = self.batch(B)
+            try:
+                for c in blocks:
+                    self.nfe = c.nfe
+                    lo = max(0, P - c.start)
+                    if lo >= c.tokens.shape[1]:  # the prompt's (prefilled)
+                        continue
+                    new = c.tokens[:, lo:].tolist()
+                    live = [b for b in range(B) if rows[b].finish_reason is None]
+                    yield [Delta(first + b, rows[b].feed(new[b]), rows[b].finish_reason) for b in live]
+                    if all(r.finish_reason is not None for r in rows):
+                        break
+            finally:
+                close = getattr(blocks, "close", None)
+                if close is not None:
+                    close()
+            self.batches.append((B, time.time() - t0, self.nfe))
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Run to the end; one row per sample: ``ids`` (the prompt's and those kept), ``text`` (the prompt
+        and the completion), ``completion``, ``finish_reason`` and :func:`generate`'s other fields."""
+        for _ in self:
+            pass
+        req, out = self.req, []
+        sampler = self.run.method.samplers[0] if req.sampler is None else req.sampler
+        for k, s in enumerate(self.samples):
+            B, secs, nfe = self.batches[k // req.batch_size]
+            out.append(
+                {
+                    "ids": self.prompt.tolist() + s.kept_ids(),
+                    "text": (req.prompt or "") + s.text,
+                    "completion": s.text,
+                    "finish_reason": s.finish_reason,
+                    "sampler": sampler,
+                    "steps": req.steps,
+                    "nfe": nfe,
+                    "seconds": secs / B,
+                    "batch_seconds": secs,
+                    "seed": req.seed,
+                    "temperature": req.temperature,
+                }
+            )
+        return out

@@ -1,0 +1,251 @@
+"""``POST /v1/completions`` and ``GET /v1/models``: an OpenAI-compatible text-completion endpoint.
+
+A request is OpenAI's (``model``: a served run's id, ``prompt``: a string, ``max_tokens`` (16), ``stop``: a
+string or a list of at most 4, ``seed`` (absent: a random one), ``n``, ``stream``, ``temperature``), plus
+two fields of ours: ``steps`` (sampling steps: MDLM's per block; default 64) and ``ignore_eos`` (as vLLM's).
+It becomes a :class:`~replaid.sampling.request.SampleRequest` (``max_tokens``, ``stop``, ``num`` = ``n``),
+checked by the server's bounds and :meth:`SampleRequest.check`, and is written by
+:class:`~replaid.sampling.stream.Completion`:
+
+* a block-diffusion run writes block by block up to ``replaid serve --max-tokens`` tokens (default 8 x its
+  ``data.seq_len``, past it with a sliding window); ``stream: true`` sends one ``text_completion`` chunk per
+  committed block (a choice per unfinished sample), then ``data: [DONE]``;
+* any other run writes its ``data.seq_len`` tokens at once, so ``max_tokens`` is at most that less the
+  prompt's tokens (else HTTP 400 saying so); a stream is then one chunk;
+* ``temperature`` (0 to 2; 0 greedy) is the request's logit temperature: MDLM's (and Duo's, AR's) tempered
+  probabilities; for RePlaid/Plaid the temperature of the denoiser's logits (``replaid sample
+  --temperature``), its score temperature staying 1.
+
+OpenAI's other fields are accepted at their defaults only (``top_p`` 1, ``echo`` false, ``logprobs``,
+``suffix``, ``logit_bias`` absent, the penalties 0, ``best_of`` 1, ``user`` any); anything else is HTTP 400.
+Errors are OpenAI's ``{"error": {"message", "type": "invalid_request_error", "param", "code": null}}``;
+the run's queue is the playground's (:mod:`replaid.web.jobs`: 429 when full, a client that goes away
+cancels its generation at the next step). Requests run one at a time per run: one that arrives while
+another runs waits for it (it does not join the running batch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import secrets
+import time
+import uuid
+from typing import Any, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from replaid.sampling.request import SampleRequest
+from replaid.sampling.stream import Completion
+from replaid.web.engine import Cancelled, Limits
+from replaid.web.jobs import Slot, admit, busy, submit
+
+DEFAULTS = {  # OpenAI fields accepted at these values only
+    "top_p": (1, 1.0, None),
+    "echo": (False, None),
+    "logprobs": (None, 0),
+    "suffix": (None, ""),
+    "logit_bias": (None,),
+    "presence_penalty": (0, 0.0, None),
+    "frequency_penalty": (0, 0.0, None),
+    "best_of": (1, None),
+    "stream_options": (None,),
+}
+FIELDS = {"model", "prompt", "max_tokens", "stop", "seed", "n", "stream", "temperature", "steps", "ignore_eos", "user"}
+FLAGS = {"max-tokens": "max_tokens", "num": "n", "stop": "stop", "temperature": "temperature", "steps": "steps"}
+
+
+class ApiError(ValueError):
+    """A bad request: HTTP ``status`` with OpenAI's error object naming ``param``."""
+
+    def __init__(
+        self, message: str, param: Optional[str] = None, status: int = 400, kind: str = "invalid_request_error"
+    ):
+        super().__init__(message)
+        self.param, self.status, self.kind = param, status, kind
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(error_body(str(self), self.param, self.kind), status_code=self.status)
+
+
+def error_body(message: str, param: Optional[str] = None, kind: str = "invalid_request_error") -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _field(body: dict, k: str, default: Any, ok, what: str) -> Any:
+    v = body.get(k, default)
+    if v is None:
+        v = default
+    if not ok(v):
+        raise ApiError(f"{k} must be {what}, got {json.dumps(v)}", k)
+    return v
+
+
+def request_of(body: Any, slots: dict[str, Slot]) -> tuple[Slot, SampleRequest, bool]:
+    """The run, the :class:`SampleRequest` and ``stream`` of an OpenAI completion body (types only;
+    the values are checked by :func:`check`)."""
+    if not isinstance(body, dict):
+        raise ApiError("the request body must be a JSON object")
+    for k in sorted(body):
+        if k in DEFAULTS:
+            if body[k] not in DEFAULTS[k]:
+                raise ApiError(f"{k} is not supported by this server (leave it out)", k)
+        elif k not in FIELDS:
+            raise ApiError(f"unknown field {k!r}; this server reads {', '.join(sorted(FIELDS))}", k)
+    model = body.get("model")
+    if model not in slots:
+        raise ApiError(f"unknown model {model!r}; this server serves {', '.join(slots)}", "model")
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise ApiError("prompt must be a string (one prompt per request; n asks for several samples)", "prompt")
+    stop = body.get("stop")
+    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise ApiError("stop must be a string or a list of strings", "stop")
+    n = _field(body, "n", 1, _is_int, "an integer")
+    seed = _field(body, "seed", secrets.randbelow(2**63), _is_int, "an integer")
+    temperature = _field(
+        body, "temperature", 1.0, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"
+    )
+    if not 0 <= temperature <= 2:
+        raise ApiError(f"temperature must be between 0 and 2, got {temperature}", "temperature")
+    req = SampleRequest(
+        prompt=prompt or None,
+        max_tokens=_field(body, "max_tokens", 16, _is_int, "an integer"),
+        stop=tuple(stop),
+        seed=seed,
+        num=n,
+        batch_size=n,
+        temperature=float(temperature),
+        steps=_field(body, "steps", 64, _is_int, "an integer"),
+        ignore_eos=_field(body, "ignore_eos", False, lambda v: isinstance(v, bool), "true or false"),
+        progress=False,
+    )
+    return slots[model], req, _field(body, "stream", False, lambda v: isinstance(v, bool), "true or false")
+
+
+def check(s: Slot, req: SampleRequest, limits: Limits) -> None:
+    """The server's bounds and :meth:`SampleRequest.check` (the CLI's messages, flags named as fields)."""
+    run: Any = s.run
+    L = run.cfg.data.seq_len
+    if not 1 <= req.num <= limits.max_samples:
+        raise ApiError(f"n must be between 1 and {limits.max_samples}, got {req.num}", "n")
+    bounds = limits.request_limits()
+    bounds = type(bounds)(**{**bounds.__dict__, "temperature": (0.0, 2.0), "max_tokens": limits.max_tokens or None})
+    try:
+        bounds.check(req, L)
+        req.check(run.method, run.tokenizer, L)
+    except ValueError as e:
+        msg = re.sub(r"--([a-z-]+)", lambda m: FLAGS.get(m.group(1), m.group(0)), str(e).strip().splitlines()[0])
+        first = re.match(r"[a-z_]+", msg)
+        param = first.group(0) if first and first.group(0) in FLAGS.values() else None
+        param = "prompt" if param is None and msg.startswith("the prompt") else param
+        raise ApiError(msg, param) from None
+
+
+def _chunk(cid: str, created: int, model: str, choices: list[dict]) -> str:
+    obj = {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": choices}
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+def add_completions(app: FastAPI, slots: dict[str, Slot], limits: Limits) -> None:
+    """Registers ``GET /v1/models`` and ``POST /v1/completions`` (module docstring) on ``app``."""
+
+    @app.get("/v1/models")
+    def models():
+        data = [{"id": k, "object": "model", "created": 0, "owned_by": "replaid"} for k in slots]
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return ApiError("the request body is not JSON").response()
+        try:
+            s, req, stream = request_of(body, slots)
+            check(s, req, limits)
+        except ApiError as e:
+            return e.response()
+        if admit(s, limits.max_queue) is None:
+            return ApiError(busy(s, limits.max_queue), None, 429, "rate_limit_error").response()
+
+        def work(emit, cancelled) -> None:
+            def step(_info) -> None:  # every sampler step: stop once the client has gone
+                if cancelled():
+                    raise Cancelled()
+
+            comp = Completion(s.run, req, callback=step)
+            for deltas in comp:
+                emit({"type": "block", "choices": [d.__dict__ for d in deltas]})
+            usage = sum(len(x.kept_ids()) for x in comp.samples)
+            texts = [(x.text, x.finish_reason) for x in comp.samples]
+            emit({"type": "done", "texts": texts, "prompt_tokens": len(comp.prompt), "completion_tokens": usage})
+
+        queue, gone = submit(s, work)
+        cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        if stream:
+
+            async def events():
+                try:
+                    while True:
+                        ev = await queue.get()
+                        if ev["type"] == "block":
+                            choices = [
+                                {
+                                    "text": c["text"],
+                                    "index": c["index"],
+                                    "logprobs": None,
+                                    "finish_reason": c["finish_reason"],
+                                }
+                                for c in ev["choices"]
+                            ]
+                            yield _chunk(cid, created, s.id, choices)
+                        elif ev["type"] == "error":
+                            yield f"data: {json.dumps(error_body(ev['message'], None, 'server_error'))}\n\n"
+                            break
+                        else:
+                            yield "data: [DONE]\n\n"
+                            break
+                finally:
+                    gone.set()
+
+            return StreamingResponse(
+                events(),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        try:
+            while True:
+                try:
+                    ev = await asyncio.wait_for(queue.get(), 0.25)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        return JSONResponse(error_body("the client went away"), status_code=499)
+                    continue
+                if ev["type"] == "done":
+                    break
+                if ev["type"] == "error":
+                    return JSONResponse(error_body(ev["message"], None, "server_error"), status_code=500)
+        finally:
+            gone.set()
+        choices = [
+            {"text": t, "index": k, "logprobs": None, "finish_reason": f} for k, (t, f) in enumerate(ev["texts"])
+        ]
+        P, C = ev["prompt_tokens"], ev["completion_tokens"]
+        return {
+            "id": cid,
+            "object": "text_completion",
+            "created": created,
+            "model": s.id,
+            "choices": choices,
+            "usage": {"prompt_tokens": P, "completion_tokens": C, "total_tokens": P + C},
+        }

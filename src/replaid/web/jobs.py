@@ -1,0 +1,84 @@
+"""Each served run's queue: one worker thread, at most ``max_queue`` waiting, cancellation by the client.
+
+Both endpoints (the playground's ``/api/generate`` and ``/api/edit``, and ``/v1/completions``) run their
+generations through here: :func:`admit` reserves a place or says the run is busy (HTTP 429), and
+:func:`submit` runs the work on the run's worker, handing its events to the event loop through an
+:class:`asyncio.Queue`; the work sees ``cancelled()`` turn true once the client has gone (it raises
+:class:`~replaid.web.engine.Cancelled` at its next step), and a failure becomes one ``error`` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from replaid.web.engine import Cancelled, Guide
+
+Emit = Callable[[dict], None]
+Work = Callable[[Emit, Callable[[], bool]], None]  # (emit, cancelled) -> None, on the run's worker thread
+
+
+@dataclass
+class Slot:
+    """One served run: the loaded model, its single-worker queue and its figures."""
+
+    id: str
+    path: Path
+    run: object
+    worker: ThreadPoolExecutor
+    figures: list[Path] = field(default_factory=list)
+    guides: dict[str, Guide] = field(default_factory=dict)  # classifiers for guidance, by id
+    pending: int = 0  # queued or running generations
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def one_line(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return msg[0] if msg else e.__class__.__name__
+
+
+def admit(s: Slot, max_queue: int) -> Optional[int]:
+    """Reserve a place on the run: the generations ahead of it, or None when ``max_queue`` already wait."""
+    with s.lock:
+        if s.pending >= max_queue + 1:
+            return None
+        ahead = s.pending
+        s.pending += 1
+        return ahead
+
+
+def busy(s: Slot, max_queue: int) -> str:
+    """The 429's message."""
+    return f"run {s.id!r} is busy: {s.pending - 1} generations are waiting (limit {max_queue}); try again shortly"
+
+
+def submit(s: Slot, work: Work) -> tuple[asyncio.Queue, threading.Event]:
+    """Run ``work`` on the run's worker after an :func:`admit` (called from the event loop). Returns the
+    queue of its events (then an ``error`` event if it failed) and the event to set when the client goes."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    gone = threading.Event()
+
+    def emit(ev: dict) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, ev)
+
+    def job() -> None:
+        try:
+            if not gone.is_set():
+                work(emit, gone.is_set)
+        except Cancelled:
+            pass
+        except Exception as e:  # noqa: BLE001 - any failure becomes one line for the client
+            print(f"replaid serve: generation failed on {s.id}: {e!r}", file=sys.stderr)
+            emit({"type": "error", "message": one_line(e)})
+        finally:
+            with s.lock:
+                s.pending -= 1
+
+    s.worker.submit(job)
+    return queue, gone

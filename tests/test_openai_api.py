@@ -1,0 +1,206 @@
+"""``POST /v1/completions`` (issue 39 §3) with the official ``openai`` client against a live server on
+loopback (uvicorn in a thread): a tiny MDLM with blocks, and a plain MDLM (no blocks) beside it. Non-streamed
+and streamed (one chunk per committed block, then [DONE]); ``stop``, ``max_tokens``, ``n``; the answers are
+those of :class:`~replaid.sampling.stream.Completion` (``replaid sample``) for the same seed; bad requests get
+HTTP 400 in OpenAI's error format; the queue's 429 and a dropped stream's cancellation."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from replaid.cli import main
+from replaid.sampling.request import SampleRequest
+from replaid.sampling.stream import Completion
+from replaid.training.loading import load_run
+
+openai = pytest.importorskip("openai", reason="the 'web' extra (openai, the client of these tests) is not installed")
+pytest.importorskip("fastapi", reason="the 'web' extra (FastAPI, uvicorn) is not installed")
+
+L, BLOCK = 16, 4
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """``bd3`` (blocks of 4) and ``plain`` (MDLM without blocks), data.seq_len 16, 3 training steps each."""
+    root = tmp_path_factory.mktemp("openai-runs")
+    out = {}
+    for name, block in (("bd3", BLOCK), ("plain", 0)):
+        sets = ["method=mdlm", f"mdlm.block_size={block}", f"data.seq_len={L}", "train.steps=3", "eval.max_batches=1"]
+        argv = ["train", "--preset", "debug", "--out", str(root / name), "--no-progress", "train.num_threads=1"]
+        assert main([*argv, *sets]) == 0
+        out[name] = load_run(root / name)
+    return root, out
+
+
+@contextlib.contextmanager
+def serving(app):
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    t0 = time.time()
+    while not server.started and time.time() - t0 < 20:
+        time.sleep(0.02)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        th.join(10)
+
+
+@pytest.fixture(scope="module")
+def server(runs):
+    from replaid.web.app import create_app
+    from replaid.web.engine import Limits
+
+    root, loaded = runs
+    app = create_app(
+        [str(root / "bd3"), str(root / "plain")],
+        Limits(max_samples=3, max_queue=1, max_tokens=32 * L),
+        runs=[loaded["bd3"], loaded["plain"]],
+    )
+    with serving(app) as port:
+        yield app, port
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{server[1]}/v1", api_key="none", max_retries=0, timeout=60)
+
+
+def reference(run, **kw) -> Completion:
+    """What ``replaid sample`` writes for the same request (steps 4, seed 7, the end-of-text ignored)."""
+    comp = Completion(
+        run, SampleRequest(**{"steps": 4, "seed": 7, "num": 1, "progress": False, "ignore_eos": True, **kw})
+    )
+    list(comp)
+    return comp
+
+
+EXTRA = {"steps": 4, "ignore_eos": True}  # our two fields beside OpenAI's (extra_body)
+
+
+def test_models_and_a_completion_past_the_training_length(client, runs):
+    assert sorted(m.id for m in client.models.list()) == ["bd3", "plain"]
+    n = 8 * L
+    r = client.completions.create(model="bd3", prompt="def", max_tokens=n, seed=7, extra_body=EXTRA)
+    ref = reference(runs[1]["bd3"], prompt="def", max_tokens=n)
+    assert r.object == "text_completion" and len(r.choices) == 1
+    assert r.choices[0].text == ref.samples[0].text and r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == n and r.usage.prompt_tokens == len(ref.prompt)
+
+
+def test_streamed_one_chunk_per_committed_block_then_done(client, runs, server):
+    n = 8 * L
+    chunks = list(
+        client.completions.create(model="bd3", prompt="", max_tokens=n, seed=7, stream=True, extra_body=EXTRA)
+    )
+    assert len(chunks) == n // BLOCK  # one per block (the client reads up to [DONE] and stops there)
+    assert all(c.object == "text_completion" and len(c.choices) == 1 for c in chunks)
+    assert [c.choices[0].finish_reason for c in chunks] == [None] * (n // BLOCK - 1) + ["length"]
+    ref = reference(runs[1]["bd3"], max_tokens=n)
+    assert "".join(c.choices[0].text for c in chunks) == ref.samples[0].text
+    import httpx  # the wire itself: data lines, the last one [DONE]
+
+    body = {"model": "bd3", "max_tokens": 8, "seed": 7, "stream": True, **EXTRA}
+    with httpx.Client(timeout=30) as h:
+        lines = [x for x in h.post(f"http://127.0.0.1:{server[1]}/v1/completions", json=body).text.split("\n") if x]
+    assert lines[-1] == "data: [DONE]" and len(lines) == 8 // BLOCK + 1 and all(x.startswith("data: ") for x in lines)
+
+
+def test_stop_n_and_max_tokens(client, runs):
+    n = 8 * L
+    text = reference(runs[1]["bd3"], max_tokens=n).samples[0].text
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    r = client.completions.create(model="bd3", prompt="", max_tokens=n, seed=7, stop=["zzzq", stop], extra_body=EXTRA)
+    assert r.choices[0].text == text[: text.find(stop)] and r.choices[0].finish_reason == "stop"
+    s = list(
+        client.completions.create(
+            model="bd3", prompt="", max_tokens=n, seed=7, stop=stop, stream=True, extra_body=EXTRA
+        )
+    )
+    assert "".join(c.choices[0].text for c in s) == text[: text.find(stop)] and len(s) < n // BLOCK
+    r = client.completions.create(model="bd3", prompt="def", max_tokens=10, seed=7, n=3, extra_body=EXTRA)
+    ref = reference(runs[1]["bd3"], prompt="def", max_tokens=10, num=3, batch_size=3)
+    assert [c.index for c in r.choices] == [0, 1, 2] and r.usage.completion_tokens == 30
+    assert [c.text for c in r.choices] == [x.text for x in ref.samples]
+    assert len({c.text for c in r.choices}) > 1  # n samples, not one repeated
+    # a run without blocks writes its seq_len at once: max_tokens up to seq_len less the prompt
+    r = client.completions.create(model="plain", prompt="", max_tokens=L, seed=7, temperature=0, extra_body=EXTRA)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == L
+
+
+@pytest.mark.parametrize(
+    "kw,param,message",
+    [
+        ({"max_tokens": 0}, "max_tokens", "max_tokens must be between 1 and 512"),  # replaid serve --max-tokens
+        ({"max_tokens": 513}, "max_tokens", "max_tokens must be between 1 and 512"),
+        ({"model": "plain", "max_tokens": L + 1}, "max_tokens", f"ask for at most {L}"),
+        ({"n": 4}, "n", "n must be between 1 and 3"),
+        ({"temperature": 3}, "temperature", "temperature must be between 0 and 2"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4 stop strings"),
+        ({"model": "nope"}, "model", "unknown model 'nope'"),
+        ({"top_p": 0.5}, "top_p", "top_p is not supported"),
+        ({"prompt": [1, 2, 3]}, "prompt", "prompt must be a string"),
+    ],
+)
+def test_a_bad_request_is_a_400_in_openais_error_format(client, kw, param, message):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(**{"model": "bd3", "prompt": "", "max_tokens": 8, **kw})
+    assert e.value.status_code == 400
+    err = e.value.body
+    assert err["type"] == "invalid_request_error" and err["param"] == param and err["code"] is None
+    assert message in err["message"] and "\n" not in err["message"]
+
+
+def test_a_full_queue_is_a_429_and_a_dropped_stream_is_cancelled(client, server, runs):
+    import httpx
+
+    app, port = server
+    slot = app.state.slots["bd3"]
+    slot.pending = 2  # one running and max_queue=1 waiting
+    try:
+        with pytest.raises(openai.RateLimitError):
+            client.completions.create(model="bd3", prompt="", max_tokens=8)
+    finally:
+        slot.pending = 0
+    calls = [0]
+
+    def slow(*_):
+        calls[0] += 1
+        time.sleep(0.002)
+
+    h = runs[1]["bd3"].model.backbone.register_forward_hook(slow)  # every denoising and commit pass
+    try:
+        body = {"model": "bd3", "max_tokens": 32 * L, "seed": 7, "stream": True, **EXTRA}  # 128 blocks
+        with httpx.Client(timeout=30) as c, c.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    json.loads(line[5:])
+                    break
+            at_drop = calls[0]
+        t0 = time.time()
+        while slot.pending and time.time() - t0 < 10:
+            time.sleep(0.02)
+        assert slot.pending == 0 and 0 < at_drop and calls[0] - at_drop < 100  # to the end: several hundred more
+    finally:
+        h.remove()
+
+
+def test_the_playground_sends_a_block_run_to_the_completions_endpoint(server):
+    import httpx
+
+    with httpx.Client(timeout=30) as c:
+        r = c.post(f"http://127.0.0.1:{server[1]}/api/generate", json={"run": "bd3", "sampler": "ancestral"})
+    assert r.status_code == 400 and "/v1/completions" in r.json()["error"]
