@@ -28,7 +28,8 @@ What is measured, per configuration (batch B, length N = k x seq_len for k in ``
 Peak memory: on CPU the rise of the process's resident-set high-water mark over the first whole
 generation, each configuration in a fresh subprocess (``/proc/self/clear_refs`` resets the mark once
 the model is built; VmHWM - VmRSS; without it, the ``ru_maxrss`` rise; the libraries' lazily made
-buffers are in it, alike for every row); that run is the warm-up, a second one is timed. On CUDA a
+buffers are in it, alike for every row; full-sequence rows: their first sample, as every sample is
+alike); that run is the warm-up, a second one is timed. On CUDA a
 short warm-up, then one run timed with ``torch.cuda.max_memory_allocated`` over the bytes allocated
 before it. The output says which (``mem_kind``). ``--in-process`` runs every configuration in this
 process: faster, but memory freed by an earlier one is reused unseen (a small row may read 0). Weights do not change the cost: the
@@ -280,9 +281,9 @@ def one(**spec: Any) -> dict:
             mem.start()
             r = gen(n)
             peak = mem.stop()
-        else:  # the resident set: the first full run (nothing freed before it to reuse), then the timed one
+        else:  # the resident set: the first run (nothing freed before it to reuse), then the timed one
             mem.start()
-            gen(n)
+            gen(L - P if fam == "full" else n)  # full: its samples are alike, the first one's peak is theirs
             peak = mem.stop()
             r = gen(n)
     r.pop("tokens_out", None)
