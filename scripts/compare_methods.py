@@ -237,6 +237,9 @@ def write(rep: dict, folder: Path, spec, a, report_markdown) -> None:
     path = out / "methods.md"
     old = path.read_text() if path.is_file() else ""
     keep = old[old.index("## Discussion") :] if "## Discussion" in old else ""  # hand-written, kept on re-runs
+    begin, end = "<!-- claims:begin -->", "<!-- claims:end -->"  # the opening paragraph (issue 34 §4), kept too
+    if begin in old and end in old:
+        md[1:1] = ["", old[old.index(begin) : old.index(end) + len(end)]]
     path.write_text("\n".join(md) + ("\n" + keep if keep else ""))
     print(path.read_text())
 
