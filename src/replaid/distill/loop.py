@@ -13,6 +13,11 @@ and noise streams (seeded by the step). Progressive distillation freezes each ro
 from the same teacher.
 
 The schedule and the embedding matrix are frozen at the teacher's (they get no gradient).
+
+A block-diffusion teacher (``diffusion.block_size`` = b < ``seq_len``, issue 39 §2) is distilled per
+block (:mod:`replaid.distill.blocks`): each block's PF-ODE given the clean blocks before it, every
+(row, block) of a batch at its own step; the student keeps the teacher's blocks, and its K steps are
+each block's (``sample_any_length(..., sampler="ddim", steps=K)``). Progressive only.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from tqdm.auto import tqdm
 from replaid import schema
 from replaid.config import ConfigError
 from replaid.distill import targets as T
+from replaid.distill.blocks import block_progressive_batch
 from replaid.distill.config import DistillConfig
 from replaid.fileio import fsync_file
 from replaid.methods.base import Kind
@@ -68,14 +74,28 @@ def _atomic_save(tensors: dict[str, Tensor], path: Path) -> None:
     tmp.replace(path)
 
 
+def teacher_block(teacher: Run, dcfg: DistillConfig) -> int:
+    """The teacher's block size (0: no blocks), after refusing what cannot be distilled: a teacher other
+    than RePlaid, consistency distillation of a block run."""
+    if teacher.method.kind is not Kind.CONTINUOUS or teacher.cfg.method != "replaid":
+        raise ConfigError(
+            f"replaid distill needs a RePlaid teacher run; {teacher.ckpt} is a '{teacher.cfg.method}' run"
+        )
+    block = int(teacher.method.block) if getattr(teacher.method, "blocks", False) else 0
+    if block and dcfg.method != "progressive":
+        raise ConfigError(
+            f"distill: {teacher.ckpt} has blocks of {block} tokens (diffusion.block_size); block runs are "
+            f"distilled with --method progressive only"
+        )
+    return block
+
+
 class Distiller:
     """One distillation: the frozen teacher, the student (and its EMA target), the optimiser."""
 
     def __init__(self, teacher: Run, dcfg: DistillConfig, out: Path):
-        if teacher.method.kind is not Kind.CONTINUOUS or teacher.cfg.method != "replaid":
-            raise ConfigError(
-                f"replaid distill needs a RePlaid teacher run; {teacher.ckpt} is a '{teacher.cfg.method}' run"
-            )
+        # with blocks (issue 39 §2): each block's PF-ODE given the clean blocks before it (distill/blocks.py)
+        self.block = teacher_block(teacher, dcfg)
         self.teacher_run, self.dcfg, self.out = teacher, dcfg, out
         self.device = next(teacher.model.parameters()).device
         self.teacher = teacher.model.eval()
@@ -135,6 +155,16 @@ class Distiller:
         # round 0 distils the teacher's chosen solver; later rounds the previous student's DDIM steps,
         # the steps it was trained to take
         solver = d.teacher_solver if rnd == 0 else "ddim"
+        if self.block:  # every block of every row at its own step, the clean blocks before it as context
+            loss, per_row = block_progressive_batch(
+                self.student, self.round_teacher, self.round_sc, self.E, tokens, self.block, g_teacher, gen, solver
+            )
+            return loss, {
+                "loss": float(loss.detach()),
+                "mse_e": float(per_row.mean()),
+                "round": rnd,
+                "student_steps": K,
+            }
         loss, per_row = T.progressive_batch(self.student, teach, self.round_sc, self.E, tokens, g_teacher, gen, solver)
         return loss, {"loss": float(loss.detach()), "mse_e": float(per_row.mean()), "round": rnd, "student_steps": K}
 
@@ -262,6 +292,7 @@ def distill(
     if dcfg.num_threads:
         torch.set_num_threads(dcfg.num_threads)
     teacher = load_run(teacher_path, use_ema=True, train_data=False, device=dcfg.device)
+    teacher_block(teacher, dcfg)  # refused before the folder is claimed
     if resume and (out / "distill.json").is_file():
         fix = "it is damaged: restore it, or start the student again with --overwrite"
         stored = schema.read_json(out / "distill.json", schema.DISTILL, fix)
