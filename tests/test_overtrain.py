@@ -47,6 +47,11 @@ def test_no_crossing_is_not_reached_and_names_the_side():
     assert res["crossing_flops"] is None and res["factors"] is None
     assert res["verdict"].startswith("not reached") and "stays above b" in res["verdict"]
     assert res["overlap"] == pytest.approx([2e12, 4.3e12])
+    # model-free: a at 2e12 against b's largest budget at no more compute, 1.5e12; a at 6e12 and 9e12: 4.3e12
+    dom = res["a_at_more_compute"]
+    assert [(p["flops"], p["b_flops"]) for p in dom] == [(2e12, 1.5e12), (6e12, 4.3e12), (9e12, 4.3e12)]
+    want = line(6.0, -0.1)(2e12) - line(5.6, -0.5)(1.5e12)
+    assert dom[0]["diffs"] == pytest.approx([want] * 3) and dom[0]["verdict"] == "a above b"
 
 
 def test_differences_are_paired_by_seed_against_the_other_curve_interpolated_in_log_flops():

@@ -89,6 +89,32 @@ def compare(rows: list[dict], a: str, b: str, confidence: float = 0.95) -> list[
     return out
 
 
+def dominance(rows: list[dict], a: str, b: str, confidence: float = 0.95) -> list[dict]:
+    """At each budget of A, A - B against B's largest budget at no more FLOPs, paired by seed: where A's
+    bound is higher with at least B's compute, A is above B's curve there too, as long as B's bound
+    does not rise with compute (model-free: no interpolation, no extrapolation past B's budgets)."""
+    ca, cb = _curve(rows, a), _curve(rows, b)
+    seeds = sorted(set(ca) & set(cb))
+    out = []
+    for flops in sorted({f for s in seeds for f, _ in ca[s]}):
+        below = sorted({f for s in seeds for f, _ in cb[s] if f <= flops * (1 + 1e-6)})
+        if not below:
+            continue
+        fb = below[-1]
+        diffs = []
+        for s in seeds:
+            la = next((loss for f, loss in ca[s] if math.isclose(f, flops, rel_tol=1e-6)), None)
+            lb = next((loss for f, loss in cb[s] if math.isclose(f, fb, rel_tol=1e-6)), None)
+            if la is not None and lb is not None:
+                diffs.append(la - lb)
+        if len(diffs) < 2:
+            continue
+        iv = t_interval(diffs, confidence)
+        verdict = f"{a} above {b}" if iv.lo > 0 else "not determined"
+        out.append({"flops": flops, "b_flops": fb, "diffs": diffs, **iv.as_dict(), "verdict": verdict})
+    return out
+
+
 def crossing(points: list[dict]) -> Optional[float]:
     """FLOPs where the mean difference changes sign (the last change, log-linear between the two
     budgets around it); None without one."""
@@ -121,6 +147,7 @@ def overtrain(
         ab + [{**p, "mean": -p["mean"], "lo": -p["hi"], "hi": -p["lo"]} for p in ba], key=lambda p: p["flops"]
     )
     x = crossing(merged)
+    dom = dominance(rows, a, b, confidence)
     lo = max(min(p["flops"] for p in per[a]), min(p["flops"] for p in per[b]))
     hi = min(max(p["flops"] for p in per[a]), max(p["flops"] for p in per[b]))
     if x is not None:
@@ -137,6 +164,13 @@ def overtrain(
         )
     else:
         verdict = "not determined: the two methods' FLOPs ranges do not overlap"
+    above = [p for p in dom if p["verdict"] != "not determined"]
+    if x is None and above:
+        p = above[-1]
+        verdict += (
+            f"; and {a} at {p['flops']:.3g} FLOPs is above {b} at {p['b_flops']:.3g} "
+            f"({p['mean']:+.3f} [{p['lo']:+.3f}, {p['hi']:+.3f}]), with more compute"
+        )
     return {
         "a": a,
         "b": b,
@@ -147,6 +181,7 @@ def overtrain(
         "a_minus_b_at_a": ab,
         "b_minus_a_at_b": ba,
         "overlap": [lo, hi] if lo <= hi else None,
+        "a_at_more_compute": dom,
         "crossing_flops": x,
         "factors": None if x is None else {a: x / optimum[a], b: x / optimum[b]},
         "verdict": verdict,
@@ -174,6 +209,14 @@ def markdown(res: dict, title: str) -> str:
         for p in res[key]:
             lines.append(
                 f"| {name} | {p['flops']:.3g} | {p['mean']:+.3f} | [{p['lo']:+.3f}, {p['hi']:+.3f}] | {p['verdict']} |"
+            )
+    if res["a_at_more_compute"]:
+        lines += ["", f"{a} against {b}'s largest budget at no more FLOPs (model-free), paired by seed:", ""]
+        lines += [f"| {a} FLOPs | {b} FLOPs | {a} − {b} | interval | verdict |", "|---|---|---|---|---|"]
+        for p in res["a_at_more_compute"]:
+            lines.append(
+                f"| {p['flops']:.3g} | {p['b_flops']:.3g} | {p['mean']:+.3f} | [{p['lo']:+.3f}, {p['hi']:+.3f}] | "
+                f"{p['verdict']} |"
             )
     return "\n".join(lines) + "\n"
 
