@@ -30,11 +30,11 @@ from replaid.sampling.request import SampleRequest
 V, L, B = 40, 12, 3
 PAIRS = [(n, s) for n in sorted(METHODS) for s in METHODS[n].samplers]
 # what each kind's samplers add to i, T, z (documented on StepInfo)
-KIND_KEYS = {
-    Kind.CONTINUOUS: {"gamma", "gamma_next", "e_hat", "logits"},
-    Kind.MASKED: {"t", "s", "probs"},
-    Kind.UNIFORM: {"t", "s", "probs"},
-    Kind.AUTOREGRESSIVE: {"pos", "tokens", "probs"},
+KIND_KEYS = {  # and every registered sampler's "nfe": its network calls so far
+    Kind.CONTINUOUS: {"gamma", "gamma_next", "e_hat", "logits", "nfe"},
+    Kind.MASKED: {"t", "s", "probs", "nfe"},
+    Kind.UNIFORM: {"t", "s", "probs", "nfe"},
+    Kind.AUTOREGRESSIVE: {"pos", "tokens", "probs", "nfe"},
 }
 
 

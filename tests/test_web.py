@@ -22,7 +22,7 @@ import pytest
 from replaid.cli import main
 from replaid.sampling.request import SampleRequest
 from replaid.training.loading import load_run
-from replaid.web.engine import MASK, GenRequest, Limits, generate_stream, parse_text, prepare
+from replaid.web.engine import MASK, Limits, generate_stream, parse, parse_text, prepare
 
 fastapi = pytest.importorskip("fastapi", reason="the 'web' extra (FastAPI, uvicorn) is not installed")
 
@@ -89,7 +89,9 @@ def test_engine_matches_replaid_sample_and_streams_one_frame_per_step(loaded, me
     run = loaded[method]
     events = []
     res = generate_stream(
-        run, GenRequest(run=method, sampler=sampler, steps=6, seed=3, text="Return the", temperature=0.9), events.append
+        run,
+        parse({"run": method, "sampler": sampler, "steps": 6, "seed": 3, "text": "Return the", "temperature": 0.9}),
+        events.append,
     )
     want = generate(run, _sample_args(sampler=sampler, steps=6, seed=3, prompt="Return the", temperature=0.9))
     assert res.ids[0] == want[0]["ids"] and res.texts[0] == want[0]["text"]
@@ -117,7 +119,7 @@ def test_infill_keeps_the_given_text_and_fills_the_gaps(loaded):
     run = loaded["replaid"]
     tok = run.tokenizer
     res = generate_stream(
-        run, GenRequest(run="replaid", steps=5, text="def f(x):[[3]] return x[[]]", samples=2), lambda e: None
+        run, parse({"run": "replaid", "steps": 5, "text": "def f(x):[[3]] return x[[]]", "samples": 2}), lambda e: None
     )
     left, right = tok.encode("def f(x):"), tok.encode(" return x")
     for row, text in zip(res.ids, res.texts):
@@ -150,14 +152,14 @@ def test_parse_text_modes(loaded):
     ],
 )
 def test_bounds_give_one_line_messages(loaded, field, value, message):
-    req = GenRequest(run="replaid", **{field: value})
+    req = parse({"run": "replaid", field: value})
     with pytest.raises(ValueError, match=message):
         prepare(req, loaded["replaid"], Limits(max_steps=64, max_samples=2))
 
 
 def test_infill_on_a_discrete_run_is_refused(loaded):
     with pytest.raises(ValueError, match="infill needs a continuous-diffusion run"):
-        prepare(GenRequest(run="mdlm", sampler="ancestral", text="a [[3]] b"), loaded["mdlm"], Limits())
+        prepare(parse({"run": "mdlm", "sampler": "ancestral", "text": "a [[3]] b"}), loaded["mdlm"], Limits())
 
 
 # ------------------------------------------------------------------ server (no browser)
@@ -360,11 +362,12 @@ def test_edit_endpoint_keeps_the_text_outside_the_spans_verbatim(client, loaded)
 @pytest.mark.parametrize(
     "body,message",
     [
-        ({"strength": 1.5}, "--strength 1.5: must be in [0, 1]"),
-        ({"strength": -0.1}, "--strength -0.1: must be in [0, 1]"),
-        ({"text": ""}, "--text is empty"),
+        # the request's fields (SampleRequest.strength, .edit, .edit_chars), not replaid edit's flags
+        ({"strength": 1.5}, "strength 1.5: must be in [0, 1]"),
+        ({"strength": -0.1}, "strength -0.1: must be in [0, 1]"),
+        ({"text": ""}, "edit is empty"),
         ({"spans": "3:15,10:20"}, "give non-overlapping START:END character spans"),
-        ({"spans": "3:99"}, "bad --span '3:99'"),
+        ({"spans": "3:99"}, "bad edit_chars '3:99'"),
         ({"spans": "3:5", "token_spans": "1:2"}, "not both"),
         ({"run": "mdlm", "sampler": "ancestral"}, "editing needs a continuous-diffusion run"),
         ({"strength": "lots"}, "field 'strength' must be float"),
@@ -377,15 +380,29 @@ def test_edit_endpoint_refuses_bad_input_with_one_line(client, body, message):
     assert message in err and "\n" not in err
 
 
+def as_fields(cli: str) -> str:
+    """A CLI message with each flag said as the request's field it stands for (what the server says)."""
+    import dataclasses
+    import re
+
+    from replaid.sampling.errors import flag
+
+    field_of = {flag(f.name): f.name for f in dataclasses.fields(SampleRequest)}
+    return re.sub(r"--[a-z][a-z-]*", lambda m: field_of.get(m.group(0), m.group(0)), cli)
+
+
 def test_edit_endpoint_gives_the_clis_message(client, runs, capsys):
-    """A request the command line's types accept but the edit plan refuses: the same one line from both."""
+    """A request the command line's types accept but the edit plan refuses: the same one line from both,
+    each naming the option in its own words (the CLI its flags, the server the request's fields)."""
     assert main(["edit", str(runs["replaid"]), "--text", SOURCE, "--span", "3:15,10:20"]) == 2
     cli = capsys.readouterr().err.strip().removeprefix("replaid: error: ")
+    assert cli.startswith("--span '3:15,10:20': give non-overlapping")
     resp = client.post("/api/edit", json={"run": "replaid", "text": SOURCE, "spans": "3:15,10:20"})
-    assert resp.status_code == 400 and resp.json()["error"] == cli
+    assert resp.status_code == 400 and resp.json()["error"] == as_fields(cli)
+    assert resp.json()["error"].startswith("edit_chars '3:15,10:20'")
     # a strength out of range: argparse refuses it on the command line; the API says it in the request's words
     resp = client.post("/api/edit", json={"run": "replaid", "text": SOURCE, "strength": 1.5})
-    assert resp.status_code == 400 and resp.json()["error"].startswith("--strength 1.5: must be in [0, 1]")
+    assert resp.status_code == 400 and resp.json()["error"].startswith("strength 1.5: must be in [0, 1]")
 
 
 @pytest.mark.parametrize(
@@ -407,12 +424,14 @@ def test_the_same_invalid_request_gets_the_same_message_from_the_cli_and_the_ser
     client, runs, capsys, run, flags, body
 ):
     """One schema (SampleRequest), validated once: ``replaid sample``'s flags and the playground's JSON
-    map onto the same request, so a request both accept as types gets one message from both."""
+    map onto the same request, so a request both accept as types gets one message from both, the CLI
+    naming its flags and the server the request's fields."""
     assert main(["sample", str(runs[run]), "--steps", "4", "--num", "1", *flags]) == 2
     cli = capsys.readouterr().err.strip().removeprefix("replaid: error: ")
     resp = client.post("/api/generate", json={"run": run, "steps": 4, "samples": 1, **body})
     assert resp.status_code == 400
-    assert resp.json()["error"] == cli and "\n" not in cli
+    assert resp.json()["error"] == as_fields(cli) and "\n" not in cli
+    assert "--" not in resp.json()["error"]
 
 
 def test_guided_generate_at_scale_zero_is_the_unguided_sample(client):

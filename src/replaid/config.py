@@ -12,6 +12,7 @@ import difflib
 import json
 import math
 import re
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -616,8 +617,22 @@ def _unknown(key: str, root: Any) -> ConfigError:
     return ConfigError(f"unknown config key '{key}'{hint}")
 
 
-def _coerce(key: str, value: Any, typ: Any) -> Any:
-    """Convert a string/YAML value to the field's declared type, or raise a ConfigError."""
+def coerce(key: str, value: Any, typ: Any) -> Any:
+    """Convert a string/YAML/JSON value to the field's declared type, or raise a ConfigError: the one type
+    coercion of the config's overrides and files and of a sampling request's JSON (the playground).
+    ``Optional[T]`` takes None (JSON null) or a T; ``tuple[str, ...]`` / ``list[str]`` a list of strings,
+    or one string (``""``: none)."""
+    if typing.get_origin(typ) in (typing.Union, getattr(types, "UnionType", typing.Union)):
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        if value is None and len(args) < len(typing.get_args(typ)):
+            return None
+        if len(args) == 1:
+            return coerce(key, value, args[0])
+    if typing.get_origin(typ) in (tuple, list) and typing.get_args(typ)[:1] == (str,):
+        items = ([value] if value else []) if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or not all(isinstance(x, str) for x in items):
+            raise ConfigError(f"config key {key} expects a list of strings, got {str(value)[:40]!r}")
+        return typing.get_origin(typ)(items)
     if typ in ("int", int):
         typ = int
     elif typ in ("float", float):
@@ -665,6 +680,9 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
             raise ConfigError(f"config key {key} expects a string, got {value!r}")
         return str(value)
     raise ConfigError(f"config key {key} has an unsupported type {typ}")
+
+
+_coerce = coerce
 
 
 def set_key(cfg: RunConfig, key: str, value: Any) -> None:

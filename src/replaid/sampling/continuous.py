@@ -368,7 +368,16 @@ class _Run:
     def report(self, i: int, z: Tensor, logits: Tensor, e_hat: Tensor) -> None:
         if self.callback is not None:
             self.callback(
-                StepInfo(i=i, T=self.T, gamma=self.g[i], gamma_next=self.g[i + 1], z=z, e_hat=e_hat, logits=logits)
+                StepInfo(
+                    i=i,
+                    T=self.T,
+                    gamma=self.g[i],
+                    gamma_next=self.g[i + 1],
+                    z=z,
+                    e_hat=e_hat,
+                    logits=logits,
+                    nfe=self.nfe,
+                )
             )
 
     def finish(self, z: Tensor) -> SampleResult:

@@ -57,6 +57,7 @@ class StepInfo(TypedDict, total=False):
     tokens: Tensor
     final: bool
     block: int  # block diffusion: the block being written (sampling/blocks.py)
+    nfe: int  # the network calls of this sampler call so far (the registered samplers set it)
 
 
 STEP_KEYS = ("i", "T", "z")  # the keys every sampler's StepInfo has

@@ -90,7 +90,17 @@ def sample_ar(
         probs = top_p_filter(tempered_probs(logits, temperature), top_p)  # (B, V) float64
         out[:, pos] = exponential_race(probs, generator)  # Gumbel-max through an exponential race, in float64
         if callback is not None:
-            callback({"i": pos - n_prefix, "T": L - n_prefix, "pos": pos, "tokens": out, "z": out, "probs": probs})
+            callback(
+                {
+                    "i": pos - n_prefix,
+                    "T": L - n_prefix,
+                    "pos": pos,
+                    "tokens": out,
+                    "z": out,
+                    "probs": probs,
+                    "nfe": nfe,
+                }
+            )
         if pos + 1 < L:
             logits = model.forward_cached(out[:, pos : pos + 1], cache, pos + 1)[:, -1]
             nfe += 1
@@ -145,7 +155,7 @@ def sample_mdlm(
             probs_used = probs
         z = z_new
         if callback is not None:
-            callback({"i": k, "T": steps, "t": t, "s": s, "z": z, "probs": probs_used})
+            callback({"i": k, "T": steps, "t": t, "s": s, "z": z, "probs": probs_used, "nfe": nfe})
     return SampleResult(z, nfe)
 
 
@@ -188,5 +198,5 @@ def sample_duo(
         if known is not None:
             z = torch.where(known.to(dev), given, z)
         if callback is not None:
-            callback({"i": k, "T": steps, "t": t, "s": s, "z": z, "probs": xt})
+            callback({"i": k, "T": steps, "t": t, "s": s, "z": z, "probs": xt, "nfe": k + 1})
     return SampleResult(z, steps)

@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from replaid.diffusion.denoiser import Denoiser, DenoiserOutput, alpha_sigma
+from replaid.sampling.errors import RequestError, ref
 
 Objective = Callable[[Tensor, Tensor, Tensor], Tensor]  # (z (B, L, d_e), gamma (B,), logits (B, L, V)) -> (B,)
 
@@ -162,7 +163,9 @@ def parse_require(spec: str) -> tuple[str, Optional[int], Optional[int]]:
         word, where = spec, ""
     if not where:
         if not word.strip():
-            raise ValueError("--require needs a word, e.g. --require ' king' or --require 'king@5'")
+            raise RequestError(
+                f"{ref('require')} needs a word, e.g. {ref('require')} ' king' or {ref('require')} 'king@5'"
+            )
         return word, None, None
     try:
         if ":" in where:
@@ -172,7 +175,9 @@ def parse_require(spec: str) -> tuple[str, Optional[int], Optional[int]]:
             start = int(where)
             end = start + 1
     except ValueError:
-        raise ValueError(f"--require {spec!r}: expected WORD, WORD@POS or WORD@A:B (token positions)") from None
+        raise RequestError(
+            f"{ref('require')} {spec!r}: expected WORD, WORD@POS or WORD@A:B (token positions)"
+        ) from None
     if not 0 <= start < end:
-        raise ValueError(f"--require {spec!r}: the position span must satisfy 0 <= A < B")
+        raise RequestError(f"{ref('require')} {spec!r}: the position span must satisfy 0 <= A < B")
     return word, start, end

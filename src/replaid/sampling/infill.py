@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from replaid.sampling.continuous import parse_infill_spans
+from replaid.sampling.errors import RequestError, ref
 
 MARKER = re.compile(r"\[MASK:(\d+)\]")
 
@@ -71,14 +72,14 @@ def _char_spans_to_markers(tok, context: str, spec: str) -> str:
         except ValueError:
             start, end, sep = 0, 0, ""
         if not sep or not 0 <= start < end <= len(context):
-            raise ValueError(
-                f"bad --infill-chars span {part!r}: expected START:END with "
+            raise RequestError(
+                f"bad {ref('infill_chars')} span {part!r}: expected START:END with "
                 f"0 <= START < END <= {len(context)} (the context's characters)"
             )
         spans.append((start, end))
     spans.sort()
     if any(b[0] < a[1] for a, b in zip(spans, spans[1:])):
-        raise ValueError(f"--infill-chars spans overlap: {spec!r}")
+        raise RequestError(f"{ref('infill_chars')} spans overlap: {spec!r}")
     out, pos = [], 0
     for start, end in spans:
         while start > pos and context[start - 1].isspace():
@@ -93,15 +94,15 @@ def plan_infill(
 ) -> InfillPlan:
     """The known tokens of an infilling request (module docstring); errors name the option to fix."""
     if sum(x is not None for x in (spans, char_spans)) > 1:
-        raise ValueError("give --infill (token positions) or --infill-chars (characters), not both")
+        raise RequestError(f"give {ref('infill')} (token positions) or {ref('infill_chars')} (characters), not both")
     if char_spans is not None:
         if MARKER.search(context):
-            raise ValueError("--infill-chars with [MASK:N] markers in --context: use one or the other")
+            raise RequestError(f"{ref('infill_chars')} with [MASK:N] markers in {ref('context')}: use one or the other")
         context = _char_spans_to_markers(tok, context, char_spans)
     pieces = MARKER.split(context)  # text, n, text, n, ..., text
     if len(pieces) > 1:
         if spans is not None:
-            raise ValueError("--infill with [MASK:N] markers in --context: use one or the other")
+            raise RequestError(f"{ref('infill')} with [MASK:N] markers in {ref('context')}: use one or the other")
         ids, known = [], []
         for j, piece in enumerate(pieces):
             if j % 2:
@@ -116,9 +117,9 @@ def plan_infill(
                 known += [True] * len(t)
     else:
         if spans is None:
-            raise ValueError(
-                "--context needs what to fill: [MASK:N] markers in the text, --infill-chars A:B "
-                "or --infill A:B (token positions; see --show-positions)"
+            raise RequestError(
+                f"{ref('context')} needs what to fill: [MASK:N] markers in the text, {ref('infill_chars')} A:B "
+                f"or {ref('infill')} A:B (token positions; see --show-positions)"
             )
         ids = tok.encode(context)
         n_ctx = len(ids)
@@ -129,9 +130,9 @@ def plan_infill(
     L = len(ids)
     if length is not None:
         if length < L:
-            raise ValueError(
-                f"the infilling context is {L} tokens but --length is {length}; "
-                f"raise --length to at least {L} or shorten --context"
+            raise RequestError(
+                f"the infilling context is {L} tokens but {ref('length')} is {length}; "
+                f"raise {ref('length')} to at least {L} or shorten {ref('context')}"
             )
         ids, known = ids + [0] * (length - L), known + [False] * (length - L)
     if all(known):
@@ -165,13 +166,13 @@ def plan_edit(tok, text: str, spans: str | None = None, char_spans: str | None =
     """The source of ``replaid edit``: the whole text re-noised, or only token spans (``--token-span``,
     as ``--infill``) or character spans (``--span``; each piece is tokenised alone) of it."""
     if spans is not None and char_spans is not None:
-        raise ValueError("give --span (characters) or --token-span (token positions), not both")
+        raise RequestError(f"give {ref('edit_chars')} (characters) or {ref('edit_span')} (token positions), not both")
     if not text:
-        raise ValueError("--text is empty: give the text to edit")
+        raise RequestError(f"{ref('edit')} is empty: give the text to edit")
     if char_spans is None:
         ids = tok.encode(text)
         if len(ids) < 2:
-            raise ValueError(f"--text is {len(ids)} token long; editing needs at least 2 tokens")
+            raise RequestError(f"{ref('edit')} is {len(ids)} token long; editing needs at least 2 tokens")
         known = parse_infill_spans(spans, len(ids)) if spans is not None else torch.zeros(len(ids), dtype=torch.bool)
         if bool(known.all()):
             raise ValueError("nothing to edit: the spans cover no position")
@@ -184,13 +185,13 @@ def plan_edit(tok, text: str, spans: str | None = None, char_spans: str | None =
         except ValueError:
             sep = ""
         if not sep or not 0 <= start < end <= len(text):
-            raise ValueError(
-                f"bad --span {part!r}: expected START:END with 0 <= START < END <= {len(text)} (the text's characters)"
+            raise RequestError(
+                f"bad {ref('edit_chars')} {part!r}: expected START:END with 0 <= START < END <= {len(text)} (the text's characters)"
             )
         cuts.append((start, end))
     cuts.sort()
     if not cuts or any(b[0] < a[1] for a, b in zip(cuts, cuts[1:])):
-        raise ValueError(f"--span {char_spans!r}: give non-overlapping START:END character spans")
+        raise RequestError(f"{ref('edit_chars')} {char_spans!r}: give non-overlapping START:END character spans")
     pieces: list[tuple[str, bool]] = []
     pos = 0
     for start, end in cuts:

@@ -26,8 +26,9 @@ from typing import Any, Optional
 
 import torch
 
-from replaid.config import GUIDANCE_SCALE_MAX, SCORE_TEMPERATURE_RANGE, TEMPERATURE_RANGE, ConfigError
+from replaid.config import GUIDANCE_SCALE_MAX, SCORE_TEMPERATURE_RANGE, TEMPERATURE_RANGE
 from replaid.methods.base import Kind, Method
+from replaid.sampling.errors import RequestError, ref
 from replaid.sampling.infill import EditPlan, InfillPlan, plan_edit, plan_infill
 
 BLOCK_LENGTH_FACTOR = 64  # a block run's longest request: this many times its data.seq_len (prompt included)
@@ -51,7 +52,7 @@ class RequestLimits:
     def check(self, req: "SampleRequest", trained_len: int) -> None:
         def between(k: str, v: float, lo: float, hi: float, extra: str = "") -> None:
             if not (math.isfinite(v) and lo <= v <= hi):  # NaN fails too
-                raise ValueError(f"{k} must be between {lo:g} and {hi:g}{extra}, got {v}")
+                raise RequestError(f"{ref(k)} must be between {lo:g} and {hi:g}{extra}, got {v}")
 
         between("steps", req.steps, 1, self.max_steps)
         between("num", req.num, 1, self.max_num)
@@ -63,12 +64,12 @@ class RequestLimits:
         if req.max_tokens is not None:
             between("max_tokens", req.max_tokens, 1, self.max_tokens or 8 * trained_len)
         if len(req.stop) > self.max_stop or any(len(s) > self.max_stop_chars for s in req.stop):
-            raise ValueError(
-                f"stop: at most {self.max_stop} stop strings of at most {self.max_stop_chars} characters each"
+            raise RequestError(
+                f"{ref('stop')}: at most {self.max_stop} stop strings of at most {self.max_stop_chars} characters each"
             )
         if len(req.require) > self.max_require or any(len(w) > self.max_require_chars for w in req.require):
-            raise ValueError(
-                f"require: at most {self.max_require} required words of at most {self.max_require_chars} "
+            raise RequestError(
+                f"{ref('require')}: at most {self.max_require} required words of at most {self.max_require_chars} "
                 "characters each"
             )
 
@@ -103,6 +104,10 @@ class SampleRequest:
     max_tokens: Optional[int] = None  # a completion: at most this many tokens after the prompt
     stop: tuple[str, ...] = ()  # a completion ends before the first of these strings
     ignore_eos: bool = False  # a completion goes on past the end-of-text token
+
+    @property
+    def _infilling(self) -> bool:
+        return bool(self.context or self.infill or self.infill_chars or self.template is not None)
 
     @property
     def completion(self) -> bool:
@@ -144,30 +149,30 @@ class SampleRequest:
                 else "its own ancestral sampler"
             )
             if self.sampler is not None and self.sampler not in method.samplers:
-                raise ValueError(
-                    f"sampler {self.sampler!r} is not available for a {method.name} run, which "
-                    f"samples with {own}: drop --sampler"
+                raise RequestError(
+                    f"{ref('sampler')} {self.sampler!r} is not available for a {method.name} run, which "
+                    f"samples with {own}: drop {ref('sampler')}"
                 )
             for flag, used in (
                 ("editing (replaid edit)", self.edit is not None),
-                ("--require", bool(self.require)),
-                ("--guide", self.guide is not None),
-                ("--context/--infill", self.context or self.infill or self.infill_chars or self.template is not None),
-                ("--score-temperature", self.score_temperature != 1.0),
-                ("--trajectory", self.trajectory),
-                ("--no-self-cond", not self.self_cond),
+                (ref("require"), bool(self.require)),
+                (ref("guide"), self.guide is not None),
+                (f"{ref('context')}/{ref('infill')}", self._infilling),
+                (ref("score_temperature"), self.score_temperature != 1.0),
+                (ref("trajectory"), self.trajectory),
+                (ref("self_cond"), not self.self_cond),
             ):
                 if used:
-                    raise ValueError(
+                    raise RequestError(
                         f"{flag} needs a continuous-diffusion run; this '{method.name}' run samples with {own}"
                     )
         elif self.sampler is not None and self.sampler not in method.samplers:
-            raise ValueError(
-                f"sampler {self.sampler!r} is not available for a {method.name} run; choose {', '.join(method.samplers)}"
+            raise RequestError(
+                f"{ref('sampler')} {self.sampler!r} is not available for a {method.name} run; choose {', '.join(method.samplers)}"
             )
-        if self.prompt and (self.context or self.infill or self.infill_chars or self.template is not None):
-            raise ValueError(
-                "--prompt and --context are two kinds of conditioning: give one (a prompt is "
+        if self.prompt and self._infilling:
+            raise RequestError(
+                f"{ref('prompt')} and {ref('context')} are two kinds of conditioning: give one (a prompt is "
                 "the context 'PROMPT[MASK:N]')"
             )
         blocks = method.block_size()
@@ -177,25 +182,28 @@ class SampleRequest:
                 self._check_numbers(n, n)
                 return None
         if (self.infill or self.infill_chars) and not self.context:
-            raise ValueError("--infill/--infill-chars need --context TEXT whose tokens are kept outside the spans")
-        if self.edit is not None and (
-            self.prompt or self.context or self.infill or self.infill_chars or self.template is not None
-        ):
-            raise ValueError("editing keeps the text outside --span/--token-span: drop --prompt/--context")
+            raise RequestError(
+                f"{ref('infill')}/{ref('infill_chars')} need {ref('context')} TEXT whose tokens are kept outside the spans"
+            )
+        spans = f"{ref('edit_chars')}/{ref('edit_span')}"
+        if self.edit is not None and (self.prompt or self._infilling):
+            raise RequestError(f"editing keeps the text outside {spans}: drop {ref('prompt')}/{ref('context')}")
         if (self.edit_span or self.edit_chars) and self.edit is None:
-            raise ValueError("--span/--token-span need --text, the text to edit")
+            raise RequestError(f"{spans} need {ref('edit')}, the text to edit")
         if self.edit is not None:
             if not (0.0 <= self.strength <= 1.0):
-                raise ConfigError(f"--strength {self.strength}: must be in [0, 1] (0: unchanged, 1: a fresh sample)")
+                raise RequestError(
+                    f"{ref('strength')} {self.strength}: must be in [0, 1] (0: unchanged, 1: a fresh sample)"
+                )
             if self.length is not None:
-                raise ValueError("--length does not apply to editing: the edit is as long as --text")
+                raise RequestError(f"{ref('length')} does not apply to editing: the edit is as long as {ref('edit')}")
             eplan = self.edit_plan(tok)
             assert eplan is not None
             n = len(eplan.ids)
             if n > trained_len and not self.allow_longer:
-                raise ValueError(
-                    f"--text is {n} tokens, beyond the run's trained length (data.seq_len={trained_len}); "
-                    f"shorten it or pass --allow-longer"
+                raise RequestError(
+                    f"{ref('edit')} is {n} tokens, beyond the run's trained length (data.seq_len={trained_len}); "
+                    f"shorten it or pass {ref('allow_longer')}"
                 )
             self._check_numbers(n, n)
             self._check_guidance(len(eplan.ids))
@@ -205,10 +213,10 @@ class SampleRequest:
             plan = plan_infill(tok, self.context, self.infill, self.infill_chars, self.length)
         L = self.length_for(trained_len, plan)
         if plan is not None and self.length is None and L > trained_len and not self.allow_longer:
-            what = f"--infill {self.infill}" if self.infill else "--context"
-            raise ConfigError(
+            what = f"{ref('infill')} {self.infill}" if self.infill else ref("context")
+            raise RequestError(
                 f"{what} makes samples {L} tokens long, beyond the run's trained length (data.seq_len="
-                f"{trained_len}); keep spans and context within {trained_len} tokens or pass --allow-longer"
+                f"{trained_len}); keep spans and context within {trained_len} tokens or pass {ref('allow_longer')}"
             )
         if self.prompt:
             prompt_ids(tok, self.prompt, L)  # raises when it leaves nothing to generate
@@ -221,60 +229,64 @@ class SampleRequest:
         prompt's included."""
         what = f"a block-diffusion run ({method}, blocks of {blocks} tokens)" if blocks else "a completion"
         for flag, used in (
-            ("--context/--infill", self.context or self.infill or self.infill_chars or self.template is not None),
+            (f"{ref('context')}/{ref('infill')}", self._infilling),
             ("editing (replaid edit)", self.edit is not None),
         ):
             if used:
-                raise ValueError(f"{flag} does not apply to {what}, which continues a --prompt: give a prompt")
+                raise RequestError(f"{flag} does not apply to {what}, which continues a {ref('prompt')}: give a prompt")
         if self.max_tokens is not None:
             if blocks and self.length is not None:
-                raise ValueError(
-                    "--length and --max-tokens both set the length of a block run: give one (--max-tokens "
-                    "counts the tokens after the prompt)"
+                raise RequestError(
+                    f"{ref('length')} and {ref('max_tokens')} both set the length of a block run: give one "
+                    f"({ref('max_tokens')} counts the tokens after the prompt)"
                 )
             if self.max_tokens < 1:
-                raise ConfigError(f"--max-tokens {self.max_tokens}: must be >= 1")
+                raise RequestError(f"{ref('max_tokens')} {self.max_tokens}: must be >= 1")
         if any(not s for s in self.stop):
-            raise ValueError("--stop '': a stop string must not be empty")
+            raise RequestError(f"{ref('stop')} '': a stop string must not be empty")
         P = len(tok.encode(self.prompt)) if self.prompt else 0
         n = self.completion_tokens(trained_len, P)
         if n < 1:
-            raise ConfigError(
+            raise RequestError(
                 f"the prompt is {P} tokens but samples are {P + n} long, leaving nothing to generate; "
-                "ask for more with --max-tokens"
+                f"ask for more with {ref('max_tokens')}"
             )
         if blocks:
             cap = BLOCK_LENGTH_FACTOR * trained_len
             if P + n > cap:
-                raise ConfigError(
-                    f"--max-tokens {n}: with the prompt's {P} tokens that passes the limit of {cap} tokens "
+                raise RequestError(
+                    f"{ref('max_tokens')} {n}: with the prompt's {P} tokens that passes the limit of {cap} tokens "
                     f"({BLOCK_LENGTH_FACTOR} x the run's data.seq_len={trained_len}) per request; ask for fewer"
                 )
         else:
             L = self.length_for(trained_len)
             if P + n > L:
-                raise ConfigError(
-                    f"--max-tokens {n}: this run is no block-diffusion run, it writes {L} tokens at once (--length, "
+                raise RequestError(
+                    f"{ref('max_tokens')} {n}: this run is no block-diffusion run, it writes {L} tokens at once ({ref('length')}, "
                     f"else data.seq_len), {P} of them the prompt's; ask for at most {L - P}"
                 )
         return P + n
 
     def _check_guidance(self, L: int) -> None:
         if not (0 <= self.guidance_scale <= GUIDANCE_SCALE_MAX):  # NaN fails too
-            raise ConfigError(f"--guidance-scale {self.guidance_scale:g}: must be in [0, {GUIDANCE_SCALE_MAX:g}]")
+            raise RequestError(
+                f"{ref('guidance_scale')} {self.guidance_scale:g}: must be in [0, {GUIDANCE_SCALE_MAX:g}]"
+            )
         if self.guide is not None and ":" not in self.guide:
-            raise ValueError(f"--guide {self.guide!r}: expected CLASSIFIER_DIR:LABEL (see replaid classifier train)")
+            raise RequestError(
+                f"{ref('guide')} {self.guide!r}: expected CLASSIFIER_DIR:LABEL (see replaid classifier train)"
+            )
         from replaid.sampling.guidance import parse_require
 
         for spec in self.require:
             _, start, _ = parse_require(spec)
             if start is not None and start >= L:
-                raise ValueError(f"--require {spec!r}: position {start} is beyond the sample length {L}")
+                raise RequestError(f"{ref('require')} {spec!r}: position {start} is beyond the sample length {L}")
 
     def _check_numbers(self, L: int, trained_len: int) -> None:
         def need(ok: bool, k: str, msg: str, value: object = None) -> None:
             if not ok:
-                raise ConfigError(f"--{k.replace('_', '-')} {getattr(self, k) if value is None else value}: {msg}")
+                raise RequestError(f"{ref(k)} {getattr(self, k) if value is None else value}: {msg}")
 
         for k in ("steps", "num", "batch_size"):
             need(getattr(self, k) >= 1, k, "must be >= 1")
@@ -294,7 +306,7 @@ class SampleRequest:
             L <= trained_len or self.allow_longer,
             "length",
             f"beyond the run's trained length "
-            f"(data.seq_len={trained_len}); use at most {trained_len} or pass --allow-longer to sample beyond it",
+            f"(data.seq_len={trained_len}); use at most {trained_len} or pass {ref('allow_longer')} to sample beyond it",
             L,
         )
 
@@ -303,7 +315,7 @@ def prompt_ids(tok, prompt: str, L: int) -> torch.Tensor:
     """The prompt's token ids (P,), which must leave room for at least one generated token."""
     ids = tok.encode(prompt)
     if len(ids) >= L:
-        raise ConfigError(
+        raise RequestError(
             f"the prompt is {len(ids)} tokens but samples are {L} long, leaving nothing to generate; "
             f"shorten the prompt or ask for a longer length"
         )

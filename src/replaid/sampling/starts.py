@@ -40,6 +40,7 @@ from replaid.sampling.continuous import (
     trajectory_recorder,
 )
 from replaid.sampling.contract import Callback, SampleResult, StepInfo
+from replaid.sampling.errors import RequestError, ref
 from replaid.sampling.guidance import (
     ClassifierObjective,
     Guided,
@@ -133,7 +134,7 @@ def required_words(tok: Any, req: SampleRequest) -> list[RequireTokens]:
         word, start, end = parse_require(spec)
         ids = tok.encode(word)
         if not ids:
-            raise ValueError(f"--require {spec!r}: the word has no tokens")
+            raise RequestError(f"{ref('require')} {spec!r}: the word has no tokens")
         out.append(RequireTokens(ids, start, end))
     return out
 
@@ -233,7 +234,7 @@ def start_continuous(
         def after(res: SampleResult) -> None:  # the readout, as one more frame
             if callback is not None:
                 assert res.logits is not None  # a continuous sampler's readout
-                callback(StepInfo(final=True, i=steps, T=steps, tokens=res.tokens, logits=res.logits))
+                callback(StepInfo(final=True, i=steps, T=steps, tokens=res.tokens, logits=res.logits, nfe=res.nfe))
 
         options = {"self_cond": None if req.self_cond else False, "inpaint": inpaint}
         options["disable_progress"] = not req.progress  # stderr, also with --json

@@ -14,11 +14,11 @@ Safety (``replaid serve`` binds 127.0.0.1 by default):
 * an exception inside a generation becomes an ``error`` event (one line) and the server keeps going.
 
 Endpoints: ``GET /api/runs`` (the runs, their samplers and classifiers, the limits), ``GET
-/api/runs/{id}`` (+ ``curves.png``, ``figures/{k}``), ``POST /api/generate`` (:class:`GenRequest`: a
-sample, prompt or infill, with optional guidance) and ``POST /api/edit`` (:class:`EditRequest`: SDEdit,
-as ``replaid edit``); both answer a stream of server-sent events (``queued``, ``running``, ``start``,
-``step`` ..., ``done`` or ``error``) or, for a bad request, HTTP 400 with the one-line message the CLI
-gives. ``POST /v1/completions`` (and ``GET /v1/models``) is OpenAI's text-completion API over the same
+/api/runs/{id}`` (+ ``curves.png``, ``figures/{k}``), ``POST /api/generate`` (a sample, prompt or infill,
+with optional guidance) and ``POST /api/edit`` (SDEdit, as ``replaid edit``), each a
+:class:`~replaid.sampling.request.SampleRequest` in JSON (:func:`replaid.web.engine.parse`); both answer
+a stream of server-sent events (``queued``, ``running``, ``start``, ``step`` ..., ``done`` or ``error``)
+or, for a bad request, HTTP 400 with the one-line message the CLI gives, naming the request's fields. ``POST /v1/completions`` (and ``GET /v1/models``) is OpenAI's text-completion API over the same
 runs and queues (:mod:`replaid.web.completions`), the way to a block-diffusion run. Classifiers for guidance: those under each run folder and those given with ``replaid serve
 --classifier DIR`` that were trained on the run (matching embedding fingerprint), named by an id.
 """
@@ -39,16 +39,7 @@ from fastapi.staticfiles import StaticFiles
 from replaid import schema
 from replaid.methods.base import Kind
 from replaid.web.completions import add_completions
-from replaid.web.engine import (
-    EditRequest,
-    GenRequest,
-    Limits,
-    classifier_meta,
-    generate_stream,
-    guides_for,
-    prepare,
-    samplers_for,
-)
+from replaid.web.engine import Limits, classifier_meta, generate_stream, guides_for, parse, prepare, samplers_for
 from replaid.web.jobs import Slot, admit, busy, one_line, submit
 
 PLOT_DIRS_SKIP = {"checkpoints", "tb", "tokenizer"}
@@ -259,20 +250,20 @@ def create_app(
 
     @app.post("/api/generate")
     async def generate(request: Request):
-        return await _stream(request, GenRequest)
+        return await _stream(request, edit=False)
 
     @app.post("/api/edit")
     async def edit(request: Request):
-        return await _stream(request, EditRequest)
+        return await _stream(request, edit=True)
 
-    async def _stream(request: Request, kind: type[GenRequest] | type[EditRequest]):
-        """Validates a request body of ``kind`` (400 with one line) and streams its generation."""
+    async def _stream(request: Request, edit: bool):
+        """Validates a request body (a generation or an edit; 400 with one line) and streams it."""
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
             return err("the request body is not JSON")
         try:
-            req = kind.from_dict(body)
+            req = parse(body, edit)
         except (ValueError, TypeError) as e:
             return err(one_line(e))
         s = slot_of(req.run)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import secrets
 import time
 import uuid
@@ -37,6 +36,7 @@ from typing import Any, Optional
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from replaid.sampling.errors import RequestError
 from replaid.sampling.request import SampleRequest
 from replaid.sampling.stream import Completion
 from replaid.web.engine import Cancelled, Limits
@@ -54,7 +54,8 @@ DEFAULTS = {  # OpenAI fields accepted at these values only
     "stream_options": (None,),
 }
 FIELDS = {"model", "prompt", "max_tokens", "stop", "seed", "n", "stream", "temperature", "steps", "ignore_eos", "user"}
-FLAGS = {"max-tokens": "max_tokens", "num": "n", "stop": "stop", "temperature": "temperature", "steps": "steps"}
+NAMES = {"num": "n"}  # the request's fields that OpenAI names otherwise
+PARAMS = {"max_tokens", "n", "stop", "temperature", "steps"}  # fields an error names as its ``param``
 
 
 class ApiError(ValueError):
@@ -133,7 +134,7 @@ def request_of(body: Any, slots: dict[str, Slot]) -> tuple[Slot, SampleRequest, 
 
 
 def check(s: Slot, req: SampleRequest, limits: Limits) -> None:
-    """The server's bounds and :meth:`SampleRequest.check` (the CLI's messages, flags named as fields)."""
+    """The server's bounds and :meth:`SampleRequest.check` (the CLI's messages, fields in OpenAI's names)."""
     run: Any = s.run
     L = run.cfg.data.seq_len
     if not 1 <= req.num <= limits.max_samples:
@@ -144,9 +145,14 @@ def check(s: Slot, req: SampleRequest, limits: Limits) -> None:
         bounds.check(req, L)
         req.check(run.method, run.tokenizer, L)
     except ValueError as e:
-        msg = re.sub(r"--([a-z-]+)", lambda m: FLAGS.get(m.group(1), m.group(0)), str(e).strip().splitlines()[0])
-        first = re.match(r"[a-z_]+", msg)
-        param = first.group(0) if first and first.group(0) in FLAGS.values() else None
+        name = lambda f: NAMES.get(f, f)  # noqa: E731
+        msg = (e.render(name) if isinstance(e, RequestError) else str(e)).strip().splitlines()[0]
+        first = (
+            name(e.fields[0])
+            if isinstance(e, RequestError) and e.fields and msg.startswith(name(e.fields[0]))
+            else None
+        )
+        param = first if first in PARAMS else None
         param = "prompt" if param is None and msg.startswith("the prompt") else param
         raise ApiError(msg, param) from None
 

@@ -13,32 +13,36 @@ shown" is depends on the method, so every method is drawn the same way:
 * Duo: the current state ``z_s`` (uniform noise at the start) and ``x_theta`` of that token;
 * AR: the tokens so far (later positions ``EMPTY``) and the probability each was drawn with.
 
-Every request goes through :func:`replaid.sampling.generate` (as ``replaid sample`` does) with a
-step callback that turns the sampler's state into frames: the same run, seed and settings give the
-same final text (tested). An Edit request (:class:`EditRequest`) is the same path with the
-``SampleRequest`` of ``replaid edit`` (SDEdit: ``edit``, ``strength``, ``edit_chars`` / ``edit_span``):
-its frames start from the given text, and the positions outside the spans are kept (grey). Guidance
-(``require``, ``classifier`` + ``label``, ``guidance_scale``) sets the same ``SampleRequest`` fields as
-``--require``, ``--guide`` and ``--guidance-scale``; a request names a classifier by the id the server
-gave it (:class:`Guide`), never by a path.
+A request is a :class:`~replaid.sampling.request.SampleRequest`: its JSON fields are the request's own
+(:func:`parse`, through the config's type coercion; a few the server sets), besides the run, the text
+box and a classifier by id and label (:class:`Asked`). Every request goes through
+:func:`replaid.sampling.generate` (as ``replaid sample`` does) with a step callback that turns the
+sampler's state into frames: the same run, seed and settings give the same final text (tested); the
+first frame, the steps and the NFE are generate's (its :class:`~replaid.sampling.generate.Plan` and
+answer). An edit (``POST /api/edit``) is the same path with the ``SampleRequest`` of ``replaid edit``
+(SDEdit: ``edit``, ``strength``, ``edit_chars`` / ``edit_span``): its frames start from the given text,
+and the positions outside the spans are kept (grey). Guidance (``require``, ``classifier`` + ``label``,
+``guidance_scale``) sets the same ``SampleRequest`` fields as ``--require``, ``--guide`` and
+``--guidance-scale``; a request names a classifier by the id the server gave it (:class:`Guide`), never
+by a path. Errors name the request's fields (``steps``, ``num``, ``edit_chars``), not the CLI's flags.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
-from dataclasses import dataclass, field
+import typing
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 import torch
 
+from replaid.config import ConfigError, coerce
 from replaid.methods.base import Kind
-from replaid.sampling.generate import generate
-from replaid.sampling.infill import EditPlan, InfillPlan
-from replaid.sampling.registry import get_sampler
+from replaid.sampling.generate import Plan, generate
+from replaid.sampling.infill import InfillPlan
 from replaid.sampling.request import RequestLimits, SampleRequest, prompt_ids
 
 MASK, EMPTY = -1, -2  # display ids: a masked position (MDLM), a not-yet-generated one (AR)
@@ -70,89 +74,65 @@ class Limits:
         return RequestLimits(max_steps=self.max_steps, max_num=self.max_samples, max_length=self.max_length or None)
 
 
-_TYPES = {"str": str, "int": int, "float": float}
-
-
-class _Fields:
-    """``from_dict``: a JSON object -> the request dataclass, every field type-checked (one line)."""
-
-    @classmethod
-    def from_dict(cls, d: dict):
-        if not isinstance(d, dict):
-            raise ValueError("the request body must be a JSON object")
-        names = {f.name: f for f in cls.__dataclass_fields__.values()}  # type: ignore[attr-defined]
-        unknown = sorted(set(d) - set(names))
-        if unknown:
-            raise ValueError(f"unknown field {unknown[0]!r}; fields are {', '.join(names)}")
-        if "run" not in d:
-            raise ValueError("missing field 'run'")
-        kw = {}
-        for k, v in d.items():
-            tname = names[k].type
-            if tname == "list[str]":
-                if isinstance(v, str):
-                    v = [v] if v else []
-                if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-                    raise ValueError(f"field {k!r} must be a list of strings, got {v!r}")
-                kw[k] = list(v)
-                continue
-            typ = _TYPES[tname]
-            if typ is float and isinstance(v, int) and not isinstance(v, bool):
-                v = float(v)
-            if typ is int and isinstance(v, str) and v.strip().lstrip("-").isdigit():
-                v = int(v)
-            if typ is float and isinstance(v, str):
-                try:
-                    v = float(v)
-                except ValueError:
-                    pass
-            if not isinstance(v, typ) or isinstance(v, bool):
-                raise ValueError(f"field {k!r} must be {tname}, got {v!r}")
-            kw[k] = v
-        return cls(**kw)
+# The page's requests are SampleRequests: every field of it is a JSON field of the same name, except those
+# the server sets (or the page's own fields stand for: the text box, the classifier and its label); a new
+# sampling field is one of them with no change here.
+OWN = ("run", "text", "classifier", "label")  # the run id; the text box; classifier guidance by id and label
+SERVER_SET = frozenset(
+    {"batch_size", "allow_longer", "progress", "template", "trajectory", "guide", "prompt", "context", "infill"}
+    | {"infill_chars", "edit", "max_tokens", "stop", "ignore_eos"}  # completions: POST /v1/completions
+)
+EDIT_ONLY = frozenset({"strength", "edit_chars", "edit_span"})  # /api/edit's
+ALIASES = {"samples": "num", "spans": "edit_chars", "token_spans": "edit_span"}  # the page's names of fields
+DEFAULTS = {"num": 1, "strength": 0.5}  # the page's defaults where they are not SampleRequest's
 
 
 @dataclass
-class GenRequest(_Fields):
-    """One generation: what the Generate form sends. Validated by :meth:`check`."""
+class Asked:
+    """A playground request as sent: the run it names, its :class:`SampleRequest` (the sampling fields),
+    the text box (a generation: unconditional, a prompt or a ``[[n]]`` template; an edit: the text to
+    edit), classifier guidance by id and label, and whether it is an edit (``POST /api/edit``)."""
 
     run: str
-    sampler: str = "ddpm"
-    steps: int = 64
-    temperature: float = 1.0  # logit temperature
-    score_temperature: float = 1.0  # Plaid's score temperature (continuous methods only)
-    seed: int = 0
-    length: int = 0  # 0: the run's data.seq_len
-    samples: int = 1
-    text: str = ""  # "" unconditional; plain text = prompt prefix; text with [[n]] gaps = infill
-    require: list[str] = field(default_factory=list)  # token guidance: WORD, WORD@P or WORD@A:B (--require)
-    classifier: str = ""  # classifier guidance: a classifier id from /api/runs (--guide CLF:LABEL)
-    label: str = ""  # ... and its label
-    guidance_scale: float = 1.0  # w (--guidance-scale)
-
-
-@dataclass
-class EditRequest(_Fields):
-    """One edit (SDEdit, ``replaid edit``): what the Edit form sends."""
-
-    run: str
-    text: str = ""  # the text to edit (--text)
-    strength: float = 0.5  # s in [0, 1] (--strength)
-    spans: str = ""  # character spans to re-noise, A:B[,C:D] (--span); "" with no token_spans: all of it
-    token_spans: str = ""  # token-position spans to re-noise (--token-span)
-    sampler: str = "ddpm"
-    steps: int = 64  # T of a full run; an edit takes ceil(s T)
-    temperature: float = 1.0
-    score_temperature: float = 1.0
-    seed: int = 0
-    samples: int = 1
-    require: list[str] = field(default_factory=list)
+    request: SampleRequest
+    text: str = ""
     classifier: str = ""
     label: str = ""
-    guidance_scale: float = 1.0
+    edit: bool = False
 
 
-Request = Union[GenRequest, EditRequest]
+def _kind(typ: Any) -> str:
+    args = [a for a in typing.get_args(typ) if a is not type(None)]
+    if typing.get_origin(typ) in (tuple, list):
+        return "a list of strings"
+    return _kind(args[0]) if args else getattr(typ, "__name__", str(typ))
+
+
+def parse(body: Any, edit: bool = False) -> Asked:
+    """A request body (JSON) -> :class:`Asked`, every field converted by the config's one type coercion
+    (:func:`replaid.config.coerce`) to the request's declared type; a wrong type or an unknown field is
+    one line. ``length`` 0 is the run's length (None), a blank text field none."""
+    if not isinstance(body, dict):
+        raise ValueError("the request body must be a JSON object")
+    hints = typing.get_type_hints(SampleRequest)
+    fields = [f for f in hints if f not in SERVER_SET and (edit or f not in EDIT_ONLY)]
+    unknown = sorted(k for k in body if k not in OWN and ALIASES.get(k, k) not in fields)
+    if unknown:
+        raise ValueError(f"unknown field {unknown[0]!r}; fields are {', '.join((*OWN, *fields))}")
+    if "run" not in body:
+        raise ValueError("missing field 'run'")
+    own: dict[str, str] = {}
+    kw: dict[str, Any] = {k: v for k, v in DEFAULTS.items() if k in fields}
+    for k, v in body.items():
+        f = k if k in OWN else ALIASES.get(k, k)
+        typ = str if k in OWN else hints[f]
+        if f == "length" and v == 0 or isinstance(v, str) and not v.strip() and typ == Optional[str]:
+            v = None
+        try:
+            (own if k in OWN else kw)[f] = coerce(f, v, typ)
+        except ConfigError:
+            raise ValueError(f"field {k!r} must be {_kind(typ)}, got {v!r}") from None
+    return Asked(request=SampleRequest(**kw), edit=edit, **own)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -229,19 +209,19 @@ def samplers_for(run) -> list[str]:
     return list(run.method.samplers)
 
 
-def check(req: Request, run) -> None:
-    """What only the playground's forms can get wrong (one line each); every sampling field is the
+def check(asked: Asked, run) -> None:
+    """What only the playground's own fields can get wrong (one line each); every sampling field is the
     :class:`SampleRequest`'s, checked by :meth:`SampleRequest.check` with the server's :class:`Limits`."""
-    if isinstance(req, EditRequest) and run.method.kind is not Kind.CONTINUOUS:
+    if asked.edit and run.method.kind is not Kind.CONTINUOUS:
         raise ValueError(
-            f"editing needs a continuous-diffusion run (replaid, plaid); {req.run!r} is a {run.cfg.method} run"
+            f"editing needs a continuous-diffusion run (replaid, plaid); {asked.run!r} is a {run.cfg.method} run"
         )
     if run.method.block_size():
         raise ValueError(
-            f"{req.run!r} is a block-diffusion run ({run.cfg.method}, blocks of {run.method.block_size()} tokens): "
+            f"{asked.run!r} is a block-diffusion run ({run.cfg.method}, blocks of {run.method.block_size()} tokens): "
             "it writes text block by block, served at POST /v1/completions (docs/playground/README.md)"
         )
-    if len(req.text) > 20000:
+    if len(asked.text) > 20000:
         raise ValueError("text is longer than 20000 characters")
 
 
@@ -282,83 +262,53 @@ def parse_text(text: str, tok, L: int, max_len: int) -> Template:
     return Template(ids, known, "infill")
 
 
-@dataclass
-class Prepared:
-    """A validated request: the ``SampleRequest`` given to :func:`generate`, the positions' ids and
-    which of them are given (kept), the mode (unconditional | prompt | infill | edit), the edit plan."""
-
-    request: SampleRequest
-    ids: list[int]
-    known: list[bool]
-    mode: str
-    edit: Optional[EditPlan] = None
-
-
-def guide_of(req: Request, guides: dict[str, Guide]) -> Optional[str]:
+def guide_of(asked: Asked, guides: dict[str, Guide]) -> Optional[str]:
     """``--guide CLF_DIR:LABEL`` of the request's classifier id and label (both checked), or None."""
-    if not req.classifier:
-        if req.label:
+    if not asked.classifier:
+        if asked.label:
             raise ValueError("a label needs a classifier: choose one (classifier guidance)")
         return None
-    g = guides.get(req.classifier)
+    g = guides.get(asked.classifier)
     if g is None:
         known = ", ".join(guides) or "none (replaid serve --classifier DIR, or classifiers under the run folder)"
-        raise ValueError(f"unknown classifier {req.classifier!r} for run {req.run!r}; this server offers {known}")
-    if req.label not in g.labels:
-        raise ValueError(f"label {req.label!r} is not one of classifier {g.id!r}'s labels: {', '.join(g.labels)}")
-    return f"{g.path}:{req.label}"
+        raise ValueError(f"unknown classifier {asked.classifier!r} for run {asked.run!r}; this server offers {known}")
+    if asked.label not in g.labels:
+        raise ValueError(f"label {asked.label!r} is not one of classifier {g.id!r}'s labels: {', '.join(g.labels)}")
+    return f"{g.path}:{asked.label}"
 
 
-def prepare(req: Request, run, limits: Limits, guides: Optional[dict[str, Guide]] = None) -> Prepared:
-    """Validates ``req`` for ``run`` (:func:`check`, then :meth:`SampleRequest.check` with the server's
-    limits: the CLI's own checks and messages) and builds its :class:`Prepared` request."""
-    check(req, run)
-    cfg = run.cfg
+def prepare(asked: Asked, run, limits: Limits, guides: Optional[dict[str, Guide]] = None) -> SampleRequest:
+    """The :class:`SampleRequest` of ``asked`` for ``run``, validated (:func:`check`, the server's limits,
+    then :meth:`SampleRequest.check`: the CLI's checks, its messages naming the request's fields): one
+    batch, the text box laid out (a prompt, a ``[[n]]`` template or the text to edit), the classifier's
+    guide."""
+    check(asked, run)
+    cfg, tok = run.cfg, run.tokenizer
     bounds = limits.request_limits()
-    guide = guide_of(req, guides or {})
     max_len = limits.max_length or cfg.data.seq_len
-    common = dict(
-        sampler=req.sampler,
-        steps=req.steps,
-        num=req.samples,
-        batch_size=req.samples,
-        temperature=req.temperature,
-        score_temperature=req.score_temperature,
-        seed=req.seed,
-        progress=False,
-        allow_longer=True,  # the length is checked against the limits here
-        require=tuple(req.require),
-        guide=guide,
-        guidance_scale=req.guidance_scale,
-    )
-    if isinstance(req, EditRequest):
-        sreq = SampleRequest(
-            **common,
-            edit=req.text,
-            strength=req.strength,
-            edit_chars=req.spans.strip() or None,
-            edit_span=req.token_spans.strip() or None,
-        )
-        bounds.check(sreq, cfg.data.seq_len)  # the server's limits
-        eplan = sreq.edit_plan(run.tokenizer) if req.text else None
+    req = replace(asked.request, batch_size=asked.request.num, progress=False, guide=guide_of(asked, guides or {}))
+    req.allow_longer = True  # the length is checked against the limits here
+    bounds.check(req, cfg.data.seq_len)  # the server's limits, before the text is laid out
+    if asked.edit:
+        req.edit = asked.text
+        eplan = req.edit_plan(tok) if asked.text else None
         if eplan is not None and len(eplan.ids) > max_len:
             raise ValueError(f"the text is {len(eplan.ids)} tokens; the limit is {max_len}")
-        sreq.check(run.method, run.tokenizer, cfg.data.seq_len)  # empty text, strength, spans: the CLI's messages
-        assert eplan is not None
-        return Prepared(sreq, eplan.ids.tolist(), eplan.known.tolist(), "edit", eplan)
-    asked = SampleRequest(**common, length=req.length or None)
-    bounds.check(asked, cfg.data.seq_len)  # the server's limits, before the text is laid out at that length
-    tpl = parse_text(
-        req.text, run.tokenizer, asked.length_for(cfg.data.seq_len), max_len
-    )  # the one default-length rule
-    if tpl.mode == "infill" and run.method.kind is not Kind.CONTINUOUS:
-        raise ValueError(
-            f"infill needs a continuous-diffusion run (replaid, plaid); {req.run!r} is a {cfg.method} "
-            "run: give a prompt instead"
-        )
-    sreq = sample_request(req, tpl, **common)
-    sreq.check(run.method, run.tokenizer, cfg.data.seq_len)  # the limits were checked on ``asked``
-    return Prepared(sreq, tpl.ids, tpl.known, tpl.mode)
+    else:
+        tpl = parse_text(asked.text, tok, req.length_for(cfg.data.seq_len), max_len)  # the one default-length rule
+        if tpl.mode == "infill" and run.method.kind is not Kind.CONTINUOUS:
+            raise ValueError(
+                f"infill needs a continuous-diffusion run (replaid, plaid); {asked.run!r} is a {cfg.method} "
+                "run: give a prompt instead"
+            )
+        if tpl.mode == "infill":
+            req.template = InfillPlan(torch.tensor(tpl.ids), torch.tensor(tpl.known))
+            req.length = None
+        else:
+            req.prompt = asked.text if tpl.mode == "prompt" else None
+            req.length = len(tpl.ids)
+    req.check(run.method, tok, cfg.data.seq_len)
+    return req
 
 
 @dataclass
@@ -374,22 +324,16 @@ class Result:
 
 
 class _Framer:
-    """Turns per-step sampler state into display frames and hands them to ``emit``."""
+    """Turns per-step sampler state into display frames and hands them to ``emit``; the given positions
+    (``known``, ``known_ids``) and the kind's drawing (``draw``) are set from :func:`generate`'s plan."""
 
-    def __init__(
-        self,
-        emit: Callable[[dict], None],
-        cancelled: Callable[[], bool],
-        tok,
-        known: torch.Tensor,
-        known_ids: torch.Tensor,
-    ):
+    def __init__(self, emit: Callable[[dict], None], cancelled: Callable[[], bool], tok):
         self.emit, self.cancelled, self.tok = emit, cancelled, tok
-        self.known, self.known_ids = known, known_ids  # (L,) bool, (L,) long
+        self.known = self.known_ids = torch.zeros(0)  # (L,) bool, (L,) long
+        self.draw: Callable[[dict], None] = lambda info: None
         self.sent: set[int] = set()
         self.t0 = time.perf_counter()
         self.first: Optional[float] = None
-        self.nfe = 0
 
     def strings(self, ids: torch.Tensor) -> dict[str, str]:
         """Display strings of the token ids not yet sent on this stream."""
@@ -400,8 +344,9 @@ class _Framer:
         self.sent.update(int(k) for k in new)
         return new
 
-    def frame(self, i: int, T: int, ids: torch.Tensor, conf: torch.Tensor, final: bool = False) -> None:
-        """ids (B, L) long display ids, conf (B, L) float in [0, 1]; ``final`` marks the readout."""
+    def frame(self, info: dict, ids: torch.Tensor, conf: torch.Tensor, final: bool = False) -> None:
+        """ids (B, L) long display ids, conf (B, L) float in [0, 1] of the step ``info``; ``final`` marks
+        the readout."""
         if self.cancelled():
             raise Cancelled()
         ids = torch.where(self.known, self.known_ids, ids.cpu())
@@ -412,115 +357,84 @@ class _Framer:
         self.emit(
             {
                 "type": "step",
-                "i": i + 1,
-                "T": T,
+                "i": info["i"] + 1,
+                "T": info["T"],
                 "final": final,
                 "ids": ids.tolist(),
                 "conf": (conf * 100).round().to(torch.int64).clamp(0, 100).tolist(),
                 "tokens": self.strings(ids),
                 "seconds": round(now, 4),
-                "nfe": self.nfe or None,
+                "nfe": info.get("nfe") or None,  # the sampler's count so far
             }
         )
-
-
-def _count_calls(module: torch.nn.Module, framer: _Framer):
-    def hook(*_):
-        framer.nfe += 1
-
-    return module.register_forward_hook(hook)
-
-
-def sample_request(req: GenRequest, tpl: Template, **common) -> SampleRequest:
-    """The :class:`~replaid.sampling.request.SampleRequest` of a playground request (one batch);
-    ``common``: the fields :func:`prepare` sets for every request."""
-    prompt = infill = None
-    if tpl.mode == "prompt":
-        prompt = req.text
-    elif tpl.mode == "infill":
-        infill = InfillPlan(torch.tensor(tpl.ids, dtype=torch.long), torch.tensor(tpl.known, dtype=torch.bool))
-    return SampleRequest(
-        **common,
-        length=len(tpl.ids) if tpl.mode != "infill" else None,
-        prompt=prompt,
-        template=infill,
-    )
 
 
 @torch.no_grad()
 def generate_stream(
     run,
-    req: Request,
+    asked: Asked,
     emit: Callable[[dict], None],
     cancelled: Callable[[], bool] = lambda: False,
     limits: Limits = Limits(),
     guides: Optional[dict[str, Guide]] = None,
 ) -> Result:
-    """Runs one validated request (a generation or an edit) on ``run`` (a
-    :class:`replaid.training.loading.Run`), calling ``emit`` with a ``start`` event, one ``step`` frame
-    per sampler step and a ``done`` event (also returned).
+    """Runs one request (a generation or an edit) on ``run`` (a :class:`replaid.training.loading.Run`)
+    through :func:`generate`, calling ``emit`` with a ``start`` event (from generate's plan), one ``step``
+    frame per sampler step and a ``done`` event (also returned).
 
     Raises ValueError on a bad request and :class:`Cancelled` if ``cancelled()`` turns true."""
-    prep = prepare(req, run, limits, guides)
-    sreq = prep.request
-    model, tok, cfg, method = run.model, run.tokenizer, run.cfg, run.method
-    L = len(prep.ids)
-    sampler = get_sampler(method, req.sampler)
-    if method.kind is Kind.AUTOREGRESSIVE:
-        steps = L - sum(prep.known)
-    elif prep.mode == "edit":
-        steps = 0 if req.strength == 0 else max(1, math.ceil(req.strength * req.steps))  # as generate() does
-    else:
-        steps = req.steps
-    B = req.samples
-    known = torch.tensor(prep.known, dtype=torch.bool)  # (L,)
-    known_ids = torch.tensor(prep.ids, dtype=torch.long)  # (L,)
-    framer = _Framer(emit, cancelled, tok, known, known_ids)
-    emit(
-        {
-            "type": "start",
-            "run": req.run,
-            "method": cfg.method,
-            "sampler": req.sampler,
-            "steps": steps,
-            "L": L,
-            "B": B,
-            "mode": prep.mode,
-            "known": prep.known,
-            "ids": known_ids.tolist(),  # an edit: the source text (frame 0 shows it)
-            "tokens": framer.strings(known_ids if prep.mode == "edit" else known_ids[known]),
-            "nfe_expected": sampler.nfe(steps) if method.kind is Kind.CONTINUOUS and sampler.nfe and steps else None,
-            "strength": req.strength if prep.mode == "edit" else None,
-            "guided": bool(sreq.require or sreq.guide),
-            "guidance_scale": sreq.guidance_scale if (sreq.require or sreq.guide) else None,
-        }
-    )
-    handle = _count_calls(model, framer)
-    try:
-        rows = generate(run, sreq, callback=_frames(method.kind, framer, B, L, model))
-    finally:
-        handle.remove()
-    tokens = torch.where(known, known_ids, torch.tensor([r["ids"] for r in rows], dtype=torch.long))
-    nfe = rows[0]["nfe"]
+    req = prepare(asked, run, limits, guides)
+    tok, cfg, method = run.tokenizer, run.cfg, run.method
+    B = req.num
+    framer = _Framer(emit, cancelled, tok)
+
+    def start(plan: Plan) -> None:
+        framer.known, framer.known_ids = plan.known.cpu(), plan.ids.cpu()
+        framer.draw = _frames(method.kind, framer, B, plan.length, run.model)
+        edit = plan.mode == "edit"
+        guided = bool(req.require or req.guide)
+        emit(
+            {
+                "type": "start",
+                "run": asked.run,
+                "method": cfg.method,
+                "sampler": plan.sampler,
+                "steps": plan.steps,
+                "L": plan.length,
+                "B": B,
+                "mode": plan.mode,
+                "known": plan.known.tolist(),
+                "ids": plan.ids.tolist(),  # an edit: the source text (frame 0 shows it)
+                "tokens": framer.strings(plan.ids if edit else plan.ids[plan.known]),
+                "nfe_expected": plan.nfe if method.kind is Kind.CONTINUOUS and plan.steps else None,
+                "strength": req.strength if edit else None,
+                "guided": guided,
+                "guidance_scale": req.guidance_scale if guided else None,
+            }
+        )
+
+    rows = generate(run, req, callback=lambda info: framer.draw(info), on_plan=start)
+    assert rows.plan is not None  # no completion: refused by check()
+    tokens = torch.where(framer.known, framer.known_ids, torch.tensor([r["ids"] for r in rows], dtype=torch.long))
     secs = time.perf_counter() - framer.t0
     ids = tokens.tolist()
     # an edit's text is generate()'s: kept character pieces verbatim (EditPlan.text_of)
-    texts = [r["text"] for r in rows] if prep.mode == "edit" else [tok.decode(r) for r in ids]
+    texts = [r["text"] for r in rows] if rows.plan.mode == "edit" else [tok.decode(r) for r in ids]
     res = Result(
         ids=ids,
         texts=texts,
-        nfe=int(nfe),
-        steps=steps,
+        nfe=rows.nfe,
+        steps=rows.steps,
         seconds=secs,
         first_step_seconds=framer.first,
-        mode=prep.mode,
+        mode=rows.plan.mode,
     )
     done = {
         "type": "done",
         "ids": ids,
         "texts": res.texts,
         "nfe": res.nfe,
-        "steps": steps,
+        "steps": res.steps,
         "seconds": round(secs, 4),
         "first_step_seconds": None if framer.first is None else round(framer.first, 4),
         "tokens": framer.strings(tokens),
@@ -538,9 +452,8 @@ def _frames(kind: Kind, framer: _Framer, B: int, L: int, model) -> Callable[[dic
         def continuous(info: dict) -> None:
             p = torch.softmax(info["logits"].float(), -1)  # (B, L, V)
             conf, ids = p.max(-1)
-            framer.frame(
-                info["i"], info["T"], info["tokens"] if info.get("final") else ids, conf, final=bool(info.get("final"))
-            )
+            final = bool(info.get("final"))
+            framer.frame(info, info["tokens"] if final else ids, conf, final=final)
 
         return continuous
     V = model.n_out
@@ -552,14 +465,14 @@ def _frames(kind: Kind, framer: _Framer, B: int, L: int, model) -> Callable[[dic
             new = (z != V) & (conf == 0)
             pz = p.gather(-1, z.clamp(max=V - 1).unsqueeze(-1)).squeeze(-1)  # (B, L)
             conf[new] = pz[new]
-            framer.frame(info["i"], info["T"], torch.where(z == V, MASK, z), conf.float())
+            framer.frame(info, torch.where(z == V, MASK, z), conf.float())
 
         return masked
     if kind is Kind.UNIFORM:
 
         def uniform(info: dict) -> None:
             z, p = info["z"].cpu(), info["probs"].cpu()
-            framer.frame(info["i"], info["T"], z, p.gather(-1, z.unsqueeze(-1)).squeeze(-1).float())
+            framer.frame(info, z, p.gather(-1, z.unsqueeze(-1)).squeeze(-1).float())
 
         return uniform
 
@@ -568,6 +481,6 @@ def _frames(kind: Kind, framer: _Framer, B: int, L: int, model) -> Callable[[dic
         conf[:, pos] = info["probs"].cpu().gather(-1, toks[:, pos : pos + 1]).squeeze(-1)
         ids = torch.full((B, L), EMPTY, dtype=torch.long)
         ids[:, : pos + 1] = toks[:, : pos + 1]
-        framer.frame(info["i"], info["T"], ids, conf.float())
+        framer.frame(info, ids, conf.float())
 
     return autoregressive

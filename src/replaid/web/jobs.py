@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from replaid.sampling.errors import RequestError
 from replaid.web.engine import Cancelled, Guide
 
 Emit = Callable[[dict], None]
@@ -38,7 +39,8 @@ class Slot:
 
 
 def one_line(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()
+    """The first line of an error, a request's fields named as the request's (not the CLI's flags)."""
+    msg = (e.named() if isinstance(e, RequestError) else str(e)).strip().splitlines()
     return msg[0] if msg else e.__class__.__name__
 
 
