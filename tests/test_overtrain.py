@@ -46,6 +46,7 @@ def test_no_crossing_is_not_reached_and_names_the_side():
     res = ot.overtrain(rows, {"a": 2e12, "b": 5e11}, "a", "b")
     assert res["crossing_flops"] is None and res["factors"] is None
     assert res["verdict"].startswith("not reached") and "stays above b" in res["verdict"]
+    assert "higher)" in res["verdict"]  # b - a at b's last budget, read as a - b: a higher
     assert res["overlap"] == pytest.approx([2e12, 4.3e12])
     # model-free: a at 2e12 against b's largest budget at no more compute, 1.5e12; a at 6e12 and 9e12: 4.3e12
     dom = res["a_at_more_compute"]
@@ -78,6 +79,18 @@ def test_differences_are_paired_by_seed_against_the_other_curve_interpolated_in_
         assert p["diffs"] == pytest.approx(want, abs=1e-12)
         assert p["mean"] == pytest.approx(np.mean(want))
     assert ot.interp_log([(1e12, 1.0), (1e13, 2.0)], 1e14) is None  # outside: no extrapolation
+
+
+def test_a_method_on_the_unigram_plateau_makes_the_verdict_not_determined():
+    rows = [{**r, "unigram": 6.0} for r in _rows("a", [2e12, 6e12], line(5.95, -0.1))]
+    rows += [{**r, "unigram": 6.0} for r in _rows("b", [5e11, 1.5e12, 4.3e12], line(5.6, -0.5))]
+    res = ot.overtrain(rows, {"a": 2e12, "b": 5e11}, "a", "b")
+    assert [p["on_plateau"] for p in res["budgets"]["a"]] == [True, True]
+    assert (
+        res["budgets"]["b"][0]["below_unigram"] == pytest.approx(6.0 - line(5.6, -0.5)(5e11))
+        and not res["budgets"]["b"][0]["on_plateau"]
+    )
+    assert res["verdict"].startswith("not determined: a is on the unigram plateau")
 
 
 def test_the_command_writes_the_page_from_a_csv(tmp_path, capsys):

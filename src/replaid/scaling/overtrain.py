@@ -19,7 +19,7 @@ from typing import Optional
 
 import numpy as np
 
-from replaid.eval.seeds import t_interval
+from replaid.eval.seeds import PLATEAU_NATS, t_interval
 
 
 def _curve(rows: list[dict], method: str) -> dict[int, list[tuple[float, float]]]:
@@ -65,6 +65,9 @@ def budgets(rows: list[dict], method: str, optimum: float, corpus_tokens: Option
                 "unigram": float(np.mean([r["unigram"] for r in rs])) if all("unigram" in r for r in rs) else None,
             }
         )
+        p = out[-1]
+        p["below_unigram"] = None if p["unigram"] is None else p["unigram"] - p["mean"]
+        p["on_plateau"] = p["below_unigram"] is not None and p["below_unigram"] < PLATEAU_NATS
     return out
 
 
@@ -143,9 +146,12 @@ def overtrain(
     per = {m: budgets(rows, m, optimum[m], corpus_tokens, confidence) for m in (a, b)}
     ab = compare(rows, a, b, confidence)
     ba = compare(rows, b, a, confidence)
-    merged = sorted(
-        ab + [{**p, "mean": -p["mean"], "lo": -p["hi"], "hi": -p["lo"]} for p in ba], key=lambda p: p["flops"]
-    )
+    flip = {"lower": "higher", "higher": "lower"}  # B - A's verdicts read as A - B's
+    swapped = [
+        {**p, "mean": -p["mean"], "lo": -p["hi"], "hi": -p["lo"], "verdict": flip.get(p["verdict"], p["verdict"])}
+        for p in ba
+    ]
+    merged = sorted(ab + swapped, key=lambda p: p["flops"])
     x = crossing(merged)
     dom = dominance(rows, a, b, confidence)
     lo = max(min(p["flops"] for p in per[a]), min(p["flops"] for p in per[b]))
@@ -164,6 +170,16 @@ def overtrain(
         )
     else:
         verdict = "not determined: the two methods' FLOPs ranges do not overlap"
+    for m in (a, b):
+        inside = [p for p in per[m] if lo * (1 - 1e-6) <= p["flops"] <= hi * (1 + 1e-6)] or per[m]
+        if all(p["on_plateau"] for p in inside):
+            gaps = ", ".join(f"{p['below_unigram']:.3f}" for p in inside)
+            verdict = (
+                f"not determined: {m} is on the unigram plateau at every budget compared (below the unigram bound "
+                f"by {gaps} nats, less than {PLATEAU_NATS}), so the curves are not those of trained models; "
+                f"as measured, {verdict}"
+            )
+            break
     above = [p for p in dom if p["verdict"] != "not determined"]
     if x is None and above:
         p = above[-1]
@@ -191,13 +207,18 @@ def overtrain(
 def markdown(res: dict, title: str) -> str:
     a, b = res["a"], res["b"]
     lines = [f"# {title}", "", f"Verdict: **{res['verdict']}**.", ""]
-    lines += ["| method | FLOPs | factor | passes | seeds | bound [interval] |", "|---|---|---|---|---|---|"]
+    lines += [
+        "| method | FLOPs | factor | passes | seeds | bound [interval] | below unigram |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for m in (a, b):
         for p in res["budgets"][m]:
             passes = "n/a" if p["passes"] is None else f"{p['passes']:.2f}"
+            below = "n/a" if p["below_unigram"] is None else f"{p['below_unigram']:.3f}"
+            below += " **plateau**" if p["on_plateau"] else ""
             lines.append(
                 f"| {m} | {p['flops']:.3g} | {p['factor']:.2f}x | {passes} | {p['n']} | "
-                f"{p['mean']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}] |"
+                f"{p['mean']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}] | {below} |"
             )
     lines += [
         "",
