@@ -111,7 +111,7 @@ def all_gather_cat(x: Tensor) -> Tensor:
     pad[: x.numel()] = x
     out = [torch.zeros_like(pad) for _ in range(world_size())]
     tdist.all_gather(out, pad)
-    return torch.cat([o[: int(s.item())] for o, s in zip(out, sizes)])
+    return torch.cat([o[: int(s.item())] for o, s in zip(out, sizes, strict=True)])
 
 
 def all_reduce_sum(x: Tensor) -> Tensor:

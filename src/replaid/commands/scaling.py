@@ -171,8 +171,8 @@ def register(sub) -> None:
 
 
 def _table(rows: list[list[str]], head: list[str]) -> str:
-    w = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    line = lambda r: "  ".join(str(x).rjust(n) for x, n in zip(r, w))  # noqa: E731
+    w = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
+    line = lambda r: "  ".join(str(x).rjust(n) for x, n in zip(r, w, strict=True))  # noqa: E731
     return "\n".join([line(head), line(["-" * n for n in w])] + [line(r) for r in rows])
 
 

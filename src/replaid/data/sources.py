@@ -19,10 +19,11 @@ import json
 import sys
 import sysconfig
 import warnings
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from replaid.data.errors import DataError
 

@@ -19,7 +19,7 @@ samplers, in the spirit of k-diffusion's ``Denoiser`` wrappers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -44,7 +44,7 @@ class Denoiser(Protocol):
     def embedding_matrix(self) -> Tensor:  # (V, d_e), unit rows
         ...
 
-    def __call__(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None) -> DenoiserOutput: ...
+    def __call__(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None = None) -> DenoiserOutput: ...
 
 
 def alpha_sigma(gamma: Tensor) -> tuple[Tensor, Tensor]:

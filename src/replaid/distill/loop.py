@@ -27,9 +27,9 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Optional
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -53,7 +53,7 @@ from replaid.training.train import EMA, rng_state, set_rng_state
 def _ehat_fn(model: torch.nn.Module) -> T.EHat:
     """The model as the distillers call it: float64 latent and noise level in, float64 ``e_hat`` out."""
 
-    def call(z: Tensor, gamma: float, e_sc: Optional[Tensor]) -> Tensor:
+    def call(z: Tensor, gamma: float, e_sc: Tensor | None) -> Tensor:
         g = torch.full((z.shape[0],), gamma, dtype=torch.float64, device=z.device)  # (B,)
         sc = None if e_sc is None else e_sc.float()
         return model(z.float(), g, sc).e_hat.double()
@@ -114,9 +114,9 @@ class Distiller:
         self.params = [p for p in self.student.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=dcfg.lr, weight_decay=0.0)
         cd = dcfg.method == "consistency"
-        self.target: Optional[EMA] = EMA(self.student, dcfg.cd_ema) if cd else None  # saved as ema.safetensors
+        self.target: EMA | None = EMA(self.student, dcfg.cd_ema) if cd else None  # saved as ema.safetensors
         self.target_model = copy.deepcopy(self.student).eval() if cd else None
-        self.round_teacher: Optional[torch.nn.Module] = None
+        self.round_teacher: torch.nn.Module | None = None
         self.round = -1
         self.step = 0
         E = self.teacher.embedding_matrix().detach()  # (V, d_e), frozen
@@ -240,7 +240,7 @@ class Distiller:
         self.loader.load_state_dict(stored.state["data_state"])
         self.step = stored.step
 
-    def run(self, resume: bool, progress: bool, stop_after: Optional[int], log: Callable[[dict], None]) -> dict:
+    def run(self, resume: bool, progress: bool, stop_after: int | None, log: Callable[[dict], None]) -> dict:
         from replaid.data.pipeline import DataPipeline
 
         self.data = DataPipeline(self.cfg, self.out, train=True, new_run=not resume)  # resumed: its own tokenizer/
@@ -284,7 +284,7 @@ def distill(
     resume: bool = False,
     overwrite: bool = False,
     progress: bool = True,
-    stop_after: Optional[int] = None,
+    stop_after: int | None = None,
 ) -> dict:
     """Distil ``teacher_path`` into the student run folder ``out`` (module docstring); returns the last metrics."""
     dcfg.validate()

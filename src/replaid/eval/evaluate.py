@@ -69,7 +69,7 @@ def evaluate_model(
     if dist.is_dist():  # sums over every rank's share of the split
         keys = sorted(sums)
         tot = dist.all_reduce_sum(torch.tensor([sums[k] for k in keys] + [float(n_tok)], dtype=torch.float64))
-        sums, n_tok = dict(zip(keys, tot[:-1].tolist())), int(tot[-1])
+        sums, n_tok = dict(zip(keys, tot[:-1].tolist(), strict=True)), int(tot[-1])
         per_seq = [dist.all_gather_cat(torch.cat(per_seq))] if per_seq else per_seq
     if n_tok == 0:
         raise ValueError(

@@ -202,7 +202,7 @@ def totals(rows: list[Row], n: int) -> list[tuple[float, bool]]:
     for r in rows:
         ll[r.request] -= r.nats
         greedy[r.request] = greedy[r.request] and r.greedy
-    return list(zip(ll, greedy))
+    return list(zip(ll, greedy, strict=True))
 
 
 def ppl(nats: float, tokens: int) -> float:

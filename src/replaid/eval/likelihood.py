@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -60,28 +60,28 @@ class PFODE:
     ``self_cond=None`` follows ``denoiser.self_conditioning``. ``nfe`` counts denoiser calls.
     """
 
-    def __init__(self, denoiser, self_cond: Optional[bool] = None, selfcond_correction: bool = True):
+    def __init__(self, denoiser, self_cond: bool | None = None, selfcond_correction: bool = True):
         self.den = denoiser
         self.sc = bool(denoiser.self_conditioning if self_cond is None else self_cond)
         self.correction = selfcond_correction
         self.nfe = 0
-        self.last_div_var: Optional[Tensor] = None  # (B,) variance of the last divergence estimate
+        self.last_div_var: Tensor | None = None  # (B,) variance of the last divergence estimate
 
-    def _call(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor]):
+    def _call(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None):
         self.nfe += 1
         return self.den(z.float(), gamma.double(), e_sc)
 
-    def self_cond_input(self, z: Tensor, gamma: Tensor) -> Optional[Tensor]:
+    def self_cond_input(self, z: Tensor, gamma: Tensor) -> Tensor | None:
         """``e_sc(z) = x_theta(z, gamma, 0) E`` (the bootstrap pass), or None without s.c."""
         return self._call(z, gamma, None).e_hat if self.sc else None
 
-    def predict(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None, use_cached: bool = False):
+    def predict(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None = None, use_cached: bool = False):
         """Evaluation-time prediction; ``use_cached`` reuses the given ``e_sc`` instead of recomputing."""
         if self.sc and not use_cached:
             e_sc = self.self_cond_input(z, gamma)
         return self._call(z, gamma, e_sc if self.sc else None)
 
-    def drift(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None, use_cached: bool = False) -> Tensor:
+    def drift(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None = None, use_cached: bool = False) -> Tensor:
         """``1/2 (alpha^2 z - alpha x_theta E)`` (eq. ode-pfode-gamma), (B, L, d_e) in z's dtype."""
         e_hat = self.predict(z, gamma, e_sc, use_cached).e_hat
         a, _ = _ab(gamma)
@@ -96,8 +96,8 @@ class PFODE:
         probe: str = "rademacher",
         jvp: str = "fd",
         h: float = 1e-3,
-        generator: Optional[torch.Generator] = None,
-        probes: Optional[Sequence[Tensor]] = None,
+        generator: torch.Generator | None = None,
+        probes: Sequence[Tensor] | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Drift (B, L, d_e) and Hutchinson estimate of its divergence (B,) float64 at (z, gamma);
         ``probes`` fixes the Hutchinson vectors (an adaptive solver needs a deterministic drift)."""
@@ -111,7 +111,7 @@ class PFODE:
         return v, div
 
 
-def draw_probe(shape, probe: str, generator: Optional[torch.Generator], device, dtype) -> Tensor:
+def draw_probe(shape, probe: str, generator: torch.Generator | None, device, dtype) -> Tensor:
     """Rademacher (+-1) or standard Gaussian probe with ``E[xi xi^T] = I``."""
     if probe == "rademacher":
         xi = torch.randint(0, 2, shape, generator=generator).to(torch.float64) * 2 - 1
@@ -129,8 +129,8 @@ def hutchinson_divergence(
     probe: str = "rademacher",
     jvp: str = "fd",
     h: float = 1e-3,
-    generator: Optional[torch.Generator] = None,
-    probes: Optional[Sequence[Tensor]] = None,
+    generator: torch.Generator | None = None,
+    probes: Sequence[Tensor] | None = None,
 ) -> Tensor:
     """``mean_j xi_j^T (df/dz) xi_j`` per row (B,) float64 (Hutchinson's estimator).
 
@@ -148,8 +148,8 @@ def hutchinson_divergence_and_var(
     probe: str = "rademacher",
     jvp: str = "fd",
     h: float = 1e-3,
-    generator: Optional[torch.Generator] = None,
-    probes: Optional[Sequence[Tensor]] = None,
+    generator: torch.Generator | None = None,
+    probes: Sequence[Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """:func:`hutchinson_divergence` and the estimated variance of that mean, ``S^2 / n`` with ``S^2``
     the sample variance of the n per-probe values (B,) float64 (NaN when n = 1)."""
@@ -194,15 +194,15 @@ def ode_log_weight(
     probe: str = "rademacher",
     jvp: str = "fd",
     h: float = 1e-3,
-    self_cond: Optional[bool] = None,
+    self_cond: bool | None = None,
     selfcond_correction: bool = True,
-    generator: Optional[torch.Generator] = None,
-    ode: Optional[PFODE] = None,
+    generator: torch.Generator | None = None,
+    ode: PFODE | None = None,
     solver: str = "heun",
     rtol: float = 1e-5,
     atol: float = 1e-5,
     max_steps: int = MAX_SOLVER_STEPS,
-    callback: Optional[Callable[[float], None]] = None,
+    callback: Callable[[float], None] | None = None,
 ) -> dict[str, Tensor]:
     """One importance sample per row: ``log w`` (eq. ode-logweight-gamma) for tokens (B, L).
 
@@ -268,7 +268,7 @@ def _solve_heun(
     gamma_0: float,
     gamma_1: float,
     steps: int,
-    callback: Optional[Callable[[float], None]] = None,
+    callback: Callable[[float], None] | None = None,
     **kw,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Heun2 from gamma_0 to gamma_1: (z(gamma_1), int div dgamma (B,) float64, its noise variance (B,)).
@@ -299,7 +299,7 @@ def _solve_adaptive(
     gamma_1: float,
     rtol: float,
     atol: float,
-    callback: Optional[Callable[[float], None]] = None,
+    callback: Callable[[float], None] | None = None,
     max_steps: int = MAX_SOLVER_STEPS,
     **kw,
 ) -> tuple[Tensor, Tensor]:
@@ -352,8 +352,8 @@ def ode_log_weights(
     gamma_1: float,
     K: int = 1,
     batch_size: int = 16,
-    progress: Optional[Callable[[int, int], None]] = None,
-    generator: Optional[torch.Generator] = None,
+    progress: Callable[[int, int], None] | None = None,
+    generator: torch.Generator | None = None,
     return_var: bool = False,
     **kw,
 ) -> tuple[Tensor, int] | tuple[Tensor, int, Tensor]:
@@ -412,10 +412,10 @@ def iwae_bias_curve(log_w: Tensor, noise_var: Tensor, L: int, Ks: Sequence[int])
 def iwae_curve(
     log_w: Tensor,
     L: int,
-    Ks: Optional[Sequence[int]] = None,
+    Ks: Sequence[int] | None = None,
     mode: str = "groups",
     n_subsets: int = 32,
-    generator: Optional[torch.Generator] = None,
+    generator: torch.Generator | None = None,
 ) -> dict[int, dict[str, float]]:
     """Per-token NLL of the K-IWAE for K in ``Ks`` (default 1, 2, 4, ... <= K_max) from log-weights (N, K_max).
 
@@ -464,11 +464,11 @@ def fit_inverse_k(curve: dict[int, dict[str, float]], k_min: int = 4) -> dict[st
 
 def plot_k_curve(
     curve: dict[int, dict[str, float]],
-    fit: Optional[dict] = None,
+    fit: dict | None = None,
     path: str = "kcurve.png",
-    nelbo_nats: Optional[float] = None,
+    nelbo_nats: float | None = None,
     title: str = "ODE K-IWAE",
-    sequences: Optional[int] = None,
+    sequences: int | None = None,
 ) -> None:
     """PNG of per-token NLL and PPL vs K (log2 axis) with the a + b/K fit and a NELBO line.
 
@@ -488,7 +488,7 @@ def plot_k_curve(
         ax.errorbar(
             Ks,
             [tr(v) for v in y],
-            yerr=[tr(v) * s if tr is math.exp else s for v, s in zip(y, se)],
+            yerr=[tr(v) * s if tr is math.exp else s for v, s in zip(y, se, strict=True)],
             marker="o",
             capsize=3,
             label="K-IWAE (bars: +-1 s.e. over sequences)",
@@ -531,7 +531,7 @@ class LikelihoodResult:
     fit: dict = field(default_factory=dict)
     nfe: int = 0
     seconds: float = 0.0
-    noise_var: Optional[Tensor] = None  # (N, K) Hutchinson noise variance of each log-weight
+    noise_var: Tensor | None = None  # (N, K) Hutchinson noise variance of each log-weight
 
     def summary(self) -> dict:
         Ks = sorted(self.curve)

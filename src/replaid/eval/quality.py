@@ -32,9 +32,10 @@ import json
 import math
 import os
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -143,12 +144,12 @@ def _chunked_gen_ppl(
             nll_sum[owner[s + j]] += float(sums[j])
             n_tok[owner[s + j]] += len(c)
     nats = float(nll_sum.sum() / n_tok.sum())
-    per = [float(a / b) if b > 0 else float("nan") for a, b in zip(nll_sum, n_tok)]
+    per = [float(a / b) if b > 0 else float("nan") for a, b in zip(nll_sum, n_tok, strict=True)]
     return {"nats_per_token": nats, "gen_ppl": math.exp(nats), "tokens": int(n_tok.sum()), "per_sample": per}
 
 
 @torch.no_grad()
-def gen_ppl(texts: Sequence[str], model, tokenizer, context: Optional[int] = None, batch_size: int = 8) -> dict:
+def gen_ppl(texts: Sequence[str], model, tokenizer, context: int | None = None, batch_size: int = 8) -> dict:
     """Generative perplexity of ``texts`` under a Hugging Face causal LM (conventions: module docstring)."""
     device = next(model.parameters()).device
     ctx = context or int(
@@ -197,16 +198,16 @@ class Judge:
     score: Callable[[Sequence[str]], dict]
     name: str
     hf_tokenizer: Any = None  # the judge's HF tokenizer (None for a replaid AR run)
-    source: Optional[str] = None  # the AR run's data.source (for ``--reference SPLIT``)
+    source: str | None = None  # the AR run's data.source (for ``--reference SPLIT``)
 
 
 def make_judge(
-    judge: Optional[str] = None,
-    judge_run: Optional[str] = None,
-    context: Optional[int] = None,
+    judge: str | None = None,
+    judge_run: str | None = None,
+    context: int | None = None,
     batch_size: int = 8,
     device: str = "cpu",
-) -> Optional[Judge]:
+) -> Judge | None:
     """A :class:`Judge` from a Hugging Face causal LM (name or local path) or a replaid AR run
     directory/checkpoint; None when neither is given."""
     if judge and judge_run:
@@ -238,7 +239,7 @@ def default_encoder_path() -> str:
 @torch.no_grad()
 def sentence_features(
     texts: Sequence[str],
-    encoder: Optional[str] = None,
+    encoder: str | None = None,
     batch_size: int = 32,
     max_length: int = 256,
     device: str = "cpu",
@@ -275,7 +276,7 @@ def mauve_score(p_features: np.ndarray, q_features: np.ndarray, seed: int = 25, 
     return min(1.0, float(out.mauve))  # mauve-text can return 1 + 4e-16
 
 
-def read_samples(path: str) -> tuple[list[str], Optional[list[list[int]]]]:
+def read_samples(path: str) -> tuple[list[str], list[list[int]] | None]:
     """Texts (and ids when every JSONL row has them) from a JSONL (``replaid sample --json``) or a
     plain-text file (one sample a line). Schema-checked: UTF-8, one JSON object a line with a string
     ``text`` and, optionally, ``ids`` a list of non-negative whole numbers, below ``vocab_size`` when the row
@@ -293,7 +294,7 @@ def read_samples(path: str) -> tuple[list[str], Optional[list[list[int]]]]:
     if p.suffix not in (".jsonl", ".json"):
         return [ln for _, ln in numbered], None
     texts, ids = [], []
-    vocab: Optional[tuple[int, int]] = None  # (vocab_size, its first line): every row's ids share one vocabulary
+    vocab: tuple[int, int] | None = None  # (vocab_size, its first line): every row's ids share one vocabulary
     for i, ln in numbered:
         try:
             r = json.loads(ln)
@@ -346,7 +347,7 @@ def reference_windows(run, split: str, n: int, offset: int = 0) -> tuple[list[st
     return [run.tokenizer.decode(t) for t in toks], toks
 
 
-def reference_texts(spec: str, n: int, chars: int, default_source: Optional[str] = None) -> list[str]:
+def reference_texts(spec: str, n: int, chars: int, default_source: str | None = None) -> list[str]:
     """Reference texts for MAUVE from a file (JSONL ``text`` rows or lines), or from ``[SOURCE:]SPLIT``
     of any ``data.source`` cut into ``n`` pieces of ``chars`` characters spread over the split."""
     from replaid.data.sources import iter_documents

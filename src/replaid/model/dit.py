@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -74,7 +73,7 @@ class KVCache:
     window; rotary scores depend only on position differences, so every query-key offset stays below
     the window and inside what the model was trained on; None keeps everything)."""
 
-    window: Optional[int] = None
+    window: int | None = None
     layers: list[tuple[Tensor, Tensor]] = field(default_factory=list)
     next_pos: int = 0  # the absolute position of the next committed row
 
@@ -83,7 +82,7 @@ class KVCache:
         """Committed rows held (after the window's trim)."""
         return int(self.layers[0][0].shape[2]) if self.layers else 0
 
-    def keys(self, i: int) -> Optional[tuple[Tensor, Tensor]]:
+    def keys(self, i: int) -> tuple[Tensor, Tensor] | None:
         return self.layers[i] if i < len(self.layers) else None
 
     def put(self, i: int, k: Tensor, v: Tensor) -> None:
@@ -104,8 +103,8 @@ def attend(
     k: Tensor,
     v: Tensor,
     rope: tuple[Tensor, Tensor],
-    mask: Optional[Tensor] = None,
-    cache: Optional[KVCache] = None,
+    mask: Tensor | None = None,
+    cache: KVCache | None = None,
     layer: int = 0,
     commit: bool = False,
     causal: bool = False,
@@ -126,7 +125,7 @@ def attend(
 
 
 def rope_for(
-    rotary: Rotary, L: int, device: torch.device, positions: Optional[Tensor], cache: Optional[KVCache]
+    rotary: Rotary, L: int, device: torch.device, positions: Tensor | None, cache: KVCache | None
 ) -> tuple[Tensor, Tensor]:
     """The rotary tables of L new rows: ``0..L-1``, the given ``positions`` (L,), or the cache's next
     positions (a slice of the tables, no host read)."""
@@ -146,7 +145,7 @@ class DiTBlock(nn.Module):
         self,
         hidden: int,
         n_heads: int,
-        cond_dim: Optional[int],
+        cond_dim: int | None,
         mlp_ratio: int = 4,
         dropout: float = 0.0,
         causal: bool = False,
@@ -172,8 +171,8 @@ class DiTBlock(nn.Module):
         self,
         x: Tensor,
         rope: tuple[Tensor, Tensor],
-        mask: Optional[Tensor] = None,
-        cache: Optional[KVCache] = None,
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
         layer: int = 0,
         commit: bool = False,
     ) -> Tensor:
@@ -188,10 +187,10 @@ class DiTBlock(nn.Module):
     def forward(
         self,
         x: Tensor,
-        c: Optional[Tensor],
+        c: Tensor | None,
         rope: tuple[Tensor, Tensor],
-        mask: Optional[Tensor] = None,
-        cache: Optional[KVCache] = None,
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
         layer: int = 0,
         commit: bool = False,
     ) -> Tensor:
@@ -213,7 +212,7 @@ class DiTBlock(nn.Module):
 class FinalLayer(nn.Module):
     """LayerNorm + AdaLN shift/scale + linear head; the head is zero-initialised."""
 
-    def __init__(self, hidden: int, out_dim: int, cond_dim: Optional[int]):
+    def __init__(self, hidden: int, out_dim: int, cond_dim: int | None):
         super().__init__()
         self.norm = nn.LayerNorm(hidden)
         self.linear = nn.Linear(hidden, out_dim)
@@ -224,7 +223,7 @@ class FinalLayer(nn.Module):
             nn.init.zeros_(self.adaLN.weight)
             nn.init.zeros_(self.adaLN.bias)
 
-    def features(self, x: Tensor, c: Optional[Tensor]) -> Tensor:
+    def features(self, x: Tensor, c: Tensor | None) -> Tensor:
         h = self.norm(x)
         if self.adaLN is not None:
             shift, scale = wide(self.adaLN(c)).chunk(2, dim=-1)
@@ -273,7 +272,7 @@ class Backbone(nn.Module):
         hidden: int,
         n_layers: int,
         n_heads: int,
-        cond_dim: Optional[int],
+        cond_dim: int | None,
         mlp_ratio: int = 4,
         dropout: float = 0.0,
         causal: bool = False,
@@ -297,11 +296,11 @@ class Backbone(nn.Module):
     def forward(
         self,
         x: Tensor,
-        c: Optional[Tensor],
+        c: Tensor | None,
         *,
-        positions: Optional[Tensor] = None,
-        mask: Optional[Tensor] = None,
-        cache: Optional[KVCache] = None,
+        positions: Tensor | None = None,
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
         commit: bool = False,
     ) -> Tensor:
         """x (B, L, D) -> (B, L, D). ``positions`` (L,): each row's rotary position (default: ``0..L-1``,

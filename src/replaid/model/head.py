@@ -24,8 +24,6 @@ log-sum-exp is ``torch.logsumexp``'s own sequence of operations, so every number
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
@@ -69,8 +67,8 @@ class _PriorSoftmaxHead(torch.autograd.Function):
         ctx,
         f: Tensor,
         W: Tensor,
-        b: Optional[Tensor],
-        zs: Optional[Tensor],
+        b: Tensor | None,
+        zs: Tensor | None,
         E: Tensor,
         e_keep: Tensor,
         target: Tensor,
@@ -100,7 +98,7 @@ class _PriorSoftmaxHead(torch.autograd.Function):
         return e_hat, nll
 
     @staticmethod
-    def backward(ctx, g_e: Optional[Tensor], g_nll: Optional[Tensor]):
+    def backward(ctx, g_e: Tensor | None, g_nll: Tensor | None):
         if ctx.used:
             raise RuntimeError("the fused RePlaid head frees its buffer in backward; retain_graph is not supported")
         ctx.used = True
@@ -139,8 +137,8 @@ class _PriorSoftmaxHead(torch.autograd.Function):
 def prior_softmax_head(
     f: Tensor,
     W: Tensor,
-    b: Optional[Tensor],
-    zs: Optional[Tensor],
+    b: Tensor | None,
+    zs: Tensor | None,
     E: Tensor,
     e_keep: Tensor,
     target: Tensor,
@@ -155,13 +153,13 @@ def prior_softmax_head(
 def plain_head(
     f: Tensor,
     W: Tensor,
-    b: Optional[Tensor],
-    zs: Optional[Tensor],
+    b: Tensor | None,
+    zs: Tensor | None,
     E: Tensor,
     e_keep: Tensor,
     target: Tensor,
     dtype: torch.dtype = torch.float32,
-    mm_dtype: Optional[torch.dtype] = None,
+    mm_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The same outputs by plain autograd in ``dtype`` (the float64 test reference, and the
     expression ``torch.compile`` fuses itself); rows with ``e_keep = 0`` see ``E.detach()``."""

@@ -25,7 +25,6 @@ the NELBO and the RePlaid samplers all apply unchanged. muP learning-rate scalin
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -74,8 +73,8 @@ class PlaidBlock(nn.Module):
         self,
         x: Tensor,
         rope: tuple[Tensor, Tensor],
-        mask: Optional[Tensor] = None,
-        cache: Optional[KVCache] = None,
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
         layer: int = 0,
         commit: bool = False,
     ) -> Tensor:
@@ -89,8 +88,8 @@ class PlaidBlock(nn.Module):
         self,
         x: Tensor,
         rope: tuple[Tensor, Tensor],
-        mask: Optional[Tensor] = None,
-        cache: Optional[KVCache] = None,
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
         layer: int = 0,
         commit: bool = False,
     ) -> Tensor:
@@ -120,11 +119,11 @@ class PlaidBackbone(nn.Module):
     def forward(
         self,
         x: Tensor,
-        c: Optional[Tensor] = None,
+        c: Tensor | None = None,
         *,
-        positions: Optional[Tensor] = None,
-        mask: Optional[Tensor] = None,
-        cache: Optional[KVCache] = None,
+        positions: Tensor | None = None,
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
         commit: bool = False,
     ) -> Tensor:
         """x (B, L, D) -> (B, L, D); ``c`` is unused (no AdaLN). ``positions``, ``mask``, ``cache`` and
@@ -155,7 +154,7 @@ class PlaidModel(RePlaid):
         self.in_z.reset_parameters()  # Plaid's input_linear: PyTorch's default init
         self.readout_mult = MUP_BASE_WIDTH / cfg.hidden  # muP: output_mult / width_mult
 
-    def input_states(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor]) -> tuple[Tensor, None]:
+    def input_states(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None) -> tuple[Tensor, None]:
         """``h_0`` (B, L, hidden) and no condition (time enters through ``in_t`` only); gamma (B,) or (B, L)."""
         alpha, sigma = alpha_sigma(gamma.double())
         scale = per_position(torch.rsqrt(alpha**2 / self.d_e + sigma**2).float())  # (B, 1, 1) or (B, L, 1)
@@ -164,7 +163,7 @@ class PlaidModel(RePlaid):
             h = h + self.in_sc(e_sc.float() * math.sqrt(self.d_e))
         return h, None
 
-    def readout(self, h: Tensor, c: Optional[Tensor]) -> Tensor:
+    def readout(self, h: Tensor, c: Tensor | None) -> Tensor:
         return self.final.features(h, None) * self.readout_mult
 
     def head_logits(self, feats: Tensor) -> Tensor:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -190,7 +190,7 @@ class RePlaid(nn.Module):
     def embedding_matrix(self) -> Tensor:
         return self.embedding()
 
-    def input_states(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
+    def input_states(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """``h_0`` (B, L, hidden) and the AdaLN condition (module docstring). z: (B, L, d_e); gamma: (B,)
         float64, or per token (B, L) (block diffusion: every block at its own level), and then the
         condition is per token too, (B, L, cond_dim) instead of (B, cond_dim)."""
@@ -211,14 +211,14 @@ class RePlaid(nn.Module):
             c = self.cond(feat)
         return h, c
 
-    def readout(self, h: Tensor, c: Optional[Tensor]) -> Tensor:
+    def readout(self, h: Tensor, c: Tensor | None) -> Tensor:
         """The head's input features of the backbone's output h (B, L, hidden)."""
         f = self.final.features(h, c)
         return f * self.cfg.readout_mult if self.cfg.readout_mult != 1.0 else f
 
     def hidden_states(
-        self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor], context: Optional[BlockContext] = None
-    ) -> tuple[Tensor, Optional[Tensor]]:
+        self, z: Tensor, gamma: Tensor, e_sc: Tensor | None, context: BlockContext | None = None
+    ) -> tuple[Tensor, Tensor | None]:
         """Backbone features before the head. z: (B, L, d_e); gamma: (B,) float64, or (B, L) with a
         ``context`` (block diffusion: :meth:`block_features`)."""
         if context is not None:
@@ -227,7 +227,7 @@ class RePlaid(nn.Module):
         return self.readout(self.backbone(h, c), c), c
 
     # ---- block diffusion (issue 39; BD3-LM) -------------------------------------------------
-    def clean_states(self, e: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+    def clean_states(self, e: Tensor) -> tuple[Tensor, Tensor | None]:
         """The clean rows' ``h_0`` (B, n, hidden) and per-token condition: a clean block enters as its
         t = 0 latent without noise, ``z = alpha_0 e`` at ``gamma_0 = gamma(0)`` (the schedule's endpoint,
         detached: the context does not train the schedule), with no self-conditioning input. e: (B, n, d_e)."""
@@ -238,8 +238,8 @@ class RePlaid(nn.Module):
         return self.input_states(z, g0, None)
 
     def block_features(
-        self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor], context: BlockContext
-    ) -> tuple[Tensor, Optional[Tensor]]:
+        self, z: Tensor, gamma: Tensor, e_sc: Tensor | None, context: BlockContext
+    ) -> tuple[Tensor, Tensor | None]:
         """BD3-LM's vectorised pass: the noisy rows z (B, L, d_e) at per-token gamma (B, L) and the clean
         copy ``context.e`` (B, L, d_e) as one (B, 2L) input under
         :func:`~replaid.model.blocks.block_diffusion_mask`; returns the noisy half's features (B, L,
@@ -261,9 +261,9 @@ class RePlaid(nn.Module):
         self,
         z: Tensor,
         gamma: Tensor,
-        e_sc: Optional[Tensor] = None,
+        e_sc: Tensor | None = None,
         prior_scale: float = 1.0,
-        context: Optional[BlockContext] = None,
+        context: BlockContext | None = None,
     ) -> DenoiserOutput:
         """(z_t, gamma, e_sc) -> (logits, e_hat) for sampling and evaluation (plain autograd).
 
@@ -277,11 +277,11 @@ class RePlaid(nn.Module):
         self,
         z: Tensor,
         gamma: Tensor,
-        e_sc: Optional[Tensor],
+        e_sc: Tensor | None,
         tokens: Tensor,
         e_keep: Tensor,
         prior_scale: float = 1.0,
-        context: Optional[BlockContext] = None,
+        context: BlockContext | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Training outputs of every row through the fused head (:mod:`replaid.model.head`):
         the per-position reconstruction CE ``-log x_hat[tokens]`` (B, L) float32 and ``e_hat``
@@ -352,7 +352,7 @@ class RePlaid(nn.Module):
 
 
 def denoise(
-    model, z: Tensor, gamma: Tensor, self_cond: Optional[bool] = None, context: Optional[BlockContext] = None
+    model, z: Tensor, gamma: Tensor, self_cond: bool | None = None, context: BlockContext | None = None
 ) -> DenoiserOutput:
     """Evaluation-time prediction: with self-conditioning, a first pass with no s.c. input
     whose ``e_hat`` feeds the second pass (on for every row). With a block ``context`` both are the

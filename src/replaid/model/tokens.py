@@ -24,8 +24,6 @@ MDLM and Duo at a given size and matches the paper's IsoFLOP table
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor, nn
 
@@ -98,12 +96,12 @@ class TokenDiT(nn.Module):
     def _normalize(self, w: Tensor) -> Tensor:
         return w / (w.norm(dim=-1, keepdim=True) + 1e-8) if self.cfg.normalize_embeddings else w
 
-    def rows(self, k: Optional[int] = None) -> Tensor:
+    def rows(self, k: int | None = None) -> Tensor:
         """The first ``k`` embedding rows as used by the model (unit length when factored), float32."""
         w = self.embed.weight[:k].float()
         return self._normalize(w) if self.factored else w
 
-    def conditioning(self, t: Optional[Tensor], B: int, device: torch.device) -> Tensor:
+    def conditioning(self, t: Tensor | None, B: int, device: torch.device) -> Tensor:
         """(B, cond_dim): ``MLP(feat(t))``, or the constant ``MLP(feat(0))`` without time conditioning."""
         if not self.time_conditioning:
             t = torch.zeros(B, device=device)
@@ -117,7 +115,7 @@ class TokenDiT(nn.Module):
         """The logit head, bf16 under autocast (the paper's precision table, as RePlaid's), float32 out."""
         return wide(self.final.linear(feats))
 
-    def forward(self, x: Tensor, t: Optional[Tensor] = None) -> Tensor:
+    def forward(self, x: Tensor, t: Tensor | None = None) -> Tensor:
         """Returns float32 logits (B, L, n_out)."""
         h = self.input_states(x)  # (B, L, D)
         c = self.conditioning(t, h.shape[0], h.device)  # (B, cond_dim)

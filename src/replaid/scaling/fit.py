@@ -43,7 +43,6 @@ import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -183,7 +182,7 @@ def _lse_model(theta: np.ndarray, logn: np.ndarray, logd: np.ndarray) -> np.ndar
 
 
 def fit_parametric(
-    n: np.ndarray, d: np.ndarray, loss: np.ndarray, delta: float = 1e-3, init: Optional[np.ndarray] = None
+    n: np.ndarray, d: np.ndarray, loss: np.ndarray, delta: float = 1e-3, init: np.ndarray | None = None
 ) -> dict:
     """``L = E + A/N^a + B/D^b`` by L-BFGS-B on the Huber loss of log L (Hoffmann et al.'s
     approach 3) from a grid of starts (or from ``init``). ``at_bound`` lists the parameters the box
@@ -257,7 +256,7 @@ def at_bounds(theta) -> list[str]:
     an edge of ``THETA_BOUNDS``, e.g. "E sits on its lower bound exp(-5)": the optimiser stopped
     at the box, so the value is the box's, not the data's."""
     out = []
-    for name, v, (lo, hi) in zip(THETA_NAMES, theta, THETA_BOUNDS):
+    for name, v, (lo, hi) in zip(THETA_NAMES, theta, THETA_BOUNDS, strict=True):
         for side, edge in (("lower", lo), ("upper", hi)):
             if abs(float(v) - edge) <= BOUND_TOL * (hi - lo):
                 shown = f"exp({edge:g})" if name in ("A", "B", "E") else f"{edge:g}"
@@ -290,7 +289,7 @@ def crossover(
         copt_a = math.exp((math.log(n) - npow_a[1]) / npow_a[0])
         copt_b = math.exp((math.log(n) - npow_b[1]) / npow_b[0])
 
-        def diff(logc):
+        def diff(logc, n=n):  # binds this iteration's n (bugbear B023)
             c = math.exp(logc)
             return math.log(parametric_loss(pa, n, c / (kappa_a * n))) - math.log(
                 parametric_loss(pb, n, c / (kappa_b * n))
@@ -336,14 +335,14 @@ def _analyse(
             q["bracketed"] = bool(np.isfinite(q["log_n_opt"]) and x.min() <= q["log_n_opt"] <= x.max())
             mins.append(q)
         # the laws use bracketed minima only: an extrapolated N*_C is the parabola's guess, not a measurement
-        use = [q is not None and q["bracketed"] and (m, b) not in exclude for q, b in zip(mins, budgets)]
-        logc = np.array([math.log(b) for b, u in zip(budgets, use) if u])
-        ln = np.array([q["log_n_opt"] for q, u in zip(mins, use) if u])
-        ll = np.array([q["log_l_opt"] for q, u in zip(mins, use) if u])
+        use = [q is not None and q["bracketed"] and (m, b) not in exclude for q, b in zip(mins, budgets, strict=True)]
+        logc = np.array([math.log(b) for b, u in zip(budgets, use, strict=True) if u])
+        ln = np.array([q["log_n_opt"] for q, u in zip(mins, use, strict=True) if u])
+        ll = np.array([q["log_l_opt"] for q, u in zip(mins, use, strict=True) if u])
         res[m] = {"mins": mins, "loss_law": linfit(logc, ll), "param_law": linfit(logc, ln)}
     if reference in res:
         r = res[reference]
-        for m, v in res.items():
+        for v in res.values():
             k = multiplier_curve(v["loss_law"], r["loss_law"], logc_grid)
             pr = np.exp((v["param_law"][0] - r["param_law"][0]) * logc_grid + v["param_law"][1] - r["param_law"][1])
             v["mult"], v["pratio"] = k, pr
@@ -357,7 +356,7 @@ def _ci(samples: list[float]) -> list[float]:
     return [float(np.percentile(a, 2.5)), float(np.percentile(a, 97.5))]
 
 
-def _f(x) -> Optional[float]:
+def _f(x) -> float | None:
     return None if x is None or not np.isfinite(x) else float(x)
 
 
@@ -368,7 +367,7 @@ class Noise:
     of log L, None without replicates), ``source`` (per budget, in words)."""
 
     scale: np.ndarray
-    pooled_sd: Optional[float] = None
+    pooled_sd: float | None = None
     source: dict[float, str] = field(default_factory=dict)
 
 
@@ -421,7 +420,7 @@ def noise_model(p: dict, mins: list, budgets: list[float]) -> Noise:
                 )
         return noise
     noise = Noise(scale)
-    for b, q in zip(budgets, mins):
+    for b, q in zip(budgets, mins, strict=True):
         sel = p["budget"] == b
         if q is None:
             continue
@@ -450,7 +449,7 @@ def draw(p: dict, noise: Noise, rng: np.random.Generator) -> np.ndarray:
     return y
 
 
-def edge_minimum(logn: np.ndarray, logl: np.ndarray) -> tuple[Optional[str], Optional[list]]:
+def edge_minimum(logn: np.ndarray, logl: np.ndarray) -> tuple[str | None, list | None]:
     """Whether a budget's best run is its smallest or largest size; then N* is only bounded: a convex
     curve whose lowest point among the sizes is the smallest has its minimum below the next size up
     (``["<", N_2]``), and above the next size down for the largest (``[">", N_{k-1}]``)."""
@@ -464,7 +463,9 @@ def edge_minimum(logn: np.ndarray, logl: np.ndarray) -> tuple[Optional[str], Opt
 
 
 def _law_budgets(v: dict, m: str, budgets: list[float], exclude: frozenset) -> list[float]:
-    return [b for q, b in zip(v["mins"], budgets) if q is not None and q["bracketed"] and (m, b) not in exclude]
+    return [
+        b for q, b in zip(v["mins"], budgets, strict=True) if q is not None and q["bracketed"] and (m, b) not in exclude
+    ]
 
 
 def leave_one_budget_out(
@@ -508,7 +509,7 @@ def fit_points(
     reference: str = "ar",
     n_boot: int = 1000,
     seed: int = 0,
-    crossover_pair: Optional[tuple[str, str]] = None,
+    crossover_pair: tuple[str, str] | None = None,
     n_boot_parametric: int = 100,
     parametric: bool = True,
 ) -> dict:
@@ -558,7 +559,7 @@ def fit_points(
     for m in methods:
         v = base[m]
         per_budget = []
-        for i, (b, q) in enumerate(zip(budgets, v["mins"])):
+        for i, (b, q) in enumerate(zip(budgets, v["mins"], strict=True)):
             sel = points[m]["budget"] == b
             if q is None:
                 if sel.sum():
@@ -663,7 +664,7 @@ def fit_points(
             sub = {
                 **points[m],
                 "logl": points[m]["logl"][keep],
-                "seeds": [s for s, k_ in zip(points[m]["seeds"], keep) if k_],
+                "seeds": [s for s, k_ in zip(points[m]["seeds"], keep, strict=True) if k_],
             }
             sub_noise = Noise(noise[m].scale[keep], noise[m].pooled_sd)
             bs = [
@@ -753,7 +754,7 @@ def fmt_n_opt(q: dict) -> str:
     return f"{fmt(q['n_opt'])} {fmt_ci(q['n_opt_ci'])}"
 
 
-def fmt_loo(loo: Optional[dict], key: str) -> str:
+def fmt_loo(loo: dict | None, key: str) -> str:
     """The leave-one-budget-out range of ``key`` (param_ratio or compute_multiplier), or why not."""
     if not loo:
         return "n/a"

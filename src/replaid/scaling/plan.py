@@ -17,9 +17,9 @@ import csv
 import json
 import math
 import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence
 
 from replaid import schema
 from replaid.config import ConfigError, RunConfig, parse_overrides, read_run_config, set_key
@@ -175,7 +175,7 @@ def make_plan(
     sizes: str = "paper",
     per_budget: int = 0,
     stride: int = 1,
-    protocol: Optional[str] = None,
+    protocol: str | None = None,
     overrides: Sequence[str] = (),
     save_checkpoints: int = 4,
     tokens_per_param: float | Mapping[str, float] = CHINCHILLA_TOKENS_PER_PARAM,
@@ -357,7 +357,7 @@ def read_manifest(sweep: Path) -> list[PlanEntry]:
 # ------------------------------------------------------------------ results
 
 
-def final_loss(sweep: Path, e: PlanEntry) -> Optional[dict]:
+def final_loss(sweep: Path, e: PlanEntry) -> dict | None:
     """The finished run's final validation evaluation (``nelbo``/``nll`` nats per token and more)."""
     run = Path(sweep) / e.run_dir
     if run_status(sweep, e)[0] != "done":

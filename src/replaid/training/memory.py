@@ -27,8 +27,8 @@ residual stream, norms, softmax and losses stay float32 by the precision table).
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode

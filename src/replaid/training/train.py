@@ -11,10 +11,10 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
@@ -160,9 +160,9 @@ class Trainer:
     method: Method
     optimizer: torch.optim.Optimizer
     device: torch.device
-    ema: Optional[EMA] = None
+    ema: EMA | None = None
     step: int = 0
-    loss_module: Optional[nn.Module] = None  # TrainModule, wrapped by DDP/FSDP under torchrun
+    loss_module: nn.Module | None = None  # TrainModule, wrapped by DDP/FSDP under torchrun
     history: list = field(default_factory=list)
     nonfinite_steps: int = 0  # steps skipped for a NaN/Inf loss or gradient, in all
     nonfinite_in_row: int = 0  # ... and in a row up to now
@@ -305,7 +305,7 @@ def compile_loss(model: nn.Module, method: Method) -> None:
     method.compile(model)
 
 
-def to_device(x: Optional[Tensor], device: torch.device) -> Optional[Tensor]:
+def to_device(x: Tensor | None, device: torch.device) -> Tensor | None:
     """A batch tensor on ``device`` without blocking the host (pinned first for CUDA)."""
     if x is None or x.device == device:
         return x
@@ -342,7 +342,7 @@ def set_rng_state(st: dict[str, Tensor]) -> None:
         torch.cuda.set_rng_state(st["cuda"])
 
 
-def save(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: Optional[dict] = None) -> Optional[Path]:
+def save(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: dict | None = None) -> Path | None:
     """DDP or one process: gather the full state, write one safetensors file each from rank 0. FSDP2:
     every rank writes its own shards (DCP, :func:`ck.save_sharded_checkpoint`), nothing is gathered."""
     if dist.is_sharded(trainer.model):
@@ -357,7 +357,7 @@ def save(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: Optional[di
     return ck.save_checkpoint(run_dir, trainer.step, model_sd, state, ema_sd, opt_sd, rng_state())
 
 
-def _run_state(trainer: Trainer, data: DataPipeline, extra: Optional[dict]) -> dict:
+def _run_state(trainer: Trainer, data: DataPipeline, extra: dict | None) -> dict:
     return {
         "config": trainer.cfg.to_dict(),
         "method": trainer.cfg.method,
@@ -373,7 +373,7 @@ def _run_state(trainer: Trainer, data: DataPipeline, extra: Optional[dict]) -> d
     }
 
 
-def _save_sharded(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: Optional[dict]) -> Optional[Path]:
+def _save_sharded(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: dict | None) -> Path | None:
     """The sharded checkpoint of an FSDP2 run: ``get_state_dict``'s sharded model and optimizer state and
     the sharded EMA, as torchtitan's checkpointer saves them (keys: parameter names)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -408,7 +408,7 @@ def train(
     evaluate: Evaluator,
     resume: bool = False,
     progress: bool = True,
-    stop_after: Optional[int] = None,
+    stop_after: int | None = None,
     overwrite: bool = False,
     weights_only: bool = False,
     accept_changed_data: bool = False,
@@ -444,7 +444,7 @@ def _train(
     evaluate: Evaluator,
     resume: bool,
     progress: bool,
-    stop_after: Optional[int],
+    stop_after: int | None,
     weights_only: bool,
     accept_changed_data: bool = False,
 ) -> dict:
@@ -771,8 +771,8 @@ def _resume(
     data: DataPipeline,
     weights_only: bool = False,
     accept_changed_data: bool = False,
-    changed: Optional[dict] = None,
-) -> Optional[ck.Stored]:
+    changed: dict | None = None,
+) -> ck.Stored | None:
     """Restore weights, method and data state, RNG and step (before wrapping); returns the checkpoint
     read, or None when the run has none yet (it then starts from step 0). The tokenizer and the corpus
     must be those the checkpoint records (:func:`check_tokenizer`, :func:`_check_data`)."""

@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
 
 from replaid.sampling.errors import RequestError
 from replaid.web.engine import Cancelled, Guide
@@ -44,7 +44,7 @@ def one_line(e: BaseException) -> str:
     return msg[0] if msg else e.__class__.__name__
 
 
-def admit(s: Slot, max_queue: int) -> Optional[int]:
+def admit(s: Slot, max_queue: int) -> int | None:
     """Reserve a place on the run: the generations ahead of it, or None when ``max_queue`` already wait."""
     with s.lock:
         if s.pending >= max_queue + 1:
