@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -63,9 +63,10 @@ def problem(v: Any, f: Field) -> str:
     if f.kind in ("int", "number"):
         if v != v or v in (float("inf"), float("-inf")):
             return f"is {v}, not a finite number"
-        if f.lo is not None and v < f.lo:
+        x = cast(float, v)  # an int or a float: checked above
+        if f.lo is not None and x < f.lo:
             return f"is {v}, below {f.lo:g}"
-        if f.hi is not None and v > f.hi:
+        if f.hi is not None and x > f.hi:
             return f"is {v}, above {f.hi:g}"
     return f.check(v) if f.check is not None else ""
 

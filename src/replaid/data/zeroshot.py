@@ -186,7 +186,8 @@ def load_documents(name: str, split: str | None = None, data_dir: str | None = N
     s = SETS[name]
     split = split or s.split
     split = "validation" if split == "valid" else split
-    rows, origin = None, None
+    rows: list[str] | None = None
+    origin = ""
     if data_dir:
         for stem in _SPLIT_FILES.get(split, (split,)):
             for ext in (".txt", ".jsonl"):

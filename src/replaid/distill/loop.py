@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import cast
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -43,6 +44,7 @@ from replaid.distill.blocks import block_progressive_batch
 from replaid.distill.config import DistillConfig
 from replaid.fileio import fsync_file
 from replaid.methods.base import Kind
+from replaid.model.replaid import RePlaid
 from replaid.sampling.continuous import gamma_grid
 from replaid.training import checkpoint as ck
 from replaid.training import runfolder
@@ -61,7 +63,7 @@ def _ehat_fn(model: torch.nn.Module) -> T.EHat:
     return call
 
 
-def _freeze_schedule_and_embeddings(model: torch.nn.Module) -> None:
+def _freeze_schedule_and_embeddings(model: RePlaid) -> None:
     for p in list(model.embedding.parameters()) + list(model.schedule.parameters()):
         p.requires_grad_(False)
 
@@ -81,7 +83,7 @@ def teacher_block(teacher: Run, dcfg: DistillConfig) -> int:
         raise ConfigError(
             f"replaid distill needs a RePlaid teacher run; {teacher.ckpt} is a '{teacher.cfg.method}' run"
         )
-    block = int(teacher.method.block) if getattr(teacher.method, "blocks", False) else 0
+    block = teacher.method.block_size()  # diffusion.block_size when it splits the sequence, else 0
     if block and dcfg.method != "progressive":
         raise ConfigError(
             f"distill: {teacher.ckpt} has blocks of {block} tokens (diffusion.block_size); block runs are "
@@ -98,7 +100,7 @@ class Distiller:
         self.block = teacher_block(teacher, dcfg)
         self.teacher_run, self.dcfg, self.out = teacher, dcfg, out
         self.device = next(teacher.model.parameters()).device
-        self.teacher = teacher.model.eval()
+        self.teacher = cast(RePlaid, teacher.model.eval())  # checked above: a RePlaid run
         for p in self.teacher.parameters():
             p.requires_grad_(False)
         self.cfg = copy.deepcopy(teacher.cfg)
@@ -251,9 +253,11 @@ class Distiller:
         end = total if stop_after is None else min(total, self.step + stop_after)
         loss_fn = self.progressive_loss if self.dcfg.method == "progressive" else self.consistency_loss
         bar = tqdm(total=total, initial=self.step, desc=f"distill ({self.dcfg.method})", disable=not progress)
-        t0, m = time.time(), {}
+        t0, m = time.time(), dict[str, float]()
         while self.step < end:
-            tokens = next(self.loader)["tokens"].to(self.device)  # (B, L)
+            tokens = next(self.loader)["tokens"]
+            assert tokens is not None  # every batch holds its tokens
+            tokens = tokens.to(self.device)  # (B, L)
             gen = torch.Generator().manual_seed(self.dcfg.seed * 1_000_003 + self.step)
             loss, m = loss_fn(tokens, gen)
             self.opt.zero_grad(set_to_none=True)

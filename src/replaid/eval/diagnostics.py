@@ -21,10 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from replaid.diffusion.denoiser import DenoiserOutput
 from replaid.diffusion.nelbo import forward_noise
 from replaid.model.replaid import denoise
 
-Predict = Callable[[Tensor, Tensor], object]  # (z, gamma) -> DenoiserOutput
+Predict = Callable[[Tensor, Tensor], DenoiserOutput]  # (z, gamma) -> DenoiserOutput
 
 
 @torch.no_grad()

@@ -91,7 +91,7 @@ def evaluate_model(
     }
     out.update(extra)
     out.update(
-        unigram_ppl=ppl(out["unigram_nats_per_token"]),
+        unigram_ppl=ppl(float(out["unigram_nats_per_token"])),
         batches=len(batches),
         unigram_on="the evaluated tokens (train-split add-one unigram model)",
     )

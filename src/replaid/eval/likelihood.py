@@ -35,6 +35,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -169,7 +170,7 @@ def hutchinson_divergence_and_var(
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
             with torch.enable_grad(), sdpa_kernel(SDPBackend.MATH):  # forward AD needs the math SDPA
-                _, jv = torch.func.jvp(f, (z,), (xi,))
+                jv = torch.func.jvp(f, (z,), (xi,))[1]
             jv = jv.detach().double()
         else:
             raise ValueError(f"unknown jvp mode {jvp!r}; use fd or autograd")
@@ -286,7 +287,9 @@ def _solve_heun(
         vb, db = ode.drift_and_div(z_pred, torch.full((B,), gb, dtype=torch.float64, device=dev), **kw)
         z = (z.double() + 0.5 * dg * (va.double() + vb.double())).to(z0.dtype)
         div_int += 0.5 * dg * (da + db)
-        div_var += (0.5 * dg) ** 2 * (var_a + ode.last_div_var)
+        var_b = ode.last_div_var
+        assert var_a is not None and var_b is not None  # drift_and_div sets them
+        div_var += (0.5 * dg) ** 2 * (var_a + var_b)
         if callback is not None:
             callback((i + 1) / steps)
     return z, div_int, div_var
@@ -444,7 +447,7 @@ def iwae_curve(
     return res
 
 
-def fit_inverse_k(curve: dict[int, dict[str, float]], k_min: int = 4) -> dict[str, float]:
+def fit_inverse_k(curve: dict[int, dict[str, float]], k_min: int = 4) -> dict[str, Any]:
     """Least-squares fit of the per-token NLL to ``a + b / K`` on K >= k_min (all K if fewer than 2).
 
     Returns ``a`` (the K -> inf asymptote), ``b``, ``ppl_inf = exp(a)`` and the K's used."""
@@ -542,7 +545,9 @@ class LikelihoodResult:
         )
         return {
             "hutchinson_bias_nats": None if bias is None else {str(k): v for k, v in bias.items()},
-            "hutchinson_logw_std": (None if bias is None else float(self.noise_var.clamp_min(0).sqrt().mean())),
+            "hutchinson_logw_std": (
+                None if bias is None or self.noise_var is None else float(self.noise_var.clamp_min(0).sqrt().mean())
+            ),
             "nats_per_token_bias_corrected": (
                 None if bias is None else {str(k): self.curve[k]["nats"] + bias[k] for k in Ks}
             ),
@@ -577,17 +582,20 @@ def estimate_likelihood(
     """Log-weights, K-curve and ``a + b/K`` fit for tokens (N, L); ``kw`` go to :func:`ode_log_weight`."""
     t0 = time.time()
     gen = torch.Generator().manual_seed(seed)
-    log_w, nfe, var = ode_log_weights(
-        denoiser,
-        tokens,
-        gamma_0,
-        gamma_1,
-        K,
-        batch_size,
-        generator=gen,
-        progress=kw.pop("progress", None),
-        return_var=True,
-        **kw,
+    log_w, nfe, var = cast(
+        tuple[Tensor, int, Tensor],
+        ode_log_weights(
+            denoiser,
+            tokens,
+            gamma_0,
+            gamma_1,
+            K,
+            batch_size,
+            generator=gen,
+            progress=kw.pop("progress", None),
+            return_var=True,
+            **kw,
+        ),
     )
     L = tokens.shape[1]
     curve = iwae_curve(log_w, L, mode=subsample, generator=gen)

@@ -130,9 +130,9 @@ def count_pos(
     def flush():
         for text, doc in zip(batch, nlp.pipe(batch), strict=True):
             ids, tags = subword_tags(text, doc, encode_offsets)
-            ids = np.asarray(ids, dtype=np.int64)
-            ok = (ids >= 0) & (ids < vocab_size)
-            np.add.at(C, (ids[ok], tags[ok]), 1)
+            ids_a = np.asarray(ids, dtype=np.int64)
+            ok = (ids_a >= 0) & (ids_a < vocab_size)
+            np.add.at(C, (ids_a[ok], tags[ok]), 1)
         bar.update(len(batch))
         batch.clear()
 

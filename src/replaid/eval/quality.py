@@ -84,7 +84,8 @@ def load_judge(name_or_path: str, device: str = "cpu"):
 
     def load(**kw):
         tok = AutoTokenizer.from_pretrained(name_or_path, **kw)
-        return AutoModelForCausalLM.from_pretrained(name_or_path, **kw).to(device).eval(), tok
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, **kw)
+        return model.to(device).eval(), tok  # type: ignore[arg-type]  # transformers types .to() on the model class wrongly
 
     offline = (
         f"--judge {name_or_path} is neither a local folder nor in the Hugging Face cache, and the Hub is "
@@ -134,12 +135,12 @@ def _chunked_gen_ppl(
     nll_sum, n_tok = np.zeros(len(texts)), np.zeros(len(texts))
     for s in tqdm(range(0, len(chunks), batch_size), desc="GenPPL", unit="batch", leave=False):  # stderr
         part = chunks[s : s + batch_size]
-        ids = torch.zeros((len(part), max(len(c) for c in part)), dtype=torch.long)
-        mask = torch.zeros(ids.shape, dtype=torch.bool)
+        batch = torch.zeros((len(part), max(len(c) for c in part)), dtype=torch.long)
+        mask = torch.zeros(batch.shape, dtype=torch.bool)
         for j, c in enumerate(part):
-            ids[j, : len(c)] = torch.tensor(c)
+            batch[j, : len(c)] = torch.tensor(c)
             mask[j, : len(c)] = True
-        sums = row_nll(ids, mask).double().cpu()
+        sums = row_nll(batch, mask).double().cpu()
         for j, c in enumerate(part):
             nll_sum[owner[s + j]] += float(sums[j])
             n_tok[owner[s + j]] += len(c)
@@ -153,7 +154,7 @@ def gen_ppl(texts: Sequence[str], model, tokenizer, context: int | None = None, 
     """Generative perplexity of ``texts`` under a Hugging Face causal LM (conventions: module docstring)."""
     device = next(model.parameters()).device
     ctx = context or int(
-        getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", 1024)
+        getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None) or 1024
     )
     if ctx < 2:
         raise ValueError("the judge context must be at least 2 tokens")
@@ -293,12 +294,13 @@ def read_samples(path: str) -> tuple[list[str], list[list[int]] | None]:
     numbered = [(i, ln) for i, ln in enumerate(raw.splitlines(), 1) if ln.strip()]
     if p.suffix not in (".jsonl", ".json"):
         return [ln for _, ln in numbered], None
-    texts, ids = [], []
+    texts: list[str] = []
+    ids: list[list[int] | None] = []
     vocab: tuple[int, int] | None = None  # (vocab_size, its first line): every row's ids share one vocabulary
     for i, ln in numbered:
         try:
             r = json.loads(ln)
-        except ValueError as e:
+        except json.JSONDecodeError as e:
             raise ValueError(f"{p} line {i}: not JSON ({e.msg}); write one JSON object a line") from None
         if not isinstance(r, dict):
             raise ValueError(f'{p} line {i}: a JSON {type(r).__name__}, not an object with a "text" field')
@@ -328,7 +330,8 @@ def read_samples(path: str) -> tuple[list[str], list[list[int]] | None]:
         if V is not None and vocab is None:
             vocab = (V, i)
         ids.append(row_ids)
-    return texts, (ids if ids and all(x is not None for x in ids) else None)
+    full = [x for x in ids if x is not None]
+    return texts, (full if ids and len(full) == len(ids) else None)
 
 
 def reference_windows(run, split: str, n: int, offset: int = 0) -> tuple[list[str], list[list[int]]]:
@@ -357,17 +360,17 @@ def reference_texts(spec: str, n: int, chars: int, default_source: str | None = 
     source, _, split = spec.rpartition(":")
     if split not in ("train", "valid", "test"):
         raise ValueError(f"--reference {spec!r} is neither a file nor [SOURCE:]SPLIT with SPLIT in train/valid/test")
-    source = source or default_source
-    if not source:
+    source_ = source or default_source
+    if not source_:
         raise ValueError(
             f"--reference {spec!r} names a split but no corpus: write SOURCE:{split} "
             f"(e.g. ../shared/data/tinyshakespeare:{split}) or pass --judge-run"
         )
-    text = "\n".join(iter_documents(source, split))
+    text = "\n".join(iter_documents(source_, split))
     pieces = [text[s : s + chars] for s in range(0, len(text) - chars + 1, chars)]
     if len(pieces) < n:
         raise ValueError(
-            f"{source}:{split} holds {len(pieces)} pieces of {chars} characters, fewer than {n}; "
+            f"{source_}:{split} holds {len(pieces)} pieces of {chars} characters, fewer than {n}; "
             f"use fewer samples or another split"
         )
     step = len(pieces) / n

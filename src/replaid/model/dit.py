@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 
 class Rotary(nn.Module):
+    inv_freq: Tensor
     """Rotary position embedding tables (cos, sin) of shape (L, head_dim / 2)."""
 
     def __init__(self, head_dim: int, base: float = 10_000.0):
@@ -160,7 +162,7 @@ class DiTBlock(nn.Module):
             nn.Linear(hidden, mlp_ratio * hidden), nn.GELU(approximate="tanh"), nn.Linear(mlp_ratio * hidden, hidden)
         )
         if cond_dim is not None:  # AdaLN-Zero: shift, scale, gate for attention and MLP
-            self.adaLN = nn.Linear(cond_dim, 6 * hidden)
+            self.adaLN: nn.Linear | None = nn.Linear(cond_dim, 6 * hidden)
             nn.init.zeros_(self.adaLN.weight)
             nn.init.zeros_(self.adaLN.bias)
         else:  # no conditioning (AR): zero-initialised learnable gates keep the block the identity
@@ -195,7 +197,7 @@ class DiTBlock(nn.Module):
         commit: bool = False,
     ) -> Tensor:
         # x: (B, L, D) float32 residual stream; c: (B, cond_dim) or per token (B, L, cond_dim)
-        kw = {"mask": mask, "cache": cache, "layer": layer, "commit": commit}
+        kw: dict[str, Any] = {"mask": mask, "cache": cache, "layer": layer, "commit": commit}
         if self.adaLN is not None:
             sh1, sc1, g1, sh2, sc2, g2 = wide(self.adaLN(c)).chunk(6, dim=-1)
             h = modulate(self.norm1(x), sh1, sc1)
@@ -234,6 +236,8 @@ class FinalLayer(nn.Module):
 class TimeEmbedding(nn.Module):
     """Sinusoidal features of gamma, ``[sin(f gamma), cos(f gamma)]``, ``f = exp(linspace(-5, 5, n/2))`` (Plaid)."""
 
+    freqs: Tensor
+
     def __init__(self, n_features: int = 64):
         super().__init__()
         self.register_buffer(
@@ -250,6 +254,8 @@ class DiTTimestepFeatures(nn.Module):
     ``f_k = 10000^(-k / (n/2))``, in float64. ``of_t=True``: ``x = sigma = -log(1 - t) = -log(alpha_t)``
     for a discrete noise level ``t = 1 - alpha_t`` (MDLM/Duo); ``of_t=False``: ``x`` is the input itself
     (LangFlow feeds gamma)."""
+
+    freqs: Tensor
 
     def __init__(self, n_features: int = 256, of_t: bool = True, max_period: float = 10_000.0):
         super().__init__()
@@ -288,7 +294,8 @@ class Backbone(nn.Module):
 
     def reset_parameters(self) -> None:
         for blk in self.blocks:
-            for lin in (blk.qkv, blk.attn_out, blk.mlp[0], blk.mlp[2]):
+            blk = cast(DiTBlock, blk)
+            for lin in (blk.qkv, blk.attn_out, cast(nn.Linear, blk.mlp[0]), cast(nn.Linear, blk.mlp[2])):
                 nn.init.normal_(lin.weight, std=0.02)
                 if lin.bias is not None:
                     nn.init.zeros_(lin.bias)

@@ -146,11 +146,12 @@ class PlaidModel(RePlaid):
     def __init__(self, cfg: ModelConfig, dcfg: ScheduleOptions, vocab_size: int):
         super().__init__(cfg, dcfg, vocab_size)
         del self.cond  # no AdaLN conditioning: time enters through in_t only
-        self.backbone = PlaidBackbone(
+        self.backbone = PlaidBackbone(  # type: ignore[assignment]  # a drop-in for Backbone: the same call
             cfg.hidden, cfg.n_layers, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, cfg.activation_checkpointing
         )
         self.final = FinalLayer(cfg.hidden, vocab_size, None)  # LayerNorm + zero-initialised head
         self.final.norm = nn.LayerNorm(cfg.hidden, bias=False)  # Plaid's LayerNorm has a weight only
+        assert isinstance(self.in_z, nn.Linear)  # Plaid always projects up
         self.in_z.reset_parameters()  # Plaid's input_linear: PyTorch's default init
         self.readout_mult = MUP_BASE_WIDTH / cfg.hidden  # muP: output_mult / width_mult
 

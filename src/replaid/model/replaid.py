@@ -160,10 +160,12 @@ class RePlaid(nn.Module):
         self.time_features = TimeEmbedding(N_TIME_FEATURES)
         # the three input projections (bias-free); self-cond and time start at zero
         # model.up_projection=false (exchange ablation, d_e == hidden): z enters the backbone as it is
-        self.in_z = nn.Linear(d_e, cfg.hidden, bias=False) if cfg.up_projection else nn.Identity()
+        self.in_z: nn.Linear | nn.Identity = (
+            nn.Linear(d_e, cfg.hidden, bias=False) if cfg.up_projection else nn.Identity()
+        )
         self.in_sc = nn.Linear(d_e, cfg.hidden, bias=False)
         self.in_t = nn.Linear(N_TIME_FEATURES, cfg.hidden, bias=False)
-        if cfg.up_projection:
+        if isinstance(self.in_z, nn.Linear):  # model.up_projection
             nn.init.normal_(self.in_z.weight, std=input_init_std(cfg, d_e))
         nn.init.zeros_(self.in_sc.weight)
         nn.init.zeros_(self.in_t.weight)
@@ -335,11 +337,11 @@ class RePlaid(nn.Module):
 
     # ---- parameter groups (paper optimiser tables) ----------------------------------------
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
-        groups = {
+        groups: dict[str, list[nn.Parameter]] = {
             "embedding": [self.embedding.weight],
             "schedule_mlp": list(self.schedule.shape.parameters()),
             "endpoints": [self.schedule.gamma_0, self.schedule.gamma_1],
-            "projections": [*self.in_z.parameters(), self.in_sc.weight, self.in_t.weight],
+            "projections": [*self.in_z.parameters(), *self.in_sc.parameters(), *self.in_t.parameters()],  # bias-free
         }
         taken = {id(p) for ps in groups.values() for p in ps}
         groups["backbone"] = [p for p in self.parameters() if id(p) not in taken]

@@ -24,6 +24,8 @@ MDLM and Duo at a given size and matches the paper's IsoFLOP table
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor, nn
 
@@ -158,7 +160,7 @@ class TokenDiT(nn.Module):
         if not self.factored:
             return {"backbone": [p for p in self.parameters() if p.requires_grad]}
         return {
-            "embedding": [self.embed.weight],
+            "embedding": [cast(nn.Parameter, self.embed.weight)],
             "backbone": [p for p in self.parameters() if p.requires_grad and p is not self.embed.weight],
         }
 

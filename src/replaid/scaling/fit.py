@@ -41,8 +41,10 @@ from __future__ import annotations
 import csv
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -322,9 +324,9 @@ def _analyse(
 ) -> dict:
     """Per-budget minima, power laws and multipliers for perturbed or original log-losses;
     ``exclude``: (method, budget) pairs left out of the laws (at the unigram level)."""
-    res = {}
+    res: dict[str, dict[str, Any]] = {}
     for m, pts in points.items():
-        mins = []
+        mins: list[dict[str, Any] | None] = []
         for b in budgets:
             sel = pts["budget"] == b
             if sel.sum() < 3:
@@ -337,8 +339,8 @@ def _analyse(
         # the laws use bracketed minima only: an extrapolated N*_C is the parabola's guess, not a measurement
         use = [q is not None and q["bracketed"] and (m, b) not in exclude for q, b in zip(mins, budgets, strict=True)]
         logc = np.array([math.log(b) for b, u in zip(budgets, use, strict=True) if u])
-        ln = np.array([q["log_n_opt"] for q, u in zip(mins, use, strict=True) if u])
-        ll = np.array([q["log_l_opt"] for q, u in zip(mins, use, strict=True) if u])
+        ln = np.array([q["log_n_opt"] for q, u in zip(mins, use, strict=True) if u and q is not None])
+        ll = np.array([q["log_l_opt"] for q, u in zip(mins, use, strict=True) if u and q is not None])
         res[m] = {"mins": mins, "loss_law": linfit(logc, ll), "param_law": linfit(logc, ln)}
     if reference in res:
         r = res[reference]
@@ -349,7 +351,7 @@ def _analyse(
     return res
 
 
-def _ci(samples: list[float]) -> list[float]:
+def _ci(samples: Sequence[float | None]) -> list[float]:
     a = np.array([s for s in samples if s is not None and np.isfinite(s)])
     if len(a) < 10:
         return [math.nan, math.nan]
@@ -493,7 +495,7 @@ def leave_one_budget_out(
         )
 
     def rng_(k):
-        v = [d[k] for d in drops if d[k] is not None]
+        v = [x for x in (d[k] for d in drops) if x is not None]
         return [min(v), max(v)] if v else [None, None]
 
     return {
@@ -525,7 +527,7 @@ def fit_points(
     logc_grid = np.linspace(math.log(budgets[0]), math.log(budgets[-1]), 25)
     # a budget where no size beats the unigram loss by 2 standard errors has learned nothing yet: its
     # IsoFLOP "minimum" is noise around the unigram level, not a point of the scaling law
-    flat = set()
+    flat_found: set[tuple[str, float]] = set()
     for m, p in points.items():
         for b in budgets:
             sel = p["budget"] == b
@@ -534,12 +536,12 @@ def fit_points(
             i = np.flatnonzero(sel)[np.argmin(p["loss"][sel])]
             se = p["stderr"][i] if np.isfinite(p["stderr"][i]) else 0.0
             if p["loss"][i] >= p["unigram"][i] - 2 * se:
-                flat.add((m, b))
+                flat_found.add((m, b))
                 warn.append(
                     f"{m} at C={b:.3g}: no size beats the unigram loss ({p['unigram'][i]:.4f}) by 2 standard "
                     f"errors (best {p['loss'][i]:.4f} +- {se:.4f}); left out of the laws"
                 )
-    flat = frozenset(flat)
+    flat = frozenset(flat_found)
     base = _analyse(points, budgets, reference, logc_grid, flat)
     noise = {m: noise_model(points[m], base[m]["mins"], budgets) for m in methods}
     rng = np.random.default_rng(seed)
@@ -626,7 +628,7 @@ def fit_points(
                 }
             )
         (al, be), (alp, bep) = v["loss_law"], v["param_law"]
-        mo = {
+        mo: dict[str, Any] = {
             "alpha": _f(al),
             "beta": _f(be),
             "alpha_prime": _f(alp),
@@ -829,7 +831,9 @@ def read_sources(sources) -> tuple[list[dict], list[str]]:
     method, FLOPs, N and seed: a finished run copied into a second sweep) counts once; so does a
     repeated CSV row. Runs that differ only in ``seed`` are seed replicates of one point. Returns the
     rows and a note per duplicate left out."""
-    rows, seen, notes = [], {}, []
+    rows: list[dict] = []
+    seen: dict[tuple, dict] = {}
+    notes: list[str] = []
     for src in [sources] if isinstance(sources, (str, Path)) else sources:
         for r in read_points(src):
             key = (r["method"], round(r["flops"]), round(r["params"]), r.get("seed", 0))

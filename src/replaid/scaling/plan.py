@@ -211,15 +211,15 @@ def make_plan(
         raise ConfigError(f"unknown protocol '{proto}'; choose {' or '.join(PROTOCOLS)}")
     if any(b <= 0 for b in budgets) or not budgets:
         raise ConfigError("--budgets must be positive FLOP counts, e.g. 6e18 1e19")
-    labels: dict[str, float] = {}
+    by_label: dict[str, float] = {}
     for b in budgets:  # a run's id names its budget to 3 significant digits: two budgets, two ids
         lab = f"{float(b):.3g}"
-        if lab in labels:
+        if lab in by_label:
             raise ConfigError(
-                f"--budgets {labels[lab]:g} and {float(b):g} are the same budget to 3 significant digits (run ids "
+                f"--budgets {by_label[lab]:g} and {float(b):g} are the same budget to 3 significant digits (run ids "
                 f"C{lab.replace('+', '')}); give each budget once"
             )
-        labels[lab] = float(b)
+        by_label[lab] = float(b)
     plan = Plan(proto, [float(b) for b in budgets], list(methods), list(overrides))
     cfgs, params = {}, {}
     for m in methods:

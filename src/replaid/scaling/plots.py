@@ -91,7 +91,7 @@ def plot_isoflop(res: dict, path: Path) -> None:
         ax.set_xlabel("non-embedding parameters N")
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel("validation loss (nats/token, bound)")
-    seen = {}
+    seen: dict = {}
     for ax in axes[0]:  # one legend for all panels: every budget of any method
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             seen.setdefault(lab, h)

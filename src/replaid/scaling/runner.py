@@ -222,7 +222,8 @@ def run_local(
         disable=not progress,
         desc="FLOPs",
     )
-    results, running = [], []
+    results: list = []
+    running: list = []
     queue = list(todo)
     with preemption_signals() as got:  # SIGTERM/SIGUSR1: forwarded to the runs, which save and stop; none starts
         while queue or running:
@@ -322,7 +323,7 @@ def run_submitit(
                 "--executor slurm needs SLURM's sbatch on PATH (run it on a login node); "
                 "here use --executor local or submitit-local"
             )
-        ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
+        ex: submitit.Executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
         params = {
             "slurm_array_parallelism": max_parallel or len(todo),
             "timeout_min": 24 * 60,

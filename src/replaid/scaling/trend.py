@@ -135,7 +135,7 @@ def trend(
     if beyond:
         raise ConfigError(f"--steps {beyond}: beyond the grid's runs ({max(longest.values())} steps)")
     cells_order = list(spec.cell_overrides())
-    per_step = []
+    per_step: list[dict[str, Any]] = []
     for s in steps:
         rows, missing = rows_at(folder, entries, s)
         if not rows:

@@ -169,8 +169,8 @@ def train_classifier(
             hit = clf(z, gamma).argmax(-1).cpu() == y  # (256,)
             acc[f"t={tv}"] = float(hit.float().mean())
             recall[f"t={tv}"] = {n: float(hit[y == i].float().mean()) for i, n in enumerate(names) if (y == i).any()}
-    counts = {n: ys.count(i) for i, n in enumerate(names)}
-    metrics = {"valid_accuracy": acc, "valid_recall": recall, "label_counts": counts, "seconds": time.time() - t0}
+    label_counts = {n: ys.count(i) for i, n in enumerate(names)}
+    metrics = {"valid_accuracy": acc, "valid_recall": recall, "label_counts": label_counts, "seconds": time.time() - t0}
     return clf, metrics
 
 

@@ -78,7 +78,7 @@ def estimate(
     n_all, n_train = params or param_counts(cfg, V)
     T, d, H, n, r = batch * cfg.data.seq_len, m.hidden, m.n_heads, m.n_layers, m.mlp_ratio
     f, a = 4, (2 if bf16 else 4)
-    e = {
+    e: dict[str, float] = {
         "parameters": f * n_all,
         "gradients": f * n_train,
         "AdamW moments": 2 * f * n_train,

@@ -87,6 +87,7 @@ class MetricsLogger:
             "time": time.time(),
             **{k: v for k, v in metrics.items() if isinstance(v, (int, float, str))},
         }
+        assert self.file is not None  # opened in __init__ when enabled
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
         scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

@@ -95,9 +95,9 @@ class SafeReader(FileSystemReader):
         if kwargs.get("rank") is not None:
             raise UnsafeCheckpoint("per-rank DCP metadata files are not read")
         md = read_metadata(Path(self.path))
-        if getattr(md, "storage_meta", None) is None:
-            md.storage_meta = StorageMeta()
-        md.storage_meta.load_id = self.load_id
+        meta = getattr(md, "storage_meta", None) or StorageMeta()
+        meta.load_id = self.load_id
+        md.storage_meta = meta
         return md
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -79,7 +80,7 @@ def preemption_signals() -> Iterator[dict]:
 def build_optimizer(model: nn.Module, ocfg: OptimConfig) -> torch.optim.AdamW:
     """AdamW with the paper's parameter groups (embedding, monotone MLP, endpoints, projections, backbone)."""
     groups = []
-    for name, params in model.param_groups().items():
+    for name, params in cast(Any, model).param_groups().items():  # every model class defines param_groups
         if params:
             lr, wd = getattr(ocfg, f"lr_{name}"), getattr(ocfg, f"wd_{name}")
             lr = ocfg.lr_backbone if lr < 0 else lr  # -1: as the backbone
@@ -175,6 +176,7 @@ class Trainer:
         without blocking, metrics are summed on the device; a logging step reduces them (one
         all-reduce of a few scalars), returns the means since the last one and refreshes B_r."""
         cfg, model = self.cfg, self.loss_module
+        assert model is not None, "Trainer.loss_module is set by train() before the first step"
         for g in self.optimizer.param_groups:
             g["lr"] = lr_at(self.step, g["initial_lr"], cfg.optim, cfg.train.steps)
         self.model.train()
@@ -237,7 +239,7 @@ class Trainer:
     def group_grad_norms(self) -> dict[str, float]:
         """``grad_norm/<group>``: the 2-norm of each optimiser group's gradients (the paper's groups:
         embedding, schedule, endpoints, projections, backbone, ...), at the logged step, before clipping."""
-        out = {}
+        out: dict = {}
         for g in self.optimizer.param_groups:
             grads = [p.grad for p in g["params"] if p.grad is not None]
             if grads:
@@ -470,7 +472,7 @@ def _train(
     if not resume and dist.is_main():
         runfolder.begin(run_dir, cfg.to_json())
     torch.manual_seed(cfg.train.seed * 1_000_003 + 29 + dist.rank())  # per-rank dropout streams
-    trainer = Trainer(cfg, model, method, None, device)
+    trainer = Trainer(cfg, model, method, cast(torch.optim.Optimizer, None), device)  # built below, after sharding
     changed: dict = {}  # the corpus change --accept-changed-data accepted, if any (logged below)
     stored = _resume(trainer, run_dir, data, weights_only, accept_changed_data, changed) if resume else None
     # parallelism applied from the outside; EMA and optimizer state follow the (sharded) parameters
@@ -732,15 +734,17 @@ def _check_data(data: DataPipeline, st: dict, ckpt: Path, accept: bool, changed:
     """C7: refuse a corpus that changed since ``ckpt`` unless ``accept`` (then ``changed`` is filled
     with the metrics row that records it); Q06: refuse a ``data_state`` outside the data."""
     binding = st.get("binding")
-    old = binding.get("corpus") if isinstance(binding, dict) else None
+    old: dict | None = binding.get("corpus") if isinstance(binding, dict) else None
     if not isinstance(old, dict):
+        old = None
+    if old is None:
         print(
             f"replaid: note: checkpoint {ckpt} records no tokenizer or corpus fingerprint (written before "
             f"they were); the next checkpoint records them",
             file=sys.stderr,
         )
     new = data.binding()["corpus"]
-    what = corpus_change(old, new) if isinstance(old, dict) else ""
+    what = corpus_change(old, new) if old is not None else ""
     if what and not accept:
         raise ck.CheckpointError(
             f"--resume: the corpus data.source={data.cfg.data.source} changed since checkpoint {ckpt} ({what}); "
@@ -749,7 +753,12 @@ def _check_data(data: DataPipeline, st: dict, ckpt: Path, accept: bool, changed:
         )
     if what:
         changed.update(
-            {"event": "data_changed", "change": what, "old_corpus": str(old.get("sha256")), "new_corpus": new["sha256"]}
+            {
+                "event": "data_changed",
+                "change": what,
+                "old_corpus": str(old.get("sha256") if old is not None else None),
+                "new_corpus": new["sha256"],
+            }
         )
     loader, ds = data.train_loader, st["data_state"]
     try:

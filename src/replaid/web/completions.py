@@ -143,7 +143,10 @@ def check(s: Slot, req: SampleRequest, limits: Limits) -> None:
         bounds.check(req, L)
         req.check(run.method, run.tokenizer, L)
     except ValueError as e:
-        name = lambda f: NAMES.get(f, f)  # noqa: E731
+
+        def name(f: str) -> str:
+            return NAMES.get(f, f)
+
         msg = (e.render(name) if isinstance(e, RequestError) else str(e)).strip().splitlines()[0]
         first = (
             name(e.fields[0])

@@ -36,7 +36,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -124,7 +124,8 @@ def parse(body: Any, edit: bool = False) -> Asked:
         raise ValueError("missing field 'run'")
     own: dict[str, str] = {}
     kw: dict[str, Any] = {k: v for k, v in DEFAULTS.items() if k in fields}
-    for k, v in body.items():
+    fields_in: dict[str, Any] = body  # a JSON object: str keys
+    for k, v in fields_in.items():
         f = k if k in OWN else ALIASES.get(k, k)
         typ = str if k in OWN else hints[f]
         if f == "length" and v == 0 or isinstance(v, str) and not v.strip() and typ == str | None:
@@ -133,7 +134,7 @@ def parse(body: Any, edit: bool = False) -> Asked:
             (own if k in OWN else kw)[f] = coerce(f, v, typ)
         except ConfigError:
             raise ValueError(f"field {k!r} must be {_kind(typ)}, got {v!r}") from None
-    return Asked(request=SampleRequest(**kw), edit=edit, **own)  # type: ignore[arg-type]
+    return Asked(request=SampleRequest(**kw), edit=edit, **own)
 
 
 @dataclass
@@ -243,8 +244,8 @@ def parse_text(text: str, tok, L: int, max_len: int) -> Template:
         return Template([0] * L, [False] * L, "unconditional")
     parts = _GAP.split(text)  # kept, n, kept, n, ..., kept
     if len(parts) == 1:
-        ids = prompt_ids(tok, text, L).tolist()  # the request's own message when it leaves nothing to generate
-        return Template(ids + [0] * (L - len(ids)), [True] * len(ids) + [False] * (L - len(ids)), "prompt")
+        pids = prompt_ids(tok, text, L).tolist()  # the request's own message when it leaves nothing to generate
+        return Template(pids + [0] * (L - len(pids)), [True] * len(pids) + [False] * (L - len(pids)), "prompt")
     ids: list[int] = []
     known: list[bool] = []
     for k, part in enumerate(parts):
@@ -414,7 +415,7 @@ def generate_stream(
             }
         )
 
-    rows = generate(run, req, callback=lambda info: framer.draw(info), on_plan=start)
+    rows = generate(run, req, callback=lambda info: framer.draw(cast(dict, info)), on_plan=start)
     assert rows.plan is not None  # no completion: refused by check()
     tokens = torch.where(framer.known, framer.known_ids, torch.tensor([r["ids"] for r in rows], dtype=torch.long))
     secs = time.perf_counter() - framer.t0

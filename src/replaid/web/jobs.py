@@ -16,9 +16,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from replaid.sampling.errors import RequestError
 from replaid.web.engine import Cancelled, Guide
+
+if TYPE_CHECKING:
+    from replaid.training.loading import Run
 
 Emit = Callable[[dict], None]
 Work = Callable[[Emit, Callable[[], bool]], None]  # (emit, cancelled) -> None, on the run's worker thread
@@ -30,7 +34,7 @@ class Slot:
 
     id: str
     path: Path
-    run: object
+    run: Run
     worker: ThreadPoolExecutor
     figures: list[Path] = field(default_factory=list)
     guides: dict[str, Guide] = field(default_factory=dict)  # classifiers for guidance, by id
