@@ -18,6 +18,7 @@ samplers, in the spirit of k-diffusion's ``Denoiser`` wrappers.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -30,7 +31,7 @@ class DenoiserOutput:
     logits: Tensor  # (B, L, V) float32
     e_hat: Tensor  # (B, L, d_e) float32
 
-    def __iter__(self):  # allows ``logits, e_hat = out``
+    def __iter__(self) -> Iterator[Tensor]:  # allows ``logits, e_hat = out``
         yield self.logits
         yield self.e_hat
 

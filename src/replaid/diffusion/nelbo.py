@@ -7,15 +7,16 @@ callable ``t -> (gamma(t), gamma'(t))``, so the closed-form oracle plugs into th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from replaid.diffusion.denoiser import alpha_sigma, per_position
+from replaid.diffusion.denoiser import Denoiser, alpha_sigma, per_position
 
 ScheduleFn = Callable[[Tensor], tuple[Tensor, Tensor]]
+Predict = Callable[[Tensor, Tensor], Iterable[Tensor]]  # (z, gamma) -> a DenoiserOutput or a (logits, e_hat) pair
 
 
 def forward_noise(e: Tensor, gamma: Tensor, eps: Tensor) -> Tensor:
@@ -79,7 +80,9 @@ def block_shares(x: Tensor, block: int, mask: Tensor | None = None) -> Tensor:
     return (x * m).view(B, L // block, block).sum(-1) / m.sum(1, keepdim=True).clamp_min(1)
 
 
-def low_discrepancy(n: int, generator: torch.Generator | None = None, device=None, u: float | None = None) -> Tensor:
+def low_discrepancy(
+    n: int, generator: torch.Generator | None = None, device: torch.device | str | None = None, u: float | None = None
+) -> Tensor:
     """``t_i = (i + u) / n`` with one shared ``u ~ U[0, 1)`` (float64, shape (n,))."""
     if u is None:
         u = float(torch.rand((), generator=generator, dtype=torch.float64))
@@ -93,7 +96,7 @@ def stratified_time_average(
     generator: torch.Generator | None,
     lo: float = 0.0,
     hi: float = 1.0,
-    device=None,
+    device: torch.device | str | None = None,
 ) -> Tensor:
     """``(1/K) sum_k fn(t_k)`` with per-sequence stratified times ``t_k = lo + (hi - lo)(k + u_b)/K``,
     ``u_b ~ U[0, 1)``: an unbiased, low-variance estimate of ``E_{t ~ U[lo, hi]} fn(t)``. fn: (B,) -> (B,)."""
@@ -106,13 +109,13 @@ def stratified_time_average(
 
 @torch.no_grad()
 def nelbo_per_sequence(
-    denoiser,
+    denoiser: Denoiser,
     schedule: ScheduleFn,
     tokens: Tensor,
     t_samples: int = 4,
     mask: Tensor | None = None,
     generator: torch.Generator | None = None,
-    predict: Callable | None = None,
+    predict: Predict | None = None,
 ) -> dict[str, Tensor]:
     """Unbiased estimate of the per-token NELBO of every sequence in ``tokens`` (B, L).
 
@@ -150,11 +153,11 @@ def nelbo_per_sequence(
 
 @torch.no_grad()
 def block_nelbo_per_sequence(
-    denoiser,
+    denoiser: Denoiser,
     schedule: ScheduleFn,
     tokens: Tensor,
     block: int,
-    predict: Callable,
+    predict: Predict,
     t_samples: int = 4,
     mask: Tensor | None = None,
     generator: torch.Generator | None = None,

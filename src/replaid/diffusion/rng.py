@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 
-def device_generator(generator: torch.Generator | None, device) -> torch.Generator | None:
+def device_generator(generator: torch.Generator | None, device: torch.device | str) -> torch.Generator | None:
     """A generator on ``device`` seeded from ``generator`` (itself when already there; ``None``
     for ``meta`` tensors, which hold no values, or when no generator is given)."""
     device = torch.device(device)
