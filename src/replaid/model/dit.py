@@ -132,7 +132,8 @@ def rope_for(
     """The rotary tables of L new rows: ``0..L-1``, the given ``positions`` (L,), or the cache's next
     positions (a slice of the tables, no host read)."""
     if positions is None and cache is None:
-        return rotary(L, device)
+        out_: tuple[Tensor, Tensor] = rotary(L, device)
+        return out_
     if positions is None:
         assert cache is not None
         cos, sin = rotary(cache.next_pos + L, device)
@@ -184,7 +185,8 @@ class DiTBlock(nn.Module):
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
         y = attend(q, k, v, rope, mask, cache, layer, commit, self.causal)  # (B, H, L, hd)
-        return self.attn_out(y.transpose(1, 2).reshape(B, L, D))
+        out_: Tensor = self.attn_out(y.transpose(1, 2).reshape(B, L, D))
+        return out_
 
     def forward(
         self,
@@ -230,7 +232,8 @@ class FinalLayer(nn.Module):
         if self.adaLN is not None:
             shift, scale = wide(self.adaLN(c)).chunk(2, dim=-1)
             h = modulate(h, shift, scale)  # c: (B, cond) or per token (B, L, cond)
-        return h
+        out_: Tensor = h
+        return out_
 
 
 class TimeEmbedding(nn.Module):

@@ -82,7 +82,8 @@ class PlaidBlock(nn.Module):
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
         y = attend(q, k, v, rope, mask, cache, layer, commit)  # (B, H, L, hd)
-        return self.attn_out(y.transpose(1, 2).reshape(B, L, D))
+        out_: Tensor = self.attn_out(y.transpose(1, 2).reshape(B, L, D))
+        return out_
 
     def forward(
         self,
@@ -169,7 +170,8 @@ class PlaidModel(RePlaid):
 
     def head_logits(self, feats: Tensor) -> Tensor:
         with torch.autocast(device_type=feats.device.type, enabled=False):
-            return self.final.linear(feats.float()).float()
+            out_: Tensor = self.final.linear(feats.float()).float()
+            return out_
 
     def head_dtype(self, device: torch.device) -> torch.dtype:
         return torch.float32  # Plaid's head runs in float32

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -190,7 +190,8 @@ class RePlaid(nn.Module):
 
     # ---- denoiser interface -------------------------------------------------------------
     def embedding_matrix(self) -> Tensor:
-        return self.embedding()
+        out_: Tensor = self.embedding()
+        return out_
 
     def input_states(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """``h_0`` (B, L, hidden) and the AdaLN condition (module docstring). z: (B, L, d_e); gamma: (B,)
@@ -257,7 +258,8 @@ class RePlaid(nn.Module):
 
     def head_logits(self, feats: Tensor) -> Tensor:
         """The logit head, bf16 under autocast (precision table), returned as float32 (B, L, V)."""
-        return self.final.linear(feats).float()
+        out_: Tensor = self.final.linear(feats).float()
+        return out_
 
     def forward(
         self,
@@ -354,7 +356,7 @@ class RePlaid(nn.Module):
 
 
 def denoise(
-    model, z: Tensor, gamma: Tensor, self_cond: bool | None = None, context: BlockContext | None = None
+    model: Any, z: Tensor, gamma: Tensor, self_cond: bool | None = None, context: BlockContext | None = None
 ) -> DenoiserOutput:
     """Evaluation-time prediction: with self-conditioning, a first pass with no s.c. input
     whose ``e_hat`` feeds the second pass (on for every row). With a block ``context`` both are the
@@ -362,10 +364,14 @@ def denoise(
     sc = model.self_conditioning if self_cond is None else self_cond
     if context is None:
         if not sc:
-            return model(z, gamma, None)
+            out_: DenoiserOutput = model(z, gamma, None)
+            return out_
         first = model(z, gamma, None)
-        return model(z, gamma, first.e_hat)
+        out_ = model(z, gamma, first.e_hat)
+        return out_
     if not sc:
-        return model(z, gamma, None, context=context)
+        out_ = model(z, gamma, None, context=context)
+        return out_
     first = model(z, gamma, None, context=context)
-    return model(z, gamma, first.e_hat, context=context)
+    out_ = model(z, gamma, first.e_hat, context=context)
+    return out_

@@ -93,7 +93,8 @@ class TokenDiT(nn.Module):
             return e
         if x.dtype in (torch.long, torch.int32, torch.int64):
             e = self._normalize(e)
-        return self.embed_up(e * self.cfg.d_e**0.5)  # (B, L, hidden)
+        out_: Tensor = self.embed_up(e * self.cfg.d_e**0.5)  # (B, L, hidden)
+        return out_
 
     def _normalize(self, w: Tensor) -> Tensor:
         return w / (w.norm(dim=-1, keepdim=True) + 1e-8) if self.cfg.normalize_embeddings else w
@@ -111,7 +112,8 @@ class TokenDiT(nn.Module):
             raise ValueError("this model is time-conditioned: pass the noise level t (B,)")
         t = t.reshape(-1).expand(B) if t.numel() == 1 else t.reshape(B)
         f = self.time_features(t)  # (B, n) float32
-        return self.cond(f.to(self.cond[0].weight.dtype))  # float64 in a float64 reference model
+        out_: Tensor = self.cond(f.to(self.cond[0].weight.dtype))  # float64 in a float64 reference model
+        return out_
 
     def head(self, feats: Tensor) -> Tensor:
         """The logit head, bf16 under autocast (the paper's precision table, as RePlaid's), float32 out."""
