@@ -49,7 +49,7 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -161,7 +161,7 @@ def build(spec: dict, family: str, dev: torch.device):
     return method, method.build_model(V).to(dev).eval(), cfg.data.seq_len, V
 
 
-def gen_blocks(method, model, prompt, n: int, T: int, window: Optional[int], sampler, dev) -> dict:
+def gen_blocks(method, model, prompt, n: int, T: int, window: int | None, sampler, dev) -> dict:
     from replaid.sampling.blocks import sample_any_length
 
     g = torch.Generator().manual_seed(0)
@@ -206,7 +206,7 @@ def gen_full(method, model, prompt, n: int, L: int, T: int, sampler, dev) -> dic
 
 
 @torch.no_grad()
-def gen_ar(model, prompt, n: int, window: Optional[int], blocks: list[int], dev) -> dict:
+def gen_ar(model, prompt, n: int, window: int | None, blocks: list[int], dev) -> dict:
     """``sample_ar``'s loop (same calls, same draws) with a sliding-window cache; the time to the
     first b tokens for each b in ``blocks``."""
     from replaid.model.dit import KVCache
@@ -500,7 +500,7 @@ def write_markdown(path: Path, meta: dict, header: list[str], table: list[list])
     path.write_text("\n".join(lines) + "\n")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="demo")
     p.add_argument(

@@ -270,7 +270,7 @@ def main() -> None:
         "loss",
     ]
     if dist.is_main():
-        print(" | ".join(f"{h}={x}" for h, x in zip(header, row)), flush=True)
+        print(" | ".join(f"{h}={x}" for h, x in zip(header, row, strict=True)), flush=True)
         if not a.no_record:
             append_results(
                 f"Training step, {device_name(dev)} x{world}",

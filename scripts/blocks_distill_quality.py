@@ -109,7 +109,7 @@ def main() -> None:
     print(f"held-out  GenPPL {ref['gen_ppl']:.1f}  entropy {ref['entropy']:.3f}  rep4 {ref['repetition_4gram']:.4f}")
     pairs = []
     for A, B in a.pair:
-        d = [x - y for x, y in zip(rows[A]["per_sample_judge_nats"], rows[B]["per_sample_judge_nats"])]
+        d = [x - y for x, y in zip(rows[A]["per_sample_judge_nats"], rows[B]["per_sample_judge_nats"], strict=True)]
         m, lo, hi = t_interval(d)
         pairs.append({"a": A, "b": B, "mean": m, "lo": lo, "hi": hi, "n": len(d)})
         print(f"{A} - {B}: judge nats/token {m:+.4f} [{lo:+.4f}, {hi:+.4f}]  (GenPPL x{math.exp(m):.3f})")

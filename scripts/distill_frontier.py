@@ -280,7 +280,7 @@ def plot(rows: list[dict], out: Path, ref: dict | None = None) -> None:
     ents = [r["entropy"]["mean"] for r in rows]
     main_lo = min(e for e in ents if e > max(ents) - 0.6)  # the zoomed panel: the bulk, not a collapsed sampler
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
-    for ax, zoom in zip(axes, (False, True)):
+    for ax, zoom in zip(axes, (False, True), strict=False):
         for name, rs in groups.items():
             rs = sorted(rs, key=lambda r: r["nfe"])
             if zoom:
@@ -319,7 +319,7 @@ def plot(rows: list[dict], out: Path, ref: dict | None = None) -> None:
 
     keys = ["gen_ppl", "entropy"] + (["mauve"] if any("mauve" in r for r in rows) else [])
     fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4.5), squeeze=False)
-    for ax, k in zip(axes[0], keys):
+    for ax, k in zip(axes[0], keys, strict=False):
         for name, rs in groups.items():
             rs = sorted(rs, key=lambda r: r["nfe"])
             ax.plot([r["nfe"] for r in rs], [r[k]["mean"] for r in rs], label=name, markersize=5, **st[name])

@@ -13,6 +13,7 @@ missing step), and ``final_eval.json`` (timing aside) must be equal.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -105,10 +106,8 @@ def rows(run: Path) -> list[dict]:
 def last_logged_step(run: Path) -> int:
     steps = []
     for x in (run / "metrics.jsonl").read_text().splitlines() if (run / "metrics.jsonl").exists() else []:
-        try:
+        with contextlib.suppress(ValueError):  # a line torn by the kill
             steps.append(json.loads(x)["step"])
-        except ValueError:  # a line torn by the kill
-            pass
     return max(steps, default=0)
 
 

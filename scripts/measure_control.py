@@ -63,7 +63,7 @@ class Bigram:
         self.logp = np.log((c + k) / (c + k).sum(1, keepdims=True))
 
     def ppl(self, samples: list[list[int]]) -> float:
-        nll = [-self.logp[a, b] for s in samples for a, b in zip(s[:-1], s[1:])]
+        nll = [-self.logp[a, b] for s in samples for a, b in zip(s[:-1], s[1:], strict=False)]
         return float(math.exp(np.mean(nll)))
 
 
@@ -369,7 +369,9 @@ def plots(res: dict, out: Path) -> None:
                            marker="o", capsize=3, label=lab)  # fmt: skip
             ax[2].errorbar([r["scale"] for r in rs], [r["entropy"] for r in rs], [r["entropy_ci"] for r in rs],
                            marker="o", capsize=3, label=lab)  # fmt: skip
-        for a, t in zip(ax, ("success rate (all words present)", "GenPPL (bigram judge)", "unigram entropy (nats)")):
+        for a, t in zip(
+            ax, ("success rate (all words present)", "GenPPL (bigram judge)", "unigram entropy (nats)"), strict=False
+        ):
             a.set_xlabel("guidance scale w (0 = unguided base rate)")
             a.set_title(t)
             a.set_xscale("symlog", linthresh=1)
@@ -406,11 +408,11 @@ def attribute_plot(at: dict, out: Path) -> None:
 
     targets = at["targets"]
     fig, axes = plt.subplots(len(targets), 3, figsize=(15, 4.2 * len(targets)), squeeze=False)
-    for ax_row, target in zip(axes, targets):
+    for ax_row, target in zip(axes, targets, strict=False):
         g = [x for x in at["guided"] if x["target"] == target]
         r = [x for x in at["rejection"] if x["target"] == target]
         for a, key, name in zip(ax_row, ("genppl", "entropy", "seconds"),
-                                ("GenPPL (bigram judge)", "unigram entropy (nats)", "seconds per sample (wall)")):  # fmt: skip
+                                ("GenPPL (bigram judge)", "unigram entropy (nats)", "seconds per sample (wall)"), strict=False):  # fmt: skip
             for rows, mark, lab, tag in ((g, "o", "classifier guidance, by w", "scale"),
                                          (r, "s", "best of k unguided, by k", "k")):  # fmt: skip
                 a.errorbar([x[key] for x in rows], [x["judge"] for x in rows], [x["judge_ci"] for x in rows],

@@ -52,7 +52,9 @@ def distillation_pair(rows: list[dict], a: str, b: str, family: int, table: int)
     A, B = _find(rows, a), _find(rows, b)
     out: dict = {"a": a, "b": b, "family": family}
     for k in ("nll", "entropy"):
-        per_seed = [np.asarray(sa[k]) - np.asarray(sb[k]) for sa, sb in zip(A["per_sample"], B["per_sample"])]
+        per_seed = [
+            np.asarray(sa[k]) - np.asarray(sb[k]) for sa, sb in zip(A["per_sample"], B["per_sample"], strict=True)
+        ]
         d = np.concatenate(per_seed)
         pooled = _t_interval(d)
         out[k] = {
@@ -127,8 +129,8 @@ def _holm(ps: list[float]) -> list[float]:
 
 def _paired_cells(cells: dict, a: str, b: str, source: str) -> dict:
     """A - B over the seeds both cells ran, with its 95% t-interval."""
-    va = dict(zip(cells[a]["seeds"], cells[a]["values"]))
-    vb = dict(zip(cells[b]["seeds"], cells[b]["values"]))
+    va = dict(zip(cells[a]["seeds"], cells[a]["values"], strict=True))
+    vb = dict(zip(cells[b]["seeds"], cells[b]["values"], strict=True))
     seeds = sorted(set(va) & set(vb))
     iv = _t_interval(np.array([va[s] - vb[s] for s in seeds]))
     return {"a": a, "b": b, "source": source, "seeds": seeds, **iv}
@@ -146,7 +148,7 @@ def ablations() -> dict:
         ps.append(float(2 * stats.t.sf(abs(tstat), n - 1)))
         half = float(stats.t.ppf(1 - 0.05 / (2 * m), n - 1)) * sd / math.sqrt(n)
         rows.append({"claim": o["claim"], "mean": mean, "bonferroni_lo": mean - half, "bonferroni_hi": mean + half})
-    for row, p, h in zip(rows, ps, _holm(ps)):
+    for row, p, h in zip(rows, ps, _holm(ps), strict=True):
         row.update({"p": p, "p_holm": h, "holds_family_wise": h < 0.05})
     cells = {c["cell"]: c for c in rep["cells"]}
     gap = json.loads((RESULTS / "ablations" / "plaid-gap" / "report.json").read_text())
@@ -256,7 +258,7 @@ def trend_gap2() -> dict:
         return {"diffs": d.tolist(), **_t_interval(d)}
 
     peaks = {}
-    for name, r in runs.items():
+    for name, _r in runs.items():
         rows = [json.loads(x) for x in (root / "runs" / name / "metrics.jsonl").read_text().splitlines()]
         rows = [x for x in rows if "loss" in x and "gamma_0" in x]
         if not rows:  # MDLM: no schedule
@@ -282,7 +284,7 @@ def trend_gap2() -> dict:
     target_flops, target = mean_at(4000, "replaid")
     pts = [mean_at(k, "mdlm") for k in (400, 800, 1600, 3200, 4000)]
     match = None
-    for (f0, l0), (f1, l1) in zip(pts, pts[1:]):
+    for (f0, l0), (f1, l1) in zip(pts, pts[1:], strict=False):
         if l0 >= target >= l1:
             w = (l0 - target) / (l0 - l1)
             match = math.exp(math.log(f0) + w * (math.log(f1) - math.log(f0)))

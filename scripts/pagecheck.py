@@ -28,15 +28,17 @@ chance. Derived figures belong in a JSON beside the page (``scripts/page_figures
 from __future__ import annotations
 
 import bisect
+import contextlib
 import csv
 import json
 import math
 import os
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
 RAW_ARRAY = 16
@@ -82,10 +84,8 @@ def _numbers(obj: Any) -> Iterator[float]:
             yield abs(float(obj))
     elif isinstance(obj, str):
         for m in re.finditer(r"\d+(?:\.\d+)?(?:e[+\-]?\d+)?", obj):
-            try:
+            with contextlib.suppress(ValueError):
                 yield float(m.group())
-            except ValueError:
-                pass
     elif isinstance(obj, dict):
         for v in obj.values():
             yield from _numbers(v)

@@ -101,11 +101,11 @@ def main(argv: list[str] | None = None) -> int:
             "plateau_exit": exit_step,
             "at": {str(s): {k: r.get(k) for k in keys} for s in args.at for r in rows if r["step"] == s},
         }
-        for ax, k in zip(axes.flat, keys):
-            xs = [s for s, r in zip(steps, rows) if isinstance(r.get(k), (int, float))]
+        for ax, k in zip(axes.flat, keys, strict=False):
+            xs = [s for s, r in zip(steps, rows, strict=True) if isinstance(r.get(k), (int, float))]
             ys = [r[k] for r in rows if isinstance(r.get(k), (int, float))]
             ax.plot(xs, ys, color=colours[e.cell], ls=STYLES[e.seed % len(STYLES)], lw=1.1, label=f"{e.cell} s{e.seed}")
-    for ax, k in zip(axes.flat, keys):
+    for ax, k in zip(axes.flat, keys, strict=False):
         ax.set_title(k + (" (unigram - bound)" if k == "below_unigram" else ""), fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.grid(alpha=0.3)

@@ -166,7 +166,7 @@ def test_duo_operator_matches_two_quadratures(vocab):
     gammas = np.array([-3.5, -2.7, -1.75, 0.0, 2.0])
     a, da = duo_alpha(torch.tensor(gammas), vocab)
     xs, ws = np.polynomial.hermite_e.hermegauss(200)  # probabilists' Gauss-Hermite
-    for g, a_i, da_i in zip(gammas, a.numpy(), da.numpy()):
+    for g, a_i, da_i in zip(gammas, a.numpy(), da.numpy(), strict=True):
         mu = math.exp(-g / 2)
         p_quad = quad(
             lambda u: norm.pdf(u - mu) * norm.cdf(u) ** (vocab - 1), -np.inf, np.inf, epsabs=1e-13, limit=200

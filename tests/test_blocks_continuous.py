@@ -148,7 +148,7 @@ def test_a_block_of_the_whole_sequence_is_todays_model_bit_for_bit(name):
             method, model, tokens[:2, :3], 5, sampler="ddim", steps=4, generator=torch.Generator().manual_seed(9)
         )
         out.append((loss.detach(), rows["diffusion"], grads, bound, any_len.tokens))
-    for a, b in zip(*out):
+    for a, b in zip(*out, strict=True):
         assert torch.equal(a, b)
     # the any-length sampler on a one-block run is today's sampler call, draw for draw
     g = torch.Generator().manual_seed(9)
@@ -176,7 +176,7 @@ def test_a_block_of_the_whole_sequence_is_todays_model_bit_for_bit(name):
         block_core = method.block_loss_core(
             model, tokens, gamma[:, None], dgamma[:, None], sc, sc_idx, eps, 2, 1.0, None
         )
-    for a, b in zip(plain_core, block_core):
+    for a, b in zip(plain_core, block_core, strict=True):
         assert (a - b).abs().max() < TOL * b.abs().max().clamp_min(1)
 
 

@@ -216,7 +216,7 @@ def test_gpt2_ids_equal_tiktoken(gpt2, tmp_path):
         (tmp_path / "vm" / f).symlink_to(GPT2 / f)
     gpt2_vm = build_tokenizer("gpt2", str(tmp_path / "vm"))
     batch = gpt2.encode_batch(paragraphs)
-    for text, ids in zip(paragraphs, batch):
+    for text, ids in zip(paragraphs, batch, strict=True):
         assert ids == ref.encode_ordinary(text) == gpt2.encode(text) == gpt2_vm.encode(text)
         assert gpt2.decode(ids) == text
     assert gpt2.encode("<|endoftext|>") == [50256]
@@ -352,7 +352,7 @@ def test_loader_is_deterministic_and_visits_each_sequence_once_per_epoch():
     a, b = BatchLoader(ds, 8, seed=3), BatchLoader(ds, 8, seed=3)
     assert a.steps_per_epoch == 5
     first = batches(a, 10)
-    assert all(torch.equal(x, y) for x, y in zip(first, batches(b, 10)))
+    assert all(torch.equal(x, y) for x, y in zip(first, batches(b, 10), strict=False))
     assert not torch.equal(first[0], next(BatchLoader(ds, 8, seed=4))["tokens"])
     for epoch in range(2):
         seen = torch.cat([t[:, 0] // 4 for t in first[5 * epoch : 5 * epoch + 5]])
@@ -402,7 +402,7 @@ def test_cells_with_the_same_seed_see_the_same_batches(tmp_path, monkeypatch):
     b = first_batches("method=mdlm", "model.hidden=32", "train.seed=1")
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     c = first_batches("train.seed=2")
-    assert not any(torch.equal(x, y) for x, y in zip(a, c))
+    assert not any(torch.equal(x, y) for x, y in zip(a, c, strict=False))
 
 
 def test_loader_resume_matches_uninterrupted():
@@ -415,7 +415,7 @@ def test_loader_resume_matches_uninterrupted():
         state = json.loads(json.dumps(part.state_dict()))
         resumed = BatchLoader(ds, 8, seed=11)
         resumed.load_state_dict(state)
-        assert all(torch.equal(x, y) for x, y in zip(batches(resumed, 12 - k), reference[k:]))
+        assert all(torch.equal(x, y) for x, y in zip(batches(resumed, 12 - k), reference[k:], strict=False))
     short = BatchLoader(ds, 8, seed=11, drop_last=False)
     assert short.steps_per_epoch == 5 and all(t.shape == (8, 3) for t in batches(short, 6))
 

@@ -195,8 +195,10 @@ def test_consistency_loss_is_zero_at_the_exact_ode_map_and_positive_off_it():
 
     def flow(z, g_from, g_to):
         levels = [x for x in g.tolist() if g_to <= x <= g_from]
-        for a, b in zip(levels[:-1], levels[1:]):
-            for u, v in zip(torch.linspace(a, b, fine + 1)[:-1].tolist(), torch.linspace(a, b, fine + 1)[1:].tolist()):
+        for a, b in zip(levels[:-1], levels[1:], strict=False):
+            for u, v in zip(
+                torch.linspace(a, b, fine + 1)[:-1].tolist(), torch.linspace(a, b, fine + 1)[1:].tolist(), strict=False
+            ):
                 z = T.teacher_ode_step(teach, z, u, v, "heun", False)
         return z
 

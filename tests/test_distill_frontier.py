@@ -34,7 +34,7 @@ def _row(model, sampler, steps, nll, ent):
         "gen_ppl": iv,
         "entropy": iv,
         "seconds_per_sample": iv,
-        "per_sample": [{"nll": list(n), "entropy": list(e)} for n, e in zip(nll, ent)],
+        "per_sample": [{"nll": list(n), "entropy": list(e)} for n, e in zip(nll, ent, strict=True)],
     }
 
 

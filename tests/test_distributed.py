@@ -64,7 +64,7 @@ def test_torchrun_two_ranks_match_single_process(single, tmp_path, parallel):
     )
     a, b = curve(single), curve(out)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4, 5]
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert y["loss"] == pytest.approx(x["loss"], rel=1e-5, abs=1e-6)
         assert y["B_r"] == x["B_r"]  # the adaptive split is tied across ranks
     st = ck.load_state(ck.find_checkpoint(out))

@@ -117,10 +117,7 @@ def test_mdlm_and_duo_training_times_come_from_the_global_batch():
         assert 0 <= float(allt[0]) < 1 / 8
         assert not torch.equal(seen[0], seen[1])  # strided, not repeated
         # and the method maps them into [eps, 1]
-        if method == "duo":
-            t = m.times(4, torch.Generator(), seen[0])
-        else:
-            t = EPS + (1 - EPS) * seen[0]
+        t = m.times(4, torch.Generator(), seen[0]) if method == "duo" else EPS + (1 - EPS) * seen[0]
         assert float(t.min()) >= EPS and float(t.max()) <= 1.0
 
 

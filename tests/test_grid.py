@@ -173,7 +173,7 @@ def test_grid_plan_run_report_end_to_end(tmp_path, capsys):
     # plateau exit: recomputed from each run's logged rows (bound and its tokens' unigram NLL)
     for c in rep["cells"]:
         assert len(c["plateau_exits"]) == 3
-        for s, got in zip(c["seeds"], c["plateau_exits"]):
+        for s, got in zip(c["seeds"], c["plateau_exits"], strict=True):
             rows = [
                 json.loads(x) for x in (g / "runs" / f"{c['cell']}__s{s}" / "metrics.jsonl").read_text().splitlines()
             ]
@@ -220,7 +220,7 @@ def test_training_logs_the_unigram_nll_of_the_rows_tokens(tmp_path):
     pipe = DataPipeline(cfg, tmp_path / "r")
     logp = pipe.unigram_logp()
     batches = [next(pipe.train_iter)["tokens"].numpy() for _ in range(6)]
-    for r, window in zip(rows, (batches[:3], batches[3:])):
+    for r, window in zip(rows, (batches[:3], batches[3:]), strict=True):
         toks = np.concatenate([b.reshape(-1) for b in window])
         assert r["unigram"] == pytest.approx(float(-logp[toks].mean()), rel=1e-12)
 

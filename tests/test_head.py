@@ -35,7 +35,7 @@ def test_fused_head_values_and_gradients_match_float64(chunk, prior, bias):
     assert e1.dtype == torch.float32 and n1.dtype == torch.float32
     torch.testing.assert_close(e1.double(), e2, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(n1.double(), n2, atol=1e-5, rtol=1e-5)
-    for a, r in zip(g1, g2):
+    for a, r in zip(g1, g2, strict=True):
         torch.testing.assert_close(a.double(), r.double(), atol=1e-4, rtol=1e-4)
 
 

@@ -47,7 +47,7 @@ def test_hsdp_on_a_2x2_mesh_equals_ddp_and_one_process(tmp_path):
     ddp = train(tmp_path / "ddp", "train.parallel=ddp", ranks=4)
     hsdp = train(tmp_path / "hsdp", "train.parallel=hsdp", "train.hsdp_shard=2", ranks=4)
     assert len(one) == len(ddp) == len(hsdp) == 3
-    for a, b, c in zip(one, ddp, hsdp):
+    for a, b, c in zip(one, ddp, hsdp, strict=True):
         assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
         assert c == pytest.approx(b, rel=1e-5, abs=1e-6)
     c = ck.find_checkpoint(tmp_path / "hsdp")

@@ -46,7 +46,7 @@ def test_oracle_iwae_matches_exact_log_likelihood(device):
     assert abs(diffK) < 3 * se1 + 1e-2, diffK
     # tightens with K (nats non-increasing within noise)
     Ks = sorted(r.curve)
-    for a, b in zip(Ks, Ks[1:]):
+    for a, b in zip(Ks, Ks[1:], strict=False):
         assert r.curve[b]["nats"] <= r.curve[a]["nats"] + 1e-3
     s = r.summary()
     assert s["nfe"] > 0 and set(s["nats_per_token"]) == {"1", "2", "4", "8"}

@@ -69,7 +69,7 @@ def test_rolling_windows_are_the_harness_windows(n, L, context):
     theirs = [make_disjoint_window(w) for w in get_rolling_token_windows(ids, -1, L, context + 1)]
     ours = rolling_rows(ids, L, 0, context)
     assert len(ours) == len(theirs)
-    for r, (ctx, cont) in zip(ours, theirs):
+    for r, (ctx, cont) in zip(ours, theirs, strict=True):
         assert r.ids[len(r.ids) - r.n_scored :] == cont
         assert r.ids[: len(r.ids) - r.n_scored] == ctx[1:]
 
@@ -108,7 +108,7 @@ def test_ar_loglikelihood_is_the_exact_log_probability_and_is_greedy_matches_arg
             lp = torch.log_softmax(model(torch.cat([torch.full((1, 1), V), x[:, :-1]], 1)).double(), -1)[0]
         return sum(float(lp[i, seq[i]]) for i in range(len(seq) - len(k), len(seq)))
 
-    for (c, k), (ll, g) in zip(reqs, out):
+    for (c, k), (ll, _g) in zip(reqs, out, strict=True):
         assert ll == pytest.approx(direct(c, k), abs=1e-4)
     assert [g for _, g in out] == [True, False, False]
 

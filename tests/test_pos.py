@@ -28,7 +28,8 @@ class FakeWord:
 
 def test_tally_argmax_unseen_and_entropy_against_hand_counts():
     doc = [
-        FakeWord(EXAMPLE[a:b], a, p) for (a, b), p in zip(EXAMPLE_WORDS, ["DET", "NOUN", "AUX", "VERB", "ADV", "PUNCT"])
+        FakeWord(EXAMPLE[a:b], a, p)
+        for (a, b), p in zip(EXAMPLE_WORDS, ["DET", "NOUN", "AUX", "VERB", "ADV", "PUNCT"], strict=True)
     ]
     enc = lambda text: (EXAMPLE_IDS + [220], EXAMPLE_SPANS + [(26, 27)])  # noqa: E731  a trailing " "
     ids, tags = pos.subword_tags(EXAMPLE + " ", doc, enc)

@@ -565,7 +565,7 @@ def test_infilling_keeps_known_tokens(name, oracle, E):
     # known latents seen by the denoiser are forward samples of the truth: standardised residuals
     # (z - alpha e) / sigma are N(0, 1) at every call, the first (at gammas[0]) included
     e = E.float()[reference]  # (B, L, d_e)
-    for zk, gk in zip(den.zs, den.gammas):
+    for zk, gk in zip(den.zs, den.gammas, strict=True):
         a, s = torch.sigmoid(-gk[0]).sqrt().item(), torch.sigmoid(gk[0]).sqrt().item()
         r = ((zk - a * e) / s)[known]  # (N, d_e)
         assert abs(float(r.mean())) < 0.1 and 0.85 < float(r.std()) < 1.15

@@ -324,7 +324,7 @@ def test_crossover_matches_a_brute_force_search():
     law_a, law_b = (0.5, -2.3), (0.5, -1.7)
     n_grid = np.array([5e7, 2e8])
     line = sf.crossover(pa, pb, 6.0, 6.0, law_a, law_b, n_grid)
-    for e, n in zip(line, n_grid):
+    for e, n in zip(line, n_grid, strict=True):
         cs = np.geomspace(1e15, 1e26, 200001)
         gap = np.abs(np.log(sf.parametric_loss(pa, n, cs / (6 * n))) - np.log(sf.parametric_loss(pb, n, cs / (6 * n))))
         brute = cs[np.argmin(gap)]

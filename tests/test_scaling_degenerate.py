@@ -38,7 +38,7 @@ def _quadratic_rows(method, budgets, x0s, curv=0.08, c0=1.5, sizes=None, seeds=N
     if seeds:
         z = np.linspace(-1.0, 1.0, seeds)
         z = (z - z.mean()) / z.std(ddof=1)
-    for c, x0 in zip(budgets, x0s):
+    for c, x0 in zip(budgets, x0s, strict=True):
         for j, x in enumerate(sizes if sizes is not None else np.linspace(x0 - 1.2, x0 + 1.2, 7)):
             mean = curv * (x - x0) ** 2 + c0 - 0.05 * math.log10(c)
             devs = [0.0] if z is None else list(spread * np.roll(z, j))

@@ -86,7 +86,7 @@ def corruptions(name: str, sch: schema.Schema, sub: str = ""):
         label = f"{sub}{field}"
         if f.required:
             yield name, field, f"{label} missing", lambda d, k=field: d.pop(k) and None
-        yield name, field, f"{label} {wrong_type(f)!r}", lambda d, k=field, v=wrong_type(f): d.__setitem__(k, v)
+        yield name, field, f"{label} {wrong_type(f)!r}", lambda d, k=field, v=wrong_type(f): d.__setitem__(k, v)  # noqa: B008 -- binds this field's value
         if f.lo is not None:
             yield name, field, f"{label} below {f.lo:g}", lambda d, k=field, v=f.lo - 1: d.__setitem__(k, v)
 

@@ -73,7 +73,7 @@ def test_plateau_flag():
 def brute_exit(steps, bound, uni, margin=PLATEAU_NATS):
     """The definition read literally: the smallest logged s with u_k - x_k >= margin for all k >= s."""
     for i, s in enumerate(steps):
-        if all(u - x >= margin for x, u in zip(bound[i:], uni[i:])):
+        if all(u - x >= margin for x, u in zip(bound[i:], uni[i:], strict=True)):
             return s
     return None
 

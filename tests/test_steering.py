@@ -281,7 +281,7 @@ def test_guided_prediction_through_generate_is_g3(run):
     def logp(z, gamma):  # (B,) log x_theta(z)[3, c] of the network (float32)
         return torch.log_softmax(model(z.float(), gamma, None).logits.double(), -1)[:, 3, c]
 
-    for prev, info in zip(steps, steps[1:-1]):  # step i evaluates the latent step i - 1 reported
+    for prev, info in zip(steps, steps[1:-1], strict=False):  # step i evaluates the latent step i - 1 reported
         gamma = torch.full((3,), info["gamma"], dtype=torch.float64)  # (B,)
         z0 = prev["z"].float()  # (B, L, d_e)
         with torch.enable_grad():

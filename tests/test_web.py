@@ -122,7 +122,7 @@ def test_infill_keeps_the_given_text_and_fills_the_gaps(loaded):
         run, parse({"run": "replaid", "steps": 5, "text": "def f(x):[[3]] return x[[]]", "samples": 2}), lambda e: None
     )
     left, right = tok.encode("def f(x):"), tok.encode(" return x")
-    for row, text in zip(res.ids, res.texts):
+    for row, text in zip(res.ids, res.texts, strict=True):
         assert len(row) == len(left) + 3 + len(right) + 8
         assert row[: len(left)] == left and row[len(left) + 3 : len(left) + 3 + len(right)] == right
         assert text.startswith("def f(x):") and " return x" in text
@@ -343,11 +343,13 @@ def test_edit_endpoint_keeps_the_text_outside_the_spans_verbatim(client, loaded)
     tok = loaded["replaid"].tokenizer
     pieces = [SOURCE[:3], SOURCE[3:15], SOURCE[15:30], SOURCE[30:38], SOURCE[38:]]
     assert start["ids"] == sum((tok.encode(p) for p in pieces), [])  # frame 0: the source, piece by piece
-    kept = [k for p, keep in zip(pieces, [1, 0, 1, 0, 1]) for k in [bool(keep)] * len(tok.encode(p))]
+    kept = [k for p, keep in zip(pieces, [1, 0, 1, 0, 1], strict=True) for k in [bool(keep)] * len(tok.encode(p))]
     assert start["known"] == kept
     for e in steps:  # the kept tokens are shown as given at every step
         assert all(
-            [i for i, k in zip(row, kept) if k] == [i for i, k in zip(start["ids"], kept) if k] for row in e["ids"]
+            [i for i, k in zip(row, kept, strict=False) if k]
+            == [i for i, k in zip(start["ids"], kept, strict=False) if k]
+            for row in e["ids"]
         )
     # the same request through generate() (what replaid edit runs) gives the same texts
     from replaid.sampling.generate import generate

@@ -12,7 +12,7 @@ import importlib
 import importlib.util
 import sys
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from .base import BENCH, L_PAPER, PRESET, PRESET_OF, log
 
@@ -144,7 +144,7 @@ def dependencies() -> dict:
 
 
 def child_bf16(
-    methods: list, batch: int = 4, length: int = L_PAPER, overrides: Optional[list] = None, device: str = "cuda"
+    methods: list, batch: int = 4, length: int = L_PAPER, overrides: list | None = None, device: str = "cuda"
 ) -> dict:
     """Loss and gradients under bf16 autocast vs float32, same tokens and noise (dropout off), per method."""
     import torch
@@ -313,7 +313,7 @@ def child_likelihood(
     K: int = 1,
     n_hutch: int = 1,
     length: int = L_PAPER,
-    overrides: Optional[list] = None,
+    overrides: list | None = None,
     device: str = "cuda",
 ) -> dict:
     """Time per sequence of the ODE likelihood (Heun on the uniform gamma grid, finite-difference

@@ -9,7 +9,6 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 from .base import REPO, UsageError
 from .children import CHILDREN
@@ -61,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: list | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         if a.child:

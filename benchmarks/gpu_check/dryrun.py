@@ -13,8 +13,8 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .base import BENCH, REPO
 from .children import CHILDREN, torch_features

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
 
 from .base import ALL_METHODS, L_PAPER, PRESET, REPO, SPEED_METHODS, UsageError
 
@@ -50,7 +50,7 @@ def _quote(a: str) -> str:
 class Ctx:
     quick: bool
     device: str = "cuda"
-    peak_tflops: Optional[float] = None
+    peak_tflops: float | None = None
     mdlm_ref: Path = REPO / ".carry" / "mdlm"
     tmp: Path = Path(tempfile.gettempdir())
     tiny: bool = False  # --tiny: every model and length shrunk, to try the driver on a CPU
@@ -82,8 +82,8 @@ def _bench_gpu(
     warmup: int,
     compile_: bool = False,
     timeout: float = 240,
-    extra: Optional[list] = None,
-    env: Optional[dict] = None,
+    extra: list | None = None,
+    env: dict | None = None,
 ) -> Cmd:
     args = [
         "benchmarks/bench_gpu.py",
@@ -295,7 +295,7 @@ FULL_SPLIT = [
 ]
 
 
-def select_steps(spec: Optional[str], quick: bool) -> list[Step]:
+def select_steps(spec: str | None, quick: bool) -> list[Step]:
     if not spec:
         return [s for s in STEPS if s.quick or not quick]
     names = [x.strip() for x in spec.split(",") if x.strip()]

@@ -5,7 +5,7 @@ status) and then each step's part with that step's renderer in :data:`RENDERERS`
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .base import PRESET
 from .plan import STEPS

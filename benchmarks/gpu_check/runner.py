@@ -17,7 +17,6 @@ import time
 import traceback
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Optional
 
 from .base import BENCH, REPO, log
 from .plan import Cmd, Ctx, Step
@@ -77,7 +76,7 @@ def parse_junit(path: Path) -> dict:
     return out
 
 
-def execute(step: Step, ctx: Ctx, py: str, deadline: Optional[float]) -> dict:
+def execute(step: Step, ctx: Ctx, py: str, deadline: float | None) -> dict:
     """Run a step's commands; the step's result (``status`` ok / fail / error)."""
     if step.name == "mdlm_ref":
         sys.path.insert(0, str(BENCH))
@@ -161,7 +160,7 @@ def _last_error(stderr: str) -> str:
     return (lines[-1].strip() if lines else "no output")[:300]
 
 
-def header_info(setup_json: Optional[str]) -> dict:
+def header_info(setup_json: str | None) -> dict:
     """What the wrapper measured (set-up time, nvidia-smi, wheels) and this Python's versions."""
     info: dict = {
         "python": sys.version.split()[0],

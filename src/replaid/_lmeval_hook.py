@@ -35,13 +35,13 @@ class _Finder(importlib.abc.MetaPathFinder):
         if spec is None or spec.loader is None:
             return None
         inner = spec.loader
-        exec_module = inner.exec_module  # type: ignore[attr-defined]
+        exec_module = inner.exec_module
 
         def run(module) -> None:
             exec_module(module)
             _register()
 
-        inner.exec_module = run  # type: ignore[attr-defined]
+        inner.exec_module = run  # type: ignore[method-assign]  # wrap the loader: register once lm_eval is loaded
         return spec
 
 

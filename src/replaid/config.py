@@ -16,7 +16,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from replaid import registry, schema
 from replaid.registry import ConfigError as ConfigError  # the registry, below the config, raises it too
@@ -274,7 +274,7 @@ class EvalConfig:
         _check(self.max_batches >= 0, "eval.max_batches", "must be >= 0")
 
 
-def apply_cli(cfg: "RunConfig", flags: dict[str, tuple[str, Any]]) -> None:
+def apply_cli(cfg: RunConfig, flags: dict[str, tuple[str, Any]]) -> None:
     """Set ``{--flag: (section.key, value)}`` (None: not given) on ``cfg`` through the config's own
     typing and validation, so a command-line number is checked exactly as the same config key."""
     for flag, (key, value) in flags.items():
@@ -347,12 +347,12 @@ class RunConfig:
     __hash__ = None  # type: ignore[assignment]
 
     # ------------------------------------------------------------------ validation
-    def read_keys(self) -> tuple[list[str], Optional[str]]:
+    def read_keys(self) -> tuple[list[str], str | None]:
         """(the model keys the chosen method reads, its section or None)."""
         cls = self.spec()
         return [*BACKBONE_KEYS, *getattr(cls, "model_keys", ())], registry.section_of(cls)
 
-    def validate(self) -> "RunConfig":
+    def validate(self) -> RunConfig:
         try:
             cls = self.spec()
         except ConfigError as e:
@@ -399,14 +399,14 @@ class RunConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RunConfig":
+    def from_dict(cls, d: dict) -> RunConfig:
         """A config from its dict (a run's config.json, a checkpoint's state.json), migrated first."""
         cfg = cls()
         apply_dict(cfg, migrate_config(d))
         return cfg.validate()
 
 
-def _section_class(method: str, name: str) -> Optional[type]:
+def _section_class(method: str, name: str) -> type | None:
     """The options dataclass of section ``name``: the chosen method's if it is its section, else the first
     registered method's that declares it (a method that cannot be loaded is passed over)."""
     for m in (method, *registry.method_names()):

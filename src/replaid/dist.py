@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from contextlib import AbstractContextManager, nullcontext
+from typing import Any, cast
 
 import torch
 import torch.distributed as tdist
@@ -70,13 +71,13 @@ def wrap_model(module: nn.Module, parallel: str, device: torch.device, hsdp_shar
     if parallel in ("fsdp", "hsdp"):
         from torch.distributed.fsdp import fully_shard
 
-        kw = {}
+        kw: dict[str, Any] = {}
         if parallel == "hsdp":
             from torch.distributed.device_mesh import init_device_mesh
 
             shape = hsdp_mesh_shape(hsdp_shard)
             kw["mesh"] = init_device_mesh(device.type, shape, mesh_dim_names=("dp_replicate", "dp_shard"))
-        for blk in module.model.backbone.blocks:
+        for blk in cast(Any, module).model.backbone.blocks:  # TrainModule(model).model.backbone
             fully_shard(blk, **kw)
         fully_shard(module, **kw)
         return module
@@ -111,7 +112,7 @@ def all_gather_cat(x: Tensor) -> Tensor:
     pad[: x.numel()] = x
     out = [torch.zeros_like(pad) for _ in range(world_size())]
     tdist.all_gather(out, pad)
-    return torch.cat([o[: int(s.item())] for o, s in zip(out, sizes)])
+    return torch.cat([o[: int(s.item())] for o, s in zip(out, sizes, strict=True)])
 
 
 def all_reduce_sum(x: Tensor) -> Tensor:

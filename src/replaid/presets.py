@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from typing import Callable
+from collections.abc import Callable
 
 from replaid.config import (
     ConfigError,

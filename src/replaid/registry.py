@@ -25,7 +25,7 @@ import functools
 import importlib
 import sys
 from importlib import metadata
-from typing import Any, Optional
+from typing import Any
 
 GROUP = "replaid.methods"
 
@@ -115,12 +115,12 @@ def load(name: str) -> Any:
     return cls
 
 
-def options_of(cls: Any) -> Optional[type]:
+def options_of(cls: Any) -> type | None:
     """The options dataclass a method class declares (None: it has no section)."""
     return getattr(cls, "options", None)
 
 
-def section_of(cls: Any) -> Optional[str]:
+def section_of(cls: Any) -> str | None:
     """The config section of a method's options (None: it has none): ``section``, else its name."""
     if options_of(cls) is None:
         return None

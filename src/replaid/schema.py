@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, cast
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -24,9 +25,9 @@ class Field:
 
     kind: str  # int | number | str | bool | dict | list
     required: bool = True
-    lo: Optional[float] = None
-    hi: Optional[float] = None
-    check: Optional[Callable[[Any], str]] = None  # returns what is wrong, "" when fine
+    lo: float | None = None
+    hi: float | None = None
+    check: Callable[[Any], str] | None = None  # returns what is wrong, "" when fine
 
 
 Schema = dict[str, Field]
@@ -62,9 +63,10 @@ def problem(v: Any, f: Field) -> str:
     if f.kind in ("int", "number"):
         if v != v or v in (float("inf"), float("-inf")):
             return f"is {v}, not a finite number"
-        if f.lo is not None and v < f.lo:
+        x = cast(float, v)  # an int or a float: checked above
+        if f.lo is not None and x < f.lo:
             return f"is {v}, below {f.lo:g}"
-        if f.hi is not None and v > f.hi:
+        if f.hi is not None and x > f.hi:
             return f"is {v}, above {f.hi:g}"
     return f.check(v) if f.check is not None else ""
 
@@ -91,7 +93,7 @@ def validate(
 
 
 def read_json(
-    path: str | Path, schema: Optional[Schema], fix: str, optional: tuple[str, ...] = (), need: tuple[str, ...] = ()
+    path: str | Path, schema: Schema | None, fix: str, optional: tuple[str, ...] = (), need: tuple[str, ...] = ()
 ) -> Any:
     """The JSON in ``path``, checked against ``schema`` (None: any JSON object)."""
     p = Path(path)

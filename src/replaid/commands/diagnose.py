@@ -50,12 +50,12 @@ def run(args) -> int:
     check_out(args.out, protected=tuple(args.runs), names=("diagnose.json",))
     labels = run_labels(args.runs, args.labels)
     runs = [load_run(p, use_ema=not args.no_ema) for p in args.runs]  # all inputs checked before writing
-    for p, r in zip(args.runs, runs):
+    for p, r in zip(args.runs, runs, strict=True):
         if r.method.kind is not Kind.CONTINUOUS:
             raise ValueError(f"{p}: diagnose needs a diffusion run with a noise schedule (RePlaid/Plaid)")
     out = Path(args.out)
     summaries, curves = {}, []
-    for label, r in zip(labels, runs):
+    for label, r in zip(labels, runs, strict=True):
         sub = out if len(runs) == 1 else out / label
         summaries[label], res = _diagnose_one(r, args, sub)
         curves.append((label, res["t"]["t"], res["t"]["ce"]))
@@ -64,7 +64,7 @@ def run(args) -> int:
     with open(out / "ce_overlay.csv", "w") as f:
         f.write("label,t_norm,ce_norm\n")
         for it in items:
-            f.writelines(f"{it['label']},{a:.6g},{b:.6g}\n" for a, b in zip(it["t"], it["ce"]))
+            f.writelines(f"{it['label']},{a:.6g},{b:.6g}\n" for a, b in zip(it["t"], it["ce"], strict=True))
     if len(runs) == 1:
         emit(summaries[labels[0]], args.json)
         return 0

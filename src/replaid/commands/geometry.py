@@ -104,7 +104,7 @@ def run(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     summary, screes_all, screes_freq, rows = {}, [], [], []
-    for label, r in zip(labels, runs):
+    for label, r in zip(labels, runs, strict=True):
         E = geo.embedding_rows(r.method, r.model)  # (V, d)
         freq = geo.token_frequency(r.data.array("train")[0], r.data.vocab_size)
         ids = geo.frequent_rows(freq, args.min_count)

@@ -179,12 +179,12 @@ def run(args) -> int:
     t0 = time.time()
     gen = torch.Generator().manual_seed(args.seed + 1)
     dev = next(model.parameters()).device
-    nel = []
+    nels: list[torch.Tensor] = []
     with torch.no_grad():
         for i in range(0, tokens.shape[0], run_.cfg.eval.batch_size):
             r = run_.method.eval_bound(model, tokens[i : i + run_.cfg.eval.batch_size].to(dev), gen)
-            nel.append((r["nelbo"] if "nelbo" in r else r["nll"]).double().cpu())
-    nel = torch.cat(nel)
+            nels.append((r["nelbo"] if "nelbo" in r else r["nll"]).double().cpu())
+    nel = torch.cat(nels)
     summary = res.summary()
     nelbo_nats = float(nel.mean())
     summary.update(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from replaid.commands import POSITIVE, add_command, check_out, emit
 
@@ -65,6 +66,7 @@ def run(args) -> int:
     )
 
     check_out(args.out, protected=tuple(r for r in (args.samples, args.judge_run) if r), names=("quality.json",))
+    ids: list[list[Any]] | None  # token ids, else (below) whitespace words
     texts, ids = read_samples(args.samples)
     if not texts:
         raise ValueError(f"{args.samples} holds no samples")

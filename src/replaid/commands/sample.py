@@ -133,7 +133,7 @@ def add_guidance_args(s) -> None:
     )
 
 
-def request_of(args) -> "SampleRequest":
+def request_of(args) -> SampleRequest:
     """The :class:`~replaid.sampling.request.SampleRequest` of ``replaid sample``'s options."""
     from replaid.sampling.request import SampleRequest
 
@@ -185,7 +185,7 @@ def run(args) -> int:
     return 0
 
 
-def stream(run_, req: "SampleRequest") -> int:
+def stream(run_, req: SampleRequest) -> int:
     """A completion, one sample per batch: each sample's prompt, then its text as each block is committed."""
     import sys
 

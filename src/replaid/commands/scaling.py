@@ -170,9 +170,9 @@ def register(sub) -> None:
     o.set_defaults(func=run_overtrain)
 
 
-def _table(rows: list[list[str]], head: list[str]) -> str:
-    w = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    line = lambda r: "  ".join(str(x).rjust(n) for x, n in zip(r, w))  # noqa: E731
+def _table(rows: list[list[object]], head: list[str]) -> str:
+    w = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
+    line = lambda r: "  ".join(str(x).rjust(n) for x, n in zip(r, w, strict=True))  # noqa: E731
     return "\n".join([line(head), line(["-" * n for n in w])] + [line(r) for r in rows])
 
 
@@ -198,7 +198,7 @@ def run_plan(args) -> int:
     corpus = None
     if args.max_tokens == "corpus":
         one = sc.make_plan(args.methods[:1], budgets[:1], args.sizes, per_budget=1, **plan_kw)  # runs share data
-        corpus = sc.corpus_tokens(one.entries[0]._cfg)
+        corpus = sc.corpus_tokens(one.entries[0]._cfg)  # type: ignore[attr-defined]  # make_plan attaches it
         max_tokens = float(corpus)
         print(f"corpus: {corpus:,} train tokens in whole sequences (--max-tokens)", file=sys.stderr)
     else:
@@ -252,7 +252,7 @@ def run_plan(args) -> int:
         )
     )
     print()
-    by = {}
+    by: dict = {}
     for e in plan.entries:
         by.setdefault(e.method, 0.0)
         by[e.method] += e.flops

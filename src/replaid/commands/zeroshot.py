@@ -43,7 +43,7 @@ def run(args) -> int:
     from replaid.training.loading import load_run
 
     check_out(args.out, protected=tuple(args.runs), names=("zeroshot.json", "zeroshot.md"))
-    results = {}
+    results: dict = {}
     for path in args.runs:
         r = load_run(path, use_ema=not args.no_ema)
         res = zeroshot_run(

@@ -12,8 +12,8 @@ import itertools
 import json
 import os
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import numpy as np
 from tqdm import tqdm

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -74,7 +74,7 @@ class SequenceDataset:
     @classmethod
     def from_cache(
         cls, tokens: np.ndarray, meta: dict, seq_len: int, *, packed: bool = True, pad_id: int | None = None
-    ) -> "SequenceDataset":
+    ) -> SequenceDataset:
         """Build from ``get_token_array``'s ``(array, meta)``; pads with the pad id, else EOS."""
         if packed:
             return cls(tokens, seq_len)
@@ -202,7 +202,7 @@ class BatchLoader:
         naming them). A state without ``global_batch`` (written before it was recorded) counted ``index`` in
         batches of ``batch_size * world_size``: it is read as ``ceil(index / accum)`` global batches."""
         epoch, index, micro = state["epoch"], state["index"], state.get("micro", 0)
-        g = state.get("global_batch", None)
+        g = state.get("global_batch")
         ints = (epoch, index, micro) + (() if g is None else (g,))
         ok = all(isinstance(v, int) and not isinstance(v, bool) for v in ints)
         if ok and g is None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -63,7 +62,7 @@ class DataPipeline:
     def __init__(
         self,
         cfg: RunConfig,
-        run_dir: Optional[Path] = None,
+        run_dir: Path | None = None,
         rank: int = 0,
         world_size: int = 1,
         train: bool = True,
@@ -75,7 +74,7 @@ class DataPipeline:
         self.cfg, d = cfg, cfg.data
         self.cache = cache_dir(cfg)
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        self._binding: Optional[dict] = None
+        self._binding: dict | None = None
         if run_dir is not None and (has_saved_tokenizer(run_dir) or not new_run):
             self.tokenizer = load_run_tokenizer(Path(run_dir))
         else:

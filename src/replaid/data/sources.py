@@ -19,10 +19,11 @@ import json
 import sys
 import sysconfig
 import warnings
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from replaid.data.errors import DataError
 
@@ -501,7 +502,7 @@ def iter_hf_documents(
 ) -> Iterator[str]:
     """Yield the non-empty texts of our ``split`` of a Hugging Face dataset."""
     ds = load_hf_split(spec, split, cache_dir)
-    texts = (_row_text(row, text_field, spec.path) for row in ds)
+    texts: Iterable[str] = (_row_text(row, text_field, spec.path) for row in ds)
     if spec.wikitext:
         texts = _wikitext_articles(texts)
     yield from _nonempty(

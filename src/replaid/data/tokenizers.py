@@ -12,8 +12,9 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Protocol
 
 from replaid import schema
 from replaid.data.errors import DataError
@@ -201,7 +202,7 @@ def train_bpe(texts: Iterator[str], vocab_size: int):
 
 
 MAX_WORD_CHARS = 256
-_LONG_WORD = re.compile(r"\S{%d,}" % (MAX_WORD_CHARS + 1))
+_LONG_WORD = re.compile(rf"\S{{{MAX_WORD_CHARS + 1},}}")
 
 
 def split_long_words(texts: Iterator[str], n: int = MAX_WORD_CHARS) -> Iterator[str]:

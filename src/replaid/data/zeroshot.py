@@ -40,9 +40,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING
 
 from replaid.data.errors import DataError
 
@@ -117,7 +118,7 @@ class ZeroShotSet:
     hub: tuple  # datasets.load_dataset(*hub)
     split: str
     field: str
-    detok: Optional[Callable[[str], str]]
+    detok: Callable[[str], str] | None
     rows: str = "lines"  # how a local .txt file becomes rows: "lines" (WikiText) | "stripped" (PTB)
 
 
@@ -178,14 +179,15 @@ def text_rows(path: Path, rows: str) -> list[str]:
     return [ln if ln.strip() else "" for ln in lines]
 
 
-def load_documents(name: str, split: Optional[str] = None, data_dir: Optional[str] = None) -> tuple[list[str], str]:
+def load_documents(name: str, split: str | None = None, data_dir: str | None = None) -> tuple[list[str], str]:
     """(detokenised documents, where they came from) for a zero-shot set."""
     if name not in SETS:
         raise DataError(f"unknown zero-shot dataset '{name}'; choose from {', '.join(SETS)}")
     s = SETS[name]
     split = split or s.split
     split = "validation" if split == "valid" else split
-    rows, origin = None, None
+    rows: list[str] | None = None
+    origin = ""
     if data_dir:
         for stem in _SPLIT_FILES.get(split, (split,)):
             for ext in (".txt", ".jsonl"):

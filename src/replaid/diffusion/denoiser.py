@@ -18,8 +18,9 @@ samplers, in the spirit of k-diffusion's ``Denoiser`` wrappers.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -30,7 +31,7 @@ class DenoiserOutput:
     logits: Tensor  # (B, L, V) float32
     e_hat: Tensor  # (B, L, d_e) float32
 
-    def __iter__(self):  # allows ``logits, e_hat = out``
+    def __iter__(self) -> Iterator[Tensor]:  # allows ``logits, e_hat = out``
         yield self.logits
         yield self.e_hat
 
@@ -44,7 +45,7 @@ class Denoiser(Protocol):
     def embedding_matrix(self) -> Tensor:  # (V, d_e), unit rows
         ...
 
-    def __call__(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None) -> DenoiserOutput: ...
+    def __call__(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None = None) -> DenoiserOutput: ...
 
 
 def alpha_sigma(gamma: Tensor) -> tuple[Tensor, Tensor]:

@@ -7,15 +7,16 @@ callable ``t -> (gamma(t), gamma'(t))``, so the closed-form oracle plugs into th
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from replaid.diffusion.denoiser import alpha_sigma, per_position
+from replaid.diffusion.denoiser import Denoiser, alpha_sigma, per_position
 
 ScheduleFn = Callable[[Tensor], tuple[Tensor, Tensor]]
+Predict = Callable[[Tensor, Tensor], Iterable[Tensor]]  # (z, gamma) -> a DenoiserOutput or a (logits, e_hat) pair
 
 
 def forward_noise(e: Tensor, gamma: Tensor, eps: Tensor) -> Tensor:
@@ -24,7 +25,7 @@ def forward_noise(e: Tensor, gamma: Tensor, eps: Tensor) -> Tensor:
     return (per_position(alpha) * e.double() + per_position(sigma) * eps.double()).float()
 
 
-def masked_mean(x: Tensor, mask: Optional[Tensor]) -> Tensor:
+def masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
     """Mean over positions (dim 1) of x (B, L), counting only ``mask`` positions. float64."""
     x = x.double()
     if mask is None:
@@ -33,7 +34,7 @@ def masked_mean(x: Tensor, mask: Optional[Tensor]) -> Tensor:
     return (x * m).sum(1) / m.sum(1).clamp_min(1)
 
 
-def prior_kl(e: Tensor, gamma_1: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+def prior_kl(e: Tensor, gamma_1: Tensor, mask: Tensor | None = None) -> Tensor:
     """``KL(q(z_1|x) || N(0, I))`` per token (appendix "Derivation ..."), per row (B,) float64:
     ``1/2 [d_e (sigma_1^2 - 1 - log sigma_1^2) + alpha_1^2 ||e||^2]``."""
     return masked_mean(prior_terms(e, gamma_1), mask)
@@ -47,14 +48,14 @@ def prior_terms(e: Tensor, gamma_1: Tensor) -> Tensor:
     return 0.5 * (d_e * (s1 - 1 - F.logsigmoid(g1)) + a1 * (e.double() ** 2).sum(-1))  # (B, L)
 
 
-def recon_nll(logits: Tensor, tokens: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+def recon_nll(logits: Tensor, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
     """``-(1/L) sum_l log x_hat^l[x^l]`` per row (B,), cross-entropy in float32, mean in float64."""
     B, L, V = logits.shape
     ce = F.cross_entropy(logits.float().reshape(B * L, V), tokens.reshape(B * L), reduction="none")
     return masked_mean(ce.view(B, L), mask)
 
 
-def diffusion_loss(e_hat: Tensor, e: Tensor, gamma: Tensor, dgamma: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+def diffusion_loss(e_hat: Tensor, e: Tensor, gamma: Tensor, dgamma: Tensor, mask: Tensor | None = None) -> Tensor:
     """``-1/2 SNR'(t) (1/L) sum_l ||e_hat - e||^2`` per row (B,) float64, ``SNR' = -gamma' e^{-gamma}``."""
     mse = masked_mean(((e_hat.float() - e.float()) ** 2).sum(-1), mask)  # (B,)
     return 0.5 * dgamma.double() * torch.exp(-gamma.double()) * mse
@@ -67,7 +68,7 @@ def diffusion_terms(e_hat: Tensor, e: Tensor, gamma: Tensor, dgamma: Tensor) -> 
     return 0.5 * dgamma.double() * torch.exp(-gamma.double()) * sq.double()
 
 
-def block_shares(x: Tensor, block: int, mask: Optional[Tensor] = None) -> Tensor:
+def block_shares(x: Tensor, block: int, mask: Tensor | None = None) -> Tensor:
     """Per-position terms x (B, L) as each block's share (B, L / block) of their :func:`masked_mean`:
     the block's sum over its (``mask``) positions divided by the row's count, so the shares of a row
     sum to its per-token mean."""
@@ -80,7 +81,7 @@ def block_shares(x: Tensor, block: int, mask: Optional[Tensor] = None) -> Tensor
 
 
 def low_discrepancy(
-    n: int, generator: Optional[torch.Generator] = None, device=None, u: Optional[float] = None
+    n: int, generator: torch.Generator | None = None, device: torch.device | str | None = None, u: float | None = None
 ) -> Tensor:
     """``t_i = (i + u) / n`` with one shared ``u ~ U[0, 1)`` (float64, shape (n,))."""
     if u is None:
@@ -92,10 +93,10 @@ def stratified_time_average(
     fn: Callable[[Tensor], Tensor],
     B: int,
     K: int,
-    generator: Optional[torch.Generator],
+    generator: torch.Generator | None,
     lo: float = 0.0,
     hi: float = 1.0,
-    device=None,
+    device: torch.device | str | None = None,
 ) -> Tensor:
     """``(1/K) sum_k fn(t_k)`` with per-sequence stratified times ``t_k = lo + (hi - lo)(k + u_b)/K``,
     ``u_b ~ U[0, 1)``: an unbiased, low-variance estimate of ``E_{t ~ U[lo, hi]} fn(t)``. fn: (B,) -> (B,)."""
@@ -108,13 +109,13 @@ def stratified_time_average(
 
 @torch.no_grad()
 def nelbo_per_sequence(
-    denoiser,
+    denoiser: Denoiser,
     schedule: ScheduleFn,
     tokens: Tensor,
     t_samples: int = 4,
-    mask: Optional[Tensor] = None,
-    generator: Optional[torch.Generator] = None,
-    predict: Optional[Callable] = None,
+    mask: Tensor | None = None,
+    generator: torch.Generator | None = None,
+    predict: Predict | None = None,
 ) -> dict[str, Tensor]:
     """Unbiased estimate of the per-token NELBO of every sequence in ``tokens`` (B, L).
 
@@ -152,14 +153,14 @@ def nelbo_per_sequence(
 
 @torch.no_grad()
 def block_nelbo_per_sequence(
-    denoiser,
+    denoiser: Denoiser,
     schedule: ScheduleFn,
     tokens: Tensor,
     block: int,
-    predict: Callable,
+    predict: Predict,
     t_samples: int = 4,
-    mask: Optional[Tensor] = None,
-    generator: Optional[torch.Generator] = None,
+    mask: Tensor | None = None,
+    generator: torch.Generator | None = None,
 ) -> dict[str, Tensor]:
     """Block diffusion's NELBO (BD3-LM with eq. 4 per block): ``sum_k NELBO(x^k | x^{<k})``, each block's
     VDM bound given the clean blocks before it, every block at its own times. Returns each block's

@@ -15,8 +15,6 @@ The exact data log-likelihood is ``sum_l log p(x_l)`` and the entropy per token 
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
@@ -34,7 +32,7 @@ class OracleDenoiser:
         self.E = E.double()  # (V, d_e)
         self.nfe = 0
 
-    def to(self, device) -> "OracleDenoiser":
+    def to(self, device: torch.device | str) -> OracleDenoiser:
         """The same oracle with ``p`` and ``E`` on ``device`` (its computations run there)."""
         o = OracleDenoiser.__new__(OracleDenoiser)  # p as it is (no second normalisation)
         o.p, o.E, o.nfe = self.p.to(device), self.E.to(device), 0
@@ -55,7 +53,7 @@ class OracleDenoiser:
         sq = (self.E**2).sum(-1)  # (V,)
         return self.p.log() + (a / s2) * (z.double() @ self.E.t()) - (a**2 / (2 * s2)) * sq
 
-    def __call__(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None) -> DenoiserOutput:
+    def __call__(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None = None) -> DenoiserOutput:
         self.nfe += 1
         logits = self.logits64(z, gamma)
         e_hat = torch.softmax(logits, -1) @ self.E
@@ -65,7 +63,7 @@ class OracleDenoiser:
         """H(p) in nats: the exact NLL per token."""
         return float(-(self.p * self.p.log()).sum())
 
-    def sample_tokens(self, shape, generator: Optional[torch.Generator] = None) -> Tensor:
+    def sample_tokens(self, shape: tuple[int, ...], generator: torch.Generator | None = None) -> Tensor:
         """i.i.d. tokens from ``p``, drawn with the (CPU) ``generator`` on the host, so every device gets
         the same tokens for a seed; returned on ``p``'s device."""
         idx = torch.multinomial(
@@ -78,4 +76,5 @@ def random_unit_embeddings(V: int, d_e: int, seed: int = 0) -> Tensor:
     """(V, d_e) float64 embeddings with unit rows, drawn from a seeded Gaussian."""
     g = torch.Generator().manual_seed(seed)
     E = torch.randn(V, d_e, generator=g, dtype=torch.float64)
-    return E / E.norm(dim=-1, keepdim=True)
+    unit: Tensor = E / E.norm(dim=-1, keepdim=True)
+    return unit

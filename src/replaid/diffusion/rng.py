@@ -8,12 +8,10 @@ Python floats, which never touches the device.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 
-def device_generator(generator: Optional[torch.Generator], device) -> Optional[torch.Generator]:
+def device_generator(generator: torch.Generator | None, device: torch.device | str) -> torch.Generator | None:
     """A generator on ``device`` seeded from ``generator`` (itself when already there; ``None``
     for ``meta`` tensors, which hold no values, or when no generator is given)."""
     device = torch.device(device)
@@ -25,6 +23,6 @@ def device_generator(generator: Optional[torch.Generator], device) -> Optional[t
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def host_uniform(generator: Optional[torch.Generator]) -> float:
+def host_uniform(generator: torch.Generator | None) -> float:
     """One ``u ~ U[0, 1)`` as a Python float from a CPU generator (no device work)."""
     return float(torch.rand((), generator=generator, dtype=torch.float64))

@@ -9,8 +9,6 @@ gradient of E[L_diff^2] while the endpoints follow the gradient of the loss.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -23,7 +21,7 @@ class MonotoneShape(nn.Module):
     Parameters are stored in float32; every evaluation is float64.
     """
 
-    def __init__(self, hidden: int = 1024, seed: Optional[int] = None):
+    def __init__(self, hidden: int = 1024, seed: int | None = None):
         super().__init__()
         g = torch.Generator().manual_seed(seed) if seed is not None else None
         self.a = nn.Parameter(torch.randn(hidden, generator=g))
@@ -76,7 +74,7 @@ class NoiseSchedule(nn.Module):
         return self.gamma_0.double().reshape(()), self.gamma_1.double().reshape(())
 
     def forward(
-        self, t: Tensor, var_hook_weight: Optional[Tensor] = None, detach_shape: Optional[Tensor] = None
+        self, t: Tensor, var_hook_weight: Tensor | None = None, detach_shape: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """``(gamma(t), gamma'(t))`` in float64.
 

@@ -27,7 +27,7 @@ The per-token forms of (D1)-(D3) below are :func:`replaid.sampling.continuous.dd
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -37,7 +37,7 @@ from replaid.model.replaid import BlockContext
 
 # a block model as the distillers call it: z (B, L, d_e) float64, gamma (B, L) float64 per token,
 # e_sc or None -> e_hat (B, L, d_e) float64, every block given the clean blocks before it
-BlockEHat = Callable[[Tensor, Tensor, Optional[Tensor]], Tensor]
+BlockEHat = Callable[[Tensor, Tensor, Tensor | None], Tensor]
 
 
 def alpha_sigma_tok(gamma: Tensor) -> tuple[Tensor, Tensor]:
@@ -67,7 +67,7 @@ def ddim_inverse_tok(z_t: Tensor, z_s: Tensor, g_t: Tensor, g_s: Tensor) -> Tens
 
 
 def _heun_tok(
-    teacher: BlockEHat, z: Tensor, g_t: Tensor, g_s: Tensor, self_cond: bool, e_sc: Optional[Tensor]
+    teacher: BlockEHat, z: Tensor, g_t: Tensor, g_s: Tensor, self_cond: bool, e_sc: Tensor | None
 ) -> tuple[Tensor, Tensor]:
     """One Heun (EDM, VE form) step per token, as :func:`replaid.distill.targets._heun`: in ``z_bar = z /
     alpha`` and ``sigma_tilde = exp(gamma / 2)``, an Euler predictor then the trapezoid corrector."""
@@ -109,7 +109,7 @@ def block_ehat_fn(model: torch.nn.Module, context: BlockContext) -> BlockEHat:
     is stopped here: the caller's ``torch.no_grad`` does that for the teacher)."""
     dtype = next(model.parameters()).dtype
 
-    def call(z: Tensor, gamma: Tensor, e_sc: Optional[Tensor]) -> Tensor:
+    def call(z: Tensor, gamma: Tensor, e_sc: Tensor | None) -> Tensor:
         sc = None if e_sc is None else e_sc.to(dtype)
         return model(z.to(dtype), gamma.to(z.device, torch.float64), sc, context=context).e_hat.double()
 

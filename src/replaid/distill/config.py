@@ -34,7 +34,7 @@ class DistillConfig:
     num_threads: int = 1
     device: str = "auto"
 
-    def validate(self) -> "DistillConfig":
+    def validate(self) -> DistillConfig:
         def need(ok: bool, what: str) -> None:
             if not ok:
                 raise ConfigError(f"distill: {what}")

@@ -27,9 +27,10 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Optional
+from typing import cast
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -43,6 +44,7 @@ from replaid.distill.blocks import block_progressive_batch
 from replaid.distill.config import DistillConfig
 from replaid.fileio import fsync_file
 from replaid.methods.base import Kind
+from replaid.model.replaid import RePlaid
 from replaid.sampling.continuous import gamma_grid
 from replaid.training import checkpoint as ck
 from replaid.training import runfolder
@@ -53,7 +55,7 @@ from replaid.training.train import EMA, rng_state, set_rng_state
 def _ehat_fn(model: torch.nn.Module) -> T.EHat:
     """The model as the distillers call it: float64 latent and noise level in, float64 ``e_hat`` out."""
 
-    def call(z: Tensor, gamma: float, e_sc: Optional[Tensor]) -> Tensor:
+    def call(z: Tensor, gamma: float, e_sc: Tensor | None) -> Tensor:
         g = torch.full((z.shape[0],), gamma, dtype=torch.float64, device=z.device)  # (B,)
         sc = None if e_sc is None else e_sc.float()
         return model(z.float(), g, sc).e_hat.double()
@@ -61,7 +63,7 @@ def _ehat_fn(model: torch.nn.Module) -> T.EHat:
     return call
 
 
-def _freeze_schedule_and_embeddings(model: torch.nn.Module) -> None:
+def _freeze_schedule_and_embeddings(model: RePlaid) -> None:
     for p in list(model.embedding.parameters()) + list(model.schedule.parameters()):
         p.requires_grad_(False)
 
@@ -81,7 +83,7 @@ def teacher_block(teacher: Run, dcfg: DistillConfig) -> int:
         raise ConfigError(
             f"replaid distill needs a RePlaid teacher run; {teacher.ckpt} is a '{teacher.cfg.method}' run"
         )
-    block = int(teacher.method.block) if getattr(teacher.method, "blocks", False) else 0
+    block = teacher.method.block_size()  # diffusion.block_size when it splits the sequence, else 0
     if block and dcfg.method != "progressive":
         raise ConfigError(
             f"distill: {teacher.ckpt} has blocks of {block} tokens (diffusion.block_size); block runs are "
@@ -98,7 +100,7 @@ class Distiller:
         self.block = teacher_block(teacher, dcfg)
         self.teacher_run, self.dcfg, self.out = teacher, dcfg, out
         self.device = next(teacher.model.parameters()).device
-        self.teacher = teacher.model.eval()
+        self.teacher = cast(RePlaid, teacher.model.eval())  # checked above: a RePlaid run
         for p in self.teacher.parameters():
             p.requires_grad_(False)
         self.cfg = copy.deepcopy(teacher.cfg)
@@ -114,9 +116,9 @@ class Distiller:
         self.params = [p for p in self.student.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=dcfg.lr, weight_decay=0.0)
         cd = dcfg.method == "consistency"
-        self.target: Optional[EMA] = EMA(self.student, dcfg.cd_ema) if cd else None  # saved as ema.safetensors
+        self.target: EMA | None = EMA(self.student, dcfg.cd_ema) if cd else None  # saved as ema.safetensors
         self.target_model = copy.deepcopy(self.student).eval() if cd else None
-        self.round_teacher: Optional[torch.nn.Module] = None
+        self.round_teacher: torch.nn.Module | None = None
         self.round = -1
         self.step = 0
         E = self.teacher.embedding_matrix().detach()  # (V, d_e), frozen
@@ -240,7 +242,7 @@ class Distiller:
         self.loader.load_state_dict(stored.state["data_state"])
         self.step = stored.step
 
-    def run(self, resume: bool, progress: bool, stop_after: Optional[int], log: Callable[[dict], None]) -> dict:
+    def run(self, resume: bool, progress: bool, stop_after: int | None, log: Callable[[dict], None]) -> dict:
         from replaid.data.pipeline import DataPipeline
 
         self.data = DataPipeline(self.cfg, self.out, train=True, new_run=not resume)  # resumed: its own tokenizer/
@@ -251,9 +253,11 @@ class Distiller:
         end = total if stop_after is None else min(total, self.step + stop_after)
         loss_fn = self.progressive_loss if self.dcfg.method == "progressive" else self.consistency_loss
         bar = tqdm(total=total, initial=self.step, desc=f"distill ({self.dcfg.method})", disable=not progress)
-        t0, m = time.time(), {}
+        t0, m = time.time(), dict[str, float]()
         while self.step < end:
-            tokens = next(self.loader)["tokens"].to(self.device)  # (B, L)
+            tokens = next(self.loader)["tokens"]
+            assert tokens is not None  # every batch holds its tokens
+            tokens = tokens.to(self.device)  # (B, L)
             gen = torch.Generator().manual_seed(self.dcfg.seed * 1_000_003 + self.step)
             loss, m = loss_fn(tokens, gen)
             self.opt.zero_grad(set_to_none=True)
@@ -284,7 +288,7 @@ def distill(
     resume: bool = False,
     overwrite: bool = False,
     progress: bool = True,
-    stop_after: Optional[int] = None,
+    stop_after: int | None = None,
 ) -> dict:
     """Distil ``teacher_path`` into the student run folder ``out`` (module docstring); returns the last metrics."""
     dcfg.validate()

@@ -66,7 +66,7 @@ zero when the student is the exact ODE map and ``Phi`` the exact flow (tested wi
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -74,7 +74,7 @@ from torch import Tensor
 from replaid.sampling.continuous import _alpha_sigma, ddim_step, heun_step
 
 # A denoiser step the distillers call: (z (B, L, d_e) float64, gamma float, e_sc or None) -> e_hat float64
-EHat = Callable[[Tensor, float, Optional[Tensor]], Tensor]
+EHat = Callable[[Tensor, float, Tensor | None], Tensor]
 
 
 def ddim_coeffs(gamma_t: float, gamma_s: float) -> tuple[float, float]:
@@ -101,7 +101,7 @@ def ddim_inverse(z_t: Tensor, z_s: Tensor, gamma_t: float, gamma_s: float) -> Te
 
 
 def _heun(
-    teacher: EHat, z: Tensor, gamma_t: float, gamma_s: float, self_cond: bool, e_sc: Optional[Tensor]
+    teacher: EHat, z: Tensor, gamma_t: float, gamma_s: float, self_cond: bool, e_sc: Tensor | None
 ) -> tuple[Tensor, Tensor]:
     """One Heun step ``gamma_t -> gamma_s`` (predictor and corrector, VE form, as ``sample_heun``'s inner
     steps): its first call gets ``e_sc``, its corrector call the first call's ``e_hat`` when ``self_cond``.
@@ -178,7 +178,7 @@ def teacher_ode_step(teacher: EHat, z: Tensor, gamma_t: float, gamma_s: float, s
     return ddim_step(z, teacher(z, gamma_t, None), gamma_t, gamma_s)
 
 
-def consistency_loss(f_student: Tensor, f_target: Tensor, gamma_min: float, weight: Optional[Tensor] = None) -> Tensor:
+def consistency_loss(f_student: Tensor, f_target: Tensor, gamma_min: float, weight: Tensor | None = None) -> Tensor:
     """(C2) per row: mean over (L, d_e) of ``||f_student - f_target||^2 / alpha_min^2`` (embedding
     units), times ``weight`` (B,) if given. f_*: (B, L, d_e). Returns (B,)."""
     a_min, _ = _alpha_sigma(gamma_min)

@@ -14,17 +14,18 @@ Diffusion Loss". All quantities are per token (length-normalised):
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from replaid.diffusion.denoiser import DenoiserOutput
 from replaid.diffusion.nelbo import forward_noise
 from replaid.model.replaid import denoise
 
-Predict = Callable[[Tensor, Tensor], object]  # (z, gamma) -> DenoiserOutput
+Predict = Callable[[Tensor, Tensor], DenoiserOutput]  # (z, gamma) -> DenoiserOutput
 
 
 @torch.no_grad()
@@ -33,8 +34,8 @@ def measure_at_gammas(
     E: Tensor,
     batches: Iterable[Tensor],
     gammas: Tensor,
-    generator: Optional[torch.Generator] = None,
-    advance: Optional[Callable[[int], None]] = None,
+    generator: torch.Generator | None = None,
+    advance: Callable[[int], None] | None = None,
 ) -> dict[str, np.ndarray]:
     """MSE, CE and error rate per token at each gamma (G,), averaged over token batches (B, L).
 
@@ -135,9 +136,9 @@ def diagnose(
     model,
     batches: list[Tensor],
     grid: int = 33,
-    self_cond: Optional[bool] = None,
+    self_cond: bool | None = None,
     seed: int = 0,
-    advance: Optional[Callable[[int], None]] = None,
+    advance: Callable[[int], None] | None = None,
 ) -> dict:
     """Per-timestep curves of a model with a learned schedule, and the closed-form gamma*.
 

@@ -69,7 +69,7 @@ def evaluate_model(
     if dist.is_dist():  # sums over every rank's share of the split
         keys = sorted(sums)
         tot = dist.all_reduce_sum(torch.tensor([sums[k] for k in keys] + [float(n_tok)], dtype=torch.float64))
-        sums, n_tok = dict(zip(keys, tot[:-1].tolist())), int(tot[-1])
+        sums, n_tok = dict(zip(keys, tot[:-1].tolist(), strict=True)), int(tot[-1])
         per_seq = [dist.all_gather_cat(torch.cat(per_seq))] if per_seq else per_seq
     if n_tok == 0:
         raise ValueError(
@@ -91,7 +91,7 @@ def evaluate_model(
     }
     out.update(extra)
     out.update(
-        unigram_ppl=ppl(out["unigram_nats_per_token"]),
+        unigram_ppl=ppl(float(out["unigram_nats_per_token"])),
         batches=len(batches),
         unigram_on="the evaluated tokens (train-split add-one unigram model)",
     )

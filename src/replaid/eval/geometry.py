@@ -16,8 +16,6 @@ rows (the d_e-dim unit rows when ``model.factored_embedding``).
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 import torch
 
@@ -149,7 +147,7 @@ def plot_tsne(
     tag_names,
     path,
     title: str = "",
-    annotate: Optional[list[str]] = None,
+    annotate: list[str] | None = None,
     n_annotate: int = 40,
 ) -> None:
     """Scatter of the 2-D points coloured by dominant POS (grey: unseen), area ~ log frequency; legend

@@ -29,7 +29,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from replaid.config import ConfigError, RunConfig, parse_overrides
 from replaid.eval.seeds import PLATEAU_NATS, CellSummary, paired_difference, t_interval
@@ -44,7 +44,7 @@ class GridSpec:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     cells: dict[str, list[str]] = field(default_factory=dict)
     vary: dict[str, list[Any]] = field(default_factory=dict)
-    reference: Optional[str] = None
+    reference: str | None = None
     orderings: list[str] = field(default_factory=list)
     paper: dict[str, str] = field(default_factory=dict)
 
@@ -55,14 +55,14 @@ class GridSpec:
         if self.vary:
             keys = list(self.vary)
             for combo in itertools.product(*(self.vary[k] for k in keys)):
-                ov = [f"{k}={_fmt_value(v)}" for k, v in zip(keys, combo)]
+                ov = [f"{k}={_fmt_value(v)}" for k, v in zip(keys, combo, strict=True)]
                 name = ",".join(ov)
                 if name in out:
                     raise ConfigError(f"grid cell '{name}' is given twice (cells and vary); name it once")
                 out[name] = ov
         return out or {"base": []}
 
-    def validate(self) -> "GridSpec":
+    def validate(self) -> GridSpec:
         if (
             not self.seeds
             or len(set(self.seeds)) != len(self.seeds)
@@ -237,9 +237,9 @@ def plan(spec: GridSpec) -> list[tuple[GridRun, RunConfig]]:
 # ------------------------------------------------------------------ the report
 
 
-def run_value(final_eval: dict) -> tuple[float, str, Optional[float]]:
+def run_value(final_eval: dict) -> tuple[float, str, float | None]:
     """(bound in nats/token, its kind, unigram NLL of the same tokens) from a run's final evaluation."""
-    ev = final_eval["eval"] if "eval" in final_eval else final_eval
+    ev = final_eval.get("eval", final_eval)
     if "nll_nats_per_token" in ev:
         return float(ev["nll_nats_per_token"]), "exact NLL", ev.get("unigram_nats_per_token")
     return float(ev["nelbo_nats_per_token"]), "NELBO", ev.get("unigram_nats_per_token")
@@ -247,11 +247,11 @@ def run_value(final_eval: dict) -> tuple[float, str, Optional[float]]:
 
 def report(
     rows: list[dict],
-    reference: Optional[str] = None,
+    reference: str | None = None,
     confidence: float = 0.95,
-    cell_order: Optional[list[str]] = None,
-    orderings: Optional[list[str]] = None,
-    paper: Optional[dict[str, str]] = None,
+    cell_order: list[str] | None = None,
+    orderings: list[str] | None = None,
+    paper: dict[str, str] | None = None,
 ) -> dict:
     """``rows``: one per finished run, ``{cell, seed, value, kind, unigram, split, config?}``.
     Returns the JSON-able report: one entry per cell (``config``, ``seeds``, ``values``, ``mean``,
@@ -357,7 +357,7 @@ def _exit_cell(c: dict) -> str:
     return f"{per}: {c['plateau_exit_mean']:.0f} [{c['plateau_exit_lo']:.0f}, {c['plateau_exit_hi']:.0f}]"
 
 
-def report_markdown(rep: dict, title: str = "Grid report", command: Optional[str] = None) -> str:
+def report_markdown(rep: dict, title: str = "Grid report", command: str | None = None) -> str:
     conf = int(round(100 * rep["confidence"]))
     ref = rep["reference"]
     L = [f"# {title}", ""]
@@ -426,7 +426,7 @@ def report_markdown(rep: dict, title: str = "Grid report", command: Optional[str
     return "\n".join(L) + "\n"
 
 
-def _f(x: Optional[float], fmt: str = ".3f") -> str:
+def _f(x: float | None, fmt: str = ".3f") -> str:
     return "n/a" if x is None or not math.isfinite(x) else format(x, fmt)
 
 
@@ -553,7 +553,7 @@ def plot_curves(curves: dict[str, dict[int, tuple[list[int], list[float]]]], pat
         at: dict[int, list[float]] = {}
         for steps, vals in by_seed.values():
             ax.plot(steps, vals, color=colour, lw=0.6, alpha=0.35)
-            for st, v in zip(steps, vals):
+            for st, v in zip(steps, vals, strict=True):
                 at.setdefault(st, []).append(v)
         xs = sorted(at)
         ax.plot(xs, [sum(at[x]) / len(at[x]) for x in xs], color=colour, lw=1.8, label=f"{cell} ({len(by_seed)})")

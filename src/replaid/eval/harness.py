@@ -154,10 +154,10 @@ class Scorer:
         model = self.run.model  # type: ignore[attr-defined]
         g0, g1 = schedule_endpoints(model)
         sc = model.self_conditioning and self.run.cfg.eval.self_conditioning  # type: ignore[attr-defined]
-        log_w, _ = ode_log_weights(
+        log_w = ode_log_weights(
             model, x, g0, g1, K=self.K, batch_size=self.batch_size * self.K, generator=self.gen,
             steps=self.ode_steps, self_cond=sc,
-        )  # fmt: skip
+        )[0]  # fmt: skip
         return -iwae(log_w)
 
     def _greedy(self, x: Tensor, target: Tensor) -> Tensor:
@@ -202,7 +202,7 @@ def totals(rows: list[Row], n: int) -> list[tuple[float, bool]]:
     for r in rows:
         ll[r.request] -= r.nats
         greedy[r.request] = greedy[r.request] and r.greedy
-    return list(zip(ll, greedy))
+    return list(zip(ll, greedy, strict=True))
 
 
 def ppl(nats: float, tokens: int) -> float:

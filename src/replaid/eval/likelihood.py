@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -60,28 +61,28 @@ class PFODE:
     ``self_cond=None`` follows ``denoiser.self_conditioning``. ``nfe`` counts denoiser calls.
     """
 
-    def __init__(self, denoiser, self_cond: Optional[bool] = None, selfcond_correction: bool = True):
+    def __init__(self, denoiser, self_cond: bool | None = None, selfcond_correction: bool = True):
         self.den = denoiser
         self.sc = bool(denoiser.self_conditioning if self_cond is None else self_cond)
         self.correction = selfcond_correction
         self.nfe = 0
-        self.last_div_var: Optional[Tensor] = None  # (B,) variance of the last divergence estimate
+        self.last_div_var: Tensor | None = None  # (B,) variance of the last divergence estimate
 
-    def _call(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor]):
+    def _call(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None):
         self.nfe += 1
         return self.den(z.float(), gamma.double(), e_sc)
 
-    def self_cond_input(self, z: Tensor, gamma: Tensor) -> Optional[Tensor]:
+    def self_cond_input(self, z: Tensor, gamma: Tensor) -> Tensor | None:
         """``e_sc(z) = x_theta(z, gamma, 0) E`` (the bootstrap pass), or None without s.c."""
         return self._call(z, gamma, None).e_hat if self.sc else None
 
-    def predict(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None, use_cached: bool = False):
+    def predict(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None = None, use_cached: bool = False):
         """Evaluation-time prediction; ``use_cached`` reuses the given ``e_sc`` instead of recomputing."""
         if self.sc and not use_cached:
             e_sc = self.self_cond_input(z, gamma)
         return self._call(z, gamma, e_sc if self.sc else None)
 
-    def drift(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None, use_cached: bool = False) -> Tensor:
+    def drift(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None = None, use_cached: bool = False) -> Tensor:
         """``1/2 (alpha^2 z - alpha x_theta E)`` (eq. ode-pfode-gamma), (B, L, d_e) in z's dtype."""
         e_hat = self.predict(z, gamma, e_sc, use_cached).e_hat
         a, _ = _ab(gamma)
@@ -96,8 +97,8 @@ class PFODE:
         probe: str = "rademacher",
         jvp: str = "fd",
         h: float = 1e-3,
-        generator: Optional[torch.Generator] = None,
-        probes: Optional[Sequence[Tensor]] = None,
+        generator: torch.Generator | None = None,
+        probes: Sequence[Tensor] | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Drift (B, L, d_e) and Hutchinson estimate of its divergence (B,) float64 at (z, gamma);
         ``probes`` fixes the Hutchinson vectors (an adaptive solver needs a deterministic drift)."""
@@ -111,7 +112,7 @@ class PFODE:
         return v, div
 
 
-def draw_probe(shape, probe: str, generator: Optional[torch.Generator], device, dtype) -> Tensor:
+def draw_probe(shape, probe: str, generator: torch.Generator | None, device, dtype) -> Tensor:
     """Rademacher (+-1) or standard Gaussian probe with ``E[xi xi^T] = I``."""
     if probe == "rademacher":
         xi = torch.randint(0, 2, shape, generator=generator).to(torch.float64) * 2 - 1
@@ -129,8 +130,8 @@ def hutchinson_divergence(
     probe: str = "rademacher",
     jvp: str = "fd",
     h: float = 1e-3,
-    generator: Optional[torch.Generator] = None,
-    probes: Optional[Sequence[Tensor]] = None,
+    generator: torch.Generator | None = None,
+    probes: Sequence[Tensor] | None = None,
 ) -> Tensor:
     """``mean_j xi_j^T (df/dz) xi_j`` per row (B,) float64 (Hutchinson's estimator).
 
@@ -148,8 +149,8 @@ def hutchinson_divergence_and_var(
     probe: str = "rademacher",
     jvp: str = "fd",
     h: float = 1e-3,
-    generator: Optional[torch.Generator] = None,
-    probes: Optional[Sequence[Tensor]] = None,
+    generator: torch.Generator | None = None,
+    probes: Sequence[Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """:func:`hutchinson_divergence` and the estimated variance of that mean, ``S^2 / n`` with ``S^2``
     the sample variance of the n per-probe values (B,) float64 (NaN when n = 1)."""
@@ -169,7 +170,7 @@ def hutchinson_divergence_and_var(
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
             with torch.enable_grad(), sdpa_kernel(SDPBackend.MATH):  # forward AD needs the math SDPA
-                _, jv = torch.func.jvp(f, (z,), (xi,))
+                jv = torch.func.jvp(f, (z,), (xi,))[1]
             jv = jv.detach().double()
         else:
             raise ValueError(f"unknown jvp mode {jvp!r}; use fd or autograd")
@@ -194,15 +195,15 @@ def ode_log_weight(
     probe: str = "rademacher",
     jvp: str = "fd",
     h: float = 1e-3,
-    self_cond: Optional[bool] = None,
+    self_cond: bool | None = None,
     selfcond_correction: bool = True,
-    generator: Optional[torch.Generator] = None,
-    ode: Optional[PFODE] = None,
+    generator: torch.Generator | None = None,
+    ode: PFODE | None = None,
     solver: str = "heun",
     rtol: float = 1e-5,
     atol: float = 1e-5,
     max_steps: int = MAX_SOLVER_STEPS,
-    callback: Optional[Callable[[float], None]] = None,
+    callback: Callable[[float], None] | None = None,
 ) -> dict[str, Tensor]:
     """One importance sample per row: ``log w`` (eq. ode-logweight-gamma) for tokens (B, L).
 
@@ -268,7 +269,7 @@ def _solve_heun(
     gamma_0: float,
     gamma_1: float,
     steps: int,
-    callback: Optional[Callable[[float], None]] = None,
+    callback: Callable[[float], None] | None = None,
     **kw,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Heun2 from gamma_0 to gamma_1: (z(gamma_1), int div dgamma (B,) float64, its noise variance (B,)).
@@ -286,7 +287,9 @@ def _solve_heun(
         vb, db = ode.drift_and_div(z_pred, torch.full((B,), gb, dtype=torch.float64, device=dev), **kw)
         z = (z.double() + 0.5 * dg * (va.double() + vb.double())).to(z0.dtype)
         div_int += 0.5 * dg * (da + db)
-        div_var += (0.5 * dg) ** 2 * (var_a + ode.last_div_var)
+        var_b = ode.last_div_var
+        assert var_a is not None and var_b is not None  # drift_and_div sets them
+        div_var += (0.5 * dg) ** 2 * (var_a + var_b)
         if callback is not None:
             callback((i + 1) / steps)
     return z, div_int, div_var
@@ -299,7 +302,7 @@ def _solve_adaptive(
     gamma_1: float,
     rtol: float,
     atol: float,
-    callback: Optional[Callable[[float], None]] = None,
+    callback: Callable[[float], None] | None = None,
     max_steps: int = MAX_SOLVER_STEPS,
     **kw,
 ) -> tuple[Tensor, Tensor]:
@@ -352,8 +355,8 @@ def ode_log_weights(
     gamma_1: float,
     K: int = 1,
     batch_size: int = 16,
-    progress: Optional[Callable[[int, int], None]] = None,
-    generator: Optional[torch.Generator] = None,
+    progress: Callable[[int, int], None] | None = None,
+    generator: torch.Generator | None = None,
     return_var: bool = False,
     **kw,
 ) -> tuple[Tensor, int] | tuple[Tensor, int, Tensor]:
@@ -412,10 +415,10 @@ def iwae_bias_curve(log_w: Tensor, noise_var: Tensor, L: int, Ks: Sequence[int])
 def iwae_curve(
     log_w: Tensor,
     L: int,
-    Ks: Optional[Sequence[int]] = None,
+    Ks: Sequence[int] | None = None,
     mode: str = "groups",
     n_subsets: int = 32,
-    generator: Optional[torch.Generator] = None,
+    generator: torch.Generator | None = None,
 ) -> dict[int, dict[str, float]]:
     """Per-token NLL of the K-IWAE for K in ``Ks`` (default 1, 2, 4, ... <= K_max) from log-weights (N, K_max).
 
@@ -444,7 +447,7 @@ def iwae_curve(
     return res
 
 
-def fit_inverse_k(curve: dict[int, dict[str, float]], k_min: int = 4) -> dict[str, float]:
+def fit_inverse_k(curve: dict[int, dict[str, float]], k_min: int = 4) -> dict[str, Any]:
     """Least-squares fit of the per-token NLL to ``a + b / K`` on K >= k_min (all K if fewer than 2).
 
     Returns ``a`` (the K -> inf asymptote), ``b``, ``ppl_inf = exp(a)`` and the K's used."""
@@ -464,11 +467,11 @@ def fit_inverse_k(curve: dict[int, dict[str, float]], k_min: int = 4) -> dict[st
 
 def plot_k_curve(
     curve: dict[int, dict[str, float]],
-    fit: Optional[dict] = None,
+    fit: dict | None = None,
     path: str = "kcurve.png",
-    nelbo_nats: Optional[float] = None,
+    nelbo_nats: float | None = None,
     title: str = "ODE K-IWAE",
-    sequences: Optional[int] = None,
+    sequences: int | None = None,
 ) -> None:
     """PNG of per-token NLL and PPL vs K (log2 axis) with the a + b/K fit and a NELBO line.
 
@@ -488,7 +491,7 @@ def plot_k_curve(
         ax.errorbar(
             Ks,
             [tr(v) for v in y],
-            yerr=[tr(v) * s if tr is math.exp else s for v, s in zip(y, se)],
+            yerr=[tr(v) * s if tr is math.exp else s for v, s in zip(y, se, strict=True)],
             marker="o",
             capsize=3,
             label="K-IWAE (bars: +-1 s.e. over sequences)",
@@ -531,7 +534,7 @@ class LikelihoodResult:
     fit: dict = field(default_factory=dict)
     nfe: int = 0
     seconds: float = 0.0
-    noise_var: Optional[Tensor] = None  # (N, K) Hutchinson noise variance of each log-weight
+    noise_var: Tensor | None = None  # (N, K) Hutchinson noise variance of each log-weight
 
     def summary(self) -> dict:
         Ks = sorted(self.curve)
@@ -542,7 +545,9 @@ class LikelihoodResult:
         )
         return {
             "hutchinson_bias_nats": None if bias is None else {str(k): v for k, v in bias.items()},
-            "hutchinson_logw_std": (None if bias is None else float(self.noise_var.clamp_min(0).sqrt().mean())),
+            "hutchinson_logw_std": (
+                None if bias is None or self.noise_var is None else float(self.noise_var.clamp_min(0).sqrt().mean())
+            ),
             "nats_per_token_bias_corrected": (
                 None if bias is None else {str(k): self.curve[k]["nats"] + bias[k] for k in Ks}
             ),
@@ -577,17 +582,20 @@ def estimate_likelihood(
     """Log-weights, K-curve and ``a + b/K`` fit for tokens (N, L); ``kw`` go to :func:`ode_log_weight`."""
     t0 = time.time()
     gen = torch.Generator().manual_seed(seed)
-    log_w, nfe, var = ode_log_weights(
-        denoiser,
-        tokens,
-        gamma_0,
-        gamma_1,
-        K,
-        batch_size,
-        generator=gen,
-        progress=kw.pop("progress", None),
-        return_var=True,
-        **kw,
+    log_w, nfe, var = cast(
+        tuple[Tensor, int, Tensor],
+        ode_log_weights(
+            denoiser,
+            tokens,
+            gamma_0,
+            gamma_1,
+            K,
+            batch_size,
+            generator=gen,
+            progress=kw.pop("progress", None),
+            return_var=True,
+            **kw,
+        ),
     )
     L = tokens.shape[1]
     curve = iwae_curve(log_w, L, mode=subsample, generator=gen)

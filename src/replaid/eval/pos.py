@@ -16,8 +16,8 @@ index (numpy's ``argmax``), which the appendix leaves open.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -116,7 +116,7 @@ def count_pos(
     nlp=None,
     batch_size: int = 16,
     progress: bool = False,
-    total: Optional[int] = None,
+    total: int | None = None,
 ) -> np.ndarray:
     """The (V, 18) int64 count matrix ``C[v, p]`` over rows of token ids (decode -> tag -> re-encode -> align)."""
     from tqdm import tqdm
@@ -128,11 +128,11 @@ def count_pos(
     batch: list[str] = []
 
     def flush():
-        for text, doc in zip(batch, nlp.pipe(batch)):
+        for text, doc in zip(batch, nlp.pipe(batch), strict=True):
             ids, tags = subword_tags(text, doc, encode_offsets)
-            ids = np.asarray(ids, dtype=np.int64)
-            ok = (ids >= 0) & (ids < vocab_size)
-            np.add.at(C, (ids[ok], tags[ok]), 1)
+            ids_a = np.asarray(ids, dtype=np.int64)
+            ok = (ids_a >= 0) & (ids_a < vocab_size)
+            np.add.at(C, (ids_a[ok], tags[ok]), 1)
         bar.update(len(batch))
         batch.clear()
 

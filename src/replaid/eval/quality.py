@@ -32,9 +32,10 @@ import json
 import math
 import os
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -83,7 +84,8 @@ def load_judge(name_or_path: str, device: str = "cpu"):
 
     def load(**kw):
         tok = AutoTokenizer.from_pretrained(name_or_path, **kw)
-        return AutoModelForCausalLM.from_pretrained(name_or_path, **kw).to(device).eval(), tok
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, **kw)
+        return model.to(device).eval(), tok  # type: ignore[arg-type]  # transformers types .to() on the model class wrongly
 
     offline = (
         f"--judge {name_or_path} is neither a local folder nor in the Hugging Face cache, and the Hub is "
@@ -133,26 +135,26 @@ def _chunked_gen_ppl(
     nll_sum, n_tok = np.zeros(len(texts)), np.zeros(len(texts))
     for s in tqdm(range(0, len(chunks), batch_size), desc="GenPPL", unit="batch", leave=False):  # stderr
         part = chunks[s : s + batch_size]
-        ids = torch.zeros((len(part), max(len(c) for c in part)), dtype=torch.long)
-        mask = torch.zeros(ids.shape, dtype=torch.bool)
+        batch = torch.zeros((len(part), max(len(c) for c in part)), dtype=torch.long)
+        mask = torch.zeros(batch.shape, dtype=torch.bool)
         for j, c in enumerate(part):
-            ids[j, : len(c)] = torch.tensor(c)
+            batch[j, : len(c)] = torch.tensor(c)
             mask[j, : len(c)] = True
-        sums = row_nll(ids, mask).double().cpu()
+        sums = row_nll(batch, mask).double().cpu()
         for j, c in enumerate(part):
             nll_sum[owner[s + j]] += float(sums[j])
             n_tok[owner[s + j]] += len(c)
     nats = float(nll_sum.sum() / n_tok.sum())
-    per = [float(a / b) if b > 0 else float("nan") for a, b in zip(nll_sum, n_tok)]
+    per = [float(a / b) if b > 0 else float("nan") for a, b in zip(nll_sum, n_tok, strict=True)]
     return {"nats_per_token": nats, "gen_ppl": math.exp(nats), "tokens": int(n_tok.sum()), "per_sample": per}
 
 
 @torch.no_grad()
-def gen_ppl(texts: Sequence[str], model, tokenizer, context: Optional[int] = None, batch_size: int = 8) -> dict:
+def gen_ppl(texts: Sequence[str], model, tokenizer, context: int | None = None, batch_size: int = 8) -> dict:
     """Generative perplexity of ``texts`` under a Hugging Face causal LM (conventions: module docstring)."""
     device = next(model.parameters()).device
     ctx = context or int(
-        getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", 1024)
+        getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None) or 1024
     )
     if ctx < 2:
         raise ValueError("the judge context must be at least 2 tokens")
@@ -197,16 +199,16 @@ class Judge:
     score: Callable[[Sequence[str]], dict]
     name: str
     hf_tokenizer: Any = None  # the judge's HF tokenizer (None for a replaid AR run)
-    source: Optional[str] = None  # the AR run's data.source (for ``--reference SPLIT``)
+    source: str | None = None  # the AR run's data.source (for ``--reference SPLIT``)
 
 
 def make_judge(
-    judge: Optional[str] = None,
-    judge_run: Optional[str] = None,
-    context: Optional[int] = None,
+    judge: str | None = None,
+    judge_run: str | None = None,
+    context: int | None = None,
     batch_size: int = 8,
     device: str = "cpu",
-) -> Optional[Judge]:
+) -> Judge | None:
     """A :class:`Judge` from a Hugging Face causal LM (name or local path) or a replaid AR run
     directory/checkpoint; None when neither is given."""
     if judge and judge_run:
@@ -238,7 +240,7 @@ def default_encoder_path() -> str:
 @torch.no_grad()
 def sentence_features(
     texts: Sequence[str],
-    encoder: Optional[str] = None,
+    encoder: str | None = None,
     batch_size: int = 32,
     max_length: int = 256,
     device: str = "cpu",
@@ -275,7 +277,7 @@ def mauve_score(p_features: np.ndarray, q_features: np.ndarray, seed: int = 25, 
     return min(1.0, float(out.mauve))  # mauve-text can return 1 + 4e-16
 
 
-def read_samples(path: str) -> tuple[list[str], Optional[list[list[int]]]]:
+def read_samples(path: str) -> tuple[list[str], list[list[int]] | None]:
     """Texts (and ids when every JSONL row has them) from a JSONL (``replaid sample --json``) or a
     plain-text file (one sample a line). Schema-checked: UTF-8, one JSON object a line with a string
     ``text`` and, optionally, ``ids`` a list of non-negative whole numbers, below ``vocab_size`` when the row
@@ -292,12 +294,13 @@ def read_samples(path: str) -> tuple[list[str], Optional[list[list[int]]]]:
     numbered = [(i, ln) for i, ln in enumerate(raw.splitlines(), 1) if ln.strip()]
     if p.suffix not in (".jsonl", ".json"):
         return [ln for _, ln in numbered], None
-    texts, ids = [], []
-    vocab: Optional[tuple[int, int]] = None  # (vocab_size, its first line): every row's ids share one vocabulary
+    texts: list[str] = []
+    ids: list[list[int] | None] = []
+    vocab: tuple[int, int] | None = None  # (vocab_size, its first line): every row's ids share one vocabulary
     for i, ln in numbered:
         try:
             r = json.loads(ln)
-        except ValueError as e:
+        except json.JSONDecodeError as e:
             raise ValueError(f"{p} line {i}: not JSON ({e.msg}); write one JSON object a line") from None
         if not isinstance(r, dict):
             raise ValueError(f'{p} line {i}: a JSON {type(r).__name__}, not an object with a "text" field')
@@ -327,7 +330,8 @@ def read_samples(path: str) -> tuple[list[str], Optional[list[list[int]]]]:
         if V is not None and vocab is None:
             vocab = (V, i)
         ids.append(row_ids)
-    return texts, (ids if ids and all(x is not None for x in ids) else None)
+    full = [x for x in ids if x is not None]
+    return texts, (full if ids and len(full) == len(ids) else None)
 
 
 def reference_windows(run, split: str, n: int, offset: int = 0) -> tuple[list[str], list[list[int]]]:
@@ -346,7 +350,7 @@ def reference_windows(run, split: str, n: int, offset: int = 0) -> tuple[list[st
     return [run.tokenizer.decode(t) for t in toks], toks
 
 
-def reference_texts(spec: str, n: int, chars: int, default_source: Optional[str] = None) -> list[str]:
+def reference_texts(spec: str, n: int, chars: int, default_source: str | None = None) -> list[str]:
     """Reference texts for MAUVE from a file (JSONL ``text`` rows or lines), or from ``[SOURCE:]SPLIT``
     of any ``data.source`` cut into ``n`` pieces of ``chars`` characters spread over the split."""
     from replaid.data.sources import iter_documents
@@ -356,17 +360,17 @@ def reference_texts(spec: str, n: int, chars: int, default_source: Optional[str]
     source, _, split = spec.rpartition(":")
     if split not in ("train", "valid", "test"):
         raise ValueError(f"--reference {spec!r} is neither a file nor [SOURCE:]SPLIT with SPLIT in train/valid/test")
-    source = source or default_source
-    if not source:
+    source_ = source or default_source
+    if not source_:
         raise ValueError(
             f"--reference {spec!r} names a split but no corpus: write SOURCE:{split} "
             f"(e.g. ../shared/data/tinyshakespeare:{split}) or pass --judge-run"
         )
-    text = "\n".join(iter_documents(source, split))
+    text = "\n".join(iter_documents(source_, split))
     pieces = [text[s : s + chars] for s in range(0, len(text) - chars + 1, chars)]
     if len(pieces) < n:
         raise ValueError(
-            f"{source}:{split} holds {len(pieces)} pieces of {chars} characters, fewer than {n}; "
+            f"{source_}:{split} holds {len(pieces)} pieces of {chars} characters, fewer than {n}; "
             f"use fewer samples or another split"
         )
     step = len(pieces) / n

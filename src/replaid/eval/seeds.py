@@ -22,8 +22,8 @@ smallest logged ``s`` with ``u_k - x_k >= PLATEAU_NATS`` for every logged ``k >=
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 from scipy import stats
 
@@ -33,17 +33,17 @@ MIN_SEEDS = 3  # a paired difference over fewer seeds gets no verdict (its inter
 
 def plateau_exit(
     steps: Sequence[int], bound: Sequence[float], unigram: Sequence[float], margin: float = PLATEAU_NATS
-) -> Optional[int]:
+) -> int | None:
     """The plateau-exit step of one training curve (module docstring): the first logged step from
     which ``unigram - bound >= margin`` at every later logged step; None when the last logged step is
     not that far below (the run has not left the plateau). A dip below that returns counts only
     from its last return. Steps must be increasing; non-finite bounds count as on the plateau."""
     if not len(steps) == len(bound) == len(unigram):
         raise ValueError(f"steps, bound and unigram differ in length ({len(steps)}, {len(bound)}, {len(unigram)})")
-    if any(b <= a for a, b in zip(steps, steps[1:])):
+    if any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
         raise ValueError("steps must be strictly increasing")
     exit_step = None
-    for st, x, u in zip(steps, bound, unigram):
+    for st, x, u in zip(steps, bound, unigram, strict=True):
         below = math.isfinite(x) and math.isfinite(u) and u - x >= margin
         if not below:
             exit_step = None
@@ -149,14 +149,14 @@ class CellSummary:
         return t_interval([self.values[s] for s in sorted(self.values)], self.confidence)
 
     @property
-    def below_unigram(self) -> Optional[Interval]:
+    def below_unigram(self) -> Interval | None:
         seeds = sorted(set(self.values) & set(self.unigram))
         if not seeds:
             return None
         return t_interval([self.unigram[s] - self.values[s] for s in seeds], self.confidence)
 
     @property
-    def on_plateau(self) -> Optional[bool]:
+    def on_plateau(self) -> bool | None:
         """True when the mean distance below unigram is under :data:`PLATEAU_NATS` (None: unknown)."""
         b = self.below_unigram
         return None if b is None else b.mean < PLATEAU_NATS

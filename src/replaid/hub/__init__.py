@@ -22,4 +22,4 @@ __all__ = ["Run", "from_pretrained", "looks_like_hub_id", "resolve"]
 def from_pretrained(path_or_id: str | os.PathLike, use_ema: bool = True, device: str = "auto"):
     """Load a run, an exported folder or a Hub id; returns a :class:`replaid.training.loading.Run` with
     ``.model``, ``.method``, ``.tokenizer`` (and ``.cfg``, ``.data`` for evaluation)."""
-    return load_run(path_or_id, use_ema=use_ema, device=device)
+    return load_run(os.fspath(path_or_id), use_ema=use_ema, device=device)

@@ -196,7 +196,7 @@ def export_run(run: str | os.PathLike, out: str | os.PathLike, raw: bool = False
         "method_state": st.get("method_state", {}),
         "exported_from": str(ckpt.resolve()),
     }
-    return write_folder(out, state, weights, r.tokenizer, card)
+    return write_folder(Path(out), state, weights, r.tokenizer, card)
 
 
 def write_folder(out: Path, state: dict, weights: dict[str, torch.Tensor], tokenizer, card: str) -> Path:

@@ -136,7 +136,7 @@ class ReplaidLM(LM):
             rows += request_rows(ctx, cont, self.scorer.L, i, self.rolling_context)
         self.scorer.score(rows, greedy=True, desc="loglikelihood")
         out = totals(rows, len(requests))
-        for req, r in zip(requests, out):
+        for req, r in zip(requests, out, strict=True):
             self.cache_hook.add_partial("loglikelihood", req.args, r)
         self._time("loglikelihood", len(requests), t0)
         return out
@@ -148,7 +148,7 @@ class ReplaidLM(LM):
             rows += rolling_rows(self.tok.encode(req.args[0]), self.scorer.L, i, self.rolling_context)
         self.scorer.score(rows, desc="loglikelihood_rolling")
         out = [ll for ll, _ in totals(rows, len(requests))]
-        for req, r in zip(requests, out):
+        for req, r in zip(requests, out, strict=True):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, r)
         self._time("loglikelihood_rolling", len(requests), t0)
         return out

@@ -14,7 +14,6 @@ Sampling is ancestral (temperature, optional nucleus/top-p) with a KV cache
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -60,12 +59,12 @@ class ARMethod(Method[TokenDiT]):
         logits = model(shift_right(tokens, model.n_in - 1))  # (B, L, V) float32
         return F.cross_entropy(logits.float().reshape(B * L, -1), tokens.reshape(B * L), reduction="none").view(B, L)
 
-    def _nll_rows(self, model: TokenDiT, tokens: Tensor, mask: Optional[Tensor]) -> Tensor:
+    def _nll_rows(self, model: TokenDiT, tokens: Tensor, mask: Tensor | None) -> Tensor:
         return masked_mean(self._ce(model, tokens), mask)  # (B,) float64
 
     @torch.no_grad()
     def conditional_nll(
-        self, model: TokenDiT, tokens: Tensor, target: Tensor, generator: Optional[torch.Generator]
+        self, model: TokenDiT, tokens: Tensor, target: Tensor, generator: torch.Generator | None
     ) -> Tensor:
         """Exact ``-sum_{l in target} log p(x_l | BOS, x_<l)``: the target must be a suffix of each row
         (the context, all that precedes it, is what the model conditions on)."""
@@ -79,16 +78,16 @@ class ARMethod(Method[TokenDiT]):
         model: TokenDiT,
         tokens: Tensor,
         generator: torch.Generator,
-        mask: Optional[Tensor] = None,
-        t_diff: Optional[Tensor] = None,
-        n_recon: Optional[int] = None,
+        mask: Tensor | None = None,
+        t_diff: Tensor | None = None,
+        n_recon: int | None = None,
     ) -> tuple[Tensor, dict]:
         nll = self._nll_rows(model, tokens, mask)
         return nll.mean(), {"loss": nll.detach(), "nll": nll.detach()}
 
     @torch.no_grad()
     def eval_bound(
-        self, model: TokenDiT, tokens: Tensor, generator: Optional[torch.Generator], mask: Optional[Tensor] = None
+        self, model: TokenDiT, tokens: Tensor, generator: torch.Generator | None, mask: Tensor | None = None
     ) -> dict[str, Tensor]:
         return {"nll": self._nll_rows(model, tokens, mask)}
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from typing import ClassVar, Generic, Optional, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -68,7 +68,7 @@ class Method(ABC, Generic[ModelT]):
     bound: ClassVar[str] = "nelbo"  # "nelbo" | "nll"
     conditional: ClassVar[str] = "bound"  # what conditional_nll is: "exact" | "bound" (an upper bound on the NLL)
     global_times: ClassVar[bool] = False
-    options: ClassVar[Optional[type]] = None  # this method's options dataclass (None: it has none)
+    options: ClassVar[type | None] = None  # this method's options dataclass (None: it has none)
     section: ClassVar[str] = ""  # its section in config files; "" = the method's name
     model_keys: ClassVar[tuple[str, ...]] = ()  # ModelConfig keys its network reads beyond BACKBONE_KEYS
 
@@ -82,13 +82,13 @@ class Method(ABC, Generic[ModelT]):
 
     @abstractmethod
     def eval_bound(
-        self, model: ModelT, tokens: Tensor, generator: Optional[torch.Generator], mask: Optional[Tensor] = None
+        self, model: ModelT, tokens: Tensor, generator: torch.Generator | None, mask: Tensor | None = None
     ) -> dict[str, Tensor]:
         """Per-sequence per-token nats (B,) float64 under ``bound`` (and its pieces) for tokens (B, L)."""
 
     @abstractmethod
     def conditional_nll(
-        self, model: ModelT, tokens: Tensor, target: Tensor, generator: Optional[torch.Generator]
+        self, model: ModelT, tokens: Tensor, target: Tensor, generator: torch.Generator | None
     ) -> Tensor:
         """Nats (B,) float64 of ``-log p(tokens[target] | tokens[~target])``, *summed* over the target
         positions of tokens (B, L) (target: (B, L) bool), under ``conditional``: exact, or an upper
@@ -99,9 +99,9 @@ class Method(ABC, Generic[ModelT]):
         model: ModelT,
         tokens: Tensor,
         generator: torch.Generator,
-        mask: Optional[Tensor] = None,
-        t_diff: Optional[Tensor] = None,
-        n_recon: Optional[int] = None,
+        mask: Tensor | None = None,
+        t_diff: Tensor | None = None,
+        n_recon: int | None = None,
     ) -> tuple[Tensor, dict]:
         """(scalar loss, per-row metrics) of one micro-batch tokens (B, L). ``t_diff``: this micro-batch's
         slice of the global low-discrepancy times (``global_times``); ``n_recon``: :meth:`recon_rows`.
@@ -122,7 +122,7 @@ class Method(ABC, Generic[ModelT]):
         """Refuse (ConfigError, one line) a training shape this method cannot learn from."""
         self.check_config(cfg, world_size)
 
-    def sampling_refusal(self) -> Optional[str]:
+    def sampling_refusal(self) -> str | None:
         """Why this run cannot be sampled yet (one line), or None."""
         return None
 

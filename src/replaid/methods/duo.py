@@ -37,7 +37,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Optional
 
 import numpy as np
 import torch
@@ -138,7 +137,7 @@ def udlm_integrand(logits: Tensor, x: Tensor, z: Tensor, alpha: Tensor, dalpha: 
     return (-da / (V * a)) * bracket
 
 
-def uniform_corrupt(x: Tensor, alpha: Tensor, V: int, generator: Optional[torch.Generator]) -> Tensor:
+def uniform_corrupt(x: Tensor, alpha: Tensor, V: int, generator: torch.Generator | None) -> Tensor:
     """Sample ``z ~ alpha onehot(x) + (1 - alpha)/V`` per position. alpha: (B,)."""
     B, L = x.shape
     gen = device_generator(generator, x.device)
@@ -191,7 +190,7 @@ class DuoMethod(Method[TokenDiT]):
     def build_model(self, vocab_size: int) -> TokenDiT:
         return TokenDiT(self.cfg.model, vocab_size, vocab_size, time_conditioning=True, causal=False)
 
-    def times(self, n: int, generator: torch.Generator, t_diff: Optional[Tensor] = None) -> Tensor:
+    def times(self, n: int, generator: torch.Generator, t_diff: Tensor | None = None) -> Tensor:
         """``t = eps + (1 - eps) s`` (n,) float64; ``s = (i + u)/n`` unless the trainer's slice is given."""
         if t_diff is None:
             u = float(torch.rand((), generator=generator, dtype=torch.float64))
@@ -202,7 +201,7 @@ class DuoMethod(Method[TokenDiT]):
         """``(alpha_t, alpha'_t) = (1 - (1 - eps) t, -(1 - eps))``, float64."""
         return 1 - (1 - self.eps) * t, torch.full_like(t, -(1 - self.eps))
 
-    def curriculum_tau(self) -> Optional[float]:
+    def curriculum_tau(self) -> float | None:
         """tau at the current step while the curriculum is active (steps ``0 .. end``), else None.
         ``curriculum_end = 0`` turns the curriculum off."""
         total = self.cfg.train.steps
@@ -218,9 +217,9 @@ class DuoMethod(Method[TokenDiT]):
         model: TokenDiT,
         tokens: Tensor,
         t: Tensor,
-        generator: Optional[torch.Generator],
-        mask: Optional[Tensor] = None,
-        clean: Optional[Tensor] = None,
+        generator: torch.Generator | None,
+        mask: Tensor | None = None,
+        clean: Tensor | None = None,
     ) -> Tensor:
         """UDLM NELBO estimate per row at times t (B,) in [eps, 1] (no curriculum). ``clean`` (B, L)
         bool: positions never corrupted (a conditional's context)."""
@@ -238,9 +237,9 @@ class DuoMethod(Method[TokenDiT]):
         model: TokenDiT,
         tokens: Tensor,
         generator: torch.Generator,
-        mask: Optional[Tensor] = None,
-        t_diff: Optional[Tensor] = None,
-        n_recon: Optional[int] = None,
+        mask: Tensor | None = None,
+        t_diff: Tensor | None = None,
+        n_recon: int | None = None,
     ) -> tuple[Tensor, dict]:
         B, L = tokens.shape
         V = model.n_out
@@ -273,7 +272,7 @@ class DuoMethod(Method[TokenDiT]):
 
     @torch.no_grad()
     def eval_bound(
-        self, model: TokenDiT, tokens: Tensor, generator: Optional[torch.Generator], mask: Optional[Tensor] = None
+        self, model: TokenDiT, tokens: Tensor, generator: torch.Generator | None, mask: Tensor | None = None
     ) -> dict[str, Tensor]:
         """UDLM NELBO, reference log-linear alpha, ``eval.t_samples`` stratified times per sequence in [eps, 1]."""
         total = stratified_time_average(
@@ -289,7 +288,7 @@ class DuoMethod(Method[TokenDiT]):
 
     @torch.no_grad()
     def conditional_nll(
-        self, model: TokenDiT, tokens: Tensor, target: Tensor, generator: Optional[torch.Generator]
+        self, model: TokenDiT, tokens: Tensor, target: Tensor, generator: torch.Generator | None
     ) -> Tensor:
         """The UDLM NELBO of the target with the rest held clean (only the target is corrupted),
         summed over the target positions: an upper bound on ``-log p(target | context)`` of the

@@ -16,7 +16,6 @@ behind the same denoiser interface (``kind = continuous``), so they share the ev
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -74,13 +73,13 @@ class LangFlowMethod(Method[LangFlowDenoiser]):
         self,
         model: LangFlowDenoiser,
         tokens: Tensor,
-        generator: Optional[torch.Generator],
-        mask: Optional[Tensor] = None,
+        generator: torch.Generator | None,
+        mask: Tensor | None = None,
     ) -> dict[str, Tensor]:
         return continuous_eval_bound(self.cfg, model, tokens, generator, mask)
 
     def conditional_nll(
-        self, model: LangFlowDenoiser, tokens: Tensor, target: Tensor, generator: Optional[torch.Generator]
+        self, model: LangFlowDenoiser, tokens: Tensor, target: Tensor, generator: torch.Generator | None
     ) -> Tensor:
         return continuous_conditional_nll(self.cfg, model, tokens, target, generator)
 

@@ -26,7 +26,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -119,9 +118,9 @@ class MDLMMethod(Method[TokenDiT]):
         model: TokenDiT,
         tokens: Tensor,
         t: Tensor,
-        generator: Optional[torch.Generator],
-        mask: Optional[Tensor] = None,
-        clean: Optional[Tensor] = None,
+        generator: torch.Generator | None,
+        mask: Tensor | None = None,
+        clean: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """:meth:`masked_terms` summed per row: ``(S, n)``, S = (1/n) sum of the masked CE (per-row t: the
         NELBO estimate is ``S / t``), or of ``CE / t`` (per-token t: the NELBO itself)."""
@@ -135,9 +134,9 @@ class MDLMMethod(Method[TokenDiT]):
         model: TokenDiT,
         tokens: Tensor,
         t: Tensor,
-        generator: Optional[torch.Generator],
-        mask: Optional[Tensor] = None,
-        clean: Optional[Tensor] = None,
+        generator: torch.Generator | None,
+        mask: Tensor | None = None,
+        clean: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Draw z_t ~ q(z_t | x) at times t, per row (B,) or per token (B, L) float64 (blocks), and return
         ``(ce, n)``: the CE (B, L) float64 at the masked (valid) positions, 0 elsewhere (SUBS), and the
@@ -173,9 +172,9 @@ class MDLMMethod(Method[TokenDiT]):
         model: TokenDiT,
         tokens: Tensor,
         generator: torch.Generator,
-        mask: Optional[Tensor] = None,
-        t_diff: Optional[Tensor] = None,
-        n_recon: Optional[int] = None,
+        mask: Tensor | None = None,
+        t_diff: Tensor | None = None,
+        n_recon: int | None = None,
     ) -> tuple[Tensor, dict]:
         """t_diff: (B,) low-discrepancy values in [0, 1), this micro-batch's slice of the global batch
         (the trainer's); mapped to ``t = eps + (1 - eps) t_diff``. Drawn here when None."""
@@ -197,7 +196,7 @@ class MDLMMethod(Method[TokenDiT]):
 
     @torch.no_grad()
     def eval_bound(
-        self, model: TokenDiT, tokens: Tensor, generator: Optional[torch.Generator], mask: Optional[Tensor] = None
+        self, model: TokenDiT, tokens: Tensor, generator: torch.Generator | None, mask: Tensor | None = None
     ) -> dict[str, Tensor]:
         """NELBO with ``eval.t_samples`` stratified times per sequence (``t_k = eps + (1-eps)(k + u_b)/K``)."""
 
@@ -211,7 +210,7 @@ class MDLMMethod(Method[TokenDiT]):
 
     @torch.no_grad()
     def conditional_nll(
-        self, model: TokenDiT, tokens: Tensor, target: Tensor, generator: Optional[torch.Generator]
+        self, model: TokenDiT, tokens: Tensor, target: Tensor, generator: torch.Generator | None
     ) -> Tensor:
         """The NELBO of the target given the rest held clean (only the target is ever masked):
         ``E_t[(1/t) sum_{l in target, masked} CE_l]``, ``eval.t_samples`` stratified times per row. An

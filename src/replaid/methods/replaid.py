@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -97,7 +97,7 @@ class SplitState:
     """
 
     decay: float = 0.997
-    stats: Optional[Tensor] = None  # (4,) float64: EMAs of recon, recon^2, diffusion, diffusion^2
+    stats: Tensor | None = None  # (4,) float64: EMAs of recon, recon^2, diffusion, diffusion^2
     n: int = 0  # number of updates (bias correction)
     host_std: tuple[float, float] = (0.0, 0.0)  # (s_r, s_d) as of the last refresh
 
@@ -144,7 +144,7 @@ class SplitState:
             self.refresh()
 
 
-def sc_rows(B: int, rate: float, generator: Optional[torch.Generator], device) -> Tensor:
+def sc_rows(B: int, rate: float, generator: torch.Generator | None, device) -> Tensor:
     """Indices of exactly ceil(rate * B) self-conditioning rows, chosen at random on ``device``
     (Algorithm 1 line 3); a fixed count, so the rows are selected without a host sync."""
     k = math.ceil(rate * B) if rate > 0 else 0
@@ -159,8 +159,8 @@ def continuous_eval_bound(
     cfg: RunConfig,
     model,
     tokens: Tensor,
-    generator: Optional[torch.Generator],
-    mask: Optional[Tensor] = None,
+    generator: torch.Generator | None,
+    mask: Tensor | None = None,
     block: int = 0,
 ) -> dict[str, Tensor]:
     """The continuous-time VDM NELBO (``nelbo_per_sequence``) of a continuous model, self-conditioning
@@ -181,8 +181,8 @@ def continuous_block_bound(
     model,
     tokens: Tensor,
     block: int,
-    generator: Optional[torch.Generator],
-    mask: Optional[Tensor] = None,
+    generator: torch.Generator | None,
+    mask: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """Each block's share (B, L / block) of a block-diffusion model's per-token NELBO, ``NELBO(x^k |
     x^{<k})`` (:func:`~replaid.diffusion.nelbo.block_nelbo_per_sequence`), self-conditioning per block
@@ -204,7 +204,7 @@ def continuous_block_bound(
 
 
 def continuous_conditional_nll(
-    cfg: RunConfig, model, tokens: Tensor, target: Tensor, generator: Optional[torch.Generator], block: int = 0
+    cfg: RunConfig, model, tokens: Tensor, target: Tensor, generator: torch.Generator | None, block: int = 0
 ) -> Tensor:
     """The target positions' share of the VDM NELBO (eq. 4), summed over them (B,) float64: every
     position is noised at the row's time (the context as the inpainting samplers see it), only the
@@ -270,9 +270,9 @@ class RePlaidMethod(Method[RePlaid]):
         model: RePlaid,
         tokens: Tensor,
         generator: torch.Generator,
-        mask: Optional[Tensor] = None,
-        t_diff: Optional[Tensor] = None,
-        n_recon: Optional[int] = None,
+        mask: Tensor | None = None,
+        t_diff: Tensor | None = None,
+        n_recon: int | None = None,
     ) -> tuple[Tensor, dict]:
         """One micro-batch of Algorithm 1. tokens: (B, L). ``t_diff``: the low-discrepancy times of
         the diffusion rows (B - B_r,), sliced from the global batch by the caller; drawn here if None.
@@ -330,7 +330,7 @@ class RePlaidMethod(Method[RePlaid]):
         eps: Tensor,
         B_r: int,
         ps: float,
-        mask: Optional[Tensor],
+        mask: Tensor | None,
     ):
         """Algorithm 1 from the drawn noise and the schedule's (gamma, gamma') (B,) float64 on: no
         generator, hook or host sync, so ``train.compile`` compiles it whole (:meth:`compile`).
@@ -375,7 +375,7 @@ class RePlaidMethod(Method[RePlaid]):
         eps: Tensor,
         B_r: int,
         ps: float,
-        mask: Optional[Tensor],
+        mask: Tensor | None,
     ):
         """:meth:`loss_core` with blocks (module docstring): gamma, gamma' (B, K) per (row, block); each
         block's recon / diffusion term given the clean blocks before it, from one vectorised pass over
@@ -439,8 +439,8 @@ class RePlaidMethod(Method[RePlaid]):
         model: RePlaid,
         tokens: Tensor,
         t_diff: Tensor,
-        gen: Optional[torch.Generator],
-        mask: Optional[Tensor],
+        gen: torch.Generator | None,
+        mask: Tensor | None,
         B_r: int,
         prior_scale: float = 1.0,
     ) -> Tensor:
@@ -471,20 +471,20 @@ class RePlaidMethod(Method[RePlaid]):
     # ------------------------------------------------------------------ evaluation bound
     @torch.no_grad()
     def eval_bound(
-        self, model: RePlaid, tokens: Tensor, generator: Optional[torch.Generator], mask: Optional[Tensor] = None
+        self, model: RePlaid, tokens: Tensor, generator: torch.Generator | None, mask: Tensor | None = None
     ) -> dict[str, Tensor]:
         """The VDM NELBO; with blocks, the sum over blocks of each block's bound given the earlier ones."""
         return continuous_eval_bound(self.cfg, model, tokens, generator, mask, self.block if self.blocks else 0)
 
     @torch.no_grad()
     def block_bound(
-        self, model: RePlaid, tokens: Tensor, generator: Optional[torch.Generator], mask: Optional[Tensor] = None
+        self, model: RePlaid, tokens: Tensor, generator: torch.Generator | None, mask: Tensor | None = None
     ) -> dict[str, Tensor]:
         """Each block's share (B, K) of :meth:`eval_bound` (whose terms are these summed over blocks)."""
         return continuous_block_bound(self.cfg, model, tokens, self.block, generator, mask)
 
     def conditional_nll(
-        self, model: RePlaid, tokens: Tensor, target: Tensor, generator: Optional[torch.Generator]
+        self, model: RePlaid, tokens: Tensor, target: Tensor, generator: torch.Generator | None
     ) -> Tensor:
         block = self.block if self.blocks else 0
         return continuous_conditional_nll(self.cfg, model, tokens, target, generator, block)

@@ -6,6 +6,7 @@ convolutions, mean and max pooling over positions, a linear read-out.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -18,7 +19,7 @@ class LatentClassifierConfig:
     hidden: int = 128
     kernel: int = 3
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -45,4 +46,5 @@ class LatentClassifier(nn.Module):
         x = x + torch.nn.functional.gelu(self.conv1(x))
         x = x + torch.nn.functional.gelu(self.conv2(x))
         pooled = torch.cat([x.mean(-1), x.amax(-1)], dim=-1)  # (B, 2h)
-        return self.out(pooled)  # (B, n_labels)
+        out_: Tensor = self.out(pooled)  # (B, n_labels)
+        return out_

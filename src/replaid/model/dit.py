@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 
 class Rotary(nn.Module):
+    inv_freq: Tensor
     """Rotary position embedding tables (cos, sin) of shape (L, head_dim / 2)."""
 
     def __init__(self, head_dim: int, base: float = 10_000.0):
@@ -74,7 +75,7 @@ class KVCache:
     window; rotary scores depend only on position differences, so every query-key offset stays below
     the window and inside what the model was trained on; None keeps everything)."""
 
-    window: Optional[int] = None
+    window: int | None = None
     layers: list[tuple[Tensor, Tensor]] = field(default_factory=list)
     next_pos: int = 0  # the absolute position of the next committed row
 
@@ -83,7 +84,7 @@ class KVCache:
         """Committed rows held (after the window's trim)."""
         return int(self.layers[0][0].shape[2]) if self.layers else 0
 
-    def keys(self, i: int) -> Optional[tuple[Tensor, Tensor]]:
+    def keys(self, i: int) -> tuple[Tensor, Tensor] | None:
         return self.layers[i] if i < len(self.layers) else None
 
     def put(self, i: int, k: Tensor, v: Tensor) -> None:
@@ -104,8 +105,8 @@ def attend(
     k: Tensor,
     v: Tensor,
     rope: tuple[Tensor, Tensor],
-    mask: Optional[Tensor] = None,
-    cache: Optional[KVCache] = None,
+    mask: Tensor | None = None,
+    cache: KVCache | None = None,
     layer: int = 0,
     commit: bool = False,
     causal: bool = False,
@@ -126,12 +127,13 @@ def attend(
 
 
 def rope_for(
-    rotary: Rotary, L: int, device: torch.device, positions: Optional[Tensor], cache: Optional[KVCache]
+    rotary: Rotary, L: int, device: torch.device, positions: Tensor | None, cache: KVCache | None
 ) -> tuple[Tensor, Tensor]:
     """The rotary tables of L new rows: ``0..L-1``, the given ``positions`` (L,), or the cache's next
     positions (a slice of the tables, no host read)."""
     if positions is None and cache is None:
-        return rotary(L, device)
+        out_: tuple[Tensor, Tensor] = rotary(L, device)
+        return out_
     if positions is None:
         assert cache is not None
         cos, sin = rotary(cache.next_pos + L, device)
@@ -146,7 +148,7 @@ class DiTBlock(nn.Module):
         self,
         hidden: int,
         n_heads: int,
-        cond_dim: Optional[int],
+        cond_dim: int | None,
         mlp_ratio: int = 4,
         dropout: float = 0.0,
         causal: bool = False,
@@ -161,7 +163,7 @@ class DiTBlock(nn.Module):
             nn.Linear(hidden, mlp_ratio * hidden), nn.GELU(approximate="tanh"), nn.Linear(mlp_ratio * hidden, hidden)
         )
         if cond_dim is not None:  # AdaLN-Zero: shift, scale, gate for attention and MLP
-            self.adaLN = nn.Linear(cond_dim, 6 * hidden)
+            self.adaLN: nn.Linear | None = nn.Linear(cond_dim, 6 * hidden)
             nn.init.zeros_(self.adaLN.weight)
             nn.init.zeros_(self.adaLN.bias)
         else:  # no conditioning (AR): zero-initialised learnable gates keep the block the identity
@@ -172,8 +174,8 @@ class DiTBlock(nn.Module):
         self,
         x: Tensor,
         rope: tuple[Tensor, Tensor],
-        mask: Optional[Tensor] = None,
-        cache: Optional[KVCache] = None,
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
         layer: int = 0,
         commit: bool = False,
     ) -> Tensor:
@@ -183,20 +185,21 @@ class DiTBlock(nn.Module):
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
         y = attend(q, k, v, rope, mask, cache, layer, commit, self.causal)  # (B, H, L, hd)
-        return self.attn_out(y.transpose(1, 2).reshape(B, L, D))
+        out_: Tensor = self.attn_out(y.transpose(1, 2).reshape(B, L, D))
+        return out_
 
     def forward(
         self,
         x: Tensor,
-        c: Optional[Tensor],
+        c: Tensor | None,
         rope: tuple[Tensor, Tensor],
-        mask: Optional[Tensor] = None,
-        cache: Optional[KVCache] = None,
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
         layer: int = 0,
         commit: bool = False,
     ) -> Tensor:
         # x: (B, L, D) float32 residual stream; c: (B, cond_dim) or per token (B, L, cond_dim)
-        kw = {"mask": mask, "cache": cache, "layer": layer, "commit": commit}
+        kw: dict[str, Any] = {"mask": mask, "cache": cache, "layer": layer, "commit": commit}
         if self.adaLN is not None:
             sh1, sc1, g1, sh2, sc2, g2 = wide(self.adaLN(c)).chunk(6, dim=-1)
             h = modulate(self.norm1(x), sh1, sc1)
@@ -213,7 +216,7 @@ class DiTBlock(nn.Module):
 class FinalLayer(nn.Module):
     """LayerNorm + AdaLN shift/scale + linear head; the head is zero-initialised."""
 
-    def __init__(self, hidden: int, out_dim: int, cond_dim: Optional[int]):
+    def __init__(self, hidden: int, out_dim: int, cond_dim: int | None):
         super().__init__()
         self.norm = nn.LayerNorm(hidden)
         self.linear = nn.Linear(hidden, out_dim)
@@ -224,16 +227,19 @@ class FinalLayer(nn.Module):
             nn.init.zeros_(self.adaLN.weight)
             nn.init.zeros_(self.adaLN.bias)
 
-    def features(self, x: Tensor, c: Optional[Tensor]) -> Tensor:
+    def features(self, x: Tensor, c: Tensor | None) -> Tensor:
         h = self.norm(x)
         if self.adaLN is not None:
             shift, scale = wide(self.adaLN(c)).chunk(2, dim=-1)
             h = modulate(h, shift, scale)  # c: (B, cond) or per token (B, L, cond)
-        return h
+        out_: Tensor = h
+        return out_
 
 
 class TimeEmbedding(nn.Module):
     """Sinusoidal features of gamma, ``[sin(f gamma), cos(f gamma)]``, ``f = exp(linspace(-5, 5, n/2))`` (Plaid)."""
+
+    freqs: Tensor
 
     def __init__(self, n_features: int = 64):
         super().__init__()
@@ -251,6 +257,8 @@ class DiTTimestepFeatures(nn.Module):
     ``f_k = 10000^(-k / (n/2))``, in float64. ``of_t=True``: ``x = sigma = -log(1 - t) = -log(alpha_t)``
     for a discrete noise level ``t = 1 - alpha_t`` (MDLM/Duo); ``of_t=False``: ``x`` is the input itself
     (LangFlow feeds gamma)."""
+
+    freqs: Tensor
 
     def __init__(self, n_features: int = 256, of_t: bool = True, max_period: float = 10_000.0):
         super().__init__()
@@ -273,7 +281,7 @@ class Backbone(nn.Module):
         hidden: int,
         n_layers: int,
         n_heads: int,
-        cond_dim: Optional[int],
+        cond_dim: int | None,
         mlp_ratio: int = 4,
         dropout: float = 0.0,
         causal: bool = False,
@@ -289,7 +297,8 @@ class Backbone(nn.Module):
 
     def reset_parameters(self) -> None:
         for blk in self.blocks:
-            for lin in (blk.qkv, blk.attn_out, blk.mlp[0], blk.mlp[2]):
+            blk = cast(DiTBlock, blk)
+            for lin in (blk.qkv, blk.attn_out, cast(nn.Linear, blk.mlp[0]), cast(nn.Linear, blk.mlp[2])):
                 nn.init.normal_(lin.weight, std=0.02)
                 if lin.bias is not None:
                     nn.init.zeros_(lin.bias)
@@ -297,11 +306,11 @@ class Backbone(nn.Module):
     def forward(
         self,
         x: Tensor,
-        c: Optional[Tensor],
+        c: Tensor | None,
         *,
-        positions: Optional[Tensor] = None,
-        mask: Optional[Tensor] = None,
-        cache: Optional[KVCache] = None,
+        positions: Tensor | None = None,
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
         commit: bool = False,
     ) -> Tensor:
         """x (B, L, D) -> (B, L, D). ``positions`` (L,): each row's rotary position (default: ``0..L-1``,

@@ -24,7 +24,7 @@ log-sum-exp is ``torch.logsumexp``'s own sequence of operations, so every number
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -66,17 +66,17 @@ def chunk_rows(V: int, head_chunk_rows: int = 0) -> int:
 class _PriorSoftmaxHead(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx,
+        ctx: Any,
         f: Tensor,
         W: Tensor,
-        b: Optional[Tensor],
-        zs: Optional[Tensor],
+        b: Tensor | None,
+        zs: Tensor | None,
         E: Tensor,
         e_keep: Tensor,
         target: Tensor,
         chunk: int,
         mm_dtype: torch.dtype,
-    ):
+    ) -> tuple[Tensor, Tensor]:
         with torch.autocast(f.device.type, enabled=False):
             logits = (f.to(mm_dtype) @ W.to(mm_dtype).t()).float()  # (N, V): the one float32 buffer
             if b is not None:
@@ -100,7 +100,7 @@ class _PriorSoftmaxHead(torch.autograd.Function):
         return e_hat, nll
 
     @staticmethod
-    def backward(ctx, g_e: Optional[Tensor], g_nll: Optional[Tensor]):
+    def backward(ctx: Any, g_e: Tensor | None, g_nll: Tensor | None) -> tuple[Tensor | None, ...]:
         if ctx.used:
             raise RuntimeError("the fused RePlaid head frees its buffer in backward; retain_graph is not supported")
         ctx.used = True
@@ -139,8 +139,8 @@ class _PriorSoftmaxHead(torch.autograd.Function):
 def prior_softmax_head(
     f: Tensor,
     W: Tensor,
-    b: Optional[Tensor],
-    zs: Optional[Tensor],
+    b: Tensor | None,
+    zs: Tensor | None,
     E: Tensor,
     e_keep: Tensor,
     target: Tensor,
@@ -149,19 +149,20 @@ def prior_softmax_head(
 ) -> tuple[Tensor, Tensor]:
     """(e_hat (N, d_e) float32, nll (N,) float32) of the module docstring; f (N, H), zs (N, d_e) or
     None (no output prior), e_keep (N,) 0/1 (0: no gradient to E from that row), target (N,) long."""
-    return _PriorSoftmaxHead.apply(f, W, b, zs, E, e_keep, target, chunk, mm_dtype)
+    out_: tuple[Tensor, Tensor] = _PriorSoftmaxHead.apply(f, W, b, zs, E, e_keep, target, chunk, mm_dtype)  # type: ignore[no-untyped-call]  # torch leaves Function.apply unannotated
+    return out_
 
 
 def plain_head(
     f: Tensor,
     W: Tensor,
-    b: Optional[Tensor],
-    zs: Optional[Tensor],
+    b: Tensor | None,
+    zs: Tensor | None,
     E: Tensor,
     e_keep: Tensor,
     target: Tensor,
     dtype: torch.dtype = torch.float32,
-    mm_dtype: Optional[torch.dtype] = None,
+    mm_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The same outputs by plain autograd in ``dtype`` (the float64 test reference, and the
     expression ``torch.compile`` fuses itself); rows with ``e_keep = 0`` see ``E.detach()``."""
@@ -177,6 +178,8 @@ def plain_head(
     return e_hat, nll
 
 
-def reference_head(f, W, b, zs, E, e_keep, target) -> tuple[Tensor, Tensor]:
+def reference_head(
+    f: Tensor, W: Tensor, b: Tensor | None, zs: Tensor | None, E: Tensor, e_keep: Tensor, target: Tensor
+) -> tuple[Tensor, Tensor]:
     """:func:`plain_head` in float64 (for tests)."""
     return plain_head(f, W, b, zs, E, e_keep, target, torch.float64)

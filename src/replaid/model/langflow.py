@@ -22,7 +22,6 @@ Noise schedule: LangFlow's Gumbel proposal, ``gamma(t) = loc - scale log(-log t)
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -80,7 +79,7 @@ class LangFlowDenoiser(nn.Module):
     def embedding_matrix(self) -> Tensor:  # (V, D) float32, rows of norm sqrt(D)
         return F.normalize(self.weight.float(), dim=-1) * math.sqrt(self.hidden)
 
-    def forward(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None) -> DenoiserOutput:
+    def forward(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None = None) -> DenoiserOutput:
         # z: (B, L, D); gamma: (B,); e_sc: (B, L, D) or None (= zeros, as LangFlow)
         x = z.float()
         if self.sc_proj is not None:

@@ -25,7 +25,6 @@ the NELBO and the RePlaid samplers all apply unchanged. muP learning-rate scalin
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -74,8 +73,8 @@ class PlaidBlock(nn.Module):
         self,
         x: Tensor,
         rope: tuple[Tensor, Tensor],
-        mask: Optional[Tensor] = None,
-        cache: Optional[KVCache] = None,
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
         layer: int = 0,
         commit: bool = False,
     ) -> Tensor:
@@ -83,14 +82,15 @@ class PlaidBlock(nn.Module):
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
         y = attend(q, k, v, rope, mask, cache, layer, commit)  # (B, H, L, hd)
-        return self.attn_out(y.transpose(1, 2).reshape(B, L, D))
+        out_: Tensor = self.attn_out(y.transpose(1, 2).reshape(B, L, D))
+        return out_
 
     def forward(
         self,
         x: Tensor,
         rope: tuple[Tensor, Tensor],
-        mask: Optional[Tensor] = None,
-        cache: Optional[KVCache] = None,
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
         layer: int = 0,
         commit: bool = False,
     ) -> Tensor:
@@ -120,11 +120,11 @@ class PlaidBackbone(nn.Module):
     def forward(
         self,
         x: Tensor,
-        c: Optional[Tensor] = None,
+        c: Tensor | None = None,
         *,
-        positions: Optional[Tensor] = None,
-        mask: Optional[Tensor] = None,
-        cache: Optional[KVCache] = None,
+        positions: Tensor | None = None,
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
         commit: bool = False,
     ) -> Tensor:
         """x (B, L, D) -> (B, L, D); ``c`` is unused (no AdaLN). ``positions``, ``mask``, ``cache`` and
@@ -147,15 +147,16 @@ class PlaidModel(RePlaid):
     def __init__(self, cfg: ModelConfig, dcfg: ScheduleOptions, vocab_size: int):
         super().__init__(cfg, dcfg, vocab_size)
         del self.cond  # no AdaLN conditioning: time enters through in_t only
-        self.backbone = PlaidBackbone(
+        self.backbone = PlaidBackbone(  # type: ignore[assignment]  # a drop-in for Backbone: the same call
             cfg.hidden, cfg.n_layers, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, cfg.activation_checkpointing
         )
         self.final = FinalLayer(cfg.hidden, vocab_size, None)  # LayerNorm + zero-initialised head
         self.final.norm = nn.LayerNorm(cfg.hidden, bias=False)  # Plaid's LayerNorm has a weight only
+        assert isinstance(self.in_z, nn.Linear)  # Plaid always projects up
         self.in_z.reset_parameters()  # Plaid's input_linear: PyTorch's default init
         self.readout_mult = MUP_BASE_WIDTH / cfg.hidden  # muP: output_mult / width_mult
 
-    def input_states(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor]) -> tuple[Tensor, None]:
+    def input_states(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None) -> tuple[Tensor, None]:
         """``h_0`` (B, L, hidden) and no condition (time enters through ``in_t`` only); gamma (B,) or (B, L)."""
         alpha, sigma = alpha_sigma(gamma.double())
         scale = per_position(torch.rsqrt(alpha**2 / self.d_e + sigma**2).float())  # (B, 1, 1) or (B, L, 1)
@@ -164,12 +165,13 @@ class PlaidModel(RePlaid):
             h = h + self.in_sc(e_sc.float() * math.sqrt(self.d_e))
         return h, None
 
-    def readout(self, h: Tensor, c: Optional[Tensor]) -> Tensor:
+    def readout(self, h: Tensor, c: Tensor | None) -> Tensor:
         return self.final.features(h, None) * self.readout_mult
 
     def head_logits(self, feats: Tensor) -> Tensor:
         with torch.autocast(device_type=feats.device.type, enabled=False):
-            return self.final.linear(feats.float()).float()
+            out_: Tensor = self.final.linear(feats.float()).float()
+            return out_
 
     def head_dtype(self, device: torch.device) -> torch.dtype:
         return torch.float32  # Plaid's head runs in float32

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -160,10 +160,12 @@ class RePlaid(nn.Module):
         self.time_features = TimeEmbedding(N_TIME_FEATURES)
         # the three input projections (bias-free); self-cond and time start at zero
         # model.up_projection=false (exchange ablation, d_e == hidden): z enters the backbone as it is
-        self.in_z = nn.Linear(d_e, cfg.hidden, bias=False) if cfg.up_projection else nn.Identity()
+        self.in_z: nn.Linear | nn.Identity = (
+            nn.Linear(d_e, cfg.hidden, bias=False) if cfg.up_projection else nn.Identity()
+        )
         self.in_sc = nn.Linear(d_e, cfg.hidden, bias=False)
         self.in_t = nn.Linear(N_TIME_FEATURES, cfg.hidden, bias=False)
-        if cfg.up_projection:
+        if isinstance(self.in_z, nn.Linear):  # model.up_projection
             nn.init.normal_(self.in_z.weight, std=input_init_std(cfg, d_e))
         nn.init.zeros_(self.in_sc.weight)
         nn.init.zeros_(self.in_t.weight)
@@ -188,9 +190,10 @@ class RePlaid(nn.Module):
 
     # ---- denoiser interface -------------------------------------------------------------
     def embedding_matrix(self) -> Tensor:
-        return self.embedding()
+        out_: Tensor = self.embedding()
+        return out_
 
-    def input_states(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
+    def input_states(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """``h_0`` (B, L, hidden) and the AdaLN condition (module docstring). z: (B, L, d_e); gamma: (B,)
         float64, or per token (B, L) (block diffusion: every block at its own level), and then the
         condition is per token too, (B, L, cond_dim) instead of (B, cond_dim)."""
@@ -211,14 +214,14 @@ class RePlaid(nn.Module):
             c = self.cond(feat)
         return h, c
 
-    def readout(self, h: Tensor, c: Optional[Tensor]) -> Tensor:
+    def readout(self, h: Tensor, c: Tensor | None) -> Tensor:
         """The head's input features of the backbone's output h (B, L, hidden)."""
         f = self.final.features(h, c)
         return f * self.cfg.readout_mult if self.cfg.readout_mult != 1.0 else f
 
     def hidden_states(
-        self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor], context: Optional[BlockContext] = None
-    ) -> tuple[Tensor, Optional[Tensor]]:
+        self, z: Tensor, gamma: Tensor, e_sc: Tensor | None, context: BlockContext | None = None
+    ) -> tuple[Tensor, Tensor | None]:
         """Backbone features before the head. z: (B, L, d_e); gamma: (B,) float64, or (B, L) with a
         ``context`` (block diffusion: :meth:`block_features`)."""
         if context is not None:
@@ -227,7 +230,7 @@ class RePlaid(nn.Module):
         return self.readout(self.backbone(h, c), c), c
 
     # ---- block diffusion (issue 39; BD3-LM) -------------------------------------------------
-    def clean_states(self, e: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+    def clean_states(self, e: Tensor) -> tuple[Tensor, Tensor | None]:
         """The clean rows' ``h_0`` (B, n, hidden) and per-token condition: a clean block enters as its
         t = 0 latent without noise, ``z = alpha_0 e`` at ``gamma_0 = gamma(0)`` (the schedule's endpoint,
         detached: the context does not train the schedule), with no self-conditioning input. e: (B, n, d_e)."""
@@ -238,8 +241,8 @@ class RePlaid(nn.Module):
         return self.input_states(z, g0, None)
 
     def block_features(
-        self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor], context: BlockContext
-    ) -> tuple[Tensor, Optional[Tensor]]:
+        self, z: Tensor, gamma: Tensor, e_sc: Tensor | None, context: BlockContext
+    ) -> tuple[Tensor, Tensor | None]:
         """BD3-LM's vectorised pass: the noisy rows z (B, L, d_e) at per-token gamma (B, L) and the clean
         copy ``context.e`` (B, L, d_e) as one (B, 2L) input under
         :func:`~replaid.model.blocks.block_diffusion_mask`; returns the noisy half's features (B, L,
@@ -255,15 +258,16 @@ class RePlaid(nn.Module):
 
     def head_logits(self, feats: Tensor) -> Tensor:
         """The logit head, bf16 under autocast (precision table), returned as float32 (B, L, V)."""
-        return self.final.linear(feats).float()
+        out_: Tensor = self.final.linear(feats).float()
+        return out_
 
     def forward(
         self,
         z: Tensor,
         gamma: Tensor,
-        e_sc: Optional[Tensor] = None,
+        e_sc: Tensor | None = None,
         prior_scale: float = 1.0,
-        context: Optional[BlockContext] = None,
+        context: BlockContext | None = None,
     ) -> DenoiserOutput:
         """(z_t, gamma, e_sc) -> (logits, e_hat) for sampling and evaluation (plain autograd).
 
@@ -277,11 +281,11 @@ class RePlaid(nn.Module):
         self,
         z: Tensor,
         gamma: Tensor,
-        e_sc: Optional[Tensor],
+        e_sc: Tensor | None,
         tokens: Tensor,
         e_keep: Tensor,
         prior_scale: float = 1.0,
-        context: Optional[BlockContext] = None,
+        context: BlockContext | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Training outputs of every row through the fused head (:mod:`replaid.model.head`):
         the per-position reconstruction CE ``-log x_hat[tokens]`` (B, L) float32 and ``e_hat``
@@ -335,11 +339,11 @@ class RePlaid(nn.Module):
 
     # ---- parameter groups (paper optimiser tables) ----------------------------------------
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
-        groups = {
+        groups: dict[str, list[nn.Parameter]] = {
             "embedding": [self.embedding.weight],
             "schedule_mlp": list(self.schedule.shape.parameters()),
             "endpoints": [self.schedule.gamma_0, self.schedule.gamma_1],
-            "projections": [*self.in_z.parameters(), self.in_sc.weight, self.in_t.weight],
+            "projections": [*self.in_z.parameters(), *self.in_sc.parameters(), *self.in_t.parameters()],  # bias-free
         }
         taken = {id(p) for ps in groups.values() for p in ps}
         groups["backbone"] = [p for p in self.parameters() if id(p) not in taken]
@@ -352,7 +356,7 @@ class RePlaid(nn.Module):
 
 
 def denoise(
-    model, z: Tensor, gamma: Tensor, self_cond: Optional[bool] = None, context: Optional[BlockContext] = None
+    model: Any, z: Tensor, gamma: Tensor, self_cond: bool | None = None, context: BlockContext | None = None
 ) -> DenoiserOutput:
     """Evaluation-time prediction: with self-conditioning, a first pass with no s.c. input
     whose ``e_hat`` feeds the second pass (on for every row). With a block ``context`` both are the
@@ -360,10 +364,14 @@ def denoise(
     sc = model.self_conditioning if self_cond is None else self_cond
     if context is None:
         if not sc:
-            return model(z, gamma, None)
+            out_: DenoiserOutput = model(z, gamma, None)
+            return out_
         first = model(z, gamma, None)
-        return model(z, gamma, first.e_hat)
+        out_ = model(z, gamma, first.e_hat)
+        return out_
     if not sc:
-        return model(z, gamma, None, context=context)
+        out_ = model(z, gamma, None, context=context)
+        return out_
     first = model(z, gamma, None, context=context)
-    return model(z, gamma, first.e_hat, context=context)
+    out_ = model(z, gamma, first.e_hat, context=context)
+    return out_

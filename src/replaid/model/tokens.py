@@ -24,7 +24,7 @@ MDLM and Duo at a given size and matches the paper's IsoFLOP table
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -93,17 +93,18 @@ class TokenDiT(nn.Module):
             return e
         if x.dtype in (torch.long, torch.int32, torch.int64):
             e = self._normalize(e)
-        return self.embed_up(e * self.cfg.d_e**0.5)  # (B, L, hidden)
+        out_: Tensor = self.embed_up(e * self.cfg.d_e**0.5)  # (B, L, hidden)
+        return out_
 
     def _normalize(self, w: Tensor) -> Tensor:
         return w / (w.norm(dim=-1, keepdim=True) + 1e-8) if self.cfg.normalize_embeddings else w
 
-    def rows(self, k: Optional[int] = None) -> Tensor:
+    def rows(self, k: int | None = None) -> Tensor:
         """The first ``k`` embedding rows as used by the model (unit length when factored), float32."""
         w = self.embed.weight[:k].float()
         return self._normalize(w) if self.factored else w
 
-    def conditioning(self, t: Optional[Tensor], B: int, device: torch.device) -> Tensor:
+    def conditioning(self, t: Tensor | None, B: int, device: torch.device) -> Tensor:
         """(B, cond_dim): ``MLP(feat(t))``, or the constant ``MLP(feat(0))`` without time conditioning."""
         if not self.time_conditioning:
             t = torch.zeros(B, device=device)
@@ -111,13 +112,14 @@ class TokenDiT(nn.Module):
             raise ValueError("this model is time-conditioned: pass the noise level t (B,)")
         t = t.reshape(-1).expand(B) if t.numel() == 1 else t.reshape(B)
         f = self.time_features(t)  # (B, n) float32
-        return self.cond(f.to(self.cond[0].weight.dtype))  # float64 in a float64 reference model
+        out_: Tensor = self.cond(f.to(self.cond[0].weight.dtype))  # float64 in a float64 reference model
+        return out_
 
     def head(self, feats: Tensor) -> Tensor:
         """The logit head, bf16 under autocast (the paper's precision table, as RePlaid's), float32 out."""
         return wide(self.final.linear(feats))
 
-    def forward(self, x: Tensor, t: Optional[Tensor] = None) -> Tensor:
+    def forward(self, x: Tensor, t: Tensor | None = None) -> Tensor:
         """Returns float32 logits (B, L, n_out)."""
         h = self.input_states(x)  # (B, L, D)
         c = self.conditioning(t, h.shape[0], h.device)  # (B, cond_dim)
@@ -160,7 +162,7 @@ class TokenDiT(nn.Module):
         if not self.factored:
             return {"backbone": [p for p in self.parameters() if p.requires_grad]}
         return {
-            "embedding": [self.embed.weight],
+            "embedding": [cast(nn.Parameter, self.embed.weight)],
             "backbone": [p for p in self.parameters() if p.requires_grad and p is not self.embed.weight],
         }
 

@@ -29,8 +29,9 @@ tokens so far -> (B,) bool) ends generation once every row is done; the caller c
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Iterator, Optional
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -50,7 +51,7 @@ from replaid.sampling.request import SampleRequest
 
 Stop = Callable[[Tensor], Tensor]  # rows' tokens so far (B, n) -> (B,) bool: this row is done
 # (k, start, out, cache) -> network calls: write block k (positions start .. start + b) into out (B, N)
-FillBlock = Callable[[int, int, Tensor, Optional[KVCache]], int]
+FillBlock = Callable[[int, int, Tensor, KVCache | None], int]
 Commit = Callable[[Tensor, int, KVCache], None]  # one clean pass of the block's ids (B, b) at start, to the cache
 
 
@@ -62,7 +63,7 @@ def iter_block_loop(
     commit: Commit,
     *,
     use_cache: bool = True,
-    window: Optional[int] = None,
+    window: int | None = None,
     disable_progress: bool = True,
 ) -> Generator[Committed, None, None]:
     """The one block loop (module docstring) as a generator. ``out`` (B, N) ids, the prompt's in place
@@ -97,9 +98,9 @@ def block_loop(
     commit: Commit,
     *,
     use_cache: bool = True,
-    window: Optional[int] = None,
-    stop: Optional[Stop] = None,
-    on_block: Optional[Callable[[int, Tensor], None]] = None,
+    window: int | None = None,
+    stop: Stop | None = None,
+    on_block: Callable[[int, Tensor], None] | None = None,
     disable_progress: bool = True,
 ) -> SampleResult:
     """:func:`iter_block_loop` run to the end or to ``stop`` (checked after every block). ``on_block(k,
@@ -122,9 +123,7 @@ def block_loop(
 # ------------------------------------------------------------------ MDLM (BD3-LM)
 
 
-def _block_logits(
-    model: TokenDiT, ids: Tensor, out: Tensor, start: int, block: int, cache: Optional[KVCache]
-) -> Tensor:
+def _block_logits(model: TokenDiT, ids: Tensor, out: Tensor, start: int, block: int, cache: KVCache | None) -> Tensor:
     """Logits (B, b, V) of the noisy block ``ids`` (B, b) at positions ``start ..``: against the cache, or
     (no cache) against the clean prefix ``out[:, :start]`` recomputed as the training pass sees it."""
     B = ids.shape[0]
@@ -149,15 +148,15 @@ def _commit(model: TokenDiT, ids: Tensor, start: int, cache: KVCache) -> None:
 def _masked_fill(
     model: TokenDiT,
     ts: Tensor,
-    gen: Optional[torch.Generator],
+    gen: torch.Generator | None,
     temperature: float,
     block: int,
-    callback: Optional[Callback],
+    callback: Callback | None,
 ) -> FillBlock:
     """MDLM's block writer: ancestral unmasking of block k from all-[MASK] on ``ts``."""
     steps = len(ts) - 1
 
-    def fill(k: int, s0: int, out: Tensor, cache: Optional[KVCache]) -> int:
+    def fill(k: int, s0: int, out: Tensor, cache: KVCache | None) -> int:
         e0, nfe = s0 + block, 0
         z = out[:, s0:e0]
         probs = None
@@ -185,14 +184,14 @@ def sample_blocks(
     x: Tensor,
     ts: Tensor,
     *,
-    generator: Optional[torch.Generator] = None,
-    callback: Optional[Callback] = None,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
     temperature: float = 1.0,
     block: int = 0,
     use_cache: bool = True,
-    window: Optional[int] = None,
-    stop: Optional[Stop] = None,
-    on_block: Optional[Callable[[int, Tensor], None]] = None,
+    window: int | None = None,
+    stop: Stop | None = None,
+    on_block: Callable[[int, Tensor], None] | None = None,
     disable_progress: bool = True,
 ) -> SampleResult:
     """MDLM: generate ``x`` (B, N) block by block (module docstring): [MASK] (id V) where to write, the
@@ -223,12 +222,12 @@ def iter_blocks(
     x: Tensor,
     ts: Tensor,
     *,
-    generator: Optional[torch.Generator] = None,
-    callback: Optional[Callback] = None,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
     temperature: float = 1.0,
     block: int = 0,
     use_cache: bool = True,
-    window: Optional[int] = None,
+    window: int | None = None,
     disable_progress: bool = True,
 ) -> Generator[Committed, None, None]:
     """:func:`sample_blocks` as a generator: each block of ``x`` (B, N) given out once written
@@ -247,7 +246,7 @@ def iter_blocks(
 
 
 def start_masked_blocks(
-    run: Any, req: SampleRequest, prompt: Tensor, length: int, callback: Optional[Callback]
+    run: Any, req: SampleRequest, prompt: Tensor, length: int, callback: Callback | None
 ) -> Callable[[int], Iterator[Committed]]:
     """MDLM with blocks as a :class:`~replaid.sampling.stream.BlockStarter`: ``batch(B)`` writes B rows of
     ``length`` tokens (rounded up to whole blocks), ``prompt`` (P,) first, with ``req.steps`` ancestral steps
@@ -290,14 +289,14 @@ class BlockDenoiser:
     ``alpha_0 e`` at ``gamma_0``: :meth:`~replaid.model.replaid.RePlaid.clean_states`). With nothing
     before it (the first block) it is the plain model. gamma (B,) per row, as every sampler passes it."""
 
-    def __init__(self, model: Any, start: int, cache: Optional[KVCache] = None, prefix: Optional[Tensor] = None):
+    def __init__(self, model: Any, start: int, cache: KVCache | None = None, prefix: Tensor | None = None):
         self.model, self.start, self.cache, self.prefix = model, start, cache, prefix
         self.self_conditioning = model.self_conditioning
 
     def embedding_matrix(self) -> Tensor:
         return self.model.embedding_matrix()
 
-    def __call__(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None) -> DenoiserOutput:
+    def __call__(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None = None) -> DenoiserOutput:
         m, s0 = self.model, self.start
         if s0 == 0:  # nothing committed before: the model itself (a one-block run is today's sampler)
             return m(z, gamma, e_sc)
@@ -327,17 +326,17 @@ def _continuous_fill(
     sampler: SamplerFn,
     known: Tensor,
     gammas: Tensor,
-    gen: Optional[torch.Generator],
-    callback: Optional[Callback],
+    gen: torch.Generator | None,
+    callback: Callback | None,
     block: int,
     options: dict[str, Any],
-    wrap: Optional[Callable[[Any], Any]],
+    wrap: Callable[[Any], Any] | None,
 ) -> FillBlock:
     """A continuous method's block writer: ``sampler`` from ``z ~ N(0, I)`` with a :class:`BlockDenoiser`
     (``wrap``ped, e.g. by the request's temperatures), the prompt's positions by replacement."""
     E = model.embedding_matrix().detach()
 
-    def fill(k: int, s0: int, out: Tensor, cache: Optional[KVCache]) -> int:
+    def fill(k: int, s0: int, out: Tensor, cache: KVCache | None) -> int:
         e0 = s0 + block
         den: Any = BlockDenoiser(model, s0, cache, None if cache is not None else out[:, :s0])
         if wrap is not None:
@@ -361,14 +360,14 @@ def sample_blocks_continuous(
     known: Tensor,
     gammas: Tensor,
     *,
-    generator: Optional[torch.Generator] = None,
-    callback: Optional[Callback] = None,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
     block: int = 0,
     use_cache: bool = True,
-    window: Optional[int] = None,
-    stop: Optional[Stop] = None,
-    on_block: Optional[Callable[[int, Tensor], None]] = None,
-    options: Optional[dict[str, Any]] = None,
+    window: int | None = None,
+    stop: Stop | None = None,
+    on_block: Callable[[int, Tensor], None] | None = None,
+    options: dict[str, Any] | None = None,
     disable_progress: bool = True,
 ) -> SampleResult:
     """A continuous model (RePlaid, Plaid): write ``ids`` (B, N) where not ``known`` (B, N) bool (the
@@ -394,7 +393,7 @@ def sample_blocks_continuous(
 
 
 def start_continuous_blocks(
-    run: Any, req: SampleRequest, prompt: Tensor, length: int, callback: Optional[Callback]
+    run: Any, req: SampleRequest, prompt: Tensor, length: int, callback: Callback | None
 ) -> Callable[[int], Iterator[Committed]]:
     """RePlaid or Plaid with blocks as a :class:`~replaid.sampling.stream.BlockStarter`: as
     :func:`start_masked_blocks`, each block written by the request's continuous sampler (``req.sampler``,
@@ -463,14 +462,14 @@ def sample_any_length(
     model: Any,
     prompt_ids: Tensor,
     max_tokens: int,
-    stop: Optional[Stop] = None,
-    sampler: Optional[str] = None,
+    stop: Stop | None = None,
+    sampler: str | None = None,
     steps: int = 64,
-    window: Optional[int] = None,
-    generator: Optional[torch.Generator] = None,
-    callback: Optional[Callback] = None,
+    window: int | None = None,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
     *,
-    on_block: Optional[Callable[[int, Tensor], None]] = None,
+    on_block: Callable[[int, Tensor], None] | None = None,
     use_cache: bool = True,
     temperature: float = 1.0,
 ) -> AnyLength:

@@ -33,8 +33,9 @@ at ``gamma(t_start)`` by the caller; the samplers need nothing else.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -86,7 +87,7 @@ def time_grid(T: int, t_start: float = 1.0) -> Tensor:
 
 
 def gamma_grid(
-    schedule_fn: Callable[[Tensor], Any], T: int, *, device: Optional[torch.device] = None, t_start: float = 1.0
+    schedule_fn: Callable[[Tensor], Any], T: int, *, device: torch.device | None = None, t_start: float = 1.0
 ) -> Tensor:
     """Noise grid ``gammas[i] = gamma(t_i)`` on :func:`time_grid`; (T + 1,) float64 on the CPU.
 
@@ -187,8 +188,8 @@ def heun_step(
     e_hat: Tensor,
     st_t: float,
     st_s: float,
-    e_hat_pred: Optional[Tensor] = None,
-    z_bar_pred: Optional[Tensor] = None,
+    e_hat_pred: Tensor | None = None,
+    z_bar_pred: Tensor | None = None,
 ) -> Tensor:
     """Heun in the VE form ``d z_bar / d sigma_tilde = (z_bar - e_hat) / sigma_tilde``
     (eqs. heun-ve-pred / heun-ve-corr), ``z_bar = z / alpha``, ``sigma_tilde = exp(gamma / 2)``.
@@ -241,7 +242,7 @@ class Inpaint:
         tok = self.known_tokens.to(device).expand(B, L).clamp(0, self.E.shape[0] - 1)  # (B, L)
         return tok, mask
 
-    def replace(self, z: Tensor, gamma: float, generator: Optional[torch.Generator] = None) -> Tensor:
+    def replace(self, z: Tensor, gamma: float, generator: torch.Generator | None = None) -> Tensor:
         """Returns z (B, L, d_e) with known positions set to ``alpha e + sigma eps`` at ``gamma``."""
         B, L, _ = z.shape
         tok, mask = self._expanded(B, L, z.device)
@@ -318,7 +319,7 @@ class _Run:
         generator,
         callback,
         self_cond,
-        inpaint: Optional[Inpaint],
+        inpaint: Inpaint | None,
         disable_progress: bool,
         name: str,
     ):
@@ -334,7 +335,7 @@ class _Run:
         self.callback = callback
         self.inpaint = inpaint
         self.sc = bool(denoiser.self_conditioning) if self_cond is None else bool(self_cond)
-        self.e_sc: Optional[Tensor] = None
+        self.e_sc: Tensor | None = None
         self.nfe = 0
         self.name = name
         self.disable_progress = disable_progress
@@ -399,10 +400,10 @@ def sample_ddpm(
     z: Tensor,
     gammas: Tensor,
     *,
-    generator: Optional[torch.Generator] = None,
-    callback: Optional[Callback] = None,
-    self_cond: Optional[bool] = None,
-    inpaint: Optional[Inpaint] = None,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
+    self_cond: bool | None = None,
+    inpaint: Inpaint | None = None,
     disable_progress: bool = True,
 ) -> SampleResult:
     """Stochastic ancestral sampler, eq. (plaid-ancestral) (the paper's default). NFE = T + 1."""
@@ -423,10 +424,10 @@ def sample_ddim(
     z: Tensor,
     gammas: Tensor,
     *,
-    generator: Optional[torch.Generator] = None,
-    callback: Optional[Callback] = None,
-    self_cond: Optional[bool] = None,
-    inpaint: Optional[Inpaint] = None,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
+    self_cond: bool | None = None,
+    inpaint: Inpaint | None = None,
     disable_progress: bool = True,
 ) -> SampleResult:
     """Deterministic DDIM, eq. (plaid-ddim). NFE = T + 1."""
@@ -447,10 +448,10 @@ def sample_dpmpp_2m(
     z: Tensor,
     gammas: Tensor,
     *,
-    generator: Optional[torch.Generator] = None,
-    callback: Optional[Callback] = None,
-    self_cond: Optional[bool] = None,
-    inpaint: Optional[Inpaint] = None,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
+    self_cond: bool | None = None,
+    inpaint: Inpaint | None = None,
     disable_progress: bool = True,
 ) -> SampleResult:
     """DPM-Solver++(2M), eqs. (dpmpp-extrap) and (dpmpp-update) in ``lambda = -gamma / 2``;
@@ -458,7 +459,7 @@ def sample_dpmpp_2m(
     run = _Run(denoiser, z, gammas, generator, callback, self_cond, inpaint, disable_progress, "dpmpp2m")
     g = run.g
     z = run.start(z)
-    e_old: Optional[Tensor] = None
+    e_old: Tensor | None = None
     h_old = 0.0
     for i in run.steps():
         logits, e_hat = run.evaluate(z, g[i])
@@ -477,10 +478,10 @@ def sample_heun(
     z: Tensor,
     gammas: Tensor,
     *,
-    generator: Optional[torch.Generator] = None,
-    callback: Optional[Callback] = None,
-    self_cond: Optional[bool] = None,
-    inpaint: Optional[Inpaint] = None,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
+    self_cond: bool | None = None,
+    inpaint: Inpaint | None = None,
     disable_progress: bool = True,
 ) -> SampleResult:
     """Heun (EDM) predictor-corrector on the VE form of the PFODE (eqs. heun-ve-pred/-corr),
@@ -517,10 +518,10 @@ def sample_consistency(
     z: Tensor,
     gammas: Tensor,
     *,
-    generator: Optional[torch.Generator] = None,
-    callback: Optional[Callback] = None,
-    self_cond: Optional[bool] = None,
-    inpaint: Optional[Inpaint] = None,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
+    self_cond: bool | None = None,
+    inpaint: Inpaint | None = None,
     disable_progress: bool = True,
 ) -> SampleResult:
     """Multistep consistency sampling (Song et al. 2023, Alg. 1) for a consistency-distilled student
@@ -577,7 +578,7 @@ class LogitTemperature(_Tempered):
 
     allows_zero = True
 
-    def __call__(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None) -> DenoiserOutput:
+    def __call__(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None = None) -> DenoiserOutput:
         out = self.inner(z, gamma, e_sc)
         if self.tau == 1.0:
             return out
@@ -593,7 +594,7 @@ class ScoreTemperature(_Tempered):
     """Plaid's score temperature: ``eps_hat = (z - alpha e_hat) / sigma``, ``eps_hat /= tau``,
     ``e_hat = (z - sigma eps_hat) / alpha``; logits untouched. tau = 1 is the identity."""
 
-    def __call__(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None) -> DenoiserOutput:
+    def __call__(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None = None) -> DenoiserOutput:
         out = self.inner(z, gamma, e_sc)
         if self.tau == 1.0:
             return out
@@ -616,7 +617,7 @@ class TrajectoryRecorder:
     the last step) in ``records``, and ``(i, decode(tokens))`` in ``texts`` when ``decode`` is
     given. The tokens are the denoiser's argmax prediction at ``gammas[i]``."""
 
-    def __init__(self, every: int = 1, decode: Optional[Callable[[Tensor], Any]] = None):
+    def __init__(self, every: int = 1, decode: Callable[[Tensor], Any] | None = None):
         if int(every) < 1:
             raise ValueError("every must be >= 1")
         self.every = int(every)
@@ -634,6 +635,6 @@ class TrajectoryRecorder:
             self.texts.append((i, self.decode(tokens)))
 
 
-def trajectory_recorder(every: int = 1, decode: Optional[Callable[[Tensor], Any]] = None) -> TrajectoryRecorder:
+def trajectory_recorder(every: int = 1, decode: Callable[[Tensor], Any] | None = None) -> TrajectoryRecorder:
     """A callback recording the emerging argmax tokens every ``every`` steps (see above)."""
     return TrajectoryRecorder(every, decode)

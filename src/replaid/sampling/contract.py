@@ -25,8 +25,9 @@ samplers add the final latent and readout logits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol, TypedDict
+from typing import Any, Protocol, TypedDict
 
 import torch
 from torch import Tensor
@@ -69,8 +70,8 @@ Callback = Callable[[StepInfo], None]
 class SampleResult:
     tokens: Tensor  # (B, L) long: the samples (given positions kept)
     nfe: int  # counted network calls
-    z0: Optional[Tensor] = None  # continuous: (B, L, d_e) final latent at gammas[T], dtype of the input z
-    logits: Optional[Tensor] = None  # continuous: (B, L, V) readout logits at gammas[T]
+    z0: Tensor | None = None  # continuous: (B, L, d_e) final latent at gammas[T], dtype of the input z
+    logits: Tensor | None = None  # continuous: (B, L, V) readout logits at gammas[T]
 
 
 @dataclass
@@ -95,6 +96,6 @@ class SamplerFn(Protocol):
         grid: Tensor,
         /,
         *,
-        generator: Optional[torch.Generator] = None,
-        callback: Optional[Callback] = None,
+        generator: torch.Generator | None = None,
+        callback: Callback | None = None,
     ) -> SampleResult: ...

@@ -15,8 +15,6 @@ exponential race in float64 on the model's device. The callback (what the playgr
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
@@ -47,7 +45,7 @@ def tempered_probs(logits: Tensor, temperature: float) -> Tensor:
     return torch.softmax(lg / temperature, -1)
 
 
-def exponential_race(probs: Tensor, generator: Optional[torch.Generator]) -> Tensor:
+def exponential_race(probs: Tensor, generator: torch.Generator | None) -> Tensor:
     """Categorical draw over the last dim by Gumbel-max as an exponential race:
     ``argmax_v p_v / E_v`` with ``E_v ~ Exp(1)`` drawn in float64 on ``probs``' device (from a
     generator there, derived from ``generator`` when it lives elsewhere)."""
@@ -62,8 +60,8 @@ def sample_ar(
     x: Tensor,
     positions: Tensor,
     *,
-    generator: Optional[torch.Generator] = None,
-    callback: Optional[Callback] = None,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
     temperature: float = 1.0,
     top_p: float = 1.0,
     disable_progress: bool = True,
@@ -107,7 +105,7 @@ def sample_ar(
     return SampleResult(out, nfe)
 
 
-def unmask_step(z: Tensor, probs: Tensor, t: float, s: float, gen: Optional[torch.Generator]) -> Tensor:
+def unmask_step(z: Tensor, probs: Tensor, t: float, s: float, gen: torch.Generator | None) -> Tensor:
     """One step of MDLM's ancestral sampler from t to s: each [MASK] (id V = ``probs``' last dim) stays
     masked with probability ``s/t`` (q(z_s | z_t = mask, x_theta)), else takes a token drawn from
     ``probs``; unmasked positions stay. ``z`` (B, n), ``probs`` (B, n, V) float64."""
@@ -123,8 +121,8 @@ def sample_mdlm(
     x: Tensor,
     ts: Tensor,
     *,
-    generator: Optional[torch.Generator] = None,
-    callback: Optional[Callback] = None,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
     temperature: float = 1.0,
     disable_progress: bool = True,
 ) -> SampleResult:
@@ -165,10 +163,10 @@ def sample_duo(
     x: Tensor,
     ts: Tensor,
     *,
-    generator: Optional[torch.Generator] = None,
-    callback: Optional[Callback] = None,
+    generator: torch.Generator | None = None,
+    callback: Callback | None = None,
     temperature: float = 1.0,
-    known: Optional[Tensor] = None,
+    known: Tensor | None = None,
     disable_progress: bool = True,
 ) -> SampleResult:
     """Duo's ancestral sampler, float64, on the grid ``ts`` (1 -> 0) from ``x`` (B, L) (uniform noise;

@@ -12,7 +12,7 @@ unless its flag breaks that rule.
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from replaid.config import ConfigError
 

@@ -25,8 +25,9 @@ A completion (``max_tokens``, ``stop``; every request on a block-diffusion run) 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -66,8 +67,8 @@ class Plan:
     mode: str  # unconditional | prompt | infill | edit
     ids: Tensor  # (L,) long
     known: Tensor  # (L,) bool
-    infill: Optional[InfillPlan] = None
-    edit: Optional[EditPlan] = None
+    infill: InfillPlan | None = None
+    edit: EditPlan | None = None
 
 
 class Samples(list[dict[str, Any]]):
@@ -76,7 +77,7 @@ class Samples(list[dict[str, Any]]):
     ``nfe`` (the network calls of all batches together) and ``plan`` (:class:`Plan`; None for a
     completion)."""
 
-    def __init__(self, rows: list[dict[str, Any]], steps: int, nfe: int, plan: Optional[Plan] = None):
+    def __init__(self, rows: list[dict[str, Any]], steps: int, nfe: int, plan: Plan | None = None):
         super().__init__(rows)
         self.steps, self.nfe, self.plan = steps, nfe, plan
 
@@ -85,8 +86,8 @@ class Samples(list[dict[str, Any]]):
 def generate(
     run,
     request: SampleRequest,
-    callback: Optional[Callback] = None,
-    on_plan: Optional[Callable[[Plan], None]] = None,
+    callback: Callback | None = None,
+    on_plan: Callable[[Plan], None] | None = None,
 ) -> Samples:
     """Draw ``request.num`` samples from ``run`` (a :class:`replaid.training.loading.Run`); returns one
     row per sample with the steps, NFE and plan (module docstring). A request the run cannot honour
@@ -110,7 +111,7 @@ def generate(
     return Samples(rows, plan.steps, nfe, plan)
 
 
-def _plan(run, req: SampleRequest, sampler: Sampler, start: Start, infill: Optional[InfillPlan], L: int) -> Plan:
+def _plan(run, req: SampleRequest, sampler: Sampler, start: Start, infill: InfillPlan | None, L: int) -> Plan:
     """The :class:`Plan` of a checked, started request."""
     edit = req.edit_plan(run.tokenizer)
     if edit is not None:
@@ -127,7 +128,7 @@ def _plan(run, req: SampleRequest, sampler: Sampler, start: Start, infill: Optio
     return Plan(sampler.name, len(ids), steps, nfe, sampler.nfe_exact, mode, ids, known, infill, edit)
 
 
-def check_memory(run, req: SampleRequest, L: int, free: Optional[float] = None) -> None:
+def check_memory(run, req: SampleRequest, L: int, free: float | None = None) -> None:
     """Refuse a request whose estimated peak (:func:`replaid.training.memory.sampling_estimate`) exceeds
     90% of the memory free on the model's device, before anything is allocated, saying what fits."""
     from replaid.training.memory import free_bytes, human_bytes, sampling_estimate

@@ -38,8 +38,8 @@ At ``w = 0`` the wrapper calls the inner denoiser only, so sampling is bit-ident
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -74,7 +74,7 @@ class Guided:
     def embedding_matrix(self) -> Tensor:
         return self.inner.embedding_matrix()
 
-    def __call__(self, z: Tensor, gamma: Tensor, e_sc: Optional[Tensor] = None) -> DenoiserOutput:
+    def __call__(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None = None) -> DenoiserOutput:
         if self.scale == 0.0:
             return self.inner(z, gamma, e_sc)
         out, grad, _ = guidance_gradient(self.inner, self.objective, z, gamma, e_sc)
@@ -110,8 +110,8 @@ class RequireTokens:
     ``[start, end)`` (None: anywhere it fits; ``end = start + 1``: exactly at ``start``)."""
 
     ids: Sequence[int]
-    start: Optional[int] = None
-    end: Optional[int] = None
+    start: int | None = None
+    end: int | None = None
 
     def log_prob_at(self, logits: Tensor) -> Tensor:
         """``log p(word starts at j | z)`` (B, L - k + 1) for every start j where it fits."""
@@ -155,7 +155,7 @@ class ClassifierObjective:
         return torch.log_softmax(_at_least_float32(c), dim=-1)[:, self.label]
 
 
-def parse_require(spec: str) -> tuple[str, Optional[int], Optional[int]]:
+def parse_require(spec: str) -> tuple[str, int | None, int | None]:
     """``--require`` value: ``WORD`` (anywhere), ``WORD@P`` (starting at token P) or ``WORD@A:B``
     (starting in ``[A, B)``); returns (word, start, end)."""
     word, sep, where = spec.rpartition("@")

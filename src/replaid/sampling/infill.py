@@ -78,7 +78,7 @@ def _char_spans_to_markers(tok, context: str, spec: str) -> str:
             )
         spans.append((start, end))
     spans.sort()
-    if any(b[0] < a[1] for a, b in zip(spans, spans[1:])):
+    if any(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False)):
         raise RequestError(f"{ref('infill_chars')} spans overlap: {spec!r}")
     out, pos = [], 0
     for start, end in spans:
@@ -190,7 +190,7 @@ def plan_edit(tok, text: str, spans: str | None = None, char_spans: str | None =
             )
         cuts.append((start, end))
     cuts.sort()
-    if not cuts or any(b[0] < a[1] for a, b in zip(cuts, cuts[1:])):
+    if not cuts or any(b[0] < a[1] for a, b in zip(cuts, cuts[1:], strict=False)):
         raise RequestError(f"{ref('edit_chars')} {char_spans!r}: give non-overlapping START:END character spans")
     pieces: list[tuple[str, bool]] = []
     pos = 0

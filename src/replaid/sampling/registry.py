@@ -10,8 +10,9 @@ CLI's ``--sampler`` choices are :data:`SAMPLER_NAMES`, named in the torch-free
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 from replaid.methods.base import Kind, Method
 from replaid.sampling import continuous, discrete
@@ -81,7 +82,7 @@ REGISTRY: dict[tuple[Kind, str], Sampler] = {
 assert tuple(dict.fromkeys(name for _, name in REGISTRY)) == SAMPLER_NAMES, "keep sampling.names.SAMPLER_NAMES in step"
 
 
-def get_sampler(method: Method[Any], name: Optional[str] = None) -> Sampler:
+def get_sampler(method: Method[Any], name: str | None = None) -> Sampler:
     """The registered sampler ``name`` (None: the method's default) for ``method``'s kind."""
     name = name or method.samplers[0]
     if name not in method.samplers or (method.kind, name) not in REGISTRY:

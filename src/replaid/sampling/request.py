@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -41,15 +41,15 @@ class RequestLimits:
 
     max_steps: int = 1024
     max_num: int = 4
-    max_length: Optional[int] = None  # None: the run's training length data.seq_len
+    max_length: int | None = None  # None: the run's training length data.seq_len
     temperature: tuple[float, float] = (0.01, 100.0)  # logit and score temperatures
     max_require: int = 8  # required words per request
     max_require_chars: int = 200
-    max_tokens: Optional[int] = None  # a completion's max_tokens (None: 8 x the run's data.seq_len)
+    max_tokens: int | None = None  # a completion's max_tokens (None: 8 x the run's data.seq_len)
     max_stop: int = 4  # stop strings per request (OpenAI's limit) ...
     max_stop_chars: int = 200  # ... of at most this many characters each
 
-    def check(self, req: "SampleRequest", trained_len: int) -> None:
+    def check(self, req: SampleRequest, trained_len: int) -> None:
         def between(k: str, v: float, lo: float, hi: float, extra: str = "") -> None:
             if not (math.isfinite(v) and lo <= v <= hi):  # NaN fails too
                 raise RequestError(f"{ref(k)} must be between {lo:g} and {hi:g}{extra}, got {v}")
@@ -76,32 +76,32 @@ class RequestLimits:
 
 @dataclass
 class SampleRequest:
-    sampler: Optional[str] = None  # None: the method's default (replaid: ddpm; AR/MDLM/Duo: ancestral)
+    sampler: str | None = None  # None: the method's default (replaid: ddpm; AR/MDLM/Duo: ancestral)
     steps: int = 64  # T (AR: one step per generated token, whatever this says)
     num: int = 4
     batch_size: int = 16
-    length: Optional[int] = None  # None: the template's length, else the run's data.seq_len
+    length: int | None = None  # None: the template's length, else the run's data.seq_len
     allow_longer: bool = False  # allow a length beyond the run's data.seq_len
     temperature: float = 1.0  # logit temperature (0: greedy, the argmax of every draw)
     score_temperature: float = 1.0  # Plaid's score temperature (continuous methods)
-    top_p: Optional[float] = None  # AR nucleus mass (None: the run's ar.top_p)
+    top_p: float | None = None  # AR nucleus mass (None: the run's ar.top_p)
     seed: int = 0
-    prompt: Optional[str] = None  # text fixed at the start of every sample
-    context: Optional[str] = None  # infilling text: [MASK:N] markers, or with infill / infill_chars
-    infill: Optional[str] = None  # token spans of context to fill
-    infill_chars: Optional[str] = None  # character spans of context to fill
-    template: Optional[InfillPlan] = None  # an already tokenised infilling template (the playground's)
+    prompt: str | None = None  # text fixed at the start of every sample
+    context: str | None = None  # infilling text: [MASK:N] markers, or with infill / infill_chars
+    infill: str | None = None  # token spans of context to fill
+    infill_chars: str | None = None  # character spans of context to fill
+    template: InfillPlan | None = None  # an already tokenised infilling template (the playground's)
     self_cond: bool = True  # self-conditioning while sampling (continuous methods that have it)
     trajectory: int = 0  # record the argmax text every k steps (continuous methods)
     progress: bool = True  # progress bars on stderr
-    edit: Optional[str] = None  # SDEdit: the source text (replaid edit --text)
+    edit: str | None = None  # SDEdit: the source text (replaid edit --text)
     strength: float = 1.0  # SDEdit: start time s in [0, 1] (0: the text unchanged; 1: a fresh sample)
-    edit_span: Optional[str] = None  # SDEdit: token spans to re-noise (the rest is kept)
-    edit_chars: Optional[str] = None  # SDEdit: character spans to re-noise (the rest is kept verbatim)
+    edit_span: str | None = None  # SDEdit: token spans to re-noise (the rest is kept)
+    edit_chars: str | None = None  # SDEdit: character spans to re-noise (the rest is kept verbatim)
     require: tuple[str, ...] = ()  # token guidance: words (WORD, WORD@P, WORD@A:B) to steer towards
-    guide: Optional[str] = None  # classifier guidance: CLF_DIR:LABEL
+    guide: str | None = None  # classifier guidance: CLF_DIR:LABEL
     guidance_scale: float = 1.0  # w in e_hat + w sigma^2/alpha grad log p(y | z_t) (sampling/guidance.py)
-    max_tokens: Optional[int] = None  # a completion: at most this many tokens after the prompt
+    max_tokens: int | None = None  # a completion: at most this many tokens after the prompt
     stop: tuple[str, ...] = ()  # a completion ends before the first of these strings
     ignore_eos: bool = False  # a completion goes on past the end-of-text token
 
@@ -119,21 +119,21 @@ class SampleRequest:
         else ``data.seq_len``) leaves after the ``n_prompt`` prompt tokens."""
         return self.max_tokens if self.max_tokens is not None else self.length_for(trained_len) - n_prompt
 
-    def edit_plan(self, tok) -> Optional[EditPlan]:
+    def edit_plan(self, tok) -> EditPlan | None:
         """The SDEdit source (tokens and kept mask), or None when this is no edit."""
         if self.edit is None:
             return None
         return plan_edit(tok, self.edit, self.edit_span, self.edit_chars)
 
-    def length_for(self, trained_len: int, plan: Optional[InfillPlan] = None) -> int:
+    def length_for(self, trained_len: int, plan: InfillPlan | None = None) -> int:
         """The sample length (module docstring)."""
         if plan is not None:
             return len(plan.ids)
         return self.length if self.length is not None else trained_len
 
     def check(
-        self, method: Method[Any], tok, trained_len: int, limits: Optional[RequestLimits] = None
-    ) -> Optional[InfillPlan]:
+        self, method: Method[Any], tok, trained_len: int, limits: RequestLimits | None = None
+    ) -> InfillPlan | None:
         """Refuse what ``method``'s run (or a server's ``limits``) cannot honour, before any sampling (one
         line, naming the option); returns the infilling plan, if any."""
         if limits is not None:

@@ -22,8 +22,9 @@ A request becomes a :class:`Start` (one per request) and one :class:`Batch` per 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -80,7 +81,7 @@ class Batch:
 
     state: Tensor  # (B, L, d_e) latent or (B, L) ids, on the model's device
     options: dict[str, Any]
-    callback: Optional[Callback]
+    callback: Callback | None
     extras: Callable[[int, SampleResult], dict[str, Any]] = _no_extras
     after: Callable[[SampleResult], None] = _nothing
 
@@ -93,17 +94,17 @@ class Start:
 
     net: Any
     grid: Tensor
-    generator: Optional[torch.Generator]
+    generator: torch.Generator | None
     steps: int
     batch: Callable[[int], Batch]
     text: Callable[[list[int]], str]
-    rows: Optional[list[dict[str, Any]]] = field(default=None)
+    rows: list[dict[str, Any]] | None = field(default=None)
 
 
-Starter = Callable[[Any, SampleRequest, Optional[InfillPlan], int, str, Optional[Callback]], Start]
+Starter = Callable[[Any, SampleRequest, InfillPlan | None, int, str, Callback | None], Start]
 
 
-def _both(a: Optional[Callback], b: Optional[Callback]) -> Optional[Callback]:
+def _both(a: Callback | None, b: Callback | None) -> Callback | None:
     if a is None or b is None:
         return a or b
 
@@ -139,7 +140,7 @@ def required_words(tok: Any, req: SampleRequest) -> list[RequireTokens]:
     return out
 
 
-def guidance_objective(run: Any, req: SampleRequest, words: list[RequireTokens]) -> Optional[Objective]:
+def guidance_objective(run: Any, req: SampleRequest, words: list[RequireTokens]) -> Objective | None:
     """The sum of the request's guidance objectives (required words, classifier label), or None."""
     objs: list[Objective] = list(words)
     if req.guide is not None:
@@ -166,7 +167,7 @@ def mark_filled(tok: Any, ids: list[int], known: list[bool]) -> str:
 
 
 def start_continuous(
-    run: Any, req: SampleRequest, plan: Optional[InfillPlan], L: int, sampler: str, callback: Optional[Callback]
+    run: Any, req: SampleRequest, plan: InfillPlan | None, L: int, sampler: str, callback: Callback | None
 ) -> Start:
     model, tok = run.model, run.tokenizer
     dev = next(model.parameters()).device
@@ -262,7 +263,7 @@ class DiscreteStart:
     * ``options(run, req, n_prefix, L)``: the sampler's own options (``temperature`` and
       ``disable_progress`` are set for every discrete sampler)."""
 
-    initial: Callable[[int, int, int, torch.device, Optional[torch.Generator]], Tensor]
+    initial: Callable[[int, int, int, torch.device, torch.Generator | None], Tensor]
     on_device: bool
     grid: Callable[[SampleRequest, int, int], Tensor]
     steps: Callable[[SampleRequest, int], int]
@@ -272,15 +273,15 @@ class DiscreteStart:
         self,
         run: Any,
         req: SampleRequest,
-        plan: Optional[InfillPlan],
+        plan: InfillPlan | None,
         L: int,
         sampler: str,
-        callback: Optional[Callback],
+        callback: Callback | None,
     ) -> Start:
         model, tok = run.model, run.tokenizer
         dev = next(model.parameters()).device
         V = int(model.n_out)
-        gen: Optional[torch.Generator] = torch.Generator().manual_seed(req.seed)
+        gen: torch.Generator | None = torch.Generator().manual_seed(req.seed)
         if self.on_device:
             gen = device_generator(gen, dev)
         prefix = prompt_ids(tok, req.prompt, L) if req.prompt else torch.zeros(0, dtype=torch.long)

@@ -23,8 +23,9 @@ every sample of the batch has finished.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -42,12 +43,12 @@ class BlockStarter(Protocol):
     """How a kind's run writes a request block by block (module docstring)."""
 
     def __call__(
-        self, run: Any, req: SampleRequest, prompt: Tensor, length: int, callback: Optional[Callback]
+        self, run: Any, req: SampleRequest, prompt: Tensor, length: int, callback: Callback | None
     ) -> Callable[[int], Iterator[Committed]]: ...
 
 
 def one_pass(
-    run: Any, req: SampleRequest, prompt: Tensor, length: int, callback: Optional[Callback]
+    run: Any, req: SampleRequest, prompt: Tensor, length: int, callback: Callback | None
 ) -> Callable[[int], Iterator[Committed]]:
     """A run without blocks: the registered sampler writes the request's one length (``length`` or
     ``data.seq_len``) at once, drawn as :func:`~replaid.sampling.generate.generate` draws it: one block."""
@@ -81,19 +82,19 @@ class Delta:
 
     index: int  # the sample, 0 .. num - 1
     text: str  # the text new since this sample's last delta ("" when nothing is final yet)
-    finish_reason: Optional[str] = None  # set once: "stop" (end-of-text or a stop string), "length" (max_tokens)
+    finish_reason: str | None = None  # set once: "stop" (end-of-text or a stop string), "length" (max_tokens)
 
 
 class SampleText:
     """One sample's completion as its tokens come: the ids kept (cut at end-of-text and ``max_tokens``),
     the text given out so far and, once finished, why."""
 
-    def __init__(self, tok: Any, max_tokens: int, stop: tuple[str, ...], eos: Optional[int]):
+    def __init__(self, tok: Any, max_tokens: int, stop: tuple[str, ...], eos: int | None):
         self.tok, self.max_tokens, self.stop, self.eos = tok, max_tokens, stop, eos
         self.ids: list[int] = []
         self.text = ""  # given out
-        self.finish_reason: Optional[str] = None
-        self.cut: Optional[int] = None  # the stop string's offset in the decoded ids
+        self.finish_reason: str | None = None
+        self.cut: int | None = None  # the stop string's offset in the decoded ids
 
     def feed(self, ids: list[int]) -> str:
         """Take a block's new ids; returns the text now final (module docstring)."""
@@ -143,7 +144,7 @@ class Completion:
     committed block (the deltas of the batch's unfinished samples), or call :meth:`rows` for
     :func:`~replaid.sampling.generate.generate`'s rows. ``samples``, ``nfe`` and ``batches`` fill in as it runs."""
 
-    def __init__(self, run: Any, req: SampleRequest, callback: Optional[Callback] = None):
+    def __init__(self, run: Any, req: SampleRequest, callback: Callback | None = None):
         self.run, self.req = run, req
         L = run.cfg.data.seq_len
         req.check(run.method, run.tokenizer, L)

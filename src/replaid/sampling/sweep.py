@@ -21,7 +21,6 @@ import json
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Optional
 
 from replaid.eval.quality import Judge, mauve_score, reference_windows, sentence_features, unigram_entropy
 from replaid.methods.base import Kind
@@ -56,8 +55,8 @@ def quality_sweep(
     split: str = "valid",
     seed: int = 0,
     batch_size: int = 16,
-    encoder: Optional[str] = None,
-    out: Optional[Path] = None,
+    encoder: str | None = None,
+    out: Path | None = None,
     progress: bool = True,
 ) -> list[SweepPoint]:
     """Score every configuration (module docstring); samples go to ``out/samples/*.jsonl``."""

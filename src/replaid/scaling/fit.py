@@ -41,9 +41,10 @@ from __future__ import annotations
 import csv
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any
 
 import numpy as np
 
@@ -183,7 +184,7 @@ def _lse_model(theta: np.ndarray, logn: np.ndarray, logd: np.ndarray) -> np.ndar
 
 
 def fit_parametric(
-    n: np.ndarray, d: np.ndarray, loss: np.ndarray, delta: float = 1e-3, init: Optional[np.ndarray] = None
+    n: np.ndarray, d: np.ndarray, loss: np.ndarray, delta: float = 1e-3, init: np.ndarray | None = None
 ) -> dict:
     """``L = E + A/N^a + B/D^b`` by L-BFGS-B on the Huber loss of log L (Hoffmann et al.'s
     approach 3) from a grid of starts (or from ``init``). ``at_bound`` lists the parameters the box
@@ -257,7 +258,7 @@ def at_bounds(theta) -> list[str]:
     an edge of ``THETA_BOUNDS``, e.g. "E sits on its lower bound exp(-5)": the optimiser stopped
     at the box, so the value is the box's, not the data's."""
     out = []
-    for name, v, (lo, hi) in zip(THETA_NAMES, theta, THETA_BOUNDS):
+    for name, v, (lo, hi) in zip(THETA_NAMES, theta, THETA_BOUNDS, strict=True):
         for side, edge in (("lower", lo), ("upper", hi)):
             if abs(float(v) - edge) <= BOUND_TOL * (hi - lo):
                 shown = f"exp({edge:g})" if name in ("A", "B", "E") else f"{edge:g}"
@@ -290,7 +291,7 @@ def crossover(
         copt_a = math.exp((math.log(n) - npow_a[1]) / npow_a[0])
         copt_b = math.exp((math.log(n) - npow_b[1]) / npow_b[0])
 
-        def diff(logc):
+        def diff(logc, n=n):  # binds this iteration's n (bugbear B023)
             c = math.exp(logc)
             return math.log(parametric_loss(pa, n, c / (kappa_a * n))) - math.log(
                 parametric_loss(pb, n, c / (kappa_b * n))
@@ -323,9 +324,9 @@ def _analyse(
 ) -> dict:
     """Per-budget minima, power laws and multipliers for perturbed or original log-losses;
     ``exclude``: (method, budget) pairs left out of the laws (at the unigram level)."""
-    res = {}
+    res: dict[str, dict[str, Any]] = {}
     for m, pts in points.items():
-        mins = []
+        mins: list[dict[str, Any] | None] = []
         for b in budgets:
             sel = pts["budget"] == b
             if sel.sum() < 3:
@@ -336,28 +337,28 @@ def _analyse(
             q["bracketed"] = bool(np.isfinite(q["log_n_opt"]) and x.min() <= q["log_n_opt"] <= x.max())
             mins.append(q)
         # the laws use bracketed minima only: an extrapolated N*_C is the parabola's guess, not a measurement
-        use = [q is not None and q["bracketed"] and (m, b) not in exclude for q, b in zip(mins, budgets)]
-        logc = np.array([math.log(b) for b, u in zip(budgets, use) if u])
-        ln = np.array([q["log_n_opt"] for q, u in zip(mins, use) if u])
-        ll = np.array([q["log_l_opt"] for q, u in zip(mins, use) if u])
+        use = [q is not None and q["bracketed"] and (m, b) not in exclude for q, b in zip(mins, budgets, strict=True)]
+        logc = np.array([math.log(b) for b, u in zip(budgets, use, strict=True) if u])
+        ln = np.array([q["log_n_opt"] for q, u in zip(mins, use, strict=True) if u and q is not None])
+        ll = np.array([q["log_l_opt"] for q, u in zip(mins, use, strict=True) if u and q is not None])
         res[m] = {"mins": mins, "loss_law": linfit(logc, ll), "param_law": linfit(logc, ln)}
     if reference in res:
         r = res[reference]
-        for m, v in res.items():
+        for v in res.values():
             k = multiplier_curve(v["loss_law"], r["loss_law"], logc_grid)
             pr = np.exp((v["param_law"][0] - r["param_law"][0]) * logc_grid + v["param_law"][1] - r["param_law"][1])
             v["mult"], v["pratio"] = k, pr
     return res
 
 
-def _ci(samples: list[float]) -> list[float]:
+def _ci(samples: Sequence[float | None]) -> list[float]:
     a = np.array([s for s in samples if s is not None and np.isfinite(s)])
     if len(a) < 10:
         return [math.nan, math.nan]
     return [float(np.percentile(a, 2.5)), float(np.percentile(a, 97.5))]
 
 
-def _f(x) -> Optional[float]:
+def _f(x) -> float | None:
     return None if x is None or not np.isfinite(x) else float(x)
 
 
@@ -368,7 +369,7 @@ class Noise:
     of log L, None without replicates), ``source`` (per budget, in words)."""
 
     scale: np.ndarray
-    pooled_sd: Optional[float] = None
+    pooled_sd: float | None = None
     source: dict[float, str] = field(default_factory=dict)
 
 
@@ -421,7 +422,7 @@ def noise_model(p: dict, mins: list, budgets: list[float]) -> Noise:
                 )
         return noise
     noise = Noise(scale)
-    for b, q in zip(budgets, mins):
+    for b, q in zip(budgets, mins, strict=True):
         sel = p["budget"] == b
         if q is None:
             continue
@@ -450,7 +451,7 @@ def draw(p: dict, noise: Noise, rng: np.random.Generator) -> np.ndarray:
     return y
 
 
-def edge_minimum(logn: np.ndarray, logl: np.ndarray) -> tuple[Optional[str], Optional[list]]:
+def edge_minimum(logn: np.ndarray, logl: np.ndarray) -> tuple[str | None, list | None]:
     """Whether a budget's best run is its smallest or largest size; then N* is only bounded: a convex
     curve whose lowest point among the sizes is the smallest has its minimum below the next size up
     (``["<", N_2]``), and above the next size down for the largest (``[">", N_{k-1}]``)."""
@@ -464,7 +465,9 @@ def edge_minimum(logn: np.ndarray, logl: np.ndarray) -> tuple[Optional[str], Opt
 
 
 def _law_budgets(v: dict, m: str, budgets: list[float], exclude: frozenset) -> list[float]:
-    return [b for q, b in zip(v["mins"], budgets) if q is not None and q["bracketed"] and (m, b) not in exclude]
+    return [
+        b for q, b in zip(v["mins"], budgets, strict=True) if q is not None and q["bracketed"] and (m, b) not in exclude
+    ]
 
 
 def leave_one_budget_out(
@@ -492,7 +495,7 @@ def leave_one_budget_out(
         )
 
     def rng_(k):
-        v = [d[k] for d in drops if d[k] is not None]
+        v = [x for x in (d[k] for d in drops) if x is not None]
         return [min(v), max(v)] if v else [None, None]
 
     return {
@@ -508,7 +511,7 @@ def fit_points(
     reference: str = "ar",
     n_boot: int = 1000,
     seed: int = 0,
-    crossover_pair: Optional[tuple[str, str]] = None,
+    crossover_pair: tuple[str, str] | None = None,
     n_boot_parametric: int = 100,
     parametric: bool = True,
 ) -> dict:
@@ -524,7 +527,7 @@ def fit_points(
     logc_grid = np.linspace(math.log(budgets[0]), math.log(budgets[-1]), 25)
     # a budget where no size beats the unigram loss by 2 standard errors has learned nothing yet: its
     # IsoFLOP "minimum" is noise around the unigram level, not a point of the scaling law
-    flat = set()
+    flat_found: set[tuple[str, float]] = set()
     for m, p in points.items():
         for b in budgets:
             sel = p["budget"] == b
@@ -533,12 +536,12 @@ def fit_points(
             i = np.flatnonzero(sel)[np.argmin(p["loss"][sel])]
             se = p["stderr"][i] if np.isfinite(p["stderr"][i]) else 0.0
             if p["loss"][i] >= p["unigram"][i] - 2 * se:
-                flat.add((m, b))
+                flat_found.add((m, b))
                 warn.append(
                     f"{m} at C={b:.3g}: no size beats the unigram loss ({p['unigram'][i]:.4f}) by 2 standard "
                     f"errors (best {p['loss'][i]:.4f} +- {se:.4f}); left out of the laws"
                 )
-    flat = frozenset(flat)
+    flat = frozenset(flat_found)
     base = _analyse(points, budgets, reference, logc_grid, flat)
     noise = {m: noise_model(points[m], base[m]["mins"], budgets) for m in methods}
     rng = np.random.default_rng(seed)
@@ -558,7 +561,7 @@ def fit_points(
     for m in methods:
         v = base[m]
         per_budget = []
-        for i, (b, q) in enumerate(zip(budgets, v["mins"])):
+        for i, (b, q) in enumerate(zip(budgets, v["mins"], strict=True)):
             sel = points[m]["budget"] == b
             if q is None:
                 if sel.sum():
@@ -625,7 +628,7 @@ def fit_points(
                 }
             )
         (al, be), (alp, bep) = v["loss_law"], v["param_law"]
-        mo = {
+        mo: dict[str, Any] = {
             "alpha": _f(al),
             "beta": _f(be),
             "alpha_prime": _f(alp),
@@ -663,7 +666,7 @@ def fit_points(
             sub = {
                 **points[m],
                 "logl": points[m]["logl"][keep],
-                "seeds": [s for s, k_ in zip(points[m]["seeds"], keep) if k_],
+                "seeds": [s for s, k_ in zip(points[m]["seeds"], keep, strict=True) if k_],
             }
             sub_noise = Noise(noise[m].scale[keep], noise[m].pooled_sd)
             bs = [
@@ -753,7 +756,7 @@ def fmt_n_opt(q: dict) -> str:
     return f"{fmt(q['n_opt'])} {fmt_ci(q['n_opt_ci'])}"
 
 
-def fmt_loo(loo: Optional[dict], key: str) -> str:
+def fmt_loo(loo: dict | None, key: str) -> str:
     """The leave-one-budget-out range of ``key`` (param_ratio or compute_multiplier), or why not."""
     if not loo:
         return "n/a"
@@ -828,7 +831,9 @@ def read_sources(sources) -> tuple[list[dict], list[str]]:
     method, FLOPs, N and seed: a finished run copied into a second sweep) counts once; so does a
     repeated CSV row. Runs that differ only in ``seed`` are seed replicates of one point. Returns the
     rows and a note per duplicate left out."""
-    rows, seen, notes = [], {}, []
+    rows: list[dict] = []
+    seen: dict[tuple, dict] = {}
+    notes: list[str] = []
     for src in [sources] if isinstance(sources, (str, Path)) else sources:
         for r in read_points(src):
             key = (r["method"], round(r["flops"]), round(r["params"]), r.get("seed", 0))

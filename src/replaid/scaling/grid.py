@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator, Optional
 
 from replaid import schema
 from replaid.config import ConfigError, RunConfig, read_run_config
@@ -74,7 +74,7 @@ def write_grid(spec: GridSpec, folder: Path, force: bool = False) -> list[GridEn
             GridEntry(run.id, run.cell, run.seed, run.overrides, run.run_dir, run.config, cfg.train.steps, fpt * tokens)
         )
     (folder / "configs").mkdir(parents=True, exist_ok=True)
-    for (run, cfg), e in zip(planned, entries):
+    for (_run, cfg), e in zip(planned, entries, strict=True):
         atomic_write_text(folder / e.config, cfg.to_json())
     atomic_write_text(folder / "spec.json", json.dumps(spec.to_dict(), indent=1))
     obj = {"version": 1, "kind": "grid", "runs": [asdict(e) for e in entries]}
@@ -147,11 +147,11 @@ def collect(folder: Path, entries: list[GridEntry]) -> tuple[list[dict], list[st
 
 def write_report(
     folder: Path,
-    reference: Optional[str] = None,
+    reference: str | None = None,
     confidence: float = 0.95,
-    out: Optional[Path] = None,
-    title: Optional[str] = None,
-    command: Optional[str] = None,
+    out: Path | None = None,
+    title: str | None = None,
+    command: str | None = None,
 ) -> dict:
     """``report.json``, ``report.md`` and ``report.png`` of the grid's finished runs (in ``out``,
     default the grid folder)."""
@@ -187,11 +187,11 @@ def metrics_rows(run: Path) -> Iterator[dict]:
     yield from schema.jsonl_rows(Path(run) / "metrics.jsonl", schema.METRICS_ROW)
 
 
-def training_rows(run: Path) -> dict[int, tuple[float, Optional[float]]]:
+def training_rows(run: Path) -> dict[int, tuple[float, float | None]]:
     """``{step: (bound, unigram or None)}`` of a run's logged training rows (:func:`metrics_rows`; the
     low-variance MDLM's ``nelbo`` where present, else ``loss``; ``unigram``: the same tokens' unigram
     NLL, logged since issue 34). A step logged again (resume) keeps the last."""
-    rows: dict[int, tuple[float, Optional[float]]] = {}
+    rows: dict[int, tuple[float, float | None]] = {}
     for r in metrics_rows(run):
         key = "nelbo" if "nelbo" in r else "loss"
         if isinstance(r.get(key), (int, float)):
@@ -200,7 +200,7 @@ def training_rows(run: Path) -> dict[int, tuple[float, Optional[float]]]:
     return rows
 
 
-def plateau_exit_of(run: Path) -> tuple[Optional[int], Optional[int], str]:
+def plateau_exit_of(run: Path) -> tuple[int | None, int | None, str]:
     """(plateau-exit step, last logged step, what the bound was read against) of a finished run
     (:func:`replaid.eval.seeds.plateau_exit`): the logged unigram NLL of each row's training tokens;
     for a run logged before that existed, the train split's unigram NLL (the same model, the expected

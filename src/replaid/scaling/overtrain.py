@@ -15,7 +15,6 @@ the verdict of the last comparable budget says which side the curves are on ther
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import numpy as np
 
@@ -31,7 +30,7 @@ def _curve(rows: list[dict], method: str) -> dict[int, list[tuple[float, float]]
     return {s: sorted(v) for s, v in out.items()}
 
 
-def interp_log(points: list[tuple[float, float]], flops: float) -> Optional[float]:
+def interp_log(points: list[tuple[float, float]], flops: float) -> float | None:
     """The loss at ``flops`` on the piecewise-linear curve in log FLOPs through ``points``; None outside."""
     xs = [math.log(f) for f, _ in points]
     x = math.log(flops)
@@ -40,7 +39,7 @@ def interp_log(points: list[tuple[float, float]], flops: float) -> Optional[floa
     return float(np.interp(x, xs, [loss for _, loss in points]))
 
 
-def budgets(rows: list[dict], method: str, optimum: float, corpus_tokens: Optional[float], confidence: float):
+def budgets(rows: list[dict], method: str, optimum: float, corpus_tokens: float | None, confidence: float):
     """Per budget of ``method``: FLOPs (mean over seeds), factor = FLOPs / C*, passes, the seeds' losses,
     their mean and t-interval."""
     by: dict[float, list[dict]] = {}
@@ -118,11 +117,11 @@ def dominance(rows: list[dict], a: str, b: str, confidence: float = 0.95) -> lis
     return out
 
 
-def crossing(points: list[dict]) -> Optional[float]:
+def crossing(points: list[dict]) -> float | None:
     """FLOPs where the mean difference changes sign (the last change, log-linear between the two
     budgets around it); None without one."""
     at = None
-    for p, q in zip(points, points[1:]):
+    for p, q in zip(points, points[1:], strict=False):
         if (p["mean"] > 0) != (q["mean"] > 0):
             w = p["mean"] / (p["mean"] - q["mean"])
             at = math.exp(math.log(p["flops"]) + w * (math.log(q["flops"]) - math.log(p["flops"])))
@@ -134,7 +133,7 @@ def overtrain(
     optimum: dict[str, float],
     a: str,
     b: str,
-    corpus_tokens: Optional[float] = None,
+    corpus_tokens: float | None = None,
     confidence: float = 0.95,
 ) -> dict:
     """The study: each method's budgets, A - B compared both ways, the crossover and its factors."""

@@ -17,9 +17,9 @@ import csv
 import json
 import math
 import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence
 
 from replaid import schema
 from replaid.config import ConfigError, RunConfig, parse_overrides, read_run_config, set_key
@@ -175,7 +175,7 @@ def make_plan(
     sizes: str = "paper",
     per_budget: int = 0,
     stride: int = 1,
-    protocol: Optional[str] = None,
+    protocol: str | None = None,
     overrides: Sequence[str] = (),
     save_checkpoints: int = 4,
     tokens_per_param: float | Mapping[str, float] = CHINCHILLA_TOKENS_PER_PARAM,
@@ -211,15 +211,15 @@ def make_plan(
         raise ConfigError(f"unknown protocol '{proto}'; choose {' or '.join(PROTOCOLS)}")
     if any(b <= 0 for b in budgets) or not budgets:
         raise ConfigError("--budgets must be positive FLOP counts, e.g. 6e18 1e19")
-    labels: dict[str, float] = {}
+    by_label: dict[str, float] = {}
     for b in budgets:  # a run's id names its budget to 3 significant digits: two budgets, two ids
         lab = f"{float(b):.3g}"
-        if lab in labels:
+        if lab in by_label:
             raise ConfigError(
-                f"--budgets {labels[lab]:g} and {float(b):g} are the same budget to 3 significant digits (run ids "
+                f"--budgets {by_label[lab]:g} and {float(b):g} are the same budget to 3 significant digits (run ids "
                 f"C{lab.replace('+', '')}); give each budget once"
             )
-        labels[lab] = float(b)
+        by_label[lab] = float(b)
     plan = Plan(proto, [float(b) for b in budgets], list(methods), list(overrides))
     cfgs, params = {}, {}
     for m in methods:
@@ -357,7 +357,7 @@ def read_manifest(sweep: Path) -> list[PlanEntry]:
 # ------------------------------------------------------------------ results
 
 
-def final_loss(sweep: Path, e: PlanEntry) -> Optional[dict]:
+def final_loss(sweep: Path, e: PlanEntry) -> dict | None:
     """The finished run's final validation evaluation (``nelbo``/``nll`` nats per token and more)."""
     run = Path(sweep) / e.run_dir
     if run_status(sweep, e)[0] != "done":

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -59,7 +58,7 @@ def plot_isoflop(res: dict, path: Path) -> None:
     cmap = plt.get_cmap("turbo")
     budgets = res["budgets"]
     span = max(1e-9, math.log(budgets[-1] / budgets[0]))
-    for ax, m in zip(axes[0], methods):
+    for ax, m in zip(axes[0], methods, strict=False):
         pts = [p for p in res["points"] if p["method"] == m]
         for b in budgets:
             col = cmap(0.05 + 0.9 * math.log(b / budgets[0]) / span)
@@ -92,9 +91,9 @@ def plot_isoflop(res: dict, path: Path) -> None:
         ax.set_xlabel("non-embedding parameters N")
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel("validation loss (nats/token, bound)")
-    seen = {}
+    seen: dict = {}
     for ax in axes[0]:  # one legend for all panels: every budget of any method
-        for h, lab in zip(*ax.get_legend_handles_labels()):
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             seen.setdefault(lab, h)
     order = sorted(seen, key=lambda lab: (lab == "unigram", float(lab[2:]) if lab.startswith("C=") else 0.0))
     fig.legend([seen[k] for k in order], order, loc="center right", fontsize=7)
@@ -166,7 +165,7 @@ def _law_plot(
     plt.close(fig)
 
 
-def plot_overtraining(res: dict, path: Path, n: Optional[float] = None) -> Optional[float]:
+def plot_overtraining(res: dict, path: Path, n: float | None = None) -> float | None:
     """Loss of the crossover pair at one N as training compute grows (slices of the IsoFLOP plots)."""
     cx = res.get("crossover")
     if not cx:
@@ -177,7 +176,7 @@ def plot_overtraining(res: dict, path: Path, n: Optional[float] = None) -> Optio
     n = n or float(np.exp(np.mean(np.log(ns))))
     fig, ax = plt.subplots(figsize=(5.6, 4.2))
     lo, hi = math.inf, 0.0
-    for i, m in enumerate((a, b)):
+    for m in (a, b):
         mo = res["methods"][m]
         copt = math.exp((math.log(n) - mo["beta_prime"]) / mo["alpha_prime"])
         lo, hi = min(lo, copt / 10), max(hi, copt * 30)
@@ -211,7 +210,7 @@ def plot_overtraining(res: dict, path: Path, n: Optional[float] = None) -> Optio
     return n
 
 
-def plot_all(res: dict, out: Path, slice_params: Optional[float] = None) -> list[str]:
+def plot_all(res: dict, out: Path, slice_params: float | None = None) -> list[str]:
     out = Path(out)
     paths = [out / "isoflop.png", out / "likelihood_law.png", out / "param_law.png"]
     plot_isoflop(res, paths[0])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 from replaid.scaling import plots
 from replaid.scaling.fit import crossover_text, fit_points, fmt, fmt_ci, fmt_loo, fmt_n_opt, read_sources
@@ -16,8 +15,8 @@ def fit_source(
     n_boot: int = 1000,
     seed: int = 0,
     crossover=None,
-    out: Optional[Path] = None,
-    slice_params: Optional[float] = None,
+    out: Path | None = None,
+    slice_params: float | None = None,
 ) -> dict:
     """Read one or several sources (sweep folders, CSVs), fit, and write ``fit.json``, ``report.md``
     and the PNG plots into ``out``."""

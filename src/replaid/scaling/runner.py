@@ -20,10 +20,11 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Protocol
 
 from replaid.config import ConfigError, read_run_config
 from replaid.eval.evaluate import evaluate
@@ -65,7 +66,7 @@ def check_entries(folder: Path, entries: Sequence[ManifestEntry], manifest: Path
                 )
 
 
-def legacy_final_eval(run: Path) -> Optional[dict]:
+def legacy_final_eval(run: Path) -> dict | None:
     """Runs written before ``final_eval.json`` existed kept the final evaluation in the last checkpoint."""
     try:
         st = ck.load_state(ck.find_checkpoint(run))
@@ -187,9 +188,9 @@ def default_python() -> str:
 
 def progress_line(sweep: Path, entries: Sequence[ManifestEntry]) -> str:
     states = [run_status(sweep, e) for e in entries]
-    done = [e for e, (s, _) in zip(entries, states) if s == "done"]
+    done = [e for e, (s, _) in zip(entries, states, strict=True) if s == "done"]
     spent = sum(e.cost() for e in done) + sum(
-        e.cost() * st / max(1, e.steps) for e, (s, st) in zip(entries, states) if s == "partial"
+        e.cost() * st / max(1, e.steps) for e, (s, st) in zip(entries, states, strict=True) if s == "partial"
     )
     total = sum(e.cost() for e in entries)
     return (
@@ -202,7 +203,7 @@ def run_local(
     sweep: Path,
     entries: Sequence[ManifestEntry],
     max_parallel: int = 1,
-    python: Optional[str] = None,
+    python: str | None = None,
     prefix: str = "",
     progress: bool = True,
     log: Callable[[str], None] = print,
@@ -221,7 +222,8 @@ def run_local(
         disable=not progress,
         desc="FLOPs",
     )
-    results, running = [], []
+    results: list = []
+    running: list = []
     queue = list(todo)
     with preemption_signals() as got:  # SIGTERM/SIGUSR1: forwarded to the runs, which save and stop; none starts
         while queue or running:
@@ -236,7 +238,7 @@ def _step_local(sweep, entries, queue, running, results, max_parallel, python, p
         if queue:
             log(f"{got['signal']}: stopping; {len(queue)} run(s) not started, running ones save and stop")
         queue.clear()
-        for e, p, f, t0 in running:
+        for e, p, _f, _t0 in running:
             if p.poll() is None and not got.get(e.id):
                 p.send_signal(signal.SIGTERM)
                 got[e.id] = True
@@ -281,10 +283,10 @@ def run_submitit(
     entries: Sequence[ManifestEntry],
     executor: str = "slurm",
     max_parallel: int = 0,
-    python: Optional[str] = None,
+    python: str | None = None,
     prefix: str = "",
     gpus_per_job: int = 0,
-    slurm_params: Optional[dict] = None,
+    slurm_params: dict | None = None,
     wait: bool = True,
     log: Callable[[str], None] = print,
     nodes_per_job: int = 1,
@@ -321,7 +323,7 @@ def run_submitit(
                 "--executor slurm needs SLURM's sbatch on PATH (run it on a login node); "
                 "here use --executor local or submitit-local"
             )
-        ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
+        ex: submitit.Executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
         params = {
             "slurm_array_parallelism": max_parallel or len(todo),
             "timeout_min": 24 * 60,
@@ -359,7 +361,7 @@ def run_submitit(
         )
         if not wait:
             continue
-        for j, job in zip(wave, jobs):
+        for job in jobs:
             r = job.result()
             results.append(r)
             log(f"{r['id']}: {r['state']} (exit {r['returncode']}); {progress_line(sweep, entries)}")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -98,7 +98,7 @@ def gap_trend(log_flops: list[float], gaps: dict[int, list[float]], confidence: 
     return out
 
 
-def crossing(log_flops: list[float], gap: list[float]) -> Optional[float]:
+def crossing(log_flops: list[float], gap: list[float]) -> float | None:
     """Where one seed's gap crosses 0 for the last time: log10 FLOPs by linear interpolation between the
     two step counts around its last sign change (a point exactly at 0 counts as the crossing); None when
     the gap keeps one sign throughout."""
@@ -117,9 +117,9 @@ def crossing(log_flops: list[float], gap: list[float]) -> Optional[float]:
 def trend(
     folder: Path,
     steps: list[int],
-    reference: Optional[str] = None,
+    reference: str | None = None,
     confidence: float = 0.95,
-    train_tokens: Optional[dict[str, int]] = None,
+    train_tokens: dict[str, int] | None = None,
 ) -> dict:
     """The grid at each of ``steps``: a report per step, FLOPs and passes per (cell, step), and each
     cell's gap trend against ``reference`` (module docstring). ``train_tokens``: cell -> tokens in its
@@ -135,7 +135,7 @@ def trend(
     if beyond:
         raise ConfigError(f"--steps {beyond}: beyond the grid's runs ({max(longest.values())} steps)")
     cells_order = list(spec.cell_overrides())
-    per_step = []
+    per_step: list[dict[str, Any]] = []
     for s in steps:
         rows, missing = rows_at(folder, entries, s)
         if not rows:
@@ -165,7 +165,7 @@ def trend(
                 if c is None or "paired" not in c:
                     continue
                 xs.append(math.log10(p["cells"][cell]["flops"]))
-                for k, d in zip(c["paired"]["seeds"], c["paired"]["diffs"]):
+                for k, d in zip(c["paired"]["seeds"], c["paired"]["diffs"], strict=True):
                     by_seed.setdefault(k, []).append(d)
             gaps[cell] = gap_trend(xs, by_seed, confidence)
     return {"grid": str(folder), "reference": ref, "confidence": confidence, "steps": per_step, "gaps": gaps}
@@ -291,18 +291,18 @@ def plot_trend(tr: dict, path: Path, title: str = "") -> Path:
 def write_trend(
     folder: Path,
     steps: list[int],
-    reference: Optional[str] = None,
+    reference: str | None = None,
     confidence: float = 0.95,
-    out: Optional[Path] = None,
-    title: Optional[str] = None,
+    out: Path | None = None,
+    title: str | None = None,
     passes: bool = True,
-    train_tokens: Optional[int] = None,
+    train_tokens: int | None = None,
 ) -> dict:
     """``trend.json``, ``trend.md`` and ``trend.png`` (in ``out``, default the grid folder).
     ``train_tokens``: the train split's size for every cell, where the run folders hold no tokenizer
     to count it with."""
     folder = Path(folder)
-    tokens: Optional[dict[str, int]] = None
+    tokens: dict[str, int] | None = None
     if train_tokens is not None:
         tokens = {e.cell: train_tokens for e in read_grid(folder)[1]}
     elif passes:

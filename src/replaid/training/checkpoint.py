@@ -35,7 +35,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -75,7 +75,7 @@ def step_name(step: int) -> str:
     return f"step_{step:07d}"
 
 
-def nonfinite_tensor(sd: Optional[dict[str, torch.Tensor]]) -> Optional[str]:
+def nonfinite_tensor(sd: dict[str, torch.Tensor] | None) -> str | None:
     """The name of the first floating-point tensor of ``sd`` holding a NaN or Inf, else None."""
     for k, v in (sd or {}).items():
         if torch.is_tensor(v) and v.is_floating_point() and not bool(torch.isfinite(v).all()):
@@ -110,9 +110,9 @@ def save_checkpoint(
     step: int,
     model_sd: dict,
     state: dict,
-    ema_sd: Optional[dict] = None,
-    opt_sd: Optional[dict] = None,
-    rng: Optional[dict[str, torch.Tensor]] = None,
+    ema_sd: dict | None = None,
+    opt_sd: dict | None = None,
+    rng: dict[str, torch.Tensor] | None = None,
     keep: int = 2,
 ) -> Path:
     """Write checkpoint ``step`` and name it in ``LATEST``; returns its directory.
@@ -162,7 +162,7 @@ def _write_error(name: str, ckdir: Path, e: BaseException) -> CheckpointError:
     )
 
 
-def _commit(tmp: Path, final: Path, state: dict) -> Optional[Path]:
+def _commit(tmp: Path, final: Path, state: dict) -> Path | None:
     """Record the sha256 of every file of ``tmp`` in its state.json (written last), fsync it all,
     rename it to ``final`` and name it in ``LATEST``. Returns the folder a stale ``final`` was moved
     into (to remove once LATEST names the new one), if any."""
@@ -190,9 +190,9 @@ def save_sharded_checkpoint(
     step: int,
     state_dict: dict,
     state: dict,
-    rng: Optional[dict[str, torch.Tensor]] = None,
+    rng: dict[str, torch.Tensor] | None = None,
     keep: int = 2,
-) -> Optional[Path]:
+) -> Path | None:
     """Write checkpoint ``step`` in the sharded format on every rank (a collective): each rank writes
     its shards of ``state_dict`` (``{"model", "optim", "ema"}``, DTensors) through DCP into
     ``.step_N.sharded/sharded/``; then rank 0 adds ``rng.safetensors`` and ``state.json`` (the sha256 of
@@ -245,7 +245,7 @@ def save_sharded_checkpoint(
     return final
 
 
-def set_aside(run_dir: Path, step: int, dest: Path) -> tuple[Path, Optional[Path]]:
+def set_aside(run_dir: Path, step: int, dest: Path) -> tuple[Path, Path | None]:
     """Take checkpoint ``step`` out of force without deleting it: ``LATEST`` first names the newest
     complete checkpoint before it (or is removed when there is none), then the folder moves to
     ``dest/step_N`` (``step_N.1``, ... when taken). Returns (where it went, the checkpoint now in force)."""
@@ -303,7 +303,7 @@ def complete_checkpoints(ckdir: Path) -> list[Path]:
     return sorted(found, key=_step_of)
 
 
-def read_latest(ckdir: Path) -> tuple[Optional[Path], str]:
+def read_latest(ckdir: Path) -> tuple[Path | None, str]:
     """``(checkpoint LATEST names, "")`` or ``(None, what is wrong with LATEST)``."""
     f = Path(ckdir) / "LATEST"
     if not f.is_file():
@@ -333,7 +333,7 @@ def check_readable(ckdir: Path) -> None:
         ) from None
 
 
-def latest_checkpoint(path: str | Path) -> Optional[Path]:
+def latest_checkpoint(path: str | Path) -> Path | None:
     """The checkpoint in force in a run (LATEST, else the newest complete one, saying so), or None.
     A ``checkpoints/`` that cannot be read is an error (:func:`check_readable`)."""
     p = Path(path)
@@ -399,7 +399,7 @@ def load_state(ckpt: Path, need: tuple[str, ...] = ("step",)) -> dict:
         raise CheckpointError(f"checkpoint file {e}{also}") from None
 
 
-def load_optimizer(ckpt: Path, sha256: Optional[str] = None) -> Optional[dict]:
+def load_optimizer(ckpt: Path, sha256: str | None = None) -> dict | None:
     """The optimizer state dict saved in ``ckpt``, or None when it has none (``sha256``: as for
     :func:`load_tensors`)."""
     f = ckpt / "optimizer.json"
@@ -418,7 +418,7 @@ def load_optimizer(ckpt: Path, sha256: Optional[str] = None) -> Optional[dict]:
         ) from None
 
 
-def load_tensors(ckpt: Path, name: str, sha256: Optional[str] = None) -> Optional[dict[str, torch.Tensor]]:
+def load_tensors(ckpt: Path, name: str, sha256: str | None = None) -> dict[str, torch.Tensor] | None:
     """``ckpt/NAME.safetensors`` (None when absent), checked against ``sha256`` when given and
     :data:`VERIFY` is on."""
     f = ckpt / f"{name}.safetensors"
@@ -467,7 +467,7 @@ class Stored:
     state: dict
 
     @classmethod
-    def open(cls, path: str | Path, need: tuple[str, ...] = ("step", "config", "vocab_size")) -> "Stored":
+    def open(cls, path: str | Path, need: tuple[str, ...] = ("step", "config", "vocab_size")) -> Stored:
         """The checkpoint in force at ``path`` (a run, its ``checkpoints/`` or one checkpoint folder)."""
         ckpt = find_checkpoint(path)
         return cls(ckpt, load_state(ckpt, need))
@@ -523,7 +523,7 @@ class Stored:
             self._verified = True
         return folder
 
-    def tensors(self, name: str) -> Optional[dict[str, torch.Tensor]]:
+    def tensors(self, name: str) -> dict[str, torch.Tensor] | None:
         """``model`` / ``ema`` / ``optimizer`` / ``rng`` tensors, None when the file is absent (the
         full ``model`` / ``ema`` tensors of a sharded checkpoint, read from its shards in this process;
         its optimizer state is read by :func:`load_sharded_training_state`)."""
@@ -542,7 +542,7 @@ class Stored:
                 ) from None
         return load_tensors(self.path, name, self.sha256(name))
 
-    def sha256(self, name: str) -> Optional[str]:
+    def sha256(self, name: str) -> str | None:
         """The recorded sha256 of ``NAME.safetensors``; a tensor file without one is an error (None only
         under ``replaid --no-verify``), never a file loaded unchecked."""
         rec = self.state.get("sha256")
@@ -573,14 +573,14 @@ class Stored:
             )
         return w, from_ema
 
-    def optimizer(self) -> Optional[dict]:
+    def optimizer(self) -> dict | None:
         """The full optimizer state of a single-file checkpoint (None for a sharded one: see
         :func:`load_sharded_training_state`)."""
         return None if self.sharded else load_optimizer(self.path, self.sha256("optimizer"))
 
 
 def load_sharded_training_state(
-    stored: Stored, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ema: Optional[dict]
+    stored: Stored, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ema: dict | None
 ) -> None:
     """Restore the weights, the optimizer state and the EMA ``ema`` (a name -> tensor dict, filled in
     place) of a sharded checkpoint into a model as placed now (FSDP2 on any number of ranks, DDP, or

@@ -15,9 +15,10 @@ import hashlib
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -81,7 +82,7 @@ def read_labelled(path: str | Path) -> tuple[list[str], list[str]]:
 
 
 def _windows(tok, texts: list[str], labels: list[int], L: int) -> list[tuple[list[int], int]]:
-    docs = [(tok.encode(t), y) for t, y in zip(texts, labels)]
+    docs = [(tok.encode(t), y) for t, y in zip(texts, labels, strict=True)]
     return [(ids, y) for ids, y in docs if len(ids) >= L]
 
 
@@ -91,7 +92,7 @@ def _window_counts(docs, L: int) -> torch.Tensor:
 
 
 def _batch(
-    docs, L: int, B: int, g: torch.Generator, counts: Optional[torch.Tensor] = None
+    docs, L: int, B: int, g: torch.Generator, counts: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """B windows drawn uniformly over every ``L``-token window of the corpus (a document is chosen with
     probability proportional to its number of windows, ``counts``, then a window in it), with their
@@ -120,7 +121,7 @@ def noisy_latents(model, E: torch.Tensor, x: torch.Tensor, t: torch.Tensor, g: t
 
 
 def train_classifier(
-    run, texts: list[str], labels: list[str], cfg: ClassifierTrainConfig, log: Optional[Callable[[str], None]] = None
+    run, texts: list[str], labels: list[str], cfg: ClassifierTrainConfig, log: Callable[[str], None] | None = None
 ) -> tuple[TrainedClassifier, dict[str, Any]]:
     """Trains the classifier (module docstring); returns it and its metrics (held-out accuracy by t)."""
     torch.manual_seed(cfg.seed)
@@ -168,8 +169,8 @@ def train_classifier(
             hit = clf(z, gamma).argmax(-1).cpu() == y  # (256,)
             acc[f"t={tv}"] = float(hit.float().mean())
             recall[f"t={tv}"] = {n: float(hit[y == i].float().mean()) for i, n in enumerate(names) if (y == i).any()}
-    counts = {n: ys.count(i) for i, n in enumerate(names)}
-    metrics = {"valid_accuracy": acc, "valid_recall": recall, "label_counts": counts, "seconds": time.time() - t0}
+    label_counts = {n: ys.count(i) for i, n in enumerate(names)}
+    metrics = {"valid_accuracy": acc, "valid_recall": recall, "label_counts": label_counts, "seconds": time.time() - t0}
     return clf, metrics
 
 

@@ -10,6 +10,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -60,7 +61,7 @@ def resolve(path_or_id: str | os.PathLike) -> Path:
             f"{path_or_id} is not a local path and huggingface_hub is not installed; "
             f"pip install huggingface_hub or pass a local folder"
         ) from None
-    kw = dict(repo_id=repo_id, revision=revision or None)
+    kw: dict[str, Any] = dict(repo_id=repo_id, revision=revision or None)
 
     def cached(message: str) -> Path:
         """The snapshot in the local cache, else a CheckpointError with ``message``."""

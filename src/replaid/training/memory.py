@@ -27,8 +27,8 @@ residual stream, norms, softmax and losses stay float32 by the precision table).
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -78,7 +78,7 @@ def estimate(
     n_all, n_train = params or param_counts(cfg, V)
     T, d, H, n, r = batch * cfg.data.seq_len, m.hidden, m.n_heads, m.n_layers, m.mlp_ratio
     f, a = 4, (2 if bf16 else 4)
-    e = {
+    e: dict[str, float] = {
         "parameters": f * n_all,
         "gradients": f * n_train,
         "AdamW moments": 2 * f * n_train,

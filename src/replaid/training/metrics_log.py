@@ -14,8 +14,8 @@ import json
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 import torch
 from tqdm.auto import tqdm
@@ -49,9 +49,9 @@ class MetricsLogger:
         run_dir: Path,
         enabled: bool = True,
         tensorboard: bool = True,
-        resume_step: Optional[int] = None,
+        resume_step: int | None = None,
         keep: Callable[[dict], bool] = lambda row: True,
-        wandb: Optional[dict] = None,
+        wandb: dict | None = None,
     ):
         """``resume_step``: a resumed run first drops the rows after that step (and those ``keep``
         rejects), so redone steps are not logged twice; TensorBoard purges them likewise (W&B keeps the
@@ -87,6 +87,7 @@ class MetricsLogger:
             "time": time.time(),
             **{k: v for k, v in metrics.items() if isinstance(v, (int, float, str))},
         }
+        assert self.file is not None  # opened in __init__ when enabled
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
         scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -187,6 +188,6 @@ class DeviceMeans:
         out, keys = dict(self.host), sorted(self.sums)
         if keys:
             vec = dist.all_reduce_sum(torch.stack([self.sums[k] for k in keys])) / (max(self.n, 1) * dist.world_size())
-            out.update(zip(keys, vec.tolist()))
+            out.update(zip(keys, vec.tolist(), strict=True))
         self.sums, self.host, self.n = {}, {}, 0
         return out

@@ -15,9 +15,9 @@ import shutil
 import socket
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Optional
 
 from filelock import FileLock, Timeout
 
@@ -66,7 +66,7 @@ def _acquire(run_dir: Path) -> FileLock:
 MANAGED = ("checkpoints", "tokenizer")  # a run's folders that its trainer writes, replaces and prunes
 
 
-def managed_folder(path: str | Path) -> Optional[str]:
+def managed_folder(path: str | Path) -> str | None:
     """What makes ``path`` a place no output may go, or None: a run's own ``checkpoints/`` or
     ``tokenizer/`` (or a folder inside them), of any run; or a checkpoint folder (or inside one)."""
     p = Path(os.path.realpath(path))  # never raises (a symlink loop stays unresolved)
@@ -84,7 +84,7 @@ def check_free(run_dir: Path) -> None:
 
 
 @contextmanager
-def lock(run_dir: Path, check: Optional[Callable[[], None]] = None) -> Iterator[None]:
+def lock(run_dir: Path, check: Callable[[], None] | None = None) -> Iterator[None]:
     """Hold ``RUN/.lock`` for the duration, or fail at once naming the holder. ``check`` runs once the
     lock is held and before anything is written: when it refuses, the folder is left as it was (a lock
     file or folder this call made is removed again, ``.lock.owner`` is not touched)."""
@@ -218,7 +218,7 @@ def status(run_dir: Path) -> dict:
     return {"state": "finished" if done else "interrupted", "step": step, "steps": steps}
 
 
-def read_final_eval(run_dir: Path) -> Optional[dict]:
+def read_final_eval(run_dir: Path) -> dict | None:
     """``RUN/final_eval.json`` checked against :data:`replaid.schema.FINAL_EVAL`; None when absent."""
     f = Path(run_dir) / FINAL_EVAL
     if not f.is_file():
@@ -227,7 +227,7 @@ def read_final_eval(run_dir: Path) -> Optional[dict]:
     return schema.read_json(f, schema.FINAL_EVAL, fix)
 
 
-def recorded_final_eval(ckpt: Path, state: dict) -> Optional[dict]:
+def recorded_final_eval(ckpt: Path, state: dict) -> dict | None:
     """The final evaluation recorded for checkpoint ``ckpt`` (``RUN/final_eval.json`` of its step; runs
     written before it existed kept it in ``state["final_eval"]``), or None."""
     ckpt = Path(ckpt)

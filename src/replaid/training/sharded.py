@@ -18,9 +18,10 @@ from __future__ import annotations
 import io
 import pickle
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -94,9 +95,9 @@ class SafeReader(FileSystemReader):
         if kwargs.get("rank") is not None:
             raise UnsafeCheckpoint("per-rank DCP metadata files are not read")
         md = read_metadata(Path(self.path))
-        if getattr(md, "storage_meta", None) is None:
-            md.storage_meta = StorageMeta()
-        md.storage_meta.load_id = self.load_id
+        meta = getattr(md, "storage_meta", None) or StorageMeta()
+        meta.load_id = self.load_id
+        md.storage_meta = meta
         return md
 
 
@@ -119,7 +120,7 @@ def stored_keys(path: Path) -> dict[str, tuple]:
     return dict(md.planner_data or {})
 
 
-def load_full(path: Path, part: str) -> Optional[dict[str, torch.Tensor]]:
+def load_full(path: Path, part: str) -> dict[str, torch.Tensor] | None:
     """The full (unsharded) CPU tensors of ``part`` (``"model"`` or ``"ema"``) in one process, or None
     when the checkpoint has none."""
     md = read_metadata(Path(path))

@@ -11,10 +11,11 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -79,7 +80,7 @@ def preemption_signals() -> Iterator[dict]:
 def build_optimizer(model: nn.Module, ocfg: OptimConfig) -> torch.optim.AdamW:
     """AdamW with the paper's parameter groups (embedding, monotone MLP, endpoints, projections, backbone)."""
     groups = []
-    for name, params in model.param_groups().items():
+    for name, params in cast(Any, model).param_groups().items():  # every model class defines param_groups
         if params:
             lr, wd = getattr(ocfg, f"lr_{name}"), getattr(ocfg, f"wd_{name}")
             lr = ocfg.lr_backbone if lr < 0 else lr  # -1: as the backbone
@@ -160,9 +161,9 @@ class Trainer:
     method: Method
     optimizer: torch.optim.Optimizer
     device: torch.device
-    ema: Optional[EMA] = None
+    ema: EMA | None = None
     step: int = 0
-    loss_module: Optional[nn.Module] = None  # TrainModule, wrapped by DDP/FSDP under torchrun
+    loss_module: nn.Module | None = None  # TrainModule, wrapped by DDP/FSDP under torchrun
     history: list = field(default_factory=list)
     nonfinite_steps: int = 0  # steps skipped for a NaN/Inf loss or gradient, in all
     nonfinite_in_row: int = 0  # ... and in a row up to now
@@ -175,6 +176,7 @@ class Trainer:
         without blocking, metrics are summed on the device; a logging step reduces them (one
         all-reduce of a few scalars), returns the means since the last one and refreshes B_r."""
         cfg, model = self.cfg, self.loss_module
+        assert model is not None, "Trainer.loss_module is set by train() before the first step"
         for g in self.optimizer.param_groups:
             g["lr"] = lr_at(self.step, g["initial_lr"], cfg.optim, cfg.train.steps)
         self.model.train()
@@ -237,7 +239,7 @@ class Trainer:
     def group_grad_norms(self) -> dict[str, float]:
         """``grad_norm/<group>``: the 2-norm of each optimiser group's gradients (the paper's groups:
         embedding, schedule, endpoints, projections, backbone, ...), at the logged step, before clipping."""
-        out = {}
+        out: dict = {}
         for g in self.optimizer.param_groups:
             grads = [p.grad for p in g["params"] if p.grad is not None]
             if grads:
@@ -305,7 +307,7 @@ def compile_loss(model: nn.Module, method: Method) -> None:
     method.compile(model)
 
 
-def to_device(x: Optional[Tensor], device: torch.device) -> Optional[Tensor]:
+def to_device(x: Tensor | None, device: torch.device) -> Tensor | None:
     """A batch tensor on ``device`` without blocking the host (pinned first for CUDA)."""
     if x is None or x.device == device:
         return x
@@ -342,7 +344,7 @@ def set_rng_state(st: dict[str, Tensor]) -> None:
         torch.cuda.set_rng_state(st["cuda"])
 
 
-def save(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: Optional[dict] = None) -> Optional[Path]:
+def save(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: dict | None = None) -> Path | None:
     """DDP or one process: gather the full state, write one safetensors file each from rank 0. FSDP2:
     every rank writes its own shards (DCP, :func:`ck.save_sharded_checkpoint`), nothing is gathered."""
     if dist.is_sharded(trainer.model):
@@ -357,7 +359,7 @@ def save(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: Optional[di
     return ck.save_checkpoint(run_dir, trainer.step, model_sd, state, ema_sd, opt_sd, rng_state())
 
 
-def _run_state(trainer: Trainer, data: DataPipeline, extra: Optional[dict]) -> dict:
+def _run_state(trainer: Trainer, data: DataPipeline, extra: dict | None) -> dict:
     return {
         "config": trainer.cfg.to_dict(),
         "method": trainer.cfg.method,
@@ -373,7 +375,7 @@ def _run_state(trainer: Trainer, data: DataPipeline, extra: Optional[dict]) -> d
     }
 
 
-def _save_sharded(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: Optional[dict]) -> Optional[Path]:
+def _save_sharded(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: dict | None) -> Path | None:
     """The sharded checkpoint of an FSDP2 run: ``get_state_dict``'s sharded model and optimizer state and
     the sharded EMA, as torchtitan's checkpointer saves them (keys: parameter names)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -408,7 +410,7 @@ def train(
     evaluate: Evaluator,
     resume: bool = False,
     progress: bool = True,
-    stop_after: Optional[int] = None,
+    stop_after: int | None = None,
     overwrite: bool = False,
     weights_only: bool = False,
     accept_changed_data: bool = False,
@@ -444,7 +446,7 @@ def _train(
     evaluate: Evaluator,
     resume: bool,
     progress: bool,
-    stop_after: Optional[int],
+    stop_after: int | None,
     weights_only: bool,
     accept_changed_data: bool = False,
 ) -> dict:
@@ -470,7 +472,7 @@ def _train(
     if not resume and dist.is_main():
         runfolder.begin(run_dir, cfg.to_json())
     torch.manual_seed(cfg.train.seed * 1_000_003 + 29 + dist.rank())  # per-rank dropout streams
-    trainer = Trainer(cfg, model, method, None, device)
+    trainer = Trainer(cfg, model, method, cast(torch.optim.Optimizer, None), device)  # built below, after sharding
     changed: dict = {}  # the corpus change --accept-changed-data accepted, if any (logged below)
     stored = _resume(trainer, run_dir, data, weights_only, accept_changed_data, changed) if resume else None
     # parallelism applied from the outside; EMA and optimizer state follow the (sharded) parameters
@@ -732,15 +734,17 @@ def _check_data(data: DataPipeline, st: dict, ckpt: Path, accept: bool, changed:
     """C7: refuse a corpus that changed since ``ckpt`` unless ``accept`` (then ``changed`` is filled
     with the metrics row that records it); Q06: refuse a ``data_state`` outside the data."""
     binding = st.get("binding")
-    old = binding.get("corpus") if isinstance(binding, dict) else None
+    old: dict | None = binding.get("corpus") if isinstance(binding, dict) else None
     if not isinstance(old, dict):
+        old = None
+    if old is None:
         print(
             f"replaid: note: checkpoint {ckpt} records no tokenizer or corpus fingerprint (written before "
             f"they were); the next checkpoint records them",
             file=sys.stderr,
         )
     new = data.binding()["corpus"]
-    what = corpus_change(old, new) if isinstance(old, dict) else ""
+    what = corpus_change(old, new) if old is not None else ""
     if what and not accept:
         raise ck.CheckpointError(
             f"--resume: the corpus data.source={data.cfg.data.source} changed since checkpoint {ckpt} ({what}); "
@@ -749,7 +753,12 @@ def _check_data(data: DataPipeline, st: dict, ckpt: Path, accept: bool, changed:
         )
     if what:
         changed.update(
-            {"event": "data_changed", "change": what, "old_corpus": str(old.get("sha256")), "new_corpus": new["sha256"]}
+            {
+                "event": "data_changed",
+                "change": what,
+                "old_corpus": str(old.get("sha256") if old is not None else None),
+                "new_corpus": new["sha256"],
+            }
         )
     loader, ds = data.train_loader, st["data_state"]
     try:
@@ -771,8 +780,8 @@ def _resume(
     data: DataPipeline,
     weights_only: bool = False,
     accept_changed_data: bool = False,
-    changed: Optional[dict] = None,
-) -> Optional[ck.Stored]:
+    changed: dict | None = None,
+) -> ck.Stored | None:
     """Restore weights, method and data state, RNG and step (before wrapping); returns the checkpoint
     read, or None when the run has none yet (it then starts from step 0). The tokenizer and the corpus
     must be those the checkpoint records (:func:`check_tokenizer`, :func:`_check_data`)."""

@@ -99,8 +99,8 @@ def curves_png(rows: list[dict], title: str) -> bytes:
     fig, axes = plt.subplots(nrow, ncol, figsize=(3.8 * ncol, 2.7 * nrow), squeeze=False)
     for ax in axes.flat[len(keys) :]:
         ax.set_axis_off()
-    for ax, k in zip(axes.flat, keys):
-        xs, ys = zip(*series[k])
+    for ax, k in zip(axes.flat, keys, strict=False):
+        xs, ys = zip(*series[k], strict=True)
         ax.plot(xs, ys, lw=1.2)
         ax.set_title(k, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
@@ -148,7 +148,7 @@ def create_app(
     for c in extra:
         classifier_meta(c)  # one line when it is not a classifier folder
     slots: dict[str, Slot] = {}
-    for k, (rid, p) in enumerate(zip(run_ids(run_paths), run_paths)):
+    for k, (rid, p) in enumerate(zip(run_ids(run_paths), run_paths, strict=True)):
         run = runs[k] if runs is not None else load_run(p, use_ema=True, train_data=False, device=device)
         rdir = run_dir_of(Path(run.ckpt))
         guides = guides_for(run, Path(rdir), extra) if run.method.kind is Kind.CONTINUOUS else {}

@@ -31,7 +31,7 @@ import json
 import secrets
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -61,9 +61,7 @@ PARAMS = {"max_tokens", "n", "stop", "temperature", "steps"}  # fields an error 
 class ApiError(ValueError):
     """A bad request: HTTP ``status`` with OpenAI's error object naming ``param``."""
 
-    def __init__(
-        self, message: str, param: Optional[str] = None, status: int = 400, kind: str = "invalid_request_error"
-    ):
+    def __init__(self, message: str, param: str | None = None, status: int = 400, kind: str = "invalid_request_error"):
         super().__init__(message)
         self.param, self.status, self.kind = param, status, kind
 
@@ -71,7 +69,7 @@ class ApiError(ValueError):
         return JSONResponse(error_body(str(self), self.param, self.kind), status_code=self.status)
 
 
-def error_body(message: str, param: Optional[str] = None, kind: str = "invalid_request_error") -> dict:
+def error_body(message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": None}}
 
 
@@ -145,7 +143,10 @@ def check(s: Slot, req: SampleRequest, limits: Limits) -> None:
         bounds.check(req, L)
         req.check(run.method, run.tokenizer, L)
     except ValueError as e:
-        name = lambda f: NAMES.get(f, f)  # noqa: E731
+
+        def name(f: str) -> str:
+            return NAMES.get(f, f)
+
         msg = (e.render(name) if isinstance(e, RequestError) else str(e)).strip().splitlines()[0]
         first = (
             name(e.fields[0])

@@ -33,9 +33,10 @@ import json
 import re
 import time
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, cast
 
 import torch
 
@@ -123,16 +124,17 @@ def parse(body: Any, edit: bool = False) -> Asked:
         raise ValueError("missing field 'run'")
     own: dict[str, str] = {}
     kw: dict[str, Any] = {k: v for k, v in DEFAULTS.items() if k in fields}
-    for k, v in body.items():
+    fields_in: dict[str, Any] = body  # a JSON object: str keys
+    for k, v in fields_in.items():
         f = k if k in OWN else ALIASES.get(k, k)
         typ = str if k in OWN else hints[f]
-        if f == "length" and v == 0 or isinstance(v, str) and not v.strip() and typ == Optional[str]:
+        if f == "length" and v == 0 or isinstance(v, str) and not v.strip() and typ == str | None:
             v = None
         try:
             (own if k in OWN else kw)[f] = coerce(f, v, typ)
         except ConfigError:
             raise ValueError(f"field {k!r} must be {_kind(typ)}, got {v!r}") from None
-    return Asked(request=SampleRequest(**kw), edit=edit, **own)  # type: ignore[arg-type]
+    return Asked(request=SampleRequest(**kw), edit=edit, **own)
 
 
 @dataclass
@@ -242,8 +244,8 @@ def parse_text(text: str, tok, L: int, max_len: int) -> Template:
         return Template([0] * L, [False] * L, "unconditional")
     parts = _GAP.split(text)  # kept, n, kept, n, ..., kept
     if len(parts) == 1:
-        ids = prompt_ids(tok, text, L).tolist()  # the request's own message when it leaves nothing to generate
-        return Template(ids + [0] * (L - len(ids)), [True] * len(ids) + [False] * (L - len(ids)), "prompt")
+        pids = prompt_ids(tok, text, L).tolist()  # the request's own message when it leaves nothing to generate
+        return Template(pids + [0] * (L - len(pids)), [True] * len(pids) + [False] * (L - len(pids)), "prompt")
     ids: list[int] = []
     known: list[bool] = []
     for k, part in enumerate(parts):
@@ -262,7 +264,7 @@ def parse_text(text: str, tok, L: int, max_len: int) -> Template:
     return Template(ids, known, "infill")
 
 
-def guide_of(asked: Asked, guides: dict[str, Guide]) -> Optional[str]:
+def guide_of(asked: Asked, guides: dict[str, Guide]) -> str | None:
     """``--guide CLF_DIR:LABEL`` of the request's classifier id and label (both checked), or None."""
     if not asked.classifier:
         if asked.label:
@@ -277,7 +279,7 @@ def guide_of(asked: Asked, guides: dict[str, Guide]) -> Optional[str]:
     return f"{g.path}:{asked.label}"
 
 
-def prepare(asked: Asked, run, limits: Limits, guides: Optional[dict[str, Guide]] = None) -> SampleRequest:
+def prepare(asked: Asked, run, limits: Limits, guides: dict[str, Guide] | None = None) -> SampleRequest:
     """The :class:`SampleRequest` of ``asked`` for ``run``, validated (:func:`check`, the server's limits,
     then :meth:`SampleRequest.check`: the CLI's checks, its messages naming the request's fields): one
     batch, the text box laid out (a prompt, a ``[[n]]`` template or the text to edit), the classifier's
@@ -318,7 +320,7 @@ class Result:
     nfe: int
     steps: int
     seconds: float
-    first_step_seconds: Optional[float]
+    first_step_seconds: float | None
     mode: str
     frames: list[dict] = field(default_factory=list)
 
@@ -333,7 +335,7 @@ class _Framer:
         self.draw: Callable[[dict], None] = lambda info: None
         self.sent: set[int] = set()
         self.t0 = time.perf_counter()
-        self.first: Optional[float] = None
+        self.first: float | None = None
 
     def strings(self, ids: torch.Tensor) -> dict[str, str]:
         """Display strings of the token ids not yet sent on this stream."""
@@ -375,15 +377,15 @@ def generate_stream(
     asked: Asked,
     emit: Callable[[dict], None],
     cancelled: Callable[[], bool] = lambda: False,
-    limits: Limits = Limits(),
-    guides: Optional[dict[str, Guide]] = None,
+    limits: Limits | None = None,
+    guides: dict[str, Guide] | None = None,
 ) -> Result:
     """Runs one request (a generation or an edit) on ``run`` (a :class:`replaid.training.loading.Run`)
     through :func:`generate`, calling ``emit`` with a ``start`` event (from generate's plan), one ``step``
     frame per sampler step and a ``done`` event (also returned).
 
     Raises ValueError on a bad request and :class:`Cancelled` if ``cancelled()`` turns true."""
-    req = prepare(asked, run, limits, guides)
+    req = prepare(asked, run, Limits() if limits is None else limits, guides)
     tok, cfg, method = run.tokenizer, run.cfg, run.method
     B = req.num
     framer = _Framer(emit, cancelled, tok)
@@ -413,7 +415,7 @@ def generate_stream(
             }
         )
 
-    rows = generate(run, req, callback=lambda info: framer.draw(info), on_plan=start)
+    rows = generate(run, req, callback=lambda info: framer.draw(cast(dict, info)), on_plan=start)
     assert rows.plan is not None  # no completion: refused by check()
     tokens = torch.where(framer.known, framer.known_ids, torch.tensor([r["ids"] for r in rows], dtype=torch.long))
     secs = time.perf_counter() - framer.t0

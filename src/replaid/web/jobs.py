@@ -12,13 +12,17 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING
 
 from replaid.sampling.errors import RequestError
 from replaid.web.engine import Cancelled, Guide
+
+if TYPE_CHECKING:
+    from replaid.training.loading import Run
 
 Emit = Callable[[dict], None]
 Work = Callable[[Emit, Callable[[], bool]], None]  # (emit, cancelled) -> None, on the run's worker thread
@@ -30,7 +34,7 @@ class Slot:
 
     id: str
     path: Path
-    run: object
+    run: Run
     worker: ThreadPoolExecutor
     figures: list[Path] = field(default_factory=list)
     guides: dict[str, Guide] = field(default_factory=dict)  # classifiers for guidance, by id
@@ -44,7 +48,7 @@ def one_line(e: BaseException) -> str:
     return msg[0] if msg else e.__class__.__name__
 
 
-def admit(s: Slot, max_queue: int) -> Optional[int]:
+def admit(s: Slot, max_queue: int) -> int | None:
     """Reserve a place on the run: the generations ahead of it, or None when ``max_queue`` already wait."""
     with s.lock:
         if s.pending >= max_queue + 1:

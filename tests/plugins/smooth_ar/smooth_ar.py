@@ -12,7 +12,6 @@ and ``replaid export`` take it as they take the built-in methods (tests/test_ext
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -62,22 +61,22 @@ class SmoothAR(Method[TokenDiT]):
         model: TokenDiT,
         tokens: Tensor,
         generator: torch.Generator,
-        mask: Optional[Tensor] = None,
-        t_diff: Optional[Tensor] = None,
-        n_recon: Optional[int] = None,
+        mask: Tensor | None = None,
+        t_diff: Tensor | None = None,
+        n_recon: int | None = None,
     ) -> tuple[Tensor, dict]:
         loss = masked_mean(self._ce(model, tokens, self.cfg.options.smoothing), mask)
         return loss.mean(), {"loss": loss.detach()}
 
     @torch.no_grad()
     def eval_bound(
-        self, model: TokenDiT, tokens: Tensor, generator: Optional[torch.Generator], mask: Optional[Tensor] = None
+        self, model: TokenDiT, tokens: Tensor, generator: torch.Generator | None, mask: Tensor | None = None
     ) -> dict[str, Tensor]:
         return {"nll": masked_mean(self._ce(model, tokens), mask)}
 
     @torch.no_grad()
     def conditional_nll(
-        self, model: TokenDiT, tokens: Tensor, target: Tensor, generator: Optional[torch.Generator]
+        self, model: TokenDiT, tokens: Tensor, target: Tensor, generator: torch.Generator | None
     ) -> Tensor:
         return (self._ce(model, tokens).double() * target.double()).sum(1)
 
