@@ -313,6 +313,34 @@ def trend_gap2() -> dict:
     }
 
 
+def trend_overtrain() -> dict:
+    """The over-training runs (trend/overtrain): each method's largest budget against the other's
+    smallest paired by seed (RePlaid with the most compute against MDLM with the least), and the
+    CPU-hours the runs took (1 thread each: the first to the last logged row of every run)."""
+    root = RESULTS / "trend" / "overtrain"
+    res = json.loads((root / "overtrain.json").read_text())
+    r_top, m_low = res["budgets"]["replaid"][-1], res["budgets"]["mdlm"][0]
+    seeds = sorted(set(r_top["seeds"]) & set(m_low["seeds"]))
+    diffs = [r_top["losses"][r_top["seeds"].index(k)] - m_low["losses"][m_low["seeds"].index(k)] for k in seeds]
+    seconds = 0.0
+    for run in sorted((root / "runs").iterdir()):
+        t = [json.loads(x)["time"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+        seconds += max(t) - min(t)
+    return {
+        "note": "derived by scripts/page_figures.py from overtrain.json and runs/*/metrics.jsonl",
+        "replaid_top_vs_mdlm_1x": {
+            "replaid_flops": r_top["flops"],
+            "mdlm_flops": m_low["flops"],
+            "compute_ratio": r_top["flops"] / m_low["flops"],
+            "seeds": seeds,
+            "diffs": diffs,
+            **(_t_interval(np.array(diffs)) if len(diffs) > 1 else {"mean": float(np.mean(diffs))}),
+        },
+        "runs": len(list((root / "runs").iterdir())),
+        "cpu_hours": seconds / 3600,
+    }
+
+
 PAGES = {
     "distillation": distillation,
     "control": control,
@@ -320,6 +348,7 @@ PAGES = {
     "scaling": scaling,
     "trend/gap": trend_gap,
     "trend/gap2": trend_gap2,
+    "trend/overtrain": trend_overtrain,
 }
 
 

@@ -255,7 +255,7 @@ def plot(res: dict, path, title: str):
             ax.scatter([p["flops"]] * len(p["losses"]), p["losses"], s=14, color=color, alpha=0.6)
             ax.annotate(
                 f"{p['factor']:.1f}x",
-                (p["flops"], p["hi"]),
+                (p["flops"], p["hi"] if math.isfinite(p["hi"]) else max(p["losses"])),
                 textcoords="offset points",
                 xytext=(0, 5),
                 ha="center",
