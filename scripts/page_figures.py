@@ -341,6 +341,32 @@ def trend_overtrain() -> dict:
     }
 
 
+def blocks_distill() -> dict:
+    """The block-distillation page (blocks/distill.md): each paired difference's GenPPL ratio (exp of the
+    mean judge nats/token), the teacher's distance below the unigram bound, the entropy fall to PD-2, and
+    the students' last distillation losses (their runs' logs)."""
+    root = RESULTS / "blocks"
+    d = json.loads((root / "distill.json").read_text())
+    teacher = json.loads((root / "runs" / "bd16" / "final_eval.json").read_text())["eval"]
+    judge = json.loads((root / "runs" / "ar" / "final_eval.json").read_text())["eval"]
+
+    def last(run: str) -> dict:
+        return json.loads((root / "runs" / run / "distill_metrics.jsonl").read_text().splitlines()[-1])
+
+    return {
+        "note": "derived by scripts/page_figures.py from distill.json and runs/*",
+        "genppl_ratio": {f"{p['a']} vs {p['b']}": math.exp(p["mean"]) for p in d["pairs"]},
+        "teacher_nelbo": teacher["nelbo_nats_per_token"],
+        "teacher_unigram": teacher["unigram_nats_per_token"],
+        "teacher_below_unigram": teacher["unigram_nats_per_token"] - teacher["nelbo_nats_per_token"],
+        "judge_nll": judge["nll_nats_per_token"],
+        "last_mse_e": {"PD-4": last("bd16-pd4")["mse_e"], "PD-2": last("bd16-pd2")["mse_e"]},
+        "entropy_fall_to_pd2": {
+            k: d["rows"][k]["entropy"] - d["rows"]["PD-2:2"]["entropy"] for k in d["rows"] if k != "PD-2:2"
+        },
+    }
+
+
 PAGES = {
     "distillation": distillation,
     "control": control,
@@ -349,6 +375,7 @@ PAGES = {
     "trend/gap": trend_gap,
     "trend/gap2": trend_gap2,
     "trend/overtrain": trend_overtrain,
+    "blocks": blocks_distill,
 }
 
 
