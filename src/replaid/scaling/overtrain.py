@@ -169,16 +169,6 @@ def overtrain(
         )
     else:
         verdict = "not determined: the two methods' FLOPs ranges do not overlap"
-    for m in (a, b):
-        inside = [p for p in per[m] if lo * (1 - 1e-6) <= p["flops"] <= hi * (1 + 1e-6)] or per[m]
-        if all(p["on_plateau"] for p in inside):
-            gaps = ", ".join(f"{p['below_unigram']:.3f}" for p in inside)
-            verdict = (
-                f"not determined: {m} is on the unigram plateau at every budget compared (below the unigram bound "
-                f"by {gaps} nats, less than {PLATEAU_NATS}), so the curves are not those of trained models; "
-                f"as measured, {verdict}"
-            )
-            break
     above = [p for p in dom if p["verdict"] != "not determined"]
     if x is None and above:
         p = above[-1]
@@ -186,6 +176,23 @@ def overtrain(
             f"; and {a} at {p['flops']:.3g} FLOPs is above {b} at {p['b_flops']:.3g} "
             f"({p['mean']:+.3f} [{p['lo']:+.3f}, {p['hi']:+.3f}]), with more compute"
         )
+    # the project's rule: a budget on the unigram plateau is not read as a trained model's
+    used = {a: {q["flops"] for q in merged} | {q["flops"] for q in above}}
+    used[b] = {q["flops"] for q in merged} | {q["b_flops"] for q in above}
+    for m in (a, b):
+        near = [q for q in per[m] if any(math.isclose(q["flops"], f, rel_tol=1e-6) for f in used[m])]
+        flat = [q for q in near if q["on_plateau"]]
+        if near and len(flat) == len(near):
+            gaps = ", ".join(f"{q['below_unigram']:.3f}" for q in flat)
+            verdict = (
+                f"not determined: {m} is on the unigram plateau at every budget compared (below the unigram bound "
+                f"by {gaps} nats, less than {PLATEAU_NATS}), so the curves are not those of trained models; "
+                f"as measured, {verdict}"
+            )
+            break
+        if flat:
+            where = ", ".join(f"{q['flops']:.3g}" for q in flat)
+            verdict += f"; {m} is on the unigram plateau at {where} FLOPs"
     return {
         "a": a,
         "b": b,
