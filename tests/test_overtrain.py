@@ -91,6 +91,15 @@ def test_a_method_on_the_unigram_plateau_makes_the_verdict_not_determined():
         and not res["budgets"]["b"][0]["on_plateau"]
     )
     assert res["verdict"].startswith("not determined: a is on the unigram plateau")
+    # a's last budget off the plateau (0.5 below the unigram bound), above b with more compute: read
+    rows += [
+        {"method": "a", "flops": 9e12, "params": 4e4, "loss": 5.5 + d, "seed": k, "unigram": 6.0}
+        for k, d in enumerate((0.0, 0.01, -0.01))
+    ]
+    res = ot.overtrain(rows, {"a": 2e12, "b": 5e11}, "a", "b")
+    assert res["verdict"].startswith("not reached") and res["verdict"].endswith(
+        "a is on the unigram plateau at 2e+12, 6e+12 FLOPs"
+    )
 
 
 def test_the_command_writes_the_page_from_a_csv(tmp_path, capsys):
