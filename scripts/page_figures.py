@@ -367,6 +367,22 @@ def blocks_distill() -> dict:
     }
 
 
+def blocks_speed() -> dict:
+    """The block speed page (blocks/speed-cpu): each configuration's peak memory in MiB (the benchmark
+    records bytes)."""
+    d = json.loads((RESULTS / "blocks" / "speed-cpu" / "bench_blocks.json").read_text())
+    return {
+        "note": "derived by scripts/page_figures.py from bench_blocks.json",
+        "peak_mib": {
+            f"{r['family']} {r['method']} b={r['block']} T={r['steps']} {r['length_x']}x batch {r['batch']}": r[
+                "peak_mem_bytes"
+            ]
+            / 2**20
+            for r in d["rows"]
+        },
+    }
+
+
 PAGES = {
     "distillation": distillation,
     "control": control,
@@ -376,6 +392,7 @@ PAGES = {
     "trend/gap2": trend_gap2,
     "trend/overtrain": trend_overtrain,
     "blocks": blocks_distill,
+    "blocks/speed-cpu": blocks_speed,
 }
 
 

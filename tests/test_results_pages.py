@@ -21,12 +21,14 @@ COVERED = [
     "trend/gap2/README.md",
     "trend/overtrain/README.md",
     "blocks/distill.md",
+    "blocks/speed-cpu/README.md",
 ]
 MIN_FIGURES = {
     "trend/gap/README.md": 50,
     "trend/gap2/README.md": 50,
     "trend/overtrain/README.md": 50,
     "blocks/distill.md": 50,
+    "blocks/speed-cpu/README.md": 30,
 }  # shorter pages
 
 
