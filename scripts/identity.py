@@ -81,12 +81,12 @@ WEB = """
 import hashlib, json, sys, torch
 torch.set_num_threads(1)
 from replaid.hub import from_pretrained as load_run
-from replaid.web.engine import GenRequest, generate_stream, samplers_for
+from replaid.web.engine import generate_stream, parse, samplers_for
 run = load_run(sys.argv[1], device="cpu")
 out = {}
 for sampler in samplers_for(run):
     for text in ("", "Return the"):
-        req = GenRequest(run=sys.argv[1], sampler=sampler, steps=6, seed=3, samples=2, text=text)
+        req = parse({"run": sys.argv[1], "sampler": sampler, "steps": 6, "seed": 3, "samples": 2, "text": text})
         frames = []
         res = generate_stream(run, req, frames.append)
         out[f"{sampler}|{text}"] = hashlib.sha256(json.dumps([res.ids, [f.get("ids") for f in frames]]).encode()).hexdigest()[:16]
