@@ -64,7 +64,7 @@ def run(args) -> int:
 
     from replaid.eval.quality import make_judge
     from replaid.methods import Kind
-    from replaid.sampling.registry import SAMPLER_NAMES
+    from replaid.sampling.names import SAMPLER_NAMES
     from replaid.sampling.sweep import markdown_table, quality_sweep, write_sweep
     from replaid.training.loading import load_run
 

@@ -39,8 +39,9 @@ class DenoiserOutput:
 class Denoiser(Protocol):
     """Anything with an embedding matrix that maps (z_t, gamma, e_sc) to (logits, e_hat)."""
 
-    #: whether the model was trained to use a self-conditioning input
-    self_conditioning: bool
+    @property
+    def self_conditioning(self) -> bool:  # read only: a wrapper may pass on the inner denoiser's
+        """Whether the model was trained to use a self-conditioning input."""
 
     def embedding_matrix(self) -> Tensor:  # (V, d_e), unit rows
         ...

@@ -20,7 +20,7 @@ __all__ = ["METHODS", "Kind", "Method", "get_method", "method_class"]
 
 def method_class(name: str) -> type[Method[Any]]:
     """The class registered under ``name`` (one ConfigError line: unknown, clashing or broken)."""
-    cls = registry.load(name)
+    cls: type = registry.load(name)  # a class (the registry checks), perhaps not a Method
     if not issubclass(cls, Method):
         e = registry.entries()[name]
         raise ConfigError(

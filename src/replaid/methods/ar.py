@@ -21,7 +21,7 @@ from torch import Tensor
 
 from replaid.config import check
 from replaid.diffusion.nelbo import masked_mean
-from replaid.methods.base import Kind, Method
+from replaid.methods.base import Kind, Method, Metrics
 from replaid.model.tokens import TOKEN_MODEL_KEYS, TokenDiT
 
 
@@ -81,7 +81,7 @@ class ARMethod(Method[TokenDiT]):
         mask: Tensor | None = None,
         t_diff: Tensor | None = None,
         n_recon: int | None = None,
-    ) -> tuple[Tensor, dict]:
+    ) -> tuple[Tensor, Metrics]:
         nll = self._nll_rows(model, tokens, mask)
         return nll.mean(), {"loss": nll.detach(), "nll": nll.detach()}
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from typing import ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeAlias, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -55,6 +55,11 @@ class Kind(str, enum.Enum):
 
 
 ModelT = TypeVar("ModelT", bound=nn.Module)
+
+# A micro-batch's metrics (:meth:`Method.train_loss`): per-row device tensors (B,) (losses, bounds), or
+# one number for the micro-batch (RePlaid's B_r, Duo's tau); the trainer concatenates the tensors of
+# the micro-batches and keeps the last number.
+Metrics: TypeAlias = dict[str, Tensor | float]
 
 
 class Method(ABC, Generic[ModelT]):
@@ -102,7 +107,7 @@ class Method(ABC, Generic[ModelT]):
         mask: Tensor | None = None,
         t_diff: Tensor | None = None,
         n_recon: int | None = None,
-    ) -> tuple[Tensor, dict]:
+    ) -> tuple[Tensor, Metrics]:
         """(scalar loss, per-row metrics) of one micro-batch tokens (B, L). ``t_diff``: this micro-batch's
         slice of the global low-discrepancy times (``global_times``); ``n_recon``: :meth:`recon_rows`.
         Only trainable methods define it; the trainer never calls it on the others."""
@@ -134,7 +139,7 @@ class Method(ABC, Generic[ModelT]):
     def before_step(self) -> None:
         """Called before each optimiser step."""
 
-    def after_step(self, metrics: dict) -> None:
+    def after_step(self, metrics: Metrics) -> None:
         """Called after each applied (finite) optimiser step with this rank's per-row metrics."""
 
     def refresh(self) -> None:
@@ -144,14 +149,14 @@ class Method(ABC, Generic[ModelT]):
         """``train.compile``: compile what the training step runs (by default the transformer blocks)."""
         model.get_submodule("backbone").compile()
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """Method state saved with every checkpoint (JSON-able)."""
         return {}
 
-    def load_state_dict(self, d: dict) -> None:
+    def load_state_dict(self, d: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
 
-    def eval_summary(self, model: ModelT) -> dict:
+    def eval_summary(self, model: ModelT) -> dict[str, float]:
         """Figures an evaluation reports beside the bound (e.g. the noise schedule's endpoints)."""
         return {}
 

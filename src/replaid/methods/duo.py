@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,7 +46,7 @@ from torch import Tensor
 from replaid.config import RunConfig, check
 from replaid.diffusion.nelbo import masked_mean, stratified_time_average
 from replaid.diffusion.rng import device_generator
-from replaid.methods.base import Kind, Method
+from replaid.methods.base import Kind, Method, Metrics
 from replaid.model.tokens import TOKEN_MODEL_KEYS, TokenDiT
 
 EPS = 1e-3
@@ -58,7 +59,8 @@ _TABLE_GAMMA = np.linspace(-10.0, 10.0, 4001)
 
 def _simpson(f: np.ndarray, h: float) -> np.ndarray:
     """Composite Simpson over the last axis (odd number of points)."""
-    return h / 3 * (f[..., 0] + f[..., -1] + 4 * f[..., 1:-1:2].sum(-1) + 2 * f[..., 2:-1:2].sum(-1))
+    out: np.ndarray = h / 3 * (f[..., 0] + f[..., -1] + 4 * f[..., 1:-1:2].sum(-1) + 2 * f[..., 2:-1:2].sum(-1))
+    return out  # f's shape without its last axis
 
 
 def duo_p(gamma: np.ndarray, V: int) -> tuple[np.ndarray, np.ndarray]:
@@ -240,7 +242,7 @@ class DuoMethod(Method[TokenDiT]):
         mask: Tensor | None = None,
         t_diff: Tensor | None = None,
         n_recon: int | None = None,
-    ) -> tuple[Tensor, dict]:
+    ) -> tuple[Tensor, Metrics]:
         B, L = tokens.shape
         V = model.n_out
         dev = tokens.device
@@ -267,7 +269,7 @@ class DuoMethod(Method[TokenDiT]):
         rows = masked_mean(f, mask)
         return rows.mean(), {"loss": rows.detach(), "tau": tau}
 
-    def after_step(self, metrics: dict) -> None:
+    def after_step(self, metrics: Metrics) -> None:
         self.step += 1
 
     @torch.no_grad()
@@ -304,10 +306,10 @@ class DuoMethod(Method[TokenDiT]):
             tokens.device,
         )
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"step": self.step}
 
-    def load_state_dict(self, d: dict) -> None:
+    def load_state_dict(self, d: dict[str, Any]) -> None:
         self.step = int(d.get("step", 0))
 
     def embedding_rows(self, model: TokenDiT) -> Tensor:

@@ -83,7 +83,7 @@ class LangFlowMethod(Method[LangFlowDenoiser]):
     ) -> Tensor:
         return continuous_conditional_nll(self.cfg, model, tokens, target, generator)
 
-    def eval_summary(self, model: LangFlowDenoiser) -> dict:
+    def eval_summary(self, model: LangFlowDenoiser) -> dict[str, float]:
         return schedule_summary(self.cfg, model)
 
     def embedding_rows(self, model: LangFlowDenoiser) -> Tensor:

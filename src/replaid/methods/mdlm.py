@@ -34,7 +34,7 @@ from torch import Tensor
 from replaid.config import ConfigError, RunConfig
 from replaid.diffusion.nelbo import stratified_time_average
 from replaid.diffusion.rng import device_generator
-from replaid.methods.base import Kind, Method
+from replaid.methods.base import Kind, Method, Metrics
 from replaid.model.tokens import TOKEN_MODEL_KEYS, TokenDiT
 
 EPS = 1e-3
@@ -175,7 +175,7 @@ class MDLMMethod(Method[TokenDiT]):
         mask: Tensor | None = None,
         t_diff: Tensor | None = None,
         n_recon: int | None = None,
-    ) -> tuple[Tensor, dict]:
+    ) -> tuple[Tensor, Metrics]:
         """t_diff: (B,) low-discrepancy values in [0, 1), this micro-batch's slice of the global batch
         (the trainer's); mapped to ``t = eps + (1 - eps) t_diff``. Drawn here when None."""
         if self.blocks:  # a time per (row, block), BD3-LM's; each token's NELBO weight is its block's 1/t

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 import torch
 from torch import Tensor
@@ -43,8 +43,16 @@ from replaid.diffusion.nelbo import (
     prior_kl,
 )
 from replaid.diffusion.rng import device_generator, host_uniform
-from replaid.methods.base import Kind, Method
+from replaid.methods.base import Kind, Method, Metrics
 from replaid.model.replaid import BlockContext, RePlaid, denoise
+
+if TYPE_CHECKING:
+    from replaid.model.langflow import LangFlowDenoiser
+
+# The networks of the continuous methods (RePlaid and Plaid's; LangFlow's): denoisers with a ``schedule``
+ContinuousNet: TypeAlias = "RePlaid | LangFlowDenoiser"
+# Algorithm 1's core: (loss, recon (B_r,), diffusion (B - B_r,), prior (B,))
+LossParts: TypeAlias = tuple[Tensor, Tensor, Tensor, Tensor]
 
 
 @dataclass
@@ -123,7 +131,7 @@ class SplitState:
         m_r, s_r, m_d, s_d = (self.stats / (1.0 - self.decay**self.n)).tolist()
         self.host_std = (math.sqrt(max(s_r - m_r**2, 0.0)), math.sqrt(max(s_d - m_d**2, 0.0)))
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         st = [0.0] * 4 if self.stats is None else self.stats.tolist()
         return {
             "decay": self.decay,
@@ -135,7 +143,7 @@ class SplitState:
             "host_std": list(self.host_std),
         }
 
-    def load_state_dict(self, d: dict) -> None:
+    def load_state_dict(self, d: dict[str, Any]) -> None:
         self.decay, self.n = d["decay"], int(d["n"])
         self.stats = torch.tensor([d["m_r"], d["s_r"], d["m_d"], d["s_d"]], dtype=torch.float64)
         if "host_std" in d:
@@ -144,7 +152,7 @@ class SplitState:
             self.refresh()
 
 
-def sc_rows(B: int, rate: float, generator: torch.Generator | None, device) -> Tensor:
+def sc_rows(B: int, rate: float, generator: torch.Generator | None, device: torch.device) -> Tensor:
     """Indices of exactly ceil(rate * B) self-conditioning rows, chosen at random on ``device``
     (Algorithm 1 line 3); a fixed count, so the rows are selected without a host sync."""
     k = math.ceil(rate * B) if rate > 0 else 0
@@ -157,7 +165,7 @@ CONTINUOUS_SAMPLERS = ("ddpm", "ddim", "dpmpp2m", "heun", "consistency")
 
 def continuous_eval_bound(
     cfg: RunConfig,
-    model,
+    model: ContinuousNet,
     tokens: Tensor,
     generator: torch.Generator | None,
     mask: Tensor | None = None,
@@ -178,7 +186,7 @@ def continuous_eval_bound(
 @torch.no_grad()
 def continuous_block_bound(
     cfg: RunConfig,
-    model,
+    model: ContinuousNet,
     tokens: Tensor,
     block: int,
     generator: torch.Generator | None,
@@ -204,7 +212,12 @@ def continuous_block_bound(
 
 
 def continuous_conditional_nll(
-    cfg: RunConfig, model, tokens: Tensor, target: Tensor, generator: torch.Generator | None, block: int = 0
+    cfg: RunConfig,
+    model: ContinuousNet,
+    tokens: Tensor,
+    target: Tensor,
+    generator: torch.Generator | None,
+    block: int = 0,
 ) -> Tensor:
     """The target positions' share of the VDM NELBO (eq. 4), summed over them (B,) float64: every
     position is noised at the row's time (the context as the inpainting samplers see it), only the
@@ -220,7 +233,7 @@ def continuous_conditional_nll(
     return bound["nelbo"] * n.to(tokens.device)
 
 
-def schedule_summary(cfg: RunConfig, model) -> dict:
+def schedule_summary(cfg: RunConfig, model: ContinuousNet) -> dict[str, float]:
     """The noise schedule's endpoints (of the weights evaluated) and the evaluation's time samples."""
     with torch.no_grad():
         g0, g1 = (float(g) for g in model.schedule.endpoints())  # floats (LangFlow) or tensors (RePlaid)
@@ -273,7 +286,7 @@ class RePlaidMethod(Method[RePlaid]):
         mask: Tensor | None = None,
         t_diff: Tensor | None = None,
         n_recon: int | None = None,
-    ) -> tuple[Tensor, dict]:
+    ) -> tuple[Tensor, Metrics]:
         """One micro-batch of Algorithm 1. tokens: (B, L). ``t_diff``: the low-discrepancy times of
         the diffusion rows (B - B_r,), sliced from the global batch by the caller; drawn here if None.
         Returns the scalar loss (float64) and per-row losses / metrics (device tensors: nothing
@@ -303,7 +316,7 @@ class RePlaidMethod(Method[RePlaid]):
             gamma, dgamma = model.schedule(t, var_hook_weight=hook_w, detach_shape=is_recon | sc)
         loss, recon, diff, prior = self.core(model, tokens, gamma, dgamma, sc, sc_idx, eps, B_r, ps, mask)
         hook_w[B_r:] = diff.detach()  # variance-minimisation hook weight (paper code figure)
-        metrics = {
+        metrics: Metrics = {
             "recon": recon.detach(),
             "diffusion": diff.detach(),
             "prior": prior.detach(),
@@ -331,7 +344,7 @@ class RePlaidMethod(Method[RePlaid]):
         B_r: int,
         ps: float,
         mask: Tensor | None,
-    ):
+    ) -> LossParts:
         """Algorithm 1 from the drawn noise and the schedule's (gamma, gamma') (B,) float64 on: no
         generator, hook or host sync, so ``train.compile`` compiles it whole (:meth:`compile`).
         Returns (loss, recon (B_r,), diffusion (B - B_r,), prior (B,))."""
@@ -376,7 +389,7 @@ class RePlaidMethod(Method[RePlaid]):
         B_r: int,
         ps: float,
         mask: Tensor | None,
-    ):
+    ) -> LossParts:
         """:meth:`loss_core` with blocks (module docstring): gamma, gamma' (B, K) per (row, block); each
         block's recon / diffusion term given the clean blocks before it, from one vectorised pass over
         [z_t, x_0] (two on self-conditioned rows). Returns (loss, recon (B_r,), diffusion (B - B_r,),
@@ -456,8 +469,10 @@ class RePlaidMethod(Method[RePlaid]):
         nll, _ = model.train_outputs(forward_noise(e, gamma, eps), gamma, None, tok, keep, prior_scale)
         return masked_mean(nll, None if mask is None else mask[B_r:]).mean()
 
-    def after_step(self, metrics: dict) -> None:
-        self.split.update(metrics["recon"], metrics["diffusion"])
+    def after_step(self, metrics: Metrics) -> None:
+        recon, diff = metrics["recon"], metrics["diffusion"]
+        assert isinstance(recon, Tensor) and isinstance(diff, Tensor)  # train_loss's per-row losses
+        self.split.update(recon, diff)
         self.step += 1
 
     def refresh(self) -> None:
@@ -489,7 +504,7 @@ class RePlaidMethod(Method[RePlaid]):
         block = self.block if self.blocks else 0
         return continuous_conditional_nll(self.cfg, model, tokens, target, generator, block)
 
-    def eval_summary(self, model: RePlaid) -> dict:
+    def eval_summary(self, model: RePlaid) -> dict[str, float]:
         return schedule_summary(self.cfg, model)
 
     def divergence_hint(self, model: RePlaid) -> str:
@@ -500,9 +515,9 @@ class RePlaidMethod(Method[RePlaid]):
     def embedding_rows(self, model: RePlaid) -> Tensor:
         return model.embedding_matrix()
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"split": self.split.state_dict(), "step": self.step}
 
-    def load_state_dict(self, d: dict) -> None:
+    def load_state_dict(self, d: dict[str, Any]) -> None:
         self.split.load_state_dict(d["split"])
         self.step = int(d.get("step", 0))

@@ -31,13 +31,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from replaid.diffusion.denoiser import DenoiserOutput
+from replaid.diffusion.denoiser import Denoiser, DenoiserOutput
 from replaid.diffusion.rng import device_generator
 from replaid.methods.base import Kind, Method
 from replaid.model.blocks import prefix_block_mask
@@ -48,6 +48,9 @@ from replaid.sampling.contract import Callback, Committed, SampleResult, Sampler
 from replaid.sampling.discrete import tempered_probs, unmask_step
 from replaid.sampling.registry import get_sampler
 from replaid.sampling.request import SampleRequest
+
+if TYPE_CHECKING:
+    from replaid.model.replaid import RePlaid
 
 Stop = Callable[[Tensor], Tensor]  # rows' tokens so far (B, n) -> (B,) bool: this row is done
 # (k, start, out, cache) -> network calls: write block k (positions start .. start + b) into out (B, N)
@@ -289,7 +292,7 @@ class BlockDenoiser:
     ``alpha_0 e`` at ``gamma_0``: :meth:`~replaid.model.replaid.RePlaid.clean_states`). With nothing
     before it (the first block) it is the plain model. gamma (B,) per row, as every sampler passes it."""
 
-    def __init__(self, model: Any, start: int, cache: KVCache | None = None, prefix: Tensor | None = None):
+    def __init__(self, model: RePlaid, start: int, cache: KVCache | None = None, prefix: Tensor | None = None):
         self.model, self.start, self.cache, self.prefix = model, start, cache, prefix
         self.self_conditioning = model.self_conditioning
 
@@ -299,7 +302,8 @@ class BlockDenoiser:
     def __call__(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None = None) -> DenoiserOutput:
         m, s0 = self.model, self.start
         if s0 == 0:  # nothing committed before: the model itself (a one-block run is today's sampler)
-            return m(z, gamma, e_sc)
+            out: DenoiserOutput = m(z, gamma, e_sc)
+            return out
         h, c = m.input_states(z, gamma, e_sc)  # (B, b, hidden), (B, cond) or None
         if self.cache is not None:
             assert self.cache.next_pos == s0  # blocks are committed in order
@@ -313,7 +317,7 @@ class BlockDenoiser:
         return m.output(m.readout(h, c), z, gamma, m.embedding_matrix())
 
 
-def commit_continuous(model: Any, ids: Tensor, start: int, cache: KVCache) -> None:
+def commit_continuous(model: RePlaid, ids: Tensor, start: int, cache: KVCache) -> None:
     """One clean pass over a finished block's ids (B, b) (as the training pass's clean copy), its keys
     and values written to the cache."""
     assert cache.next_pos == start
@@ -322,7 +326,7 @@ def commit_continuous(model: Any, ids: Tensor, start: int, cache: KVCache) -> No
 
 
 def _continuous_fill(
-    model: Any,
+    model: RePlaid,
     sampler: SamplerFn,
     known: Tensor,
     gammas: Tensor,
@@ -330,7 +334,7 @@ def _continuous_fill(
     callback: Callback | None,
     block: int,
     options: dict[str, Any],
-    wrap: Callable[[Any], Any] | None,
+    wrap: Callable[[Denoiser], Denoiser] | None,
 ) -> FillBlock:
     """A continuous method's block writer: ``sampler`` from ``z ~ N(0, I)`` with a :class:`BlockDenoiser`
     (``wrap``ped, e.g. by the request's temperatures), the prompt's positions by replacement."""
@@ -338,7 +342,7 @@ def _continuous_fill(
 
     def fill(k: int, s0: int, out: Tensor, cache: KVCache | None) -> int:
         e0 = s0 + block
-        den: Any = BlockDenoiser(model, s0, cache, None if cache is not None else out[:, :s0])
+        den: Denoiser = BlockDenoiser(model, s0, cache, None if cache is not None else out[:, :s0])
         if wrap is not None:
             den = wrap(den)
         z = torch.randn(out.shape[0], block, E.shape[1], generator=gen, device=out.device)  # (B, b, d_e)
@@ -354,7 +358,7 @@ def _continuous_fill(
 
 @torch.no_grad()
 def sample_blocks_continuous(
-    model: Any,
+    model: RePlaid,
     sampler: SamplerFn,
     ids: Tensor,
     known: Tensor,

@@ -33,7 +33,7 @@ at ``gamma(t_start)`` by the caller; the samplers need nothing else.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -229,7 +229,7 @@ class Inpaint:
     known_mask: Tensor
     E: Tensor
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.known_tokens.shape[-1] != self.known_mask.shape[-1]:
             raise ValueError("known_tokens and known_mask must share the sequence length")
         if self.E.ndim != 2:
@@ -237,7 +237,7 @@ class Inpaint:
         self.known_mask = self.known_mask.bool()
         self.known_tokens = self.known_tokens.long()
 
-    def _expanded(self, B: int, L: int, device) -> tuple[Tensor, Tensor]:
+    def _expanded(self, B: int, L: int, device: torch.device) -> tuple[Tensor, Tensor]:
         mask = self.known_mask.to(device).expand(B, L)  # (B, L)
         tok = self.known_tokens.to(device).expand(B, L).clamp(0, self.E.shape[0] - 1)  # (B, L)
         return tok, mask
@@ -313,12 +313,12 @@ class _Run:
 
     def __init__(
         self,
-        denoiser,
+        denoiser: Denoiser,
         z: Tensor,
         gammas: Tensor,
-        generator,
-        callback,
-        self_cond,
+        generator: torch.Generator | None,
+        callback: Callback | None,
+        self_cond: bool | None,
         inpaint: Inpaint | None,
         disable_progress: bool,
         name: str,
@@ -345,8 +345,10 @@ class _Run:
         z = z.detach().to(torch.float64)
         return self.replace(z, self.g[0])
 
-    def steps(self):
-        return tqdm(range(self.T), disable=self.disable_progress, desc=self.name, leave=False)
+    def steps(self) -> Iterable[int]:
+        """The step indices 0 .. T - 1 (a progress bar unless ``disable_progress``)."""
+        bar: Iterable[int] = tqdm(range(self.T), disable=self.disable_progress, desc=self.name, leave=False)
+        return bar
 
     def evaluate(self, z: Tensor, gamma: float) -> tuple[Tensor, Tensor]:
         """One denoiser call at (z (B, L, d_e) float64, gamma); returns (logits, e_hat float64)."""
@@ -396,7 +398,7 @@ class _Run:
 
 @torch.no_grad()
 def sample_ddpm(
-    denoiser,
+    denoiser: Denoiser,
     z: Tensor,
     gammas: Tensor,
     *,
@@ -420,7 +422,7 @@ def sample_ddpm(
 
 @torch.no_grad()
 def sample_ddim(
-    denoiser,
+    denoiser: Denoiser,
     z: Tensor,
     gammas: Tensor,
     *,
@@ -444,7 +446,7 @@ def sample_ddim(
 
 @torch.no_grad()
 def sample_dpmpp_2m(
-    denoiser,
+    denoiser: Denoiser,
     z: Tensor,
     gammas: Tensor,
     *,
@@ -474,7 +476,7 @@ def sample_dpmpp_2m(
 
 @torch.no_grad()
 def sample_heun(
-    denoiser,
+    denoiser: Denoiser,
     z: Tensor,
     gammas: Tensor,
     *,
@@ -514,7 +516,7 @@ def sample_heun(
 
 @torch.no_grad()
 def sample_consistency(
-    denoiser,
+    denoiser: Denoiser,
     z: Tensor,
     gammas: Tensor,
     *,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -39,6 +39,9 @@ from replaid.sampling.registry import Sampler, get_sampler
 from replaid.sampling.request import SampleRequest, prompt_ids
 from replaid.sampling.starts import Start, denoiser_for, guidance_objective, mark_filled, required_words
 from replaid.sampling.stream import Completion
+
+if TYPE_CHECKING:
+    from replaid.training.loading import Run
 
 __all__ = [
     "Plan",
@@ -84,7 +87,7 @@ class Samples(list[dict[str, Any]]):
 
 @torch.no_grad()
 def generate(
-    run,
+    run: Run,
     request: SampleRequest,
     callback: Callback | None = None,
     on_plan: Callable[[Plan], None] | None = None,
@@ -111,7 +114,7 @@ def generate(
     return Samples(rows, plan.steps, nfe, plan)
 
 
-def _plan(run, req: SampleRequest, sampler: Sampler, start: Start, infill: InfillPlan | None, L: int) -> Plan:
+def _plan(run: Run, req: SampleRequest, sampler: Sampler, start: Start, infill: InfillPlan | None, L: int) -> Plan:
     """The :class:`Plan` of a checked, started request."""
     edit = req.edit_plan(run.tokenizer)
     if edit is not None:
@@ -128,7 +131,7 @@ def _plan(run, req: SampleRequest, sampler: Sampler, start: Start, infill: Infil
     return Plan(sampler.name, len(ids), steps, nfe, sampler.nfe_exact, mode, ids, known, infill, edit)
 
 
-def check_memory(run, req: SampleRequest, L: int, free: float | None = None) -> None:
+def check_memory(run: Run, req: SampleRequest, L: int, free: float | None = None) -> None:
     """Refuse a request whose estimated peak (:func:`replaid.training.memory.sampling_estimate`) exceeds
     90% of the memory free on the model's device, before anything is allocated, saying what fits."""
     from replaid.training.memory import free_bytes, human_bytes, sampling_estimate

@@ -50,7 +50,9 @@ from replaid.sampling.errors import RequestError, ref
 Objective = Callable[[Tensor, Tensor, Tensor], Tensor]  # (z (B, L, d_e), gamma (B,), logits (B, L, V)) -> (B,)
 
 
-def guidance_gradient(denoiser: Denoiser, objective: Objective, z: Tensor, gamma: Tensor, e_sc=None):
+def guidance_gradient(
+    denoiser: Denoiser, objective: Objective, z: Tensor, gamma: Tensor, e_sc: Tensor | None = None
+) -> tuple[DenoiserOutput, Tensor, Tensor]:
     """One denoiser call with gradients: returns (output, ``grad_z objective`` (B, L, d_e), objective (B,)).
     The self-conditioning input ``e_sc`` is held fixed (detached)."""
     with torch.enable_grad():
@@ -120,6 +122,7 @@ class RequireTokens:
         n = L - k + 1
         if n < 1:
             raise ValueError(f"a required word of {k} tokens does not fit in {L} positions")
+        # sum() starts from the int 0, so its type is Tensor | int; with k >= 1 terms it is a Tensor
         return sum(logp[:, i : i + n, int(t)] for i, t in enumerate(self.ids))  # type: ignore[return-value]
 
     def __call__(self, z: Tensor, gamma: Tensor, logits: Tensor) -> Tensor:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from replaid.data.tokenizers import Tokenizer
 from replaid.sampling.continuous import parse_infill_spans
 from replaid.sampling.errors import RequestError, ref
 
@@ -46,7 +47,7 @@ class InfillPlan:
                 start = None
         return spans
 
-    def describe(self, tok) -> str:
+    def describe(self, tok: Tokenizer) -> str:
         """One line per kept token (position, text) and one per span to fill."""
         fill = dict(self.fill_spans())
         lines, i, L = [f"token positions (L={len(self.ids)}; ___ = to fill):"], 0, len(self.ids)
@@ -62,7 +63,7 @@ class InfillPlan:
         return "\n".join(lines)
 
 
-def _char_spans_to_markers(tok, context: str, spec: str) -> str:
+def _char_spans_to_markers(tok: Tokenizer, context: str, spec: str) -> str:
     """``context`` with each character span of ``spec`` replaced by ``[MASK:n]``, n = its token count."""
     spans = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
@@ -90,7 +91,7 @@ def _char_spans_to_markers(tok, context: str, spec: str) -> str:
 
 
 def plan_infill(
-    tok, context: str, spans: str | None = None, char_spans: str | None = None, length: int | None = None
+    tok: Tokenizer, context: str, spans: str | None = None, char_spans: str | None = None, length: int | None = None
 ) -> InfillPlan:
     """The known tokens of an infilling request (module docstring); errors name the option to fix."""
     if sum(x is not None for x in (spans, char_spans)) > 1:
@@ -150,7 +151,7 @@ class EditPlan:
     known: Tensor
     pieces: list[tuple[str, bool]] | None = None
 
-    def text_of(self, tok, ids: list[int]) -> str:
+    def text_of(self, tok: Tokenizer, ids: list[int]) -> str:
         """The edited text: kept character pieces verbatim, edited pieces decoded from ``ids``."""
         if self.pieces is None:
             return tok.decode(ids)
@@ -162,7 +163,7 @@ class EditPlan:
         return "".join(out)
 
 
-def plan_edit(tok, text: str, spans: str | None = None, char_spans: str | None = None) -> EditPlan:
+def plan_edit(tok: Tokenizer, text: str, spans: str | None = None, char_spans: str | None = None) -> EditPlan:
     """The source of ``replaid edit``: the whole text re-noised, or only token spans (``--token-span``,
     as ``--infill``) or character spans (``--span``; each piece is tokenised alone) of it."""
     if spans is not None and char_spans is not None:

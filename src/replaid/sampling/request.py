@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from replaid.config import GUIDANCE_SCALE_MAX, SCORE_TEMPERATURE_RANGE, TEMPERATURE_RANGE
+from replaid.data.tokenizers import Tokenizer
 from replaid.methods.base import Kind, Method
 from replaid.sampling.errors import RequestError, ref
 from replaid.sampling.infill import EditPlan, InfillPlan, plan_edit, plan_infill
@@ -119,7 +120,7 @@ class SampleRequest:
         else ``data.seq_len``) leaves after the ``n_prompt`` prompt tokens."""
         return self.max_tokens if self.max_tokens is not None else self.length_for(trained_len) - n_prompt
 
-    def edit_plan(self, tok) -> EditPlan | None:
+    def edit_plan(self, tok: Tokenizer) -> EditPlan | None:
         """The SDEdit source (tokens and kept mask), or None when this is no edit."""
         if self.edit is None:
             return None
@@ -132,7 +133,7 @@ class SampleRequest:
         return self.length if self.length is not None else trained_len
 
     def check(
-        self, method: Method[Any], tok, trained_len: int, limits: RequestLimits | None = None
+        self, method: Method[Any], tok: Tokenizer, trained_len: int, limits: RequestLimits | None = None
     ) -> InfillPlan | None:
         """Refuse what ``method``'s run (or a server's ``limits``) cannot honour, before any sampling (one
         line, naming the option); returns the infilling plan, if any."""
@@ -224,7 +225,7 @@ class SampleRequest:
         self._check_guidance(L)
         return plan
 
-    def _check_completion(self, tok, trained_len: int, blocks: int, method: str) -> int:
+    def _check_completion(self, tok: Tokenizer, trained_len: int, blocks: int, method: str) -> int:
         """Refuse a completion this run cannot write (module docstring); returns its most tokens, the
         prompt's included."""
         what = f"a block-diffusion run ({method}, blocks of {blocks} tokens)" if blocks else "a completion"
@@ -311,7 +312,7 @@ class SampleRequest:
         )
 
 
-def prompt_ids(tok, prompt: str, L: int) -> torch.Tensor:
+def prompt_ids(tok: Tokenizer, prompt: str, L: int) -> torch.Tensor:
     """The prompt's token ids (P,), which must leave room for at least one generated token."""
     ids = tok.encode(prompt)
     if len(ids) >= L:

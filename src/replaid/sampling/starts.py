@@ -120,7 +120,7 @@ def _both(a: Callback | None, b: Callback | None) -> Callback | None:
 
 def denoiser_for(model: Any, request: SampleRequest) -> Denoiser:
     """The continuous model as the samplers see it: logit and score temperatures applied (identity at 1)."""
-    den = model
+    den: Denoiser = model
     if request.temperature != 1.0:
         den = LogitTemperature(den, request.temperature)
     if request.score_temperature != 1.0:

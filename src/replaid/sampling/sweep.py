@@ -21,11 +21,15 @@ import json
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from replaid.eval.quality import Judge, mauve_score, reference_windows, sentence_features, unigram_entropy
 from replaid.methods.base import Kind
 from replaid.sampling.generate import generate
 from replaid.sampling.request import SampleRequest
+
+if TYPE_CHECKING:
+    from replaid.training.loading import Run
 
 
 @dataclass
@@ -43,7 +47,7 @@ class SweepPoint:
 
 
 def quality_sweep(
-    run,
+    run: Run,
     judge: Judge,
     *,
     samplers: list[str],
@@ -90,7 +94,7 @@ def quality_sweep(
 
     data_texts, data_ids = reference_windows(run, split, num, offset=1)
     points = [SweepPoint("data", "data", 0, 1.0, *score(data_texts, data_ids), example=data_texts[0])]
-    done: dict[tuple, SweepPoint] = {}
+    done: dict[tuple[str, int, float], SweepPoint] = {}  # (sampler, steps, temperature) -> scored
     bar = tqdm(configs, desc="sweep", disable=not progress)
     for kind, sampler, T, tau in bar:
         bar.set_postfix(sampler=sampler, steps=T, temperature=tau)
@@ -116,7 +120,7 @@ def quality_sweep(
     return points
 
 
-def write_sweep(points: list[SweepPoint], out: Path, meta: dict) -> None:
+def write_sweep(points: list[SweepPoint], out: Path, meta: dict[str, Any]) -> None:
     """``sweep.json`` (meta + points), ``sweep.csv`` and the plots."""
     out.mkdir(parents=True, exist_ok=True)
     rows = [asdict(p) for p in points]
