@@ -33,6 +33,7 @@ FLOAT_LIMIT = 1e30
 TEMPERATURE_RANGE = (1e-6, 1e6)
 SCORE_TEMPERATURE_RANGE = (1e-3, 1e3)  # Plaid's score temperature: eps_hat / tau; 1e-6 already overflows e_hat
 GUIDANCE_SCALE_MAX = 1e4  # guidance w: beyond it the guidance term alone decides every token (1e30 overflows)
+MAX_STEPS = 100_000  # sampling / solver steps (T): beyond this a time grid alone is gigabytes
 LR_MAX = 10.0  # learning rates (and weight decays) in [0, 10]: an Adam step of 1e300 overflows float32
 # adaptive ODE solves (likelihood --solver dopri5) run in float64: a tolerance below ODE_TOL_MIN is rounding
 # (float64 resolves 2.2e-16 relative; the error estimate sums several such roundings per step), and each

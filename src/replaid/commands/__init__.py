@@ -10,6 +10,8 @@ import argparse
 import json
 from pathlib import Path
 
+from replaid.config import MAX_STEPS
+
 # Sub-command modules in the order ``replaid --help`` lists them.
 COMMANDS = (
     "train",
@@ -253,7 +255,7 @@ class Distinct(argparse.Action):
 POSITIVE = int_in(1)
 NONNEGATIVE = int_in(0)
 SEED = int_in(0, 2**63 - 1)
-STEPS = int_in(1, 100_000)  # sampling / solver steps: beyond this a time grid alone is gigabytes
+STEPS = int_in(1, MAX_STEPS)  # sampling / solver steps
 
 
 def check_out(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from replaid.commands import POSITIVE, SEED, STEPS, add_command, float_in
-from replaid.commands.sample import add_guidance_args
+from replaid.commands.sample import GUIDANCE, add_guidance_args, request_values
 from replaid.sampling.names import SAMPLER_NAMES
 
 EXAMPLE = (
@@ -58,10 +58,8 @@ def run(args) -> int:
         strength=args.strength,
         edit_chars=args.span,
         edit_span=args.token_span,
-        require=tuple(args.require or ()),
-        guide=args.guide,
-        guidance_scale=args.guidance_scale,
         progress=False,
+        **request_values(args, GUIDANCE),
     )
     run_ = load_run(args.run, use_ema=True, train_data=False)
     for r in generate(run_, req):

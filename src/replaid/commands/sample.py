@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
-from typing import TYPE_CHECKING
+import typing
+from collections.abc import Collection, Iterator
+from typing import TYPE_CHECKING, Any
 
-from replaid.commands import NONNEGATIVE, POSITIVE, SEED, STEPS, add_command, float_in
-from replaid.config import GUIDANCE_SCALE_MAX, SCORE_TEMPERATURE_RANGE, TEMPERATURE_RANGE
-from replaid.sampling.names import SAMPLER_NAMES
+from replaid.commands import add_command, float_in, int_in
+from replaid.sampling import request  # torch-free: its fields make the flags
 
 if TYPE_CHECKING:
-    from replaid.sampling.request import SampleRequest
+    from replaid.sampling.request import Knob, SampleRequest
 
 EXAMPLE = (
     "example: replaid sample runs/demo --sampler ddpm --steps 64 --num 4 --length 64 --seed 0\n"
@@ -25,141 +28,86 @@ EXAMPLE = (
 def register(sub) -> None:
     s = add_command(sub, "sample", "Generate text from a trained run.", EXAMPLE)
     s.add_argument("run", help="run directory or checkpoint directory")
-    s.add_argument(
-        "--sampler",
-        default=None,
-        choices=SAMPLER_NAMES,
-        help="sampler (default: the method's first: ddpm for RePlaid/Plaid, ancestral for AR, MDLM and "
-        "Duo, which refuse the continuous ones)",
-    )
-    s.add_argument("--steps", type=STEPS, default=64, help="T, number of sampling steps")
-    s.add_argument("--num", type=POSITIVE, default=4, help="number of samples")
-    s.add_argument(
-        "--length",
-        type=POSITIVE,
-        default=None,
-        help="sequence length (default: the run's data.seq_len; with --context, the context's)",
-    )
-    s.add_argument("--allow-longer", action="store_true", help="allow --length beyond the run's trained length")
-    s.add_argument(
-        "--temperature",
-        type=float_in(*TEMPERATURE_RANGE, or_zero=True),
-        default=1.0,
-        help=f"logit temperature: 0 (greedy, the argmax of every draw) or in [{TEMPERATURE_RANGE[0]:g}, "
-        f"{TEMPERATURE_RANGE[1]:g}] (below it the draws are greedy to float32 precision: give 0)",
-    )
-    s.add_argument(
-        "--score-temperature",
-        type=float_in(*SCORE_TEMPERATURE_RANGE),
-        default=1.0,
-        help=f"Plaid's score temperature, in [{SCORE_TEMPERATURE_RANGE[0]:g}, {SCORE_TEMPERATURE_RANGE[1]:g}]",
-    )
-    s.add_argument("--prompt", default=None, help="text fixed at the start of every sample (default: none)")
-    s.add_argument(
-        "--context",
-        default=None,
-        help="infilling: text whose tokens are kept; mark what to fill with [MASK:N] (N tokens) in it, "
-        "or with --infill-chars / --infill",
-    )
-    s.add_argument(
-        "--infill-chars",
-        default=None,
-        metavar="A:B[,C:D]",
-        help="character spans of --context to fill (each by as many tokens as it holds)",
-    )
-    s.add_argument(
-        "--infill",
-        default=None,
-        metavar="A:B[,C:D]",
-        help="token-position spans of --context to fill (see --show-positions)",
-    )
+    add_request_args(s)
     s.add_argument(
         "--show-positions",
         action="store_true",
         help="print the context's token positions (stderr) and mark filled spans [[like this]]",
     )
-    s.add_argument(
-        "--max-tokens",
-        type=POSITIVE,
-        default=None,
-        metavar="N",
-        help="a completion: at most N tokens after the prompt, cut at the end-of-text token and --stop. A "
-        "block-diffusion run (mdlm.block_size) writes block by block, past its data.seq_len with a sliding "
-        "window (up to 64 x data.seq_len with the prompt), and streams the text as each block is committed "
-        "when a batch holds one sample (--num 1 or --batch-size 1); any other run writes its --length at once "
-        "(N at most that less the prompt). Default on a block run: data.seq_len less the prompt",
-    )
-    s.add_argument(
-        "--stop",
-        action="append",
-        default=None,
-        metavar="S",
-        help="a completion ends before the first S in its text (repeatable; see --max-tokens)",
-    )
-    s.add_argument(
-        "--ignore-eos", action="store_true", help="a completion goes on past the end-of-text token (see --max-tokens)"
-    )
-    s.add_argument("--batch-size", type=POSITIVE, default=16, help="samples generated at once")
-    s.add_argument("--seed", type=SEED, default=0, help="seed of the sampling noise")
-    s.add_argument("--no-self-cond", action="store_true", help="disable self-conditioning while sampling")
-    s.add_argument("--trajectory", type=NONNEGATIVE, default=0, help="record the argmax text every k steps")
     s.add_argument("--json", action="store_true", help="JSONL: ids, text, sampler, steps, nfe, seconds, vocab_size")
-    add_guidance_args(s)
     s.set_defaults(func=run)
 
 
-def add_guidance_args(s) -> None:
+GUIDANCE = ("require", "guide", "guidance_scale")  # the guidance fields (replaid sample and replaid edit)
+
+
+def _knobs(names: Collection[str] | None) -> Iterator[tuple[str, Any, Any, Knob]]:
+    """(name, type without None, default, :class:`Knob`) of each field of the request that is a flag (of
+    ``names``, if given), in the request's order."""
+    cls = request.SampleRequest
+    types = request.field_types(cls)
+    for f in dataclasses.fields(cls):
+        k = f.metadata.get(request.KNOB)
+        if k is not None and (names is None or f.name in names):
+            typ, args = types[f.name], typing.get_args(types[f.name])
+            if type(None) in args and len(args) == 2:  # T | None: a T (None is the flag's absence)
+                typ = next(a for a in args if a is not type(None))
+            yield f.name, typ, f.default, k
+
+
+def _dest(name: str, typ: Any, default: Any) -> str:
+    """Where a field's flag is kept in the parsed options: the field's name; a bool that defaults to True
+    (flag ``--no-NAME``), ``no_NAME``."""
+    return ("no_" if typ is bool and default else "") + name
+
+
+def add_request_args(s: argparse.ArgumentParser, names: Collection[str] | None = None) -> None:
+    """A flag of each :class:`~replaid.sampling.request.SampleRequest` field declared with
+    :func:`~replaid.sampling.request.knob` (of ``names``, if given), built from the field alone: name,
+    type, default and :class:`~replaid.sampling.request.Knob` (its help, range, choices, metavar). A new
+    such field is a flag of ``replaid sample`` with no change here."""
+    for name, typ, default, k in _knobs(names):
+        kw: dict[str, Any] = {"help": k.help}
+        if k.metavar is not None:
+            kw["metavar"] = k.metavar
+        if typ is bool:
+            kw["action"] = "store_true"  # sets it (default False) or, as --no-NAME, clears it (default True)
+        elif typing.get_origin(typ) is tuple and typing.get_args(typ) == (str, ...):
+            kw.update(action="append", default=None)  # repeatable: SampleRequest gets a tuple
+        elif typ in (int, float, str):
+            kw.update(default=default, choices=k.choices)
+            if typ is int:
+                lo, hi = k.lo, k.hi
+                assert isinstance(lo, int | None) and isinstance(hi, int | None), f"{name}: a whole-number range"
+                kw["type"] = int_in(lo, hi)
+            elif typ is float:
+                kw["type"] = float_in(k.lo, k.hi, or_zero=k.or_zero)
+        else:
+            raise TypeError(f"SampleRequest.{name}: a flag of type {typ} is not supported; see Knob")
+        s.add_argument("--" + _dest(name, typ, default).replace("_", "-"), **kw)
+
+
+def request_values(args: argparse.Namespace, names: Collection[str] | None = None) -> dict[str, Any]:
+    """The request's fields (those of ``names``, if given) as :func:`add_request_args`'s flags set them."""
+    out: dict[str, Any] = {}
+    for name, typ, default, _ in _knobs(names):
+        value = getattr(args, _dest(name, typ, default))
+        if typ is bool and default:
+            value = not value  # --no-NAME
+        elif typing.get_origin(typ) is tuple:
+            value = tuple(value or ())
+        out[name] = value
+    return out
+
+
+def add_guidance_args(s: argparse.ArgumentParser) -> None:
     """``--require``, ``--guide`` and ``--guidance-scale`` (``replaid sample`` and ``replaid edit``)."""
-    s.add_argument(
-        "--require",
-        action="append",
-        default=None,
-        metavar="WORD[@P|@A:B]",
-        help="token guidance towards samples containing WORD (its own tokens; mind GPT-2's leading space, "
-        "' king'), anywhere, starting at token P, or starting in [A, B); repeat for several words",
-    )
-    s.add_argument(
-        "--guide",
-        default=None,
-        metavar="CLF:LABEL",
-        help="classifier guidance towards LABEL with the classifier saved in folder CLF (replaid classifier train)",
-    )
-    s.add_argument(
-        "--guidance-scale",
-        type=float_in(0, GUIDANCE_SCALE_MAX),
-        default=1.0,
-        help="w: adds w * grad log p(y | z_t) to the score (0: unguided, 1: the exact conditional; at most "
-        f"{GUIDANCE_SCALE_MAX:g}: beyond it the guidance term alone decides every token)",
-    )
+    add_request_args(s, GUIDANCE)
 
 
-def request_of(args) -> SampleRequest:
+def request_of(args: argparse.Namespace) -> SampleRequest:
     """The :class:`~replaid.sampling.request.SampleRequest` of ``replaid sample``'s options."""
-    from replaid.sampling.request import SampleRequest
-
-    return SampleRequest(
-        sampler=args.sampler,
-        steps=args.steps,
-        num=args.num,
-        batch_size=args.batch_size,
-        length=args.length,
-        allow_longer=args.allow_longer,
-        temperature=args.temperature,
-        score_temperature=args.score_temperature,
-        seed=args.seed,
-        prompt=args.prompt,
-        context=args.context,
-        infill=args.infill,
-        infill_chars=args.infill_chars,
-        self_cond=not args.no_self_cond,
-        trajectory=args.trajectory,
-        require=tuple(args.require or ()),
-        guide=args.guide,
-        guidance_scale=args.guidance_scale,
-        max_tokens=args.max_tokens,
-        stop=tuple(args.stop or ()),
-        ignore_eos=args.ignore_eos,
-    )
+    return request.SampleRequest(**request_values(args))
 
 
 def run(args) -> int:

@@ -248,34 +248,64 @@ def iter_blocks(
     )
 
 
+@dataclass(frozen=True)
+class BlockRows:
+    """What both block starters (:class:`~replaid.sampling.stream.BlockStarter`) take from the run, the
+    prompt and the length: the ``model``, its ``block`` size, the row length ``N`` (``length`` rounded up
+    to whole blocks), the cache's ``window`` (past the training length it keeps the last ``seq_len - block``
+    committed rows: the longest prefix a block saw in training) and the ``prompt`` (P,) on the model's
+    device."""
+
+    model: Any
+    block: int
+    N: int
+    window: int
+    prompt: Tensor
+
+    @classmethod
+    def of(cls, run: Any, prompt: Tensor, length: int) -> BlockRows:
+        block = run.method.block_size()
+        dev = next(run.model.parameters()).device
+        return cls(run.model, block, -(-length // block) * block, run.cfg.data.seq_len - block, prompt.to(dev))
+
+    @property
+    def device(self) -> torch.device:
+        """The model's device."""
+        return self.prompt.device
+
+    def ids(self, B: int, fill: int) -> Tensor:
+        """(B, N) ids: the prompt's first, ``fill`` after them."""
+        x = torch.full((B, self.N), fill, dtype=torch.long, device=self.device)
+        x[:, : len(self.prompt)] = self.prompt
+        return x
+
+    def known(self, B: int) -> Tensor:
+        """(B, N) bool: the prompt's positions."""
+        return (torch.arange(self.N, device=self.device) < len(self.prompt)).expand(B, self.N)
+
+
 def start_masked_blocks(
     run: Any, req: SampleRequest, prompt: Tensor, length: int, callback: Callback | None
 ) -> Callable[[int], Iterator[Committed]]:
     """MDLM with blocks as a :class:`~replaid.sampling.stream.BlockStarter`: ``batch(B)`` writes B rows of
     ``length`` tokens (rounded up to whole blocks), ``prompt`` (P,) first, with ``req.steps`` ancestral steps
-    per block at ``req.temperature``; past the training length the cache keeps the last ``seq_len - block``
-    committed rows (the longest prefix a block saw in training). The batches of one request draw in
-    order from one generator seeded with ``req.seed``."""
-    model = run.model
-    block, L = run.method.block_size(), run.cfg.data.seq_len
-    dev = next(model.parameters()).device
-    V = int(model.n_out)
-    N = -(-length // block) * block
+    per block at ``req.temperature``, the cache's window as :class:`BlockRows` says. The batches of one
+    request draw in order from one generator seeded with ``req.seed``."""
+    r = BlockRows.of(run, prompt, length)
+    V = int(r.model.n_out)
     gen = torch.Generator().manual_seed(req.seed)
     ts = time_grid(req.steps)
 
     def batch(B: int) -> Iterator[Committed]:
-        x = torch.full((B, N), V, dtype=torch.long, device=dev)
-        x[:, : len(prompt)] = prompt.to(dev)
         return iter_blocks(
-            model,
-            x,
+            r.model,
+            r.ids(B, V),
             ts,
             generator=gen,
             callback=callback,
             temperature=req.temperature,
-            block=block,
-            window=L - block,
+            block=r.block,
+            window=r.window,
             disable_progress=not req.progress,
         )
 
@@ -405,27 +435,25 @@ def start_continuous_blocks(
     temperatures applied to the block denoiser."""
     from replaid.sampling.starts import denoiser_for  # the request's temperatures, as the full-sequence samplers
 
-    model = run.model
-    block, L = run.method.block_size(), run.cfg.data.seq_len
-    dev = next(model.parameters()).device
-    N = -(-length // block) * block
+    r = BlockRows.of(run, prompt, length)
+    model = r.model
     fn = get_sampler(run.method, req.sampler).fn
     gammas = gamma_grid(model.schedule, req.steps)
-    gen = device_generator(torch.Generator().manual_seed(req.seed), dev)
+    gen = device_generator(torch.Generator().manual_seed(req.seed), r.device)
     options = {"self_cond": None if req.self_cond else False, "disable_progress": True}
 
     def batch(B: int) -> Iterator[Committed]:
-        ids = torch.zeros(B, N, dtype=torch.long, device=dev)
-        ids[:, : len(prompt)] = prompt.to(dev)
-        known = (torch.arange(N, device=dev) < len(prompt)).expand(B, N)
-        fill = _continuous_fill(model, fn, known, gammas, gen, callback, block, options, lambda d: denoiser_for(d, req))
+        known = r.known(B)
+        fill = _continuous_fill(
+            model, fn, known, gammas, gen, callback, r.block, options, lambda d: denoiser_for(d, req)
+        )
         return iter_block_loop(
-            ids,
+            r.ids(B, 0),
             known,
-            block,
+            r.block,
             fill,
             lambda blk, s0, cache: commit_continuous(model, blk, s0, cache),
-            window=L - block,
+            window=r.window,
             disable_progress=not req.progress,
         )
 

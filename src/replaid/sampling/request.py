@@ -1,9 +1,11 @@
 """One sampling request (``replaid sample``, ``replaid sweep``, the playground): a validated dataclass.
 
-It is the one schema of every front end: ``replaid sample``'s flags (``commands/sample.py``) and the
-playground's JSON (``web/engine.py``) are mapped onto it, and it is validated once, by
-:meth:`SampleRequest.check`, so that the same request gets the same one-line message from either. A
-server's bounds (``replaid serve --max-steps`` ...) are :class:`RequestLimits`, checked there too.
+It is the one schema of every front end: ``replaid sample``'s flags are built from its fields (each
+declared with :func:`knob`, which holds its help, range and choices; ``commands/sample.py`` names none
+of them), the playground's JSON (``web/engine.py``) is mapped onto it through the config's type
+coercion, and it is validated once, by :meth:`SampleRequest.check`, so that the same request gets the
+same one-line message from either. A server's bounds (``replaid serve --max-steps`` ...) are
+:class:`RequestLimits`, checked there too.
 
 The one default-length rule (:meth:`SampleRequest.length_for`): an infilling template (``--context``
 or the playground's ``[[n]]`` gaps) is exactly as long as it is (``--length`` may only extend it);
@@ -21,16 +23,20 @@ sliding window; any other run writes its one length (``length``, else ``data.seq
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+import typing
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from replaid.config import GUIDANCE_SCALE_MAX, SCORE_TEMPERATURE_RANGE, TEMPERATURE_RANGE
-from replaid.data.tokenizers import Tokenizer
-from replaid.methods.base import Kind, Method
+from replaid.config import GUIDANCE_SCALE_MAX, MAX_STEPS, SCORE_TEMPERATURE_RANGE, TEMPERATURE_RANGE
 from replaid.sampling.errors import RequestError, ref
-from replaid.sampling.infill import EditPlan, InfillPlan, plan_edit, plan_infill
+from replaid.sampling.names import SAMPLER_NAMES
+
+if TYPE_CHECKING:  # imported where they are used: building replaid sample's flags from the fields needs no torch
+    import torch
+
+    from replaid.data.tokenizers import Tokenizer
+    from replaid.methods.base import Method
+    from replaid.sampling.infill import EditPlan, InfillPlan
 
 BLOCK_LENGTH_FACTOR = 64  # a block run's longest request: this many times its data.seq_len (prompt included)
 
@@ -75,36 +81,137 @@ class RequestLimits:
             )
 
 
+KNOB = "knob"  # the metadata key of a field that is a flag too
+
+
+@dataclass(frozen=True)
+class Knob:
+    """How a :class:`SampleRequest` field (declared with :func:`knob`) is a ``replaid sample`` flag. The
+    command line builds the flag from the field alone (``commands/sample.py``): ``--`` and the name with
+    dashes, the field's type and default, and this: a whole number or a float takes ``[lo, hi]`` (a float
+    with ``or_zero`` 0 too), a ``str`` any text (``choices``: one of them), a ``tuple[str, ...]`` is a
+    repeatable flag, a bool defaulting to False is a switch that sets it and one defaulting to True is
+    ``--no-NAME``, which clears it."""
+
+    help: str
+    metavar: str | None = None
+    lo: int | float | None = None
+    hi: int | float | None = None
+    or_zero: bool = False
+    choices: tuple[str, ...] | None = None
+
+
+def knob(
+    default: Any,
+    help: str,
+    *,
+    metavar: str | None = None,
+    lo: int | float | None = None,
+    hi: int | float | None = None,
+    or_zero: bool = False,
+    choices: tuple[str, ...] | None = None,
+) -> Any:
+    """A :class:`SampleRequest` field defaulting to ``default`` that is a ``replaid sample`` flag too
+    (:class:`Knob`); ``help`` is its help text."""
+    return field(default=default, metadata={KNOB: Knob(help, metavar, lo, hi, or_zero, choices)})
+
+
+def field_types(cls: type[SampleRequest] | None = None) -> dict[str, Any]:
+    """The declared type of every field of ``cls`` (:class:`SampleRequest` or a subclass), resolved
+    without importing torch: ``template``'s :class:`~replaid.sampling.infill.InfillPlan`, which no front
+    end takes from its user, stays a name."""
+    return typing.get_type_hints(cls or SampleRequest, localns={"InfillPlan": Any})
+
+
+_SPANS = "A:B[,C:D]"
+
+
 @dataclass
 class SampleRequest:
-    sampler: str | None = None  # None: the method's default (replaid: ddpm; AR/MDLM/Duo: ancestral)
-    steps: int = 64  # T (AR: one step per generated token, whatever this says)
-    num: int = 4
-    batch_size: int = 16
-    length: int | None = None  # None: the template's length, else the run's data.seq_len
-    allow_longer: bool = False  # allow a length beyond the run's data.seq_len
-    temperature: float = 1.0  # logit temperature (0: greedy, the argmax of every draw)
-    score_temperature: float = 1.0  # Plaid's score temperature (continuous methods)
+    """One sampling request (module docstring). Each field declared with :func:`knob` is a ``replaid sample``
+    flag of the same name (:class:`Knob`); every field but those the server sets is a JSON field of the
+    playground (``web/engine.py``)."""
+
+    sampler: str | None = knob(
+        None,
+        "sampler (default: the method's first: ddpm for RePlaid/Plaid, ancestral for AR, MDLM and Duo, which "
+        "refuse the continuous ones)",
+        choices=SAMPLER_NAMES,
+    )
+    steps: int = knob(64, "T, number of sampling steps", lo=1, hi=MAX_STEPS)  # AR: one step per generated token
+    num: int = knob(4, "number of samples", lo=1)
+    batch_size: int = knob(16, "samples generated at once", lo=1)
+    length: int | None = knob(  # None: the template's length, else the run's data.seq_len
+        None, "sequence length (default: the run's data.seq_len; with --context, the context's)", lo=1
+    )
+    allow_longer: bool = knob(False, "allow --length beyond the run's trained length")
+    temperature: float = knob(
+        1.0,
+        f"logit temperature: 0 (greedy, the argmax of every draw) or in [{TEMPERATURE_RANGE[0]:g}, "
+        f"{TEMPERATURE_RANGE[1]:g}] (below it the draws are greedy to float32 precision: give 0)",
+        lo=TEMPERATURE_RANGE[0],
+        hi=TEMPERATURE_RANGE[1],
+        or_zero=True,
+    )
+    score_temperature: float = knob(  # (continuous methods)
+        1.0,
+        f"Plaid's score temperature, in [{SCORE_TEMPERATURE_RANGE[0]:g}, {SCORE_TEMPERATURE_RANGE[1]:g}]",
+        lo=SCORE_TEMPERATURE_RANGE[0],
+        hi=SCORE_TEMPERATURE_RANGE[1],
+    )
     top_p: float | None = None  # AR nucleus mass (None: the run's ar.top_p)
-    seed: int = 0
-    prompt: str | None = None  # text fixed at the start of every sample
-    context: str | None = None  # infilling text: [MASK:N] markers, or with infill / infill_chars
-    infill: str | None = None  # token spans of context to fill
-    infill_chars: str | None = None  # character spans of context to fill
+    seed: int = knob(0, "seed of the sampling noise", lo=0, hi=2**63 - 1)
+    prompt: str | None = knob(None, "text fixed at the start of every sample (default: none)")
+    context: str | None = knob(
+        None,
+        "infilling: text whose tokens are kept; mark what to fill with [MASK:N] (N tokens) in it, or with "
+        "--infill-chars / --infill",
+    )
+    infill: str | None = knob(None, "token-position spans of --context to fill (see --show-positions)", metavar=_SPANS)
+    infill_chars: str | None = knob(
+        None, "character spans of --context to fill (each by as many tokens as it holds)", metavar=_SPANS
+    )
     template: InfillPlan | None = None  # an already tokenised infilling template (the playground's)
-    self_cond: bool = True  # self-conditioning while sampling (continuous methods that have it)
-    trajectory: int = 0  # record the argmax text every k steps (continuous methods)
+    # self-conditioning while sampling (continuous methods that have it); its flag is --no-self-cond
+    self_cond: bool = knob(True, "disable self-conditioning while sampling")
+    trajectory: int = knob(0, "record the argmax text every k steps", lo=0)  # (continuous methods)
     progress: bool = True  # progress bars on stderr
     edit: str | None = None  # SDEdit: the source text (replaid edit --text)
     strength: float = 1.0  # SDEdit: start time s in [0, 1] (0: the text unchanged; 1: a fresh sample)
     edit_span: str | None = None  # SDEdit: token spans to re-noise (the rest is kept)
     edit_chars: str | None = None  # SDEdit: character spans to re-noise (the rest is kept verbatim)
-    require: tuple[str, ...] = ()  # token guidance: words (WORD, WORD@P, WORD@A:B) to steer towards
-    guide: str | None = None  # classifier guidance: CLF_DIR:LABEL
-    guidance_scale: float = 1.0  # w in e_hat + w sigma^2/alpha grad log p(y | z_t) (sampling/guidance.py)
-    max_tokens: int | None = None  # a completion: at most this many tokens after the prompt
-    stop: tuple[str, ...] = ()  # a completion ends before the first of these strings
-    ignore_eos: bool = False  # a completion goes on past the end-of-text token
+    require: tuple[str, ...] = knob(
+        (),
+        "token guidance towards samples containing WORD (its own tokens; mind GPT-2's leading space, ' king'), "
+        "anywhere, starting at token P, or starting in [A, B); repeat for several words",
+        metavar="WORD[@P|@A:B]",
+    )
+    guide: str | None = knob(
+        None,
+        "classifier guidance towards LABEL with the classifier saved in folder CLF (replaid classifier train)",
+        metavar="CLF:LABEL",
+    )
+    guidance_scale: float = knob(  # w in e_hat + w sigma^2/alpha grad log p(y | z_t) (sampling/guidance.py)
+        1.0,
+        "w: adds w * grad log p(y | z_t) to the score (0: unguided, 1: the exact conditional; at most "
+        f"{GUIDANCE_SCALE_MAX:g}: beyond it the guidance term alone decides every token)",
+        lo=0,
+        hi=GUIDANCE_SCALE_MAX,
+    )
+    max_tokens: int | None = knob(
+        None,
+        "a completion: at most N tokens after the prompt, cut at the end-of-text token and --stop. A "
+        "block-diffusion run (mdlm.block_size) writes block by block, past its data.seq_len with a sliding "
+        f"window (up to {BLOCK_LENGTH_FACTOR} x data.seq_len with the prompt), and streams the text as each "
+        "block is committed when a batch holds one sample (--num 1 or --batch-size 1); any other run writes its "
+        "--length at once (N at most that less the prompt). Default on a block run: data.seq_len less the prompt",
+        lo=1,
+        metavar="N",
+    )
+    stop: tuple[str, ...] = knob(
+        (), "a completion ends before the first S in its text (repeatable; see --max-tokens)", metavar="S"
+    )
+    ignore_eos: bool = knob(False, "a completion goes on past the end-of-text token (see --max-tokens)")
 
     @property
     def _infilling(self) -> bool:
@@ -124,6 +231,8 @@ class SampleRequest:
         """The SDEdit source (tokens and kept mask), or None when this is no edit."""
         if self.edit is None:
             return None
+        from replaid.sampling.infill import plan_edit
+
         return plan_edit(tok, self.edit, self.edit_span, self.edit_chars)
 
     def length_for(self, trained_len: int, plan: InfillPlan | None = None) -> int:
@@ -137,6 +246,9 @@ class SampleRequest:
     ) -> InfillPlan | None:
         """Refuse what ``method``'s run (or a server's ``limits``) cannot honour, before any sampling (one
         line, naming the option); returns the infilling plan, if any."""
+        from replaid.methods.base import Kind
+        from replaid.sampling.infill import plan_infill
+
         if limits is not None:
             limits.check(self, trained_len)
         refusal = method.sampling_refusal()
@@ -314,6 +426,8 @@ class SampleRequest:
 
 def prompt_ids(tok: Tokenizer, prompt: str, L: int) -> torch.Tensor:
     """The prompt's token ids (P,), which must leave room for at least one generated token."""
+    import torch
+
     ids = tok.encode(prompt)
     if len(ids) >= L:
         raise RequestError(

@@ -44,7 +44,7 @@ from replaid.config import ConfigError, coerce
 from replaid.methods.base import Kind
 from replaid.sampling.generate import Plan, generate
 from replaid.sampling.infill import InfillPlan
-from replaid.sampling.request import RequestLimits, SampleRequest, prompt_ids
+from replaid.sampling.request import RequestLimits, SampleRequest, field_types, prompt_ids
 
 MASK, EMPTY = -1, -2  # display ids: a masked position (MDLM), a not-yet-generated one (AR)
 _GAP = re.compile(r"\[\[\s*(\d*)\s*\]\]")  # an infill gap in the text box: [[8]] = 8 tokens to fill
@@ -115,7 +115,7 @@ def parse(body: Any, edit: bool = False) -> Asked:
     one line. ``length`` 0 is the run's length (None), a blank text field none."""
     if not isinstance(body, dict):
         raise ValueError("the request body must be a JSON object")
-    hints = typing.get_type_hints(SampleRequest)
+    hints = field_types(SampleRequest)
     fields = [f for f in hints if f not in SERVER_SET and (edit or f not in EDIT_ONLY)]
     unknown = sorted(k for k in body if k not in OWN and ALIASES.get(k, k) not in fields)
     if unknown:
