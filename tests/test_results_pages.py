@@ -21,6 +21,7 @@ COVERED = [
     "trend/gap2/README.md",
     "trend/overtrain/README.md",
     "blocks/distill.md",
+    "blocks/bsize/README.md",
     "blocks/speed-cpu/README.md",
 ]
 MIN_FIGURES = {
@@ -28,6 +29,7 @@ MIN_FIGURES = {
     "trend/gap2/README.md": 50,
     "trend/overtrain/README.md": 50,
     "blocks/distill.md": 50,
+    "blocks/bsize/README.md": 100,
     "blocks/speed-cpu/README.md": 30,
 }  # shorter pages
 

@@ -131,6 +131,12 @@ class Method(ABC, Generic[ModelT]):
         """Why this run cannot be sampled yet (one line), or None."""
         return None
 
+    @classmethod
+    def training_block_size(cls, cfg: RunConfig) -> int:
+        """Tokens per block when ``cfg`` trains block diffusion by BD3-LM's vectorised pass over
+        ``[x_t, x_0]`` (2L rows; :func:`replaid.training.flops.train_flops_per_token` counts it), else 0."""
+        return 0
+
     def block_size(self) -> int:
         """Tokens per block of a block-diffusion run, which writes text of any length block by block
         (:mod:`replaid.sampling.stream` finds its block generator by ``kind``); 0: one pass of its length."""

@@ -94,6 +94,12 @@ class MDLMMethod(Method[TokenDiT]):
                 f"mdlm.block_size={b} runs without time conditioning (BD3-LM's default): drop mdlm.time_conditioning"
             )
 
+    @classmethod
+    def training_block_size(cls, cfg: RunConfig) -> int:
+        """``mdlm.block_size`` when it splits the sequence (training reads ``[x_t, x_0]``), else 0."""
+        opts: MDLMOptions = cfg.options
+        return opts.block_size if 0 < opts.block_size < cfg.data.seq_len else 0
+
     def block_size(self) -> int:
         """``mdlm.block_size`` when it splits the sequence (BD3-LM: sampled block by block), else 0."""
         return self.block if self.blocks else 0

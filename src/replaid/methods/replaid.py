@@ -479,6 +479,12 @@ class RePlaidMethod(Method[RePlaid]):
         """On logging steps: bring the split's statistics to the host (sets the next B_r)."""
         self.split.refresh()
 
+    @classmethod
+    def training_block_size(cls, cfg: RunConfig) -> int:
+        """``diffusion.block_size`` when it splits the sequence (training reads ``[x_t, x_0]``), else 0."""
+        opts: DiffusionOptions = cfg.options
+        return opts.block_size if 0 < opts.block_size < cfg.data.seq_len else 0
+
     def block_size(self) -> int:
         """``diffusion.block_size`` when it splits the sequence (sampled block by block), else 0."""
         return self.block if self.blocks else 0

@@ -13,6 +13,10 @@ MLP ratio r, sequence length L and output vocabulary V:
                                              the self-conditioning projection, another 2 d_e d, and the
                                              per-sequence AdaLN/time MLPs are negligible and not counted)
 
+Block diffusion (BD3-LM's vectorised training, ``[x_t, x_0]``: 2L rows under one mask, the head on the
+L noisy rows only) doubles the blocks and input terms and quadruples attention (2L rows attend 2L keys:
+a dense masked SDPA computes every product); the head is unchanged. Sampling a block run costs less.
+
 Training = 3 x forward (forward + backward). Self-conditioning at rate p adds a no-grad forward
 on p of the rows: a factor ``1 + p / 3`` (8.3% at p = 0.25, the paper's figure).
 """
@@ -54,6 +58,12 @@ def train_flops_per_token(cfg, vocab_size: int, include_embedding: bool = True) 
     continuous = METHODS[cfg.method].kind is Kind.CONTINUOUS
     d_e = (vocab_size if m.embeddings == "one-hot" else m.d_e) if continuous else None
     f = forward_flops_per_token(m.hidden, m.n_layers, cfg.data.seq_len, vocab_size, m.mlp_ratio, d_e)
+    if METHODS[cfg.method].training_block_size(cfg):  # [x_t, x_0]: 2L rows attending 2L keys (module docstring)
+        attn = 4 * m.n_layers * cfg.data.seq_len * m.hidden
+        f = FlopCount(
+            non_embedding=2 * (f.non_embedding - attn) + 4 * attn,
+            embedding=f.embedding + (2 * d_e * m.hidden if d_e else 0),
+        )
     per = f.forward if include_embedding else f.non_embedding
     sc = cfg.diffusion.sc_rate if (continuous and m.self_conditioning) else 0.0
     return 3 * per * (1 + sc / 3)
