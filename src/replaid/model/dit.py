@@ -141,7 +141,36 @@ def rope_for(
     return rotary.at(positions)
 
 
-class DiTBlock(nn.Module):
+class SelfAttention:
+    """Rotary multi-head self-attention through a block's ``qkv`` and ``attn_out`` projections, shared by
+    :class:`DiTBlock` and Plaid's block (a mixin: the projections stay the block's own parameters, so
+    checkpoints keep their keys); ``causal`` blocks mask the future when no cache is given."""
+
+    qkv: nn.Linear
+    attn_out: nn.Linear
+    n_heads: int
+    causal: bool = False
+
+    def attention(
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor],
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        layer: int = 0,
+        commit: bool = False,
+    ) -> Tensor:
+        """Self-attention of x (B, L, D); with ``cache``, over [cached keys, x's keys] (``mask``: (L,
+        cached + L) bool, True = attend; None = all, or causal for a causal block without a cache);
+        ``commit`` appends x's rotated keys and values to the cache."""
+        B, L, D = x.shape
+        q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
+        y = attend(q, k, v, rope, mask, cache, layer, commit, self.causal)  # (B, H, L, hd)
+        out_: Tensor = self.attn_out(y.transpose(1, 2).reshape(B, L, D))
+        return out_
+
+
+class DiTBlock(SelfAttention, nn.Module):
     """One pre-LN transformer block with AdaLN-Zero (identity at initialisation)."""
 
     def __init__(
@@ -169,24 +198,6 @@ class DiTBlock(nn.Module):
         else:  # no conditioning (AR): zero-initialised learnable gates keep the block the identity
             self.adaLN = None
             self.gates = nn.Parameter(torch.zeros(2, hidden))
-
-    def attention(
-        self,
-        x: Tensor,
-        rope: tuple[Tensor, Tensor],
-        mask: Tensor | None = None,
-        cache: KVCache | None = None,
-        layer: int = 0,
-        commit: bool = False,
-    ) -> Tensor:
-        """Self-attention of x (B, L, D); with ``cache``, over [cached keys, x's keys] (``mask``: (L,
-        cached + L) bool, True = attend; None = all, or causal for a causal block without a cache);
-        ``commit`` appends x's rotated keys and values to the cache."""
-        B, L, D = x.shape
-        q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
-        y = attend(q, k, v, rope, mask, cache, layer, commit, self.causal)  # (B, H, L, hd)
-        out_: Tensor = self.attn_out(y.transpose(1, 2).reshape(B, L, D))
-        return out_
 
     def forward(
         self,

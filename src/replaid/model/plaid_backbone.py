@@ -33,7 +33,7 @@ from torch.utils.checkpoint import checkpoint
 
 from replaid.config import ModelConfig
 from replaid.diffusion.denoiser import alpha_sigma, per_position
-from replaid.model.dit import FinalLayer, KVCache, Rotary, attend, per_token, rope_for
+from replaid.model.dit import FinalLayer, KVCache, Rotary, SelfAttention, per_token, rope_for
 from replaid.model.replaid import RePlaid, ScheduleOptions
 
 MUP_BASE_WIDTH = 256  # Plaid's muP base shapes: the readout multiplier is MUP_BASE_WIDTH / hidden
@@ -51,7 +51,7 @@ class RMSNorm(nn.Module):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()).to(x.dtype)
 
 
-class PlaidBlock(nn.Module):
+class PlaidBlock(SelfAttention, nn.Module):
     """``x + s attn(RMSNorm(x))``, then ``x + s MLP(RMSNorm(x))`` with ``s = residual_scale``."""
 
     def __init__(
@@ -68,22 +68,6 @@ class PlaidBlock(nn.Module):
             nn.GELU(approximate="tanh"),
             nn.Linear(mlp_ratio * hidden, hidden, bias=False),
         )
-
-    def attention(
-        self,
-        x: Tensor,
-        rope: tuple[Tensor, Tensor],
-        mask: Tensor | None = None,
-        cache: KVCache | None = None,
-        layer: int = 0,
-        commit: bool = False,
-    ) -> Tensor:
-        """Bidirectional rotary attention; ``mask``/``cache``/``commit`` as :func:`replaid.model.dit.attend`."""
-        B, L, D = x.shape
-        q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
-        y = attend(q, k, v, rope, mask, cache, layer, commit)  # (B, H, L, hd)
-        out_: Tensor = self.attn_out(y.transpose(1, 2).reshape(B, L, D))
-        return out_
 
     def forward(
         self,
