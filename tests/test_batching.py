@@ -6,10 +6,11 @@
   to 1e-10. Planted bugs (the validity mask forgotten, the positions off by one) fail it.
 * A request written in a batch writes the tokens it writes alone (``replaid sample``'s block starters) at
   its seed, whether it joined at the start or mid-stream, and whatever leaves: MDLM in float64 (bit for bit:
-  token equality; the network values agree to ~1e-15, what the batch's matrix products round otherwise),
-  RePlaid with a deterministic (DDIM) and a stochastic (DDPM) sampler, its network float32 by design (token
-  equality; its values agree to float32 rounding, far below any decision margin here). A planted bug (one
-  generator shared by the batch instead of one per request) fails it.
+  token equality; the network values agree to ~1e-15, what the batch's matrix products round otherwise);
+  RePlaid with a deterministic (DDIM) and a stochastic (DDPM) sampler and Plaid with DPM-Solver++(2M), their
+  networks float32 by design (token equality; the values agree to float32 rounding, far below any decision
+  margin of these draws). A planted bug (one generator shared by the batch instead of one per request)
+  fails it.
 * The scheduler's admission: ``max_batch`` rows run, ``max_queue`` requests wait beyond them.
 """
 
@@ -175,9 +176,9 @@ def test_an_mdlm_request_writes_in_a_batch_what_it_writes_alone(monkeypatch):
     check_alone_equals_joined(as_run(method, model), monkeypatch)
 
 
-@pytest.mark.parametrize("sampler", ["ddim", "ddpm"])
-def test_a_continuous_request_writes_in_a_batch_what_it_writes_alone(monkeypatch, sampler):
-    method, model = continuous("replaid", 4)
+@pytest.mark.parametrize("name,sampler", [("replaid", "ddim"), ("replaid", "ddpm"), ("plaid", "dpmpp2m")])
+def test_a_continuous_request_writes_in_a_batch_what_it_writes_alone(monkeypatch, name, sampler):
+    method, model = continuous(name, 4)
     check_alone_equals_joined(as_run(method, model.eval()), monkeypatch, sampler=sampler, temperature=0.8)
 
 
@@ -206,3 +207,32 @@ def test_the_scheduler_admits_max_batch_rows_and_max_queue_waiting_beyond_them()
     assert "busy" in sched.busy() and "limit 4" in sched.busy()
     with sched.cond:
         sched.running, sched.waiting = 0, deque()
+
+
+def test_the_scheduler_joins_in_arrival_order_what_fits_and_agrees_with_the_batch():
+    pytest.importorskip("fastapi", reason="the 'web' extra is not installed")
+    from replaid.web.batcher import Batcher, Job
+
+    method, model = mdlm(4)
+    sched = Batcher("bd3", as_run(method, model), max_batch=4, max_queue=8)
+
+    def job(n: int, steps: int = 4, gone: bool = False) -> Job:
+        j = Job(SampleRequest(num=n, steps=steps), print, threading.Event())
+        if gone:
+            j.gone.set()
+        return j
+
+    def joining(*jobs: Job) -> list[Job]:
+        with sched.cond:  # the scheduler sleeps: nothing notifies it
+            sched.waiting = deque(jobs)
+        out = sched._boundary()
+        with sched.cond:
+            sched.running, sched.waiting, sched.key = 0, deque(), None
+        return out
+
+    a, b, c = job(1), job(1, steps=5), job(1)
+    assert joining(a, b, c) == [a]  # b's steps differ: it waits for the batch to empty, and c behind it
+    a, b, c = job(1, gone=True), job(3), job(2)
+    assert joining(a, b, c) == [b]  # a's client went away; c does not fit in the 4 rows
+    big = job(6)
+    assert joining(big, job(1)) == [big]  # more than max_batch samples: alone, in an empty batch

@@ -31,7 +31,14 @@ from replaid.sampling.request import SampleRequest
 from replaid.sampling.stream import Completion, SampleText
 from replaid.web.jobs import Emit, channel, one_line
 
-__all__ = ["KERNEL_FIELDS", "Batcher"]
+__all__ = ["KERNEL_FIELDS", "Batcher", "Job", "done_event"]
+
+
+def done_event(comp: Completion) -> dict:
+    """A finished completion's last event: each sample's text and finish reason, and the token counts."""
+    usage = sum(len(x.kept_ids()) for x in comp.samples)
+    texts = [(x.text, x.finish_reason) for x in comp.samples]
+    return {"type": "done", "texts": texts, "prompt_tokens": len(comp.prompt), "completion_tokens": usage}
 
 
 @dataclass
@@ -46,9 +53,7 @@ class Job:
 
     def done(self) -> None:
         assert self.comp is not None
-        usage = sum(len(x.kept_ids()) for x in self.comp.samples)
-        texts = [(x.text, x.finish_reason) for x in self.comp.samples]
-        self.emit({"type": "done", "texts": texts, "prompt_tokens": len(self.comp.prompt), "completion_tokens": usage})
+        self.emit(done_event(self.comp))
 
     def fail(self, rid: str, e: BaseException) -> None:
         print(f"replaid serve: generation failed on {rid}: {e!r}", file=sys.stderr)

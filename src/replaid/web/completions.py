@@ -48,6 +48,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from replaid.sampling.errors import RequestError
 from replaid.sampling.request import SampleRequest
 from replaid.sampling.stream import Completion
+from replaid.web.batcher import done_event
 from replaid.web.engine import Cancelled, Limits
 from replaid.web.jobs import Emit, Slot, Work, admit, busy, submit
 
@@ -184,9 +185,7 @@ def _work(s: Slot, req: SampleRequest) -> Work:
         comp = Completion(s.run, req, callback=step)
         for deltas in comp:
             emit({"type": "block", "choices": [d.__dict__ for d in deltas]})
-        usage = sum(len(x.kept_ids()) for x in comp.samples)
-        texts = [(x.text, x.finish_reason) for x in comp.samples]
-        emit({"type": "done", "texts": texts, "prompt_tokens": len(comp.prompt), "completion_tokens": usage})
+        emit(done_event(comp))
 
     return work
 
