@@ -4,9 +4,9 @@ tokens/s and the server's memory.
 
 What it does, in order:
 
-1. starts ``replaid serve RUN`` as a subprocess on a free loopback port (``--max-queue``, ``--threads``,
-   ``--device`` passed on; ``--max-tokens`` set to the clients' ``max_tokens``), its stderr to
-   ``OUT/server.log``, and waits for ``GET /v1/models``;
+1. starts ``replaid serve RUN`` as a subprocess on a free loopback port (``--max-batch``, ``--max-queue``,
+   ``--threads``, ``--device`` passed on; ``--max-tokens`` set to the clients' ``max_tokens``), its stderr
+   to ``OUT/server.log``, and waits for ``GET /v1/models``;
 2. reads the server's settings (``GET /api/runs``: its limits, the run's method, block size, seq_len) and
    the server process's resident memory (RSS, psutil or /proc) when ready;
 3. one warm-up request (a short streamed completion; ``--no-warmup`` skips it), then the RSS "before";
@@ -14,8 +14,10 @@ What it does, in order:
    official ``openai`` client (``max_retries=0``) with ``max_tokens`` M, its own seed (``--seed`` + k)
    and ``ignore_eos`` (each asks for exactly M tokens; ``--eos`` lets a sample stop at end of text);
 5. once every main client has its answer's headers (200: admitted, or 429: refused), the excess wave:
-   ``--excess`` more requests at once; with the default ``--max-queue`` (clients - 1: one running and
-   clients - 1 waiting, the server's whole capacity) each should get HTTP 429 with OpenAI's error body;
+   ``--excess`` more requests at once; with the defaults (``--max-batch`` clients, ``--max-queue`` 0: on a
+   block run the main wave is one running batch, continuous batching, and fills the server's capacity; a
+   run without blocks runs one at a time, so there give ``--max-queue`` clients - 1) each should get HTTP 429
+   with OpenAI's error body;
    an excess request that gets in (a place freed up) is streamed and counted like the others;
 6. after the last client: the RSS "after" (and the peak, sampled every ``--sample-every`` s over the
    run), the server's CPU seconds over the load, and whether it still answers.
@@ -146,6 +148,7 @@ class RssMonitor:
 def server_command(a: argparse.Namespace, port: int) -> list[str]:
     cmd = [sys.executable, "-m", "replaid", "serve", a.run, "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--device", a.device, "--threads", str(a.threads), "--max-queue", str(a.max_queue)]
+    cmd += ["--max-batch", str(a.max_batch)]
     return cmd + ["--max-tokens", str(a.max_tokens), "--max-steps", str(max(1024, a.steps))]
 
 
@@ -523,8 +526,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--max-queue",
         type=int,
         default=None,
-        help="the server's --max-queue (default: clients - 1, so the main "
-        "wave fills the server: one running, the rest waiting)",
+        help="the server's --max-queue: requests waiting beyond the running batch (default 0: the main wave "
+        "is one batch and fills the server)",
+    )
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        help="the server's --max-batch: samples of a block run written together (default: clients)",
     )
     p.add_argument("--prompt", default="", help="the prompt of every request (default: none)")
     p.add_argument("--seed", type=int, default=0, help="client k asks seed SEED + k (the excess: after the main)")
@@ -545,9 +554,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if getattr(a, name) < lo:
             raise UsageError(f"--{name.replace('_', '-')} must be >= {lo}, got {getattr(a, name)}")
     if a.max_queue is None:
-        a.max_queue = max(1, a.clients - 1)
-    if a.max_queue < 1:
-        raise UsageError(f"--max-queue must be >= 1, got {a.max_queue}")
+        a.max_queue = 0
+    if a.max_batch is None:
+        a.max_batch = a.clients
+    if a.max_queue < 0:
+        raise UsageError(f"--max-queue must be >= 0, got {a.max_queue}")
+    if a.max_batch < 1:
+        raise UsageError(f"--max-batch must be >= 1, got {a.max_batch}")
     if not 0 <= a.temperature <= 2:
         raise UsageError(f"--temperature must be between 0 and 2, got {a.temperature:g}")
     for name in ("startup_timeout", "timeout", "sample_every"):
@@ -627,12 +640,14 @@ def main(argv: list[str] | None = None) -> int:
             k: run_info.get(k)
             for k in ("id", "method", "preset", "step", "seq_len", "block_size", "params", "samplers")
         }
-        server["capacity"] = info["limits"]["max_queue"] + 1
+        lim, blocks = info["limits"], bool(run_info.get("block_size"))
+        running = lim["max_batch"] if blocks else 1  # a block run batches its requests (continuous batching)
+        server["capacity"] = running + lim["max_queue"]
         server["rss_ready"] = rss_bytes(srv.pid)
         log(
             f"ready in {server['startup_s']} s: {model} ({run_info['method']}, block size {run_info['block_size']}, "
             f"seq_len {run_info['seq_len']}); RSS {mib(server['rss_ready'])} MiB; capacity {server['capacity']} "
-            f"(1 running + --max-queue {a.max_queue} waiting)"
+            f"({running} running{' together' if blocks else ''} + --max-queue {a.max_queue} waiting)"
         )
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=a.timeout)
         counter = token_counter(a.run) if a.eos else (lambda text: 0)

@@ -1,8 +1,9 @@
 """benchmarks/load_serve.py (issue 39 §4, the service) at tiny scale: 3 streaming clients against a live
-``replaid serve`` whose queue holds exactly them, then an excess of 2. Its JSON has every field, its counts
-add up to the requests sent, every client got its ``max_tokens``, the excess got OpenAI's 429; a planted bug
-(a 429 counted as a 200, in the script's own status classification) is caught by its checks; bad input is
-one ``replaid: error:`` line and exit status 2."""
+``replaid serve`` whose running batch holds exactly them (continuous batching, none waiting), then an excess
+of 2. Its JSON has every field, its counts add up to the requests sent, every client got its ``max_tokens``,
+the clients ran together, the excess got OpenAI's 429; a planted bug (a 429 counted as a 200, in the script's
+own status classification) is caught by its checks; bad input is one ``replaid: error:`` line and exit
+status 2."""
 
 import importlib.util
 import json
@@ -56,7 +57,8 @@ def test_the_json_has_every_field_and_the_counts_add_up(ls, report):
     assert report["problems"] == [] and ls.check(report) == []
     assert {"date", "hardware", "torch", "command", "clients", "excess", "max_tokens", "steps"} <= set(meta)
     assert meta["hardware"]["cpu"] and meta["hardware"]["cpu_count"] >= 1 and meta["torch"]
-    assert server["limits"]["max_queue"] == CLIENTS - 1 and server["capacity"] == CLIENTS
+    assert server["limits"]["max_queue"] == 0 and server["limits"]["max_batch"] == CLIENTS
+    assert server["capacity"] == CLIENTS  # one running batch of every main client, none waiting
     assert server["run"]["block_size"] == 4 and server["run"]["method"] == "mdlm" and server["still_serving"]
     for k in ("rss_ready", "rss_before", "rss_after", "rss_peak"):
         assert server[k] > 0
@@ -75,8 +77,8 @@ def test_the_json_has_every_field_and_the_counts_add_up(ls, report):
     for r in (r for r in recs if r["wave"] == "excess"):
         assert r["status"] == 429 and r["error_type"] == "rate_limit_error" and r["error_keys"] == ls.KEYS
         assert r["chunks"] == 0 and r["ttfc_s"] is None and "busy" in r["error_message"]
-    # the queue serves one at a time: the last client's first chunk comes after the first client's end
-    assert max(r["ttfc_s"] for r in main) >= min(r["total_s"] for r in main)
+    # continuous batching: the clients run together, every first chunk comes before any client's end
+    assert max(r["ttfc_s"] for r in main) < min(r["total_s"] for r in main)
     assert summ["ttfc_p50_s"] <= summ["ttfc_p95_s"] <= summ["ttfc_max_s"]
     assert summ["total_p50_s"] <= summ["total_p95_s"] <= summ["total_max_s"]
     assert summ["completion_tokens"] == CLIENTS * MAX_TOKENS and summ["tokens_exact"]
@@ -140,7 +142,8 @@ def test_a_429_counted_as_a_200_is_caught(ls, report, monkeypatch):
         (["/nonexistent/run"], "no config.json there"),
         (["RUN", "--clients", "0"], "--clients must be >= 1"),
         (["RUN", "--excess", "-1"], "--excess must be >= 0"),
-        (["RUN", "--max-queue", "0"], "--max-queue must be >= 1"),
+        (["RUN", "--max-queue", "-1"], "--max-queue must be >= 0"),
+        (["RUN", "--max-batch", "0"], "--max-batch must be >= 1"),
         (["RUN", "--temperature", "3"], "--temperature must be between 0 and 2"),
         (["RUN", "--max-tokens", "x"], "invalid int value"),
         (["RUN", "--nope"], "unrecognized arguments"),

@@ -2,7 +2,8 @@
 loopback (uvicorn in a thread): a tiny MDLM with blocks, and a plain MDLM (no blocks) beside it. Non-streamed
 and streamed (one chunk per committed block, then [DONE]); ``stop``, ``max_tokens``, ``n``; the answers are
 those of :class:`~replaid.sampling.stream.Completion` (``replaid sample``) for the same seed; bad requests get
-HTTP 400 in OpenAI's error format; the queue's 429 and a dropped stream's cancellation."""
+HTTP 400 in OpenAI's error format; the queue's 429 and a dropped stream's cancellation; a request that
+comes while another streams joins its batch (continuous batching) and still gets its own seed's answer."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 import socket
 import threading
 import time
+from collections import deque
 
 import pytest
 
@@ -166,14 +168,20 @@ def test_a_bad_request_is_a_400_in_openais_error_format(client, kw, param, messa
 def test_a_full_queue_is_a_429_and_a_dropped_stream_is_cancelled(client, server, runs):
     import httpx
 
+    from replaid.web.batcher import Job
+
     app, port = server
-    slot = app.state.slots["bd3"]
-    slot.pending = 2  # one running and max_queue=1 waiting
+    sched = app.state.slots["bd3"].batcher
+    with sched.cond:  # the batch full and max_queue=1 request waiting beyond it (no one to wake the scheduler)
+        sched.running, sched.waiting = sched.max_batch, deque([Job(SampleRequest(num=1), print, threading.Event())])
     try:
-        with pytest.raises(openai.RateLimitError):
+        with pytest.raises(openai.RateLimitError) as e:
             client.completions.create(model="bd3", prompt="", max_tokens=8)
+        assert e.value.status_code == 429 and "busy" in e.value.body["message"]
+        assert e.value.body["type"] == "rate_limit_error"
     finally:
-        slot.pending = 0
+        with sched.cond:
+            sched.running, sched.waiting = 0, deque()
     calls = [0]
 
     def slow(*_):
@@ -191,11 +199,44 @@ def test_a_full_queue_is_a_429_and_a_dropped_stream_is_cancelled(client, server,
                     break
             at_drop = calls[0]
         t0 = time.time()
-        while slot.pending and time.time() - t0 < 10:
+        while (sched.batch is not None and sched.batch.lanes) and time.time() - t0 < 10:
             time.sleep(0.02)
-        assert slot.pending == 0 and 0 < at_drop and calls[0] - at_drop < 100  # to the end: several hundred more
+        assert not sched.batch.lanes and 0 < at_drop and calls[0] - at_drop < 100  # to the end: several hundred more
     finally:
         h.remove()
+
+
+def test_a_request_that_comes_while_another_streams_joins_its_batch(client, server, runs):
+    """Two streamed requests on the block run: the second is sent once the first has its first chunk, and
+    its own first chunk comes before the first has finished (it joined the running batch at a block
+    boundary, not after it); each answer is the one it gets alone (its own seed's stream)."""
+    model = runs[1]["bd3"].model
+    h = model.backbone.register_forward_hook(lambda *_: time.sleep(0.002))  # 128 blocks: ~1 s or more
+    got: dict[str, list] = {"a": [], "b": []}  # (time, text, finish_reason) per chunk
+    first_a = threading.Event()
+
+    def stream(name: str, seed: int, n: int) -> None:
+        for c in client.completions.create(
+            model="bd3", prompt="def", max_tokens=n, seed=seed, stream=True, extra_body=EXTRA
+        ):
+            got[name].append((time.perf_counter(), c.choices[0].text, c.choices[0].finish_reason))
+            first_a.set()
+
+    try:
+        a = threading.Thread(target=stream, args=("a", 7, 32 * L))
+        a.start()
+        assert first_a.wait(30)
+        stream("b", 8, 4 * L)  # 16 blocks
+        a.join(60)
+    finally:
+        h.remove()
+    assert 1 < len(got["b"]) <= 4 * L // BLOCK + 1 < len(got["a"])  # a chunk per block (+ the prompt's in part)
+    assert got["b"][0][0] < got["a"][-1][0]  # b's first chunk before a's end: b joined a's batch
+    assert got["b"][-1][0] < got["a"][-1][0]  # and, 8 times shorter, it finished first
+    for name, seed, n in (("a", 7, 32 * L), ("b", 8, 4 * L)):
+        ref = reference(runs[1]["bd3"], prompt="def", max_tokens=n, seed=seed)
+        assert "".join(t for _, t, _ in got[name]) == ref.samples[0].text, name
+        assert got[name][-1][2] == "length"
 
 
 def test_the_playground_sends_a_block_run_to_the_completions_endpoint(server):

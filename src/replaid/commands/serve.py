@@ -45,7 +45,19 @@ def register(sub) -> None:
         help="largest max_tokens of a POST /v1/completions request (0: 8 x each run's seq_len); a run without "
         "blocks writes at most its seq_len less the prompt",
     )
-    s.add_argument("--max-queue", type=POSITIVE, default=8, help="generations that may wait per run")
+    s.add_argument(
+        "--max-queue",
+        type=NONNEGATIVE,
+        default=8,
+        help="generations that may wait per run (a block run: beyond its running batch)",
+    )
+    s.add_argument(
+        "--max-batch",
+        type=POSITIVE,
+        default=16,
+        help="a block run's running batch: samples written together; POST /v1/completions requests that "
+        "arrive while it runs join it at the next block boundary",
+    )
     s.add_argument(
         "--max-body",
         type=POSITIVE,
@@ -93,15 +105,25 @@ def run(args) -> int:
 
     from replaid.web.engine import Limits
 
-    for k in ("max_steps", "max_samples", "max_queue", "max_body"):
+    for k in ("max_steps", "max_samples", "max_body", "max_batch"):
         if getattr(args, k) < 1:
             raise ValueError(f"--{k.replace('_', '-')} must be >= 1")
+    if args.max_queue < 0:
+        raise ValueError("--max-queue must be >= 0")
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     _check_port(args.host, args.port)
     if args.threads:
         torch.set_num_threads(args.threads)
-    limits = Limits(args.max_steps, args.max_samples, args.max_length, args.max_queue, args.max_body, args.max_tokens)
+    limits = Limits(
+        args.max_steps,
+        args.max_samples,
+        args.max_length,
+        args.max_queue,
+        args.max_body,
+        args.max_tokens,
+        args.max_batch,
+    )
     app = create_app(args.runs, limits, device=args.device, classifiers=args.classifier)
     names = ", ".join(app.state.slots)
     print(f"replaid serve: {names} on http://{args.host}:{args.port}  (Ctrl-C stops)", file=sys.stderr)

@@ -77,12 +77,84 @@ class KVCache:
 
     window: int | None = None
     layers: list[tuple[Tensor, Tensor]] = field(default_factory=list)
-    next_pos: int = 0  # the absolute position of the next committed row
+    next_pos: int = 0  # the absolute position of the next committed row (ragged: the largest row's, or more)
+    # A ragged batch (continuous batching: rows that joined at different lengths), see :meth:`ragged`:
+    rows: Tensor | None = None  # (B,) long: each row's own next position (None: next_pos for every row)
+    valid: Tensor | None = None  # (B, n) bool: the slots that hold a key of their row (None: all)
 
     @property
     def length(self) -> int:
         """Committed rows held (after the window's trim)."""
         return int(self.layers[0][0].shape[2]) if self.layers else 0
+
+    def ragged(self, B: int, device: torch.device) -> KVCache:
+        """This cache as a ragged batch of B rows, in place: each row's keys are right-aligned in the
+        slots (its latest committed key last), the slots before its first key masked out (``valid``), and
+        each row keeps its own rotary positions (``rows``): keys are cached already rotated, so rows of
+        different lengths share the slots and every score is the one the row computes alone."""
+        if self.rows is None:
+            self.rows = torch.full((B,), self.next_pos, dtype=torch.long, device=device)
+            self.valid = torch.ones(B, self.length, dtype=torch.bool, device=device)
+        return self
+
+    def join(self, other: KVCache) -> None:
+        """Append the rows of ``other`` (ragged, as is this one) to the batch, right-aligned: the shorter
+        side's slots are padded on the left with masked zeros."""
+        assert self.rows is not None and self.valid is not None and other.rows is not None and other.valid is not None
+        n, m = self.length, other.length
+        layers = []
+        for i in range(max(len(self.layers), len(other.layers))):
+            like = (self.layers or other.layers)[i][0]
+            mine = self._padded(self.keys(i), len(self.rows), n, max(n, m), like)
+            theirs = self._padded(other.keys(i), len(other.rows), m, max(n, m), like)
+            layers.append((torch.cat([mine[0], theirs[0]]), torch.cat([mine[1], theirs[1]])))
+        self.layers = layers
+        pad = self.valid.new_zeros(len(self.rows), max(m - n, 0))
+        opad = other.valid.new_zeros(len(other.rows), max(n - m, 0))
+        self.valid = torch.cat([torch.cat([pad, self.valid], 1), torch.cat([opad, other.valid], 1)])
+        self.rows = torch.cat([self.rows, other.rows])
+        self.next_pos = max(self.next_pos, other.next_pos)
+
+    @staticmethod
+    def _padded(kv: tuple[Tensor, Tensor] | None, B: int, n: int, to: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        """(k, v) (B, H, n, hd) left-padded with zeros to ``to`` slots (none held: all zeros)."""
+        H, hd = like.shape[1], like.shape[3]
+        if kv is None:
+            z = like.new_zeros(B, H, to, hd)
+            return z, z
+        if to == n:
+            return kv
+        z = like.new_zeros(B, H, to - n, hd)
+        return torch.cat([z, kv[0]], 2), torch.cat([z, kv[1]], 2)
+
+    def select(self, keep: Tensor) -> None:
+        """Keep only the batch rows ``keep`` (K,) long (rows that finished leave), and drop the leading
+        slots that no remaining row uses."""
+        assert self.rows is not None and self.valid is not None
+        self.rows, self.valid = self.rows[keep], self.valid[keep]
+        used = self.valid.any(0).nonzero()
+        first = int(used[0]) if len(used) else self.valid.shape[1]
+        self.valid = self.valid[:, first:]
+        self.layers = [(k[keep][:, :, first:], v[keep][:, :, first:]) for k, v in self.layers]
+
+    def advance(self, L: int) -> None:
+        """After a commit of L rows: the next positions move on (a ragged batch's new slots valid, trimmed
+        to the window as :meth:`put` trims the keys)."""
+        self.next_pos += L
+        if self.rows is not None and self.valid is not None:
+            self.rows = self.rows + L
+            valid = torch.cat([self.valid, self.valid.new_ones(len(self.rows), L)], 1)
+            self.valid = valid[:, -self.window :] if self.window is not None else valid
+
+    def key_mask(self, L: int, mask: Tensor | None) -> Tensor | None:
+        """The attention mask of L new rows over [cached slots, the L rows]: ``mask`` (L, n + L) (None:
+        all), a ragged batch's masked slots removed per row: (B, 1, L, n + L)."""
+        if self.valid is None:
+            return mask
+        B, n = self.valid.shape
+        new = self.valid.new_ones(B, L)
+        m = torch.cat([self.valid, new], 1)[:, None, None, :].expand(B, 1, L, n + L)
+        return m if mask is None else m & mask
 
     def keys(self, i: int) -> tuple[Tensor, Tensor] | None:
         return self.layers[i] if i < len(self.layers) else None
@@ -116,6 +188,7 @@ def attend(
     (L, keys) bool, True = attend (None: all, or causal when ``causal`` and there is no cache)."""
     q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # (B, H, L, hd)
     if cache is not None:
+        mask = cache.key_mask(q.shape[2], mask)  # a ragged batch: each row's own slots only
         old = cache.keys(layer)
         if commit:
             cache.put(layer, k, v)
@@ -130,10 +203,14 @@ def rope_for(
     rotary: Rotary, L: int, device: torch.device, positions: Tensor | None, cache: KVCache | None
 ) -> tuple[Tensor, Tensor]:
     """The rotary tables of L new rows: ``0..L-1``, the given ``positions`` (L,), or the cache's next
-    positions (a slice of the tables, no host read)."""
+    positions (a slice of the tables, no host read; a ragged batch's: each row's own, (B, 1, L, hd/2))."""
     if positions is None and cache is None:
         out_: tuple[Tensor, Tensor] = rotary(L, device)
         return out_
+    if positions is None and cache is not None and cache.rows is not None:  # every row's next <= next_pos
+        cos, sin = rotary(cache.next_pos + L, device)
+        pos = cache.rows[:, None] + torch.arange(L, device=device)  # (B, L)
+        return cos[pos][:, None], sin[pos][:, None]  # (B, 1, L, hd/2)
     if positions is None:
         assert cache is not None
         cos, sin = rotary(cache.next_pos + L, device)
@@ -339,7 +416,7 @@ class Backbone(nn.Module):
             else:
                 x = blk(x, c, rope, mask, cache, i, commit)
         if cache is not None and commit:
-            cache.next_pos += L
+            cache.advance(L)
         return x
 
 

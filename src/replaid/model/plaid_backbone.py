@@ -121,7 +121,7 @@ class PlaidBackbone(nn.Module):
             else:
                 x = blk(x, rope, mask, cache, i, commit)
         if cache is not None and commit:
-            cache.next_pos += L
+            cache.advance(L)
         return x
 
 

@@ -129,19 +129,24 @@ def block_loop(
 def _block_logits(model: TokenDiT, ids: Tensor, out: Tensor, start: int, block: int, cache: KVCache | None) -> Tensor:
     """Logits (B, b, V) of the noisy block ``ids`` (B, b) at positions ``start ..``: against the cache, or
     (no cache) against the clean prefix ``out[:, :start]`` recomputed as the training pass sees it."""
-    B = ids.shape[0]
-    c = model.conditioning(None, B, ids.device)
     if cache is not None:
         assert cache.next_pos == start  # blocks are committed in order: the cache's next positions are these
-        h = model.backbone(model.input_states(ids), c, cache=cache)
-    else:
-        h = torch.cat([model.input_states(out[:, :start]), model.input_states(ids)], dim=1)
-        mask = prefix_block_mask(start, block, ids.device)
-        h = model.backbone(h, c, mask=mask)[:, start:]  # positions 0 .. start + b - 1
+        return cached_logits(model, ids, cache)
+    c = model.conditioning(None, ids.shape[0], ids.device)
+    h = torch.cat([model.input_states(out[:, :start]), model.input_states(ids)], dim=1)
+    mask = prefix_block_mask(start, block, ids.device)
+    h = model.backbone(h, c, mask=mask)[:, start:]  # positions 0 .. start + b - 1
     return model.head(model.final.features(h, c))
 
 
-def _commit(model: TokenDiT, ids: Tensor, start: int, cache: KVCache) -> None:
+def cached_logits(model: TokenDiT, ids: Tensor, cache: KVCache) -> Tensor:
+    """Logits (B, b, V) of the noisy block ``ids`` (B, b) at the cache's next positions, seeing its keys."""
+    c = model.conditioning(None, ids.shape[0], ids.device)
+    h = model.backbone(model.input_states(ids), c, cache=cache)
+    return model.head(model.final.features(h, c))
+
+
+def commit_masked(model: TokenDiT, ids: Tensor, start: int, cache: KVCache) -> None:
     """One clean pass over the finished block ``ids`` (B, b), its keys and values written to the cache."""
     assert cache.next_pos == start
     c = model.conditioning(None, ids.shape[0], ids.device)
@@ -210,7 +215,7 @@ def sample_blocks(
         x != model.n_out,
         block,
         fill,
-        lambda ids, s0, cache: _commit(model, ids, s0, cache),
+        lambda ids, s0, cache: commit_masked(model, ids, s0, cache),
         use_cache=use_cache,
         window=window,
         stop=stop,
@@ -241,7 +246,7 @@ def iter_blocks(
         x != model.n_out,
         block,
         fill,
-        lambda ids, s0, cache: _commit(model, ids, s0, cache),
+        lambda ids, s0, cache: commit_masked(model, ids, s0, cache),
         use_cache=use_cache,
         window=window,
         disable_progress=disable_progress,

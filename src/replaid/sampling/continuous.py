@@ -42,7 +42,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from replaid.diffusion.denoiser import Denoiser, DenoiserOutput, alpha_sigma
-from replaid.diffusion.rng import device_generator
+from replaid.diffusion.rng import Gen, RowGenerators, device_generator, randn
 from replaid.sampling.contract import Callback, SampleResult, StepInfo
 
 __all__ = [
@@ -242,13 +242,17 @@ class Inpaint:
         tok = self.known_tokens.to(device).expand(B, L).clamp(0, self.E.shape[0] - 1)  # (B, L)
         return tok, mask
 
-    def replace(self, z: Tensor, gamma: float, generator: torch.Generator | None = None) -> Tensor:
-        """Returns z (B, L, d_e) with known positions set to ``alpha e + sigma eps`` at ``gamma``."""
+    def replace(self, z: Tensor, gamma: float, generator: Gen | None = None) -> Tensor:
+        """Returns z (B, L, d_e) with known positions set to ``alpha e + sigma eps`` at ``gamma`` (per-row
+        streams: only those of rows with a known position draw, as each request would alone)."""
         B, L, _ = z.shape
         tok, mask = self._expanded(B, L, z.device)
         a, s = _alpha_sigma(gamma)
         e = self.E.to(z.device, z.dtype)[tok]  # (B, L, d_e)
-        eps = torch.randn(z.shape, generator=device_generator(generator, z.device), device=z.device, dtype=z.dtype)
+        gen = device_generator(generator, z.device)
+        if isinstance(gen, RowGenerators):
+            gen = gen.only(mask.any(-1))
+        eps = randn(tuple(z.shape), gen, z.device, z.dtype)
         return torch.where(mask[..., None], a * e + s * eps, z)
 
     def force_tokens(self, tokens: Tensor) -> Tensor:
@@ -316,7 +320,7 @@ class _Run:
         denoiser: Denoiser,
         z: Tensor,
         gammas: Tensor,
-        generator: torch.Generator | None,
+        generator: Gen | None,
         callback: Callback | None,
         self_cond: bool | None,
         inpaint: Inpaint | None,
@@ -361,7 +365,7 @@ class _Run:
         return logits, e_hat.to(torch.float64)
 
     def randn(self, like: Tensor) -> Tensor:
-        return torch.randn(like.shape, generator=self.generator, device=like.device, dtype=like.dtype)
+        return randn(tuple(like.shape), self.generator, like.device, like.dtype)
 
     def replace(self, z: Tensor, gamma: float) -> Tensor:
         if self.inpaint is None:
@@ -402,7 +406,7 @@ def sample_ddpm(
     z: Tensor,
     gammas: Tensor,
     *,
-    generator: torch.Generator | None = None,
+    generator: Gen | None = None,
     callback: Callback | None = None,
     self_cond: bool | None = None,
     inpaint: Inpaint | None = None,
@@ -426,7 +430,7 @@ def sample_ddim(
     z: Tensor,
     gammas: Tensor,
     *,
-    generator: torch.Generator | None = None,
+    generator: Gen | None = None,
     callback: Callback | None = None,
     self_cond: bool | None = None,
     inpaint: Inpaint | None = None,
@@ -450,7 +454,7 @@ def sample_dpmpp_2m(
     z: Tensor,
     gammas: Tensor,
     *,
-    generator: torch.Generator | None = None,
+    generator: Gen | None = None,
     callback: Callback | None = None,
     self_cond: bool | None = None,
     inpaint: Inpaint | None = None,
@@ -480,7 +484,7 @@ def sample_heun(
     z: Tensor,
     gammas: Tensor,
     *,
-    generator: torch.Generator | None = None,
+    generator: Gen | None = None,
     callback: Callback | None = None,
     self_cond: bool | None = None,
     inpaint: Inpaint | None = None,
@@ -520,7 +524,7 @@ def sample_consistency(
     z: Tensor,
     gammas: Tensor,
     *,
-    generator: torch.Generator | None = None,
+    generator: Gen | None = None,
     callback: Callback | None = None,
     self_cond: bool | None = None,
     inpaint: Inpaint | None = None,

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from replaid.diffusion.rng import device_generator
+from replaid.diffusion.rng import Gen, device_generator, exponential, rand
 from replaid.model.dit import KVCache
 from replaid.model.tokens import TokenDiT
 from replaid.sampling.contract import Callback, SampleResult
@@ -45,12 +45,12 @@ def tempered_probs(logits: Tensor, temperature: float) -> Tensor:
     return torch.softmax(lg / temperature, -1)
 
 
-def exponential_race(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+def exponential_race(probs: Tensor, generator: Gen | None) -> Tensor:
     """Categorical draw over the last dim by Gumbel-max as an exponential race:
     ``argmax_v p_v / E_v`` with ``E_v ~ Exp(1)`` drawn in float64 on ``probs``' device (from a
     generator there, derived from ``generator`` when it lives elsewhere)."""
     gen = device_generator(generator, probs.device)
-    e = torch.empty(probs.shape, dtype=torch.float64, device=probs.device).exponential_(generator=gen)
+    e = exponential(tuple(probs.shape), gen, probs.device, torch.float64)
     return (probs.double() / e).argmax(-1)
 
 
@@ -105,12 +105,12 @@ def sample_ar(
     return SampleResult(out, nfe)
 
 
-def unmask_step(z: Tensor, probs: Tensor, t: float, s: float, gen: torch.Generator | None) -> Tensor:
+def unmask_step(z: Tensor, probs: Tensor, t: float, s: float, gen: Gen | None) -> Tensor:
     """One step of MDLM's ancestral sampler from t to s: each [MASK] (id V = ``probs``' last dim) stays
     masked with probability ``s/t`` (q(z_s | z_t = mask, x_theta)), else takes a token drawn from
     ``probs``; unmasked positions stay. ``z`` (B, n), ``probs`` (B, n, V) float64."""
     V = probs.shape[-1]
-    stay = torch.rand(z.shape, generator=gen, dtype=torch.float64, device=z.device) < s / t
+    stay = rand(tuple(z.shape), gen, z.device, torch.float64) < s / t
     draw = torch.where(stay, V, exponential_race(probs, gen))
     return torch.where(z == V, draw, z)
 

@@ -157,23 +157,37 @@ class Completion:
         self.nfe = 0  # network calls of the batch running (or last run)
         self.batches: list[tuple[int, float, int]] = []  # per batch done: its samples, seconds and network calls
 
+    def new_rows(self, B: int) -> list[SampleText]:
+        """B more samples (appended to ``samples``), to be fed a batch's blocks by :meth:`deltas`."""
+        rows = [SampleText(self.run.tokenizer, self.max_tokens, self.req.stop, self.eos) for _ in range(B)]
+        self.samples += rows
+        return rows
+
+    def deltas(self, rows: list[SampleText], c: Committed) -> list[Delta] | None:
+        """A committed block of the batch of ``rows`` fed to them: the deltas of those unfinished (None for
+        a block of the prompt)."""
+        self.nfe = c.nfe
+        lo = max(0, len(self.prompt) - c.start)
+        if lo >= c.tokens.shape[1]:  # the prompt's (prefilled)
+            return None
+        new = c.tokens[:, lo:].tolist()
+        first = self.samples.index(rows[0])
+        live = [b for b in range(len(rows)) if rows[b].finish_reason is None]
+        return [Delta(first + b, rows[b].feed(new[b]), rows[b].finish_reason) for b in live]
+
     def __iter__(self) -> Iterator[list[Delta]]:
-        P, req = len(self.prompt), self.req
+        req = self.req
         while len(self.samples) < req.num:
-            B, first = min(req.batch_size, req.num - len(self.samples)), len(self.samples)
-            rows = [SampleText(self.run.tokenizer, self.max_tokens, req.stop, self.eos) for _ in range(B)]
-            self.samples += rows
+            B = min(req.batch_size, req.num - len(self.samples))
+            rows = self.new_rows(B)
             t0, self.nfe = time.time(), 0
             blocks = self.batch(B)
             try:
                 for c in blocks:
-                    self.nfe = c.nfe
-                    lo = max(0, P - c.start)
-                    if lo >= c.tokens.shape[1]:  # the prompt's (prefilled)
+                    deltas = self.deltas(rows, c)
+                    if deltas is None:
                         continue
-                    new = c.tokens[:, lo:].tolist()
-                    live = [b for b in range(B) if rows[b].finish_reason is None]
-                    yield [Delta(first + b, rows[b].feed(new[b]), rows[b].finish_reason) for b in live]
+                    yield deltas
                     if all(r.finish_reason is not None for r in rows):
                         break
             finally:

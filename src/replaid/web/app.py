@@ -10,7 +10,8 @@ Safety (``replaid serve`` binds 127.0.0.1 by default):
   Content-Length says so, as soon as the limit is passed when it comes in chunks;
 * each run has one worker thread: its generations run one at a time in arrival order, at most
   ``Limits.max_queue`` wait (more get HTTP 429); a page that goes away cancels its job at the next
-  step;
+  step; a block run's ``/v1/completions`` requests instead join one running batch at block boundaries
+  (:mod:`replaid.web.batcher`: at most ``Limits.max_batch`` samples running, ``max_queue`` waiting beyond);
 * an exception inside a generation becomes an ``error`` event (one line) and the server keeps going.
 
 Endpoints: ``GET /api/runs`` (the runs, their samplers and classifiers, the limits), ``GET
@@ -38,6 +39,7 @@ from fastapi.staticfiles import StaticFiles
 
 from replaid import schema
 from replaid.methods.base import Kind
+from replaid.web.batcher import Batcher
 from replaid.web.completions import add_completions
 from replaid.web.engine import Limits, classifier_meta, generate_stream, guides_for, parse, prepare, samplers_for
 from replaid.web.jobs import Slot, admit, busy, one_line, submit
@@ -159,6 +161,7 @@ def create_app(
             ThreadPoolExecutor(1, thread_name_prefix=f"gen-{rid}"),
             find_figures(Path(rdir)),
             guides,
+            Batcher(rid, run, limits.max_batch, limits.max_queue) if run.method.block_size() else None,
         )
     check_limits(limits, slots)
     used = {g.path for s in slots.values() for g in s.guides.values()}

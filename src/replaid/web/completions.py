@@ -19,9 +19,17 @@ checked by the server's bounds and :meth:`SampleRequest.check`, and is written b
 OpenAI's other fields are accepted at their defaults only (``top_p`` 1, ``echo`` false, ``logprobs``,
 ``suffix``, ``logit_bias`` absent, the penalties 0, ``best_of`` 1, ``user`` any); anything else is HTTP 400.
 Errors are OpenAI's ``{"error": {"message", "type": "invalid_request_error", "param", "code": null}}``;
-the run's queue is the playground's (:mod:`replaid.web.jobs`: 429 when full, a client that goes away
-cancels its generation at the next step). Requests run one at a time per run: one that arrives while
-another runs waits for it (it does not join the running batch).
+the run's queue keeps the playground's bound, 429 and cancellation of a client that goes away.
+
+Continuous batching (a block-diffusion run; :mod:`replaid.web.batcher`): the run's scheduler thread writes
+one running batch block by block, and a request that arrives while others run joins it at the next block
+boundary (up to ``replaid serve --max-batch`` samples, default 16; requests whose sampler, steps or
+temperatures differ from the batch's wait until it has emptied). Each committed block goes to its own client
+at once; a request leaves the batch when it has finished, or at the next boundary once its client has gone.
+Each request draws its noise from its own generator seeded with its ``seed``, so its answer is the one it
+gets alone, whatever shares its batch. At most ``--max-queue`` requests wait beyond the batch; one more gets
+HTTP 429. A run without blocks runs its requests one at a time on the run's worker (:mod:`replaid.web.jobs`:
+at most ``--max-queue`` waiting, 429 beyond, a client that goes away cancels its generation at the next step).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import json
 import secrets
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -39,8 +48,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from replaid.sampling.errors import RequestError
 from replaid.sampling.request import SampleRequest
 from replaid.sampling.stream import Completion
+from replaid.web.batcher import done_event
 from replaid.web.engine import Cancelled, Limits
-from replaid.web.jobs import Slot, admit, busy, submit
+from replaid.web.jobs import Emit, Slot, Work, admit, busy, submit
 
 DEFAULTS = {  # OpenAI fields accepted at these values only
     "top_p": (1, 1.0, None),
@@ -163,6 +173,23 @@ def _chunk(cid: str, created: int, model: str, choices: list[dict]) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
+def _work(s: Slot, req: SampleRequest) -> Work:
+    """A run without blocks: the request alone on the run's worker, cancelled at the next step once its
+    client has gone."""
+
+    def work(emit: Emit, cancelled: Callable[[], bool]) -> None:
+        def step(_info) -> None:  # every sampler step: stop once the client has gone
+            if cancelled():
+                raise Cancelled()
+
+        comp = Completion(s.run, req, callback=step)
+        for deltas in comp:
+            emit({"type": "block", "choices": [d.__dict__ for d in deltas]})
+        emit(done_event(comp))
+
+    return work
+
+
 def add_completions(app: FastAPI, slots: dict[str, Slot], limits: Limits) -> None:
     """Registers ``GET /v1/models`` and ``POST /v1/completions`` (module docstring) on ``app``."""
 
@@ -182,22 +209,14 @@ def add_completions(app: FastAPI, slots: dict[str, Slot], limits: Limits) -> Non
             check(s, req, limits)
         except ApiError as e:
             return e.response()
-        if admit(s, limits.max_queue) is None:
-            return ApiError(busy(s, limits.max_queue), None, 429, "rate_limit_error").response()
-
-        def work(emit, cancelled) -> None:
-            def step(_info) -> None:  # every sampler step: stop once the client has gone
-                if cancelled():
-                    raise Cancelled()
-
-            comp = Completion(s.run, req, callback=step)
-            for deltas in comp:
-                emit({"type": "block", "choices": [d.__dict__ for d in deltas]})
-            usage = sum(len(x.kept_ids()) for x in comp.samples)
-            texts = [(x.text, x.finish_reason) for x in comp.samples]
-            emit({"type": "done", "texts": texts, "prompt_tokens": len(comp.prompt), "completion_tokens": usage})
-
-        queue, gone = submit(s, work)
+        if s.batcher is not None:  # a block run: the request joins the running batch at a block boundary
+            if not s.batcher.admit(req.num):
+                return ApiError(s.batcher.busy(), None, 429, "rate_limit_error").response()
+            queue, gone = s.batcher.submit(req)
+        else:
+            if admit(s, limits.max_queue) is None:
+                return ApiError(busy(s, limits.max_queue), None, 429, "rate_limit_error").response()
+            queue, gone = submit(s, _work(s, req))
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         if stream:
 

@@ -69,6 +69,7 @@ class Limits:
     max_queue: int = 8  # waiting requests per run
     max_body: int = MAX_BODY  # bytes of a request body (more: HTTP 413, refused before it is read)
     max_tokens: int = 0  # /v1/completions' max_tokens (0: 8 x the run's data.seq_len)
+    max_batch: int = 16  # a block run's running batch: samples (rows) written together (/v1/completions)
 
     def request_limits(self) -> RequestLimits:
         """The bounds :meth:`SampleRequest.check` applies to every request of this server."""

@@ -1,10 +1,12 @@
 """Each served run's queue: one worker thread, at most ``max_queue`` waiting, cancellation by the client.
 
-Both endpoints (the playground's ``/api/generate`` and ``/api/edit``, and ``/v1/completions``) run their
-generations through here: :func:`admit` reserves a place or says the run is busy (HTTP 429), and
-:func:`submit` runs the work on the run's worker, handing its events to the event loop through an
-:class:`asyncio.Queue`; the work sees ``cancelled()`` turn true once the client has gone (it raises
-:class:`~replaid.web.engine.Cancelled` at its next step), and a failure becomes one ``error`` event.
+The playground's ``/api/generate`` and ``/api/edit``, and ``/v1/completions`` on a run without blocks, run
+their generations through here (a block run's completions go to its :class:`~replaid.web.batcher.Batcher`:
+continuous batching, the same queue bound, 429 and cancellation): :func:`admit` reserves a place or says
+the run is busy (HTTP 429), and :func:`submit` runs the work on the run's worker, handing its events to the
+event loop through an :class:`asyncio.Queue`; the work sees ``cancelled()`` turn true once the client has
+gone (it raises :class:`~replaid.web.engine.Cancelled` at its next step), and a failure becomes one
+``error`` event.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from replaid.web.engine import Cancelled, Guide
 
 if TYPE_CHECKING:
     from replaid.training.loading import Run
+    from replaid.web.batcher import Batcher
 
 Emit = Callable[[dict], None]
 Work = Callable[[Emit, Callable[[], bool]], None]  # (emit, cancelled) -> None, on the run's worker thread
@@ -38,6 +41,7 @@ class Slot:
     worker: ThreadPoolExecutor
     figures: list[Path] = field(default_factory=list)
     guides: dict[str, Guide] = field(default_factory=dict)  # classifiers for guidance, by id
+    batcher: Batcher | None = None  # a block run's /v1/completions scheduler (continuous batching)
     pending: int = 0  # queued or running generations
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -63,15 +67,22 @@ def busy(s: Slot, max_queue: int) -> str:
     return f"run {s.id!r} is busy: {s.pending - 1} generations are waiting (limit {max_queue}); try again shortly"
 
 
-def submit(s: Slot, work: Work) -> tuple[asyncio.Queue, threading.Event]:
-    """Run ``work`` on the run's worker after an :func:`admit` (called from the event loop). Returns the
-    queue of its events (then an ``error`` event if it failed) and the event to set when the client goes."""
+def channel() -> tuple[asyncio.Queue, threading.Event, Emit]:
+    """A generation's way to its client (called from the event loop): the queue of its events, the event
+    set when the client goes, and the ``emit`` that puts an event on the queue from any thread."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
-    gone = threading.Event()
 
     def emit(ev: dict) -> None:
         loop.call_soon_threadsafe(queue.put_nowait, ev)
+
+    return queue, threading.Event(), emit
+
+
+def submit(s: Slot, work: Work) -> tuple[asyncio.Queue, threading.Event]:
+    """Run ``work`` on the run's worker after an :func:`admit` (called from the event loop). Returns the
+    queue of its events (then an ``error`` event if it failed) and the event to set when the client goes."""
+    queue, gone, emit = channel()
 
     def job() -> None:
         try:

@@ -1,0 +1,234 @@
+"""Continuous batching at block boundaries (issue 39 §3): independent requests share one running batch.
+
+A block-diffusion run writes a request block by block (:mod:`replaid.sampling.blocks`). :class:`BlockBatch`
+writes many requests' rows as one batch: each request is a :class:`Lane` (its n samples), every block is one
+batched pass of the method's :class:`Kernel` (the block's denoising steps, then one clean commit pass), and
+between two blocks lanes may leave (finished, or their client gone: ``index_select`` along the batch) and
+new ones join (their prompt prefilled as it would be alone, then appended to the batch).
+
+Rows of different lengths share one :class:`~replaid.model.dit.KVCache` made ragged
+(:meth:`~replaid.model.dit.KVCache.ragged`): every row's keys are right-aligned in the cache's slots, the
+slots before a row's first key are masked out per row, and each row keeps its own rotary positions (the
+positions it has alone; keys are cached already rotated, so sharing slots changes no score). The sliding
+window trims all rows alike, which keeps each row's last ``window`` keys, as alone.
+
+Exactness: a lane draws its noise from its own generator (seeded with the request's seed, moved to the
+model's device as the request's own sampler does), per row through
+:class:`~replaid.diffusion.rng.RowGenerators`, so co-batched requests never change each other's draws; a
+request written in a batch, joined at any block, writes the tokens it writes alone
+(:func:`~replaid.sampling.blocks.start_masked_blocks`, :func:`~replaid.sampling.blocks.start_continuous_blocks`).
+The network values agree to rounding only (a batch's matrix products and masked attention may round
+otherwise than one request's), so the test is token equality in float64, where that rounding is ~1e-15.
+
+Requests share a batch when they agree on what the kernel does (:data:`KERNEL_FIELDS`: sampler, steps,
+temperatures, self-conditioning); the caller (``replaid serve``'s scheduler) starts a new batch otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+import torch
+from torch import Tensor
+
+from replaid.diffusion.denoiser import Denoiser
+from replaid.diffusion.rng import RowGenerators, device_generator, randn
+from replaid.methods.base import Kind
+from replaid.model.dit import KVCache
+from replaid.model.tokens import TokenDiT
+from replaid.sampling.blocks import BlockDenoiser, BlockRows, cached_logits, commit_continuous, commit_masked
+from replaid.sampling.continuous import Inpaint, gamma_grid, time_grid
+from replaid.sampling.contract import Committed, SamplerFn
+from replaid.sampling.discrete import tempered_probs, unmask_step
+from replaid.sampling.registry import get_sampler
+from replaid.sampling.request import SampleRequest
+
+KERNEL_FIELDS = ("sampler", "steps", "temperature", "score_temperature", "self_cond")
+
+
+def kernel_key(req: SampleRequest) -> tuple[Any, ...]:
+    """What two requests must agree on to share a batch (the fields the kernel reads)."""
+    return tuple(getattr(req, f) for f in KERNEL_FIELDS)
+
+
+class Kernel(Protocol):
+    """How a method writes one block of a ragged batch and commits it."""
+
+    def fill(self, ids: Tensor, known: Tensor, cache: KVCache, gen: RowGenerators) -> tuple[Tensor, int]:
+        """The block's ids (B, b) (the prompt's where ``known`` (B, b)) written: (ids (B, b), network calls)."""
+        ...
+
+    def commit(self, ids: Tensor, cache: KVCache) -> None:
+        """One clean pass of the finished block (B, b), its keys to the cache."""
+        ...
+
+
+@dataclass
+class MaskedKernel:
+    """MDLM (BD3-LM): ancestral unmasking from [MASK] on ``ts`` at ``temperature``, as
+    :func:`~replaid.sampling.blocks.sample_blocks` writes a block."""
+
+    model: TokenDiT
+    ts: Tensor
+    temperature: float
+
+    def fill(self, ids: Tensor, known: Tensor, cache: KVCache, gen: RowGenerators) -> tuple[Tensor, int]:
+        z, probs, nfe = ids, None, 0
+        for i in range(len(self.ts) - 1):
+            t, s = float(self.ts[i]), float(self.ts[i + 1])
+            if probs is None:  # no time conditioning: an unchanged block gives the same output
+                probs = tempered_probs(cached_logits(self.model, z, cache), self.temperature)  # (B, b, V)
+                nfe += 1
+            z_new = unmask_step(z, probs, t, s, gen)
+            if not torch.equal(z_new, z):
+                probs = None
+            z = z_new
+        return z, nfe
+
+    def commit(self, ids: Tensor, cache: KVCache) -> None:
+        commit_masked(self.model, ids, cache.next_pos, cache)
+
+
+@dataclass
+class ContinuousKernel:
+    """RePlaid or Plaid: ``sampler`` from ``z ~ N(0, I)`` on ``gammas`` with a block denoiser over the cache
+    (``wrap``: the request's temperatures), the prompt's positions by replacement, as
+    :func:`~replaid.sampling.blocks.start_continuous_blocks` writes a block."""
+
+    model: Any  # RePlaid
+    sampler: SamplerFn
+    gammas: Tensor
+    options: dict[str, Any]
+    wrap: Callable[[Denoiser], Denoiser]
+
+    def fill(self, ids: Tensor, known: Tensor, cache: KVCache, gen: RowGenerators) -> tuple[Tensor, int]:
+        E = self.model.embedding_matrix().detach()  # (V, d_e)
+        den = self.wrap(BlockDenoiser(self.model, cache.next_pos, cache))
+        z = randn((*ids.shape, E.shape[1]), gen, ids.device, torch.get_default_dtype())  # (B, b, d_e)
+        inpaint = Inpaint(ids, known, E) if bool(known.any()) else None
+        # every continuous sampler draws through _Run, which takes per-row streams (SamplerFn names a Generator)
+        res = self.sampler(den, z, self.gammas, generator=cast(Any, gen), **{**self.options, "inpaint": inpaint})
+        return res.tokens, res.nfe
+
+    def commit(self, ids: Tensor, cache: KVCache) -> None:
+        commit_continuous(self.model, ids, cache.next_pos, cache)
+
+
+def kernel_of(run: Any, req: SampleRequest) -> Kernel:
+    """The kernel of a block run's method for ``req``'s :data:`KERNEL_FIELDS`."""
+    from replaid.sampling.starts import denoiser_for  # the request's temperatures, as the full-sequence samplers
+
+    if run.method.kind is Kind.MASKED:
+        return MaskedKernel(run.model, time_grid(req.steps), req.temperature)
+    if run.method.kind is Kind.CONTINUOUS:
+        fn = get_sampler(run.method, req.sampler).fn
+        options = {"self_cond": None if req.self_cond else False, "disable_progress": True}
+        return ContinuousKernel(
+            run.model, fn, gamma_grid(run.model.schedule, req.steps), options, lambda d: denoiser_for(d, req)
+        )
+    raise ValueError(f"a {run.method.name} run has no block-by-block generator")
+
+
+@dataclass
+class Lane:
+    """One request's rows in a batch: ``ids`` (n, N) (the prompt in place, [MASK] or 0 elsewhere), the
+    prompt's positions ``known`` (n, N), its own stream ``gen``, the next block ``k``, the network calls it
+    took part in, and the caller's ``tag``."""
+
+    ids: Tensor
+    known: Tensor
+    gen: torch.Generator | None
+    block: int
+    k: int = 0
+    nfe: int = 0
+    tag: Any = None
+
+    @property
+    def rows(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def start(self) -> int:
+        """The first position of block k."""
+        return self.k * self.block
+
+    @property
+    def last(self) -> bool:
+        """Block k is the lane's last."""
+        return self.start + self.block >= self.ids.shape[1]
+
+    def span(self, t: Tensor) -> Tensor:
+        """Block k of ``t`` (n, N): (n, b)."""
+        return t[:, self.start : self.start + self.block]
+
+
+def lane_of(run: Any, req: SampleRequest, prompt: Tensor, length: int, tag: Any = None) -> Lane:
+    """``req.num`` rows of ``length`` tokens (whole blocks), ``prompt`` (P,) first, drawing from a generator
+    seeded with ``req.seed`` on the model's device (as the request draws alone)."""
+    r = BlockRows.of(run, prompt, length)
+    fill = int(r.model.n_out) if run.method.kind is Kind.MASKED else 0  # [MASK], or any id (replaced)
+    gen = device_generator(torch.Generator().manual_seed(req.seed), r.device)
+    return Lane(r.ids(req.num, fill), r.known(req.num).clone(), gen, r.block, tag=tag)
+
+
+class BlockBatch:
+    """A running batch of lanes (module docstring) over one ragged cache with the run's ``window``."""
+
+    def __init__(self, kernel: Kernel, window: int | None, device: torch.device):
+        self.kernel, self.window, self.device = kernel, window, device
+        self.lanes: list[Lane] = []
+        self.cache = KVCache(window=window).ragged(0, device)
+
+    @property
+    def rows(self) -> int:
+        return sum(lane.rows for lane in self.lanes)
+
+    @torch.no_grad()
+    def join(self, lane: Lane) -> None:
+        """Prefill the lane's whole prompt blocks as alone (its own cache, one commit per block), then its
+        rows join the batch (their slots right-aligned with the others')."""
+        cache = KVCache(window=self.window)
+        while not lane.last and bool(lane.span(lane.known).all()):
+            self.kernel.commit(lane.span(lane.ids), cache)
+            lane.k, lane.nfe = lane.k + 1, lane.nfe + 1
+        self.cache.join(cache.ragged(lane.rows, self.device))
+        self.lanes.append(lane)
+
+    @torch.no_grad()
+    def step(self) -> list[Committed]:
+        """Write every lane's block k in one batch; returns each lane's block (in ``lanes``' order)."""
+        ids = torch.cat([lane.span(lane.ids) for lane in self.lanes])  # (B, b)
+        known = torch.cat([lane.span(lane.known) for lane in self.lanes])  # (B, b)
+        gen = RowGenerators([(lane.rows, lane.gen) for lane in self.lanes])
+        tokens, nfe = self.kernel.fill(ids, known, self.cache, gen)
+        out, lo = [], 0
+        for lane in self.lanes:
+            lane.span(lane.ids)[:] = tokens[lo : lo + lane.rows]
+            lane.nfe += nfe
+            out.append(Committed(lane.span(lane.ids), lane.start, lane.nfe))
+            lo += lane.rows
+        return out
+
+    @torch.no_grad()
+    def advance(self, keep: list[Lane]) -> None:
+        """The lanes not in ``keep`` (and those whose block was their last) leave; the others' blocks are
+        committed in one clean pass and they move to their next block."""
+        keep = [lane for lane in keep if not lane.last]
+        if [id(x) for x in keep] != [id(x) for x in self.lanes]:
+            kept = {id(x) for x in keep}
+            idx: list[int] = []
+            lo = 0
+            for lane in self.lanes:
+                if id(lane) in kept:
+                    idx += range(lo, lo + lane.rows)
+                lo += lane.rows
+            self.cache.select(torch.tensor(idx, dtype=torch.long, device=self.device))
+            self.lanes = [lane for lane in self.lanes if id(lane) in kept]
+        if not self.lanes:
+            self.cache = KVCache(window=self.window).ragged(0, self.device)
+            return
+        self.kernel.commit(torch.cat([lane.span(lane.ids) for lane in self.lanes]), self.cache)
+        for lane in self.lanes:
+            lane.k, lane.nfe = lane.k + 1, lane.nfe + 1
