@@ -18,16 +18,29 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from replaid.sampling.errors import RequestError
 from replaid.web.engine import Cancelled, Guide
 
 if TYPE_CHECKING:
+    from replaid.sampling.request import SampleRequest
     from replaid.training.loading import Run
-    from replaid.web.batcher import Batcher
 
 Emit = Callable[[dict], None]
+
+
+class Scheduler(Protocol):
+    """What the completions endpoint asks of a block run's scheduler (:class:`replaid.web.batcher.Batcher`,
+    which builds on this module: a protocol here keeps the import one way)."""
+
+    def admit(self, num: int) -> bool: ...
+
+    def busy(self) -> str: ...
+
+    def submit(self, req: SampleRequest) -> tuple[asyncio.Queue, threading.Event]: ...
+
+
 Work = Callable[[Emit, Callable[[], bool]], None]  # (emit, cancelled) -> None, on the run's worker thread
 
 
@@ -41,7 +54,7 @@ class Slot:
     worker: ThreadPoolExecutor
     figures: list[Path] = field(default_factory=list)
     guides: dict[str, Guide] = field(default_factory=dict)  # classifiers for guidance, by id
-    batcher: Batcher | None = None  # a block run's /v1/completions scheduler (continuous batching)
+    batcher: Scheduler | None = None  # a block run's /v1/completions scheduler (continuous batching)
     pending: int = 0  # queued or running generations
     lock: threading.Lock = field(default_factory=threading.Lock)
 
