@@ -24,16 +24,6 @@ import statistics
 from pathlib import Path
 
 
-def repetition_rate(samples: list[list[int]], n: int = 4) -> float:
-    """Mean over samples of the share of a sample's n-grams that repeat an earlier n-gram of the sample."""
-    rates = []
-    for ids in samples:
-        grams = [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
-        if grams:
-            rates.append(1.0 - len(set(grams)) / len(grams))
-    return statistics.fmean(rates)
-
-
 def t_interval(xs: list[float]) -> tuple[float, float, float]:
     from scipy import stats
 
@@ -54,7 +44,7 @@ def main() -> None:
 
     import torch
 
-    from replaid.eval.quality import gen_ppl_ar_run, reference_windows, unigram_entropy
+    from replaid.eval.quality import gen_ppl_ar_run, reference_windows, repetition_rate, unigram_entropy
     from replaid.sampling.blocks import block_size_of, sample_any_length
     from replaid.training.loading import load_run
 
@@ -67,7 +57,7 @@ def main() -> None:
             "gen_ppl": g["gen_ppl"],
             "judge_nats_per_token": g["nats_per_token"],
             "entropy": unigram_entropy(ids)["entropy"],
-            "repetition_4gram": repetition_rate(ids),
+            "repetition_4gram": repetition_rate(ids, 4)["repetition"],
             "per_sample_judge_nats": g["per_sample"],
         }
 

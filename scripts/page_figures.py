@@ -383,6 +383,80 @@ def blocks_speed() -> dict:
     }
 
 
+def blocks_length() -> dict:
+    """The text-at-length page (blocks/length): the judge's and the two block models' bounds (their run
+    logs), MDLM-B16 - RePlaid-B16 at each length (Welch intervals over samples; one seed each), each
+    text's change from 1x to 8x (paired over samples: a 64-token text is the prefix of the 512-token one),
+    GenPPL's rise along the 512-token texts, and the T = 0.9 rows at 1x against T = 1 and held-out text."""
+    root = RESULTS / "blocks" / "length"
+    d = json.loads((root / "length.json").read_text())
+    judge = json.loads((root / "runs" / "judge-ar" / "final_eval.json").read_text())["eval"]
+
+    def last_eval(run: str) -> dict:
+        rows = [json.loads(x) for x in (RESULTS / "blocks" / "bsize" / "h200" / "runs" / run / "metrics.jsonl").open()]
+        r = [x for x in rows if "eval/nelbo_nats_per_token" in x][-1]
+        return {"step": r["step"], "nelbo": r["eval/nelbo_nats_per_token"], "unigram": r["eval/unigram_nats_per_token"]}
+
+    def welch(a: list[float], b: list[float]) -> dict:
+        x, y = np.asarray(a), np.asarray(b)
+        va, vb = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+        m = float(x.mean() - y.mean())
+        if va + vb == 0:  # both constant (no repeated 4-gram in any sample)
+            return {"diff": m, "lo": m, "hi": m}
+        df = (va + vb) ** 2 / (va**2 / (len(x) - 1) + vb**2 / (len(y) - 1))
+        h = float(stats.t.ppf(0.975, df)) * math.sqrt(va + vb)
+        return {"diff": m, "lo": m - h, "hi": m + h}
+
+    texts = {"held-out": d["held_out"], **{k: v["lengths"] for k, v in d["rows"].items()}}
+    lo, hi = str(d["lengths"][0]), str(d["lengths"][-1])
+    keys = ("judge_nats", "entropy", "repetition_4gram")
+    a, b = "MDLM-B16", "RePlaid-B16"
+    return {
+        "note": "derived by scripts/page_figures.py from length.json, runs/judge-ar and ../bsize/h200/runs",
+        "judge": {
+            "nll": judge["nll_nats_per_token"],
+            "stderr": judge["stderr_nats"],
+            "unigram": judge["unigram_nats_per_token"],
+            "below_unigram": judge["unigram_nats_per_token"] - judge["nll_nats_per_token"],
+        },
+        "bounds": {"RePlaid-B16": last_eval("replaid-b16__s0"), "MDLM-B16": last_eval("mdlm-b16__s0")},
+        "mdlm_minus_replaid": {
+            n: {
+                **{
+                    k: welch(d["rows"][a]["lengths"][n]["per_sample"][k], d["rows"][b]["lengths"][n]["per_sample"][k])
+                    for k in keys
+                },
+                "gen_ppl_ratio": d["rows"][a]["lengths"][n]["gen_ppl"] / d["rows"][b]["lengths"][n]["gen_ppl"],
+            }
+            for n in map(str, d["lengths"])
+        },
+        "from_1x_to_8x": {
+            name: {
+                k: _t_interval(np.asarray(t[hi]["per_sample"][k]) - np.asarray(t[lo]["per_sample"][k])) for k in keys
+            }
+            | {"gen_ppl_ratio": t[hi]["gen_ppl"] / t[lo]["gen_ppl"]}
+            for name, t in texts.items()
+        },
+        "last_over_first_segment": {
+            name: t[hi]["segments"][-1]["gen_ppl"] / t[hi]["segments"][0]["gen_ppl"]
+            for name, t in texts.items()
+            if "segments" in t[hi]
+        },
+        "temperature_1x": {  # T = 0.9 at 1x (temperature/length.json) against T = 1 and the held-out text above
+            name: {
+                "gen_ppl_ratio_to_t1": r["lengths"][lo]["gen_ppl"]
+                / d["rows"][name.split()[0]]["lengths"][lo]["gen_ppl"],
+                "entropy_minus_t1": r["lengths"][lo]["entropy"]["mean"]
+                - d["rows"][name.split()[0]]["lengths"][lo]["entropy"]["mean"],
+                "entropy_gap_to_held_out": welch(
+                    r["lengths"][lo]["per_sample"]["entropy"], d["held_out"][lo]["per_sample"]["entropy"]
+                ),
+            }
+            for name, r in json.loads((root / "temperature" / "length.json").read_text())["rows"].items()
+        },
+    }
+
+
 PAGES = {
     "distillation": distillation,
     "control": control,
@@ -393,6 +467,7 @@ PAGES = {
     "trend/overtrain": trend_overtrain,
     "blocks": blocks_distill,
     "blocks/speed-cpu": blocks_speed,
+    "blocks/length": blocks_length,
 }
 
 

