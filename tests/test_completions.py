@@ -268,3 +268,31 @@ def test_a_continuous_block_run_writes_eight_times_its_context_and_stops_at_a_st
     stop = text[len(text) // 2 : len(text) // 2 + 3]
     code, chunks = _cli(out, "--max-tokens", str(n), "--ignore-eos", "--stop", stop)
     assert code == 0 and "".join(chunks) == text[: text.find(stop)] + "\n" + "-" * 40 + "\n"
+
+
+def test_a_gpu_trained_run_is_sampled_on_a_cpu_machine_to_eight_times_the_context(run_dir, tmp_path, capsys):
+    """A run whose config says train.device=cuda (trained on a lent GPU) loads on a machine without CUDA
+    ('auto' falls back to the CPU), and ``replaid sample`` writes 8 x seq_len tokens block by block,
+    stopped by a stop string: the first generated text's prefix, so the stop must fire."""
+    import json
+    import shutil
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU fallback")
+    gpu_run = tmp_path / "gpu-trained"
+    shutil.copytree(run_dir, gpu_run)
+    for f in [gpu_run / "config.json", *gpu_run.glob("checkpoints/*/state.json")]:  # the config is in both
+        obj = json.loads(f.read_text())
+        (obj["config"] if "config" in obj else obj)["train"]["device"] = "cuda"
+        f.write_text(json.dumps(obj))
+    assert load_run(gpu_run).model.embed.weight.device.type == "cpu"
+    args = ["sample", str(gpu_run), "--max-tokens", str(8 * L), "--seed", "3", "--steps", "4", "--ignore-eos"]
+    assert main([*args, "--json"]) == 0
+    text = json.loads(capsys.readouterr().out.splitlines()[0])["text"]  # JSON lines: one per sample
+    assert len(text) > 0
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    assert main([*args, "--json", "--stop", stop]) == 0
+    cut_text = json.loads(capsys.readouterr().out.splitlines()[0])["text"]
+    assert stop not in cut_text and text.startswith(cut_text) and len(cut_text) < len(text)

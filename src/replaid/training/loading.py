@@ -96,12 +96,16 @@ def run_dir_of(ckpt: Path) -> Path:
 
 
 def load_run(path: str | Path, use_ema: bool = True, train_data: bool = False, device: str = "auto") -> Run:
-    """``path``: a run or checkpoint directory, a folder made by ``replaid export``, or a Hub id."""
+    """``path``: a run or checkpoint directory, a folder made by ``replaid export``, or a Hub id. ``device``:
+    ``auto`` keeps the run's ``train.device`` where this machine has it (else CUDA if present, else CPU)."""
     stored = ck.Stored.open(resolve(path))
     ckpt, st = stored.path, stored.state
     cfg = stored.config()
-    cfg.train.device = device if device != "auto" else cfg.train.device
-    dev = resolve_device(cfg.train.device if cfg.train.device != "auto" else "auto")
+    if device == "auto":  # the training device when this machine has it: a GPU-trained run loads on a CPU box
+        recorded = cfg.train.device
+        device = "auto" if recorded.startswith("cuda") and not torch.cuda.is_available() else recorded
+    cfg.train.device = device
+    dev = resolve_device(device)
     data = DataPipeline(cfg, run_dir_of(ckpt), train=train_data)  # its own tokenizer/, never a new one
     check_tokenizer(data, st, ckpt)  # TS1: the files the checkpoint recorded
     if data.vocab_size != st["vocab_size"]:
