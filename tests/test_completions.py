@@ -285,7 +285,7 @@ def test_a_gpu_trained_run_is_sampled_on_a_cpu_machine_to_eight_times_the_contex
     shutil.copytree(run_dir, gpu_run)
     for f in [gpu_run / "config.json", *gpu_run.glob("checkpoints/*/state.json")]:  # the config is in both
         obj = json.loads(f.read_text())
-        (obj["config"] if "config" in obj else obj)["train"]["device"] = "cuda"
+        obj.get("config", obj)["train"]["device"] = "cuda"
         f.write_text(json.dumps(obj))
     assert load_run(gpu_run).model.embed.weight.device.type == "cpu"
     args = ["sample", str(gpu_run), "--max-tokens", str(8 * L), "--seed", "3", "--steps", "4", "--ignore-eos"]
