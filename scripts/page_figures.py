@@ -457,6 +457,16 @@ def blocks_length() -> dict:
     }
 
 
+def blocks_service() -> dict:
+    """The service page (blocks/service): each load run's server RSS in MiB (the benchmark records bytes)."""
+    root = RESULTS / "blocks" / "service"
+    out = {}
+    for run in ("load-mdlm-b16", "load-replaid-b16", "load-mdlm-b16-serial"):
+        srv = json.loads((root / run / "load_serve.json").read_text())["server"]
+        out[run] = {k: srv[f"rss_{k}"] / 2**20 for k in ("ready", "before", "peak", "after")}
+    return {"note": "derived by scripts/page_figures.py from load-*/load_serve.json", "rss_mib": out}
+
+
 PAGES = {
     "distillation": distillation,
     "control": control,
@@ -468,6 +478,7 @@ PAGES = {
     "blocks": blocks_distill,
     "blocks/speed-cpu": blocks_speed,
     "blocks/length": blocks_length,
+    "blocks/service": blocks_service,
 }
 
 

@@ -22,6 +22,7 @@ COVERED = [
     "trend/overtrain/README.md",
     "blocks/distill.md",
     "blocks/bsize/README.md",
+    "blocks/service/README.md",
     "blocks/speed-cpu/README.md",
     "blocks/length/README.md",
 ]
@@ -31,6 +32,7 @@ MIN_FIGURES = {
     "trend/overtrain/README.md": 50,
     "blocks/distill.md": 50,
     "blocks/bsize/README.md": 100,
+    "blocks/service/README.md": 40,
     "blocks/speed-cpu/README.md": 30,
     "blocks/length/README.md": 100,
 }  # shorter pages
