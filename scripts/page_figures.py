@@ -371,8 +371,10 @@ def blocks_speed() -> dict:
     """The block speed page (blocks/speed-cpu): each configuration's peak memory in MiB (the benchmark
     records bytes)."""
     d = json.loads((RESULTS / "blocks" / "speed-cpu" / "bench_blocks.json").read_text())
+    b16 = json.loads((RESULTS / "blocks" / "speed-cpu" / "batch16" / "bench_blocks.json").read_text())
+    d["rows"] = d["rows"] + b16["rows"]
     return {
-        "note": "derived by scripts/page_figures.py from bench_blocks.json",
+        "note": "derived by scripts/page_figures.py from bench_blocks.json and batch16/bench_blocks.json",
         "peak_mib": {
             f"{r['family']} {r['method']} b={r['block']} T={r['steps']} {r['length_x']}x batch {r['batch']}": r[
                 "peak_mem_bytes"
