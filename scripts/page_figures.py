@@ -469,6 +469,63 @@ def blocks_service() -> dict:
     return {"note": "derived by scripts/page_figures.py from load-*/load_serve.json", "rss_mib": out}
 
 
+def gap_closed_per_char(m: dict) -> dict[str, float]:
+    """scripts/demo_report.py's per-character gap closed of one measurement."""
+    lo, hi = m["rows"]["unigram"]["gen_bits_per_char"], m["rows"]["held-out"]["gen_bits_per_char"]
+    return {name: (lo - r["gen_bits_per_char"]) / (lo - hi) for name, r in m["rows"].items()}
+
+
+def demo_first_run() -> dict:
+    """The first-run page (demo/first-run): over the three seeds of the shipped preset, each row's gap closed
+    and GenPPL (mean, sd, t interval), and the NELBO's distance below the unigram bound in nats/token."""
+    root = RESULTS / "demo" / "first-run"
+    ms = [json.loads((root / f).read_text()) for f in ("measure.json", "measure-seed1.json", "measure-seed2.json")]
+    rows = {}
+    for name in ms[0]["rows"]:
+        gap = np.array([m["rows"][name]["gap_closed"] for m in ms])
+        bpc = np.array([m["rows"][name]["gen_bits_per_char"] for m in ms])
+        lo = np.array([m["rows"]["unigram"]["gen_bits_per_char"] for m in ms])
+        hi = np.array([m["rows"]["held-out"]["gen_bits_per_char"] for m in ms])
+        per_char = (lo - bpc) / (lo - hi)
+        nats = np.array([m["rows"][name]["gen_nats_per_token"] for m in ms])
+        rows[name] = {
+            "gap_closed": _t_interval(gap) if np.ptp(gap) > 0 else {"n": len(gap), "mean": float(gap[0])},
+            "gap_closed_per_char": _t_interval(per_char) if np.ptp(per_char) > 0 else {"mean": float(per_char[0])},
+            "gap_closed_per_char_seeds": per_char.tolist(),
+            "bits_per_char": {"mean": float(bpc.mean()), "min": float(bpc.min()), "max": float(bpc.max())},
+            "gen_ppl_geomean": math.exp(float(nats.mean())),
+            "gen_ppl_min": float(np.exp(nats.min())),
+            "gen_ppl_max": float(np.exp(nats.max())),
+            "entropy_mean": float(np.mean([m["rows"][name]["entropy"] for m in ms])),
+        }
+    below = np.array([m["nelbo"]["unigram_nats_per_token"] - m["nelbo"]["nelbo_nats_per_token"] for m in ms])
+    ppl = np.array([m["nelbo"]["nelbo_ppl"] for m in ms])
+    longer = json.loads((root / "measure-1600.json").read_text())
+    return {
+        "first_run_1600_gap_closed_per_char": gap_closed_per_char(longer),
+        "chars_per_token_valid": ms[0]["nelbo"]["chars"] / ms[0]["nelbo"]["tokens"],
+        "candidates_nelbo_below_unigram_nats": {
+            name: c["nelbo"]["unigram_nats_per_token"] - c["nelbo"]["nelbo_nats_per_token"]
+            for name, c in json.loads((root / "candidates.json").read_text())["candidates"].items()
+        },
+        "candidates_gap_closed_per_char": {
+            name: gap_closed_per_char(c)
+            for name, c in json.loads((root / "candidates.json").read_text())["candidates"].items()
+            if "rows" in c
+        },
+        "note": "derived by scripts/page_figures.py from measure.json (seed 0), measure-seed1.json, measure-seed2.json",
+        "seeds": [m["config"]["train_seed"] for m in ms],
+        "rows": rows,
+        "nelbo_below_unigram_nats": _t_interval(below),
+        "nelbo_ppl": {
+            "mean": float(ppl.mean()),
+            "sd": float(ppl.std(ddof=1)),
+            "min": float(ppl.min()),
+            "max": float(ppl.max()),
+        },
+    }
+
+
 PAGES = {
     "distillation": distillation,
     "control": control,
@@ -481,6 +538,7 @@ PAGES = {
     "blocks/speed-cpu": blocks_speed,
     "blocks/length": blocks_length,
     "blocks/service": blocks_service,
+    "demo/first-run": demo_first_run,
 }
 
 

@@ -25,6 +25,7 @@ COVERED = [
     "blocks/service/README.md",
     "blocks/speed-cpu/README.md",
     "blocks/length/README.md",
+    "demo/first-run/README.md",
 ]
 MIN_FIGURES = {
     "trend/gap/README.md": 50,
@@ -35,6 +36,7 @@ MIN_FIGURES = {
     "blocks/service/README.md": 40,
     "blocks/speed-cpu/README.md": 30,
     "blocks/length/README.md": 100,
+    "demo/first-run/README.md": 30,
 }  # shorter pages
 
 

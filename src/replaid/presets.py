@@ -134,7 +134,8 @@ def debug() -> RunConfig:
 
 
 def demo() -> RunConfig:
-    """The README main job: a small RePlaid on the embedded stdlib corpus, minutes on 2 CPU cores."""
+    """A small RePlaid on the embedded stdlib corpus, minutes on 2 CPU cores: the size of most CPU results
+    (the README's main job is the first-run preset: this network with a larger tokenizer)."""
     c = RunConfig(preset="demo")
     c.model.hidden, c.model.n_layers, c.model.n_heads, c.model.cond_dim = 128, 4, 4, 64
     c.diffusion.schedule_hidden = 256
@@ -144,6 +145,17 @@ def demo() -> RunConfig:
     c.optim.lr_backbone = c.optim.lr_projections = 1e-3
     c.train.steps, c.train.batch_size, c.train.log_every = 1800, 32, 50
     c.eval.max_batches, c.eval.batch_size, c.eval.t_samples = 0, 32, 8
+    return c
+
+
+def first_run() -> RunConfig:
+    """The README's main job (scripts/demo.sh): the demo network on the embedded stdlib corpus with a
+    4,096-token BPE (L = 64, so about 4 characters a token) for 1,200 steps, about six minutes on 2 CPU
+    cores; chosen among six candidates by an AR judge's GenPPL (docs/results/demo/first-run/)."""
+    c = demo()
+    c.preset = "first-run"
+    c.data.bpe_vocab_size = 4096
+    c.train.steps = 1200
     return c
 
 
@@ -213,6 +225,7 @@ def isoflop(size_m: int) -> Callable[[], RunConfig]:
 PRESETS: dict[str, Callable[[], RunConfig]] = {
     "debug": debug,
     "demo": demo,
+    "first-run": first_run,
     "owt-0.1b": owt_01b,
     "owt-0.1b-plaid": owt_01b_plaid,
     "owt-0.1b-duo": owt_01b_duo,
