@@ -246,7 +246,9 @@ def test_the_scheduler_admits_max_batch_rows_and_max_queue_waiting_beyond_them()
     with sched.cond:
         sched.waiting.append(job(2))
     assert sched.beyond() == 1 and not sched.admit(1)  # one waits beyond already
-    assert "busy" in sched.busy() and "limit 4" in sched.busy()
+    msg = sched.busy()  # 3 rows run, job(1) joins at the next block, job(2) waits beyond the batch
+    assert "3 samples are running and 1 join at the next block (limit 4)" in msg, msg
+    assert "1 requests are waiting beyond them (limit 1)" in msg, msg
     with sched.cond:
         sched.running, sched.waiting = 0, deque()
 
