@@ -460,13 +460,51 @@ def blocks_length() -> dict:
 
 
 def blocks_service() -> dict:
-    """The service page (blocks/service): each load run's server RSS in MiB (the benchmark records bytes)."""
+    """The service page (blocks/service): each load run's server RSS in MiB (the benchmark records bytes); over
+    the three interleaved rounds (rounds/), each configuration's median, least and greatest figure, and per
+    round the batched/serial ratio of aggregate tokens/s."""
     root = RESULTS / "blocks" / "service"
     out = {}
     for run in ("load-mdlm-b16", "load-replaid-b16", "load-mdlm-b16-serial"):
         srv = json.loads((root / run / "load_serve.json").read_text())["server"]
         out[run] = {k: srv[f"rss_{k}"] / 2**20 for k in ("ready", "before", "peak", "after")}
-    return {"note": "derived by scripts/page_figures.py from load-*/load_serve.json", "rss_mib": out}
+    keys = ("tokens_per_s", "stream_tokens_per_s_p50", "ttfc_p50_s", "ttfc_p95_s", "total_p50_s", "total_p95_s")
+    rounds: dict[str, dict] = {}
+    runs = {}
+    for cfg in ("old-mdlm-batched", "new-mdlm-batched", "new-mdlm-serial", "new-replaid-batched", "new-replaid-serial"):
+        got = [json.loads((root / "rounds" / f"{cfg}-r{r}" / "load_serve.json").read_text()) for r in (1, 2, 3)]
+        runs[cfg] = got
+        fig: dict[str, Any] = {}
+        for k in keys:
+            x = [g["summary"][k] for g in got]
+            fig[k] = {"median": float(np.median(x)), "min": min(x), "max": max(x)}
+        for k in ("ready", "before", "peak", "after"):
+            x = [g["server"][f"rss_{k}"] / 2**20 for g in got]
+            fig[f"rss_{k}_mib"] = {"median": float(np.median(x)), "min": min(x), "max": max(x)}
+        rounds[cfg] = fig
+    ratios = {}
+    for method in ("mdlm", "replaid"):
+        r = [
+            b["summary"]["tokens_per_s"] / s["summary"]["tokens_per_s"]
+            for b, s in zip(runs[f"new-{method}-batched"], runs[f"new-{method}-serial"], strict=True)
+        ]
+        ratios[method] = {"per_round": r, "median": float(np.median(r))}
+    new_old = [
+        n["summary"]["tokens_per_s"] / o["summary"]["tokens_per_s"]
+        for n, o in zip(runs["new-mdlm-batched"], runs["old-mdlm-batched"], strict=True)
+    ]
+    rows = json.loads((root / "network_rows.json").read_text())
+    lo = [g["meta"]["loadavg_before"][0] for got in runs.values() for g in got]
+    return {
+        "note": "derived by scripts/page_figures.py from load-*/load_serve.json, rounds/*/load_serve.json, network_rows.json",
+        "rss_mib": out,
+        "rounds": rounds,
+        "batched_over_serial_tokens_per_s": ratios,
+        "mdlm_row_reuse_over_before_tokens_per_s": {"per_round": new_old, "median": float(np.median(new_old))},
+        "loadavg_1min_before": [min(lo), max(lo)],
+        "network_rows_ratio": rows["batch_rule"]["network_rows"] / rows["per_row"]["network_rows"],
+        "per_request_nfe_median": float(np.median(rows["per_row"]["per_request_nfe"])),
+    }
 
 
 def gap_closed_per_char(m: dict) -> dict[str, float]:

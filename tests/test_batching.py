@@ -176,6 +176,48 @@ def test_an_mdlm_request_writes_in_a_batch_what_it_writes_alone(monkeypatch):
     check_alone_equals_joined(as_run(method, model), monkeypatch)
 
 
+def lanes_written(run, asks) -> list:
+    """The requests ``asks`` joined together at the first block, written to the end: their lanes."""
+    batch = BlockBatch(kernel_of(run, asks[0][0]), run.cfg.data.seq_len - run.method.block_size(), CPU)
+    lanes = [lane_of(run, *a) for a in asks]
+    for lane in lanes:
+        batch.join(lane)
+    while batch.lanes:
+        batch.step()
+        batch.advance(batch.lanes)
+    return lanes
+
+
+def test_an_mdlm_row_is_passed_through_the_network_only_when_its_block_changed(monkeypatch):
+    """With 16 steps for blocks of 4 most steps unmask nothing in a row: a row whose block did not change
+    keeps its output and is left out of the call (a view of the other rows' cache), so each request takes
+    part in exactly the calls it makes alone, and still writes the same tokens."""
+    method, model = mdlm(4)  # float64
+    run = as_run(method, model)
+    empty = torch.tensor([], dtype=torch.long)
+    asks = [
+        (SampleRequest(seed=seed, num=n, batch_size=n, steps=16, progress=False), prompt, length)
+        for seed, n, prompt, length in [(21, 1, empty, 16), (22, 2, torch.tensor([1, 2]), 16), (23, 1, empty, 12)]
+    ]
+    starts = [list(start_masked_blocks(run, *a, None)(a[0].num)) for a in asks]
+    want_ids = [torch.cat([c.tokens for c in cs], 1) for cs in starts]
+    want_nfe = [cs[-1].nfe for cs in starts]
+    assert all(n < 16 * 4 + 3 for n in want_nfe)  # alone, the reuse skips calls: fewer than steps x blocks
+    lanes = lanes_written(run, asks)
+    assert [x.nfe for x in lanes] == want_nfe
+    assert all(torch.equal(w, x.ids) for w, x in zip(want_ids, lanes, strict=True))
+
+    with monkeypatch.context() as m:  # the plant: the batch's rule, every row again whenever any changed
+        m.setattr(batching.MaskedKernel, "changed", staticmethod(lambda new, old: (new != old).any().expand(len(new))))
+        planted = lanes_written(run, asks)
+    assert [x.nfe for x in planted] != want_nfe
+    view = KVCache.view
+    with monkeypatch.context() as m:  # the plant: the changed rows read the first rows' cache
+        m.setattr(KVCache, "view", lambda self, rows: view(self, torch.arange(len(rows))))
+        planted = lanes_written(run, asks)
+    assert not all(torch.equal(w, x.ids) for w, x in zip(want_ids, planted, strict=True))
+
+
 @pytest.mark.parametrize("name,sampler", [("replaid", "ddim"), ("replaid", "ddpm"), ("plaid", "dpmpp2m")])
 def test_a_continuous_request_writes_in_a_batch_what_it_writes_alone(monkeypatch, name, sampler):
     method, model = continuous(name, 4)
@@ -204,7 +246,9 @@ def test_the_scheduler_admits_max_batch_rows_and_max_queue_waiting_beyond_them()
     with sched.cond:
         sched.waiting.append(job(2))
     assert sched.beyond() == 1 and not sched.admit(1)  # one waits beyond already
-    assert "busy" in sched.busy() and "limit 4" in sched.busy()
+    msg = sched.busy()  # 3 rows run, job(1) joins at the next block, job(2) waits beyond the batch
+    assert "3 samples are running and 1 join at the next block (limit 4)" in msg, msg
+    assert "1 requests are waiting beyond them (limit 1)" in msg, msg
     with sched.cond:
         sched.running, sched.waiting = 0, deque()
 

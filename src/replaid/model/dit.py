@@ -127,6 +127,17 @@ class KVCache:
         z = like.new_zeros(B, H, to - n, hd)
         return torch.cat([z, kv[0]], 2), torch.cat([z, kv[1]], 2)
 
+    def view(self, rows: Tensor) -> KVCache:
+        """The batch rows ``rows`` (K,) long as a new cache to read (the tensors indexed, this one
+        untouched): a pass of only those rows, e.g. the rows whose block changed."""
+        return KVCache(
+            window=self.window,
+            layers=[(k[rows], v[rows]) for k, v in self.layers],
+            next_pos=self.next_pos,
+            rows=None if self.rows is None else self.rows[rows],
+            valid=None if self.valid is None else self.valid[rows],
+        )
+
     def select(self, keep: Tensor) -> None:
         """Keep only the batch rows ``keep`` (K,) long (rows that finished leave), and drop the leading
         slots that no remaining row uses."""

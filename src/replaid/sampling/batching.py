@@ -56,8 +56,9 @@ def kernel_key(req: SampleRequest) -> tuple[Any, ...]:
 class Kernel(Protocol):
     """How a method writes one block of a ragged batch and commits it."""
 
-    def fill(self, ids: Tensor, known: Tensor, cache: KVCache, gen: RowGenerators) -> tuple[Tensor, int]:
-        """The block's ids (B, b) (the prompt's where ``known`` (B, b)) written: (ids (B, b), network calls)."""
+    def fill(self, ids: Tensor, known: Tensor, cache: KVCache, gen: RowGenerators) -> tuple[Tensor, Tensor]:
+        """The block's ids (B, b) (the prompt's where ``known`` (B, b)) written: (ids (B, b), which rows
+        took part in each network call (B, calls) bool)."""
         ...
 
     def commit(self, ids: Tensor, cache: KVCache) -> None:
@@ -68,24 +69,38 @@ class Kernel(Protocol):
 @dataclass
 class MaskedKernel:
     """MDLM (BD3-LM): ancestral unmasking from [MASK] on ``ts`` at ``temperature``, as
-    :func:`~replaid.sampling.blocks.sample_blocks` writes a block."""
+    :func:`~replaid.sampling.blocks.sample_blocks` writes a block. Without time conditioning a row whose
+    block did not change at a step keeps its output, as it does alone; only the rows that changed are
+    passed through the network (a view of their cache rows), so a row takes part in the calls it makes
+    alone and a batch costs no more network rows than its requests one at a time."""
 
     model: TokenDiT
     ts: Tensor
     temperature: float
 
-    def fill(self, ids: Tensor, known: Tensor, cache: KVCache, gen: RowGenerators) -> tuple[Tensor, int]:
-        z, probs, nfe = ids, None, 0
+    def fill(self, ids: Tensor, known: Tensor, cache: KVCache, gen: RowGenerators) -> tuple[Tensor, Tensor]:
+        z, probs = ids, ids.new_empty(0)  # probs (B, b, V) once the first step computed it
+        stale = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)  # (B,) input changed
+        calls: list[Tensor] = []  # per network call: its rows (B,) bool
         for i in range(len(self.ts) - 1):
             t, s = float(self.ts[i]), float(self.ts[i + 1])
-            if probs is None:  # no time conditioning: an unchanged block gives the same output
+            if bool(stale.all()):
                 probs = tempered_probs(cached_logits(self.model, z, cache), self.temperature)  # (B, b, V)
-                nfe += 1
+            elif bool(stale.any()):
+                rows = stale.nonzero().squeeze(1)  # (K,)
+                fresh = tempered_probs(cached_logits(self.model, z[rows], cache.view(rows)), self.temperature)
+                probs = probs.index_copy(0, rows, fresh)
+            if bool(stale.any()):
+                calls.append(stale)
             z_new = unmask_step(z, probs, t, s, gen)
-            if not torch.equal(z_new, z):
-                probs = None
+            stale = self.changed(z_new, z)
             z = z_new
-        return z, nfe
+        return z, torch.stack(calls, 1)  # (B, calls)
+
+    @staticmethod
+    def changed(new: Tensor, old: Tensor) -> Tensor:
+        """The rows (B,) whose block ``new`` differs from ``old`` (B, b): only they need the network again."""
+        return (new != old).any(1)
 
     def commit(self, ids: Tensor, cache: KVCache) -> None:
         commit_masked(self.model, ids, cache.next_pos, cache)
@@ -103,14 +118,14 @@ class ContinuousKernel:
     options: dict[str, Any]
     wrap: Callable[[Denoiser], Denoiser]
 
-    def fill(self, ids: Tensor, known: Tensor, cache: KVCache, gen: RowGenerators) -> tuple[Tensor, int]:
+    def fill(self, ids: Tensor, known: Tensor, cache: KVCache, gen: RowGenerators) -> tuple[Tensor, Tensor]:
         E = self.model.embedding_matrix().detach()  # (V, d_e)
         den = self.wrap(BlockDenoiser(self.model, cache.next_pos, cache))
         z = randn((*ids.shape, E.shape[1]), gen, ids.device, torch.get_default_dtype())  # (B, b, d_e)
         inpaint = Inpaint(ids, known, E) if bool(known.any()) else None
         # every continuous sampler draws through _Run, which takes per-row streams (SamplerFn names a Generator)
         res = self.sampler(den, z, self.gammas, generator=cast(Any, gen), **{**self.options, "inpaint": inpaint})
-        return res.tokens, res.nfe
+        return res.tokens, torch.ones(ids.shape[0], res.nfe, dtype=torch.bool, device=ids.device)
 
     def commit(self, ids: Tensor, cache: KVCache) -> None:
         commit_continuous(self.model, ids, cache.next_pos, cache)
@@ -202,11 +217,11 @@ class BlockBatch:
         ids = torch.cat([lane.span(lane.ids) for lane in self.lanes])  # (B, b)
         known = torch.cat([lane.span(lane.known) for lane in self.lanes])  # (B, b)
         gen = RowGenerators([(lane.rows, lane.gen) for lane in self.lanes])
-        tokens, nfe = self.kernel.fill(ids, known, self.cache, gen)
+        tokens, part = self.kernel.fill(ids, known, self.cache, gen)  # (B, b), (B, calls)
         out, lo = [], 0
         for lane in self.lanes:
             lane.span(lane.ids)[:] = tokens[lo : lo + lane.rows]
-            lane.nfe += nfe
+            lane.nfe += int(part[lo : lo + lane.rows].any(0).sum())  # the calls its rows took part in: as alone
             out.append(Committed(lane.span(lane.ids), lane.start, lane.nfe))
             lo += lane.rows
         return out

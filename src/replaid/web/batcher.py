@@ -78,13 +78,18 @@ class Batcher:
 
     def beyond(self) -> int:
         """Waiting requests that will not join at the next boundary (hold the lock)."""
-        room, n = self.max_batch - self.running, 0
+        return self._split()[1]
+
+    def _split(self) -> tuple[int, int]:
+        """(samples of the waiting requests that join at the next boundary, requests waiting beyond them)."""
+        room, joining, n = self.max_batch - self.running, 0, 0
         for job in self.waiting:
             if n or job.req.num > room:
                 n += 1
             else:
                 room -= job.req.num
-        return n
+                joining += job.req.num
+        return joining, n
 
     def admit(self, num: int) -> bool:
         """Whether a request of ``num`` samples may wait for the batch (False: HTTP 429)."""
@@ -96,10 +101,11 @@ class Batcher:
     def busy(self) -> str:
         """The 429's message."""
         with self.cond:
-            rows, beyond = self.running, self.beyond()
+            rows, (joining, beyond) = self.running, self._split()
         return (
-            f"run {self.rid!r} is busy: {rows} samples are running (limit {self.max_batch}) and {beyond} requests "
-            f"are waiting beyond them (limit {self.max_queue}); try again shortly"
+            f"run {self.rid!r} is busy: {rows} samples are running and {joining} join at the next block (limit "
+            f"{self.max_batch}), and {beyond} requests are waiting beyond them (limit {self.max_queue}); try again "
+            f"shortly"
         )
 
     def submit(self, req: SampleRequest) -> tuple[asyncio.Queue, threading.Event]:
