@@ -17,8 +17,8 @@
 # A RePlaid model at the `debug` size (2 DiT blocks of width 32, sequences of 32 tokens, a 512-token
 # BPE tokenizer) trained for a few seconds on a CPU, on the built-in corpus (the docstrings of the
 # installed Python standard library: nothing is downloaded). At this size the model has barely left the
-# unigram plateau: the point is the workflow, not the text. `replaid train --preset demo` is the same
-# run at a size that learns (minutes on 2 cores).
+# unigram plateau: the point is the workflow, not the text. `replaid train --preset first-run` (what
+# `scripts/demo.sh` trains) is the same run at a size that learns (about six minutes on 2 cores).
 #
 # Every step is the command line a user would type (`replaid train`, `replaid eval`) or the Python API
 # behind it (`replaid.hub.from_pretrained`, `replaid.sampling.generate.generate`).
