@@ -372,15 +372,20 @@ def blocks_speed() -> dict:
     records bytes)."""
     d = json.loads((RESULTS / "blocks" / "speed-cpu" / "bench_blocks.json").read_text())
     b16 = json.loads((RESULTS / "blocks" / "speed-cpu" / "batch16" / "bench_blocks.json").read_text())
+    b4 = json.loads((RESULTS / "blocks" / "speed-cpu" / "batch16-b4" / "bench_blocks.json").read_text())
     d["rows"] = d["rows"] + b16["rows"]
+
+    def key(r: dict) -> str:
+        return f"{r['family']} {r['method']} b={r['block']} T={r['steps']} {r['length_x']}x batch {r['batch']}"
+
     return {
-        "note": "derived by scripts/page_figures.py from bench_blocks.json and batch16/bench_blocks.json",
-        "peak_mib": {
-            f"{r['family']} {r['method']} b={r['block']} T={r['steps']} {r['length_x']}x batch {r['batch']}": r[
-                "peak_mem_bytes"
-            ]
-            / 2**20
-            for r in d["rows"]
+        "note": "derived by scripts/page_figures.py from bench_blocks.json, batch16/ and batch16-b4/bench_blocks.json",
+        "peak_mib": {key(r): r["peak_mem_bytes"] / 2**20 for r in d["rows"]},
+        "batch16_b4_peak_mib": {key(r): r["peak_mem_bytes"] / 2**20 for r in b4["rows"]},
+        "batch16_b4_blocks_over_full_tokens_per_s": {
+            m: next(r for r in b4["rows"] if r["family"] == "blocks" and r["method"] == m)["tokens_per_s"]
+            / next(r for r in b4["rows"] if r["family"] == "full" and r["method"] == m)["tokens_per_s"]
+            for m in ("mdlm", "replaid")
         },
     }
 
