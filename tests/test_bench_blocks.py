@@ -87,3 +87,20 @@ def test_ar_loop_draws_sample_ar_tokens(bb):
     ref = sample_ar(model, x, torch.arange(5, L + 1), generator=torch.Generator().manual_seed(0))
     ours = bb.gen_ar(model, prompt, L - 5, None, [4], torch.device("cpu"))
     assert torch.equal(ours["tokens_out"], ref.tokens[:, 5:]) and ours["nfe"] == ref.nfe
+
+
+def test_mdlm_step_parts_times_the_network_the_softmax_and_the_draw(tmp_path):
+    """benchmarks/mdlm_step_parts.py: the three parts of an MDLM block step, each timed (> 0 ms), with the
+    shapes it was asked for recorded."""
+    spec = importlib.util.spec_from_file_location("mdlm_step_parts", SCRIPT.parent / "mdlm_step_parts.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    threads = torch.get_num_threads()
+    try:
+        out = tmp_path / "parts.json"
+        assert mod.main(["--batch", "2", "--block", "4", "--threads", "1", "--repeats", "2", "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    rec = json.loads(out.read_text())
+    assert set(rec["median_ms"]) == {"network", "softmax", "draw"} and min(rec["median_ms"].values()) > 0
+    assert (rec["meta"]["batch"], rec["meta"]["block"], rec["meta"]["cache_rows"]) == (2, 4, 12)
