@@ -500,7 +500,8 @@ def write_markdown(path: Path, meta: dict, header: list[str], table: list[list])
     path.write_text("\n".join(lines) + "\n")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The options (the GPU check's dry run parses its command with them)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="demo")
     p.add_argument(
@@ -521,7 +522,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help=f"the test's small sweep: defaults {QUICK}")
     p.add_argument("--out", default="bench_blocks", help="folder for bench_blocks.json and bench_blocks.md")
     p.add_argument("--record", action="store_true", help="also append the table to docs/benchmarks.md")
+    p.add_argument("--json", action="store_true", help="print the record as one JSON line, last (the GPU check's)")
     p.add_argument("--one", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     if "--quick" in (argv if argv is not None else sys.argv[1:]):
         p.set_defaults(**QUICK)  # the quick sweep's sizes; flags given still win
     a = p.parse_args(argv)
@@ -579,6 +586,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {out / 'bench_blocks.json'} and {out / 'bench_blocks.md'}", flush=True)
     for msg in problems:
         print("problem:", msg, flush=True)
+    if a.json:
+        print(json.dumps({"meta": meta, "rows": rows, "problems": problems, "ok": not problems}), flush=True)
     if a.record and ok:
         append_results(
             f"Block diffusion speed and memory, {meta['device']}",

@@ -362,6 +362,37 @@ def render_mdlm_ref(doc: dict) -> str:
     return "".join(out)
 
 
+def render_blocks(doc: dict) -> str:
+    """Block diffusion against AR and the full sequence (benchmarks/bench_blocks.py's rows)."""
+    got = _data(doc, "blocks")
+    if not got:
+        return ""
+    rows = [r for r in got[0]["rows"] if "error" not in r]
+    out = [
+        "\n**block diffusion** (issue 39 §4: blocks with a KV cache against AR with its cache and the full "
+        "sequence at the same steps per position; untrained `demo` size)\n\n"
+    ]
+    out.append(
+        _table(
+            ["family", "method", "b", "batch", "length", "first block s", "tokens/s", "peak MiB"],
+            [
+                [
+                    r["family"],
+                    r["method"],
+                    r["block"] if r["block"] is not None else "-",
+                    r["batch"],
+                    f"{r['length_x']}x",
+                    r["ttfb_s"],
+                    r["tokens_per_s"],
+                    r["peak_mem_bytes"] / 2**20,
+                ]
+                for r in rows
+            ],
+        )
+    )
+    return "".join(out)
+
+
 # each step's part of the table, in the order of the page (speed_compiled is in the speed table; the
 # memory table follows speed, the largest batch follows memory)
 RENDERERS: list[tuple[str, Callable[[dict], str]]] = [
@@ -376,4 +407,5 @@ RENDERERS: list[tuple[str, Callable[[dict], str]]] = [
     ("sampler", render_sampler),
     ("likelihood", render_likelihood),
     ("mdlm_ref", render_mdlm_ref),
+    ("blocks", render_blocks),
 ]
