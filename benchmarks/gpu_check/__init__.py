@@ -25,7 +25,7 @@ longer fits, naming them, so a quick check ends inside one 10-minute device call
   likelihood      the ODE likelihood's time per sequence (Heun, owt-0.1b, L = 1024)
   mdlm_ref        the MDLM reference (kuleshov-group/mdlm in .carry/mdlm) step, beside replaid's MDLM
   blocks          block diffusion (issue 39 §4, benchmarks/bench_blocks.py): first block, tokens/s, peak
-                  memory at batch 1 and 16 against AR with its cache and the full sequence (--quick: 1x, 8x)
+                  memory at batch 1 and 16 against AR with its cache and the full sequence (--quick: 8x only)
 
 Bad input ends in one line ``replaid: error: ...`` and exit status 2; otherwise the exit status is 0
 when every step that ran passed, 1 when one failed.
