@@ -86,11 +86,11 @@ class MaskedKernel:
             t, s = float(self.ts[i]), float(self.ts[i + 1])
             if bool(stale.all()):
                 probs = tempered_probs(cached_logits(self.model, z, cache), self.temperature)  # (B, b, V)
+                calls.append(stale)
             elif bool(stale.any()):
                 rows = stale.nonzero().squeeze(1)  # (K,)
                 fresh = tempered_probs(cached_logits(self.model, z[rows], cache.view(rows)), self.temperature)
                 probs = probs.index_copy(0, rows, fresh)
-            if bool(stale.any()):
                 calls.append(stale)
             z_new = unmask_step(z, probs, t, s, gen)
             stale = self.changed(z_new, z)
