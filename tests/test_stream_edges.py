@@ -4,14 +4,19 @@
   and random stop strings (prefixes of one another, overlapping, spanning tokens, several characters per
   token, characters several tokens write), the deltas add up to the final text, which is a reference's
   written here in a few lines: the text up to the end-of-text token and ``max_tokens``, cut before the
-  stop string written first; the kept ids are the fewest that write it. Whatever the blocks.
+  stop string written first; the kept ids are the fewest that write it. Whatever the blocks;
+* a block run writes a completion of one token with no prompt (a block holds any length).
 """
 
 from __future__ import annotations
 
 import random
+import types
 
-from replaid.sampling.stream import SampleText
+from replaid.sampling.request import SampleRequest
+from replaid.sampling.stream import Completion, SampleText
+from test_batching import as_run
+from test_blocks import mdlm
 
 
 def reference(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
@@ -118,3 +123,26 @@ def test_stop_strings_at_their_edges():
     assert feed(s, ["x", "a"], ["<eos>"], ["b"]) == ["x", "a", ""] and (s.text, s.finish_reason) == ("xa", "stop")
     s = SampleText(Bytes(), 100, ("x",), None)  # a character two tokens write, then a stop
     assert s.feed(list("€x".encode())) == "€" and Bytes().decode(s.kept_ids()) == "€"
+
+
+# ------------------------------------------------------------------ a tiny untrained block run
+
+
+class Letters:
+    """11 ids: 'a' .. 'j', end-of-text 10."""
+
+    eos_id = 10
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) - 97 for c in text]
+
+    def decode(self, ids) -> str:
+        return "".join("|" if i == 10 else chr(97 + i) for i in ids)
+
+
+def test_a_block_run_writes_one_token_with_no_prompt():
+    """A block holds any length from one token: no prompt and ``max_tokens`` 1 is a request."""
+    method, model = mdlm(4)
+    run = types.SimpleNamespace(**vars(as_run(method, model)), tokenizer=Letters())
+    rows = Completion(run, SampleRequest(max_tokens=1, steps=2, ignore_eos=True, progress=False)).rows()
+    assert len(rows[0]["ids"]) == 1 and rows[0]["finish_reason"] == "length"
