@@ -4,7 +4,8 @@
   and random stop strings (prefixes of one another, overlapping, spanning tokens, several characters per
   token, characters several tokens write), the deltas add up to the final text, which is a reference's
   written here in a few lines: the text up to the end-of-text token and ``max_tokens``, cut before the
-  stop string written first; the kept ids are the fewest that write it. Whatever the blocks;
+  stop string written first; the kept ids are the fewest that write it. Whatever the blocks; and GPT-2's
+  own tokens for a character two tokens write;
 * a completion of a tiny untrained block run (MDLM; RePlaid with DDPM): ``max_tokens`` not a multiple of
   the block or below one block, prompts of any length (longer than ``seq_len`` too), end-of-text anywhere
   and stop strings (one in the prompt too): its rows are the reference's text of the ids its block
@@ -289,3 +290,18 @@ def test_random_completions_sent_at_random_moments_through_the_scheduler_get_wha
             r["completion"] for r in rows
         ], req
         assert ev["completion_tokens"] == sum(len(r["ids"]) for r in rows) - req.num * len(req.prompt or ""), req
+
+
+def test_gpt2_a_character_two_tokens_write_is_kept_whole_before_a_stop(shared):
+    """GPT-2 writes " 😀" as two tokens (the first decodes to U+FFFD): held back, then given out and kept
+    whole when a stop string follows."""
+    from replaid.data.tokenizers import build_tokenizer
+
+    path = shared / "tokenizers" / "gpt2"
+    if not path.is_dir():
+        pytest.skip("../shared/tokenizers/gpt2 not present")
+    tok = build_tokenizer("gpt2", str(path))
+    ids = tok.encode("ok 😀\n\nmore")
+    s = SampleText(tok, 100, ("\n",), tok.eos_id)
+    assert [s.feed([i]) for i in ids] == ["ok", " ", "😀", "", "", ""] and s.finish_reason == "stop"
+    assert tok.decode(s.kept_ids()) == "ok 😀" and len(s.kept_ids()) == 3
