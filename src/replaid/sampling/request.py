@@ -292,7 +292,7 @@ class SampleRequest:
         if blocks or self.completion:
             n = self._check_completion(tok, trained_len, blocks, method.name)
             if blocks:  # its own length rule: at most BLOCK_LENGTH_FACTOR x data.seq_len, checked there
-                self._check_numbers(n, n)
+                self._check_numbers(None, n)  # and any length from one token: a block holds the rest
                 return None
         if (self.infill or self.infill_chars) and not self.context:
             raise RequestError(
@@ -396,7 +396,9 @@ class SampleRequest:
             if start is not None and start >= L:
                 raise RequestError(f"{ref('require')} {spec!r}: position {start} is beyond the sample length {L}")
 
-    def _check_numbers(self, L: int, trained_len: int) -> None:
+    def _check_numbers(self, L: int | None, trained_len: int) -> None:
+        """The numeric fields' ranges, and the sample length ``L`` (None: a block run's, checked already)."""
+
         def need(ok: bool, k: str, msg: str, value: object = None) -> None:
             if not ok:
                 raise RequestError(f"{ref(k)} {getattr(self, k) if value is None else value}: {msg}")
@@ -414,6 +416,8 @@ class SampleRequest:
         need(lo <= self.score_temperature <= hi, "score_temperature", f"must be in [{lo:g}, {hi:g}]")
         need(self.trajectory >= 0, "trajectory", "must be >= 0 (0 = off)")
         need(self.top_p is None or 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        if L is None:
+            return
         need(L >= 2, "length", "must be >= 2", L)
         need(
             L <= trained_len or self.allow_longer,

@@ -14,10 +14,10 @@ from the request's seeded generator, and closing the iterator stops the generati
 registered sampler (:func:`one_pass`, the draws of :func:`~replaid.sampling.generate.generate`): one block.
 
 :class:`Completion` turns the blocks into text: each sample is cut at the tokenizer's end-of-text token
-(unless ``ignore_eos``), at ``max_tokens`` and before the first stop string, and each committed block
-gives one :class:`Delta` per unfinished sample (the text new since the last; the tail that could still
-become a stop string is held back, as is a byte sequence not yet a whole character). Generation ends when
-every sample of the batch has finished.
+(unless ``ignore_eos``), at ``max_tokens`` and before the first stop string (the first written: the one that
+ends first, whatever the blocks), and each committed block gives one :class:`Delta` per unfinished sample
+(the text new since the last; the tail that could still become a stop string is held back, as is a byte
+sequence not yet a whole character). Generation ends when every sample of the batch has finished.
 """
 
 from __future__ import annotations
@@ -109,9 +109,11 @@ class SampleText:
                 self.finish_reason = "length"
                 break
         text = self.tok.decode(self.ids)
-        hits = [k for k in (text.find(s) for s in self.stop) if k >= 0]
+        # the stop written first (the one that ends first, the longest of those), as one token at a time would
+        # find it: a block that completes two overlapping stops ("a" in "bab") cuts where a smaller block would
+        hits = [(k + len(s), -len(s), k) for s in self.stop if (k := text.find(s)) >= 0]
         if hits:
-            self.cut = min(hits)
+            self.cut = min(hits)[2]
             text, self.finish_reason = text[: self.cut], "stop"
         elif self.finish_reason is None:
             text = text[: len(text) - self._held(text)]
@@ -129,13 +131,14 @@ class SampleText:
 
     def kept_ids(self) -> list[int]:
         """The fewest ids whose text covers the completion (cut before a stop string: the ids up to the
-        one that writes the text's last character)."""
+        one that writes the text's last character, all of its bytes: a character two tokens write is
+        one replacement character after the first)."""
         if self.cut is None:
             return list(self.ids)
-        lo, hi = 0, len(self.ids)  # the fewest tokens whose text reaches the stop's offset
+        lo, hi = 0, len(self.ids)  # the fewest tokens whose text starts with the completion
         while lo < hi:
             mid = (lo + hi) // 2
-            lo, hi = (mid + 1, hi) if len(self.tok.decode(self.ids[:mid])) < self.cut else (lo, mid)
+            lo, hi = (lo, mid) if self.tok.decode(self.ids[:mid]).startswith(self.text) else (mid + 1, hi)
         return self.ids[:lo]
 
 
