@@ -159,6 +159,12 @@ def test_json_rows_of_a_completion(run_dir, capsys):
         (["--prompt", "word " * BLOCK_LENGTH_FACTOR * L, "--max-tokens", "1"], "shorten the prompt to fewer than"),
         (["--prompt", "word " * BLOCK_LENGTH_FACTOR * L], "shorten the prompt to fewer than"),
         (["--prompt", "ab\udcff", "--max-tokens", "8"], "--prompt is not valid text"),  # bytes not UTF-8: a traceback
+        (
+            ["--length", str(BLOCK_LENGTH_FACTOR * L + 1)],
+            f"--length {BLOCK_LENGTH_FACTOR * L + 1}: passes the limit",
+        ),  # was: --max-tokens
+        (["--max-tokens", "9" * 5000], "(5000 digits): too long"),  # int()'s limit: was "not a whole number"
+        (["--steps", "-" + "9" * 5000], "(5000 digits): must be >= 1"),
     ],
 )
 def test_bad_completion_requests_get_one_line_and_status_2(run_dir, capsys, args, message):
