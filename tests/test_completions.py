@@ -158,7 +158,7 @@ def test_json_rows_of_a_completion(run_dir, capsys):
         # a prompt that fills all a request may hold: shorten it (was "ask for fewer" --max-tokens than 1)
         (["--prompt", "word " * BLOCK_LENGTH_FACTOR * L, "--max-tokens", "1"], "shorten the prompt to fewer than"),
         (["--prompt", "word " * BLOCK_LENGTH_FACTOR * L], "shorten the prompt to fewer than"),
-        (["--prompt", "ab\udcff", "--max-tokens", "8"], "--prompt is not valid text"),  # bytes not UTF-8: a traceback
+        (["--prompt", "ab\udcff", "--max-tokens", "8"], "--prompt is not valid Unicode"),  # not UTF-8: a traceback
         (
             ["--length", str(BLOCK_LENGTH_FACTOR * L + 1)],
             f"--length {BLOCK_LENGTH_FACTOR * L + 1}: passes the limit",

@@ -182,7 +182,7 @@ def test_a_bad_request_is_a_400_in_openais_error_format(client, kw, param, messa
         (b"{not json", 400, None, "the request body is not JSON"),
         (b"[" * 100_000 + b"]" * 100_000, 400, None, "nested too deeply"),  # RecursionError: was a 500
         (b'{"max_tokens": ' + b"9" * 5000 + b"}", 400, None, "a number too long"),  # int's digit limit: a 500
-        (b'{"model": "bd3", "prompt": "ab\\udcff"}', 400, "prompt", "prompt is not valid text"),  # tokenizer: a 500
+        (b'{"model": "bd3", "prompt": "ab\\udcff"}', 400, "prompt", "prompt is not valid Unicode"),  # tokenizer: a 500
         (b'{"prompt": "' + b"x" * (2 << 20) + b'"}', 413, None, "over the limit of 1048576 bytes"),
     ],
     ids=["not-json", "deep", "long-number", "lone-surrogate", "too-big"],

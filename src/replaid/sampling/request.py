@@ -340,20 +340,12 @@ class SampleRequest:
         return plan
 
     def _check_text(self) -> None:
-        """Refuse text no tokenizer can read: a lone surrogate, which is what Python makes of command-line
-        bytes that are not UTF-8, and what a JSON body's ``"\\udcff"`` escape gives."""
+        """Refuse the request's text that no tokenizer can read (:func:`check_text`)."""
         texts = {"prompt": (self.prompt,), "context": (self.context,), "edit": (self.edit,), "require": self.require}
         for k, values in texts.items():
             for v in values:
-                if v is None:
-                    continue
-                try:
-                    v.encode("utf-8")
-                except UnicodeEncodeError as e:
-                    raise RequestError(
-                        f"{ref(k)} is not valid text: character {e.start} is a lone surrogate ({v[e.start]!r}, what "
-                        "bytes that are not UTF-8 become); give UTF-8 text"
-                    ) from None
+                if v is not None:
+                    check_text(k, v)
 
     def _check_completion(self, tok: Tokenizer, trained_len: int, blocks: int, method: str) -> int:
         """Refuse a completion this run cannot write (module docstring); returns its most tokens, the
@@ -452,6 +444,18 @@ class SampleRequest:
             f"(data.seq_len={trained_len}); use at most {trained_len} or pass {ref('allow_longer')} to sample beyond it",
             L,
         )
+
+
+def check_text(field: str, text: str) -> None:
+    """Refuse ``text`` (request field ``field``) when no tokenizer can read it: a lone surrogate, which is
+    what Python makes of command-line bytes that are not UTF-8, and what a JSON ``"\\udcff"`` escape gives."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestError(
+            f"{ref(field)} is not valid Unicode: character {e.start} is a lone surrogate ({text[e.start]!r}, what "
+            "bytes that are not UTF-8 become); give UTF-8 text"
+        ) from None
 
 
 def prompt_ids(tok: Tokenizer, prompt: str, L: int) -> torch.Tensor:
