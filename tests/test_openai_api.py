@@ -204,6 +204,24 @@ def test_a_body_that_cannot_be_read_is_refused_in_openais_error_format(server, r
             assert r.status_code == status and message in r.json()["error"], r.text[:300]
 
 
+@pytest.mark.parametrize(
+    "method,path,status",
+    [("POST", "/v1/chat/completions", 404), ("GET", "/v1/completions", 405), ("GET", "/v1/a%0Ab", 404)],
+)
+def test_an_endpoint_not_served_under_v1_says_what_is_in_openais_error_format(server, method, path, status):
+    """A chat client, a GET of the completions endpoint: 404/405 in OpenAI's error format (one line, the
+    endpoints served named), not FastAPI's {"detail": ...}; the playground's own paths keep FastAPI's."""
+    import httpx
+
+    with httpx.Client(timeout=30) as c:
+        r = c.request(method, f"http://127.0.0.1:{server[1]}{path}", json={} if method == "POST" else None)
+        assert r.status_code == status, r.text[:300]
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"} and "\n" not in err["message"]
+        assert "this server serves GET /v1/models and POST /v1/completions" in err["message"]
+        assert c.get(f"http://127.0.0.1:{server[1]}/nope").json() == {"detail": "Not Found"}
+
+
 def test_a_full_queue_is_a_429_and_a_dropped_stream_is_cancelled(client, server, runs):
     import httpx
 

@@ -19,9 +19,9 @@ checked by the server's bounds and :meth:`SampleRequest.check`, and is written b
 OpenAI's other fields are accepted at their defaults only (``top_p`` 1, ``echo`` false, ``logprobs``,
 ``suffix``, ``logit_bias`` absent, the penalties 0, ``best_of`` 1, ``user`` any; a number never as a bool, a
 bool never as a number); anything else is HTTP 400, as is a body that cannot be read as JSON (not JSON, nested
-too deeply, a number of more than 4300 digits). Errors (413 over ``replaid serve --max-body`` too) are
-OpenAI's ``{"error": {"message", "type": "invalid_request_error", "param", "code": null}}``;
-the run's queue keeps the playground's bound, 429 and cancellation of a client that goes away.
+too deeply, a number of more than 4300 digits). Errors (413 over ``replaid serve --max-body``, 404 and 405
+for what is not served under ``/v1/`` too) are OpenAI's
+``{"error": {"message", "type": "invalid_request_error", "param", "code": null}}``; the run's queue keeps the playground's bound, 429 and cancellation of a client that goes away.
 
 Continuous batching (a block-diffusion run; :mod:`replaid.web.batcher`): the run's scheduler thread writes
 one running batch block by block, and a request that arrives while others run joins it at the next block
@@ -45,7 +45,9 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from replaid.sampling.errors import RequestError
 from replaid.sampling.request import SampleRequest
@@ -66,6 +68,7 @@ DEFAULTS = {  # OpenAI fields accepted at these values only
     "stream_options": (None,),
 }
 FIELDS = {"model", "prompt", "max_tokens", "stop", "seed", "n", "stream", "temperature", "steps", "ignore_eos", "user"}
+SERVED = "GET /v1/models and POST /v1/completions"  # the OpenAI endpoints (a 404/405 under /v1/ names them)
 NAMES = {"num": "n"}  # the request's fields that OpenAI names otherwise
 PARAMS = {"max_tokens", "n", "stop", "temperature", "steps", "seed", "prompt"}  # fields an error names as its ``param``
 
@@ -202,6 +205,15 @@ def _work(s: Slot, req: SampleRequest) -> Work:
 
 def add_completions(app: FastAPI, slots: dict[str, Slot], limits: Limits) -> None:
     """Registers ``GET /v1/models`` and ``POST /v1/completions`` (module docstring) on ``app``."""
+
+    @app.exception_handler(StarletteHTTPException)
+    async def v1_errors(request: Request, exc: StarletteHTTPException):
+        """A path under ``/v1/`` that is not served, or not with this method (404, 405): OpenAI's error
+        object saying what is; FastAPI's own answer elsewhere (the playground's)."""
+        if not request.url.path.startswith("/v1/"):
+            return await http_exception_handler(request, exc)
+        msg = f"{request.method} {request.url.path}: {exc.detail}; this server serves {SERVED}"
+        return JSONResponse(error_body(msg), status_code=exc.status_code, headers=exc.headers)
 
     @app.get("/v1/models")
     def models():
