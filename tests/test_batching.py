@@ -251,6 +251,14 @@ def test_the_scheduler_admits_max_batch_rows_and_max_queue_waiting_beyond_them()
     assert "1 requests are waiting beyond them (limit 1)" in msg, msg
     with sched.cond:
         sched.running, sched.waiting = 0, deque()
+    # a request of more than max_batch samples (replaid serve --max-samples 8 --max-batch 4) runs alone once
+    # the batch is empty: on an idle run it is admitted even when nothing may wait (--max-queue 0), where it
+    # was a 429 'busy' that no retry could pass; behind a running batch it is a 429 then
+    idle = Batcher("bd3", as_run(method, model), max_batch=4, max_queue=0)
+    assert idle.admit(6)
+    with idle.cond:
+        idle.running = 1
+    assert not idle.admit(6)
 
 
 def test_the_scheduler_joins_in_arrival_order_what_fits_and_agrees_with_the_batch():

@@ -155,6 +155,16 @@ def test_json_rows_of_a_completion(run_dir, capsys):
         (["--max-tokens", "8", "--length", "16"], "--length and --max-tokens"),
         (["--stop", ""], "a stop string must not be empty"),
         (["--context", "a [MASK:4] b"], "--context"),
+        # a prompt that fills all a request may hold: shorten it (was "ask for fewer" --max-tokens than 1)
+        (["--prompt", "word " * BLOCK_LENGTH_FACTOR * L, "--max-tokens", "1"], "shorten the prompt to fewer than"),
+        (["--prompt", "word " * BLOCK_LENGTH_FACTOR * L], "shorten the prompt to fewer than"),
+        (["--prompt", "ab\udcff", "--max-tokens", "8"], "--prompt is not valid Unicode"),  # not UTF-8: a traceback
+        (
+            ["--length", str(BLOCK_LENGTH_FACTOR * L + 1)],
+            f"--length {BLOCK_LENGTH_FACTOR * L + 1}: passes the limit",
+        ),  # was: --max-tokens
+        (["--max-tokens", "9" * 5000], "(5000 digits): too long"),  # int()'s limit: was "not a whole number"
+        (["--steps", "-" + "9" * 5000], "(5000 digits): must be >= 1"),
     ],
 )
 def test_bad_completion_requests_get_one_line_and_status_2(run_dir, capsys, args, message):
@@ -180,6 +190,10 @@ def test_a_run_without_blocks_writes_at_most_its_length_less_the_prompt(run):
     _request(prompt="def", max_tokens=L - P).check(plain, tok, L)
     with pytest.raises(ConfigError, match=f"no block-diffusion run.*ask for at most {L - P}"):
         _request(prompt="def", max_tokens=L - P + 1).check(plain, tok, L)
+    long = "word " * L  # no max_tokens fits: the prompt must shrink (was "ask for at most -N")
+    for mt in (1, None):
+        with pytest.raises(ConfigError, match=f"the prompt is .*shorten the prompt to fewer than {L} tokens"):
+            _request(prompt=long, max_tokens=mt, stop=("x",)).check(plain, tok, L)
 
 
 class Chars:

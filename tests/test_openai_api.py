@@ -154,6 +154,17 @@ def test_stop_n_and_max_tokens(client, runs):
         ({"model": "nope"}, "model", "unknown model 'nope'"),
         ({"top_p": 0.5}, "top_p", "top_p is not supported"),
         ({"prompt": [1, 2, 3]}, "prompt", "prompt must be a string"),
+        # past 1e308 (math.isfinite's OverflowError was a 500)
+        ({"max_tokens": 10**400}, "max_tokens", "max_tokens must be between 1 and 512"),
+        ({"extra_body": {"steps": 10**400}}, "steps", "steps must be between 1 and 1024"),
+        ({"model": ["bd3"]}, "model", 'unknown model ["bd3"]'),  # no model id (unhashable: was a 500)
+        ({"model": None}, "model", "no model; this server serves bd3, plain"),
+        ({"seed": -1}, "seed", "seed -1: must be a non-negative integer below 2^63"),
+        ({"best_of": True}, "best_of", "best_of is not supported"),  # true is no best_of 1
+        ({"extra_body": {"echo": 0}}, "echo", "echo is not supported"),
+        # a prompt no max_tokens can make room for: shorten it (was "ask for at most -N")
+        ({"model": "plain", "prompt": "word " * 20}, "prompt", f"shorten the prompt to fewer than {L} tokens"),
+        ({"prompt": "word " * 20 * 64 * L}, "prompt", f"shorten the prompt to fewer than {64 * L} tokens"),
     ],
 )
 def test_a_bad_request_is_a_400_in_openais_error_format(client, kw, param, message):
@@ -163,6 +174,52 @@ def test_a_bad_request_is_a_400_in_openais_error_format(client, kw, param, messa
     err = e.value.body
     assert err["type"] == "invalid_request_error" and err["param"] == param and err["code"] is None
     assert message in err["message"] and "\n" not in err["message"]
+
+
+@pytest.mark.parametrize(
+    "raw,status,param,message",
+    [
+        (b"{not json", 400, None, "the request body is not JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, 400, None, "nested too deeply"),  # RecursionError: was a 500
+        (b'{"max_tokens": ' + b"9" * 5000 + b"}", 400, None, "a number too long"),  # int's digit limit: a 500
+        (b'{"model": "bd3", "prompt": "ab\\udcff"}', 400, "prompt", "prompt is not valid Unicode"),  # tokenizer: a 500
+        (b'{"prompt": "' + b"x" * (2 << 20) + b'"}', 413, None, "over the limit of 1048576 bytes"),
+    ],
+    ids=["not-json", "deep", "long-number", "lone-surrogate", "too-big"],
+)
+def test_a_body_that_cannot_be_read_is_refused_in_openais_error_format(server, raw, status, param, message):
+    """Raw bodies the official client never sends: HTTP 400 (413 over --max-body) in OpenAI's error format
+    from /v1/completions, never a 500; the playground's /api/generate gives its one-line error for the same
+    bytes (a body it cannot read as JSON at all)."""
+    import httpx
+
+    with httpx.Client(timeout=30) as c:
+        r = c.post(f"http://127.0.0.1:{server[1]}/v1/completions", content=raw)
+        assert r.status_code == status, r.text[:300]
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["param"] == param
+        assert message in err["message"] and "\n" not in err["message"]
+        if param is None:
+            r = c.post(f"http://127.0.0.1:{server[1]}/api/generate", content=raw)
+            assert r.status_code == status and message in r.json()["error"], r.text[:300]
+
+
+@pytest.mark.parametrize(
+    "method,path,status",
+    [("POST", "/v1/chat/completions", 404), ("GET", "/v1/completions", 405), ("GET", "/v1/a%0Ab", 404)],
+)
+def test_an_endpoint_not_served_under_v1_says_what_is_in_openais_error_format(server, method, path, status):
+    """A chat client, a GET of the completions endpoint: 404/405 in OpenAI's error format (one line, the
+    endpoints served named), not FastAPI's {"detail": ...}; the playground's own paths keep FastAPI's."""
+    import httpx
+
+    with httpx.Client(timeout=30) as c:
+        r = c.request(method, f"http://127.0.0.1:{server[1]}{path}", json={} if method == "POST" else None)
+        assert r.status_code == status, r.text[:300]
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"} and "\n" not in err["message"]
+        assert "this server serves GET /v1/models and POST /v1/completions" in err["message"]
+        assert c.get(f"http://127.0.0.1:{server[1]}/nope").json() == {"detail": "Not Found"}
 
 
 def test_a_full_queue_is_a_429_and_a_dropped_stream_is_cancelled(client, server, runs):

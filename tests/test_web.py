@@ -210,6 +210,14 @@ def test_server_rejects_bad_requests_with_one_line(client, body, status, message
     assert message in err and "\n" not in err
 
 
+def test_text_that_is_not_unicode_is_one_line_not_a_500(client):
+    """A lone surrogate in the text box (a JSON ``\\udcff`` escape): HTTP 400 naming the field, for a
+    generation and an edit, before the text is tokenised (the tokenizer's TypeError was a 500)."""
+    for path in ("/api/generate", "/api/edit"):
+        resp = client.post(path, content=b'{"run": "replaid", "steps": 4, "text": "The \\udcff"}')
+        assert resp.status_code == 400 and resp.json()["error"].startswith("text is not valid Unicode"), resp.text
+
+
 def test_server_serves_only_listed_figures(client):
     info = client.get("/api/runs/replaid").json()
     assert [f["name"] for f in info["figures"]] == ["diagnose/loss_vs_t.png"]

@@ -181,9 +181,15 @@ def int_in(lo: int | None = None, hi: int | None = None):
     """An argparse type: an exact whole number (no ``1e9``, no ``2.0``) in ``[lo, hi]``."""
 
     def parse(s: str) -> int:
+        t = s.strip()
         try:
-            v = int(s.strip(), 10)
+            v = int(t, 10)
         except ValueError:
+            digits = t.removeprefix("-").removeprefix("+")
+            if digits.isascii() and digits.isdigit():  # past Python's limit of 4300 digits: past any bound too
+                bound = lo if t.startswith("-") else hi
+                most = f"must be {'>=' if t.startswith('-') else '<='} {bound}" if bound is not None else "too long"
+                raise argparse.ArgumentTypeError(f"{t[:12]}... ({len(digits)} digits): {most}") from None
             raise argparse.ArgumentTypeError(f"{s[:40]!r} is not a whole number; give digits, e.g. 16") from None
         if lo is not None and v < lo:
             raise argparse.ArgumentTypeError(f"{v}: must be >= {lo}")

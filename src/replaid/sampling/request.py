@@ -58,7 +58,8 @@ class RequestLimits:
 
     def check(self, req: SampleRequest, trained_len: int) -> None:
         def between(k: str, v: float, lo: float, hi: float, extra: str = "") -> None:
-            if not (math.isfinite(v) and lo <= v <= hi):  # NaN fails too
+            # NaN fails too; an int is compared as it is (math.isfinite would overflow on one past 1e308)
+            if not (lo <= v <= hi and (isinstance(v, int) or math.isfinite(v))):
                 raise RequestError(f"{ref(k)} must be between {lo:g} and {hi:g}{extra}, got {v}")
 
         between("steps", req.steps, 1, self.max_steps)
@@ -251,6 +252,7 @@ class SampleRequest:
 
         if limits is not None:
             limits.check(self, trained_len)
+        self._check_text()
         refusal = method.sampling_refusal()
         if refusal is not None:
             raise ValueError(refusal)
@@ -337,6 +339,14 @@ class SampleRequest:
         self._check_guidance(L)
         return plan
 
+    def _check_text(self) -> None:
+        """Refuse the request's text that no tokenizer can read (:func:`check_text`)."""
+        texts = {"prompt": (self.prompt,), "context": (self.context,), "edit": (self.edit,), "require": self.require}
+        for k, values in texts.items():
+            for v in values:
+                if v is not None:
+                    check_text(k, v)
+
     def _check_completion(self, tok: Tokenizer, trained_len: int, blocks: int, method: str) -> int:
         """Refuse a completion this run cannot write (module docstring); returns its most tokens, the
         prompt's included."""
@@ -358,26 +368,38 @@ class SampleRequest:
         if any(not s for s in self.stop):
             raise RequestError(f"{ref('stop')} '': a stop string must not be empty")
         P = len(tok.encode(self.prompt)) if self.prompt else 0
+        cap, L = BLOCK_LENGTH_FACTOR * trained_len, self.length_for(trained_len)
+        limit = f"{cap} tokens ({BLOCK_LENGTH_FACTOR} x the run's data.seq_len={trained_len}) per request"
+        # a prompt that fills all a request may hold: no max_tokens can help, the prompt must shrink
+        if blocks and P >= cap:
+            raise RequestError(
+                f"the prompt is {P} tokens, which leaves nothing to generate within the limit of {limit}; "
+                f"shorten the prompt to fewer than {cap} tokens"
+            )
+        if not blocks and P >= L:
+            raise RequestError(
+                f"the prompt is {P} tokens but this run is no block-diffusion run and writes {L} tokens at once "
+                f"({ref('length')}, else data.seq_len), leaving nothing to generate; shorten the prompt to "
+                f"fewer than {L} tokens"
+            )
         n = self.completion_tokens(trained_len, P)
         if n < 1:
             raise RequestError(
                 f"the prompt is {P} tokens but samples are {P + n} long, leaving nothing to generate; "
                 f"ask for more with {ref('max_tokens')}"
             )
-        if blocks:
-            cap = BLOCK_LENGTH_FACTOR * trained_len
-            if P + n > cap:
-                raise RequestError(
-                    f"{ref('max_tokens')} {n}: with the prompt's {P} tokens that passes the limit of {cap} tokens "
-                    f"({BLOCK_LENGTH_FACTOR} x the run's data.seq_len={trained_len}) per request; ask for fewer"
-                )
-        else:
-            L = self.length_for(trained_len)
-            if P + n > L:
-                raise RequestError(
-                    f"{ref('max_tokens')} {n}: this run is no block-diffusion run, it writes {L} tokens at once ({ref('length')}, "
-                    f"else data.seq_len), {P} of them the prompt's; ask for at most {L - P}"
-                )
+        if blocks and P + n > cap and self.max_tokens is None:  # the length asked for, the prompt's included
+            raise RequestError(f"{ref('length')} {P + n}: passes the limit of {limit}; ask for at most {cap}")
+        if blocks and P + n > cap:
+            raise RequestError(
+                f"{ref('max_tokens')} {n}: with the prompt's {P} tokens that passes the limit of {limit}; "
+                f"ask for at most {cap - P}"
+            )
+        if not blocks and P + n > L:
+            raise RequestError(
+                f"{ref('max_tokens')} {n}: this run is no block-diffusion run, it writes {L} tokens at once ({ref('length')}, "
+                f"else data.seq_len), {P} of them the prompt's; ask for at most {L - P}"
+            )
         return P + n
 
     def _check_guidance(self, L: int) -> None:
@@ -426,6 +448,18 @@ class SampleRequest:
             f"(data.seq_len={trained_len}); use at most {trained_len} or pass {ref('allow_longer')} to sample beyond it",
             L,
         )
+
+
+def check_text(field: str, text: str) -> None:
+    """Refuse ``text`` (request field ``field``) when no tokenizer can read it: a lone surrogate, which is
+    what Python makes of command-line bytes that are not UTF-8, and what a JSON ``"\\udcff"`` escape gives."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestError(
+            f"{ref(field)} is not valid Unicode: character {e.start} is a lone surrogate ({text[e.start]!r}, what "
+            "bytes that are not UTF-8 become); give UTF-8 text"
+        ) from None
 
 
 def prompt_ids(tok: Tokenizer, prompt: str, L: int) -> torch.Tensor:

@@ -7,7 +7,8 @@ Safety (``replaid serve`` binds 127.0.0.1 by default):
 * every request is validated with bounds on steps, length and samples (``Limits``), a bad one gets
   HTTP 400 with a one-line ``error``;
 * a request body over ``Limits.max_body`` bytes gets HTTP 413 before it is read: at once when its
-  Content-Length says so, as soon as the limit is passed when it comes in chunks;
+  Content-Length says so, as soon as the limit is passed when it comes in chunks (under ``/v1/``, with
+  OpenAI's error object);
 * each run has one worker thread: its generations run one at a time in arrival order, at most
   ``Limits.max_queue`` wait (more get HTTP 429); a page that goes away cancels its job at the next
   step; a block run's ``/v1/completions`` requests instead join one running batch at block boundaries
@@ -40,9 +41,9 @@ from fastapi.staticfiles import StaticFiles
 from replaid import schema
 from replaid.methods.base import Kind
 from replaid.web.batcher import Batcher
-from replaid.web.completions import add_completions
+from replaid.web.completions import add_completions, error_body
 from replaid.web.engine import Limits, classifier_meta, generate_stream, guides_for, parse, prepare, samplers_for
-from replaid.web.jobs import Slot, admit, busy, one_line, submit
+from replaid.web.jobs import Slot, admit, busy, one_line, read_json, submit
 
 PLOT_DIRS_SKIP = {"checkpoints", "tb", "tokenizer"}
 MAX_FIGURES = 200
@@ -262,9 +263,9 @@ def create_app(
     async def _stream(request: Request, edit: bool):
         """Validates a request body (a generation or an edit; 400 with one line) and streams it."""
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return err("the request body is not JSON")
+            body = read_json(await request.body())
+        except ValueError as e:
+            return err(str(e))
         try:
             req = parse(body, edit)
         except (ValueError, TypeError) as e:
@@ -319,7 +320,7 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body:
-            return await self._refuse(send, f"is {int(declared)} bytes")
+            return await self._refuse(scope, send, f"is {int(declared)} bytes")
         chunks, size = [], 0
         while True:
             msg = await receive()
@@ -328,7 +329,7 @@ class BodyLimit:
             chunks.append(msg.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_body:
-                return await self._refuse(send, f"passed {size} bytes")
+                return await self._refuse(scope, send, f"passed {size} bytes")
             if not msg.get("more_body", False):
                 break
         body, handed = b"".join(chunks), False
@@ -342,12 +343,14 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, send, what: str) -> None:
+    async def _refuse(self, scope, send, what: str) -> None:
+        """HTTP 413: the playground's one-line error, or OpenAI's error object under ``/v1/``."""
         msg = (
             f"the request body {what}, over the limit of {self.max_body} bytes (replaid serve --max-body); "
             "send a smaller request"
         )
-        data = json.dumps({"error": msg}).encode()
+        openai = str(scope.get("path", "")).startswith("/v1/")
+        data = json.dumps(error_body(msg) if openai else {"error": msg}).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
         await send({"type": "http.response.start", "status": 413, "headers": [*headers, (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": data})

@@ -96,7 +96,8 @@ class Batcher:
         with self.cond:
             beyond = self.beyond()
             room = self.max_batch - self.running - sum(j.req.num for j in self.waiting)
-            return (beyond == 0 and num <= room) or beyond < self.max_queue
+            idle = self.running == 0 and not self.waiting  # more than max_batch samples run alone, at once now
+            return (beyond == 0 and (num <= room or idle)) or beyond < self.max_queue
 
     def busy(self) -> str:
         """The 429's message."""

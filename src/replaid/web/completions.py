@@ -17,9 +17,11 @@ checked by the server's bounds and :meth:`SampleRequest.check`, and is written b
   --temperature``), its score temperature staying 1.
 
 OpenAI's other fields are accepted at their defaults only (``top_p`` 1, ``echo`` false, ``logprobs``,
-``suffix``, ``logit_bias`` absent, the penalties 0, ``best_of`` 1, ``user`` any); anything else is HTTP 400.
-Errors are OpenAI's ``{"error": {"message", "type": "invalid_request_error", "param", "code": null}}``;
-the run's queue keeps the playground's bound, 429 and cancellation of a client that goes away.
+``suffix``, ``logit_bias`` absent, the penalties 0, ``best_of`` 1, ``user`` any; a number never as a bool, a
+bool never as a number); anything else is HTTP 400, as is a body that cannot be read as JSON (not JSON, nested
+too deeply, a number of more than 4300 digits). Errors (413 over ``replaid serve --max-body``, 404 and 405
+for what is not served under ``/v1/`` too) are OpenAI's
+``{"error": {"message", "type": "invalid_request_error", "param", "code": null}}``; the run's queue keeps the playground's bound, 429 and cancellation of a client that goes away.
 
 Continuous batching (a block-diffusion run; :mod:`replaid.web.batcher`): the run's scheduler thread writes
 one running batch block by block, and a request that arrives while others run joins it at the next block
@@ -43,14 +45,16 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from replaid.sampling.errors import RequestError
 from replaid.sampling.request import SampleRequest
 from replaid.sampling.stream import Completion
 from replaid.web.batcher import done_event
 from replaid.web.engine import Cancelled, Limits
-from replaid.web.jobs import Emit, Slot, Work, admit, busy, submit
+from replaid.web.jobs import Emit, Slot, Work, admit, busy, read_json, submit
 
 DEFAULTS = {  # OpenAI fields accepted at these values only
     "top_p": (1, 1.0, None),
@@ -64,8 +68,9 @@ DEFAULTS = {  # OpenAI fields accepted at these values only
     "stream_options": (None,),
 }
 FIELDS = {"model", "prompt", "max_tokens", "stop", "seed", "n", "stream", "temperature", "steps", "ignore_eos", "user"}
+SERVED = "GET /v1/models and POST /v1/completions"  # the OpenAI endpoints (a 404/405 under /v1/ names them)
 NAMES = {"num": "n"}  # the request's fields that OpenAI names otherwise
-PARAMS = {"max_tokens", "n", "stop", "temperature", "steps"}  # fields an error names as its ``param``
+PARAMS = {"max_tokens", "n", "stop", "temperature", "steps", "seed", "prompt"}  # fields an error names as its ``param``
 
 
 class ApiError(ValueError):
@@ -87,6 +92,12 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _at_default(v: Any, allowed: tuple) -> bool:
+    """Whether ``v`` is one of ``allowed``, a bool only as a bool (``true`` is no ``best_of`` 1, ``0`` no
+    ``echo`` false), as ``stream`` and ``ignore_eos`` take only true or false."""
+    return any(v == d and isinstance(v, bool) == isinstance(d, bool) for d in allowed)
+
+
 def _field(body: dict, k: str, default: Any, ok, what: str) -> Any:
     v = body.get(k, default)
     if v is None:
@@ -103,13 +114,15 @@ def request_of(body: Any, slots: dict[str, Slot]) -> tuple[Slot, SampleRequest, 
         raise ApiError("the request body must be a JSON object")
     for k in sorted(body):
         if k in DEFAULTS:
-            if body[k] not in DEFAULTS[k]:
+            if not _at_default(body[k], DEFAULTS[k]):
                 raise ApiError(f"{k} is not supported by this server (leave it out)", k)
         elif k not in FIELDS:
             raise ApiError(f"unknown field {k!r}; this server reads {', '.join(sorted(FIELDS))}", k)
     model = body.get("model")
-    if model not in slots:
-        raise ApiError(f"unknown model {model!r}; this server serves {', '.join(slots)}", "model")
+    if not isinstance(model, str) or model not in slots:  # (a list or an object is no model id either)
+        shown = repr(model) if isinstance(model, str) else json.dumps(model)
+        what = "no model" if model is None else f"unknown model {shown[:80]}"
+        raise ApiError(f"{what}; this server serves {', '.join(slots)} (give one as model)", "model")
     prompt = body.get("prompt", "")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
@@ -193,6 +206,15 @@ def _work(s: Slot, req: SampleRequest) -> Work:
 def add_completions(app: FastAPI, slots: dict[str, Slot], limits: Limits) -> None:
     """Registers ``GET /v1/models`` and ``POST /v1/completions`` (module docstring) on ``app``."""
 
+    @app.exception_handler(StarletteHTTPException)
+    async def v1_errors(request: Request, exc: StarletteHTTPException):
+        """A path under ``/v1/`` that is not served, or not with this method (404, 405): OpenAI's error
+        object saying what is; FastAPI's own answer elsewhere (the playground's)."""
+        if not request.url.path.startswith("/v1/"):
+            return await http_exception_handler(request, exc)
+        msg = f"{request.method} {request.url.path}: {exc.detail}; this server serves {SERVED}"
+        return JSONResponse(error_body(msg), status_code=exc.status_code, headers=exc.headers)
+
     @app.get("/v1/models")
     def models():
         data = [{"id": k, "object": "model", "created": 0, "owned_by": "replaid"} for k in slots]
@@ -201,9 +223,9 @@ def add_completions(app: FastAPI, slots: dict[str, Slot], limits: Limits) -> Non
     @app.post("/v1/completions")
     async def completions(request: Request):
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return ApiError("the request body is not JSON").response()
+            body = read_json(await request.body())
+        except ValueError as e:
+            return ApiError(str(e)).response()
         try:
             s, req, stream = request_of(body, slots)
             check(s, req, limits)

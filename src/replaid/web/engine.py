@@ -44,7 +44,7 @@ from replaid.config import ConfigError, coerce
 from replaid.methods.base import Kind
 from replaid.sampling.generate import Plan, generate
 from replaid.sampling.infill import InfillPlan
-from replaid.sampling.request import RequestLimits, SampleRequest, field_types, prompt_ids
+from replaid.sampling.request import RequestLimits, SampleRequest, check_text, field_types, prompt_ids
 
 MASK, EMPTY = -1, -2  # display ids: a masked position (MDLM), a not-yet-generated one (AR)
 _GAP = re.compile(r"\[\[\s*(\d*)\s*\]\]")  # an infill gap in the text box: [[8]] = 8 tokens to fill
@@ -286,6 +286,7 @@ def prepare(asked: Asked, run, limits: Limits, guides: dict[str, Guide] | None =
     batch, the text box laid out (a prompt, a ``[[n]]`` template or the text to edit), the classifier's
     guide."""
     check(asked, run)
+    check_text("text", asked.text)  # before the text box is tokenised
     cfg, tok = run.cfg, run.tokenizer
     bounds = limits.request_limits()
     max_len = limits.max_length or cfg.data.seq_len

@@ -12,13 +12,14 @@ gone (it raises :class:`~replaid.web.engine.Cancelled` at its next step), and a 
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from replaid.sampling.errors import RequestError
 from replaid.web.engine import Cancelled, Guide
@@ -57,6 +58,21 @@ class Slot:
     batcher: Scheduler | None = None  # a block run's /v1/completions scheduler (continuous batching)
     pending: int = 0  # queued or running generations
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def read_json(raw: bytes) -> Any:
+    """A request body as JSON, or ValueError with one line saying why it cannot be read: not JSON (or not
+    UTF-8), nested past the parser's depth, or a number of more digits than Python converts (4300)."""
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError("the request body is not JSON") from None
+    except RecursionError:
+        raise ValueError("the request body is nested too deeply to read; send a JSON object of plain values") from None
+    except ValueError:  # int("9" * 5000): Python's limit on the digits of an integer
+        raise ValueError(
+            "the request body holds a number too long to read; send numbers of at most 4300 digits"
+        ) from None
 
 
 def one_line(e: BaseException) -> str:
