@@ -379,7 +379,7 @@ def blocks_speed() -> dict:
         return f"{r['family']} {r['method']} b={r['block']} T={r['steps']} {r['length_x']}x batch {r['batch']}"
 
     return {
-        "note": "derived by scripts/page_figures.py from bench_blocks.json, batch16/ and batch16-b4/bench_blocks.json",
+        "note": "derived by scripts/page_figures.py from bench_blocks.json, batch16/, batch16-b4/ and repeats/round1-3/bench_blocks.json",
         "peak_mib": {key(r): r["peak_mem_bytes"] / 2**20 for r in d["rows"]},
         "batch16_b4_peak_mib": {key(r): r["peak_mem_bytes"] / 2**20 for r in b4["rows"]},
         "batch16_b4_blocks_over_full_tokens_per_s": {
@@ -387,7 +387,61 @@ def blocks_speed() -> dict:
             / next(r for r in b4["rows"] if r["family"] == "full" and r["method"] == m)["tokens_per_s"]
             for m in ("mdlm", "replaid")
         },
+        "repeats": blocks_speed_repeats(),
     }
+
+
+def blocks_speed_repeats() -> dict:
+    """The speed page's repeats (blocks/speed-cpu/repeats/round1-3): per configuration (batch, family,
+    method) the three rounds' tokens/s, time to first block and peak MiB, their median and range; per round
+    the ratios the page reads (blocks over full sequence, AR over blocks)."""
+    rounds = [
+        json.loads((RESULTS / "blocks" / "speed-cpu" / "repeats" / f"round{k}" / "bench_blocks.json").read_text())
+        for k in (1, 2, 3)
+    ]
+
+    def cell(rows: list[dict], batch: int, family: str, method: str) -> dict:
+        return next(r for r in rows if (r["batch"], r["family"], r["method"]) == (batch, family, method))
+
+    def summary(values: list[float]) -> dict:
+        return {"rounds": values, "median": float(np.median(values)), "min": min(values), "max": max(values)}
+
+    configs = [
+        (f, m)
+        for f, m in (("blocks", "mdlm"), ("full", "mdlm"), ("blocks", "replaid"), ("full", "replaid"), ("ar", "ar"))
+    ]
+    out: dict[str, Any] = {"note": "medians and ranges over the three rounds of repeats/", "configs": {}, "ratios": {}}
+    for batch in (1, 16):
+        for f, m in configs:
+            cells = [cell(d["rows"], batch, f, m) for d in rounds]
+            out["configs"][f"batch {batch} {f} {m}"] = {
+                "tokens_per_s": summary([c["tokens_per_s"] for c in cells]),
+                "ttfb_s": summary([c["ttfb_s"] for c in cells]),
+                "peak_mib": summary([c["peak_mem_bytes"] / 2**20 for c in cells]),
+            }
+        for m in ("mdlm", "replaid"):
+            out["ratios"][f"batch {batch} {m} blocks over full"] = [
+                cell(d["rows"], batch, "blocks", m)["tokens_per_s"] / cell(d["rows"], batch, "full", m)["tokens_per_s"]
+                for d in rounds
+            ]
+            for what, key in (("first block", "ttfb_s"), ("peak memory", "peak_mem_bytes")):
+                out["ratios"][f"batch {batch} {m} full over blocks, {what}"] = [
+                    cell(d["rows"], batch, "full", m)[key] / cell(d["rows"], batch, "blocks", m)[key] for d in rounds
+                ]
+            out["ratios"][f"batch {batch} ar over {m} blocks"] = [
+                cell(d["rows"], batch, "ar", "ar")["tokens_per_s"] / cell(d["rows"], batch, "blocks", m)["tokens_per_s"]
+                for d in rounds
+            ]
+    mdlm_minus_replaid = [
+        (
+            cell(d["rows"], 16, "blocks", "mdlm")["peak_mem_bytes"]
+            - cell(d["rows"], 16, "blocks", "replaid")["peak_mem_bytes"]
+        )
+        / 2**20
+        for d in rounds
+    ]
+    out["batch 16 blocks peak MiB, MDLM - RePlaid"] = mdlm_minus_replaid
+    return out
 
 
 def blocks_length() -> dict:
