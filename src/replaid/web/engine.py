@@ -131,10 +131,12 @@ def parse(body: Any, edit: bool = False) -> Asked:
         typ = str if k in OWN else hints[f]
         if f == "length" and v == 0 or isinstance(v, str) and not v.strip() and typ == str | None:
             v = None
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 2**63:  # a whole number, too large to be one
+            raise ValueError(f"field {k!r} is out of range ({len(str(abs(v)))} digits); use a number below 2**63")
         try:
             (own if k in OWN else kw)[f] = coerce(f, v, typ)
         except ConfigError:
-            raise ValueError(f"field {k!r} must be {_kind(typ)}, got {v!r}") from None
+            raise ValueError(f"field {k!r} must be {_kind(typ)}, got {repr(v)[:40]}") from None
     return Asked(request=SampleRequest(**kw), edit=edit, **own)
 
 
