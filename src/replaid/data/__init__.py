@@ -106,9 +106,9 @@ def describe(
     text_field: str = "text",
     max_docs: int = 0,
     vocab_size: int = 2048,
-    cache_dir: str | os.PathLike | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
     show_progress: bool = False,
-) -> dict:
+) -> dict[str, Any]:
     """Summary of one split: documents, tokens (incl. one EOS per document), vocab, and an example.
 
     Tokenises the split into the token cache (``cache_dir``, default ``default_cache_dir()``).

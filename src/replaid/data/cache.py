@@ -12,8 +12,9 @@ import itertools
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -44,7 +45,7 @@ def _batched(items: Iterable[str], n: int) -> Iterator[list[str]]:
         yield batch
 
 
-def _replace_atomically(path: Path, write) -> None:
+def _replace_atomically(path: Path, write: Callable[[Path], object]) -> None:
     """Call ``write(tmp_path)`` then rename the temporary file onto ``path``."""
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     try:
@@ -54,7 +55,7 @@ def _replace_atomically(path: Path, write) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def open_cache(cache_path: str | os.PathLike) -> tuple[np.memmap, dict]:
+def open_cache(cache_path: str | os.PathLike[str]) -> tuple[np.memmap, dict[str, Any]]:
     """Open a complete cache read-only: ``(tokens, meta)``."""
     cache_path = Path(cache_path)
     try:
@@ -76,22 +77,23 @@ def open_cache(cache_path: str | os.PathLike) -> tuple[np.memmap, dict]:
     return np.memmap(cache_path, dtype=dtype, mode="r", shape=(meta["n_tokens"],)), meta
 
 
-def load_doc_offsets(cache_path: str | os.PathLike) -> np.ndarray:
+def load_doc_offsets(cache_path: str | os.PathLike[str]) -> np.ndarray:
     """Document start offsets (``n_docs + 1`` int64 entries, the last = n_tokens)."""
     path = index_path(Path(cache_path))
     if not path.is_file():
         raise DataError(f"document index {path} not found: delete the token cache {cache_path} to rebuild it")
-    return np.load(path)
+    offsets: np.ndarray = np.load(path)
+    return offsets
 
 
 def tokenize_to_cache(
     docs: Iterable[str],
     tok: Tokenizer,
-    cache_path: str | os.PathLike,
+    cache_path: str | os.PathLike[str],
     *,
     show_progress: bool = True,
     batch_docs: int = 64,
-    extra_meta: dict | None = None,
+    extra_meta: dict[str, Any] | None = None,
 ) -> np.memmap:
     """Tokenise ``docs`` (EOS after each) into ``cache_path`` unless it already exists; return the memmap."""
     cache_path = Path(cache_path)
@@ -179,13 +181,13 @@ def get_token_array(
     source: str,
     split: str,
     tok: Tokenizer,
-    cache_dir: str | os.PathLike,
+    cache_dir: str | os.PathLike[str],
     *,
     text_field: str = "text",
     max_docs: int = 0,
     show_progress: bool = True,
     validate: bool = True,
-) -> tuple[np.memmap, dict]:
+) -> tuple[np.memmap, dict[str, Any]]:
     """Token array of ``split`` of ``source`` (tokenised once into ``cache_dir``) and its meta."""
     path = Path(cache_dir) / f"{cache_key(source, split, tok, text_field, max_docs)}.bin"
     docs = iter_documents(source, split, text_field, max_docs)

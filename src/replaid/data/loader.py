@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -73,7 +74,7 @@ class SequenceDataset:
 
     @classmethod
     def from_cache(
-        cls, tokens: np.ndarray, meta: dict, seq_len: int, *, packed: bool = True, pad_id: int | None = None
+        cls, tokens: np.ndarray, meta: dict[str, Any], seq_len: int, *, packed: bool = True, pad_id: int | None = None
     ) -> SequenceDataset:
         """Build from ``get_token_array``'s ``(array, meta)``; pads with the pad id, else EOS."""
         if packed:
@@ -196,7 +197,7 @@ class BatchLoader:
             out["micro"] = self.micro
         return out
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Go on from ``state_dict()``'s ``{"epoch": e, "index": i, "global_batch": g}``: whole numbers,
         ``e >= 0``, ``0 <= i <= steps_per_epoch`` and ``g`` this loader's global batch (else a DataError
         naming them). A state without ``global_batch`` (written before it was recorded) counted ``index`` in
@@ -231,7 +232,8 @@ def _counts(arr: np.ndarray, vocab_size: int) -> np.ndarray:
 def unigram_logp(train_array: np.ndarray, vocab_size: int) -> np.ndarray:
     """Log-probabilities (V,) float64 of the add-one-smoothed unigram model fitted on ``train_array``."""
     validate_tokens(train_array, vocab_size, "the train array")
-    return np.log(_counts(train_array, vocab_size) + 1.0) - np.log(len(train_array) + vocab_size)
+    logp: np.ndarray = np.log(_counts(train_array, vocab_size) + 1.0) - np.log(len(train_array) + vocab_size)
+    return logp
 
 
 def unigram_nll(train_array: np.ndarray, eval_array: np.ndarray, vocab_size: int) -> float:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from torch import Tensor
 
 from replaid.config import RunConfig
 from replaid.data import (
@@ -19,7 +22,7 @@ from replaid.data import (
     unigram_logp,
 )
 from replaid.data.sources import corpus_fingerprint
-from replaid.data.tokenizers import SPEC_FILE, tokenizer_files_sha256, vocab_sha256
+from replaid.data.tokenizers import SPEC_FILE, Tokenizer, tokenizer_files_sha256, vocab_sha256
 
 
 def cache_dir(cfg: RunConfig) -> str:
@@ -31,7 +34,7 @@ def has_saved_tokenizer(run_dir: Path) -> bool:
     return (Path(run_dir) / "tokenizer" / SPEC_FILE).is_file()
 
 
-def load_run_tokenizer(run_dir: Path):
+def load_run_tokenizer(run_dir: Path) -> Tokenizer:
     """The tokenizer a run was trained with (saved in RUN/tokenizer/); never made again in its place."""
     if not has_saved_tokenizer(run_dir):
         raise DataError(
@@ -42,7 +45,7 @@ def load_run_tokenizer(run_dir: Path):
     return load_saved_tokenizer(None, Path(run_dir) / "tokenizer")
 
 
-def tokenizer_mismatch(recorded: object, now: dict) -> str:
+def tokenizer_mismatch(recorded: object, now: dict[str, Any]) -> str:
     """Why the tokenizer ``now`` (:meth:`DataPipeline.tokenizer_binding`) is not the one a checkpoint
     recorded (``state["binding"]["tokenizer"]``), or "" when it is, or nothing was recorded (older runs)."""
     if not isinstance(recorded, dict):
@@ -67,14 +70,14 @@ class DataPipeline:
         world_size: int = 1,
         train: bool = True,
         new_run: bool = False,
-    ):
+    ) -> None:
         """``run_dir``: the run whose ``tokenizer/`` is loaded; only a run being made (``new_run``: a
         fresh ``train``) gets one built from the config and saved there, any other without one is an
         error (:func:`load_run_tokenizer`). ``train``: build the train loader (and fingerprint the corpus)."""
         self.cfg, d = cfg, cfg.data
         self.cache = cache_dir(cfg)
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        self._binding: dict | None = None
+        self._binding: dict[str, Any] | None = None
         if run_dir is not None and (has_saved_tokenizer(run_dir) or not new_run):
             self.tokenizer = load_run_tokenizer(Path(run_dir))
         else:
@@ -90,7 +93,7 @@ class DataPipeline:
             if run_dir is not None and rank == 0:
                 save_tokenizer(self.tokenizer, Path(run_dir) / "tokenizer")
         self.vocab_size = self.tokenizer.vocab_size
-        self._arrays: dict[str, tuple[np.ndarray, dict]] = {}
+        self._arrays: dict[str, tuple[np.ndarray, dict[str, Any]]] = {}
         self.rank, self.world_size = rank, world_size
         if train:
             self.binding()  # the corpus as it is now, before it is read
@@ -111,13 +114,13 @@ class DataPipeline:
             )
             self.train_iter = self.train_loader
 
-    def tokenizer_binding(self) -> dict:
+    def tokenizer_binding(self) -> dict[str, Any]:
         """What identifies the tokenizer: the sha256 of the files of ``RUN/tokenizer/`` and of its
         id -> token table (the latter also covers tokenizers read from ``data.tokenizer_path``)."""
         files = tokenizer_files_sha256(self.run_dir / "tokenizer") if self.run_dir is not None else {}
         return {"files": files, "vocab_sha256": vocab_sha256(self.tokenizer)}
 
-    def binding(self) -> dict:
+    def binding(self) -> dict[str, Any]:
         """``{"tokenizer": ..., "corpus": ...}`` as checkpoints record it (state.json ``"binding"``),
         computed once (a training pipeline: when it is made, before the corpus is read)."""
         if self._binding is None:
@@ -127,7 +130,7 @@ class DataPipeline:
             }
         return self._binding
 
-    def array(self, split: str) -> tuple[np.ndarray, dict]:
+    def array(self, split: str) -> tuple[np.ndarray, dict[str, Any]]:
         """The split's token array (tokenised once into the cache) and its meta."""
         if split not in self._arrays:
             d = self.cfg.data
@@ -140,7 +143,7 @@ class DataPipeline:
         arr, meta = self.array(split)
         return SequenceDataset.from_cache(arr, meta, self.cfg.data.seq_len, packed=self.cfg.data.packing)
 
-    def check_splits(self, splits) -> None:
+    def check_splits(self, splits: Iterable[str]) -> None:
         """Raise a DataError naming the split unless each holds at least one sequence (and, for the
         unigram reference, tokens)."""
         for split in dict.fromkeys(splits):
@@ -154,7 +157,7 @@ class DataPipeline:
                     f"data.seq_len={self.cfg.data.seq_len}; use a larger corpus or a smaller seq_len"
                 )
 
-    def eval_batches(self, split: str, batch_size: int, max_batches: int = 0) -> list[dict]:
+    def eval_batches(self, split: str, batch_size: int, max_batches: int = 0) -> list[dict[str, Tensor]]:
         """Deterministic, in-order batches of the split (this rank's share)."""
         ds = self.dataset(split)
         idx = list(range(self.rank, len(ds), self.world_size))

@@ -119,7 +119,7 @@ def corpus_files(root: Path) -> list[Path]:
     return list(dict.fromkeys(presplit)) or _local_files(root, "train")[0]
 
 
-def corpus_fingerprint(source: str) -> dict:
+def corpus_fingerprint(source: str) -> dict[str, Any]:
     """What identifies the corpus of ``data.source`` for a run (``"sha256"``: a digest of the rest).
 
     ``local``: each file's name (relative to the source), size and :func:`sampled_sha256`;
@@ -143,7 +143,7 @@ def corpus_fingerprint(source: str) -> dict:
     return fp
 
 
-def corpus_change(old: dict, new: dict) -> str:
+def corpus_change(old: dict[str, Any], new: dict[str, Any]) -> str:
     """What differs between two :func:`corpus_fingerprint` results, in a few words ("" when nothing)."""
     if old.get("sha256") == new.get("sha256"):
         return ""
@@ -180,7 +180,7 @@ def stdlib_root() -> Path:
 _DEFS = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
-def _defs(stmts: list) -> Iterator[ast.AST]:
+def _defs(stmts: Iterable[ast.AST]) -> Iterator[ast.AST]:
     """Class/function definitions among ``stmts`` and their nested blocks, in source order."""
     for st in stmts:
         if isinstance(st, _DEFS):
@@ -488,13 +488,14 @@ def _wikitext_articles(lines: Iterable[str]) -> Iterator[str]:
         yield "".join(buf).strip("\n")
 
 
-def _row_text(row: dict, text_field: str, name: str) -> str:
+def _row_text(row: dict[str, Any], text_field: str, name: str) -> str:
     if text_field not in row:
         raise DataError(
             f"Hugging Face dataset {name!r} has no {text_field!r} field (it has {', '.join(row)}): "
             f"set data.text_field to the field holding the text"
         )
-    return row[text_field]
+    text: str = row[text_field]
+    return text
 
 
 def iter_hf_documents(

@@ -14,11 +14,14 @@ import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from replaid import schema
 from replaid.data.errors import DataError
 from replaid.fileio import atomic_write_text
+
+if TYPE_CHECKING:
+    import tokenizers
 
 EOT = "<|endoftext|>"
 KINDS = ("gpt2", "llama2", "bert-base-cased", "bert-base-uncased", "bpe", "file")
@@ -45,7 +48,9 @@ class Tokenizer(Protocol):
 class HFTokenizer:
     """A Hugging Face ``tokenizers.Tokenizer`` (no special tokens added on encode)."""
 
-    def __init__(self, tok, *, name: str, kind: str, path: str = "", eos_token: str | None = None):
+    def __init__(
+        self, tok: tokenizers.Tokenizer, *, name: str, kind: str, path: str = "", eos_token: str | None = None
+    ) -> None:
         self._tok = tok
         self.name, self.kind, self.path = name, kind, path
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
@@ -74,7 +79,7 @@ class HFTokenizer:
 class SentencePieceTokenizer:
     """A sentencepiece model (Llama-2); no BOS/EOS added on encode."""
 
-    def __init__(self, model_file: str, *, name: str = "llama2", kind: str = "llama2"):
+    def __init__(self, model_file: str, *, name: str = "llama2", kind: str = "llama2") -> None:
         import sentencepiece as spm
 
         try:
@@ -90,16 +95,19 @@ class SentencePieceTokenizer:
         self.pad_id = self._sp.pad_id() if self._sp.pad_id() >= 0 else None
 
     def encode(self, text: str) -> list[int]:
-        return self._sp.encode(text)
+        ids: list[int] = self._sp.encode(text)
+        return ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return self._sp.encode(list(texts))
+        ids: list[list[int]] = self._sp.encode(list(texts))
+        return ids
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self._sp.decode([int(i) for i in ids])
+        text: str = self._sp.decode([int(i) for i in ids])
+        return text
 
 
-def _first_id(tok, tokens: Sequence[str]) -> int | None:
+def _first_id(tok: tokenizers.Tokenizer, tokens: Sequence[str]) -> int | None:
     for t in tokens:
         i = tok.token_to_id(t)
         if i is not None:
@@ -113,7 +121,7 @@ def _need_file(path: Path, what: str) -> Path:
     return path
 
 
-def _from_hub(name: str):
+def _from_hub(name: str) -> tokenizers.Tokenizer:
     import tokenizers
 
     try:
@@ -181,7 +189,7 @@ def _bert(kind: str, path: str) -> HFTokenizer:
     return HFTokenizer(tok, name=kind, kind=kind, path=str(Path(path).resolve()), eos_token="[SEP]")
 
 
-def train_bpe(texts: Iterator[str], vocab_size: int):
+def train_bpe(texts: Iterator[str], vocab_size: int) -> tokenizers.Tokenizer:
     """Train a byte-level BPE (special token ``<|endoftext|>``) on ``texts``."""
     import tokenizers
     from tokenizers import decoders, models, pre_tokenizers, trainers
@@ -224,7 +232,7 @@ def split_long_words(texts: Iterator[str], n: int = MAX_WORD_CHARS) -> Iterator[
         yield text[start:]
 
 
-def _content_name(kind: str, tok) -> str:
+def _content_name(kind: str, tok: tokenizers.Tokenizer) -> str:
     digest = hashlib.sha256(tok.to_str().encode()).hexdigest()[:10]
     return f"{kind}-{tok.get_vocab_size(with_added_tokens=True)}-{digest}"
 
@@ -233,7 +241,7 @@ def _bpe(
     path: str,
     corpus: Callable[[], Iterator[str]] | None,
     vocab_size: int,
-    cache_dir: str | os.PathLike | None,
+    cache_dir: str | os.PathLike[str] | None,
     fingerprint: str,
 ) -> HFTokenizer:
     if path.endswith(".json"):
@@ -265,7 +273,7 @@ def build_tokenizer(
     *,
     corpus: Callable[[], Iterator[str]] | None = None,
     vocab_size: int = 2048,
-    cache_dir: str | os.PathLike | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
     fingerprint: str = "",
 ) -> Tokenizer:
     """Build a tokenizer of ``kind`` from ``path`` (bpe: train on ``corpus()`` or load from cache).
@@ -288,7 +296,9 @@ def build_tokenizer(
     raise DataError(f"unknown tokenizer kind {kind!r}: set data.tokenizer to one of {', '.join(KINDS)}")
 
 
-def load_tokenizer_file(json_path: str | os.PathLike, *, kind: str = "file", name: str | None = None) -> HFTokenizer:
+def load_tokenizer_file(
+    json_path: str | os.PathLike[str], *, kind: str = "file", name: str | None = None
+) -> HFTokenizer:
     """Load a Hugging Face ``tokenizer.json`` (e.g. one a run directory carries)."""
     import tokenizers
 
@@ -302,7 +312,7 @@ def load_tokenizer_file(json_path: str | os.PathLike, *, kind: str = "file", nam
     return HFTokenizer(tok, name=name or _content_name(kind, tok), kind=kind, path=str(p.resolve()))
 
 
-def save_tokenizer(tok: Tokenizer, out_dir: str | os.PathLike) -> dict:
+def save_tokenizer(tok: Tokenizer, out_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Save what is needed to rebuild ``tok`` into ``out_dir``; return the spec (also written there).
 
     Trained/file tokenizers are copied as ``tokenizer.json``; the others store kind and path.
@@ -322,7 +332,7 @@ def save_tokenizer(tok: Tokenizer, out_dir: str | os.PathLike) -> dict:
     return spec
 
 
-def load_saved_tokenizer(spec: dict | None, out_dir: str | os.PathLike) -> Tokenizer:
+def load_saved_tokenizer(spec: dict[str, Any] | None, out_dir: str | os.PathLike[str]) -> Tokenizer:
     """Rebuild a tokenizer saved by ``save_tokenizer`` (spec None: read it from ``out_dir``)."""
     if spec is None:
         spec_path = _need_file(Path(out_dir) / SPEC_FILE, "a run directory holding tokenizer_spec.json")
@@ -354,7 +364,7 @@ def vocab_sha256(tok: Tokenizer) -> str:
     return hashlib.sha256(json.dumps(table, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def tokenizer_files_sha256(folder: str | os.PathLike) -> dict[str, str]:
+def tokenizer_files_sha256(folder: str | os.PathLike[str]) -> dict[str, str]:
     """sha256 of the files a saved tokenizer folder (``RUN/tokenizer/``) is rebuilt from: its spec and
     the file the spec names (another file there changes nothing and is left out)."""
     root = Path(folder)
@@ -376,7 +386,7 @@ def tokenizer_for_source(
     *,
     text_field: str = "text",
     vocab_size: int = 2048,
-    cache_dir: str | os.PathLike | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
     max_docs: int = 0,
 ) -> Tokenizer:
     """``build_tokenizer``, training a ``bpe`` on the train split of ``source`` when needed."""

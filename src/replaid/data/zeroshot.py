@@ -50,6 +50,8 @@ from replaid.data.errors import DataError
 if TYPE_CHECKING:
     import numpy as np
 
+    from replaid.data.tokenizers import Tokenizer
+
 # ------------------------------------------------------------------ detokenisers (MDLM dataloader.py)
 
 
@@ -115,7 +117,7 @@ def scientific_papers_detokenizer(x: str) -> str:
 @dataclass(frozen=True)
 class ZeroShotSet:
     name: str
-    hub: tuple  # datasets.load_dataset(*hub)
+    hub: tuple[str, ...]  # datasets.load_dataset(*hub)
     split: str
     field: str
     detok: Callable[[str], str] | None
@@ -241,7 +243,7 @@ def wrap_documents(docs: list[list[int]], seq_len: int, bos: int, eos: int, grou
     return np.asarray(rows, dtype=np.int64).reshape(-1, seq_len)
 
 
-def bos_eos(tok) -> tuple[int, int]:
+def bos_eos(tok: Tokenizer) -> tuple[int, int]:
     """MDLM's BOS/EOS: the tokenizer's own (GPT-2: both <|endoftext|>); BERT-style: [CLS] / [SEP]."""
     inner = getattr(tok, "_tok", None)
     cls = inner.token_to_id("[CLS]") if inner is not None else None
