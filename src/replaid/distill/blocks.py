@@ -111,7 +111,8 @@ def block_ehat_fn(model: torch.nn.Module, context: BlockContext) -> BlockEHat:
 
     def call(z: Tensor, gamma: Tensor, e_sc: Tensor | None) -> Tensor:
         sc = None if e_sc is None else e_sc.to(dtype)
-        return model(z.to(dtype), gamma.to(z.device, torch.float64), sc, context=context).e_hat.double()
+        e_hat: Tensor = model(z.to(dtype), gamma.to(z.device, torch.float64), sc, context=context).e_hat.double()
+        return e_hat
 
     return call
 

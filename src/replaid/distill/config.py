@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from replaid.config import ConfigError
@@ -42,7 +43,7 @@ class DistillConfig:
         need(self.method in METHODS, f"--method must be one of {', '.join(METHODS)}, got {self.method!r}")
         for k in ("from_steps", "to_steps", "steps_per_round", "cd_steps", "cd_levels"):
             need(getattr(self, k) >= 1, f"--{k.replace('_', '-')} must be >= 1, got {getattr(self, k)}")
-        po2 = lambda n: n & (n - 1) == 0
+        po2: Callable[[int], bool] = lambda n: n & (n - 1) == 0
         need(po2(self.from_steps) and po2(self.to_steps), "--from-steps and --to-steps must be powers of two")
         need(self.to_steps < self.from_steps, "--to-steps must be below --from-steps (each round halves them)")
         need(self.cd_solver in ("heun", "ddim"), f"--cd-solver must be heun or ddim, got {self.cd_solver!r}")
@@ -66,4 +67,5 @@ class DistillConfig:
 
     def student_steps(self, rnd: int) -> int:
         """Progressive: the student's DDIM steps in round ``rnd`` (0-based)."""
-        return self.from_steps // 2 ** (rnd + 1)
+        steps: int = self.from_steps // 2 ** (rnd + 1)
+        return steps

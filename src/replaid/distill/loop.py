@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -41,7 +41,7 @@ from replaid import schema
 from replaid.config import ConfigError
 from replaid.distill import targets as T
 from replaid.distill.blocks import block_progressive_batch
-from replaid.distill.config import DistillConfig
+from replaid.distill.config import DistillConfig as DistillConfig  # the CLI and tests import it from here
 from replaid.fileio import fsync_file
 from replaid.methods.base import Kind
 from replaid.model.replaid import RePlaid
@@ -58,7 +58,8 @@ def _ehat_fn(model: torch.nn.Module) -> T.EHat:
     def call(z: Tensor, gamma: float, e_sc: Tensor | None) -> Tensor:
         g = torch.full((z.shape[0],), gamma, dtype=torch.float64, device=z.device)  # (B,)
         sc = None if e_sc is None else e_sc.float()
-        return model(z.float(), g, sc).e_hat.double()
+        e_hat: Tensor = model(z.float(), g, sc).e_hat.double()
+        return e_hat
 
     return call
 
@@ -146,7 +147,7 @@ class Distiller:
             p.requires_grad_(False)
         self.round_teacher, self.round_sc = t, False
 
-    def progressive_loss(self, tokens: Tensor, gen: torch.Generator) -> tuple[Tensor, dict]:
+    def progressive_loss(self, tokens: Tensor, gen: torch.Generator) -> tuple[Tensor, dict[str, float]]:
         d = self.dcfg
         rnd = self.step // d.steps_per_round
         self._enter_round(rnd)
@@ -171,7 +172,7 @@ class Distiller:
         return loss, {"loss": float(loss.detach()), "mse_e": float(per_row.mean()), "round": rnd, "student_steps": K}
 
     # ---- consistency ---------------------------------------------------------------------
-    def consistency_loss(self, tokens: Tensor, gen: torch.Generator) -> tuple[Tensor, dict]:
+    def consistency_loss(self, tokens: Tensor, gen: torch.Generator) -> tuple[Tensor, dict[str, float]]:
         d = self.dcfg
         g = gamma_grid(self.teacher.schedule, d.cd_levels)  # (N + 1,)
         assert self.target is not None and self.target_model is not None
@@ -185,7 +186,7 @@ class Distiller:
         return loss, {"loss": float(loss.detach())}
 
     # ---- the loop ------------------------------------------------------------------------
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         return {
             "config": self.cfg.to_dict(),
             "method": self.cfg.method,
@@ -242,7 +243,9 @@ class Distiller:
         self.loader.load_state_dict(stored.state["data_state"])
         self.step = stored.step
 
-    def run(self, resume: bool, progress: bool, stop_after: int | None, log: Callable[[dict], None]) -> dict:
+    def run(
+        self, resume: bool, progress: bool, stop_after: int | None, log: Callable[[dict[str, float]], None]
+    ) -> dict[str, float]:
         from replaid.data.pipeline import DataPipeline
 
         self.data = DataPipeline(self.cfg, self.out, train=True, new_run=not resume)  # resumed: its own tokenizer/
@@ -261,7 +264,7 @@ class Distiller:
             gen = torch.Generator().manual_seed(self.dcfg.seed * 1_000_003 + self.step)
             loss, m = loss_fn(tokens, gen)
             self.opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
             gn = torch.nn.utils.clip_grad_norm_(self.params, 1.0)
             if torch.isfinite(loss) and torch.isfinite(gn):
                 self.opt.step()
@@ -289,7 +292,7 @@ def distill(
     overwrite: bool = False,
     progress: bool = True,
     stop_after: int | None = None,
-) -> dict:
+) -> dict[str, float]:
     """Distil ``teacher_path`` into the student run folder ``out`` (module docstring); returns the last metrics."""
     dcfg.validate()
     out = Path(out)
@@ -320,7 +323,7 @@ def distill(
             )
         log_path = out / "distill_metrics.jsonl"
 
-        def log(row: dict) -> None:
+        def log(row: dict[str, float]) -> None:
             with open(log_path, "a") as f:
                 f.write(json.dumps(row) + "\n")
 

@@ -205,12 +205,14 @@ def student_ehat(student: torch.nn.Module, z: Tensor, gammas: Tensor) -> Tensor:
     """The student's ``e_hat`` with gradient and no self-conditioning input, per-row ``gammas`` (B,).
     z (B, L, d_e) float64 -> (B, L, d_e) float64."""
     dtype = next(student.parameters()).dtype  # float32 networks; a float64 one (tests) keeps float64
-    return student(z.to(dtype), gammas.to(z.device, torch.float64), None).e_hat.double()
+    e_hat: Tensor = student(z.to(dtype), gammas.to(z.device, torch.float64), None).e_hat.double()
+    return e_hat
 
 
-def _rows_by_level(idx: Tensor, device) -> list[tuple[int, Tensor]]:
+def _rows_by_level(idx: Tensor, device: torch.device) -> list[tuple[int, Tensor]]:
     """(level k, the rows drawn at it) for each level present in ``idx`` (B,)."""
-    return [(k, (idx == k).nonzero().squeeze(1).to(device)) for k in idx.unique().tolist()]
+    levels: list[int] = idx.unique().tolist()  # type: ignore[no-untyped-call]  # torch leaves Tensor.unique unannotated
+    return [(k, (idx == k).nonzero().squeeze(1).to(device)) for k in levels]
 
 
 def progressive_batch(
