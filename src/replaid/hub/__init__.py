@@ -19,7 +19,7 @@ from replaid.training.loading import Run, load_run, looks_like_hub_id, resolve
 __all__ = ["Run", "from_pretrained", "looks_like_hub_id", "resolve"]
 
 
-def from_pretrained(path_or_id: str | os.PathLike, use_ema: bool = True, device: str = "auto"):
+def from_pretrained(path_or_id: str | os.PathLike[str], use_ema: bool = True, device: str = "auto") -> Run:
     """Load a run, an exported folder or a Hub id; returns a :class:`replaid.training.loading.Run` with
     ``.model``, ``.method``, ``.tokenizer`` (and ``.cfg``, ``.data`` for evaluation)."""
     return load_run(os.fspath(path_or_id), use_ema=use_ema, device=device)

@@ -22,14 +22,15 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from safetensors.torch import save_file
 
 from replaid import schema
 from replaid.config import RunConfig
-from replaid.data.tokenizers import SPEC_FILE, tokenizer_files_sha256, vocab_sha256
-from replaid.methods import get_method, method_class
+from replaid.data.tokenizers import SPEC_FILE, HFTokenizer, Tokenizer, tokenizer_files_sha256, vocab_sha256
+from replaid.methods import Method, get_method, method_class
 from replaid.training import checkpoint as ck
 from replaid.training.loading import load_run, resolve, run_dir_of
 
@@ -47,7 +48,7 @@ HF_FIELDS = (
 )
 
 
-def hf_config(cfg_dict: dict, vocab_size: int, step: int, weights: str) -> dict:
+def hf_config(cfg_dict: dict[str, Any], vocab_size: int, step: int, weights: str) -> dict[str, Any]:
     """The ``config.json`` transformers reads (auto_map points at the bundled modeling file)."""
     m = cfg_dict["model"]
     return {
@@ -71,16 +72,16 @@ def hf_config(cfg_dict: dict, vocab_size: int, step: int, weights: str) -> dict:
     }
 
 
-def build_from_hf_config(d: dict):
+def build_from_hf_config(d: dict[str, Any]) -> tuple[torch.nn.Module, Method[Any]]:
     """(network, method) of the shape an exported ``config.json`` describes (fresh weights)."""
     cfg = RunConfig.from_dict(d["replaid_config"])
     method = get_method(cfg)
     return method.build_model(int(d["vocab_size"])), method
 
 
-def last_eval(run_dir: Path) -> dict:
+def last_eval(run_dir: Path) -> dict[str, Any]:
     """The last evaluation record of ``RUN/metrics.jsonl`` (keys without the ``eval/`` prefix)."""
-    out: dict = {}
+    out: dict[str, Any] = {}
     for rec in schema.jsonl_rows(run_dir / "metrics.jsonl", schema.METRICS_ROW):
         ev = {k[5:]: v for k, v in rec.items() if k.startswith("eval/")}
         if ev:
@@ -88,7 +89,7 @@ def last_eval(run_dir: Path) -> dict:
     return out
 
 
-def _copy_tokenizer(tok, dst: Path, seq_len: int) -> None:
+def _copy_tokenizer(tok: Tokenizer, dst: Path, seq_len: int) -> None:
     """The run's tokenizer as a self-contained ``tokenizer/`` folder, plus transformers' files."""
     (dst / "tokenizer").mkdir()
     spec = {"kind": "file", "name": tok.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id, "pad_id": tok.pad_id}
@@ -97,7 +98,7 @@ def _copy_tokenizer(tok, dst: Path, seq_len: int) -> None:
         (dst / "tokenizer" / "tokenizer.json").write_text(text, encoding="utf-8")
         (dst / "tokenizer.json").write_text(text, encoding="utf-8")
         spec["file"] = "tokenizer.json"
-        eos = tok._tok.id_to_token(tok.eos_id)
+        eos = cast(HFTokenizer, tok)._tok.id_to_token(tok.eos_id)  # to_json: a Hugging Face tokenizer
         tc = {
             "tokenizer_class": "PreTrainedTokenizerFast",
             "eos_token": eos,
@@ -106,7 +107,7 @@ def _copy_tokenizer(tok, dst: Path, seq_len: int) -> None:
             "clean_up_tokenization_spaces": False,
         }
         if tok.pad_id is not None:
-            tc["pad_token"] = tok._tok.id_to_token(tok.pad_id)
+            tc["pad_token"] = cast(HFTokenizer, tok)._tok.id_to_token(tok.pad_id)
         (dst / "tokenizer_config.json").write_text(json.dumps(tc, indent=2) + "\n")
     else:  # sentencepiece (llama2): keep the spec that names the model file
         spec = {
@@ -121,7 +122,13 @@ def _copy_tokenizer(tok, dst: Path, seq_len: int) -> None:
 
 
 def model_card(
-    cfg: dict, step: int, weights: str, n_params: int, ev: dict, tok_name: str, repo_hint: str = "OWNER/NAME"
+    cfg: dict[str, Any],
+    step: int,
+    weights: str,
+    n_params: int,
+    ev: dict[str, Any],
+    tok_name: str,
+    repo_hint: str = "OWNER/NAME",
 ) -> str:
     d, m = cfg["data"], cfg["model"]
     tags = list(dict.fromkeys(["replaid", "diffusion-language-model", cfg["method"], "safetensors"]))
@@ -177,7 +184,7 @@ def refuse_existing(out: Path) -> None:
         raise ck.CheckpointError(f"--out {out} exists and is not empty; choose a new folder (nothing was written)")
 
 
-def export_run(run: str | os.PathLike, out: str | os.PathLike, raw: bool = False) -> Path:
+def export_run(run: str | os.PathLike[str], out: str | os.PathLike[str], raw: bool = False) -> Path:
     """Write ``run``'s latest checkpoint as a Hub folder at ``out``; returns ``out``."""
     stored = ck.Stored.open(resolve(run), need=("step", "config", "vocab_size"))
     ckpt, st = stored.path, stored.state
@@ -199,7 +206,9 @@ def export_run(run: str | os.PathLike, out: str | os.PathLike, raw: bool = False
     return write_folder(Path(out), state, weights, r.tokenizer, card)
 
 
-def write_folder(out: Path, state: dict, weights: dict[str, torch.Tensor], tokenizer, card: str) -> Path:
+def write_folder(
+    out: Path, state: dict[str, Any], weights: dict[str, torch.Tensor], tokenizer: Tokenizer, card: str
+) -> Path:
     """Write the folder atomically (temporary sibling, then rename); ``state`` as in ``state.json``."""
     out = Path(out)
     refuse_existing(out)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING, Any
 
 import torch
 from lm_eval.api.model import LM
@@ -36,13 +37,16 @@ from tqdm.auto import tqdm
 
 from replaid.eval.harness import Row, Scorer, request_rows, rolling_rows, totals
 
+if TYPE_CHECKING:
+    from lm_eval.api.instance import Instance
 
-def _bool(v) -> bool:
+
+def _bool(v: object) -> bool:
     return v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes", "on")
 
 
 @register_model("replaid")
-class ReplaidLM(LM):
+class ReplaidLM(LM):  # type: ignore[misc]  # lm_eval ships no type information: LM is Any to mypy
     """A replaid run (any method) behind the harness's three request types (module docstring)."""
 
     def __init__(
@@ -60,7 +64,7 @@ class ReplaidLM(LM):
         device: str | None = "auto",
         progress: bool = True,
         batch_size: int | str = 8,
-        **unused,
+        **unused: Any,
     ) -> None:
         super().__init__()
         from replaid.training.loading import load_run
@@ -97,7 +101,7 @@ class ReplaidLM(LM):
         self.timing = {"loglikelihood": [0, 0.0], "loglikelihood_rolling": [0, 0.0], "generate_until": [0, 0.0]}
 
     # ------------------------------------------------------------------ what the numbers are
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """The method, what its loglikelihood is, the Monte Carlo count and the time per request."""
         m = self.run.method
         per = {k: (round(s / n, 4) if n else None) for k, (n, s) in self.timing.items()}
@@ -128,7 +132,7 @@ class ReplaidLM(LM):
         return whole[: len(ctx)], whole[len(ctx) :]
 
     # ------------------------------------------------------------------ the three request types
-    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+    def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         t0 = time.time()
         rows: list[Row] = []
         for i, req in enumerate(requests):
@@ -141,7 +145,7 @@ class ReplaidLM(LM):
         self._time("loglikelihood", len(requests), t0)
         return out
 
-    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+    def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
         t0 = time.time()
         rows: list[Row] = []
         for i, req in enumerate(requests):
@@ -153,7 +157,7 @@ class ReplaidLM(LM):
         self._time("loglikelihood_rolling", len(requests), t0)
         return out
 
-    def generation_settings(self, gen_kwargs: dict | None) -> dict:
+    def generation_settings(self, gen_kwargs: dict[str, Any] | None) -> dict[str, Any]:
         """The harness's ``gen_kwargs`` as it defines them (its own ``normalize_gen_kwargs``): greedy
         unless ``do_sample`` is true or a ``temperature`` > 0 is given; a sampled request without a
         temperature takes the model argument ``temperature``. Returns ``until`` (stop strings),
@@ -182,7 +186,7 @@ class ReplaidLM(LM):
             temperature = self.temperature
         return {"until": until, "max_gen_toks": max_gen_toks, "temperature": temperature, "top_p": top_p}
 
-    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+    def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
         """Each request's continuation: at most ``max_gen_toks`` tokens after the context (the context
         cut from the left so both fit in the model's length L), cut at the first EOS token and then,
         as the harness cuts, at each ``until`` string."""

@@ -35,11 +35,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
 
 from replaid import presets
+from replaid.config import RunConfig
 from replaid.data.pipeline import DataPipeline
 from replaid.hub.export import model_card, refuse_existing, write_folder
 from replaid.methods import get_method
@@ -50,7 +52,7 @@ from replaid.training.loading import resolve
 PEERS = ("mdlm", "duo", "langflow")
 
 
-def read_peer(folder: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
+def read_peer(folder: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(config, tensors without the ``backbone.`` prefix) of a Hub-layout folder or Hub id."""
     d = resolve(folder)
     if not (d / "config.json").is_file():
@@ -76,7 +78,7 @@ def read_peer(folder: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return cfg, {k[len("backbone.") :] if k.startswith("backbone.") else k: v for k, v in sd.items()}
 
 
-def dit_shape(cfg: dict) -> dict:
+def dit_shape(cfg: dict[str, Any]) -> dict[str, Any]:
     """hidden, n_layers, n_heads, cond_dim, vocab (the network's rows), length, time_conditioning."""
     if "model" in cfg and isinstance(cfg["model"], dict):  # PyTorchModelHubMixin (hydra config) layout
         m = cfg["model"]
@@ -103,7 +105,7 @@ def dit_shape(cfg: dict) -> dict:
         raise CheckpointError(f"config.json lacks {e}; it is not an MDLM/Duo DiT config") from None
 
 
-def _block(sd: dict, i: int) -> dict[str, torch.Tensor]:
+def _block(sd: dict[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:
     """Block ``i``'s weights under our names (norm biases zero: the peers' LayerNorm has none)."""
     p = f"blocks.{i}."
     out = {
@@ -120,7 +122,9 @@ def _block(sd: dict, i: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def mdlm_to_tokendit(cfg: dict, sd: dict) -> tuple[dict, dict[str, torch.Tensor]]:
+def mdlm_to_tokendit(
+    cfg: dict[str, Any], sd: dict[str, torch.Tensor]
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(shape, our TokenDiT state dict) for a non-time-conditioned MDLM: our TokenDiT keeps MDLM's
     AdaLN and time MLP (``model.time_embedding=dit``; its constant condition is MDLM's sigma = 0),
     so they are copied as they are; the head's [MASK] row is dropped."""
@@ -137,7 +141,7 @@ def mdlm_to_tokendit(cfg: dict, sd: dict) -> tuple[dict, dict[str, torch.Tensor]
     return {**s, "vocab": V}, out
 
 
-def duo_to_tokendit(cfg: dict, sd: dict) -> tuple[dict, dict[str, torch.Tensor]]:
+def duo_to_tokendit(cfg: dict[str, Any], sd: dict[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(shape, our TokenDiT state dict) for Duo: AdaLN and the time MLP copied as they are."""
     s = dit_shape(cfg)
     out = {
@@ -151,7 +155,7 @@ def duo_to_tokendit(cfg: dict, sd: dict) -> tuple[dict, dict[str, torch.Tensor]]
     return s, out
 
 
-def adaln_blocks_and_head(sd: dict, n_layers: int) -> dict[str, torch.Tensor]:
+def adaln_blocks_and_head(sd: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
     """Blocks with their AdaLN and the AdaLN head, as they are (time-conditioned DiT: Duo, LangFlow)."""
     out = {}
     for i in range(n_layers):
@@ -172,7 +176,7 @@ def adaln_blocks_and_head(sd: dict, n_layers: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def run_config(kind: str, shape: dict, overrides: list[str]):
+def run_config(kind: str, shape: dict[str, Any], overrides: list[str]) -> RunConfig:
     """Our RunConfig for a converted peer (``overrides``: data.*, eval.* ... as ``key=value``)."""
 
     base = [
@@ -254,7 +258,7 @@ def convert(kind: str, src: str, out: str, overrides: list[str]) -> Path:
 # ------------------------------------------------------------------ LangFlow
 
 
-def langflow_to_denoiser(folder: str | Path):
+def langflow_to_denoiser(folder: str | Path) -> LangFlowDenoiser:
     """LangFlow's Hub folder (``LangFlowConfig`` + ``model.safetensors``) as a
     :class:`replaid.model.langflow.LangFlowDenoiser` with the same weights (strict)."""
 
@@ -271,7 +275,7 @@ def langflow_to_denoiser(folder: str | Path):
         ) from None
 
 
-def _langflow_model(cfg: dict, sd: dict, d: Path):
+def _langflow_model(cfg: dict[str, Any], sd: dict[str, torch.Tensor], d: Path) -> LangFlowDenoiser:
     if (
         not cfg.get("use_normalized_embedding", True)
         or cfg.get("embedding_norm_method", "layernorm") != "layernorm"
