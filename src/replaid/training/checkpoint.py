@@ -83,7 +83,7 @@ def nonfinite_tensor(sd: dict[str, torch.Tensor] | None) -> str | None:
     return None
 
 
-def optimizer_to_tensors(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:
+def optimizer_to_tensors(sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Flatten an optimizer state dict into named tensors + a JSON-able remainder."""
     tensors, meta = {}, {"param_groups": sd["param_groups"], "state": {}}
     for pid, st in sd["state"].items():
@@ -97,7 +97,7 @@ def optimizer_to_tensors(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:
     return tensors, meta
 
 
-def optimizer_from_tensors(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
+def optimizer_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
     state = {}
     for pid, st in meta["state"].items():
         key = int(pid) if pid.isdigit() else pid  # torch's integer ids, or parameter names
@@ -108,10 +108,10 @@ def optimizer_from_tensors(tensors: dict[str, torch.Tensor], meta: dict) -> dict
 def save_checkpoint(
     run_dir: Path,
     step: int,
-    model_sd: dict,
-    state: dict,
-    ema_sd: dict | None = None,
-    opt_sd: dict | None = None,
+    model_sd: dict[str, torch.Tensor],
+    state: dict[str, Any],
+    ema_sd: dict[str, torch.Tensor] | None = None,
+    opt_sd: dict[str, Any] | None = None,
     rng: dict[str, torch.Tensor] | None = None,
     keep: int = 2,
 ) -> Path:
@@ -162,7 +162,7 @@ def _write_error(name: str, ckdir: Path, e: BaseException) -> CheckpointError:
     )
 
 
-def _commit(tmp: Path, final: Path, state: dict) -> Path | None:
+def _commit(tmp: Path, final: Path, state: dict[str, Any]) -> Path | None:
     """Record the sha256 of every file of ``tmp`` in its state.json (written last), fsync it all,
     rename it to ``final`` and name it in ``LATEST``. Returns the folder a stale ``final`` was moved
     into (to remove once LATEST names the new one), if any."""
@@ -188,8 +188,8 @@ def _commit(tmp: Path, final: Path, state: dict) -> Path | None:
 def save_sharded_checkpoint(
     run_dir: Path,
     step: int,
-    state_dict: dict,
-    state: dict,
+    state_dict: dict[str, Any],
+    state: dict[str, Any],
     rng: dict[str, torch.Tensor] | None = None,
     keep: int = 2,
 ) -> Path | None:
@@ -387,19 +387,22 @@ def explain_damage(path: Path) -> None:
         )
 
 
-def load_state(ckpt: Path, need: tuple[str, ...] = ("step",)) -> dict:
+def load_state(ckpt: Path, need: tuple[str, ...] = ("step",)) -> dict[str, Any]:
     """state.json of ``ckpt``, checked against its schema (:data:`replaid.schema.STATE`) and to hold
     ``need``; the sha256 record may be absent only under ``replaid --no-verify``."""
     f = ckpt / "state.json"
     fix = f"it is damaged or foreign: remove {ckpt} to fall back on an earlier checkpoint"
     try:
-        return schema.read_json(f, schema.STATE, fix, optional=() if VERIFY else ("sha256",), need=need)
+        state: dict[str, Any] = schema.read_json(
+            f, schema.STATE, fix, optional=() if VERIFY else ("sha256",), need=need
+        )
+        return state
     except schema.SchemaError as e:
         also = ", or pass 'replaid --no-verify' to load it unchecked" if '"sha256"' in str(e) else ""
         raise CheckpointError(f"checkpoint file {e}{also}") from None
 
 
-def load_optimizer(ckpt: Path, sha256: str | None = None) -> dict | None:
+def load_optimizer(ckpt: Path, sha256: str | None = None) -> dict[str, Any] | None:
     """The optimizer state dict saved in ``ckpt``, or None when it has none (``sha256``: as for
     :func:`load_tensors`)."""
     f = ckpt / "optimizer.json"
@@ -464,7 +467,7 @@ class Stored:
     exporter all read through it; nothing is unpickled."""
 
     path: Path
-    state: dict
+    state: dict[str, Any]
 
     @classmethod
     def open(cls, path: str | Path, need: tuple[str, ...] = ("step", "config", "vocab_size")) -> Stored:
@@ -573,14 +576,14 @@ class Stored:
             )
         return w, from_ema
 
-    def optimizer(self) -> dict | None:
+    def optimizer(self) -> dict[str, Any] | None:
         """The full optimizer state of a single-file checkpoint (None for a sharded one: see
         :func:`load_sharded_training_state`)."""
         return None if self.sharded else load_optimizer(self.path, self.sha256("optimizer"))
 
 
 def load_sharded_training_state(
-    stored: Stored, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ema: dict | None
+    stored: Stored, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ema: dict[str, torch.Tensor] | None
 ) -> None:
     """Restore the weights, the optimizer state and the EMA ``ema`` (a name -> tensor dict, filled in
     place) of a sharded checkpoint into a model as placed now (FSDP2 on any number of ranks, DDP, or
@@ -602,7 +605,7 @@ def load_sharded_training_state(
             f"or config: load it with its own config.json"
         )
     msd, osd = get_state_dict(model, optimizer)
-    sd: dict = {"model": msd, "optim": osd}
+    sd: dict[str, Any] = {"model": msd, "optim": osd}
     has_ema = any(w[0] == "ema" for w in keys.values())
     if ema is not None and has_ema:
         sd["ema"] = ema

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file
@@ -27,6 +27,10 @@ from safetensors.torch import save as safetensors_bytes
 from replaid.diffusion.denoiser import alpha_sigma
 from replaid.fileio import atomic_write_bytes, atomic_write_text
 from replaid.model.classifier import LatentClassifier, LatentClassifierConfig
+
+if TYPE_CHECKING:
+    from replaid.data.tokenizers import Tokenizer
+    from replaid.methods.replaid import ContinuousNet
 
 
 @dataclass
@@ -81,18 +85,18 @@ def read_labelled(path: str | Path) -> tuple[list[str], list[str]]:
     return texts, labels
 
 
-def _windows(tok, texts: list[str], labels: list[int], L: int) -> list[tuple[list[int], int]]:
+def _windows(tok: Tokenizer, texts: list[str], labels: list[int], L: int) -> list[tuple[list[int], int]]:
     docs = [(tok.encode(t), y) for t, y in zip(texts, labels, strict=True)]
     return [(ids, y) for ids, y in docs if len(ids) >= L]
 
 
-def _window_counts(docs, L: int) -> torch.Tensor:
+def _window_counts(docs: list[tuple[list[int], int]], L: int) -> torch.Tensor:
     """Windows of ``L`` tokens per document (D,): the weights of :func:`_batch`'s document draw."""
     return torch.tensor([len(ids) - L + 1 for ids, _ in docs], dtype=torch.float64)
 
 
 def _batch(
-    docs, L: int, B: int, g: torch.Generator, counts: torch.Tensor | None = None
+    docs: list[tuple[list[int], int]], L: int, B: int, g: torch.Generator, counts: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """B windows drawn uniformly over every ``L``-token window of the corpus (a document is chosen with
     probability proportional to its number of windows, ``counts``, then a window in it), with their
@@ -109,7 +113,9 @@ def _batch(
     return torch.tensor(rows, dtype=torch.long), torch.tensor(ys, dtype=torch.long)
 
 
-def noisy_latents(model, E: torch.Tensor, x: torch.Tensor, t: torch.Tensor, g: torch.Generator):
+def noisy_latents(
+    model: ContinuousNet, E: torch.Tensor, x: torch.Tensor, t: torch.Tensor, g: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``z_t = alpha e(x) + sigma eps`` (B, L, d_e) and gamma (B,) at times t (B,) of the run's schedule."""
     with torch.no_grad():
         out = model.schedule(t.to(E.device).double())
@@ -121,7 +127,7 @@ def noisy_latents(model, E: torch.Tensor, x: torch.Tensor, t: torch.Tensor, g: t
 
 
 def train_classifier(
-    run, texts: list[str], labels: list[str], cfg: ClassifierTrainConfig, log: Callable[[str], None] | None = None
+    run: Any, texts: list[str], labels: list[str], cfg: ClassifierTrainConfig, log: Callable[[str], None] | None = None
 ) -> tuple[TrainedClassifier, dict[str, Any]]:
     """Trains the classifier (module docstring); returns it and its metrics (held-out accuracy by t)."""
     torch.manual_seed(cfg.seed)
@@ -155,7 +161,7 @@ def train_classifier(
             pg["lr"] = lr
         loss = torch.nn.functional.cross_entropy(clf(z, gamma), y.to(E.device))
         opt.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         opt.step()
         if log is not None and (step % 50 == 0 or step == cfg.steps):
             log(f"step {step}/{cfg.steps} loss {loss.item():.4f}")
@@ -174,7 +180,9 @@ def train_classifier(
     return clf, metrics
 
 
-def save_classifier(clf: TrainedClassifier, out: str | Path, run, train_cfg: ClassifierTrainConfig, metrics) -> None:
+def save_classifier(
+    clf: TrainedClassifier, out: str | Path, run: Any, train_cfg: ClassifierTrainConfig, metrics: dict[str, Any]
+) -> None:
     """``out/classifier.safetensors`` and ``out/classifier.json`` (module docstring)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -194,7 +202,7 @@ def save_classifier(clf: TrainedClassifier, out: str | Path, run, train_cfg: Cla
     atomic_write_text(out / "classifier.json", json.dumps(meta, indent=2) + "\n")
 
 
-def load_classifier(path: str | Path, run=None) -> TrainedClassifier:
+def load_classifier(path: str | Path, run: Any = None) -> TrainedClassifier:
     """Reads a saved classifier (safetensors + JSON; no unpickling). With ``run``, refuses a classifier
     trained on another run's embeddings."""
     p = Path(path)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from replaid.config import RunConfig
 from replaid.methods import METHODS, Kind
 from replaid.presets import get_preset
 
@@ -52,7 +53,7 @@ def forward_flops_per_token(
     return FlopCount(non_embedding=blocks + attn, embedding=emb)
 
 
-def train_flops_per_token(cfg, vocab_size: int, include_embedding: bool = True) -> float:
+def train_flops_per_token(cfg: RunConfig, vocab_size: int, include_embedding: bool = True) -> float:
     """Training FLOPs per token for a :class:`~replaid.config.RunConfig` (3 x forward, + s.c. pass)."""
     m = cfg.model
     continuous = METHODS[cfg.method].kind is Kind.CONTINUOUS
@@ -110,7 +111,7 @@ def reference_plaid_params(
 
 
 def param_counts(
-    method: str, hidden: int, n_layers: int, n_heads: int, vocab_size: int = LLAMA2_VOCAB, cfg=None
+    method: str, hidden: int, n_layers: int, n_heads: int, vocab_size: int = LLAMA2_VOCAB, cfg: RunConfig | None = None
 ) -> dict[str, int]:
     """Our model's parameter counts for ``method`` at one size, built on the meta device (no memory):
     ``{"non_embedding": N, "embedding": the token-embedding matrix, "total"}``. ``N`` is the

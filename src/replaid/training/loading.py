@@ -17,6 +17,7 @@ import torch
 from replaid.config import RunConfig
 from replaid.data.pipeline import DataPipeline
 from replaid.data.sources import hub_unreachable
+from replaid.data.tokenizers import Tokenizer
 from replaid.methods import get_method
 from replaid.methods.base import Method
 from replaid.training import checkpoint as ck
@@ -28,15 +29,16 @@ from replaid.training.train import check_tokenizer, resolve_device
 class Run:
     cfg: RunConfig
     model: torch.nn.Module
-    method: Method
+    method: Method[Any]
     data: DataPipeline
     ckpt: Path
     step: int
     ema_loaded: bool
 
     @property
-    def tokenizer(self):
-        return self.data.tokenizer
+    def tokenizer(self) -> Tokenizer:
+        tok: Tokenizer = self.data.tokenizer
+        return tok
 
 
 # owner/name with the Hub's allowed characters, optionally @revision
@@ -47,7 +49,7 @@ def looks_like_hub_id(s: str) -> bool:
     return bool(_HUB_ID.match(str(s))) and not str(s).startswith((".", "/", "~"))
 
 
-def resolve(path_or_id: str | os.PathLike) -> Path:
+def resolve(path_or_id: str | os.PathLike[str]) -> Path:
     """A local directory for ``path_or_id``: an existing path as is, else a Hub snapshot."""
     p = Path(path_or_id).expanduser()
     if p.exists() or not looks_like_hub_id(str(path_or_id)):

@@ -29,11 +29,15 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+from torch._ops import OpOverload
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from replaid.config import RunConfig
+from replaid.data.loader import Batch
 from replaid.methods import Kind, get_method, method_class
 from replaid.model.head import chunk_rows
 from replaid.training.train import EMA, Trainer, TrainModule, build_optimizer
@@ -42,7 +46,7 @@ GB = 1e9
 VOCAB = {"gpt2": 50257, "llama2": 32000, "bert-base-uncased": 30522}
 
 
-def preset_vocab(cfg) -> int:
+def preset_vocab(cfg: RunConfig) -> int:
     return cfg.data.bpe_vocab_size if cfg.data.tokenizer == "bpe" else VOCAB.get(cfg.data.tokenizer, 50257)
 
 
@@ -55,7 +59,7 @@ class MemoryEstimate:
         return [(k, v / GB) for k, v in self.parts.items()] + [("peak", self.peak / GB)]
 
 
-def param_counts(cfg, V: int) -> tuple[int, int]:
+def param_counts(cfg: RunConfig, V: int) -> tuple[int, int]:
     """(all parameters, trainable parameters) of the method's model, built on the meta device."""
     with torch.device("meta"):
         model = get_method(cfg).build_model(V)
@@ -63,7 +67,7 @@ def param_counts(cfg, V: int) -> tuple[int, int]:
 
 
 def estimate(
-    cfg,
+    cfg: RunConfig,
     V: int,
     batch: int,
     bf16: bool = False,
@@ -114,7 +118,7 @@ def estimate(
     return MemoryEstimate(e, max(start_bwd, end_bwd))
 
 
-def largest_batch(cfg, V: int, budget_bytes: float, bf16: bool = True, act_ckpt: bool | None = None) -> int:
+def largest_batch(cfg: RunConfig, V: int, budget_bytes: float, bf16: bool = True, act_ckpt: bool | None = None) -> int:
     """The largest per-device batch whose estimated peak fits ``budget_bytes`` (0 if none)."""
     n = param_counts(cfg, V)
 
@@ -130,12 +134,12 @@ def largest_batch(cfg, V: int, budget_bytes: float, bf16: bool = True, act_ckpt:
     return lo
 
 
-class LiveHeap(TorchDispatchMode):
+class LiveHeap(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch leaves __init_subclass__ unannotated
     """Live bytes of every CPU tensor storage created under the mode (allocation accounting, not
     RSS: freed memory leaves the count when its storage dies). ``peak`` since ``reset_peak()``."""
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # torch leaves TorchDispatchMode.__init__ unannotated
         self.live: dict[int, int] = {}
         self.current = self.peak = 0
 
@@ -155,7 +159,13 @@ class LiveHeap(TorchDispatchMode):
     def reset_peak(self) -> None:
         self.peak = self.current
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(
+        self,
+        func: OpOverload,
+        types: tuple[type, ...],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and t.device.type == "cpu":
@@ -163,11 +173,11 @@ class LiveHeap(TorchDispatchMode):
         return out
 
 
-def measure(cfg, V: int, batch: int) -> float:
+def measure(cfg: RunConfig, V: int, batch: int) -> float:
     """Measured peak live bytes of the second training step (fp32, CPU), the model, optimizer and
     EMA created under the meter so every tensor is counted."""
     torch.manual_seed(0)
-    tokens = [{"tokens": torch.randint(0, V, (batch, cfg.data.seq_len))}]
+    tokens: list[Batch] = [{"tokens": torch.randint(0, V, (batch, cfg.data.seq_len))}]
     with LiveHeap() as heap:
         method = get_method(cfg)
         model = method.build_model(V)
@@ -191,14 +201,14 @@ def measure(cfg, V: int, batch: int) -> float:
 SAMPLE_TOKEN_BYTES = 64  # one kept sample token: its id in a Python list, its share of the text and JSON
 
 
-def sampling_estimate(cfg, V: int, n_params: int, rows: int, L: int, num: int) -> MemoryEstimate:
+def sampling_estimate(cfg: RunConfig, V: int, n_params: int, rows: int, L: int, num: int) -> MemoryEstimate:
     """Peak bytes of sampling ``num`` sequences of ``L`` tokens, ``rows`` at a time (no autograd): the
     float32 weights, one batch's forward (the residual stream and block temporaries, the (rows L, V)
     logits with their softmax and a copy, the latent state and its sampler buffers) and the kept
     samples. A first-order count (module docstring's per-token terms), made to refuse what cannot fit."""
     m = cfg.model
     T, f = rows * L, 4
-    e = {
+    e: dict[str, float] = {
         "parameters": f * n_params,
         "batch forward": T * f * (8 + 2 * m.mlp_ratio) * m.hidden,
         "batch logits (rows L, V)": 3 * T * V * f,
@@ -208,7 +218,7 @@ def sampling_estimate(cfg, V: int, n_params: int, rows: int, L: int, num: int) -
     return MemoryEstimate(e, sum(e.values()))
 
 
-def eval_estimate(cfg, V: int, n_params: int, rows: int, L: int) -> MemoryEstimate:
+def eval_estimate(cfg: RunConfig, V: int, n_params: int, rows: int, L: int) -> MemoryEstimate:
     """Peak bytes of one evaluation batch (``replaid eval``): ``rows`` sequences of ``L`` tokens through the
     method's bound without autograd, its ``eval.t_samples`` times one after another, so the terms of
     :func:`sampling_estimate` for one batch (weights, forward, logits, latent state), nothing kept;
@@ -223,7 +233,7 @@ def eval_estimate(cfg, V: int, n_params: int, rows: int, L: int) -> MemoryEstima
 
 
 def likelihood_estimate(
-    cfg, V: int, n_params: int, rows: int, L: int, total_rows: int, n_hutch: int = 1, jvp: str = "fd"
+    cfg: RunConfig, V: int, n_params: int, rows: int, L: int, total_rows: int, n_hutch: int = 1, jvp: str = "fd"
 ) -> MemoryEstimate:
     """Peak bytes of the ODE likelihood (``replaid likelihood``): ``rows`` (sequence x sample) rows of ``L``
     tokens solved at a time out of ``total_rows``: one evaluation batch (:func:`eval_estimate`; its

@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
@@ -24,8 +25,11 @@ from replaid import dist
 from replaid.config import ConfigError
 from replaid.fileio import atomic_write_text
 
+if TYPE_CHECKING:
+    import wandb
 
-def truncate_metrics(path: Path, step: int, keep: Callable[[dict], bool] = lambda row: True) -> None:
+
+def truncate_metrics(path: Path, step: int, keep: Callable[[dict[str, Any]], bool] = lambda row: True) -> None:
     """Rewrite ``path`` (atomically) without rows after ``step``, rows ``keep`` rejects, and a torn
     last line a kill may have left."""
     if not path.is_file():
@@ -50,8 +54,8 @@ class MetricsLogger:
         enabled: bool = True,
         tensorboard: bool = True,
         resume_step: int | None = None,
-        keep: Callable[[dict], bool] = lambda row: True,
-        wandb: dict | None = None,
+        keep: Callable[[dict[str, Any]], bool] = lambda row: True,
+        wandb: dict[str, Any] | None = None,
     ):
         """``resume_step``: a resumed run first drops the rows after that step (and those ``keep``
         rejects), so redone steps are not logged twice; TensorBoard purges them likewise (W&B keeps the
@@ -79,7 +83,7 @@ class MetricsLogger:
         if wandb is not None:
             self.wb = start_wandb(run_dir, resume=resume_step is not None, **wandb)
 
-    def log(self, step: int, metrics: dict) -> None:
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled:
             return
         row = {
@@ -102,7 +106,7 @@ class MetricsLogger:
         if self.enabled:
             tqdm.write(message, file=sys.stderr)
 
-    def progress(self, total: int, initial: int = 0, disable: bool = False):
+    def progress(self, total: int, initial: int = 0, disable: bool = False) -> tqdm:
         return tqdm(
             total=total,
             initial=initial,
@@ -139,7 +143,7 @@ def require_wandb() -> None:
         ) from None
 
 
-def start_wandb(run_dir: Path, project: str, config: dict, resume: bool = False):
+def start_wandb(run_dir: Path, project: str, config: dict[str, Any], resume: bool = False) -> wandb.Run:
     """A W&B run named after ``run_dir``, its files under RUN/wandb/, ``config`` as its config. A resumed
     training continues the W&B run whose id RUN/wandb/run-id keeps; a new one starts a new W&B run.
     ``WANDB_MODE=offline`` (or ``wandb offline``) writes it to disk only."""
@@ -170,12 +174,12 @@ class DeviceMeans:
     over ranks with one all-reduce of a few scalars, then copies them to the host once. Non-tensor
     metrics (ints, floats) keep their last value."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.sums: dict[str, torch.Tensor] = {}
         self.host: dict[str, object] = {}
         self.n = 0
 
-    def add(self, metrics: dict) -> None:
+    def add(self, metrics: dict[str, Any]) -> None:
         for k, v in metrics.items():
             if torch.is_tensor(v):
                 v = v.detach().double().mean()
@@ -184,7 +188,7 @@ class DeviceMeans:
                 self.host[k] = v
         self.n += 1
 
-    def reduce(self) -> dict:
+    def reduce(self) -> dict[str, Any]:
         out, keys = dict(self.host), sorted(self.sums)
         if keys:
             vec = dist.all_reduce_sum(torch.stack([self.sums[k] for k in keys])) / (max(self.n, 1) * dist.world_size())

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock, Timeout
 
@@ -199,7 +200,7 @@ def remove_stale(run_dir: Path) -> None:
         )
 
 
-def status(run_dir: Path) -> dict:
+def status(run_dir: Path) -> dict[str, Any]:
     """``{"state": "empty"|"interrupted"|"finished", "step": int|None, "steps": int|None}``.
 
     ``finished``: the final checkpoint (step >= train.steps of config.json) and ``final_eval.json``
@@ -218,24 +219,26 @@ def status(run_dir: Path) -> dict:
     return {"state": "finished" if done else "interrupted", "step": step, "steps": steps}
 
 
-def read_final_eval(run_dir: Path) -> dict | None:
+def read_final_eval(run_dir: Path) -> dict[str, Any] | None:
     """``RUN/final_eval.json`` checked against :data:`replaid.schema.FINAL_EVAL`; None when absent."""
     f = Path(run_dir) / FINAL_EVAL
     if not f.is_file():
         return None
     fix = f"it is damaged: remove it, then 'replaid train --out {run_dir} --resume' evaluates the run again"
-    return schema.read_json(f, schema.FINAL_EVAL, fix)
+    final: dict[str, Any] = schema.read_json(f, schema.FINAL_EVAL, fix)
+    return final
 
 
-def recorded_final_eval(ckpt: Path, state: dict) -> dict | None:
+def recorded_final_eval(ckpt: Path, state: dict[str, Any]) -> dict[str, Any] | None:
     """The final evaluation recorded for checkpoint ``ckpt`` (``RUN/final_eval.json`` of its step; runs
     written before it existed kept it in ``state["final_eval"]``), or None."""
     ckpt = Path(ckpt)
     d = read_final_eval(ckpt.parent.parent) if ckpt.parent.name == "checkpoints" else None
     if d is not None and d.get("step") == state.get("step") and isinstance(d.get("eval"), dict):
-        return d["eval"]
+        ev: dict[str, Any] = d["eval"]
+        return ev
     return state.get("final_eval") or None
 
 
-def write_final_eval(run_dir: Path, step: int, result: dict) -> None:
+def write_final_eval(run_dir: Path, step: int, result: dict[str, Any]) -> None:
     atomic_write_text(Path(run_dir) / FINAL_EVAL, json.dumps({"step": step, "eval": result}, indent=2))

@@ -101,20 +101,20 @@ class SafeReader(FileSystemReader):
         return md
 
 
-def save(path: Path, state_dict: dict) -> None:
+def save(path: Path, state_dict: dict[str, Any]) -> None:
     """Write ``state_dict`` (DTensors as this rank's shards) into ``path`` on every rank (a collective)."""
     with _one_process_quiet():
         dcp.save(state_dict, checkpoint_id=str(path), no_dist=not _dist())
 
 
-def load(path: Path, state_dict: dict) -> None:
+def load(path: Path, state_dict: dict[str, Any]) -> None:
     """Fill ``state_dict`` in place from ``path`` (DTensors get their shards, plain tensors the full
     tensor): a collective under torch.distributed, a plain read in one process."""
     with _one_process_quiet():
         dcp.load(state_dict, storage_reader=SafeReader(str(path)), no_dist=not _dist())
 
 
-def stored_keys(path: Path) -> dict[str, tuple]:
+def stored_keys(path: Path) -> dict[str, tuple[str | int, ...]]:
     """Flat DCP key -> its path in the nested state dict (e.g. ``("model", "backbone.x.weight")``)."""
     md = read_metadata(Path(path))
     return dict(md.planner_data or {})

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import traceback
 from collections import Counter
+from typing import Any
 
 import torch
+from torch._ops import OpOverload
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -36,18 +38,24 @@ def _site() -> str:
     return "?"
 
 
-class SyncCounter(TorchDispatchMode):
-    def __init__(self, device="meta"):
-        super().__init__()
+class SyncCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch leaves __init_subclass__ unannotated
+    def __init__(self, device: str | torch.device = "meta") -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # torch leaves TorchDispatchMode.__init__ unannotated
         self.device = torch.device(device)
-        self.syncs: Counter = Counter()  # "op @ file:line" -> count
-        self.copies: Counter = Counter()
-        self.host_random: Counter = Counter()
+        self.syncs: Counter[str] = Counter()  # "op @ file:line" -> count
+        self.copies: Counter[str] = Counter()
+        self.host_random: Counter[str] = Counter()
 
-    def _on(self, t) -> bool:
+    def _on(self, t: object) -> bool:
         return isinstance(t, torch.Tensor) and t.device.type == self.device.type
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(
+        self,
+        func: OpOverload,
+        types: tuple[type, ...],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         leaves = tree_leaves((args, kwargs))
         on_dev = any(self._on(t) for t in leaves)
@@ -85,8 +93,8 @@ class SyncCounter(TorchDispatchMode):
         return out
 
     @staticmethod
-    def _placeholder(func, args):
-        x = args[0]
+    def _placeholder(func: OpOverload, args: tuple[Any, ...]) -> torch.Tensor | float | bool:
+        x: torch.Tensor = args[0]
         if func is aten._local_scalar_dense.default:
             return False if x.dtype == torch.bool else (0.0 if x.dtype.is_floating_point else 0)
         if func is aten.equal.default:
@@ -107,7 +115,7 @@ class SyncCounter(TorchDispatchMode):
 class meta_as_cpu_autocast:
     """``torch.autocast`` has no ``meta`` device type: treat it as the CPU while counting on meta."""
 
-    def __enter__(self):
+    def __enter__(self) -> meta_as_cpu_autocast:
         self.real, self.real_enabled = torch.autocast, torch.is_autocast_enabled
         real, real_enabled = self.real, self.real_enabled
         meta_cpu = lambda device_type, *a, **k: real("cpu" if device_type == "meta" else device_type, *a, **k)
@@ -115,6 +123,6 @@ class meta_as_cpu_autocast:
         setattr(torch, "is_autocast_enabled", lambda *a: real_enabled(*("cpu" if x == "meta" else x for x in a)))  # noqa: B010
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         setattr(torch, "autocast", self.real)  # noqa: B010
         setattr(torch, "is_autocast_enabled", self.real_enabled)  # noqa: B010

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from replaid.config import RunConfig, unread_keys
 from replaid.methods import get_method
+from replaid.methods.base import Method
 from replaid.presets import resolve
 from replaid.training.train import EMA, Trainer, TrainModule, build_optimizer
 
@@ -36,7 +38,9 @@ LOSS_CORE_SIZES = [
 ]
 
 
-def small_trainer(method_name: str, device, sets: Sequence[str], vocab: int, seed: int = 0) -> Trainer:
+def small_trainer(
+    method_name: str, device: str | torch.device, sets: Sequence[str], vocab: int, seed: int = 0
+) -> Trainer:
     """A trainer of ``method_name`` on the ``debug`` preset with the ``key=value`` overrides ``sets``,
     an EMA of decay 0.9 and the :class:`TrainModule`, for counting what one training step does.
 
@@ -66,7 +70,9 @@ def small_trainer(method_name: str, device, sets: Sequence[str], vocab: int, see
     )
 
 
-def loss_core_inputs(method_name: str = "replaid", device="cpu") -> tuple:
+def loss_core_inputs(
+    method_name: str = "replaid", device: str | torch.device = "cpu"
+) -> tuple[Method[Any], nn.Module, tuple[Any, ...]]:
     """``(method, model, args)`` with ``method.loss_core(*args)`` one fixed call of the loss core (a
     1-layer, hidden-32 network, V = 64, B = 8, L = 16; the noise drawn after ``torch.manual_seed(0)``)."""
     cfg = resolve("debug", None, [f"method={method_name}", *LOSS_CORE_SIZES])
@@ -92,10 +98,13 @@ def grad_rel_err(g: dict[str, Tensor], ref: dict[str, Tensor]) -> float:
     """Global relative error ``||g - ref|| / ||ref||`` over all of ``ref``'s tensors."""
     num = sum(float((g[n] - ref[n]).pow(2).sum()) for n in ref)
     den = sum(float(ref[n].pow(2).sum()) for n in ref)
-    return (num / den) ** 0.5
+    rel: float = (num / den) ** 0.5
+    return rel
 
 
-def eager_and_compiled(fn: Callable, model: nn.Module, args: tuple) -> list[tuple[float, dict[str, Tensor], float]]:
+def eager_and_compiled(
+    fn: Callable[..., Any], model: nn.Module, args: tuple[Any, ...]
+) -> list[tuple[float, dict[str, Tensor], float]]:
     """``fn(*args)`` eager, then under ``torch.compile``: for each, the loss (the first output), the
     gradients after its backward (:func:`grads`) and the call's seconds (the compiled one's includes
     the compilation)."""

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any, cast
 
 import torch
@@ -23,12 +24,13 @@ from torch import Tensor, nn
 from replaid import dist
 from replaid.config import ConfigError, OptimConfig, RunConfig
 from replaid.data.errors import DataError
+from replaid.data.loader import Batch
 from replaid.data.pipeline import DataPipeline, tokenizer_mismatch
 from replaid.data.sources import corpus_change
 from replaid.diffusion.nelbo import low_discrepancy
 from replaid.diffusion.rng import host_uniform
 from replaid.methods import get_method, method_class
-from replaid.methods.base import Method
+from replaid.methods.base import Method, Metrics
 from replaid.training import checkpoint as ck
 from replaid.training import runfolder
 from replaid.training.metrics_log import DeviceMeans, MetricsLogger, require_wandb, trackers
@@ -47,7 +49,7 @@ class Preempted(RuntimeError):
 
 
 @contextmanager
-def preemption_signals() -> Iterator[dict]:
+def preemption_signals() -> Iterator[dict[str, str]]:
     """Catch SIGTERM/SIGUSR1 for the duration (main thread only): the returned dict gets ``signal``
     set to the signal's name; the loop saves a checkpoint at the next step boundary and stops
     (:class:`Preempted`). Once the caller puts a message in ``got["now"]`` (after the last save), a
@@ -55,13 +57,13 @@ def preemption_signals() -> Iterator[dict]:
     import signal
     import threading
 
-    got: dict = {}
+    got: dict[str, str] = {}
     if threading.current_thread() is not threading.main_thread():
         yield got
         return
     sigs = [getattr(signal, n) for n in PREEMPT_SIGNALS if hasattr(signal, n)]
 
-    def handler(signum, frame):
+    def handler(signum: int, frame: FrameType | None) -> None:
         got["signal"] = signal.Signals(signum).name
         if "now" in got:  # past the last step boundary (the checkpoint is saved): stop at once
             raise Preempted(got["now"].format(signal=got["signal"]))
@@ -129,7 +131,7 @@ class EMA:
                 self.shadow[k].copy_(v)
 
     @contextmanager
-    def applied(self, model: nn.Module):
+    def applied(self, model: nn.Module) -> Iterator[nn.Module]:
         backup = {k: v.detach().clone() for k, v in model.state_dict().items()}
         model.load_state_dict({k: self.shadow[k].to(backup[k].dtype) for k in backup})
         try:
@@ -138,7 +140,7 @@ class EMA:
             model.load_state_dict(backup)
 
 
-def autocast_ctx(device: torch.device, precision: str):
+def autocast_ctx(device: torch.device, precision: str) -> torch.autocast | nullcontext[None]:
     use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
 
@@ -158,18 +160,18 @@ def resolve_device(name: str) -> torch.device:
 class Trainer:
     cfg: RunConfig
     model: nn.Module
-    method: Method
+    method: Method[Any]
     optimizer: torch.optim.Optimizer
     device: torch.device
     ema: EMA | None = None
     step: int = 0
     loss_module: nn.Module | None = None  # TrainModule, wrapped by DDP/FSDP under torchrun
-    history: list = field(default_factory=list)
+    history: list[dict[str, float]] = field(default_factory=list)
     nonfinite_steps: int = 0  # steps skipped for a NaN/Inf loss or gradient, in all
     nonfinite_in_row: int = 0  # ... and in a row up to now
     window: DeviceMeans = field(default_factory=DeviceMeans)  # metrics since the last logging step
 
-    def train_step(self, micro_batches: list[dict], log: bool = True) -> dict:
+    def train_step(self, micro_batches: list[Batch], log: bool = True) -> dict[str, Any]:
         """One optimiser step over ``grad_accum`` micro-batches (Algorithm 1 + AdamW).
 
         Nothing waits for the device unless ``log``: noise is drawn there, batches are copied
@@ -181,11 +183,11 @@ class Trainer:
             g["lr"] = lr_at(self.step, g["initial_lr"], cfg.optim, cfg.train.steps)
         self.model.train()
         self.method.before_step()
-        b = micro_batches[0]["tokens"].shape[0]
+        b = cast(Tensor, micro_batches[0]["tokens"]).shape[0]
         n_recon = self.method.recon_rows(b)
         # low-discrepancy t for the global batch: RePlaid's diffusion rows, or every row of MDLM/Duo
         t_slices = self._global_times(b, n_recon, len(micro_batches)) if self.method.global_times else None
-        rows: dict[str, list] = {}
+        rows: dict[str, list[Any]] = {}
         losses = []
         for k, mb in enumerate(micro_batches):
             tokens, mask = to_device(mb["tokens"], self.device), to_device(mb.get("mask"), self.device)
@@ -239,7 +241,7 @@ class Trainer:
     def group_grad_norms(self) -> dict[str, float]:
         """``grad_norm/<group>``: the 2-norm of each optimiser group's gradients (the paper's groups:
         embedding, schedule, endpoints, projections, backbone, ...), at the logged step, before clipping."""
-        out: dict = {}
+        out: dict[str, float] = {}
         for g in self.optimizer.param_groups:
             grads = [p.grad for p in g["params"] if p.grad is not None]
             if grads:
@@ -291,17 +293,17 @@ def embedding_stats(model: nn.Module) -> dict[str, float]:
     return {"emb_norm": float(norms.mean()), "emb_cosine": float((s @ s - V) / (V * (V - 1)))}
 
 
-def unigram_sums(logp: Tensor, batch: dict) -> Tensor:
+def unigram_sums(logp: Tensor, batch: Batch) -> Tensor:
     """(2,) float64: the summed NLL of the batch's real tokens under the train split's add-one unigram
     model ``logp`` (V,), and their count: the reference a training bound is read against (plateau exit)."""
-    nll = -logp[batch["tokens"].long()]  # (B, L) float64
+    nll = -logp[cast(Tensor, batch["tokens"]).long()]  # (B, L) float64
     mask = batch.get("mask")
     if mask is not None:
         nll = nll[mask.bool()]
     return torch.stack([nll.sum(), torch.tensor(float(nll.numel()), dtype=torch.float64)])
 
 
-def compile_loss(model: nn.Module, method: Method) -> None:
+def compile_loss(model: nn.Module, method: Method[Any]) -> None:
     """``train.compile``: what the method compiles (RePlaid, Plaid: the loss core, everything but the
     noise draws and the schedule, without a graph break; the others: the backbone)."""
     method.compile(model)
@@ -319,11 +321,11 @@ def to_device(x: Tensor | None, device: torch.device) -> Tensor | None:
 class TrainModule(nn.Module):
     """The whole training loss as one module forward, so DDP/FSDP wrap it from the outside."""
 
-    def __init__(self, model: nn.Module, method: Method):
+    def __init__(self, model: nn.Module, method: Method[Any]):
         super().__init__()
         self.model, self.method = model, method
 
-    def forward(self, tokens: Tensor, generator: torch.Generator, **kw):
+    def forward(self, tokens: Tensor, generator: torch.Generator, **kw: Any) -> tuple[Tensor, Metrics]:
         return self.method.train_loss(self.model, tokens, generator, **kw)
 
 
@@ -344,7 +346,7 @@ def set_rng_state(st: dict[str, Tensor]) -> None:
         torch.cuda.set_rng_state(st["cuda"])
 
 
-def save(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: dict | None = None) -> Path | None:
+def save(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: dict[str, Any] | None = None) -> Path | None:
     """DDP or one process: gather the full state, write one safetensors file each from rank 0. FSDP2:
     every rank writes its own shards (DCP, :func:`ck.save_sharded_checkpoint`), nothing is gathered."""
     if dist.is_sharded(trainer.model):
@@ -359,7 +361,7 @@ def save(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: dict | None
     return ck.save_checkpoint(run_dir, trainer.step, model_sd, state, ema_sd, opt_sd, rng_state())
 
 
-def _run_state(trainer: Trainer, data: DataPipeline, extra: dict | None) -> dict:
+def _run_state(trainer: Trainer, data: DataPipeline, extra: dict[str, Any] | None) -> dict[str, Any]:
     return {
         "config": trainer.cfg.to_dict(),
         "method": trainer.cfg.method,
@@ -375,7 +377,7 @@ def _run_state(trainer: Trainer, data: DataPipeline, extra: dict | None) -> dict
     }
 
 
-def _save_sharded(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: dict | None) -> Path | None:
+def _save_sharded(trainer: Trainer, run_dir: Path, data: DataPipeline, extra: dict[str, Any] | None) -> Path | None:
     """The sharded checkpoint of an FSDP2 run: ``get_state_dict``'s sharded model and optimizer state and
     the sharded EMA, as torchtitan's checkpointer saves them (keys: parameter names)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -400,7 +402,7 @@ def use_deterministic_kernels() -> None:
 
 
 # evaluate(trainer, data, progress=...) -> {metric: value} (replaid.eval.evaluate.evaluate)
-Evaluator = Callable[..., dict]
+Evaluator = Callable[..., dict[str, Any]]
 
 
 def train(
@@ -414,7 +416,7 @@ def train(
     overwrite: bool = False,
     weights_only: bool = False,
     accept_changed_data: bool = False,
-) -> dict:
+) -> dict[str, Any]:
     """Train ``cfg`` into ``run_dir``; returns the final metrics (and ``evaluate``'s evaluation).
 
     The run folder is locked for the duration (rank 0); a folder holding a run needs ``resume`` or
@@ -449,7 +451,7 @@ def _train(
     stop_after: int | None,
     weights_only: bool,
     accept_changed_data: bool = False,
-) -> dict:
+) -> dict[str, Any]:
     if resume:
         cfg = carry_micro_batch(cfg, run_dir)
     torch.manual_seed(cfg.train.seed * 1_000_003 + 17)  # identical initial weights on every rank
@@ -473,7 +475,7 @@ def _train(
         runfolder.begin(run_dir, cfg.to_json())
     torch.manual_seed(cfg.train.seed * 1_000_003 + 29 + dist.rank())  # per-rank dropout streams
     trainer = Trainer(cfg, model, method, cast(torch.optim.Optimizer, None), device)  # built below, after sharding
-    changed: dict = {}  # the corpus change --accept-changed-data accepted, if any (logged below)
+    changed: dict[str, Any] = {}  # the corpus change --accept-changed-data accepted, if any (logged below)
     stored = _resume(trainer, run_dir, data, weights_only, accept_changed_data, changed) if resume else None
     # parallelism applied from the outside; EMA and optimizer state follow the (sharded) parameters
     trainer.loss_module = dist.wrap_model(TrainModule(model, method), cfg.train.parallel, device, cfg.train.hsdp_shard)
@@ -576,7 +578,7 @@ def _train(
         )
         if final is not None and final.get("step") != trainer.step:  # resumed with more steps: evaluate anew
             final = None
-        result = {"step": trainer.step, "train": trainer.history[-1] if trainer.history else {}}
+        result: dict[str, Any] = {"step": trainer.step, "train": trainer.history[-1] if trainer.history else {}}
         done = trainer.step >= cfg.train.steps
         try:
             if "signal" in got:  # arrived during the last step or the save
@@ -630,7 +632,7 @@ def carry_micro_batch(cfg: RunConfig, run_dir: Path) -> RunConfig:
     return cfg
 
 
-def _stop_requested(got: dict, logging: bool, device: torch.device) -> bool:
+def _stop_requested(got: dict[str, str], logging: bool, device: torch.device) -> bool:
     """Whether to stop now: at once on one process; with several, all ranks agree at a logging step
     (which synchronises anyway), so that every rank saves at the same step."""
     if dist.world_size() == 1:
@@ -641,7 +643,7 @@ def _stop_requested(got: dict, logging: bool, device: torch.device) -> bool:
     return bool(dist.all_reduce_sum(flag).item() > 0)
 
 
-def nonfinite_entries(res: dict, prefix: str = "") -> list[str]:
+def nonfinite_entries(res: dict[str, Any], prefix: str = "") -> list[str]:
     """``key=value`` for each NaN/Inf number of a (nested) evaluation result."""
     bad = []
     for k, v in res.items():
@@ -688,7 +690,7 @@ def _nonfinite_final_eval(trainer: Trainer, bad: list[str], run_dir: Path, wrote
     )
 
 
-def _guard_nonfinite(trainer: Trainer, m: dict, run_dir: Path, log) -> None:
+def _guard_nonfinite(trainer: Trainer, m: dict[str, Any], run_dir: Path, log: MetricsLogger) -> None:
     """Say that a non-finite step was skipped; after ``train.max_nonfinite_steps`` in a row, log the
     row and stop with the likely causes and the checkpoint still in force."""
     if not m["skipped"]:
@@ -711,7 +713,7 @@ def _guard_nonfinite(trainer: Trainer, m: dict, run_dir: Path, log) -> None:
     )
 
 
-def check_tokenizer(data: DataPipeline, state: dict, ckpt: Path) -> None:
+def check_tokenizer(data: DataPipeline, state: dict[str, Any], ckpt: Path) -> None:
     """Refuse a tokenizer whose files (or vocabulary) differ from those checkpoint ``ckpt`` recorded
     (TS1: another run's tokenizer decodes the same ids to other text); a warning under
     ``replaid --no-verify``. Checkpoints written before the hashes were recorded pass unchecked."""
@@ -730,11 +732,11 @@ def check_tokenizer(data: DataPipeline, state: dict, ckpt: Path) -> None:
     )
 
 
-def _check_data(data: DataPipeline, st: dict, ckpt: Path, accept: bool, changed: dict) -> None:
+def _check_data(data: DataPipeline, st: dict[str, Any], ckpt: Path, accept: bool, changed: dict[str, Any]) -> None:
     """C7: refuse a corpus that changed since ``ckpt`` unless ``accept`` (then ``changed`` is filled
     with the metrics row that records it); Q06: refuse a ``data_state`` outside the data."""
     binding = st.get("binding")
-    old: dict | None = binding.get("corpus") if isinstance(binding, dict) else None
+    old: dict[str, Any] | None = binding.get("corpus") if isinstance(binding, dict) else None
     if not isinstance(old, dict):
         old = None
     if old is None:
@@ -780,7 +782,7 @@ def _resume(
     data: DataPipeline,
     weights_only: bool = False,
     accept_changed_data: bool = False,
-    changed: dict | None = None,
+    changed: dict[str, Any] | None = None,
 ) -> ck.Stored | None:
     """Restore weights, method and data state, RNG and step (before wrapping); returns the checkpoint
     read, or None when the run has none yet (it then starts from step 0). The tokenizer and the corpus
