@@ -7,9 +7,13 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from replaid.commands import POSITIVE, SEED, STEPS, add_command, check_out, emit, float_in, int_in, run_title
 from replaid.config import MAX_SOLVER_STEPS, ODE_TOL_MIN
+
+if TYPE_CHECKING:
+    from replaid.methods.replaid import ContinuousNet
 
 TOLERANCE = float_in(ODE_TOL_MIN, 1)  # dopri5 --rtol/--atol: what its float64 solve resolves
 
@@ -134,7 +138,7 @@ def run(args) -> int:
             f"{args.run}: ODE likelihood needs a continuous-diffusion run with a noise schedule "
             f"(RePlaid/Plaid/LangFlow); this is a {run_.cfg.method} run"
         )
-    model = run_.model
+    model = cast("ContinuousNet", run_.model)  # checked above: a continuous run's denoiser
     g0, g1 = schedule_endpoints(model)
     tokens = _tokens(run_, args.split, args.num_seqs)
     check_memory(run_, args, tokens.shape)

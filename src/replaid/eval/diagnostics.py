@@ -14,9 +14,12 @@ Diffusion Loss". All quantities are per token (length-normalised):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -24,6 +27,9 @@ from torch import Tensor
 from replaid.diffusion.denoiser import DenoiserOutput
 from replaid.diffusion.nelbo import forward_noise
 from replaid.model.replaid import denoise
+
+if TYPE_CHECKING:
+    from replaid.methods.replaid import ContinuousNet
 
 Predict = Callable[[Tensor, Tensor], DenoiserOutput]  # (z, gamma) -> DenoiserOutput
 
@@ -70,7 +76,7 @@ def measure_at_gammas(
     return {k: v / n_tok for k, v in sums.items()}
 
 
-def optimal_schedule(gammas, mse, fine: int = 4097) -> dict:
+def optimal_schedule(gammas: npt.ArrayLike, mse: npt.ArrayLike, fine: int = 4097) -> dict[str, Any]:
     """Closed-form gamma* from MSE measured on an increasing gamma grid spanning [gamma_0, gamma_1].
 
     ``w = e^{-gamma} MSE`` is linearly interpolated on ``fine`` points, ``G`` is its cumulative
@@ -88,18 +94,21 @@ def optimal_schedule(gammas, mse, fine: int = 4097) -> dict:
     Gf = np.concatenate([[0.0], np.cumsum(0.5 * (wf[1:] + wf[:-1]) * np.diff(gf))])
     kappa = 0.5 * Gf[-1]
 
-    def w(gamma):
+    def w(gamma: npt.ArrayLike) -> np.ndarray:
         gamma = np.asarray(gamma, dtype=np.float64)
-        return np.exp(-gamma) * np.interp(gamma, g, m)
+        out: np.ndarray = np.exp(-gamma) * np.interp(gamma, g, m)
+        return out
 
-    def gamma_star(t):
-        return np.interp(2 * kappa * np.clip(np.asarray(t, dtype=np.float64), 0, 1), Gf, gf)
+    def gamma_star(t: npt.ArrayLike) -> np.ndarray:
+        out: np.ndarray = np.interp(2 * kappa * np.clip(np.asarray(t, dtype=np.float64), 0, 1), Gf, gf)
+        return out
 
-    def loss_star(t, dt: float = 1e-4):
+    def loss_star(t: npt.ArrayLike, dt: float = 1e-4) -> np.ndarray:
         t = np.asarray(t, dtype=np.float64)
         lo, hi = np.clip(t - dt, 0, 1), np.clip(t + dt, 0, 1)
         dgs = (gamma_star(hi) - gamma_star(lo)) / (hi - lo)
-        return 0.5 * dgs * w(gamma_star(t))
+        out: np.ndarray = 0.5 * dgs * w(gamma_star(t))
+        return out
 
     return {
         "kappa": float(kappa),
@@ -111,7 +120,7 @@ def optimal_schedule(gammas, mse, fine: int = 4097) -> dict:
     }
 
 
-def linear_r2(x, y) -> float:
+def linear_r2(x: npt.ArrayLike, y: npt.ArrayLike) -> float:
     """R^2 of the least-squares line through (x, y)."""
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     A = np.stack([np.ones_like(x), x], 1)
@@ -133,13 +142,13 @@ def diagnose_predictions(grid: int) -> int:
 
 @torch.no_grad()
 def diagnose(
-    model,
+    model: ContinuousNet,
     batches: list[Tensor],
     grid: int = 33,
     self_cond: bool | None = None,
     seed: int = 0,
     advance: Callable[[int], None] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Per-timestep curves of a model with a learned schedule, and the closed-form gamma*.
 
     The model needs ``schedule(t) -> (gamma, gamma')`` and the denoiser interface; predictions use
@@ -200,13 +209,13 @@ def diagnose(
     return {"t": curves_t, "gamma": curves_g, "summary": summary}
 
 
-def write_csv(path, cols: dict) -> None:
+def write_csv(path: str | os.PathLike[str], cols: Mapping[str, npt.ArrayLike]) -> None:
     keys = list(cols)
     rows = np.stack([np.asarray(cols[k], dtype=np.float64) for k in keys], 1)
     np.savetxt(path, rows, delimiter=",", header=",".join(keys), comments="", fmt="%.10g")
 
 
-def plot_diagnostics(res: dict, out_dir, title: str = "") -> list[str]:
+def plot_diagnostics(res: dict[str, Any], out_dir: str | os.PathLike[str], title: str = "") -> list[str]:
     """PNGs: diffusion loss (learned vs gamma*), CE, error rate and gamma(t) vs t, each titled with
     ``title`` (the run). Returns the paths."""
     import matplotlib
@@ -247,14 +256,14 @@ def plot_diagnostics(res: dict, out_dir, title: str = "") -> list[str]:
     return paths
 
 
-def unit_interval(x) -> np.ndarray:
+def unit_interval(x: npt.ArrayLike) -> np.ndarray:
     """Min-max rescaling of ``x`` to [0, 1] (all zeros when ``x`` is constant)."""
     x = np.asarray(x, dtype=np.float64)
     span = x.max() - x.min()
     return (x - x.min()) / span if span > 0 else np.zeros_like(x)
 
 
-def ce_overlay(curves: list[tuple[str, np.ndarray, np.ndarray]]) -> list[dict]:
+def ce_overlay(curves: list[tuple[str, np.ndarray, np.ndarray]]) -> list[dict[str, Any]]:
     """Per-timestep CE curves of several runs made comparable (appendix "Near-Linear Per-Timestep CE for
     Diverse Embeddings"): ``t`` and ``CE(t)`` each rescaled to [0, 1], with the R^2 of a straight-line
     fit (affine-invariant, so equal to the raw curve's). ``curves``: (label, t, ce) triples."""
@@ -274,7 +283,7 @@ def ce_overlay(curves: list[tuple[str, np.ndarray, np.ndarray]]) -> list[dict]:
     return out
 
 
-def plot_ce_overlay(items: list[dict], path) -> None:
+def plot_ce_overlay(items: list[dict[str, Any]], path: str | os.PathLike[str]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

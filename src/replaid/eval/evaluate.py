@@ -5,12 +5,18 @@ from __future__ import annotations
 import math
 import time
 from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
 
 from replaid import dist
+from replaid.config import RunConfig
+from replaid.data.pipeline import DataPipeline
 from replaid.methods.base import Method
+
+if TYPE_CHECKING:
+    from replaid.training.train import EMA, Trainer
 
 
 def ppl(nats: float) -> float:
@@ -20,15 +26,15 @@ def ppl(nats: float) -> float:
 
 @torch.no_grad()
 def evaluate_model(
-    model,
-    method: Method,
-    data,
-    cfg,
+    model: torch.nn.Module,
+    method: Method[Any],
+    data: DataPipeline,
+    cfg: RunConfig,
     split: str | None = None,
-    ema=None,
+    ema: EMA | None = None,
     max_batches: int | None = None,
     progress: bool = False,
-) -> dict:
+) -> dict[str, Any]:
     """Token-weighted mean of the per-token bound over the split (``cfg.eval``; the first ``max_batches``
     batches when set), beside the train-split unigram model's NLL on exactly the tokens evaluated."""
     ecfg = cfg.eval
@@ -78,7 +84,7 @@ def evaluate_model(
     key = method.bound
     nats = sums[key] / n_tok
     seq = torch.cat(per_seq)
-    out = {
+    out: dict[str, Any] = {
         f"{key}_nats_per_token": nats,
         f"{key}_ppl": ppl(nats),
         **{k: v / n_tok for k, v in sums.items() if k != key},
@@ -98,7 +104,7 @@ def evaluate_model(
     return out
 
 
-def evaluate(trainer, data, split: str | None = None, progress: bool = False) -> dict:
+def evaluate(trainer: Trainer, data: DataPipeline, split: str | None = None, progress: bool = False) -> dict[str, Any]:
     """Evaluate a training run's model (its EMA weights when kept). Sharded (FSDP2) parameters are
     gathered into a plain replica first; each rank then scores its share of the split."""
     if not dist.is_sharded(trainer.model):

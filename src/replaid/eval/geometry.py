@@ -16,13 +16,17 @@ rows (the d_e-dim unit rows when ``model.factored_embedding``).
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 import torch
 
 from replaid.methods.base import Method
 
 
-def embedding_rows(method: Method, model) -> np.ndarray:
+def embedding_rows(method: Method[Any], model: torch.nn.Module) -> np.ndarray:
     """(V, d) float64 token-embedding rows of ``model`` as its method defines them
     (:meth:`~replaid.methods.base.Method.embedding_rows`)."""
     with torch.no_grad():
@@ -35,7 +39,7 @@ def components_for(cumulative: np.ndarray, fraction: float = 0.9) -> int:
     return int(np.searchsorted(cumulative, fraction - 1e-12) + 1)
 
 
-def pca_scree(X: np.ndarray) -> dict:
+def pca_scree(X: np.ndarray) -> dict[str, Any]:
     """Explained variance ``lambda_k`` (sample covariance eigenvalues, descending), ratio, cumulative, k_90."""
     X = np.asarray(X, dtype=np.float64)
     if X.ndim != 2 or X.shape[0] < 2:
@@ -80,7 +84,7 @@ def frequent_rows(freq: np.ndarray, min_count: int, max_rows: int = 0) -> np.nda
     return idx[:max_rows] if max_rows else idx
 
 
-def pos_knn_agreement(X: np.ndarray, labels: np.ndarray, k: int = 10) -> dict:
+def pos_knn_agreement(X: np.ndarray, labels: np.ndarray, k: int = 10) -> dict[str, Any]:
     """Mean fraction of each row's k nearest neighbours (cosine) with the same label, and chance
     ``sum_p share_p^2`` (the agreement of randomly placed labels). Rows with label < 0 are dropped."""
     keep = labels >= 0
@@ -102,15 +106,18 @@ def tsne_2d(X: np.ndarray, seed: int = 0, perplexity: float = 30.0) -> np.ndarra
     from sklearn.manifold import TSNE
 
     perplexity = min(perplexity, max(2.0, (X.shape[0] - 1) / 3))
-    return TSNE(
+    Y: np.ndarray = TSNE(  # scikit-learn ships no types: fit_transform is Any
         n_components=2, init="pca", perplexity=perplexity, metric="cosine", random_state=seed, learning_rate="auto"
     ).fit_transform(np.asarray(X, dtype=np.float64))
+    return Y
 
 
 # ------------------------------------------------------------------ plots
 
 
-def plot_scree(screes: list[tuple[str, dict]], path, title: str = "", max_components: int = 64) -> None:
+def plot_scree(
+    screes: list[tuple[str, dict[str, Any]]], path: str | os.PathLike[str], title: str = "", max_components: int = 64
+) -> None:
     """One PNG overlaying several runs: explained-variance ratio per component (log) and cumulative."""
     import matplotlib
 
@@ -144,8 +151,8 @@ def plot_tsne(
     Y: np.ndarray,
     dom: np.ndarray,
     freq: np.ndarray,
-    tag_names,
-    path,
+    tag_names: Sequence[str],
+    path: str | os.PathLike[str],
     title: str = "",
     annotate: list[str] | None = None,
     n_annotate: int = 40,

@@ -29,10 +29,13 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from replaid.config import ConfigError, RunConfig, parse_overrides
 from replaid.eval.seeds import PLATEAU_NATS, CellSummary, paired_difference, t_interval
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 CELL_NAME = re.compile(r"^[A-Za-z0-9._=,+-]+$")
 
@@ -91,7 +94,7 @@ class GridSpec:
                 raise ConfigError(f"grid 'paper' names '{c}', which is not a cell; name a cell of the grid")
         return self
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "base": self.base,
             "overrides": self.overrides,
@@ -237,7 +240,7 @@ def plan(spec: GridSpec) -> list[tuple[GridRun, RunConfig]]:
 # ------------------------------------------------------------------ the report
 
 
-def run_value(final_eval: dict) -> tuple[float, str, float | None]:
+def run_value(final_eval: dict[str, Any]) -> tuple[float, str, float | None]:
     """(bound in nats/token, its kind, unigram NLL of the same tokens) from a run's final evaluation."""
     ev = final_eval.get("eval", final_eval)
     if "nll_nats_per_token" in ev:
@@ -246,19 +249,19 @@ def run_value(final_eval: dict) -> tuple[float, str, float | None]:
 
 
 def report(
-    rows: list[dict],
+    rows: list[dict[str, Any]],
     reference: str | None = None,
     confidence: float = 0.95,
     cell_order: list[str] | None = None,
     orderings: list[str] | None = None,
     paper: dict[str, str] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """``rows``: one per finished run, ``{cell, seed, value, kind, unigram, split, config?}``.
     Returns the JSON-able report: one entry per cell (``config``, ``seeds``, ``values``, ``mean``,
     ``sd``, interval, distance below unigram, plateau flag, paired difference against ``reference``),
     and each claim of ``orderings`` ("A < B") as the paired difference A - B over shared seeds: it
     *holds* when the interval lies below 0, is *reversed* when above, else *not determined*."""
-    by_cell: dict[str, list[dict]] = {}
+    by_cell: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         if not math.isfinite(r["value"]):
             raise ValueError(
@@ -328,7 +331,7 @@ def report(
     }
 
 
-def exit_summary(rows: list[dict], confidence: float = 0.95) -> dict:
+def exit_summary(rows: list[dict[str, Any]], confidence: float = 0.95) -> dict[str, Any]:
     """A cell's plateau-exit steps (:func:`replaid.eval.seeds.plateau_exit`, one per seed, None where a
     seed has not left the plateau) and their t-interval, given only when every seed has left (a mean over
     the seeds that left would hide the others). Empty when the rows carry no exit (older callers)."""
@@ -346,7 +349,7 @@ def exit_summary(rows: list[dict], confidence: float = 0.95) -> dict:
     }
 
 
-def _exit_cell(c: dict) -> str:
+def _exit_cell(c: dict[str, Any]) -> str:
     if "plateau_exits" not in c:
         return "n/a"
     per = " ".join("-" if x is None else str(x) for x in c["plateau_exits"])
@@ -357,7 +360,7 @@ def _exit_cell(c: dict) -> str:
     return f"{per}: {c['plateau_exit_mean']:.0f} [{c['plateau_exit_lo']:.0f}, {c['plateau_exit_hi']:.0f}]"
 
 
-def report_markdown(rep: dict, title: str = "Grid report", command: str | None = None) -> str:
+def report_markdown(rep: dict[str, Any], title: str = "Grid report", command: str | None = None) -> str:
     conf = int(round(100 * rep["confidence"]))
     ref = rep["reference"]
     L = [f"# {title}", ""]
@@ -430,7 +433,7 @@ def _f(x: float | None, fmt: str = ".3f") -> str:
     return "n/a" if x is None or not math.isfinite(x) else format(x, fmt)
 
 
-def plot_report(rep: dict, path: Path, title: str = "") -> Path:
+def plot_report(rep: dict[str, Any], path: Path, title: str = "") -> Path:
     """Every seed as a point, the mean with its interval, the unigram level; paired differences beside."""
     import matplotlib
 
@@ -507,7 +510,7 @@ def plot_report(rep: dict, path: Path, title: str = "") -> Path:
     return path
 
 
-def _plot_exits(ax, cells: list[dict], rep: dict) -> None:
+def _plot_exits(ax: Axes, cells: list[dict[str, Any]], rep: dict[str, Any]) -> None:
     """Plateau-exit steps per seed (a cross at the top: not left), mean and interval when all left."""
     last = max((x for c in cells for x in c["plateau_exits"] if x is not None), default=1)
     for i, c in enumerate(cells):

@@ -81,7 +81,7 @@ class Scorer:
     K: int = 1  # ODE/IWAE importance samples per row
     ode_steps: int = 64
     progress: bool = True
-    stats: dict = field(default_factory=lambda: {"rows": 0, "forward_seconds": 0.0, "ode_rows": 0})
+    stats: dict[str, float] = field(default_factory=lambda: {"rows": 0, "forward_seconds": 0.0, "ode_rows": 0})
 
     def __post_init__(self) -> None:
         method = self.run.method  # type: ignore[attr-defined]
@@ -180,7 +180,7 @@ class Scorer:
             logits = model(z, torch.full((x.shape[0],), 1.0 - method.eps, device=x.device))
         else:
             return torch.zeros(x.shape[0], dtype=torch.bool)
-        ok = (logits.argmax(-1) == x) | ~target
+        ok: Tensor = (logits.argmax(-1) == x) | ~target  # the run is typed object here: logits is Any
         return ok.all(1).cpu()
 
 

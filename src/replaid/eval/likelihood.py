@@ -35,13 +35,16 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor
 
 from replaid.config import MAX_SOLVER_STEPS, ODE_TOL_MIN
-from replaid.diffusion.denoiser import alpha_sigma
+from replaid.diffusion.denoiser import Denoiser, DenoiserOutput, alpha_sigma
+
+if TYPE_CHECKING:
+    from replaid.methods.replaid import ContinuousNet
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -61,14 +64,14 @@ class PFODE:
     ``self_cond=None`` follows ``denoiser.self_conditioning``. ``nfe`` counts denoiser calls.
     """
 
-    def __init__(self, denoiser, self_cond: bool | None = None, selfcond_correction: bool = True):
+    def __init__(self, denoiser: Denoiser, self_cond: bool | None = None, selfcond_correction: bool = True) -> None:
         self.den = denoiser
         self.sc = bool(denoiser.self_conditioning if self_cond is None else self_cond)
         self.correction = selfcond_correction
         self.nfe = 0
         self.last_div_var: Tensor | None = None  # (B,) variance of the last divergence estimate
 
-    def _call(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None):
+    def _call(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None) -> DenoiserOutput:
         self.nfe += 1
         return self.den(z.float(), gamma.double(), e_sc)
 
@@ -76,7 +79,7 @@ class PFODE:
         """``e_sc(z) = x_theta(z, gamma, 0) E`` (the bootstrap pass), or None without s.c."""
         return self._call(z, gamma, None).e_hat if self.sc else None
 
-    def predict(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None = None, use_cached: bool = False):
+    def predict(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None = None, use_cached: bool = False) -> DenoiserOutput:
         """Evaluation-time prediction; ``use_cached`` reuses the given ``e_sc`` instead of recomputing."""
         if self.sc and not use_cached:
             e_sc = self.self_cond_input(z, gamma)
@@ -112,7 +115,9 @@ class PFODE:
         return v, div
 
 
-def draw_probe(shape, probe: str, generator: torch.Generator | None, device, dtype) -> Tensor:
+def draw_probe(
+    shape: tuple[int, ...], probe: str, generator: torch.Generator | None, device: torch.device, dtype: torch.dtype
+) -> Tensor:
     """Rademacher (+-1) or standard Gaussian probe with ``E[xi xi^T] = I``."""
     if probe == "rademacher":
         xi = torch.randint(0, 2, shape, generator=generator).to(torch.float64) * 2 - 1
@@ -185,7 +190,7 @@ def hutchinson_divergence_and_var(
 # ---------------------------------------------------------------------------------------------
 @torch.no_grad()
 def ode_log_weight(
-    denoiser,
+    denoiser: Denoiser,
     tokens: Tensor,
     gamma_0: float,
     gamma_1: float,
@@ -270,7 +275,7 @@ def _solve_heun(
     gamma_1: float,
     steps: int,
     callback: Callable[[float], None] | None = None,
-    **kw,
+    **kw: Any,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Heun2 from gamma_0 to gamma_1: (z(gamma_1), int div dgamma (B,) float64, its noise variance (B,)).
     The probes of the two evaluations of every step are independent, so the variances add."""
@@ -304,7 +309,7 @@ def _solve_adaptive(
     atol: float,
     callback: Callable[[float], None] | None = None,
     max_steps: int = MAX_SOLVER_STEPS,
-    **kw,
+    **kw: Any,
 ) -> tuple[Tensor, Tensor]:
     """torchdiffeq dopri5 on (z, int div) in float64 with fixed probes (``kw["probes"]``): at most
     ``max_steps`` steps (accepted or rejected), else a ValueError naming the budget; tolerances below
@@ -349,7 +354,7 @@ def _solve_adaptive(
 
 
 def ode_log_weights(
-    denoiser,
+    denoiser: Denoiser,
     tokens: Tensor,
     gamma_0: float,
     gamma_1: float,
@@ -358,7 +363,7 @@ def ode_log_weights(
     progress: Callable[[int, int], None] | None = None,
     generator: torch.Generator | None = None,
     return_var: bool = False,
-    **kw,
+    **kw: Any,
 ) -> tuple[Tensor, int] | tuple[Tensor, int, Tensor]:
     """Log-weights (N, K) float64 (CPU) of K importance samples per sequence of tokens (N, L),
     computed ``batch_size`` rows at a time. Returns ``(log_w, nfe)`` (and, with ``return_var``, the
@@ -467,7 +472,7 @@ def fit_inverse_k(curve: dict[int, dict[str, float]], k_min: int = 4) -> dict[st
 
 def plot_k_curve(
     curve: dict[int, dict[str, float]],
-    fit: dict | None = None,
+    fit: dict[str, Any] | None = None,
     path: str = "kcurve.png",
     nelbo_nats: float | None = None,
     title: str = "ODE K-IWAE",
@@ -530,13 +535,13 @@ def plot_k_curve(
 class LikelihoodResult:
     log_w: Tensor  # (N, K) float64
     L: int
-    curve: dict = field(default_factory=dict)
-    fit: dict = field(default_factory=dict)
+    curve: dict[int, dict[str, float]] = field(default_factory=dict)
+    fit: dict[str, Any] = field(default_factory=dict)
     nfe: int = 0
     seconds: float = 0.0
     noise_var: Tensor | None = None  # (N, K) Hutchinson noise variance of each log-weight
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         Ks = sorted(self.curve)
         bias = (
             iwae_bias_curve(self.log_w, self.noise_var, self.L, Ks)
@@ -569,7 +574,7 @@ class LikelihoodResult:
 
 
 def estimate_likelihood(
-    denoiser,
+    denoiser: Denoiser,
     tokens: Tensor,
     gamma_0: float,
     gamma_1: float,
@@ -577,7 +582,7 @@ def estimate_likelihood(
     batch_size: int = 16,
     seed: int = 0,
     subsample: str = "groups",
-    **kw,
+    **kw: Any,
 ) -> LikelihoodResult:
     """Log-weights, K-curve and ``a + b/K`` fit for tokens (N, L); ``kw`` go to :func:`ode_log_weight`."""
     t0 = time.time()
@@ -602,7 +607,7 @@ def estimate_likelihood(
     return LikelihoodResult(log_w, L, curve, fit_inverse_k(curve), nfe, time.time() - t0, var)
 
 
-def schedule_endpoints(model) -> tuple[float, float]:
+def schedule_endpoints(model: ContinuousNet) -> tuple[float, float]:
     """``(gamma(0), gamma(1))`` of a continuous model's ``schedule(t) -> (gamma, gamma')``."""
     dev = next(model.parameters()).device
     with torch.no_grad():

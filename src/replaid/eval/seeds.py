@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from scipy import stats
 
@@ -67,7 +68,7 @@ class Interval:
     def contains_zero(self) -> bool:
         return not (self.lo > 0 or self.hi < 0)  # NaN bounds (n < 2) count as containing 0
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "n": self.n,
             "mean": self.mean,
@@ -115,7 +116,7 @@ class PairedDifference:
             return "not determined"
         return "lower" if self.interval.hi < 0 else "higher"
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "cell": self.cell,
             "reference": self.reference,

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
 from replaid.data.zeroshot import bos_eos, load_documents, wrap_documents
+from replaid.training.loading import Run
 
 
 @torch.no_grad()
 def zeroshot_run(
-    run,
+    run: Run,
     names: list[str],
     data_dir: str | None,
     split: str | None = None,
@@ -29,7 +31,7 @@ def zeroshot_run(
     t_samples: int | None = None,
     seed: int = 0,
     progress: bool = True,
-) -> dict:
+) -> dict[str, Any]:
     """``{dataset: {bound, nats_per_token, ppl, tokens, rows, source, ...}}`` for one loaded run."""
     cfg = run.cfg
     if t_samples is not None:
@@ -70,7 +72,7 @@ def zeroshot_run(
     return out
 
 
-def markdown_table(results: dict[str, dict], names: list[str]) -> str:
+def markdown_table(results: dict[str, dict[str, Any]], names: list[str]) -> str:
     """Runs as rows, datasets as columns (PPL; diffusion rows are bounds, marked <=)."""
     lines = ["| run | method | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     for label, r in results.items():
