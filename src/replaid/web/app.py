@@ -29,21 +29,27 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from replaid import schema
 from replaid.methods.base import Kind
 from replaid.web.batcher import Batcher
 from replaid.web.completions import add_completions, error_body
 from replaid.web.engine import Limits, classifier_meta, generate_stream, guides_for, parse, prepare, samplers_for
-from replaid.web.jobs import Slot, admit, busy, one_line, read_json, submit
+from replaid.web.jobs import Emit, Slot, admit, busy, one_line, read_json, submit
+
+if TYPE_CHECKING:
+    from replaid.training.loading import Run
 
 PLOT_DIRS_SKIP = {"checkpoints", "tb", "tokenizer"}
 MAX_FIGURES = 200
@@ -73,12 +79,12 @@ def find_figures(run_dir: Path) -> list[Path]:
     return out[:MAX_FIGURES]
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """The run's metrics.jsonl rows (:data:`replaid.schema.METRICS_ROW`); a stray line is skipped."""
     return list(schema.jsonl_rows(run_dir / "metrics.jsonl", schema.METRICS_ROW))
 
 
-def curves_png(rows: list[dict], title: str) -> bytes:
+def curves_png(rows: list[dict[str, Any]], title: str) -> bytes:
     """Training curves from metrics.jsonl rows: numeric series with two or more points against
     ``step``, loss-like keys first, at most six panels, log scale when they span > 20x."""
     import matplotlib
@@ -137,9 +143,9 @@ def create_app(
     run_paths: list[str],
     limits: Limits | None = None,
     device: str = "auto",
-    runs: list | None = None,
+    runs: list[Run] | None = None,
     classifiers: list[str] | None = None,
-):
+) -> FastAPI:
     """The FastAPI app over ``run_paths`` (loaded now, EMA weights). ``runs`` may pass already
     loaded :class:`replaid.training.loading.Run` objects (tests). ``classifiers``: latent classifier
     folders (``replaid classifier train``) offered for guidance, each on the runs it was trained on
@@ -180,22 +186,22 @@ def create_app(
     app.state.slots = slots
     app.state.limits = limits
 
-    def err(msg: str, status: int = 400):
+    def err(msg: str, status: int = 400) -> JSONResponse:
         return JSONResponse({"error": msg}, status_code=status)
 
     def slot_of(rid: str) -> Slot | None:
         return slots.get(rid)
 
     @app.get("/")
-    def index():
+    def index() -> FileResponse:
         return FileResponse(str(static / "index.html"), media_type="text/html")
 
     @app.get("/favicon.ico")
-    def favicon():
+    def favicon() -> Response:
         return Response(status_code=204)
 
-    @app.get("/api/runs")
-    def list_runs():
+    @app.get("/api/runs", response_model=None)  # the return annotation is for mypy, not a response model
+    def list_runs() -> dict[str, Any]:
         out = []
         for s in slots.values():
             cfg = s.run.cfg
@@ -215,8 +221,8 @@ def create_app(
             )
         return {"runs": out, "limits": asdict(limits)}
 
-    @app.get("/api/runs/{rid}")
-    def run_info(rid: str):
+    @app.get("/api/runs/{rid}", response_model=None)  # the return annotation is for mypy, not a response model
+    def run_info(rid: str) -> JSONResponse | dict[str, Any]:
         s = slot_of(rid)
         if s is None:
             return err(f"unknown run {rid!r}; this server serves {', '.join(slots)}", 404)
@@ -235,7 +241,7 @@ def create_app(
         }
 
     @app.get("/api/runs/{rid}/curves.png")
-    def run_curves(rid: str):
+    def run_curves(rid: str) -> Response:
         s = slot_of(rid)
         if s is None:
             return err(f"unknown run {rid!r}", 404)
@@ -244,7 +250,7 @@ def create_app(
         )
 
     @app.get("/api/runs/{rid}/figures/{k}")
-    def run_figure(rid: str, k: int):
+    def run_figure(rid: str, k: int) -> Response:
         s = slot_of(rid)
         if s is None or not 0 <= k < len(s.figures):
             return err("no such figure", 404)
@@ -253,14 +259,14 @@ def create_app(
     add_completions(app, slots, limits)
 
     @app.post("/api/generate")
-    async def generate(request: Request):
+    async def generate(request: Request) -> Response:
         return await _stream(request, edit=False)
 
     @app.post("/api/edit")
-    async def edit(request: Request):
+    async def edit(request: Request) -> Response:
         return await _stream(request, edit=True)
 
-    async def _stream(request: Request, edit: bool):
+    async def _stream(request: Request, edit: bool) -> Response:
         """Validates a request body (a generation or an edit; 400 with one line) and streams it."""
         try:
             body = read_json(await request.body())
@@ -281,13 +287,13 @@ def create_app(
         if ahead is None:
             return err(busy(s, limits.max_queue), 429)
 
-        def work(emit, cancelled) -> None:
+        def work(emit: Emit, cancelled: Callable[[], bool]) -> None:
             emit({"type": "running"})
             generate_stream(s.run, req, emit, cancelled, limits, s.guides)
 
         queue, gone = submit(s, work)
 
-        async def events():
+        async def events() -> AsyncIterator[str]:
             try:
                 yield _sse({"type": "queued", "ahead": ahead})
                 while True:
@@ -312,10 +318,10 @@ class BodyLimit:
     within the limit is read here (at most ``max_body`` bytes held) and handed on whole; the messages
     after it (a client that goes away) pass through, so a dropped page still cancels its generation."""
 
-    def __init__(self, app, max_body: int):
+    def __init__(self, app: ASGIApp, max_body: int) -> None:
         self.app, self.max_body = app, max_body
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length")
@@ -334,7 +340,7 @@ class BodyLimit:
                 break
         body, handed = b"".join(chunks), False
 
-        async def replay():
+        async def replay() -> Message:
             nonlocal handed
             if not handed:
                 handed = True
@@ -343,7 +349,7 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, scope, send, what: str) -> None:
+    async def _refuse(self, scope: Scope, send: Send, what: str) -> None:
         """HTTP 413: the playground's one-line error, or OpenAI's error object under ``/v1/``."""
         msg = (
             f"the request body {what}, over the limit of {self.max_body} bytes (replaid serve --max-body); "
@@ -356,5 +362,5 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": data})
 
 
-def _sse(ev: dict) -> str:
+def _sse(ev: dict[str, Any]) -> str:
     return f"event: {ev['type']}\ndata: {json.dumps(ev, separators=(',', ':'))}\n\n"

@@ -34,7 +34,7 @@ from replaid.web.jobs import Emit, channel, one_line
 __all__ = ["KERNEL_FIELDS", "Batcher", "Job", "done_event"]
 
 
-def done_event(comp: Completion) -> dict:
+def done_event(comp: Completion) -> dict[str, Any]:
     """A finished completion's last event: each sample's text and finish reason, and the token counts."""
     usage = sum(len(x.kept_ids()) for x in comp.samples)
     texts = [(x.text, x.finish_reason) for x in comp.samples]
@@ -109,7 +109,7 @@ class Batcher:
             f"shortly"
         )
 
-    def submit(self, req: SampleRequest) -> tuple[asyncio.Queue, threading.Event]:
+    def submit(self, req: SampleRequest) -> tuple[asyncio.Queue[dict[str, Any]], threading.Event]:
         """Queue an admitted request (from the event loop): its events' queue and the event to set when its
         client goes."""
         queue, gone, emit = channel()

@@ -41,12 +41,12 @@ import json
 import secrets
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from replaid.sampling.errors import RequestError
@@ -55,6 +55,9 @@ from replaid.sampling.stream import Completion
 from replaid.web.batcher import done_event
 from replaid.web.engine import Cancelled, Limits
 from replaid.web.jobs import Emit, Slot, Work, admit, busy, read_json, submit
+
+if TYPE_CHECKING:
+    from replaid.sampling.contract import StepInfo
 
 DEFAULTS = {  # OpenAI fields accepted at these values only
     "top_p": (1, 1.0, None),
@@ -84,7 +87,7 @@ class ApiError(ValueError):
         return JSONResponse(error_body(str(self), self.param, self.kind), status_code=self.status)
 
 
-def error_body(message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict:
+def error_body(message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": param, "code": None}}
 
 
@@ -92,13 +95,13 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _at_default(v: Any, allowed: tuple) -> bool:
+def _at_default(v: Any, allowed: tuple[Any, ...]) -> bool:
     """Whether ``v`` is one of ``allowed``, a bool only as a bool (``true`` is no ``best_of`` 1, ``0`` no
     ``echo`` false), as ``stream`` and ``ignore_eos`` take only true or false."""
     return any(v == d and isinstance(v, bool) == isinstance(d, bool) for d in allowed)
 
 
-def _field(body: dict, k: str, default: Any, ok, what: str) -> Any:
+def _field(body: dict[str, Any], k: str, default: Any, ok: Callable[[Any], bool], what: str) -> Any:
     v = body.get(k, default)
     if v is None:
         v = default
@@ -181,7 +184,7 @@ def check(s: Slot, req: SampleRequest, limits: Limits) -> None:
         raise ApiError(msg, param) from None
 
 
-def _chunk(cid: str, created: int, model: str, choices: list[dict]) -> str:
+def _chunk(cid: str, created: int, model: str, choices: list[dict[str, Any]]) -> str:
     obj = {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": choices}
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
@@ -191,7 +194,7 @@ def _work(s: Slot, req: SampleRequest) -> Work:
     client has gone."""
 
     def work(emit: Emit, cancelled: Callable[[], bool]) -> None:
-        def step(_info) -> None:  # every sampler step: stop once the client has gone
+        def step(_info: StepInfo) -> None:  # every sampler step: stop once the client has gone
             if cancelled():
                 raise Cancelled()
 
@@ -207,7 +210,7 @@ def add_completions(app: FastAPI, slots: dict[str, Slot], limits: Limits) -> Non
     """Registers ``GET /v1/models`` and ``POST /v1/completions`` (module docstring) on ``app``."""
 
     @app.exception_handler(StarletteHTTPException)
-    async def v1_errors(request: Request, exc: StarletteHTTPException):
+    async def v1_errors(request: Request, exc: StarletteHTTPException) -> Response:
         """A path under ``/v1/`` that is not served, or not with this method (404, 405): OpenAI's error
         object saying what is; FastAPI's own answer elsewhere (the playground's)."""
         if not request.url.path.startswith("/v1/"):
@@ -215,13 +218,13 @@ def add_completions(app: FastAPI, slots: dict[str, Slot], limits: Limits) -> Non
         msg = f"{request.method} {request.url.path}: {exc.detail}; this server serves {SERVED}"
         return JSONResponse(error_body(msg), status_code=exc.status_code, headers=exc.headers)
 
-    @app.get("/v1/models")
-    def models():
+    @app.get("/v1/models", response_model=None)  # the return annotation is for mypy, not a response model
+    def models() -> dict[str, Any]:
         data = [{"id": k, "object": "model", "created": 0, "owned_by": "replaid"} for k in slots]
         return {"object": "list", "data": data}
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
+    @app.post("/v1/completions", response_model=None)  # the return annotation is for mypy, not a response model
+    async def completions(request: Request) -> Response | dict[str, Any]:
         try:
             body = read_json(await request.body())
         except ValueError as e:
@@ -242,7 +245,7 @@ def add_completions(app: FastAPI, slots: dict[str, Slot], limits: Limits) -> Non
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         if stream:
 
-            async def events():
+            async def events() -> AsyncIterator[str]:
                 try:
                     while True:
                         ev = await queue.get()

@@ -36,7 +36,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -45,6 +45,13 @@ from replaid.methods.base import Kind
 from replaid.sampling.generate import Plan, generate
 from replaid.sampling.infill import InfillPlan
 from replaid.sampling.request import RequestLimits, SampleRequest, check_text, field_types, prompt_ids
+
+if TYPE_CHECKING:
+    from replaid.data.tokenizers import Tokenizer
+    from replaid.methods.replaid import ContinuousNet
+    from replaid.model.tokens import TokenDiT
+    from replaid.sampling.contract import StepInfo
+    from replaid.training.loading import Run
 
 MASK, EMPTY = -1, -2  # display ids: a masked position (MDLM), a not-yet-generated one (AR)
 _GAP = re.compile(r"\[\[\s*(\d*)\s*\]\]")  # an infill gap in the text box: [[8]] = 8 tokens to fill
@@ -149,7 +156,7 @@ class Guide:
     labels: list[str]
 
 
-def classifier_meta(path: Path) -> dict:
+def classifier_meta(path: Path) -> dict[str, Any]:
     """``classifier.json`` of a classifier folder (labels, embedding fingerprint); one line when unreadable."""
     f = Path(path) / "classifier.json"
     if not f.is_file() or not (Path(path) / "classifier.safetensors").is_file():
@@ -158,7 +165,7 @@ def classifier_meta(path: Path) -> dict:
             "(replaid classifier train RUN --data LABELLED.jsonl --out DIR writes them)"
         )
     try:
-        meta = json.loads(f.read_text())
+        meta: dict[str, Any] = json.loads(f.read_text())
         meta["labels"] = [str(x) for x in meta["labels"]]
     except (json.JSONDecodeError, KeyError, TypeError):
         raise ValueError(f"--classifier {path}: damaged classifier.json; train it again") from None
@@ -176,13 +183,13 @@ def find_classifiers(run_dir: Path, limit: int = 50) -> list[Path]:
     return out[:limit]
 
 
-def guides_for(run, run_dir: Path, extra: list[Path]) -> dict[str, Guide]:
+def guides_for(run: Run, run_dir: Path, extra: list[Path]) -> dict[str, Guide]:
     """The classifiers offered for ``run``: those under its folder and those given (``--classifier``)
     whose embedding fingerprint matches the run's (a classifier only steers the run it was trained on).
     Ids: the path under the run folder, or the folder's name, made unique."""
     from replaid.training.classifier import embedding_fingerprint
 
-    fp = embedding_fingerprint(run.model.embedding_matrix())
+    fp = embedding_fingerprint(cast("ContinuousNet", run.model).embedding_matrix())  # only continuous runs come here
     out: dict[str, Guide] = {}
     seen: set[Path] = set()
     for p in find_classifiers(run_dir) + list(extra):
@@ -209,12 +216,12 @@ def guides_for(run, run_dir: Path, extra: list[Path]) -> dict[str, Guide]:
     return out
 
 
-def samplers_for(run) -> list[str]:
+def samplers_for(run: Run) -> list[str]:
     """Sampler names the playground offers for a run: those its method declares."""
     return list(run.method.samplers)
 
 
-def check(asked: Asked, run) -> None:
+def check(asked: Asked, run: Run) -> None:
     """What only the playground's own fields can get wrong (one line each); every sampling field is the
     :class:`SampleRequest`'s, checked by :meth:`SampleRequest.check` with the server's :class:`Limits`."""
     if asked.edit and run.method.kind is not Kind.CONTINUOUS:
@@ -239,7 +246,7 @@ class Template:
     mode: str  # unconditional | prompt | infill
 
 
-def parse_text(text: str, tok, L: int, max_len: int) -> Template:
+def parse_text(text: str, tok: Tokenizer, L: int, max_len: int) -> Template:
     """``""`` -> unconditional length L; text without gaps -> a prompt prefix of a length-L
     sequence; text with ``[[n]]`` gaps -> exactly the template (each kept piece tokenised on its
     own, each gap n positions, ``[[]]`` = 8), its length capped at ``max_len``."""
@@ -282,7 +289,7 @@ def guide_of(asked: Asked, guides: dict[str, Guide]) -> str | None:
     return f"{g.path}:{asked.label}"
 
 
-def prepare(asked: Asked, run, limits: Limits, guides: dict[str, Guide] | None = None) -> SampleRequest:
+def prepare(asked: Asked, run: Run, limits: Limits, guides: dict[str, Guide] | None = None) -> SampleRequest:
     """The :class:`SampleRequest` of ``asked`` for ``run``, validated (:func:`check`, the server's limits,
     then :meth:`SampleRequest.check`: the CLI's checks, its messages naming the request's fields): one
     batch, the text box laid out (a prompt, a ``[[n]]`` template or the text to edit), the classifier's
@@ -326,17 +333,17 @@ class Result:
     seconds: float
     first_step_seconds: float | None
     mode: str
-    frames: list[dict] = field(default_factory=list)
+    frames: list[dict[str, Any]] = field(default_factory=list)
 
 
 class _Framer:
     """Turns per-step sampler state into display frames and hands them to ``emit``; the given positions
     (``known``, ``known_ids``) and the kind's drawing (``draw``) are set from :func:`generate`'s plan."""
 
-    def __init__(self, emit: Callable[[dict], None], cancelled: Callable[[], bool], tok):
+    def __init__(self, emit: Callable[[dict[str, Any]], None], cancelled: Callable[[], bool], tok: Tokenizer) -> None:
         self.emit, self.cancelled, self.tok = emit, cancelled, tok
         self.known = self.known_ids = torch.zeros(0)  # (L,) bool, (L,) long
-        self.draw: Callable[[dict], None] = lambda info: None
+        self.draw: Callable[[StepInfo], None] = lambda info: None
         self.sent: set[int] = set()
         self.t0 = time.perf_counter()
         self.first: float | None = None
@@ -350,7 +357,7 @@ class _Framer:
         self.sent.update(int(k) for k in new)
         return new
 
-    def frame(self, info: dict, ids: torch.Tensor, conf: torch.Tensor, final: bool = False) -> None:
+    def frame(self, info: StepInfo, ids: torch.Tensor, conf: torch.Tensor, final: bool = False) -> None:
         """ids (B, L) long display ids, conf (B, L) float in [0, 1] of the step ``info``; ``final`` marks
         the readout."""
         if self.cancelled():
@@ -377,9 +384,9 @@ class _Framer:
 
 @torch.no_grad()
 def generate_stream(
-    run,
+    run: Run,
     asked: Asked,
-    emit: Callable[[dict], None],
+    emit: Callable[[dict[str, Any]], None],
     cancelled: Callable[[], bool] = lambda: False,
     limits: Limits | None = None,
     guides: dict[str, Guide] | None = None,
@@ -419,7 +426,7 @@ def generate_stream(
             }
         )
 
-    rows = generate(run, req, callback=lambda info: framer.draw(cast(dict, info)), on_plan=start)
+    rows = generate(run, req, callback=lambda info: framer.draw(info), on_plan=start)
     assert rows.plan is not None  # no completion: refused by check()
     tokens = torch.where(framer.known, framer.known_ids, torch.tensor([r["ids"] for r in rows], dtype=torch.long))
     secs = time.perf_counter() - framer.t0
@@ -451,22 +458,22 @@ def generate_stream(
     return res
 
 
-def _frames(kind: Kind, framer: _Framer, B: int, L: int, model) -> Callable[[dict], None]:
+def _frames(kind: Kind, framer: _Framer, B: int, L: int, model: torch.nn.Module) -> Callable[[StepInfo], None]:
     """The step callback drawing each kind's sampler state (module docstring)."""
     if kind is Kind.CONTINUOUS:
 
-        def continuous(info: dict) -> None:
+        def continuous(info: StepInfo) -> None:
             p = torch.softmax(info["logits"].float(), -1)  # (B, L, V)
             conf, ids = p.max(-1)
             final = bool(info.get("final"))
             framer.frame(info, info["tokens"] if final else ids, conf, final=final)
 
         return continuous
-    V = model.n_out
+    V = cast("TokenDiT", model).n_out  # the discrete methods' network (MDLM, Duo, AR)
     conf = torch.zeros(B, L, dtype=torch.float64)  # kept per position for MDLM / AR
     if kind is Kind.MASKED:
 
-        def masked(info: dict) -> None:
+        def masked(info: StepInfo) -> None:
             z, p = info["z"].cpu(), info["probs"].cpu()
             new = (z != V) & (conf == 0)
             pz = p.gather(-1, z.clamp(max=V - 1).unsqueeze(-1)).squeeze(-1)  # (B, L)
@@ -476,13 +483,13 @@ def _frames(kind: Kind, framer: _Framer, B: int, L: int, model) -> Callable[[dic
         return masked
     if kind is Kind.UNIFORM:
 
-        def uniform(info: dict) -> None:
+        def uniform(info: StepInfo) -> None:
             z, p = info["z"].cpu(), info["probs"].cpu()
             framer.frame(info, z, p.gather(-1, z.unsqueeze(-1)).squeeze(-1).float())
 
         return uniform
 
-    def autoregressive(info: dict) -> None:
+    def autoregressive(info: StepInfo) -> None:
         pos, toks = info["pos"], info["tokens"].cpu()
         conf[:, pos] = info["probs"].cpu().gather(-1, toks[:, pos : pos + 1]).squeeze(-1)
         ids = torch.full((B, L), EMPTY, dtype=torch.long)

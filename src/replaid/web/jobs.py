@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from replaid.sampling.request import SampleRequest
     from replaid.training.loading import Run
 
-Emit = Callable[[dict], None]
+Emit = Callable[[dict[str, Any]], None]
 
 
 class Scheduler(Protocol):
@@ -39,7 +39,7 @@ class Scheduler(Protocol):
 
     def busy(self) -> str: ...
 
-    def submit(self, req: SampleRequest) -> tuple[asyncio.Queue, threading.Event]: ...
+    def submit(self, req: SampleRequest) -> tuple[asyncio.Queue[dict[str, Any]], threading.Event]: ...
 
 
 Work = Callable[[Emit, Callable[[], bool]], None]  # (emit, cancelled) -> None, on the run's worker thread
@@ -96,19 +96,19 @@ def busy(s: Slot, max_queue: int) -> str:
     return f"run {s.id!r} is busy: {s.pending - 1} generations are waiting (limit {max_queue}); try again shortly"
 
 
-def channel() -> tuple[asyncio.Queue, threading.Event, Emit]:
+def channel() -> tuple[asyncio.Queue[dict[str, Any]], threading.Event, Emit]:
     """A generation's way to its client (called from the event loop): the queue of its events, the event
     set when the client goes, and the ``emit`` that puts an event on the queue from any thread."""
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue = asyncio.Queue()
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
-    def emit(ev: dict) -> None:
+    def emit(ev: dict[str, Any]) -> None:
         loop.call_soon_threadsafe(queue.put_nowait, ev)
 
     return queue, threading.Event(), emit
 
 
-def submit(s: Slot, work: Work) -> tuple[asyncio.Queue, threading.Event]:
+def submit(s: Slot, work: Work) -> tuple[asyncio.Queue[dict[str, Any]], threading.Event]:
     """Run ``work`` on the run's worker after an :func:`admit` (called from the event loop). Returns the
     queue of its events (then an ``error`` event if it failed) and the event to set when the client goes."""
     queue, gone, emit = channel()
