@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from replaid.config import MAX_STEPS
+
+if TYPE_CHECKING:
+    from replaid.scaling.runner import ManifestEntry
+    from replaid.training.loading import Run
 
 # Sub-command modules in the order ``replaid --help`` lists them.
 COMMANDS = (
@@ -46,20 +52,26 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
     ``(default: None)`` is not printed for them (nor an empty default).
     """
 
-    def _get_help_string(self, action):
+    def _get_help_string(self, action: argparse.Action) -> str | None:
         if action.default is None or action.default is False or action.default == "":
             return action.help
         return super()._get_help_string(action)
 
 
-def add_command(sub, name: str, help_: str, example: str, description: str | None = None):
+def add_command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    help_: str,
+    example: str,
+    description: str | None = None,
+) -> argparse.ArgumentParser:
     """A sub-command parser with the project's help layout (description, then an example)."""
     return sub.add_parser(
         name, help=help_, description=description or help_, epilog=example, formatter_class=HelpFormatter
     )
 
 
-def run_title(run) -> str:
+def run_title(run: Run) -> str:
     """How plots name the run they show: its folder, method, step and weights (EMA or raw)."""
     from pathlib import Path
 
@@ -68,7 +80,7 @@ def run_title(run) -> str:
     return f"{name} ({run.cfg.method}, step {run.step}, {'EMA' if run.ema_loaded else 'raw'} weights)"
 
 
-def emit(obj: dict, as_json: bool) -> None:
+def emit(obj: dict[str, Any], as_json: bool) -> None:
     """One JSON object, or one ``key value`` line per entry."""
     if as_json:
         print(json.dumps(obj))
@@ -89,7 +101,7 @@ def run_labels(runs: list[str], labels: list[str] | None) -> list[str]:
     return out
 
 
-def add_run_options(r) -> None:
+def add_run_options(r: argparse.ArgumentParser) -> None:
     """The options of a manifest run (``replaid scaling run``, ``replaid grid run``)."""
     r.add_argument(
         "--executor",
@@ -123,7 +135,7 @@ def add_run_options(r) -> None:
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def run_manifest_command(args, folder, entries, what: str) -> int:
+def run_manifest_command(args: argparse.Namespace, folder: Path, entries: Sequence[ManifestEntry], what: str) -> int:
     """Bring every entry of a manifest to completion with the executor of ``args`` (the one place
     that runs a manifest: ``replaid scaling run`` and ``replaid grid run``). 0 when all finished."""
     import sys
@@ -135,11 +147,11 @@ def run_manifest_command(args, folder, entries, what: str) -> int:
     if args.status:
         print(runner.progress_line(folder, entries))
         return 0
-    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     if args.executor == "local":
         res = runner.run_local(folder, entries, args.max_parallel, args.python, args.prefix, not args.no_progress, log)
     else:
-        extra = {}
+        extra: dict[str, Any] = {}
         for k, v in parse_overrides(args.slurm):
             try:
                 extra[k] = json.loads(v)
@@ -177,7 +189,7 @@ def run_manifest_command(args, folder, entries, what: str) -> int:
 # --- validation at the edge: argparse types (one-line errors through ``replaid.cli``) ---------------
 
 
-def int_in(lo: int | None = None, hi: int | None = None):
+def int_in(lo: int | None = None, hi: int | None = None) -> Callable[[str], int]:
     """An argparse type: an exact whole number (no ``1e9``, no ``2.0``) in ``[lo, hi]``."""
 
     def parse(s: str) -> int:
@@ -211,7 +223,7 @@ def float_in(
     lo_open: bool = False,
     hi_open: bool = False,
     or_zero: bool = False,
-):
+) -> Callable[[str], float]:
     """An argparse type: a finite number in ``[lo, hi]`` (``lo_open``/``hi_open``: that end excluded;
     ``or_zero``: 0 is taken too, as the option's documented special value, e.g. greedy decoding). The
     range is kept on the parser as ``.range`` (lo, hi, lo_open, hi_open, or_zero) for the generated
@@ -244,8 +256,14 @@ class Distinct(argparse.Action):
     """``action=Distinct`` for a list option: a value given twice is refused (``--budgets 1e11 1e11``
     would plan the same runs twice under one id and double-count their FLOPs)."""
 
-    def __call__(self, parser, namespace, values, option_string=None):
-        seen: set = set()
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        seen: set[object] = set()
         for v in values or []:
             if v in seen:
                 raise argparse.ArgumentError(
@@ -305,7 +323,7 @@ def check_out(
         raise ValueError(f"--out {out}: cannot write into {parent} (permission); choose a writable folder")
 
 
-def require_finite(res: dict, where: str) -> None:
+def require_finite(res: dict[str, Any], where: str) -> None:
     """Refuse an evaluation result holding NaN/Inf (an error, never a printed Infinity)."""
     from replaid.training.train import nonfinite_entries
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -14,7 +15,7 @@ EXAMPLE = (
 )
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = add_command(sub, "classifier", "Latent classifiers for classifier guidance.", EXAMPLE)
     cs = s.add_subparsers(dest="classifier_cmd", required=True, help="train (has --help)")
     t = add_command(
@@ -39,7 +40,7 @@ def register(sub) -> None:
     t.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from replaid.training.classifier import ClassifierTrainConfig, read_labelled, save_classifier, train_classifier
     from replaid.training.loading import load_run
 

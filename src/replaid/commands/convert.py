@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from replaid.commands import add_command, check_out
 
 EXAMPLE = """example: replaid convert mdlm kuleshov-group/mdlm-owt --out peers/mdlm-owt \\
@@ -9,7 +11,7 @@ EXAMPLE = """example: replaid convert mdlm kuleshov-group/mdlm-owt --out peers/m
 then:    replaid eval peers/mdlm-owt   |   replaid sample peers/mdlm-owt   |   replaid zeroshot peers/mdlm-owt"""
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     e = add_command(
         sub,
         "convert",
@@ -30,7 +32,7 @@ def register(sub) -> None:
     e.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from replaid.hub.peers import convert
 
     check_out(args.out, empty=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from replaid.commands import add_command, emit, int_in
 
 EXAMPLE = (
@@ -10,7 +12,7 @@ EXAMPLE = (
 )
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     d = add_command(sub, "data", "Describe a data source as seen through a tokenizer.", EXAMPLE)
     d.add_argument(
         "--source", default="stdlib", help="stdlib, a .jsonl/.txt file or folder, or hf:NAME (see README, Data)"
@@ -27,7 +29,7 @@ def register(sub) -> None:
     d.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from replaid.data import describe
 
     info = describe(args.source, args.tokenizer, args.tokenizer_path, split=args.split, vocab_size=args.vocab_size)

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from replaid.commands import POSITIVE, SEED, add_command, check_out, emit, int_in, run_labels, run_title
+
+if TYPE_CHECKING:
+    from replaid.methods.replaid import ContinuousNet
+    from replaid.training.loading import Run
 
 EXAMPLE = (
     "example: replaid diagnose runs/demo --out runs/demo/diagnose --split valid --batches 4 --grid 33\n"
@@ -13,7 +19,7 @@ EXAMPLE = (
 )
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = add_command(
         sub,
         "diagnose",
@@ -42,7 +48,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from replaid.eval.diagnostics import ce_overlay, plot_ce_overlay
     from replaid.methods import Kind
     from replaid.training.loading import load_run
@@ -74,7 +80,7 @@ def run(args) -> int:
     return 0
 
 
-def _diagnose_one(r, args, out: Path) -> tuple[dict, dict]:
+def _diagnose_one(r: Run, args: argparse.Namespace, out: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     from tqdm.auto import tqdm
 
     from replaid.eval.diagnostics import diagnose, diagnose_predictions, plot_diagnostics, write_csv
@@ -83,9 +89,13 @@ def _diagnose_one(r, args, out: Path) -> tuple[dict, dict]:
     batches = [b["tokens"] for b in r.data.eval_batches(args.split, bs, args.batches)]
     if not batches:
         raise ValueError(f"the {args.split} split produced no batches")
-    sc = r.model.self_conditioning and not args.no_self_cond
+    # a bool attribute of the denoiser; nn.Module.__getattr__ types attributes as Tensor | Module
+    sc = cast(bool, r.model.self_conditioning) and not args.no_self_cond
     with tqdm(total=len(batches) * diagnose_predictions(args.grid), desc="diagnose", unit="pred") as bar:  # stderr
-        res = diagnose(r.model, batches, grid=args.grid, self_cond=sc, seed=args.seed, advance=bar.update)
+        # run() refused every run but a continuous one (its method's kind), so the model is a ContinuousNet
+        res = diagnose(
+            cast("ContinuousNet", r.model), batches, grid=args.grid, self_cond=sc, seed=args.seed, advance=bar.update
+        )
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "curves.csv", res["t"])
     write_csv(out / "gamma_curves.csv", res["gamma"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from replaid.commands import NONNEGATIVE, POSITIVE, SEED, add_command, float_in, int_in
@@ -14,7 +15,7 @@ then:    replaid sample runs/demo-pd8 --sampler ddim --steps 8     (progressive 
          replaid eval runs/demo-pd8   |   replaid export runs/demo-pd8 --out exports/demo-pd8"""
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from replaid.distill.config import METHODS, DistillConfig
 
     d = DistillConfig()
@@ -71,7 +72,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from replaid.distill.loop import DistillConfig, distill
 
     dcfg = DistillConfig(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from replaid.commands import POSITIVE, SEED, STEPS, add_command, float_in
@@ -14,7 +15,7 @@ EXAMPLE = (
 )
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = add_command(
         sub,
         "edit",
@@ -41,7 +42,7 @@ def register(sub) -> None:
     s.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from replaid.sampling.generate import generate
     from replaid.sampling.request import SampleRequest
     from replaid.training.loading import load_run

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+
 from replaid.commands import NONNEGATIVE, POSITIVE, add_command, emit, require_finite
 
 EXAMPLE = "example: replaid eval runs/demo --split valid --json"
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     e = add_command(sub, "eval", "Evaluate a run's per-token NELBO (or NLL) bound and perplexity.", EXAMPLE)
     e.add_argument("run", help="run directory or checkpoint directory")
     e.add_argument(
@@ -39,7 +41,7 @@ def register(sub) -> None:
     e.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from replaid.config import apply_cli
     from replaid.eval.evaluate import evaluate_model
     from replaid.training.loading import load_run

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from replaid.commands import add_command, check_out
 
 EXAMPLE = """example: replaid export runs/demo --out exports/demo
@@ -9,7 +11,7 @@ then:    hf upload OWNER/NAME exports/demo      (the Hub's own client; or huggin
          replaid eval exports/demo   |   replaid eval OWNER/NAME"""
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     e = add_command(
         sub, "export", "Export a run as a Hugging Face Hub folder (config, safetensors, tokenizer, card).", EXAMPLE
     )
@@ -19,7 +21,7 @@ def register(sub) -> None:
     e.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from replaid.hub.export import export_run
 
     check_out(args.out, protected=(args.run,), empty=True)

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from replaid.commands import NONNEGATIVE, POSITIVE, SEED, add_command, check_out, emit, run_labels
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from replaid.training.loading import Run
 
 EXAMPLE = (
     "example: replaid geometry runs/wiki runs/wiki-ce1 --labels nelbo ce1 --out runs/geometry "
@@ -14,7 +21,7 @@ EXAMPLE = (
 )
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = add_command(
         sub,
         "geometry",
@@ -51,7 +58,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _pos_counts(r, args):
+def _pos_counts(r: Run, args: argparse.Namespace) -> tuple[np.ndarray, Path, bool]:
     """The run's (V, 18) POS count matrix, computed once per (tokenizer, corpus, rows) and cached."""
     import numpy as np
 
@@ -71,7 +78,7 @@ def _pos_counts(r, args):
     )
     encode = pos.hf_offsets(tok)
 
-    def compute():
+    def compute() -> np.ndarray:
         arr = np.asarray(r.data.array(args.pos_split)[0])
         n = len(arr) // args.pos_row_len
         if args.pos_max_rows:
@@ -87,7 +94,7 @@ def _pos_counts(r, args):
     return pos.cached_pos_counts(r.data.cache, key, compute)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from replaid.eval import geometry as geo

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from replaid.commands import POSITIVE, SEED, Distinct, add_command, add_run_options, float_in, run_manifest_command
+
+if TYPE_CHECKING:
+    from replaid.eval.grid import GridSpec
 
 EXAMPLE = """examples:
   replaid grid plan study.yaml --out runs/study                       # cells and seeds from a spec file
@@ -24,7 +29,7 @@ Each (cell, seed) is one run runs/<cell>__s<seed> trained with base + overrides 
 The thread count changes the numbers: put train.num_threads in the overrides to pin it."""
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = add_command(
         sub,
         "grid",
@@ -124,7 +129,7 @@ def register(sub) -> None:
     tr.set_defaults(func=run_trend)
 
 
-def _report_options(p, taken: str, name: str, title: str) -> None:
+def _report_options(p: argparse.ArgumentParser, taken: str, name: str, title: str) -> None:
     """--reference, --confidence, --out, --title, --json of 'grid report' and 'grid trend'."""
     p.add_argument("--reference", help=f"the cell {taken} taken against (absent: the spec's)")
     p.add_argument(
@@ -138,7 +143,7 @@ def _report_options(p, taken: str, name: str, title: str) -> None:
     p.add_argument("--json", action="store_true", help=f"print {name}.json")
 
 
-def _spec(args):
+def _spec(args: argparse.Namespace) -> GridSpec:
     from replaid.config import ConfigError
     from replaid.eval.grid import GridSpec, load_spec
 
@@ -169,7 +174,7 @@ def _spec(args):
     return spec.validate()
 
 
-def run_plan(args) -> int:
+def run_plan(args: argparse.Namespace) -> int:
     from replaid.scaling.grid import write_grid
 
     spec = _spec(args)
@@ -189,7 +194,7 @@ def run_plan(args) -> int:
     return 0
 
 
-def run_run(args) -> int:
+def run_run(args: argparse.Namespace) -> int:
     from replaid.config import ConfigError
     from replaid.scaling.grid import read_grid
 
@@ -202,7 +207,7 @@ def run_run(args) -> int:
     return run_manifest_command(args, folder, entries, "grid")
 
 
-def run_report(args) -> int:
+def run_report(args: argparse.Namespace) -> int:
     from replaid.config import ConfigError
     from replaid.scaling.grid import write_report
 
@@ -218,7 +223,7 @@ def run_report(args) -> int:
     return 0
 
 
-def run_trend(args) -> int:
+def run_trend(args: argparse.Namespace) -> int:
     from replaid.scaling.trend import write_trend
 
     tr = write_trend(

@@ -13,7 +13,10 @@ from replaid.commands import POSITIVE, SEED, STEPS, add_command, check_out, emit
 from replaid.config import MAX_SOLVER_STEPS, ODE_TOL_MIN
 
 if TYPE_CHECKING:
+    import torch
+
     from replaid.methods.replaid import ContinuousNet
+    from replaid.training.loading import Run
 
 TOLERANCE = float_in(ODE_TOL_MIN, 1)  # dopri5 --rtol/--atol: what its float64 solve resolves
 
@@ -23,7 +26,7 @@ EXAMPLE = (
 )
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = add_command(
         sub,
         "likelihood",
@@ -85,7 +88,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _tokens(run, split: str, n: int):
+def _tokens(run: Run, split: str, n: int) -> torch.Tensor:
     import torch
 
     bs = max(1, min(n, run.cfg.eval.batch_size))
@@ -105,7 +108,7 @@ def _tokens(run, split: str, n: int):
     return torch.cat(rows)[:n]
 
 
-def check_memory(run_, args, shape) -> None:
+def check_memory(run_: Run, args: argparse.Namespace, shape: tuple[int, ...]) -> None:
     """Refuse an ODE solve whose estimated peak cannot fit, before it allocates anything (one line)."""
     from replaid.training.memory import check_fits, likelihood_estimate
 
@@ -123,7 +126,7 @@ def check_memory(run_, args, shape) -> None:
     )
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -14,7 +15,7 @@ the same through the harness's own CLI: lm_eval --model replaid --model_args run
 what each number is (exact, bound): replaid/hub/lmeval.py; the local tasks: docs/lmeval/README.md"""
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     e = add_command(
         sub,
         "lmeval",
@@ -47,7 +48,7 @@ def register(sub) -> None:
     e.set_defaults(func=run)
 
 
-def _harness():
+def _harness() -> None:
     try:
         import lm_eval  # noqa: F401
     except ImportError:
@@ -56,7 +57,7 @@ def _harness():
         ) from None
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     _harness()
     check_out(args.out, protected=(args.run,), names=("results.json", "results.md"))
     if args.include_path and not Path(args.include_path).is_dir():

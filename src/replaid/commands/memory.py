@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 
 from replaid.commands import POSITIVE, add_command, int_in
@@ -10,7 +11,7 @@ EXAMPLE = "example: replaid memory --preset owt-0.1b --per-device-batch 32 --gpu
 GPUS = {"H100 80GB": 80e9, "H200 141GB": 141e9}
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = add_command(
         sub, "memory", "Estimate the peak memory per rank of a training step (replaid.training.memory).", EXAMPLE
     )
@@ -38,7 +39,7 @@ def parse_bytes(s: str) -> float:
     return float(m.group(1)) * {"gb": 1e9, "gib": 2**30, "mb": 1e6, "mib": 2**20}[unit]
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from replaid.presets import PRESETS, resolve
     from replaid.training.memory import estimate, largest_batch, preset_vocab
 

@@ -3,12 +3,14 @@ GPUs (the scaling model of ``replaid.scaling.cluster``)."""
 
 from __future__ import annotations
 
+import argparse
+
 from replaid.commands import POSITIVE, add_command, float_in, int_in
 
 EXAMPLE = "example: replaid plan-cluster --preset owt-0.1b isoflop-413m --nodes 1 2 16 --budget 1e20 --mfu 0.4"
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = add_command(
         sub,
         "plan-cluster",
@@ -42,7 +44,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from replaid.config import ConfigError
     from replaid.presets import resolve
     from replaid.scaling.cluster import Hardware, plan

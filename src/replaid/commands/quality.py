@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ EXAMPLE = (
 )
 
 
-def add_judge_arguments(p) -> None:
+def add_judge_arguments(p: argparse.ArgumentParser) -> None:
     """``--judge`` / ``--judge-run`` / ``--context`` and ``--encoder``, shared with ``replaid sweep``."""
     p.add_argument(
         "--judge",
@@ -31,7 +32,7 @@ def add_judge_arguments(p) -> None:
     )
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = add_command(
         sub,
         "quality",
@@ -55,7 +56,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from replaid.eval.quality import (
         make_judge,
         mauve_score,
@@ -71,7 +72,7 @@ def run(args) -> int:
     texts, ids = read_samples(args.samples)
     if not texts:
         raise ValueError(f"{args.samples} holds no samples")
-    res: dict = {"samples": len(texts)}
+    res: dict[str, Any] = {"samples": len(texts)}
     judge = make_judge(args.judge, args.judge_run, args.context, args.batch_size, args.device)
     judge_tok = judge.hf_tokenizer if judge else None
     if judge is not None:

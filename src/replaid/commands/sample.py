@@ -14,6 +14,7 @@ from replaid.sampling import request  # torch-free: its fields make the flags
 
 if TYPE_CHECKING:
     from replaid.sampling.request import Knob, SampleRequest
+    from replaid.training.loading import Run
 
 EXAMPLE = (
     "example: replaid sample runs/demo --sampler ddpm --steps 64 --num 4 --length 64 --seed 0\n"
@@ -25,7 +26,7 @@ EXAMPLE = (
 )
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = add_command(sub, "sample", "Generate text from a trained run.", EXAMPLE)
     s.add_argument("run", help="run directory or checkpoint directory")
     add_request_args(s)
@@ -110,7 +111,7 @@ def request_of(args: argparse.Namespace) -> SampleRequest:
     return request.SampleRequest(**request_values(args))
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     import sys
 
     from replaid.sampling.generate import generate
@@ -133,7 +134,7 @@ def run(args) -> int:
     return 0
 
 
-def stream(run_, req: SampleRequest) -> int:
+def stream(run_: Run, req: SampleRequest) -> int:
     """A completion, one sample per batch: each sample's prompt, then its text as each block is committed."""
     import sys
 

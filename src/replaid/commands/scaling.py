@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from replaid.commands import (
@@ -26,7 +28,7 @@ EXAMPLE = """examples:
   replaid scaling fit runs/iso --reference ar --out runs/iso/fit --json"""
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = add_command(sub, "scaling", "IsoFLOP scaling study: plan runs, run them, fit the scaling laws.", EXAMPLE)
     ss = s.add_subparsers(dest="scaling_cmd", required=True, help="plan | run | fit (each has --help)")
 
@@ -172,11 +174,11 @@ def register(sub) -> None:
 
 def _table(rows: list[list[object]], head: list[str]) -> str:
     w = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
-    line = lambda r: "  ".join(str(x).rjust(n) for x, n in zip(r, w, strict=True))  # noqa: E731
+    line: Callable[[Sequence[object]], str] = lambda r: "  ".join(str(x).rjust(n) for x, n in zip(r, w, strict=True))  # noqa: E731
     return "\n".join([line(head), line(["-" * n for n in w])] + [line(r) for r in rows])
 
 
-def run_plan(args) -> int:
+def run_plan(args: argparse.Namespace) -> int:
     from replaid.config import ConfigError
     from replaid.scaling import plan as sc
 
@@ -214,7 +216,7 @@ def run_plan(args) -> int:
             f"{Path(args.out) / 'manifest.csv'}",
             file=sys.stderr,
         )
-    gpu_s = lambda fl: fl / (args.mfu * args.gpu_tflops * 1e12)  # noqa: E731
+    gpu_s: Callable[[float], float] = lambda fl: fl / (args.mfu * args.gpu_tflops * 1e12)  # noqa: E731
     if args.json:
         print(
             json.dumps(
@@ -252,7 +254,7 @@ def run_plan(args) -> int:
         )
     )
     print()
-    by: dict = {}
+    by: dict[str, float] = {}
     for e in plan.entries:
         by.setdefault(e.method, 0.0)
         by[e.method] += e.flops
@@ -266,7 +268,7 @@ def run_plan(args) -> int:
     return 0
 
 
-def run_run(args) -> int:
+def run_run(args: argparse.Namespace) -> int:
     from replaid.config import ConfigError
     from replaid.scaling import plan as sc
 
@@ -279,7 +281,7 @@ def run_run(args) -> int:
     return run_manifest_command(args, sweep, entries, "scaling")
 
 
-def run_fit(args) -> int:
+def run_fit(args: argparse.Namespace) -> int:
     from replaid.scaling import fit as sf
     from replaid.scaling import report
 
@@ -304,7 +306,7 @@ def run_fit(args) -> int:
     return 0
 
 
-def run_overtrain(args) -> int:
+def run_overtrain(args: argparse.Namespace) -> int:
     import csv
 
     from replaid.fileio import atomic_write_text

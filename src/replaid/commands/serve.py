@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from replaid.commands import NONNEGATIVE, POSITIVE, STEPS, add_command, int_in
@@ -14,7 +15,7 @@ EXAMPLE = (
 )
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = add_command(
         sub,
         "serve",
@@ -92,7 +93,7 @@ def _check_port(host: str, port: int) -> None:
             raise ValueError(f"cannot listen on {host}:{port} ({e.strerror}); pass another --port") from None
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 

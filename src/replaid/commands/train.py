@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
 
 from replaid.commands import add_command, int_in
-from replaid.config import ConfigError
+from replaid.config import ConfigError, RunConfig
 from replaid.registry import method_names
 
 EXAMPLE = "example: replaid train --preset demo --out runs/demo train.steps=200 data.source=../shared/data/wiki-sample"
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     t = add_command(sub, "train", "Train a model (RePlaid by default) and evaluate it at the end.", EXAMPLE)
     t.add_argument("--preset", default="demo", help="named preset (see 'replaid presets')")
     t.add_argument(
@@ -65,7 +66,7 @@ def register(sub) -> None:
     t.set_defaults(func=run)
 
 
-def submit(args, cfg) -> int:
+def submit(args: argparse.Namespace, cfg: RunConfig) -> int:
     """``--nodes N --gpus-per-node G``: the sbatch script of the run (``scaling/launch.py``), printed
     with ``--dry-run``, else written next to ``--out`` (``OUT.sbatch``) and handed to ``sbatch``."""
     import shlex
@@ -104,7 +105,7 @@ def submit(args, cfg) -> int:
     return 0
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from replaid import dist
     from replaid.config import ConfigError, parse_overrides, read_run_config, set_key
     from replaid.eval.evaluate import evaluate

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from replaid.commands import NONNEGATIVE, POSITIVE, add_command, check_out, require_finite
 
@@ -11,7 +13,7 @@ EXAMPLE = """example: replaid zeroshot runs/ar runs/mdlm runs/replaid --datasets
 datasets: wikitext2 wikitext103 ptb lambada lm1b ag_news pubmed arxiv (local files in --data-dir, else the Hub)"""
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from replaid.data.zeroshot import SETS
 
     e = add_command(
@@ -38,12 +40,12 @@ def register(sub) -> None:
     e.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from replaid.eval.zeroshot import markdown_table, zeroshot_run
     from replaid.training.loading import load_run
 
     check_out(args.out, protected=tuple(args.runs), names=("zeroshot.json", "zeroshot.md"))
-    results: dict = {}
+    results: dict[str, dict[str, Any]] = {}
     for path in args.runs:
         r = load_run(path, use_ema=not args.no_ema)
         res = zeroshot_run(

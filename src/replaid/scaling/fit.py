@@ -41,7 +41,7 @@ from __future__ import annotations
 import csv
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,7 +62,7 @@ NEAR_TOL = 0.01  # fits from other starts whose Huber loss is within 1% of the b
 # ------------------------------------------------------------------ reading
 
 
-def read_points(source: str | Path) -> list[dict]:
+def read_points(source: str | Path) -> list[dict[str, Any]]:
     """Rows ``{method, budget, flops, params, loss, tokens?, stderr?, unigram?}`` from a sweep folder or a CSV."""
     p = Path(source)
     if p.is_dir():
@@ -109,7 +109,7 @@ def read_points(source: str | Path) -> list[dict]:
     return _finite(out, str(p))
 
 
-def _finite(rows: list[dict], where: str) -> list[dict]:
+def _finite(rows: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
     """``rows``, refused when a number is NaN/Inf (a diverged run must not reach a fit)."""
     for i, r in enumerate(rows):
         bad = [k for k, v in r.items() if isinstance(v, float) and not math.isfinite(v)]
@@ -121,11 +121,11 @@ def _finite(rows: list[dict], where: str) -> list[dict]:
     return rows
 
 
-def group_budgets(rows: list[dict]) -> list[float]:
+def group_budgets(rows: list[dict[str, Any]]) -> list[float]:
     """Attach ``budget`` (nominal C) to rows without one: FLOPs within LOG_TOL share a group (its
     geometric mean). Returns the sorted budgets."""
     free = sorted((r for r in rows if "budget" not in r), key=lambda r: r["flops"])
-    groups: list[list[dict]] = []
+    groups: list[list[dict[str, Any]]] = []
     for r in free:
         if groups and math.log(r["flops"]) - math.log(groups[-1][0]["flops"]) < LOG_TOL:
             groups[-1].append(r)
@@ -145,7 +145,7 @@ def group_budgets(rows: list[dict]) -> list[float]:
 LOG_FINITE = math.log(np.finfo(np.float64).max)
 
 
-def isoflop_min(logn: np.ndarray, logl: np.ndarray) -> dict:
+def isoflop_min(logn: np.ndarray, logl: np.ndarray) -> dict[str, Any]:
     """Quadratic in log-log; its minimum (NaN when the parabola opens downwards, and NaN with
     ``vertex_beyond`` set when it is so flat that its vertex N* or L* lies beyond the finite range:
     a degenerate fit, reported as such, never an OverflowError)."""
@@ -180,12 +180,13 @@ def multiplier_curve(law_m: tuple[float, float], law_r: tuple[float, float], log
 def _lse_model(theta: np.ndarray, logn: np.ndarray, logd: np.ndarray) -> np.ndarray:
     """log L(N, D) for theta = (log A, log B, log E, a, b)."""
     la, lb, le, a, b = theta
-    return np.logaddexp(np.logaddexp(la - a * logn, lb - b * logd), le)
+    out: np.ndarray = np.logaddexp(np.logaddexp(la - a * logn, lb - b * logd), le)
+    return out
 
 
 def fit_parametric(
     n: np.ndarray, d: np.ndarray, loss: np.ndarray, delta: float = 1e-3, init: np.ndarray | None = None
-) -> dict:
+) -> dict[str, Any]:
     """``L = E + A/N^a + B/D^b`` by L-BFGS-B on the Huber loss of log L (Hoffmann et al.'s
     approach 3) from a grid of starts (or from ``init``). ``at_bound`` lists the parameters the box
     ``THETA_BOUNDS`` decides (in the best fit or in one as good): a non-empty list is a degenerate fit."""
@@ -194,7 +195,7 @@ def fit_parametric(
     o = np.lexsort((d, n))  # the same optimum whatever the order of the runs
     logn, logd, logl = np.log(n)[o], np.log(d)[o], np.log(loss)[o]
 
-    def obj(th):  # Huber(log L_model - log L) and its exact gradient
+    def obj(th: np.ndarray) -> tuple[float, np.ndarray]:  # Huber(log L_model - log L) and its exact gradient
         la, lb, le, a, b = th
         t = np.stack([la - a * logn, lb - b * logd, np.full_like(logn, le)])  # (3, n)
         m = np.logaddexp(np.logaddexp(t[0], t[1]), t[2])
@@ -253,7 +254,7 @@ def fit_parametric(
     }
 
 
-def at_bounds(theta) -> list[str]:
+def at_bounds(theta: Sequence[float] | np.ndarray) -> list[str]:
     """The parameters of theta = (log A, log B, log E, a, b) within ``BOUND_TOL`` x (box width) of
     an edge of ``THETA_BOUNDS``, e.g. "E sits on its lower bound exp(-5)": the optimiser stopped
     at the box, so the value is the box's, not the data's."""
@@ -266,20 +267,20 @@ def at_bounds(theta) -> list[str]:
     return out
 
 
-def parametric_loss(p: dict, n, d):
+def parametric_loss(p: dict[str, Any], n: float | np.ndarray, d: float | np.ndarray) -> Any:
     return p["E"] + p["A"] / np.power(n, p["a"]) + p["B"] / np.power(d, p["b"])
 
 
 def crossover(
-    pa: dict,
-    pb: dict,
+    pa: dict[str, Any],
+    pb: dict[str, Any],
     kappa_a: float,
     kappa_b: float,
     npow_a: tuple[float, float],
     npow_b: tuple[float, float],
     n_grid: np.ndarray,
-    logc_span=(-5.0, 12.0),
-) -> list[dict]:
+    logc_span: tuple[float, float] = (-5.0, 12.0),
+) -> list[dict[str, Any]]:
     """For each N: the compute C_x at which methods A and B of equal size N reach equal loss
     (``L_A(N, C/(kappa_A N)) = L_B(N, C/(kappa_B N))``), and C_x over each one's compute-optimal
     compute at N (from ``log N* = alpha' log C + beta'``). Empty entries where no root lies within
@@ -291,7 +292,7 @@ def crossover(
         copt_a = math.exp((math.log(n) - npow_a[1]) / npow_a[0])
         copt_b = math.exp((math.log(n) - npow_b[1]) / npow_b[0])
 
-        def diff(logc, n=n):  # binds this iteration's n (bugbear B023)
+        def diff(logc: float, n: float = n) -> float:  # binds this iteration's n (bugbear B023)
             c = math.exp(logc)
             return math.log(parametric_loss(pa, n, c / (kappa_a * n))) - math.log(
                 parametric_loss(pb, n, c / (kappa_b * n))
@@ -320,8 +321,12 @@ def crossover(
 
 
 def _analyse(
-    points: dict, budgets: list[float], reference: str, logc_grid: np.ndarray, exclude: frozenset = frozenset()
-) -> dict:
+    points: dict[str, dict[str, Any]],
+    budgets: list[float],
+    reference: str,
+    logc_grid: np.ndarray,
+    exclude: frozenset[tuple[str, float]] = frozenset(),
+) -> dict[str, dict[str, Any]]:
     """Per-budget minima, power laws and multipliers for perturbed or original log-losses;
     ``exclude``: (method, budget) pairs left out of the laws (at the unigram level)."""
     res: dict[str, dict[str, Any]] = {}
@@ -358,7 +363,7 @@ def _ci(samples: Sequence[float | None]) -> list[float]:
     return [float(np.percentile(a, 2.5)), float(np.percentile(a, 97.5))]
 
 
-def _f(x) -> float | None:
+def _f(x: float | np.floating[Any] | None) -> float | None:
     return None if x is None or not np.isfinite(x) else float(x)
 
 
@@ -373,14 +378,16 @@ class Noise:
     source: dict[float, str] = field(default_factory=dict)
 
 
-def _points(rs: list[dict]) -> dict:
+def _points(rs: list[dict[str, Any]]) -> dict[str, Any]:
     """One point per (budget, N): log L is the mean over its seed replicates, ``seeds`` their log L."""
-    groups: dict[tuple[float, int], list[dict]] = {}
+    groups: dict[tuple[float, int], list[dict[str, Any]]] = {}
     for r in rs:
         groups.setdefault((r["budget"], round(r["params"])), []).append(r)
     g = [groups[k] for k in sorted(groups)]
     seeds = [np.log([r["loss"] for r in grp]) for grp in g]
-    mean = lambda key, grp: float(np.nanmean([r.get(key) or math.nan for r in grp]))  # noqa: E731
+    mean: Callable[[str, list[dict[str, Any]]], float] = lambda key, grp: float(
+        np.nanmean([r.get(key) or math.nan for r in grp])
+    )  # noqa: E731
     logl = np.array([s.mean() for s in seeds])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # nanmean of a point without stderr/unigram
@@ -399,7 +406,7 @@ def _points(rs: list[dict]) -> dict:
         }
 
 
-def noise_model(p: dict, mins: list, budgets: list[float]) -> Noise:
+def noise_model(p: dict[str, Any], mins: list[dict[str, Any] | None], budgets: list[float]) -> Noise:
     """The bootstrap's noise for one method's points ``p`` (see the module docstring): measured from
     seed replicates where they exist, else assumed from each budget's quadratic (``mins``)."""
     reps = [s for s in p["seeds"] if len(s) > 1]
@@ -441,17 +448,17 @@ def noise_model(p: dict, mins: list, budgets: list[float]) -> Noise:
     return noise
 
 
-def draw(p: dict, noise: Noise, rng: np.random.Generator) -> np.ndarray:
+def draw(p: dict[str, Any], noise: Noise, rng: np.random.Generator) -> np.ndarray:
     """One bootstrap replicate of a method's log-losses: a point with seed replicates resamples them
     (with replacement) and takes their mean; the others get Gaussian noise of ``noise.scale``."""
-    y = p["logl"] + rng.standard_normal(len(p["logl"])) * noise.scale
+    y: np.ndarray = p["logl"] + rng.standard_normal(len(p["logl"])) * noise.scale
     for i, s in enumerate(p["seeds"]):
         if len(s) > 1:
             y[i] = s[rng.integers(0, len(s), len(s))].mean()
     return y
 
 
-def edge_minimum(logn: np.ndarray, logl: np.ndarray) -> tuple[str | None, list | None]:
+def edge_minimum(logn: np.ndarray, logl: np.ndarray) -> tuple[str | None, list[Any] | None]:
     """Whether a budget's best run is its smallest or largest size; then N* is only bounded: a convex
     curve whose lowest point among the sizes is the smallest has its minimum below the next size up
     (``["<", N_2]``), and above the next size down for the largest (``[">", N_{k-1}]``)."""
@@ -464,15 +471,21 @@ def edge_minimum(logn: np.ndarray, logl: np.ndarray) -> tuple[str | None, list |
     return None, None
 
 
-def _law_budgets(v: dict, m: str, budgets: list[float], exclude: frozenset) -> list[float]:
+def _law_budgets(v: dict[str, Any], m: str, budgets: list[float], exclude: frozenset[tuple[str, float]]) -> list[float]:
     return [
         b for q, b in zip(v["mins"], budgets, strict=True) if q is not None and q["bracketed"] and (m, b) not in exclude
     ]
 
 
 def leave_one_budget_out(
-    points: dict, budgets: list[float], reference: str, logc_grid: np.ndarray, flat: frozenset, base: dict, m: str
-) -> dict:
+    points: dict[str, dict[str, Any]],
+    budgets: list[float],
+    reference: str,
+    logc_grid: np.ndarray,
+    flat: frozenset[tuple[str, float]],
+    base: dict[str, dict[str, Any]],
+    m: str,
+) -> dict[str, Any]:
     """The N* ratio and compute multiplier of ``m`` against the reference (medians over ``logc_grid``)
     refitted with each budget of either one's laws dropped, and their range. Needs three budgets in
     both laws, so that two remain."""
@@ -494,7 +507,7 @@ def leave_one_budget_out(
             }
         )
 
-    def rng_(k):
+    def rng_(k: str) -> list[float | None]:
         v = [x for x in (d[k] for d in drops) if x is not None]
         return [min(v), max(v)] if v else [None, None]
 
@@ -507,14 +520,14 @@ def leave_one_budget_out(
 
 
 def fit_points(
-    rows: list[dict],
+    rows: list[dict[str, Any]],
     reference: str = "ar",
     n_boot: int = 1000,
     seed: int = 0,
     crossover_pair: tuple[str, str] | None = None,
     n_boot_parametric: int = 100,
     parametric: bool = True,
-) -> dict:
+) -> dict[str, Any]:
     """Every fit of the study; see the module docstring (``parametric=False``: no L(N, D) fit and
     no crossover). Returns a JSON-able dict."""
     rows = [dict(r) for r in rows]
@@ -550,7 +563,7 @@ def fit_points(
         pert = {m: {**p, "logl": draw(p, noise[m], rng)} for m, p in points.items()}
         boots.append(_analyse(pert, budgets, reference, logc_grid, flat))
 
-    out: dict = {
+    out: dict[str, Any] = {
         "reference": reference,
         "budgets": budgets,
         "log": "natural",
@@ -696,14 +709,16 @@ def fit_points(
     return out
 
 
-def _crossover_result(pair: tuple[str, str], mos: dict, points: dict, warn: list[str]) -> dict:
+def _crossover_result(
+    pair: tuple[str, str], mos: dict[str, dict[str, Any]], points: dict[str, dict[str, Any]], warn: list[str]
+) -> dict[str, Any]:
     """The crossover of ``pair`` with its verdict: "not determined" (and why) when a parameter law is
     missing or either L(N, D) fit is degenerate; else "found" or "none in the range searched"."""
     a, b = pair
     ma, mb = mos[a], mos[b]
     allp = np.concatenate([points[a]["params"], points[b]["params"]])
     n_grid = np.exp(np.linspace(np.log(allp.min()), np.log(allp.max()), 9))
-    cx: dict = {"methods": [a, b], "line": [{"params": float(n)} for n in n_grid]}
+    cx: dict[str, Any] = {"methods": [a, b], "line": [{"params": float(n)} for n in n_grid]}
     why = [
         f"{x}'s L(N, D) fit is degenerate: {'; '.join(mos[x]['parametric']['at_bound'])}"
         for x in pair
@@ -715,7 +730,7 @@ def _crossover_result(pair: tuple[str, str], mos: dict, points: dict, warn: list
         cx.update(verdict="not determined", reason="; ".join(why))
         warn.append(f"crossover {a} vs {b}: not determined ({cx['reason']})")
         return cx
-    law = lambda mo: (mo["alpha_prime"], mo["beta_prime"])  # noqa: E731
+    law: Callable[[dict[str, Any]], tuple[float, float]] = lambda mo: (mo["alpha_prime"], mo["beta_prime"])  # noqa: E731
     cx["line"] = crossover(ma["parametric"], mb["parametric"], ma["kappa"], mb["kappa"], law(ma), law(mb), n_grid)
     found = [e for e in cx["line"] if "flops" in e]
     if not found:
@@ -740,7 +755,7 @@ def _crossover_result(pair: tuple[str, str], mos: dict, points: dict, warn: list
     return cx
 
 
-def _theta_to_p(th) -> dict:
+def _theta_to_p(th: Sequence[float]) -> dict[str, Any]:
     la, lb, le, a, b = th
     return {"E": math.exp(le), "A": math.exp(la), "B": math.exp(lb), "a": a, "b": b}
 
@@ -748,7 +763,7 @@ def _theta_to_p(th) -> dict:
 # ------------------------------------------------------------------ output
 
 
-def fmt_n_opt(q: dict) -> str:
+def fmt_n_opt(q: dict[str, Any]) -> str:
     """A budget's N*: its value and interval, or for an edge minimum the bound (and the vertex)."""
     if q.get("edge_minimum"):
         op, v = q["n_opt_bound"]
@@ -756,7 +771,7 @@ def fmt_n_opt(q: dict) -> str:
     return f"{fmt(q['n_opt'])} {fmt_ci(q['n_opt_ci'])}"
 
 
-def fmt_loo(loo: dict | None, key: str) -> str:
+def fmt_loo(loo: dict[str, Any] | None, key: str) -> str:
     """The leave-one-budget-out range of ``key`` (param_ratio or compute_multiplier), or why not."""
     if not loo:
         return "n/a"
@@ -766,7 +781,7 @@ def fmt_loo(loo: dict | None, key: str) -> str:
     return f"{fmt(lo)}-{fmt(hi)}"
 
 
-def crossover_text(cx: dict) -> str:
+def crossover_text(cx: dict[str, Any]) -> str:
     """The crossover's verdict in one sentence."""
     a, b = cx["methods"]
     v = cx.get("verdict")
@@ -780,7 +795,7 @@ def crossover_text(cx: dict) -> str:
     return f"crossover {a} vs {b}: the fitted L(N, D) curves do not cross in the range searched"
 
 
-def summary_text(res: dict) -> str:
+def summary_text(res: dict[str, Any]) -> str:
     lines = [f"reference: {res['reference']}   budgets: {', '.join(f'{b:.3g}' for b in res['budgets'])}"]
     for m, mo in res["methods"].items():
         lines.append(
@@ -816,23 +831,23 @@ def summary_text(res: dict) -> str:
     return "\n".join(lines)
 
 
-def fmt(x, d=3) -> str:
+def fmt(x: float | None, d: int = 3) -> str:
     return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{d}g}"
 
 
-def fmt_ci(ci, d=3) -> str:
+def fmt_ci(ci: Sequence[float | None] | None, d: int = 3) -> str:
     if not ci or any(c is None or not math.isfinite(c) for c in ci):
         return "[n/a]"
     return f"[{ci[0]:.{d}g}, {ci[1]:.{d}g}]"
 
 
-def read_sources(sources) -> tuple[list[dict], list[str]]:
+def read_sources(sources: str | Path | Sequence[str | Path]) -> tuple[list[dict[str, Any]], list[str]]:
     """The rows of several sweeps or CSVs as one study. A run present in more than one (the same
     method, FLOPs, N and seed: a finished run copied into a second sweep) counts once; so does a
     repeated CSV row. Runs that differ only in ``seed`` are seed replicates of one point. Returns the
     rows and a note per duplicate left out."""
-    rows: list[dict] = []
-    seen: dict[tuple, dict] = {}
+    rows: list[dict[str, Any]] = []
+    seen: dict[tuple[str, int, int, Any], dict[str, Any]] = {}
     notes: list[str] = []
     for src in [sources] if isinstance(sources, (str, Path)) else sources:
         for r in read_points(src):

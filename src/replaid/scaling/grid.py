@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from replaid import schema
 from replaid.config import ConfigError, RunConfig, read_run_config
@@ -106,7 +107,7 @@ def read_grid(folder: Path) -> tuple[GridSpec, list[GridEntry]]:
     return spec, entries
 
 
-def collect(folder: Path, entries: list[GridEntry]) -> tuple[list[dict], list[str]]:
+def collect(folder: Path, entries: list[GridEntry]) -> tuple[list[dict[str, Any]], list[str]]:
     """The finished runs' rows for :func:`replaid.eval.grid.report`, and the ids not finished."""
     rows, missing = [], []
     for e in entries:
@@ -152,7 +153,7 @@ def write_report(
     out: Path | None = None,
     title: str | None = None,
     command: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """``report.json``, ``report.md`` and ``report.png`` of the grid's finished runs (in ``out``,
     default the grid folder)."""
     folder = Path(folder)
@@ -181,7 +182,7 @@ def write_report(
     return rep
 
 
-def metrics_rows(run: Path) -> Iterator[dict]:
+def metrics_rows(run: Path) -> Iterator[dict[str, Any]]:
     """The rows of a run's ``metrics.jsonl`` (:data:`replaid.schema.METRICS_ROW`), in order; a stray
     line of this append-only log (a torn last line, an edit) is skipped with a warning."""
     yield from schema.jsonl_rows(Path(run) / "metrics.jsonl", schema.METRICS_ROW)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from replaid.config import ConfigError
 
@@ -39,7 +40,7 @@ def first_host(nodelist: str) -> str:
     return f"{head}{first}{tail}"
 
 
-def rendezvous(env: Mapping[str, str], nodes: int) -> dict:
+def rendezvous(env: Mapping[str, str], nodes: int) -> dict[str, Any]:
     """``{"host", "port", "node_rank", "nnodes", "rdzv_id"}`` of this node in a ``nodes``-node run,
     from SLURM's variables (or ``MASTER_ADDR``/``MASTER_PORT``/``NODE_RANK`` outside SLURM); a
     ConfigError naming the variable when one is missing or disagrees."""

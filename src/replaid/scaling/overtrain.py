@@ -15,13 +15,15 @@ the verdict of the last comparable budget says which side the curves are on ther
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from replaid.eval.seeds import PLATEAU_NATS, t_interval
 
 
-def _curve(rows: list[dict], method: str) -> dict[int, list[tuple[float, float]]]:
+def _curve(rows: list[dict[str, Any]], method: str) -> dict[int, list[tuple[float, float]]]:
     """seed -> [(FLOPs, loss)] sorted by FLOPs."""
     out: dict[int, list[tuple[float, float]]] = {}
     for r in rows:
@@ -39,14 +41,16 @@ def interp_log(points: list[tuple[float, float]], flops: float) -> float | None:
     return float(np.interp(x, xs, [loss for _, loss in points]))
 
 
-def budgets(rows: list[dict], method: str, optimum: float, corpus_tokens: float | None, confidence: float):
+def budgets(
+    rows: list[dict[str, Any]], method: str, optimum: float, corpus_tokens: float | None, confidence: float
+) -> list[dict[str, Any]]:
     """Per budget of ``method``: FLOPs (mean over seeds), factor = FLOPs / C*, passes, the seeds' losses,
     their mean and t-interval."""
-    by: dict[float, list[dict]] = {}
+    by: dict[float, list[dict[str, Any]]] = {}
     for r in rows:
         if r["method"] == method:
             by.setdefault(round(math.log10(float(r["flops"])), 3), []).append(r)
-    out = []
+    out: list[dict[str, Any]] = []
     for _, rs in sorted(by.items()):
         flops = float(np.mean([r["flops"] for r in rs]))
         losses = [float(r["loss"]) for r in rs]
@@ -70,7 +74,7 @@ def budgets(rows: list[dict], method: str, optimum: float, corpus_tokens: float 
     return out
 
 
-def compare(rows: list[dict], a: str, b: str, confidence: float = 0.95) -> list[dict]:
+def compare(rows: list[dict[str, Any]], a: str, b: str, confidence: float = 0.95) -> list[dict[str, Any]]:
     """A - B at each budget of A inside B's FLOPs range: B's seed curve interpolated in log FLOPs, the
     difference paired by seed; a t-interval and a verdict (lower / higher / not determined)."""
     ca, cb = _curve(rows, a), _curve(rows, b)
@@ -91,7 +95,7 @@ def compare(rows: list[dict], a: str, b: str, confidence: float = 0.95) -> list[
     return out
 
 
-def dominance(rows: list[dict], a: str, b: str, confidence: float = 0.95) -> list[dict]:
+def dominance(rows: list[dict[str, Any]], a: str, b: str, confidence: float = 0.95) -> list[dict[str, Any]]:
     """At each budget of A, A - B against B's largest budget at no more FLOPs, paired by seed: where A's
     bound is higher with at least B's compute, A is above B's curve there too, as long as B's bound
     does not rise with compute (model-free: no interpolation, no extrapolation past B's budgets)."""
@@ -117,7 +121,7 @@ def dominance(rows: list[dict], a: str, b: str, confidence: float = 0.95) -> lis
     return out
 
 
-def crossing(points: list[dict]) -> float | None:
+def crossing(points: list[dict[str, Any]]) -> float | None:
     """FLOPs where the mean difference changes sign (the last change, log-linear between the two
     budgets around it); None without one."""
     at = None
@@ -129,13 +133,13 @@ def crossing(points: list[dict]) -> float | None:
 
 
 def overtrain(
-    rows: list[dict],
+    rows: list[dict[str, Any]],
     optimum: dict[str, float],
     a: str,
     b: str,
     corpus_tokens: float | None = None,
     confidence: float = 0.95,
-) -> dict:
+) -> dict[str, Any]:
     """The study: each method's budgets, A - B compared both ways, the crossover and its factors."""
     for m in (a, b):
         if m not in optimum:
@@ -210,7 +214,7 @@ def overtrain(
     }
 
 
-def markdown(res: dict, title: str) -> str:
+def markdown(res: dict[str, Any], title: str) -> str:
     a, b = res["a"], res["b"]
     lines = [f"# {title}", "", f"Verdict: **{res['verdict']}**.", ""]
     lines += [
@@ -248,7 +252,7 @@ def markdown(res: dict, title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(res: dict, path, title: str):
+def plot(res: dict[str, Any], path: str | Path, title: str) -> str | Path:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from replaid import schema
 from replaid.config import ConfigError, RunConfig, parse_overrides, read_run_config, set_key
@@ -357,7 +358,7 @@ def read_manifest(sweep: Path) -> list[PlanEntry]:
 # ------------------------------------------------------------------ results
 
 
-def final_loss(sweep: Path, e: PlanEntry) -> dict | None:
+def final_loss(sweep: Path, e: PlanEntry) -> dict[str, Any] | None:
     """The finished run's final validation evaluation (``nelbo``/``nll`` nats per token and more)."""
     run = Path(sweep) / e.run_dir
     if run_status(sweep, e)[0] != "done":
@@ -370,7 +371,7 @@ def final_loss(sweep: Path, e: PlanEntry) -> dict | None:
     return {"loss": ev[key], "stderr": ev.get("stderr_nats"), **ev}
 
 
-def results_table(sweep: Path) -> list[dict]:
+def results_table(sweep: Path) -> list[dict[str, Any]]:
     """One row per finished run: method, budget, size, flops, params, tokens, loss, seed."""
     rows = []
     for e in read_manifest(sweep):

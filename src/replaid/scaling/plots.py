@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from replaid.scaling.fit import parametric_loss
 
+if TYPE_CHECKING:
+    from matplotlib.artist import Artist
+    from matplotlib.axes import Axes
 
-def _plt():
+
+def _plt() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -35,7 +41,7 @@ def _color(m: str, i: int) -> str:
     return COLORS.get(m, f"C{i}")
 
 
-def _plain_log_labels(ax) -> None:
+def _plain_log_labels(ax: Axes) -> None:
     """Log axes labelled with plain numbers on y (losses span < 1 decade) and no minor x labels."""
     from matplotlib.ticker import NullFormatter, ScalarFormatter
 
@@ -46,12 +52,12 @@ def _plain_log_labels(ax) -> None:
         f(sf)
 
 
-def _in_laws(q: dict) -> bool:
+def _in_laws(q: dict[str, Any]) -> bool:
     """Whether a budget's minimum entered the power laws (bracketed, past the unigram level)."""
     return bool(q["bracketed"] and not q.get("at_unigram_level", False))
 
 
-def plot_isoflop(res: dict, path: Path) -> None:
+def plot_isoflop(res: dict[str, Any], path: Path) -> None:
     plt = _plt()
     methods = list(res["methods"])
     fig, axes = plt.subplots(1, len(methods), figsize=(4.2 * len(methods), 3.6), squeeze=False)
@@ -91,7 +97,7 @@ def plot_isoflop(res: dict, path: Path) -> None:
         ax.set_xlabel("non-embedding parameters N")
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel("validation loss (nats/token, bound)")
-    seen: dict = {}
+    seen: dict[str, Artist] = {}
     for ax in axes[0]:  # one legend for all panels: every budget of any method
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             seen.setdefault(lab, h)
@@ -108,7 +114,7 @@ def plot_isoflop(res: dict, path: Path) -> None:
 
 
 def _law_plot(
-    res: dict, path: Path, key: str, law: tuple[str, str], ylabel: str, title: str, green: bool = False
+    res: dict[str, Any], path: Path, key: str, law: tuple[str, str], ylabel: str, title: str, green: bool = False
 ) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.6, 4.2))
@@ -165,7 +171,7 @@ def _law_plot(
     plt.close(fig)
 
 
-def plot_overtraining(res: dict, path: Path, n: float | None = None) -> float | None:
+def plot_overtraining(res: dict[str, Any], path: Path, n: float | None = None) -> float | None:
     """Loss of the crossover pair at one N as training compute grows (slices of the IsoFLOP plots)."""
     cx = res.get("crossover")
     if not cx:
@@ -210,7 +216,7 @@ def plot_overtraining(res: dict, path: Path, n: float | None = None) -> float | 
     return n
 
 
-def plot_all(res: dict, out: Path, slice_params: float | None = None) -> list[str]:
+def plot_all(res: dict[str, Any], out: Path, slice_params: float | None = None) -> list[str]:
     out = Path(out)
     paths = [out / "isoflop.png", out / "likelihood_law.png", out / "param_law.png"]
     plot_isoflop(res, paths[0])

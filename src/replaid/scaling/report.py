@@ -3,28 +3,36 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 from replaid.scaling import plots
 from replaid.scaling.fit import crossover_text, fit_points, fmt, fmt_ci, fmt_loo, fmt_n_opt, read_sources
 
 
 def fit_source(
-    source,
+    source: str | Path | Sequence[str | Path],
     reference: str = "ar",
     n_boot: int = 1000,
     seed: int = 0,
-    crossover=None,
+    crossover: Sequence[str] | None = None,
     out: Path | None = None,
     slice_params: float | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Read one or several sources (sweep folders, CSVs), fit, and write ``fit.json``, ``report.md``
     and the PNG plots into ``out``."""
     if n_boot < 0:
         raise ValueError("--bootstrap must be >= 0")
     rows, notes = read_sources(source)
     res = fit_points(
-        rows, reference, n_boot, seed, tuple(crossover) if crossover else None, n_boot_parametric=min(n_boot, 100)
+        rows,
+        reference,
+        n_boot,
+        seed,
+        # two method names (the CLI's --crossover takes nargs=2); tuple() of a Sequence types as tuple[str, ...]
+        cast("tuple[str, str]", tuple(crossover)) if crossover else None,
+        n_boot_parametric=min(n_boot, 100),
     )
     res["warnings"] += notes
     source = source if isinstance(source, (str, Path)) else " + ".join(map(str, source))
@@ -38,7 +46,7 @@ def fit_source(
     return res
 
 
-def report_markdown(res: dict, source: str) -> str:
+def report_markdown(res: dict[str, Any], source: str) -> str:
     ref = res["reference"]
     L = [
         f"# Scaling-law fit of `{source}`",
@@ -84,7 +92,7 @@ def report_markdown(res: dict, source: str) -> str:
         "| noise |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    yn = lambda x: "yes" if x else "**no**"  # noqa: E731
+    yn: Callable[[object], str] = lambda x: "yes" if x else "**no**"  # noqa: E731
     for m, mo in res["methods"].items():
         for q in mo["budgets"]:
             past = not q.get("at_unigram_level", False)
@@ -146,7 +154,7 @@ def report_markdown(res: dict, source: str) -> str:
     return "\n".join(L) + "\n"
 
 
-def _loo_section(res: dict) -> list[str]:
+def _loo_section(res: dict[str, Any]) -> list[str]:
     """Markdown: each method's N* ratio and compute multiplier with each budget left out in turn."""
     ref = res["reference"]
     edges = {  # edge minima whose vertex enters the laws

@@ -23,8 +23,9 @@ import traceback
 from collections.abc import Callable, Sequence
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
+from io import TextIOWrapper
 from pathlib import Path
-from typing import Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from replaid.config import ConfigError, read_run_config
 from replaid.eval.evaluate import evaluate
@@ -32,6 +33,10 @@ from replaid.scaling import launch
 from replaid.training import checkpoint as ck
 from replaid.training import runfolder
 from replaid.training.train import PREEMPTED_EXIT, Preempted, preemption_signals, train
+
+if TYPE_CHECKING:
+    import submitit
+    from tqdm import tqdm
 
 
 class ManifestEntry(Protocol):
@@ -66,7 +71,7 @@ def check_entries(folder: Path, entries: Sequence[ManifestEntry], manifest: Path
                 )
 
 
-def legacy_final_eval(run: Path) -> dict | None:
+def legacy_final_eval(run: Path) -> dict[str, Any] | None:
     """Runs written before ``final_eval.json`` existed kept the final evaluation in the last checkpoint."""
     try:
         st = ck.load_state(ck.find_checkpoint(run))
@@ -95,7 +100,7 @@ def command(sweep: Path, e: ManifestEntry, python: str = "replaid", resume: bool
     return head + (["--resume"] if resume else ["--config", str(Path(sweep) / e.config)])
 
 
-def train_entry(sweep: Path, e: ManifestEntry, resume: bool) -> dict:
+def train_entry(sweep: Path, e: ManifestEntry, resume: bool) -> dict[str, Any]:
     """Train ``e`` with the training function in this process (resuming from its run folder's config)."""
     run = Path(sweep) / e.run_dir
     src = run / "config.json" if resume else Path(sweep) / e.config
@@ -134,7 +139,7 @@ class RunJob:
             py = shlex.join(launch.torchrun_argv(self.torchrun_gpus, self.nodes, os.environ))
         return train_command(Path(self.sweep), self.entry, py, self.prefix)
 
-    def __call__(self) -> dict:
+    def __call__(self) -> dict[str, Any]:
         e = self.entry
         sweep = Path(self.sweep)
         if run_status(sweep, e)[0] == "done":
@@ -151,7 +156,9 @@ class RunJob:
                 rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=_env())
         return {"id": e.id, "state": run_status(sweep, e)[0], "returncode": rc}
 
-    def checkpoint(self, *args, **kwargs):  # submitit: requeue on preemption/timeout
+    def checkpoint(
+        self, *args: Any, **kwargs: Any
+    ) -> submitit.helpers.DelayedSubmission:  # submitit: requeue on preemption/timeout
         import submitit
 
         return submitit.helpers.DelayedSubmission(
@@ -159,7 +166,7 @@ class RunJob:
         )
 
 
-def _train_inprocess(sweep: Path, e: ManifestEntry, log) -> int:
+def _train_inprocess(sweep: Path, e: ManifestEntry, log: IO[str]) -> int:
     """:func:`train_entry` in this process, its output into ``log`` (one run at a time); 0 when it finished."""
     with redirect_stdout(log), redirect_stderr(log):
         try:
@@ -174,7 +181,7 @@ def _train_inprocess(sweep: Path, e: ManifestEntry, log) -> int:
             return 1
 
 
-def _env() -> dict:
+def _env() -> dict[str, Any]:
     """Child environment: this process's, with this ``replaid`` package importable."""
     env = dict(os.environ)
     src = str(Path(__file__).resolve().parents[2])  # the folder holding the replaid package
@@ -207,7 +214,7 @@ def run_local(
     prefix: str = "",
     progress: bool = True,
     log: Callable[[str], None] = print,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Run every unfinished entry, ``max_parallel`` at a time, in subprocesses (logs in ``logs/``)."""
     from tqdm import tqdm  # noqa: PLC0415
 
@@ -222,8 +229,8 @@ def run_local(
         disable=not progress,
         desc="FLOPs",
     )
-    results: list = []
-    running: list = []
+    results: list[dict[str, Any]] = []
+    running: list[tuple[ManifestEntry, subprocess.Popen[bytes], TextIOWrapper, float]] = []
     queue = list(todo)
     with preemption_signals() as got:  # SIGTERM/SIGUSR1: forwarded to the runs, which save and stop; none starts
         while queue or running:
@@ -232,7 +239,19 @@ def run_local(
     return results
 
 
-def _step_local(sweep, entries, queue, running, results, max_parallel, python, prefix, bar, log, got) -> None:
+def _step_local(
+    sweep: Path,
+    entries: Sequence[ManifestEntry],
+    queue: list[ManifestEntry],
+    running: list[tuple[ManifestEntry, subprocess.Popen[bytes], TextIOWrapper, float]],
+    results: list[dict[str, Any]],
+    max_parallel: int,
+    python: str,
+    prefix: str,
+    bar: tqdm,
+    log: Callable[[str], None],
+    got: dict[str, Any],
+) -> None:
     """One turn of :func:`run_local`: start what may start, then collect what ended."""
     if "signal" in got:
         if queue:
@@ -286,11 +305,11 @@ def run_submitit(
     python: str | None = None,
     prefix: str = "",
     gpus_per_job: int = 0,
-    slurm_params: dict | None = None,
+    slurm_params: dict[str, Any] | None = None,
     wait: bool = True,
     log: Callable[[str], None] = print,
     nodes_per_job: int = 1,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Submit the unfinished entries as one job array through submitit.
 
     ``nodes_per_job`` > 1 (slurm, with ``gpus_per_job``): each job spans that many nodes, one task per

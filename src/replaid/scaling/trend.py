@@ -34,10 +34,10 @@ from replaid.fileio import atomic_write_text
 from replaid.scaling.grid import REPLAN, GridEntry, metrics_rows, read_grid, training_rows
 
 
-def eval_rows(run: Path) -> dict[int, dict]:
+def eval_rows(run: Path) -> dict[int, dict[str, Any]]:
     """``{step: evaluation}`` of a run's logged evaluations (``eval/...`` rows of ``metrics.jsonl``,
     prefix stripped; the final evaluation is logged there too). A repeated step keeps the last row."""
-    out: dict[int, dict] = {}
+    out: dict[int, dict[str, Any]] = {}
     for r in metrics_rows(run):
         ev = {k[5:]: v for k, v in r.items() if k.startswith("eval/")}
         if "nelbo_nats_per_token" in ev or "nll_nats_per_token" in ev:
@@ -45,7 +45,7 @@ def eval_rows(run: Path) -> dict[int, dict]:
     return out
 
 
-def rows_at(folder: Path, entries: list[GridEntry], step: int) -> tuple[list[dict], list[str]]:
+def rows_at(folder: Path, entries: list[GridEntry], step: int) -> tuple[list[dict[str, Any]], list[str]]:
     """The grid-report rows of the bounds logged at ``step`` (finished or not), and the ids without one."""
     rows, missing = [], []
     for e in entries:
@@ -120,7 +120,7 @@ def trend(
     reference: str | None = None,
     confidence: float = 0.95,
     train_tokens: dict[str, int] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """The grid at each of ``steps``: a report per step, FLOPs and passes per (cell, step), and each
     cell's gap trend against ``reference`` (module docstring). ``train_tokens``: cell -> tokens in its
     train split (for passes); absent: not reported."""
@@ -171,7 +171,7 @@ def trend(
     return {"grid": str(folder), "reference": ref, "confidence": confidence, "steps": per_step, "gaps": gaps}
 
 
-def trend_markdown(tr: dict, title: str = "Gap against training compute") -> str:
+def trend_markdown(tr: dict[str, Any], title: str = "Gap against training compute") -> str:
     conf = int(round(100 * tr["confidence"]))
     ref = tr["reference"]
     L = [
@@ -223,7 +223,7 @@ def trend_markdown(tr: dict, title: str = "Gap against training compute") -> str
     return "\n".join(L) + "\n"
 
 
-def plot_trend(tr: dict, path: Path, title: str = "") -> Path:
+def plot_trend(tr: dict[str, Any], path: Path, title: str = "") -> Path:
     """Left: each cell's bound against training FLOPs (every seed a point, the mean a line). Right: each
     cell's paired gap to the reference against FLOPs (every seed a point, mean and interval)."""
     import matplotlib
@@ -297,7 +297,7 @@ def write_trend(
     title: str | None = None,
     passes: bool = True,
     train_tokens: int | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """``trend.json``, ``trend.md`` and ``trend.png`` (in ``out``, default the grid folder).
     ``train_tokens``: the train split's size for every cell, where the run folders hold no tokenizer
     to count it with."""
