@@ -13,6 +13,11 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: this module runs at every interpreter start-up
+    import types
+    from collections.abc import Sequence
 
 TARGET = "lm_eval.models"
 ENTRY = "replaid.hub.lmeval:ReplaidLM"
@@ -28,7 +33,9 @@ def _register() -> None:
 class _Finder(importlib.abc.MetaPathFinder):
     """Wraps the loader of ``lm_eval.models`` so that ``replaid`` is registered after it runs."""
 
-    def find_spec(self, fullname, path, target=None):
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname != TARGET:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
@@ -37,7 +44,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         inner = spec.loader
         exec_module = inner.exec_module
 
-        def run(module) -> None:
+        def run(module: types.ModuleType) -> None:
             exec_module(module)
             _register()
 

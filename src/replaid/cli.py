@@ -11,6 +11,7 @@ import argparse
 import importlib
 import os
 import sys
+from typing import NoReturn
 
 from replaid.commands import COMMANDS
 
@@ -20,7 +21,7 @@ SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for `ls | head`; the o
 class _Parser(argparse.ArgumentParser):
     """argparse with the project's one-line errors (no usage block): ``replaid: error: <what>; <where help is>``."""
 
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"replaid: error: {message} (see '{self.prog} --help')\n")
 
 
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint.VERIFY = not args.no_verify
     debug = args.debug or os.environ.get("REPLAID_DEBUG", "") not in ("", "0")
     try:
-        code = args.func(args)
+        code: int = args.func(args)  # every sub-command's run() returns its exit status
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit (exit 120 and a traceback)
         return code
     except BrokenPipeError:  # the reader went away (`| head`): quiet, as Unix tools are (Python docs, signal)

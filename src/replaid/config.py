@@ -385,7 +385,7 @@ class RunConfig:
         return self
 
     # ------------------------------------------------------------------ (de)serialisation
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """Every key this run's method reads (other methods' sections and model keys are left out)."""
         model_keys, sec = self.read_keys()
         d: dict[str, Any] = {"method": self.method, "preset": self.preset}
@@ -400,7 +400,7 @@ class RunConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)
 
     @classmethod
-    def from_dict(cls, d: dict) -> RunConfig:
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
         """A config from its dict (a run's config.json, a checkpoint's state.json), migrated first."""
         cfg = cls()
         apply_dict(cfg, migrate_config(d))
@@ -436,7 +436,7 @@ def read_run_config(path: str | Path, fix: str = "restore it, or start the run a
         raise ConfigError(f"{path} is not a valid run config ({e}); {fix}") from None
 
 
-def _strings_are_strings(raw: dict, read: dict, prefix: str) -> None:
+def _strings_are_strings(raw: dict[str, Any], read: dict[str, Any], prefix: str) -> None:
     """A JSON file states its strings as strings: a number read into a string key is refused (a YAML
     file or an override may still spell ``data.source=5``)."""
     for k, v in raw.items():
@@ -508,7 +508,7 @@ def refuse_unread_keys(cfg: RunConfig, keys: list[str]) -> None:
     )
 
 
-def flat_keys(d: dict, prefix: str = "") -> list[str]:
+def flat_keys(d: dict[str, Any], prefix: str = "") -> list[str]:
     """``section.key`` of every leaf of a nested mapping (a YAML config file)."""
     out = []
     for k, v in d.items():
@@ -529,7 +529,7 @@ LEGACY_KEYS: dict[str, str] = {
 }
 
 
-def migrate_config(d: dict) -> dict:
+def migrate_config(d: dict[str, Any]) -> dict[str, Any]:
     """A stored config (any version) in today's layout; the input is not modified.
 
     A config of a method whose network reads ``model.in_z_std`` (RePlaid) but that lacks the key was
@@ -717,7 +717,7 @@ def set_key(cfg: RunConfig, key: str, value: Any) -> None:
                 raise _unknown(key, cfg)
 
 
-def apply_dict(obj: Any, d: dict, prefix: str = "", root: Any = None) -> None:
+def apply_dict(obj: Any, d: dict[str, Any], prefix: str = "", root: Any = None) -> None:
     root = root if root is not None else obj
     if not isinstance(d, dict):
         raise ConfigError(f"config section {prefix or '<root>'} must be a mapping, got {type(d).__name__}")
@@ -746,7 +746,7 @@ def parse_overrides(items: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def load_yaml(path: str | Path) -> dict:
+def load_yaml(path: str | Path) -> dict[str, Any]:
     import yaml
 
     p = Path(path)

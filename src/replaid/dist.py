@@ -84,7 +84,7 @@ def wrap_model(module: nn.Module, parallel: str, device: torch.device, hsdp_shar
     return DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
 
 
-def no_sync(module: nn.Module) -> AbstractContextManager:
+def no_sync(module: nn.Module) -> AbstractContextManager[None]:
     """Skip the gradient all-reduce of a gradient-accumulation micro-batch (DDP; a no-op otherwise)."""
     return module.no_sync() if isinstance(module, DDP) else nullcontext()
 
@@ -142,14 +142,14 @@ def shard_like(full: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
     return out
 
 
-def optimizer_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
+def optimizer_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
     """Full optimizer state keyed by parameter names (same format for plain, DDP and FSDP2)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     return get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def load_optimizer_state(model: nn.Module, opt: torch.optim.Optimizer, osd: dict) -> None:
+def load_optimizer_state(model: nn.Module, opt: torch.optim.Optimizer, osd: dict[str, Any]) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(model, opt, osd, options=StateDictOptions(full_state_dict=True))

@@ -10,7 +10,7 @@ from pathlib import Path
 TMP_MARK = ".tmp."
 
 
-def fsync_dir(path: str | os.PathLike) -> None:
+def fsync_dir(path: str | os.PathLike[str]) -> None:
     """Make a rename inside ``path`` durable (a no-op where folders cannot be opened)."""
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -24,12 +24,12 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def fsync_file(path: str | os.PathLike) -> None:
+def fsync_file(path: str | os.PathLike[str]) -> None:
     with open(path, "rb") as fh:
         os.fsync(fh.fileno())
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Replace ``path`` by ``data`` atomically and durably."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
@@ -45,11 +45,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def remove_stale_temporaries(folder: str | os.PathLike) -> list[Path]:
+def remove_stale_temporaries(folder: str | os.PathLike[str]) -> list[Path]:
     """Delete ``.NAME.tmp.PID`` files that an interrupted :func:`atomic_write_bytes` left in ``folder``.
     Call only while holding the folder's lock (another writer's temporary would look the same)."""
     gone = []

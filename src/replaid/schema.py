@@ -73,7 +73,7 @@ def problem(v: Any, f: Field) -> str:
 
 def validate(
     obj: Any, schema: Schema, where: str | Path, fix: str, optional: tuple[str, ...] = (), need: tuple[str, ...] = ()
-) -> dict:
+) -> dict[str, Any]:
     """``obj`` if it is a JSON object whose fields match ``schema``, else :class:`SchemaError`
     (``optional``: required fields that may be absent this time; ``need``: fields that must be there)."""
     if not isinstance(obj, dict):
@@ -110,7 +110,7 @@ def read_json(
     return validate(obj, schema or {}, p, fix, optional, need)
 
 
-def jsonl_rows(path: str | Path, schema: Schema) -> Iterator[dict]:
+def jsonl_rows(path: str | Path, schema: Schema) -> Iterator[dict[str, Any]]:
     """The rows of an append-only JSONL log that match ``schema``; other lines (a torn last line, a
     stray edit) are skipped with one warning naming the file and the first of them."""
     p = Path(path)
@@ -128,7 +128,7 @@ def jsonl_rows(path: str | Path, schema: Schema) -> Iterator[dict]:
         print(f"replaid: warning: {p}: skipped {len(bad)} line(s) that are not rows ({bad[0]})", file=sys.stderr)
 
 
-def sha256_record(v: dict) -> str:
+def sha256_record(v: dict[str, Any]) -> str:
     bad = [k for k, h in v.items() if not isinstance(h, str) or not HEX64.fullmatch(h)]
     return f"holds {bad[0]!r} without a sha256 (64 hex digits)" if bad else ""
 
