@@ -406,10 +406,7 @@ def blocks_speed_repeats() -> dict:
     def summary(values: list[float]) -> dict:
         return {"rounds": values, "median": float(np.median(values)), "min": min(values), "max": max(values)}
 
-    configs = [
-        (f, m)
-        for f, m in (("blocks", "mdlm"), ("full", "mdlm"), ("blocks", "replaid"), ("full", "replaid"), ("ar", "ar"))
-    ]
+    configs = (("blocks", "mdlm"), ("full", "mdlm"), ("blocks", "replaid"), ("full", "replaid"), ("ar", "ar"))
     out: dict[str, Any] = {"note": "medians and ranges over the three rounds of repeats/", "configs": {}, "ratios": {}}
     for batch in (1, 16):
         for f, m in configs:

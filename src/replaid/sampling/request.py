@@ -388,9 +388,9 @@ class SampleRequest:
                 f"the prompt is {P} tokens but samples are {P + n} long, leaving nothing to generate; "
                 f"ask for more with {ref('max_tokens')}"
             )
-        if blocks and P + n > cap and self.max_tokens is None:  # the length asked for, the prompt's included
-            raise RequestError(f"{ref('length')} {P + n}: passes the limit of {limit}; ask for at most {cap}")
         if blocks and P + n > cap:
+            if self.max_tokens is None:  # the length asked for, the prompt's included
+                raise RequestError(f"{ref('length')} {P + n}: passes the limit of {limit}; ask for at most {cap}")
             raise RequestError(
                 f"{ref('max_tokens')} {n}: with the prompt's {P} tokens that passes the limit of {limit}; "
                 f"ask for at most {cap - P}"
