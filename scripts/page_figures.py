@@ -391,6 +391,67 @@ def blocks_speed() -> dict:
     }
 
 
+def blocks_speed_gpu() -> dict:
+    """The GPU block speed page (blocks/speed-gpu): peak MiB of the demo rows, blocks over the full sequence
+    and the first-block ratios; ms per network call of the 0.1B rows; the A/B's slow-down of every backend
+    over cuDNN left out, per cell."""
+    root = RESULTS / "blocks" / "speed-gpu"
+    demo = json.loads((root / "demo" / "bench_blocks.json").read_text())["rows"]
+    big = json.loads((root / "owt-0.1b" / "rows.json").read_text())["rows"]
+    ab = json.loads((root / "sdpa" / "sdpa_ab.json").read_text())["rows"]
+    order = json.loads((root / "sdpa" / "sdpa_order.json").read_text())["rows"]
+
+    def cell(rows: list[dict], family: str, method: str, batch: int, b: int | None) -> dict:
+        def blk(r: dict) -> int | None:
+            return r.get("matched_block", r.get("block")) if r["family"] == "full" else r.get("block")
+
+        return next(
+            r for r in rows if (r["family"], r["method"], r["batch"]) == (family, method, batch) and blk(r) == b
+        )
+
+    demo_ratios: dict[str, dict] = {}
+    for B in (1, 16):
+        for m in ("mdlm", "replaid"):
+            for b in (4, 16):
+                blocks, full = cell(demo, "blocks", m, B, b), cell(demo, "full", m, B, b)
+                demo_ratios[f"batch {B} {m} b={b}"] = {
+                    "blocks_over_full_tokens_per_s": blocks["tokens_per_s"] / full["tokens_per_s"],
+                    "full_over_blocks_first_block": full["ttfb_s"] / blocks["ttfb_s"],
+                }
+    ab_ratio = {}
+    for r in ab:
+        if r["family"] == "ar" and r["sdpa"] == "all":
+            other = next(x for x in ab if x["family"] == "ar" and x["batch"] == r["batch"] and x["sdpa"] == "no_cudnn"
+                         and x["gen"] == r["gen"])  # fmt: skip
+            ab_ratio[f"ar batch {r['batch']} {r['gen']}"] = r["ms_per_call"] / other["ms_per_call"]
+        elif r["family"] == "blocks" and r["sdpa"] == "all":
+            other = next(x for x in ab if x["family"] == "blocks" and x["method"] == r["method"]
+                         and x["batch"] == r["batch"] and x["sdpa"] == "no_cudnn")  # fmt: skip
+            ab_ratio[f"blocks {r['method']} batch {r['batch']}"] = r["ms_per_nfe"] / other["ms_per_nfe"]
+    fresh = {f"batch {r['batch']}": r["ms_per_call"] for r in order if r["shapes"] == "fresh"}
+    seen = [r["ms_per_call"] for r in order if r["shapes"] != "fresh"]
+    return {
+        "note": "derived by scripts/page_figures.py from demo/bench_blocks.json, owt-0.1b/rows.json, sdpa/*.json",
+        "demo_peak_mib": {
+            f"{r['family']} {r['method']} b={r.get('matched_block', r['block'])} batch {r['batch']}": r[
+                "peak_mem_bytes"
+            ]
+            / 2**20
+            for r in demo
+        },
+        "demo_ratios": demo_ratios,
+        "owt01b_ms_per_call": {f"{r['family']} {r['method']}": 1e3 * r["seconds"] / r["nfe"] for r in big},
+        "owt01b_full_over_blocks_first_block": {
+            m: cell(big, "full", m, 1, 16)["ttfb_s"] / cell(big, "blocks", m, 1, 16)["ttfb_s"]
+            for m in ("mdlm", "replaid")
+        },
+        "ab_every_backend_over_no_cudnn": ab_ratio,
+        "order_fresh_ms": fresh,
+        "order_other_ms_range": [min(seen), max(seen)],
+        "order_fresh_over_other": [min(fresh.values()) / max(seen), max(fresh.values()) / min(seen)],
+    }
+
+
 def blocks_speed_repeats() -> dict:
     """The speed page's repeats (blocks/speed-cpu/repeats/round1-3): per configuration (batch, family,
     method) the three rounds' tokens/s, time to first block and peak MiB, their median and range; per round
@@ -635,6 +696,7 @@ PAGES = {
     "trend/overtrain": trend_overtrain,
     "blocks": blocks_distill,
     "blocks/speed-cpu": blocks_speed,
+    "blocks/speed-gpu": blocks_speed_gpu,
     "blocks/length": blocks_length,
     "blocks/service": blocks_service,
     "demo/first-run": demo_first_run,

@@ -185,6 +185,52 @@ def test_a_causal_backbone_with_a_cache_equals_its_full_pass():
     assert (torch.cat(steps, 1) - full).abs().max() < TOL
 
 
+def test_cached_attention_on_cuda_leaves_out_cudnn_and_restores_the_backends():
+    """cuDNN's SDPA builds a plan per new shape, and a cache's key length changes at every commit: on CUDA
+    the cached path allows flash, memory-efficient and math only; on the CPU it changes nothing."""
+    from replaid.model.dit import cached_sdpa
+
+    flags = torch.backends.cuda
+    before = (flags.cudnn_sdp_enabled(), flags.flash_sdp_enabled(), flags.mem_efficient_sdp_enabled())
+    assert before == (True, True, True)
+    with cached_sdpa(torch.device("cuda")):
+        assert not flags.cudnn_sdp_enabled()
+        assert flags.flash_sdp_enabled() and flags.mem_efficient_sdp_enabled() and flags.math_sdp_enabled()
+    with cached_sdpa(torch.device("cpu")):
+        assert flags.cudnn_sdp_enabled()
+    assert (flags.cudnn_sdp_enabled(), flags.flash_sdp_enabled(), flags.mem_efficient_sdp_enabled()) == before
+
+
+def test_every_attention_over_a_cache_runs_under_the_cached_backends(monkeypatch):
+    """Every SDPA call over a KV cache (prefill, one row at a time, a block's noisy pass without commit)
+    runs inside ``cached_sdpa``; a pass without a cache (training, the full sequence) keeps every backend.
+    The CUDA policy is forced here so that the CPU shows it."""
+    import torch.nn.functional as F
+
+    from replaid.model import dit
+
+    seen: list[bool] = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(*a, **kw):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*a, **kw)
+
+    policy = dit.cached_sdpa
+    monkeypatch.setattr(dit, "cached_sdpa", lambda device: policy(torch.device("cuda")))
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    net = backbone(causal=True, cond=None)
+    x = inputs()[0]
+    net(x, None)
+    assert seen == [True] * 3  # three layers, no cache: every backend
+    seen.clear()
+    cache = KVCache()
+    net(x[:, :5], None, cache=cache, commit=True)
+    net(x[:, 5:6], None, cache=cache, commit=True)
+    net(x[:, 6:8], None, cache=cache, commit=False)
+    assert seen == [False] * 9
+
+
 # ------------------------------------------------------------------ MDLM with blocks (BD3-LM), the method
 
 

@@ -58,3 +58,33 @@ def test_fused_head_same_on_gpu():
     with torch.autocast("cuda", torch.bfloat16):
         nll, e = b.train_outputs(z.cuda(), g.cuda(), None, tok.cuda(), keep.cuda())
     assert torch.allclose(e.cpu(), ref_e, atol=2e-2) and torch.allclose(nll.cpu(), ref_nll, atol=5e-2)
+
+
+def test_attention_over_a_cache_on_cuda_runs_without_cudnn(monkeypatch):
+    """On CUDA every SDPA call over a KV cache runs with cuDNN's backend off (its per-shape plans cost
+    40-100 ms per new key length on an H100, and the key length grows at every AR call), and the cached
+    logits match the full pass."""
+    import torch.nn.functional as F
+
+    from replaid.model.dit import KVCache
+
+    cfg = resolve("debug", None, ["method=ar"])
+    torch.manual_seed(0)
+    model = get_method(cfg).build_model(300).cuda().eval()
+    seen: list[bool] = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(*a, **kw):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*a, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    ids = torch.randint(0, 300, (2, 12), device="cuda")
+    cache = KVCache()
+    with torch.no_grad():
+        full = model(ids, None)
+        seen.clear()
+        steps = [model.forward_cached(ids[:, :4], cache, 0)]
+        steps += [model.forward_cached(ids[:, p : p + 1], cache, p) for p in range(4, 12)]
+    assert seen and not any(seen)
+    assert torch.cat(steps, 1).sub(full).abs().max() < 1e-3

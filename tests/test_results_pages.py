@@ -24,6 +24,7 @@ COVERED = [
     "blocks/bsize/README.md",
     "blocks/service/README.md",
     "blocks/speed-cpu/README.md",
+    "blocks/speed-gpu/README.md",
     "blocks/length/README.md",
     "demo/first-run/README.md",
 ]
@@ -35,6 +36,7 @@ MIN_FIGURES = {
     "blocks/bsize/README.md": 100,
     "blocks/service/README.md": 40,
     "blocks/speed-cpu/README.md": 30,
+    "blocks/speed-gpu/README.md": 30,
     "blocks/length/README.md": 100,
     "demo/first-run/README.md": 30,
 }  # shorter pages

@@ -370,7 +370,8 @@ def render_blocks(doc: dict) -> str:
     rows = [r for r in got[0]["rows"] if "error" not in r]
     out = [
         "\n**block diffusion** (issue 39 §4: blocks with a KV cache against AR with its cache and the full "
-        "sequence at the same steps per position; untrained `demo` size)\n\n"
+        "sequence at the same steps per position; untrained `demo` size; (b) of a full-sequence row: the block "
+        "size it matches)\n\n"
     ]
     out.append(
         _table(
@@ -379,7 +380,8 @@ def render_blocks(doc: dict) -> str:
                 [
                     r["family"],
                     r["method"],
-                    r["block"] if r["block"] is not None else "-",
+                    # a full-sequence row: the block size whose steps per position it matches, in brackets
+                    f"({r.get('matched_block')})" if r["family"] == "full" else r["block"] or "-",
                     r["batch"],
                     f"{r['length_x']}x",
                     r["ttfb_s"],
