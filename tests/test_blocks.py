@@ -199,6 +199,14 @@ def test_cached_attention_on_cuda_leaves_out_cudnn_and_restores_the_backends():
     with cached_sdpa(torch.device("cpu")):
         assert flags.cudnn_sdp_enabled()
     assert (flags.cudnn_sdp_enabled(), flags.flash_sdp_enabled(), flags.mem_efficient_sdp_enabled()) == before
+    # it narrows what the caller allows, never widens it: math alone stays math alone; cuDNN alone stays
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH), cached_sdpa(torch.device("cuda")):
+        assert flags.math_sdp_enabled() and not (flags.flash_sdp_enabled() or flags.mem_efficient_sdp_enabled())
+        assert not flags.cudnn_sdp_enabled()
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION), cached_sdpa(torch.device("cuda")):
+        assert flags.cudnn_sdp_enabled() and not flags.math_sdp_enabled()
 
 
 def test_every_attention_over_a_cache_runs_under_the_cached_backends(monkeypatch):

@@ -14,6 +14,7 @@ block against the cached keys of the committed blocks. The conditioning ``c`` ma
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -190,13 +191,21 @@ class KVCache:
 # batch 1): 40-100 ms per AR call on keys of a new length against 9-13 ms once the length had been seen or
 # without cuDNN; block steps 19.5 -> 9.9 ms per NFE (docs/results/blocks/speed-gpu). Cached attention
 # on CUDA therefore leaves cuDNN out; fixed-shape passes (training, the full sequence) keep every backend.
-CACHED_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+NOT_CUDNN: tuple[tuple[SDPBackend, Callable[[], bool]], ...] = (
+    (SDPBackend.FLASH_ATTENTION, torch.backends.cuda.flash_sdp_enabled),
+    (SDPBackend.EFFICIENT_ATTENTION, torch.backends.cuda.mem_efficient_sdp_enabled),
+    (SDPBackend.MATH, torch.backends.cuda.math_sdp_enabled),
+)
 
 
 def cached_sdpa(device: torch.device) -> AbstractContextManager[Any]:
-    """The SDPA backends for attention over a KV cache on ``device``: on CUDA all but cuDNN (its per-shape
-    plans cost more than the step when the key length keeps changing); elsewhere unchanged."""
-    return sdpa_kernel(CACHED_SDPA_BACKENDS) if device.type == "cuda" else nullcontext()
+    """The SDPA backends for attention over a KV cache on ``device``: on CUDA the ones the caller allows
+    less cuDNN (its per-shape plans cost more than the step when the key length keeps changing; a caller
+    who allows cuDNN alone keeps it); elsewhere unchanged."""
+    if device.type != "cuda":
+        return nullcontext()
+    allowed = [backend for backend, enabled in NOT_CUDNN if enabled()]
+    return sdpa_kernel(allowed) if allowed else nullcontext()
 
 
 def attend(
