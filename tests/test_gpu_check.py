@@ -207,18 +207,20 @@ def test_the_mdlm_sampler_benchmark_runs_on_cpu():
     assert row["method"] == "mdlm" and 1 <= row["nfe"] <= 4
 
 
-def test_the_blocks_step_runs_reads_and_renders_bench_blocks_on_cpu(tmp_path):
-    """The blocks step (issue 39 §4 on a lent GPU) end to end on a CPU with --tiny: bench_blocks.py's last
-    JSON line is read into the step's result and rendered as the block-diffusion table."""
+@pytest.mark.parametrize("name", ["blocks", "blocks_01b"])
+def test_the_blocks_step_runs_reads_and_renders_bench_blocks_on_cpu(tmp_path, name):
+    """The blocks steps (issue 39 §4 on a lent GPU: demo size in --quick, owt-0.1b in the full check) end to
+    end on a CPU with --tiny: bench_blocks.py's last JSON line is read into the step's result and rendered
+    as the block-diffusion table."""
     out = tmp_path / "out"
-    assert cli.main(["--tiny", "--device", "cpu", "--steps", "blocks", "--out", str(out)]) == 0
+    assert cli.main(["--tiny", "--device", "cpu", "--steps", name, "--out", str(out)]) == 0
     doc = json.loads((out / "gpu_check.json").read_text())
-    step = doc["steps"]["blocks"]
+    step = doc["steps"][name]
     assert step["status"] == "ok", step
     data = step["results"][0]["data"]
     assert data["ok"] and not data["problems"] and data["meta"]["device"].startswith("CPU")
     families = {r["family"] for r in data["rows"]}
     assert families == {"ar", "blocks", "full"} and all(r["tokens_per_s"] > 0 for r in data["rows"])
     md = (out / "gpu_check.md").read_text()
-    assert "**block diffusion**" in md and "| blocks | ok |" in md
+    assert "**block diffusion**" in md and f"| {name} | ok |" in md
     assert md.count("| blocks | mdlm |") == sum(r["family"] == "blocks" and r["method"] == "mdlm" for r in data["rows"])

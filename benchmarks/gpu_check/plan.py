@@ -282,6 +282,20 @@ def cmds_blocks(ctx):
     return [Cmd("script", args, 300 if ctx.quick else 540, "block diffusion speed")]
 
 
+def cmds_blocks_01b(ctx):
+    """Issue 39 §4 at the paper's size (full check only): ``owt-0.1b``, 1x ``seq_len`` (1,008 generated
+    tokens), blocks of 16 at T = 16, batch 1 and 16, MDLM and RePlaid against AR with its cache and the full
+    sequence (``--tiny``: the quick sweep)."""
+    size = (
+        ["--quick"]
+        if ctx.tiny
+        else ["--preset", "owt-0.1b", "--block-sizes", "16", "--steps", "16", "--batches", "1", "16", "--lengths", "1"]
+    )
+    out = str(ctx.tmp / "gpu_check_bench_blocks_01b")
+    args = ["benchmarks/bench_blocks.py", *size, "--in-process", "--device", ctx.device, "--out", out, "--json"]
+    return [Cmd("script", args, 480, "block diffusion speed at owt-0.1b")]
+
+
 STEPS = [
     Step("env", "device, versions, matmul peak, torch features", True, (20, 20), cmds_env),
     Step("tests", "gpu-marked and device-aware tests on CUDA", True, (120, 240), cmds_tests),
@@ -295,6 +309,7 @@ STEPS = [
     Step("mdlm_ref", "MDLM reference step beside ours", True, (45, 45), cmds_mdlm_ref),
     Step("maxbatch", "largest batch that fits vs the model", True, (50, 150), cmds_maxbatch),
     Step("blocks", "block diffusion: first block, tokens/s, memory", True, (90, 240), cmds_blocks),
+    Step("blocks_01b", "block diffusion at owt-0.1b, 1x, batch 1 and 16", False, (300, 300), cmds_blocks_01b),
     Step("speed_compiled", "tokens/s, MFU, step time (train.compile)", False, (130, 360), cmds_speed_compiled),
 ]
 STEP_NAMES = [s.name for s in STEPS]
@@ -305,6 +320,7 @@ FULL_SPLIT = [
     "speed_compiled",
     "maxbatch,likelihood",
     "env,blocks",
+    "env,blocks_01b",
 ]
 
 

@@ -362,16 +362,18 @@ def render_mdlm_ref(doc: dict) -> str:
     return "".join(out)
 
 
-def render_blocks(doc: dict) -> str:
+def render_blocks(doc: dict, step: str = "blocks") -> str:
     """Block diffusion against AR and the full sequence (benchmarks/bench_blocks.py's rows)."""
-    got = _data(doc, "blocks")
+    got = _data(doc, step)
     if not got:
         return ""
     rows = [r for r in got[0]["rows"] if "error" not in r]
+    failed = [f"{r['family']} {r['method']} batch {r['batch']}: {r['error']}" for r in got[0]["rows"] if "error" in r]
+    meta = got[0].get("meta", {})
     out = [
-        "\n**block diffusion** (issue 39 §4: blocks with a KV cache against AR with its cache and the full "
-        "sequence at the same steps per position; untrained `demo` size; (b) of a full-sequence row: the block "
-        "size it matches)\n\n"
+        f"\n**block diffusion** (issue 39 §4: blocks with a KV cache against AR with its cache and the full "
+        f"sequence at the same steps per position; untrained `{meta.get('preset', 'demo')}` size; (b) of a "
+        "full-sequence row: the block size it matches)\n\n"
     ]
     out.append(
         _table(
@@ -392,6 +394,7 @@ def render_blocks(doc: dict) -> str:
             ],
         )
     )
+    out += [f"- failed: {f}\n" for f in failed]
     return "".join(out)
 
 
@@ -410,4 +413,5 @@ RENDERERS: list[tuple[str, Callable[[dict], str]]] = [
     ("likelihood", render_likelihood),
     ("mdlm_ref", render_mdlm_ref),
     ("blocks", render_blocks),
+    ("blocks_01b", lambda doc: render_blocks(doc, "blocks_01b")),
 ]
