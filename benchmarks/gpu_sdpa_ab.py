@@ -44,16 +44,18 @@ NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBacke
 def backends(name: str):
     """``"all"``: every SDPA backend, the model's cached-attention policy lifted (the code before it);
     ``"no_cudnn"``: cuDNN left out (what the policy does)."""
-    from replaid.model import dit
+    from replaid.model import dit, plaid_backbone
 
-    policy = dit.cached_sdpa
+    modules, policy = (dit, plaid_backbone), dit.cached_sdpa  # each backbone's module holds the name
     if name == "all":
-        dit.cached_sdpa = lambda device: contextlib.nullcontext()
+        for m in modules:
+            m.cached_sdpa = lambda device: contextlib.nullcontext()  # type: ignore[assignment]
     try:
         with sdpa_kernel(ALL if name == "all" else NO_CUDNN):
             yield
     finally:
-        dit.cached_sdpa = policy
+        for m in modules:
+            m.cached_sdpa = policy  # type: ignore[assignment]
 
 
 @torch.no_grad()

@@ -209,13 +209,14 @@ def test_cached_attention_on_cuda_leaves_out_cudnn_and_restores_the_backends():
         assert flags.cudnn_sdp_enabled() and not flags.math_sdp_enabled()
 
 
-def test_every_attention_over_a_cache_runs_under_the_cached_backends(monkeypatch):
+@pytest.mark.parametrize("kind", ["dit", "plaid"])
+def test_every_attention_over_a_cache_runs_under_the_cached_backends(monkeypatch, kind):
     """Every SDPA call over a KV cache (prefill, one row at a time, a block's noisy pass without commit)
-    runs inside ``cached_sdpa``; a pass without a cache (training, the full sequence) keeps every backend.
-    The CUDA policy is forced here so that the CPU shows it."""
+    runs inside ``cached_sdpa``, in both backbones; a pass without a cache (training, the full sequence)
+    keeps every backend. The CUDA policy is forced here so that the CPU shows it."""
     import torch.nn.functional as F
 
-    from replaid.model import dit
+    from replaid.model import dit, plaid_backbone
 
     seen: list[bool] = []
     sdpa = F.scaled_dot_product_attention
@@ -225,9 +226,14 @@ def test_every_attention_over_a_cache_runs_under_the_cached_backends(monkeypatch
         return sdpa(*a, **kw)
 
     policy = dit.cached_sdpa
-    monkeypatch.setattr(dit, "cached_sdpa", lambda device: policy(torch.device("cuda")))
+    for module in (dit, plaid_backbone):
+        monkeypatch.setattr(module, "cached_sdpa", lambda device: policy(torch.device("cuda")))
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
-    net = backbone(causal=True, cond=None)
+    if kind == "dit":
+        net = backbone(causal=True, cond=None)
+    else:
+        torch.manual_seed(0)
+        net = plaid_backbone.PlaidBackbone(32, 3, 4, 4, 0.0).double().eval()
     x = inputs()[0]
     net(x, None)
     assert seen == [True] * 3  # three layers, no cache: every backend

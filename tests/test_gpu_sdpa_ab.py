@@ -22,16 +22,18 @@ def ab():
 
 
 def test_the_all_arm_lifts_the_policy_and_the_other_keeps_it(ab):
-    from replaid.model import dit
+    from replaid.model import dit, plaid_backbone
 
     policy = dit.cached_sdpa
-    with ab.backends("all"), dit.cached_sdpa(torch.device("cuda")):
-        assert torch.backends.cuda.cudnn_sdp_enabled()
+    for module in (dit, plaid_backbone):
+        with ab.backends("all"), module.cached_sdpa(torch.device("cuda")):
+            assert torch.backends.cuda.cudnn_sdp_enabled()
     with ab.backends("no_cudnn"):
         assert not torch.backends.cuda.cudnn_sdp_enabled()
         with dit.cached_sdpa(torch.device("cuda")):
             assert not torch.backends.cuda.cudnn_sdp_enabled()
-    assert dit.cached_sdpa is policy and torch.backends.cuda.cudnn_sdp_enabled()
+    assert dit.cached_sdpa is policy and plaid_backbone.cached_sdpa is policy
+    assert torch.backends.cuda.cudnn_sdp_enabled()
 
 
 def test_both_parts_write_every_arm(ab, tmp_path, monkeypatch):

@@ -25,6 +25,7 @@ the NELBO and the RePlaid samplers all apply unchanged. muP learning-rate scalin
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from replaid.config import ModelConfig
 from replaid.diffusion.denoiser import alpha_sigma, per_position
-from replaid.model.dit import FinalLayer, KVCache, Rotary, SelfAttention, per_token, rope_for
+from replaid.model.dit import FinalLayer, KVCache, Rotary, SelfAttention, cached_sdpa, per_token, rope_for
 from replaid.model.replaid import RePlaid, ScheduleOptions
 
 MUP_BASE_WIDTH = 256  # Plaid's muP base shapes: the readout multiplier is MUP_BASE_WIDTH / hidden
@@ -115,11 +116,12 @@ class PlaidBackbone(nn.Module):
         ``commit`` as :meth:`replaid.model.dit.Backbone.forward` (block diffusion, issue 39)."""
         L = x.shape[1]
         rope = rope_for(self.rotary, L, x.device, positions, cache)
-        for i, blk in enumerate(self.blocks):
-            if self.activation_checkpointing and self.training and cache is None:
-                x = checkpoint(blk, x, rope, mask, use_reentrant=False)
-            else:
-                x = blk(x, rope, mask, cache, i, commit)
+        with cached_sdpa(x.device) if cache is not None else nullcontext():  # as Backbone.forward
+            for i, blk in enumerate(self.blocks):
+                if self.activation_checkpointing and self.training and cache is None:
+                    x = checkpoint(blk, x, rope, mask, use_reentrant=False)
+                else:
+                    x = blk(x, rope, mask, cache, i, commit)
         if cache is not None and commit:
             cache.advance(L)
         return x
