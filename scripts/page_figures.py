@@ -13,6 +13,7 @@ prints in a JSON file. No experiment is run::
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import sys
@@ -326,8 +327,41 @@ def trend_overtrain() -> dict:
     for run in sorted((root / "runs").iterdir()):
         t = [json.loads(x)["time"] for x in (run / "metrics.jsonl").read_text().splitlines()]
         seconds += max(t) - min(t)
+    # MDLM's C* for 24x1 (issue 50): the study's N* at 5e11 is below 24x1 and MDLM's own N* exponent is not
+    # determined, so C* is moved from 5e11 to where N* reaches 24x1 with AR's exponent (and its interval)
+    fit = json.loads((RESULTS / "scaling" / "fit.json").read_text())["methods"]
+    at = next(b for b in fit["mdlm"]["budgets"] if b["budget"] == 5e11)
+    size = next(
+        int(r["params"])
+        for r in csv.DictReader((RESULTS / "scaling" / "runs.csv").open())
+        if r["method"] == "mdlm" and r["size"] == "24x1"
+    )
+    a, (a_lo, a_hi) = fit["ar"]["alpha_prime"], fit["ar"]["alpha_prime_ci"]
+    n_lo, n_hi = at["n_opt_ci"]
+
+    def c_star(n_opt: float, expo: float) -> float:
+        return 5e11 * (size / n_opt) ** (1 / expo)
+
+    c_mid, c_min, c_max = c_star(at["n_opt"], a), c_star(n_hi, a_hi), c_star(n_lo, a_lo)
+    mdlm_budgets = [b["flops"] for b in res["budgets"]["mdlm"]]
+    equal = [*res["a_minus_b_at_a"], *res["b_minus_a_at_b"]]
+    per_seed = [abs(d) for e in equal for d in e["diffs"]]
+    steps = {m: [int(b["tokens"]) // (32 * 64) for b in res["budgets"][m]] for m in ("replaid", "mdlm")}
     return {
-        "note": "derived by scripts/page_figures.py from overtrain.json and runs/*/metrics.jsonl",
+        "note": "derived by scripts/page_figures.py from overtrain.json, runs/*/metrics.jsonl, ../../scaling/fit.json",
+        "mdlm_optimum": {
+            "n_opt_5e11": at["n_opt"],
+            "n_opt_5e11_ci": at["n_opt_ci"],
+            "size_24x1": size,
+            "ar_alpha_prime": a,
+            "ar_alpha_prime_ci": [a_lo, a_hi],
+            "c_star": c_mid,
+            "c_star_range": [c_min, c_max],
+            "factors": [f / c_mid for f in mdlm_budgets],
+            "factors_range": [[f / c_max, f / c_min] for f in mdlm_budgets],
+        },
+        "equal_compute_per_seed": {"min": min(per_seed), "max": max(per_seed), "n": len(per_seed)},
+        "steps": {m: [min(v), max(v)] for m, v in steps.items()},
         "replaid_top_vs_mdlm_1x": {
             "replaid_flops": r_top["flops"],
             "mdlm_flops": m_low["flops"],
