@@ -375,6 +375,24 @@ def trend_overtrain() -> dict:
     }
 
 
+def blocks_bsize() -> dict:
+    """The block-size page (blocks/bsize): each matched-compute family's intervals with Bonferroni's correction
+    over the family's budgets (issue 50: five or more tests at 2 degrees of freedom), and the plateau exits'
+    compute differences against B = 64 per seed."""
+    res = json.loads((RESULTS / "blocks" / "bsize" / "bsize.json").read_text())
+    out: dict[str, Any] = {"note": "derived by scripts/page_figures.py from bsize.json", "bonferroni": {}}
+    for study in res["studies"]:
+        for family, rows in study["matched_compute"].items():
+            k = len(rows)
+            fam = []
+            for r in rows:
+                half = float(stats.t.ppf(1 - 0.025 / k, r["n"] - 1)) * r["sd"] / math.sqrt(r["n"])
+                lo, hi = r["mean"] - half, r["mean"] + half
+                fam.append({"flops": r["flops"], "mean": r["mean"], "lo": lo, "hi": hi, "excludes_0": lo > 0 or hi < 0})
+            out["bonferroni"][family] = {"tests": k, "rows": fam, "excluding_0": sum(x["excludes_0"] for x in fam)}
+    return out
+
+
 def blocks_distill() -> dict:
     """The block-distillation page (blocks/distill.md): each paired difference's GenPPL ratio (exp of the
     mean judge nats/token), the teacher's distance below the unigram bound, the entropy fall to PD-2, and
@@ -729,6 +747,7 @@ PAGES = {
     "trend/gap2": trend_gap2,
     "trend/overtrain": trend_overtrain,
     "blocks": blocks_distill,
+    "blocks/bsize": blocks_bsize,
     "blocks/speed-cpu": blocks_speed,
     "blocks/speed-gpu": blocks_speed_gpu,
     "blocks/length": blocks_length,
