@@ -22,6 +22,21 @@ object (two fields of one dict, or a list of two), so that an end cannot match a
 ``RAW_ARRAY`` numbers (per-sample values) do not, so that a figure cannot match a raw sample by
 chance. Derived figures belong in a JSON beside the page (``scripts/page_figures.py``).
 
+Three rules on the words (issue 50), on the same pages:
+
+* **multiplicity**: a page with more than one interval-based verdict (a line holding a ``[lo, hi]`` of
+  figures and a verdict word: holds, reversed, determined, lower, higher, ...) says how it treats the
+  family: Holm, Bonferroni, or "uncorrected";
+* **plateau**: ``<!-- plateau: FILE BOUND UNIGRAM -->`` names a run the section rests on (FILE relative
+  to the page, BOUND and UNIGRAM dotted keys into it, list items by index); a run less than
+  ``PLATEAU_NATS`` below its unigram bound is not interpreted: its section must say "not interpreted"
+  and may hold no verdict word;
+* **causal words** (cause, route, because, depends on) need an intervention with an interval in the same
+  paragraph (a ``[lo, hi]`` of figures), or ``<!-- causal: THE INTERVENTION -->`` in it naming one.
+
+The summary block (the repository's README, ``docs/results/README.md``, ``methods.md``) is checked like
+every other page.
+
     python scripts/pagecheck.py            # every page with a data comment: figures checked, failures
 """
 
@@ -40,8 +55,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "docs" / "results"
+SUMMARY = [REPO / "README.md"]  # pages outside docs/results checked too (the summary block)
 RAW_ARRAY = 16
+PLATEAU_NATS = 0.3  # the project's rule: a run less than this below its unigram bound is not interpreted
 
 DATA = re.compile(r"<!--\s*data:\s*(.*?)\s*-->")
 NOT_IN_DATA = re.compile(r"<!--\s*not-in-data\s*\((.+?)\)\s*:\s*(.*?)\s*-->")
@@ -50,6 +68,13 @@ HEADING = re.compile(r"^(#{1,6})\s")
 NUMBER = re.compile(r"(?<![A-Za-wyz0-9_.])([+\-\u2212]?)(\d+\.\d+)(?:e([+\-]?\d+))?([%kM]?)(?!(?!x\b)\w|\.\d)")
 INTERVAL = re.compile(r"\[\s*([^\[\],]+?)\s*,\s*([^\[\],]+?)\s*\]")
 SUFFIX = {"": 1.0, "%": 1.0, "k": 1e3, "M": 1e6}
+PLATEAU = re.compile(r"<!--\s*plateau:\s*(\S+)\s+(\S+)\s+(\S+)\s*-->")
+CAUSAL_OK = re.compile(r"<!--\s*causal:\s*(\S.*?)\s*-->")
+VERDICT = re.compile(
+    r"\b(holds?|reversed|determined|lower|higher|earlier|later|better|worse|faster|slower|beats?)\b", re.I
+)
+CORRECTION = re.compile(r"\b(Holm|Bonferroni|uncorrected)\b", re.I)
+CAUSAL = re.compile(r"\b(caus(?:e|es|ed|ing)|routes?|because|depends? on)\b", re.I)
 STRIP = [
     re.compile(r"<!--.*?-->"),  # comments (directives included)
     re.compile(r"`[^`]*`"),  # code spans
@@ -179,28 +204,35 @@ def intervals(line: str, lineno: int) -> list[tuple[Figure, Figure]]:
     return out
 
 
-def scopes(page: Path, lines: list[str]) -> list[Scope]:
-    """The page's directives with the line ranges they cover."""
-    heads = []  # (line, level)
-    fenced = False
+def _heads(lines: list[str]) -> list[tuple[int, int]]:
+    """(line, level) of every heading outside fenced blocks."""
+    heads, fenced = [], False
     for i, ln in enumerate(lines, 1):
         if ln.lstrip().startswith("```"):
             fenced = not fenced
         elif not fenced and (h := HEADING.match(ln)):
             heads.append((i, len(h.group(1))))
+    return heads
+
+
+def _span(heads: list[tuple[int, int]], i: int, n: int) -> tuple[int, int]:
+    """The lines a directive on line ``i`` covers: its section and subsections, or the page before any ``##``."""
+    owner = [(hl, lv) for hl, lv in heads if hl <= i and lv >= 2]
+    if not owner:
+        return 1, n
+    hl, lv = owner[-1]
+    return hl, next((h2 - 1 for h2, lv2 in heads if h2 > hl and lv2 <= lv), n)
+
+
+def scopes(page: Path, lines: list[str]) -> list[Scope]:
+    """The page's directives with the line ranges they cover."""
+    heads = _heads(lines)
     out = []
     for i, ln in enumerate(lines, 1):
         d, a = DATA.search(ln), NOT_IN_DATA.search(ln)
         if not d and not a:
             continue
-        owner = [(hl, lv) for hl, lv in heads if hl <= i and lv >= 2]
-        if not owner:
-            start, end = 1, len(lines)
-        else:
-            hl, lv = owner[-1]
-            start = hl
-            end = next((h2 - 1 for h2, lv2 in heads if h2 > hl and lv2 <= lv), len(lines))
-        sc = Scope(start, end)
+        sc = Scope(*_span(heads, i, len(lines)))
         if d:
             sc.sources = [(page.parent / p.strip()).resolve() for p in d.group(1).split(",") if p.strip()]
         if a:
@@ -281,19 +313,101 @@ def check_page(page: Path, text: str | None = None) -> tuple[int, list[str]]:
         for tok, why in sc.allowed.items():
             if (id(sc), tok) not in used:
                 errors.append(f"{page}:{sc.start}: not-in-data entry {tok} ({why}) no longer appears on the page")
-    return n, errors
+    return n, errors + check_words(page, lines)
+
+
+def _prose(lines: list[str]) -> Iterator[tuple[int, str, str]]:
+    """(line number, raw line, line without comments, code spans and link targets) outside fenced blocks."""
+    fenced = False
+    for i, ln in enumerate(lines, 1):
+        if ln.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if not fenced:
+            bare = ln
+            for rx in STRIP:
+                bare = rx.sub(" ", bare)
+            yield i, ln, bare
+
+
+def _lookup(obj: Any, key: str) -> Any:
+    for part in key.split("."):
+        obj = obj[int(part)] if isinstance(obj, list) else obj[part]
+    return obj
+
+
+def check_words(page: Path, lines: list[str]) -> list[str]:
+    """The rules on the words: multiplicity statement, plateau runs not interpreted, causal words."""
+    errors = []
+    prose = list(_prose(lines))
+    # multiplicity: more than one interval-based verdict needs a correction statement on the page
+    verdicts = [i for i, _, bare in prose if intervals(bare, i) and VERDICT.search(bare)]
+    if len(verdicts) > 1 and not any(CORRECTION.search(bare) for _, _, bare in prose):
+        shown = ", ".join(map(str, verdicts[:5])) + (", ..." if len(verdicts) > 5 else "")
+        errors.append(
+            f"{page}:{verdicts[0]}: {len(verdicts)} interval-based verdicts (lines {shown}) and no correction "
+            "statement (Holm, Bonferroni, or 'uncorrected')"
+        )
+    # plateau: a declared run less than PLATEAU_NATS below its unigram bound is not interpreted
+    heads = _heads(lines)
+    for i, ln, _ in prose:
+        if not (m := PLATEAU.search(ln)):
+            continue
+        path, bkey, ukey = (page.parent / m.group(1)).resolve(), m.group(2), m.group(3)
+        try:
+            obj = json.loads(path.read_text()) if path.suffix == ".json" else _yaml(path)
+            bound, unigram = float(_lookup(obj, bkey)), float(_lookup(obj, ukey))
+        except (OSError, KeyError, IndexError, ValueError, TypeError) as e:
+            errors.append(
+                f"{page}:{i}: plateau run {m.group(1)} {bkey} {ukey} cannot be read ({type(e).__name__}: {e})"
+            )
+            continue
+        if unigram - bound >= PLATEAU_NATS:
+            continue
+        start, end = _span(heads, i, len(lines))
+        part = [(k, bare) for k, _, bare in prose if start <= k <= end]
+        what = f"{m.group(1)} {bkey} is {unigram - bound:.3f} below its unigram bound (< {PLATEAU_NATS})"
+        if not any("not interpreted" in bare.lower() for _, bare in part):
+            errors.append(f"{page}:{i}: {what} and its section does not say it is not interpreted")
+        for k, bare in part:
+            if w := VERDICT.search(bare):
+                errors.append(f"{page}:{k}: verdict word '{w.group()}' in a section resting on a plateau run ({what})")
+    # causal words: an interval (an intervention's) in the same paragraph, or an opt-out naming the intervention
+    para: list[tuple[int, str, str]] = []
+    for item in [*prose, (0, "", "")]:
+        if item[1].strip():
+            para.append(item)
+            continue
+        if any(CAUSAL_OK.search(raw) for _, raw, _ in para) or any(intervals(b, k) for k, _, b in para):
+            para = []
+            continue
+        for k, _, bare in para:
+            if w := CAUSAL.search(bare):
+                errors.append(
+                    f"{page}:{k}: causal word '{w.group()}' and no intervention with an interval in its paragraph "
+                    "(a [lo, hi], or <!-- causal: THE INTERVENTION -->)"
+                )
+        para = []
+    return errors
+
+
+def _yaml(path: Path) -> Any:
+    import yaml
+
+    return yaml.safe_load(path.read_text())
 
 
 def pages(root: Path = RESULTS) -> list[Path]:
-    """Every results page with a data comment."""
-    return sorted(p for p in root.rglob("*.md") if DATA.search(p.read_text()))
+    """Every results page with a data comment, and the summary pages outside ``docs/results``."""
+    found = sorted(p for p in root.rglob("*.md") if DATA.search(p.read_text()))
+    return found + [p for p in SUMMARY if root == RESULTS and p.exists() and DATA.search(p.read_text())]
 
 
 def main(argv: list[str] | None = None) -> int:
     bad = 0
     for page in pages():
         n, errors = check_page(page)
-        print(f"{page.relative_to(RESULTS)}: {n} figures checked, {len(errors)} errors")
+        print(f"{os.path.relpath(page, RESULTS)}: {n} figures checked, {len(errors)} errors")
         for e in errors:
             print("  " + e)
         bad += len(errors)

@@ -116,3 +116,64 @@ def test_rules_sections_and_allow_list(tmp_path):
     ]
     _, errors = pagecheck.check_page(page, text.replace("and 22.1,", "and"))
     assert errors[-1] == f"{page}:1: not-in-data entry 22.1 (the paper) no longer appears on the page"
+
+
+def test_summary_pages_are_checked_and_a_stale_readme_number_fails():
+    """The summary block (README, docs/results/README.md, methods.md) is checked like every page (issue 50)."""
+    summary = [REPO / "README.md", RESULTS / "README.md", RESULTS / "methods.md"]
+    assert set(summary) <= set(pagecheck.pages())
+    page = REPO / "README.md"
+    text = page.read_text()
+    good = "469.58 vs unigram 703.80"
+    assert good in text
+    _, errors = pagecheck.check_page(page, text.replace(good, "469.58 vs unigram 703.90"))
+    line = text[: text.index(good)].count("\n") + 1
+    assert [e for e in errors if "703.90" in e] == [
+        f"{page}:{line}: 703.90 is in none of its data (docs/results/demo/first-run/page_figures.json)"
+    ]
+    assert not pagecheck.check_page(page, text)[1]
+
+
+def _words(tmp_path, body: str, data: str = '{"d": {"m": 0.52, "lo": 0.46, "hi": 0.58}}') -> list[str]:
+    (tmp_path / "a.json").write_text(data)
+    page = tmp_path / "p.md"
+    return pagecheck.check_page(page, "# P\n<!-- data: a.json -->\n" + body)[1]
+
+
+def test_several_interval_verdicts_need_a_correction_statement(tmp_path):
+    two = "A is lower by 0.52 [0.46, 0.58].\n\nB is higher by 0.52 [0.46, 0.58].\n"
+    errors = _words(tmp_path, two)
+    assert len(errors) == 1 and "2 interval-based verdicts (lines 3, 5) and no correction statement" in errors[0]
+    assert _words(tmp_path, "A is lower by 0.52 [0.46, 0.58].\n") == []  # one verdict: nothing to correct
+    assert _words(tmp_path, two + "\nThe intervals are 95% and uncorrected.\n") == []
+    assert _words(tmp_path, two + "\nWith Holm's correction over the two.\n") == []
+
+
+def test_a_run_on_the_plateau_is_not_interpreted(tmp_path):
+    data = '{"runs": [{"bound": 6.12, "unigram": 6.30}, {"bound": 5.90, "unigram": 6.30}]}'
+    sec = "## S\n<!-- plateau: a.json runs.0.bound runs.0.unigram -->\n"
+    errors = _words(tmp_path, sec + "The teacher is 6.12; its students are better.\n", data)
+    assert [e.split(": ", 1)[1] for e in errors] == [
+        "a.json runs.0.bound is 0.180 below its unigram bound (< 0.3) and its section does not say it is not interpreted",
+        "verdict word 'better' in a section resting on a plateau run "
+        "(a.json runs.0.bound is 0.180 below its unigram bound (< 0.3))",
+    ]
+    assert _words(tmp_path, sec + "The teacher is 6.12, on the plateau: not interpreted.\n", data) == []
+    # a run off the plateau may be read; a later section is not covered
+    off = "## S\n<!-- plateau: a.json runs.1.bound runs.1.unigram -->\nIts students are better.\n"
+    assert _words(tmp_path, off, data) == []
+    assert _words(tmp_path, sec + "Not interpreted.\n## T\nThe other is better.\n", data) == []
+    bad = _words(tmp_path, "## S\n<!-- plateau: a.json runs.5.bound runs.5.unigram -->\n", data)
+    assert len(bad) == 1 and "cannot be read (IndexError" in bad[0]
+
+
+def test_causal_words_need_an_intervention_with_an_interval(tmp_path):
+    errors = _words(tmp_path, "The plateau is long because of the schedule.\n")
+    assert len(errors) == 1 and "causal word 'because' and no intervention with an interval" in errors[0]
+    assert "p.md:3:" in errors[0]
+    assert _words(tmp_path, "Holding the ends lengthens it, 0.52 [0.46, 0.58],\nbecause of the schedule.\n") == []
+    opt = "<!-- causal: the swapped init (plaid-gap.md) -->\nThe plateau is long because of the init.\n"
+    assert _words(tmp_path, opt) == []
+    # the interval must be in the same paragraph
+    assert len(_words(tmp_path, "0.52 [0.46, 0.58].\n\nThis depends on the corpus.\n")) == 1
+    assert _words(tmp_path, "`because` in code, and <!-- a cause in a comment -->.\n") == []
