@@ -241,6 +241,10 @@ def trend_gap() -> dict:
             "censored": "replaid s1 never left: counted at its last logged step (a lower bound)",
         },
         "replaid_s1_grad_norm": {str(k): s1[k]["grad_norm"] for k in (1600, 2000, 2050, 2100)},
+        "recon_peaks": {
+            c: [max(x["recon"] for x in rows(f"{c}__s{k}") if "recon" in x) for k in range(3)]
+            for c in ("replaid", "plaid")
+        },
     }
 
 
