@@ -288,14 +288,42 @@ def trend_gap2() -> dict:
 
     target_flops, target = mean_at(4000, "replaid")
     pts = [mean_at(k, "mdlm") for k in (400, 800, 1600, 3200, 4000)]
-    match = None
-    for (f0, l0), (f1, l1) in zip(pts, pts[1:], strict=False):
-        if l0 >= target >= l1:
-            w = (l0 - target) / (l0 - l1)
-            match = math.exp(math.log(f0) + w * (math.log(f1) - math.log(f0)))
-            break
+
+    def reach(bound: float) -> float | None:
+        for (f0, l0), (f1, l1) in zip(pts, pts[1:], strict=False):
+            if l0 >= bound >= l1:
+                w = (l0 - bound) / (l0 - l1)
+                return math.exp(math.log(f0) + w * (math.log(f1) - math.log(f0)))
+        return None
+
+    match = reach(target)
+    # RePlaid's own 95% interval at 4,000 steps mapped onto MDLM's mean curve (issue 50): its upper end lies
+    # above MDLM's first evaluation, so that end of the ratio is only bounded below
+    cell = next(
+        c for c in next(p for p in tr["steps"] if p["step"] == 4000)["report"]["cells"] if c["cell"] == "replaid"
+    )
+    lo_match = reach(cell["lo"])
+    interval = {
+        "replaid_lo": cell["lo"],
+        "replaid_hi": cell["hi"],
+        "ratio_at_lo": None if lo_match is None else target_flops / lo_match,
+        "hi_above_mdlm_first": cell["hi"] > pts[0][1],
+        "ratio_at_hi_more_than": target_flops / pts[0][0],
+    }
+    # the table's paired columns with Bonferroni over the five step counts (issue 50)
+    bonferroni: dict[str, list[dict]] = {}
+    for cell in ("plaid", "mdlm"):
+        for p in tr["steps"]:
+            pr = next(c for c in p["report"]["cells"] if c["cell"] == cell)["paired"]
+            d = np.array(pr["diffs"], dtype=np.float64)
+            half = float(stats.t.ppf(1 - 0.025 / 5, len(d) - 1)) * float(np.std(d, ddof=1)) / math.sqrt(len(d))
+            m = float(np.mean(d))
+            bonferroni.setdefault(f"{cell}_minus_replaid", []).append(
+                {"step": p["step"], "mean": m, "lo": m - half, "hi": m + half, "excludes_0": abs(m) > half}
+            )
     return {
         "note": "derived by scripts/page_figures.py from gap2/h100/compare.json, trend.json, runs/*/metrics.jsonl",
+        "bonferroni_5_steps": bonferroni,
         "train_tokens": tokens,
         "passes": {str(k): k * 32 * 64 / tokens for k in (400, 800, 1600, 3200, 4000, 6400)},
         "exits": {f"{c}__s{k}": v for (c, k), v in exits.items()},
@@ -314,6 +342,7 @@ def trend_gap2() -> dict:
             "replaid_flops": target_flops,
             "mdlm_flops": match,
             "ratio": None if match is None else target_flops / match,
+            "replaid_interval": interval,
         },
     }
 
