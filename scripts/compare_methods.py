@@ -201,7 +201,7 @@ def write(rep: dict, folder: Path, spec, a, report_markdown) -> None:
     labels = ", ".join(f"`{c}` = {lab}" for c, (lab, _) in CELLS.items())
     head = [
         f"Date {datetime.date.today().isoformat()}; hardware: {cpu_name()}, {os.cpu_count()} CPU cores, no GPU; "
-        f"torch {__import__('torch').__version__}; {a.threads} thread(s) per run. The figures depend on the CPU "
+        f"torch {__import__('torch').__version__}; {a.threads} thread(s) per run. The figures vary with the CPU "
         "type, the thread count and the torch build (their floating-point sums); on another machine expect "
         "them to move like another seed.",
         "",
