@@ -44,6 +44,7 @@ MIN_FIGURES = {
     "demo/first-run/README.md": 30,
     "README.md": 30,
     "../../README.md": 30,
+    "lmeval/README.md": 20,  # the first measurement removed (issue 50: no committed data)
 }  # shorter pages
 
 
