@@ -85,10 +85,18 @@ def submit(args: argparse.Namespace, cfg: RunConfig) -> int:
         raise ConfigError(
             "train --nodes submits a new run; its requeued jobs resume by themselves (no --resume/--overwrite)"
         )
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        # the job would find out/config.json and resume that run, dropping this command's overrides
+        raise ConfigError(
+            f"--out {args.out} already holds a run or other files; train --nodes submits a new run: choose a "
+            f"new folder (a run already there resumes with 'replaid train --out {args.out} --resume')"
+        )
     rest = ["--preset", args.preset] + (["--config", args.config] if args.config else [])
     rest += (["--method", args.method] if args.method else []) + ["--no-progress", *args.overrides]
-    python = shlex.quote(sys.executable)
-    script = launch.sbatch_script(args.out, rest, args.nodes, args.gpus_per_node, extra=args.slurm, python=python)
+    script = launch.sbatch_script(
+        args.out, rest, args.nodes, args.gpus_per_node, extra=args.slurm, python=sys.executable
+    )
     if args.dry_run:
         node0 = launch.torchrun_argv(args.gpus_per_node, args.nodes, {"MASTER_ADDR": "HEAD_NODE", "SLURM_NODEID": "0"})
         print(script)

@@ -325,6 +325,11 @@ def run_submitit(
         raise ConfigError(
             f"--nodes-per-job {nodes_per_job} needs --executor slurm and --gpus-per-job G (torchrun on each node)"
         )
+    # the one quoting rule of generated scripts (scaling/launch.py): submitit writes these into its
+    # sbatch script (the parameters as #SBATCH lines, the folder as the log paths)
+    launch.check_submitit_params(slurm_params or {})
+    if executor == "slurm":
+        launch.script_value(str(sweep), "the folder")
     python = python or default_python()
     todo = [e for e in entries if run_status(sweep, e)[0] != "done"]
     log(
