@@ -56,3 +56,47 @@ def test_k10_tokens_per_param_must_be_finite_and_positive(tmp_path, capsys, valu
     line = one_line(capsys, main(argv))
     assert "--tokens-per-param" in line and "finite" in line, line
     assert not (tmp_path / "p").exists()
+
+
+def test_overtrain_with_one_seed_per_budget_names_the_real_cause_and_writes_strict_json(tmp_path, capsys):
+    """The battery's case: one seed per budget; the ranges overlap at 2e12-4e12. The verdict said "the
+    two methods' FLOPs ranges do not overlap", and overtrain.json held a bare NaN."""
+    import csv
+    import math
+
+    src = tmp_path / "runs.csv"
+    with open(src, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["method", "flops", "params", "loss", "seed", "tokens"])
+        w.writeheader()
+        for m, budgets in (("a", [2e12, 4e12, 8e12]), ("b", [1e12, 2e12, 4e12])):
+            for c in budgets:
+                w.writerow({"method": m, "flops": c, "params": 4e4, "tokens": c / 4e5, "seed": 0,
+                            "loss": 5 - 0.3 * math.log10(c / 1e11)})  # fmt: skip
+    out = tmp_path / "out"
+    rc = main(["scaling", "overtrain", str(src), "--optimum", "a=2e12", "b=1e12", "--out", str(out)])
+    assert rc == 0
+    text = (out / "overtrain.json").read_text()
+    res = json.loads(text, parse_constant=lambda c: pytest.fail(f"overtrain.json holds a bare {c}"))
+    assert "do not overlap" not in res["verdict"]
+    assert "2e+12-4e+12" in res["verdict"] and "seeds" in res["verdict"], res["verdict"]
+
+
+def test_strict_json_writes_null_for_non_finite_numbers():
+    from replaid.schema import dumps
+
+    s = dumps({"a": float("nan"), "b": [1.0, float("inf"), (float("-inf"), 2)], "c": "NaN"})
+    assert json.loads(s, parse_constant=lambda c: pytest.fail(c)) == {
+        "a": None,
+        "b": [1.0, None, [None, 2]],
+        "c": "NaN",
+    }
+
+
+def test_no_json_dumps_without_the_strict_writer_in_the_package():
+    """Every JSON the package writes goes through replaid.schema.dumps (allow_nan=False, null for NaN)."""
+    import re
+
+    src = Path(__file__).resolve().parents[1] / "src" / "replaid"
+    bad = [f"{p.relative_to(src)}:{i}" for p in src.rglob("*.py") if p.name != "schema.py"
+           for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"\bjson\.dumps\(", line)]  # fmt: skip
+    assert not bad, bad

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replaid.config import MAX_STEPS
+from replaid.schema import dumps as strict_dumps
 
 if TYPE_CHECKING:
     from replaid.scaling.runner import ManifestEntry
@@ -83,7 +84,7 @@ def run_title(run: Run) -> str:
 def emit(obj: dict[str, Any], as_json: bool) -> None:
     """One JSON object, or one ``key value`` line per entry."""
     if as_json:
-        print(json.dumps(obj))
+        print(strict_dumps(obj))
     else:
         for k, v in obj.items():
             print(f"{k:28s} {v}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from replaid.commands import (
     float_in,
     run_manifest_command,
 )
+from replaid.schema import dumps as strict_dumps
 
 if TYPE_CHECKING:
     from replaid.eval.grid import GridSpec
@@ -191,7 +191,7 @@ def run_plan(args: argparse.Namespace) -> int:
     check_out(args.out, inputs=[*([args.spec] if args.spec else []), *base], writes=("spec.json", "manifest.json"))
     entries = write_grid(spec, Path(args.out), force=args.force)
     if args.json:
-        print(json.dumps([e.__dict__ for e in entries], indent=1))
+        print(strict_dumps([e.__dict__ for e in entries], indent=1))
         return 0
     cells = list(dict.fromkeys(e.cell for e in entries))
     print(
@@ -234,7 +234,7 @@ def run_report(args: argparse.Namespace) -> int:
     rep = write_report(Path(args.grid), args.reference, args.confidence, args.out, args.title, cmd)
     out = Path(args.out or args.grid)
     if args.json:
-        print(json.dumps(rep))
+        print(strict_dumps(rep))
     else:
         print((out / "report.md").read_text())
     return 0
@@ -255,7 +255,7 @@ def run_trend(args: argparse.Namespace) -> int:
     )
     out = Path(args.out or args.grid)
     if args.json:
-        print(json.dumps(tr))
+        print(strict_dumps(tr))
     else:
         print((out / "trend.md").read_text())
     return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -20,6 +19,7 @@ from replaid.commands import (
     int_in,
     run_manifest_command,
 )
+from replaid.schema import dumps as strict_dumps
 
 EXAMPLE = """examples:
   replaid scaling plan --methods ar mdlm replaid --budgets 6e18 1e19 3e19 6e19 1e20 --sizes paper --out SWEEP
@@ -226,7 +226,7 @@ def run_plan(args: argparse.Namespace) -> int:
     gpu_s: Callable[[float], float] = lambda fl: fl / (args.mfu * args.gpu_tflops * 1e12)  # noqa: E731
     if args.json:
         print(
-            json.dumps(
+            strict_dumps(
                 {
                     "protocol": plan.protocol,
                     "total_flops": plan.total_flops,
@@ -307,7 +307,7 @@ def run_fit(args: argparse.Namespace) -> int:
     for w in res.get("warnings", []):
         print(f"replaid: warning: {w}", file=sys.stderr)
     if args.json:
-        print(json.dumps(res))
+        print(strict_dumps(res))
     else:
         print(sf.summary_text(res))
         print(f"wrote {out / 'fit.json'}, {out / 'report.md'} and plots", file=sys.stderr)
@@ -343,7 +343,7 @@ def run_overtrain(args: argparse.Namespace) -> int:
     res = ot.overtrain(rows, optimum, a, b, args.corpus_tokens, args.confidence)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "overtrain.json", json.dumps(res, indent=1))
+    atomic_write_text(out / "overtrain.json", strict_dumps(res, indent=1))
     atomic_write_text(out / "overtrain.md", ot.markdown(res, args.title) + "\n![loss against FLOPs](overtrain.png)\n")
     ot.plot(res, out / "overtrain.png", args.title)
     keys = ["id", "method", "seed", "size", "params", "flops", "tokens", "loss", "stderr", "unigram"]

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 from replaid.commands import add_command, int_in
 from replaid.config import ConfigError, RunConfig
 from replaid.registry import method_names
+from replaid.schema import dumps as strict_dumps
 
 EXAMPLE = "example: replaid train --preset demo --out runs/demo train.steps=200 data.source=../shared/data/wiki-sample"
 
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         dist.cleanup()
     res["wall_seconds"] = time.time() - t0
     if main_rank:
-        print(json.dumps({k: res[k] for k in ("step", "wall_seconds", "eval") if k in res}, indent=2))
+        print(strict_dumps({k: res[k] for k in ("step", "wall_seconds", "eval") if k in res}, indent=2))
     return 0
 
 
