@@ -186,3 +186,18 @@ def test_a_sweep_job_over_several_nodes_runs_each_nodes_torchrun(tmp_path, monke
     assert one[:5] == ["torchrun", "--standalone", "--nproc_per_node", "8", "-m"]  # one node: as before
     with pytest.raises(ConfigError, match="--nodes-per-job 2 needs --executor slurm"):
         runner.run_submitit(tmp_path, [Entry()], "submitit-local", nodes_per_job=2, gpus_per_job=8)
+
+
+def test_train_nodes_refuses_an_out_that_already_holds_a_run(tmp_path, capsys):
+    """Issue 49: ``train --out EXISTING_RUN --nodes 2 ... train.steps=100`` wrote a job script that resumed
+    the existing run and dropped the overrides; now one line, as without ``--nodes``."""
+    from replaid.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    rc = main(["train", "--out", str(run), "--preset", "debug", "--nodes", "2", "--gpus-per-node", "2", "--dry-run",
+               "train.steps=100", "model.hidden=64"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "already holds a run" in err[0]
+    assert [p.name for p in run.iterdir()] == ["config.json"]

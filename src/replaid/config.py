@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import math
 import re
 import types
@@ -20,6 +19,7 @@ from typing import Any
 
 from replaid import registry, schema
 from replaid.registry import ConfigError as ConfigError  # the registry, below the config, raises it too
+from replaid.schema import dumps as strict_dumps
 
 # Declared ranges of numbers that reach a tensor (issue 38), shared by the CLI's argparse types, the
 # sampling request's and the config's validation. float32 holds up to 3.4e38; a config float stays within
@@ -397,7 +397,7 @@ class RunConfig:
         return d
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+        return strict_dumps(self.to_dict(), indent=2, sort_keys=False)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:

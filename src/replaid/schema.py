@@ -15,6 +15,24 @@ from typing import Any, cast
 HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
+def finite_or_null(obj: Any) -> Any:
+    """``obj`` with every non-finite float (NaN, +-inf) replaced by None, in dicts, lists and tuples."""
+    if isinstance(obj, float):
+        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_null(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite_or_null(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any, **kw: Any) -> str:
+    """Strict JSON (RFC 8259): ``json.dumps`` with ``allow_nan=False``, a not-a-number or infinite value
+    written as ``null`` (Python's default writes bare ``NaN``/``Infinity``, which no strict reader
+    accepts). The one JSON writer of replaid (issue 49)."""
+    return json.dumps(finite_or_null(obj), allow_nan=False, **kw)
+
+
 class SchemaError(ValueError):
     """A run-folder file that is missing, unreadable or does not match its schema (one line)."""
 

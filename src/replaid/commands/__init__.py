@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replaid.config import MAX_STEPS
+from replaid.schema import dumps as strict_dumps
 
 if TYPE_CHECKING:
     from replaid.scaling.runner import ManifestEntry
@@ -83,7 +84,7 @@ def run_title(run: Run) -> str:
 def emit(obj: dict[str, Any], as_json: bool) -> None:
     """One JSON object, or one ``key value`` line per entry."""
     if as_json:
-        print(json.dumps(obj))
+        print(strict_dumps(obj))
     else:
         for k, v in obj.items():
             print(f"{k:28s} {v}")
@@ -283,13 +284,20 @@ STEPS = int_in(1, MAX_STEPS)  # sampling / solver steps
 
 
 def check_out(
-    out: str | None, *, protected: tuple[str, ...] = (), names: tuple[str, ...] = (), empty: bool = False
+    out: str | None,
+    *,
+    protected: tuple[str, ...] = (),
+    names: tuple[str, ...] = (),
+    empty: bool = False,
+    inputs: Sequence[str] = (),
+    writes: tuple[str, ...] = (),
 ) -> None:
     """Check an ``--out`` folder before any work: a folder (or absent, with a writable parent), not a
     run or checkpoint folder of ``protected`` nor inside one, nor inside any run's ``checkpoints/`` or
     ``tokenizer/``, and holding none of ``names`` already (an output is never overwritten); ``empty``:
-    any non-empty folder is refused (export, convert write a whole folder). The one check of every
-    command that writes results into an ``--out`` folder."""
+    any non-empty folder is refused (export, convert write a whole folder); none of the files it
+    ``writes`` (and of ``names``) is one of the command's own ``inputs`` (files, or folders whose files it
+    reads). The one check of every command that writes results into an ``--out`` folder."""
     import os
 
     from replaid.training import runfolder
@@ -297,6 +305,14 @@ def check_out(
     if not out:
         return
     p = Path(out)
+    for src in inputs:  # an output never replaces the file it is computed from
+        s = Path(os.path.realpath(src))
+        for n in (*writes, *names):
+            if Path(os.path.realpath(p / n)) == s:
+                raise ValueError(
+                    f"--out {out} would replace the input {src} with its {n}; choose another folder "
+                    f"(e.g. {Path(out) / 'results'})"
+                )
     if p.exists() and not p.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder; choose a folder path")
     if empty and p.is_dir() and any(p.iterdir()):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from replaid.commands import POSITIVE, SEED, add_command, check_out, float_in
 from replaid.config import LR_MAX
+from replaid.schema import dumps as strict_dumps
 
 EXAMPLE = (
     "example: replaid classifier train runs/demo --data labelled.jsonl --out clf/question --steps 400\n"
@@ -61,5 +61,5 @@ def run(args: argparse.Namespace) -> int:
     )
     clf, metrics = train_classifier(run_, texts, labels, cfg, log=lambda m: print(m, file=sys.stderr))
     save_classifier(clf, args.out, run_, cfg, metrics)
-    print(json.dumps({"out": args.out, "labels": clf.labels, **metrics}))
+    print(strict_dumps({"out": args.out, "labels": clf.labels, **metrics}))
     return 0

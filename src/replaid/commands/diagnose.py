@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from replaid.commands import POSITIVE, SEED, add_command, check_out, emit, int_in, run_labels, run_title
+from replaid.schema import dumps as strict_dumps
 
 if TYPE_CHECKING:
     from replaid.methods.replaid import ContinuousNet
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         emit(summaries[labels[0]], args.json)
         return 0
     overlay = {it["label"]: {"ce_linear_r2": it["r2"], "ce_min": it["ce_min"], "ce_max": it["ce_max"]} for it in items}
-    (out / "diagnose.json").write_text(json.dumps({"runs": summaries, "ce_overlay": overlay}, indent=2))
+    (out / "diagnose.json").write_text(strict_dumps({"runs": summaries, "ce_overlay": overlay}, indent=2))
     emit(overlay, args.json)
     return 0
 
@@ -108,5 +108,5 @@ def _diagnose_one(r: Run, args: argparse.Namespace, out: Path) -> tuple[dict[str
         weights="ema" if r.ema_loaded else "raw",
         files=["curves.csv", "gamma_curves.csv"] + [Path(p).name for p in plots],
     )
-    (out / "diagnose.json").write_text(json.dumps(summary, indent=2))
+    (out / "diagnose.json").write_text(strict_dumps(summary, indent=2))
     return summary, res

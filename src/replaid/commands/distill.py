@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from replaid.commands import NONNEGATIVE, POSITIVE, SEED, add_command, float_in, int_in
 from replaid.config import LR_MAX
+from replaid.schema import dumps as strict_dumps
 
 EXAMPLE = """example: replaid distill runs/demo --out runs/demo-pd8 --from-steps 64 --to-steps 8 --steps-per-round 200
          replaid distill runs/demo --out runs/demo-cd --method consistency --cd-steps 400
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         stop_after=args.stop_after,
     )
-    print(json.dumps(out))
+    print(strict_dumps(out))
     K = out["student_steps"]
     sampler = "consistency" if args.method == "consistency" else "ddim"
     print(f"student: {args.out}  (sample it: replaid sample {args.out} --sampler {sampler} --steps {K})")

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from replaid.commands import POSITIVE, SEED, STEPS, add_command, float_in
 from replaid.commands.sample import GUIDANCE, add_guidance_args, request_values
 from replaid.sampling.names import SAMPLER_NAMES
+from replaid.schema import dumps as strict_dumps
 
 EXAMPLE = (
     "example: replaid edit runs/demo --text 'To be, or not to be, that is the question.' --strength 0.5\n"
@@ -64,5 +64,5 @@ def run(args: argparse.Namespace) -> int:
     )
     run_ = load_run(args.run, use_ema=True, train_data=False)
     for r in generate(run_, req):
-        print(json.dumps(r) if args.json else r["text"] + "\n" + "-" * 40)
+        print(strict_dumps(r) if args.json else r["text"] + "\n" + "-" * 40)
     return 0

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from replaid.commands import NONNEGATIVE, POSITIVE, SEED, add_command, check_out, emit, run_labels
+from replaid.schema import dumps as strict_dumps
 
 if TYPE_CHECKING:
     import numpy as np
@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
             out / "scree.png",
             f"PCA scree of the rows of tokens seen >= {args.min_count} times in training",
         )
-    (out / "geometry.json").write_text(json.dumps(summary, indent=2))
+    (out / "geometry.json").write_text(strict_dumps(summary, indent=2))
     emit(
         {
             k: {

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from replaid.commands import POSITIVE, SEED, Distinct, add_command, add_run_options, float_in, run_manifest_command
+from replaid.commands import (
+    POSITIVE,
+    SEED,
+    Distinct,
+    add_command,
+    add_run_options,
+    check_out,
+    float_in,
+    run_manifest_command,
+)
+from replaid.schema import dumps as strict_dumps
 
 if TYPE_CHECKING:
     from replaid.eval.grid import GridSpec
@@ -178,9 +187,11 @@ def run_plan(args: argparse.Namespace) -> int:
     from replaid.scaling.grid import write_grid
 
     spec = _spec(args)
+    base = [spec.base] if spec.base and Path(spec.base).is_file() else []
+    check_out(args.out, inputs=[*([args.spec] if args.spec else []), *base], writes=("spec.json", "manifest.json"))
     entries = write_grid(spec, Path(args.out), force=args.force)
     if args.json:
-        print(json.dumps([e.__dict__ for e in entries], indent=1))
+        print(strict_dumps([e.__dict__ for e in entries], indent=1))
         return 0
     cells = list(dict.fromkeys(e.cell for e in entries))
     print(
@@ -207,6 +218,11 @@ def run_run(args: argparse.Namespace) -> int:
     return run_manifest_command(args, folder, entries, "grid")
 
 
+def _grid_inputs(grid: str) -> list[str]:
+    """The files of a grid that its report and trend read (an ``--out`` never replaces them)."""
+    return [str(Path(grid) / n) for n in ("spec.json", "manifest.json")]
+
+
 def run_report(args: argparse.Namespace) -> int:
     from replaid.config import ConfigError
     from replaid.scaling.grid import write_report
@@ -214,10 +230,11 @@ def run_report(args: argparse.Namespace) -> int:
     if not 0 < args.confidence < 1:
         raise ConfigError(f"--confidence {args.confidence}: must be in (0, 1), e.g. 0.95")
     cmd = "replaid " + shlex.join(sys.argv[1:]) if sys.argv and "grid" in sys.argv else None
+    check_out(args.out, inputs=_grid_inputs(args.grid), writes=("report.json", "report.md", "report.png", "curves.png"))
     rep = write_report(Path(args.grid), args.reference, args.confidence, args.out, args.title, cmd)
     out = Path(args.out or args.grid)
     if args.json:
-        print(json.dumps(rep))
+        print(strict_dumps(rep))
     else:
         print((out / "report.md").read_text())
     return 0
@@ -226,6 +243,7 @@ def run_report(args: argparse.Namespace) -> int:
 def run_trend(args: argparse.Namespace) -> int:
     from replaid.scaling.trend import write_trend
 
+    check_out(args.out, inputs=_grid_inputs(args.grid), writes=("trend.json", "trend.md", "trend.png"))
     tr = write_trend(
         Path(args.grid),
         args.steps,
@@ -237,7 +255,7 @@ def run_trend(args: argparse.Namespace) -> int:
     )
     out = Path(args.out or args.grid)
     if args.json:
-        print(json.dumps(tr))
+        print(strict_dumps(tr))
     else:
         print((out / "trend.md").read_text())
     return 0

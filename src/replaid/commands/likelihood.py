@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import TYPE_CHECKING, cast
 
 from replaid.commands import POSITIVE, SEED, STEPS, add_command, check_out, emit, float_in, int_in, run_title
 from replaid.config import MAX_SOLVER_STEPS, ODE_TOL_MIN
+from replaid.schema import dumps as strict_dumps
 
 if TYPE_CHECKING:
     import torch
@@ -218,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     np.save(out / "log_weights.npy", res.log_w.numpy())
-    (out / "likelihood.json").write_text(json.dumps(summary, indent=2))
+    (out / "likelihood.json").write_text(strict_dumps(summary, indent=2))
     title = f"ODE K-IWAE of {run_title(run_)}: {args.split}, {tokens.shape[0]} sequences, {args.solver}" + (
         f" {args.steps} steps" if args.solver == "heun" else ""
     )

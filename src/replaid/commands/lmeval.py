@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from replaid.commands import NONNEGATIVE, POSITIVE, SEED, STEPS, add_command, check_out, float_in
+from replaid.schema import dumps as strict_dumps
 
 EXAMPLE = """example: replaid lmeval runs/demo --tasks replaid_wikitext2 replaid_lambada replaid_cloze \\
     --include-path docs/lmeval/tasks --limit 20 --mc-samples 8 --out runs/demo/lmeval
@@ -118,9 +118,9 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         d = Path(args.out)
         d.mkdir(parents=True, exist_ok=True)
-        (d / "results.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
-        (d / "results.md").write_text(table + "\n" + json.dumps(out["replaid"], indent=2) + "\n")
-    print(json.dumps(out, default=str) if args.json else table + json.dumps(out["replaid"], indent=2))
+        (d / "results.json").write_text(strict_dumps(out, indent=2, default=str) + "\n")
+        (d / "results.md").write_text(table + "\n" + strict_dumps(out["replaid"], indent=2) + "\n")
+    print(strict_dumps(out, default=str) if args.json else table + strict_dumps(out["replaid"], indent=2))
     return 0
 
 

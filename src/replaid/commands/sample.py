@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import typing
 from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
 from replaid.commands import add_command, float_in, int_in
 from replaid.sampling import request  # torch-free: its fields make the flags
+from replaid.schema import dumps as strict_dumps
 
 if TYPE_CHECKING:
     from replaid.sampling.request import Knob, SampleRequest
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     rows = generate(run_, req)
     for r in rows:
         text = r["marked"] if args.show_positions and "marked" in r else r["text"]
-        print(json.dumps({**r, "vocab_size": vocab}) if args.json else text + "\n" + "-" * 40)
+        print(strict_dumps({**r, "vocab_size": vocab}) if args.json else text + "\n" + "-" * 40)
     return 0
 
 

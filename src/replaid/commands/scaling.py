@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -15,10 +14,12 @@ from replaid.commands import (
     Distinct,
     add_command,
     add_run_options,
+    check_out,
     float_in,
     int_in,
     run_manifest_command,
 )
+from replaid.schema import dumps as strict_dumps
 
 EXAMPLE = """examples:
   replaid scaling plan --methods ar mdlm replaid --budgets 6e18 1e19 3e19 6e19 1e20 --sizes paper --out SWEEP
@@ -195,6 +196,11 @@ def run_plan(args: argparse.Namespace) -> int:
             tpp[key or "*"] = float(val)
         except ValueError:
             raise ConfigError(f"--tokens-per-param: '{item}' is not a number or METHOD=number") from None
+        if not (math.isfinite(tpp[key or "*"]) and 0 < tpp[key or "*"] <= 1e9):  # K10: nan/inf once planned 500
+            raise ConfigError(
+                f"--tokens-per-param: '{item}' must be a finite number of tokens per parameter in (0, 1e9], "
+                f"e.g. 20 or mdlm=100"
+            )
     plan_args = (args.methods, budgets, args.sizes)
     plan_kw = dict(stride=stride, protocol=args.protocol, overrides=args.overrides, tokens_per_param=tpp)
     corpus = None
@@ -208,6 +214,7 @@ def run_plan(args: argparse.Namespace) -> int:
             max_tokens = float(args.max_tokens)
         except ValueError:
             raise ConfigError(f"--max-tokens {args.max_tokens!r}: give a number of tokens or 'corpus'") from None
+    check_out(args.out, writes=PLAN_FILES)
     plan = sc.make_plan(*plan_args, per_budget=per_budget, max_tokens=max_tokens, **plan_kw)
     if args.out:
         man = sc.write_plan(plan, Path(args.out), force=args.force)
@@ -219,7 +226,7 @@ def run_plan(args: argparse.Namespace) -> int:
     gpu_s: Callable[[float], float] = lambda fl: fl / (args.mfu * args.gpu_tflops * 1e12)  # noqa: E731
     if args.json:
         print(
-            json.dumps(
+            strict_dumps(
                 {
                     "protocol": plan.protocol,
                     "total_flops": plan.total_flops,
@@ -287,6 +294,7 @@ def run_fit(args: argparse.Namespace) -> int:
 
     first = Path(args.source[0])
     out = Path(args.out) if args.out else (first / "fit" if first.is_dir() else first.parent / "fit")
+    check_out(str(out), inputs=args.source, writes=FIT_FILES)
     res = report.fit_source(
         args.source,
         reference=args.reference,
@@ -299,11 +307,16 @@ def run_fit(args: argparse.Namespace) -> int:
     for w in res.get("warnings", []):
         print(f"replaid: warning: {w}", file=sys.stderr)
     if args.json:
-        print(json.dumps(res))
+        print(strict_dumps(res))
     else:
         print(sf.summary_text(res))
         print(f"wrote {out / 'fit.json'}, {out / 'report.md'} and plots", file=sys.stderr)
     return 0
+
+
+PLAN_FILES = ("manifest.json", "manifest.csv")
+OVERTRAIN_FILES = ("overtrain.json", "overtrain.md", "overtrain.png", "runs.csv")
+FIT_FILES = ("fit.json", "report.md")
 
 
 def run_overtrain(args: argparse.Namespace) -> int:
@@ -325,11 +338,12 @@ def run_overtrain(args: argparse.Namespace) -> int:
     if len(optimum) != 2:
         raise ValueError(f"--optimum names {', '.join(args.optimum)}: give two different methods")
     a, b = list(optimum)
+    check_out(args.out, inputs=args.source, writes=OVERTRAIN_FILES)
     rows, _ = read_sources(args.source)
     res = ot.overtrain(rows, optimum, a, b, args.corpus_tokens, args.confidence)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "overtrain.json", json.dumps(res, indent=1))
+    atomic_write_text(out / "overtrain.json", strict_dumps(res, indent=1))
     atomic_write_text(out / "overtrain.md", ot.markdown(res, args.title) + "\n![loss against FLOPs](overtrain.png)\n")
     ot.plot(res, out / "overtrain.png", args.title)
     keys = ["id", "method", "seed", "size", "params", "flops", "tokens", "loss", "stderr", "unigram"]

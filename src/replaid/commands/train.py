@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 from replaid.commands import add_command, int_in
 from replaid.config import ConfigError, RunConfig
 from replaid.registry import method_names
+from replaid.schema import dumps as strict_dumps
 
 EXAMPLE = "example: replaid train --preset demo --out runs/demo train.steps=200 data.source=../shared/data/wiki-sample"
 
@@ -85,10 +85,18 @@ def submit(args: argparse.Namespace, cfg: RunConfig) -> int:
         raise ConfigError(
             "train --nodes submits a new run; its requeued jobs resume by themselves (no --resume/--overwrite)"
         )
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        # the job would find out/config.json and resume that run, dropping this command's overrides
+        raise ConfigError(
+            f"--out {args.out} already holds a run or other files; train --nodes submits a new run: choose a "
+            f"new folder (a run already there resumes with 'replaid train --out {args.out} --resume')"
+        )
     rest = ["--preset", args.preset] + (["--config", args.config] if args.config else [])
     rest += (["--method", args.method] if args.method else []) + ["--no-progress", *args.overrides]
-    python = shlex.quote(sys.executable)
-    script = launch.sbatch_script(args.out, rest, args.nodes, args.gpus_per_node, extra=args.slurm, python=python)
+    script = launch.sbatch_script(
+        args.out, rest, args.nodes, args.gpus_per_node, extra=args.slurm, python=sys.executable
+    )
     if args.dry_run:
         node0 = launch.torchrun_argv(args.gpus_per_node, args.nodes, {"MASTER_ADDR": "HEAD_NODE", "SLURM_NODEID": "0"})
         print(script)
@@ -162,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         dist.cleanup()
     res["wall_seconds"] = time.time() - t0
     if main_rank:
-        print(json.dumps({k: res[k] for k in ("step", "wall_seconds", "eval") if k in res}, indent=2))
+        print(strict_dumps({k: res[k] for k in ("step", "wall_seconds", "eval") if k in res}, indent=2))
     return 0
 
 

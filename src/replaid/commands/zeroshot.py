@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 from replaid.commands import NONNEGATIVE, POSITIVE, add_command, check_out, require_finite
+from replaid.schema import dumps as strict_dumps
 
 EXAMPLE = """example: replaid zeroshot runs/ar runs/mdlm runs/replaid --datasets wikitext2 ptb --out runs/zeroshot
 datasets: wikitext2 wikitext103 ptb lambada lm1b ag_news pubmed arxiv (local files in --data-dir, else the Hub)"""
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "zeroshot.json").write_text(json.dumps(results, indent=2) + "\n")
+        (out / "zeroshot.json").write_text(strict_dumps(results, indent=2) + "\n")
         (out / "zeroshot.md").write_text(table)
-    print(json.dumps(results) if args.json else table, end="" if not args.json else "\n")
+    print(strict_dumps(results) if args.json else table, end="" if not args.json else "\n")
     return 0

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from replaid.data.errors import DataError
 from replaid.data.sources import iter_documents, source_fingerprint
 from replaid.data.tokenizers import Tokenizer
+from replaid.schema import dumps as strict_dumps
 
 CACHE_VERSION = 1
 
@@ -153,7 +154,7 @@ def tokenize_to_cache(
         **(extra_meta or {}),
     }
     _replace_atomically(
-        meta_path(cache_path), lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        meta_path(cache_path), lambda tmp: tmp.write_text(strict_dumps(meta, indent=2) + "\n", encoding="utf-8")
     )
     return open_cache(cache_path)[0]
 

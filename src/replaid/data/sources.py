@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from replaid.data.errors import DataError
+from replaid.schema import dumps as strict_dumps
 
 SPLITS = ("train", "valid", "test")
 SPLIT_STEMS = {"train": ("train",), "valid": ("valid", "validation", "val"), "test": ("test",)}
@@ -139,7 +140,7 @@ def corpus_fingerprint(source: str) -> dict[str, Any]:
             name = p.name if p == root else p.relative_to(root).as_posix()
             entries.append({"name": name, "size": size, "sha256": sampled_sha256(p, size)})
         fp = {"kind": "local", "files": entries}
-    fp["sha256"] = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()
+    fp["sha256"] = hashlib.sha256(strict_dumps(fp, sort_keys=True).encode()).hexdigest()
     return fp
 
 

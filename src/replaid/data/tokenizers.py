@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from replaid import schema
 from replaid.data.errors import DataError
 from replaid.fileio import atomic_write_text
+from replaid.schema import dumps as strict_dumps
 
 if TYPE_CHECKING:
     import tokenizers
@@ -328,7 +329,7 @@ def save_tokenizer(tok: Tokenizer, out_dir: str | os.PathLike[str]) -> dict[str,
         spec["file"] = "tokenizer.json"
     else:
         spec["path"] = getattr(tok, "path", "")
-    atomic_write_text(out / SPEC_FILE, json.dumps(spec, indent=2) + "\n")  # last: its presence means complete
+    atomic_write_text(out / SPEC_FILE, strict_dumps(spec, indent=2) + "\n")  # last: its presence means complete
     return spec
 
 
@@ -361,7 +362,7 @@ def vocab_sha256(tok: Tokenizer) -> str:
         table = [(i, tok._sp.id_to_piece(i)) for i in range(tok.vocab_size)]
     else:
         table = [(i, tok.decode([i])) for i in range(tok.vocab_size)]
-    return hashlib.sha256(json.dumps(table, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()
+    return hashlib.sha256(strict_dumps(table, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def tokenizer_files_sha256(folder: str | os.PathLike[str]) -> dict[str, str]:

@@ -23,7 +23,6 @@ each block's (``sample_any_length(..., sampler="ddim", steps=K)``). Progressive 
 from __future__ import annotations
 
 import copy
-import json
 import shutil
 import sys
 import time
@@ -46,6 +45,7 @@ from replaid.fileio import fsync_file
 from replaid.methods.base import Kind
 from replaid.model.replaid import RePlaid
 from replaid.sampling.continuous import gamma_grid
+from replaid.schema import dumps as strict_dumps
 from replaid.training import checkpoint as ck
 from replaid.training import runfolder
 from replaid.training.loading import Run, load_run, run_dir_of
@@ -319,12 +319,12 @@ def distill(
             from replaid.fileio import atomic_write_text
 
             atomic_write_text(
-                out / "distill.json", json.dumps({"config": asdict(dcfg), "teacher": str(teacher.ckpt)}, indent=2)
+                out / "distill.json", strict_dumps({"config": asdict(dcfg), "teacher": str(teacher.ckpt)}, indent=2)
             )
         log_path = out / "distill_metrics.jsonl"
 
         def log(row: dict[str, float]) -> None:
             with open(log_path, "a") as f:
-                f.write(json.dumps(row) + "\n")
+                f.write(strict_dumps(row) + "\n")
 
         return d.run(resume, progress, stop_after, log)

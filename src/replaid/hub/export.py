@@ -17,7 +17,6 @@ The folder is written into a temporary sibling and renamed into place; an existi
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -31,6 +30,7 @@ from replaid import schema
 from replaid.config import RunConfig
 from replaid.data.tokenizers import SPEC_FILE, HFTokenizer, Tokenizer, tokenizer_files_sha256, vocab_sha256
 from replaid.methods import Method, get_method, method_class
+from replaid.schema import dumps as strict_dumps
 from replaid.training import checkpoint as ck
 from replaid.training.loading import load_run, resolve, run_dir_of
 
@@ -108,7 +108,7 @@ def _copy_tokenizer(tok: Tokenizer, dst: Path, seq_len: int) -> None:
         }
         if tok.pad_id is not None:
             tc["pad_token"] = cast(HFTokenizer, tok)._tok.id_to_token(tok.pad_id)
-        (dst / "tokenizer_config.json").write_text(json.dumps(tc, indent=2) + "\n")
+        (dst / "tokenizer_config.json").write_text(strict_dumps(tc, indent=2) + "\n")
     else:  # sentencepiece (llama2): keep the spec that names the model file
         spec = {
             "kind": getattr(tok, "kind", "llama2"),
@@ -118,7 +118,7 @@ def _copy_tokenizer(tok: Tokenizer, dst: Path, seq_len: int) -> None:
             "pad_id": tok.pad_id,
             "path": getattr(tok, "path", ""),
         }
-    (dst / "tokenizer" / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")
+    (dst / "tokenizer" / SPEC_FILE).write_text(strict_dumps(spec, indent=2) + "\n")
 
 
 def model_card(
@@ -226,9 +226,9 @@ def write_folder(
             "sha256": {"model.safetensors": ck.sha256_file(tmp / "model.safetensors")},
             "binding": {"tokenizer": binding},  # its own tokenizer/, checked by load_run (issue 38)
         }
-        (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+        (tmp / "state.json").write_text(strict_dumps(state, indent=2) + "\n")
         (tmp / "config.json").write_text(
-            json.dumps(hf_config(cfg, state["vocab_size"], state["step"], state["weights"]), indent=2) + "\n"
+            strict_dumps(hf_config(cfg, state["vocab_size"], state["step"], state["weights"]), indent=2) + "\n"
         )
         shutil.copyfile(Path(__file__).with_name(MODELING_FILE), tmp / MODELING_FILE)
         (tmp / "README.md").write_text(card)

@@ -144,6 +144,23 @@ class SplitState:
         }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
+        if not isinstance(d, dict):
+            raise ValueError(f'field "method_state.split" is {type(d).__name__}, not a JSON object')
+        for k in ("decay", "n", "m_r", "s_r", "m_d", "s_d"):  # D31: a missing one was KeyError: 'n'
+            v = d.get(k)
+            if v is None:
+                raise ValueError(f'field "method_state.split.{k}" is missing')
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise ValueError(f'field "method_state.split.{k}" is {v!r}, not a finite number')
+        if not 0 <= d["decay"] < 1 or d["n"] < 0 or d["n"] != int(d["n"]):
+            raise ValueError('field "method_state.split" holds a decay outside [0, 1) or a negative or fractional n')
+        hs = d.get("host_std")
+        if hs is not None and not (
+            isinstance(hs, list)
+            and len(hs) == 2
+            and all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in hs)
+        ):
+            raise ValueError('field "method_state.split.host_std" is not a list of two finite numbers')
         self.decay, self.n = d["decay"], int(d["n"])
         self.stats = torch.tensor([d["m_r"], d["s_r"], d["m_d"], d["s_d"]], dtype=torch.float64)
         if "host_std" in d:
@@ -525,5 +542,7 @@ class RePlaidMethod(Method[RePlaid]):
         return {"split": self.split.state_dict(), "step": self.step}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
+        if "split" not in d:
+            raise ValueError('field "method_state.split" is missing')
         self.split.load_state_dict(d["split"])
         self.step = int(d.get("step", 0))

@@ -17,7 +17,6 @@ and the temperature sweep as a GenPPL-entropy frontier.
 from __future__ import annotations
 
 import csv
-import json
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -27,6 +26,7 @@ from replaid.eval.quality import Judge, mauve_score, reference_windows, sentence
 from replaid.methods.base import Kind
 from replaid.sampling.generate import generate
 from replaid.sampling.request import SampleRequest
+from replaid.schema import dumps as strict_dumps
 
 if TYPE_CHECKING:
     from replaid.training.loading import Run
@@ -111,7 +111,7 @@ def quality_sweep(
         if out is not None:
             d = Path(out) / "samples"
             d.mkdir(parents=True, exist_ok=True)
-            (d / f"{sampler}-T{T}-tau{tau:g}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            (d / f"{sampler}-T{T}-tau{tau:g}.jsonl").write_text("".join(strict_dumps(r) + "\n" for r in rows))
         pt = SweepPoint(
             kind, sampler, T, tau, *score(texts, [r["ids"] for r in rows]), int(rows[0]["nfe"]), secs, texts[0]
         )
@@ -124,7 +124,7 @@ def write_sweep(points: list[SweepPoint], out: Path, meta: dict[str, Any]) -> No
     """``sweep.json`` (meta + points), ``sweep.csv`` and the plots."""
     out.mkdir(parents=True, exist_ok=True)
     rows = [asdict(p) for p in points]
-    (out / "sweep.json").write_text(json.dumps({"meta": meta, "points": rows}, indent=2))
+    (out / "sweep.json").write_text(strict_dumps({"meta": meta, "points": rows}, indent=2))
     with open(out / "sweep.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=[k for k in rows[0] if k != "example"], extrasaction="ignore")
         w.writeheader()

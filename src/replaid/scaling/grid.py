@@ -9,7 +9,6 @@ reads each finished run's ``final_eval.json`` and writes ``report.json``, ``repo
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -32,6 +31,7 @@ from replaid.eval.seeds import plateau_exit
 from replaid.fileio import atomic_write_text
 from replaid.scaling.plan import planned_vocab_size
 from replaid.scaling.runner import check_entries, run_status
+from replaid.schema import dumps as strict_dumps
 from replaid.training import runfolder
 from replaid.training.flops import train_flops_per_token
 
@@ -77,10 +77,10 @@ def write_grid(spec: GridSpec, folder: Path, force: bool = False) -> list[GridEn
     (folder / "configs").mkdir(parents=True, exist_ok=True)
     for (_run, cfg), e in zip(planned, entries, strict=True):
         atomic_write_text(folder / e.config, cfg.to_json())
-    atomic_write_text(folder / "spec.json", json.dumps(spec.to_dict(), indent=1))
+    atomic_write_text(folder / "spec.json", strict_dumps(spec.to_dict(), indent=1))
     obj = {"version": 1, "kind": "grid", "runs": [asdict(e) for e in entries]}
     tmp = man.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
+    tmp.write_text(strict_dumps(obj, indent=1))
     os.replace(tmp, man)
     return entries
 
@@ -167,7 +167,7 @@ def write_report(
     out = Path(out) if out else folder
     out.mkdir(parents=True, exist_ok=True)
     name = title or f"Grid report: {folder.name}"
-    atomic_write_text(out / "report.json", json.dumps(rep, indent=1))
+    atomic_write_text(out / "report.json", strict_dumps(rep, indent=1))
     md = report_markdown(rep, name, command)
     md += f"\nBase `{spec.base}`, overrides of every run: `{' '.join(spec.overrides) or '(none)'}`.\n"
     if missing:

@@ -26,6 +26,76 @@ from replaid.config import ConfigError
 
 DEFAULT_PORT = 29500  # torchrun's and torchtitan's
 
+# --- the one quoting rule of every generated script (sbatch, torchrun command lines, submitit) ------
+# Every value that goes into a script is (1) free of control characters (a newline would start a line
+# of its own, a line the shell runs), and (2) shell-quoted where the shell reads it (``shlex.quote``);
+# where the shell does not read it (an ``#SBATCH`` line, read by sbatch alone) it is one option of a
+# plain character set, so that it can neither end the line nor be read as two options.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_SBATCH_OPTION = re.compile(r"--?[A-Za-z][A-Za-z0-9-]*(=[A-Za-z0-9_.,:@%/+\[\]&|*!=-]+)?")
+# submitit parameters that are shell lines or command words by design: refused (no value runs a command)
+_COMMAND_PARAMS = frozenset({"setup", "teardown", "srun_args", "python"})
+_PARAM_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+_SBATCH_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+
+
+def script_value(value: str, what: str) -> str:
+    """``value`` unchanged when it may go into a generated script (quoted where the shell reads it);
+    a ConfigError naming ``what`` when it holds a control character (a newline, a carriage return,
+    a tab ...), which would add a line of its own to the script."""
+    m = _CONTROL.search(value)
+    if m:
+        raise ConfigError(
+            f"{what} {value[:40]!r} holds a control character ({m.group()!r}) that would add a line to the "
+            f"generated job script; give it without newlines or other control characters"
+        )
+    return value
+
+
+def sbatch_option(value: str, what: str = "--slurm") -> str:
+    """One ``#SBATCH`` option (``--partition=gpu``, ``--exclusive``): refused unless it is one option of
+    letters, digits and ``_.,:@%/+[]&|*!=-`` (no space, quote, ``;``, ``$``, backquote or newline)."""
+    script_value(value, what)
+    if not _SBATCH_OPTION.fullmatch(value):
+        raise ConfigError(
+            f"{what} {value[:40]!r} is not one #SBATCH option: give one option such as --partition=gpu or "
+            f"--exclusive (letters, digits and _.,:@%/+[]&|*!=- after the '='; no space, quote, ';', '$' or "
+            f"backquote), one --slurm per option"
+        )
+    return value
+
+
+def check_submitit_params(params: Mapping[str, Any], what: str = "--slurm") -> None:
+    """The extra submitit parameters of ``grid run`` / ``scaling run --executor slurm``: submitit writes
+    them into its sbatch script (``#SBATCH --key=value`` lines; ``setup``/``teardown`` as shell lines,
+    ``srun_args`` on the srun line). Refused: a parameter that is a command by design (``slurm_setup``,
+    ``slurm_teardown``, ``slurm_srun_args``, ``slurm_python``), a key that is not a plain name, and any
+    string (in lists and objects too) holding a control character."""
+
+    def strings(v: Any, where: str) -> None:
+        if isinstance(v, str):
+            script_value(v, where)
+        elif isinstance(v, Mapping):
+            for k, x in v.items():
+                if not isinstance(k, str) or not _SBATCH_KEY.fullmatch(k):
+                    raise ConfigError(
+                        f"{where}: key {str(k)[:40]!r} is not an sbatch option name (letters, digits, -_)"
+                    )
+                strings(x, f"{where}.{k}")
+        elif isinstance(v, list | tuple):
+            for i, x in enumerate(v):
+                strings(x, f"{where}[{i}]")
+
+    for k, v in params.items():
+        if not _PARAM_KEY.fullmatch(k):
+            raise ConfigError(f"{what} {k[:40]!r}=...: not a submitit parameter name (letters, digits, _)")
+        if k.removeprefix("slurm_") in _COMMAND_PARAMS:
+            raise ConfigError(
+                f"{what} {k}=...: this parameter puts shell commands into the job script, which replaid does "
+                f"not pass on; set the environment up before submitting (e.g. in the shell that runs replaid)"
+            )
+        strings(v, f"{what} {k}")
+
 
 def first_host(nodelist: str) -> str:
     """The first host of a SLURM node list: ``gpu-a[07-09,12],gpu-b3`` -> ``gpu-a07``."""
@@ -118,7 +188,23 @@ def sbatch_script(
     each running this node's torchrun (the node's rank and the head come from SLURM's variables at run
     time, through ``python -m replaid.scaling.launch``). SIGTERM 120 s before the time limit (or on
     preemption) reaches the batch shell, which passes it on to every rank (each saves a checkpoint and
-    exits 75) and requeues the job; the requeued job finds ``out/config.json`` and resumes."""
+    exits 75) and requeues the job; the requeued job finds ``out/config.json`` and resumes.
+
+    Every value follows the quoting rule above: ``out``, ``train_args`` and ``python`` are shell-quoted
+    and free of control characters, each of ``extra`` is one plain ``#SBATCH`` option; the numbers are
+    whole numbers. A value that breaks the rule is a ConfigError (nothing is written)."""
+    script_value(out, "--out")
+    for a in train_args:
+        script_value(a, "the train option")
+    script_value(python, "the interpreter path")
+    for x in extra:
+        sbatch_option(x)
+    for name, n in (("--nodes", nodes), ("--gpus-per-node", gpus_per_node), ("cpus", cpus_per_gpu), ("time", time_min)):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ConfigError(f"{name} {n!r}: must be a whole number >= 1")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", job_name):
+        raise ConfigError(f"job name {job_name[:40]!r}: letters, digits and _.- only")
+    py = shlex.quote(python)
     fresh = shlex.join(["train", "--out", out, *train_args])
     again = shlex.join(["train", "--out", out, "--resume"])
     lines = [
@@ -138,8 +224,8 @@ def sbatch_script(
         f"export MASTER_PORT={DEFAULT_PORT}",
         f"if [ -f {shlex.quote(out + '/config.json')} ]; then run=({again}); else run=({fresh}); fi",
         "# on each node: this node's torchrun (rank from SLURM_NODEID, c10d rendezvous on MASTER_ADDR)",
-        f"srun --kill-on-bad-exit=1 bash -c 'p=$({python} -m replaid.scaling.launch --nodes {nodes} "
-        f'--gpus-per-node {gpus_per_node}) || exit 2; exec $p "$@"\' node "${{run[@]}}" &',
+        f"srun --kill-on-bad-exit=1 {py} -m replaid.scaling.launch --nodes {nodes} "
+        f'--gpus-per-node {gpus_per_node} --exec "${{run[@]}}" &',
         "pid=$!",
         "# preempted or near the time limit: SIGTERM through srun and torchrun to every rank, which saves a",
         "# checkpoint at a step boundary and exits 75; then requeue (the requeued job resumes)",
@@ -159,16 +245,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m replaid.scaling.launch")
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--gpus-per-node", type=int, required=True)
+    p.add_argument(
+        "--exec",
+        nargs=argparse.REMAINDER,
+        help="run this node's torchrun with these arguments (replaid's), no shell in between",
+    )
     a = p.parse_args(argv)
     try:
-        print(
-            shlex.join(
-                torchrun_argv(a.gpus_per_node, a.nodes, os.environ, (sys.executable, "-m", "torch.distributed.run"))
-            )
-        )
+        cmd = torchrun_argv(a.gpus_per_node, a.nodes, os.environ, (sys.executable, "-m", "torch.distributed.run"))
     except ConfigError as e:
         print(f"replaid: error: {e}", file=sys.stderr)
         return 2
+    if a.exec is not None:  # the sbatch script's srun task: exec, no word splitting or shell
+        sys.stdout.flush()
+        os.execv(cmd[0], [*cmd, *a.exec])
+    print(shlex.join(cmd))
     return 0
 
 

@@ -171,8 +171,13 @@ def overtrain(
             f"not reached in {lo:.3g}-{hi:.3g} FLOPs: {a} stays {side} {b} "
             f"(at {last['flops']:.3g}: {last['mean']:+.3f} [{last['lo']:+.3f}, {last['hi']:+.3f}], {last['verdict']})"
         )
-    else:
+    elif lo > hi:
         verdict = "not determined: the two methods' FLOPs ranges do not overlap"
+    else:  # the ranges overlap, but no budget has two seeds that both methods ran (a paired difference)
+        verdict = (
+            f"not determined: the FLOPs ranges overlap at {lo:.3g}-{hi:.3g}, but no budget there has at least 2 "
+            f"seeds run by both {a} and {b} (a paired difference needs 2 or more); run more seeds (train.seed)"
+        )
     above = [p for p in dom if p["verdict"] != "not determined"]
     if x is None and above:
         p = above[-1]

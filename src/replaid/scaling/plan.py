@@ -14,7 +14,6 @@ runs (a final checkpoint with its evaluation), resumes interrupted ones and star
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +26,7 @@ from replaid.config import ConfigError, RunConfig, parse_overrides, read_run_con
 from replaid.data.pipeline import DataPipeline
 from replaid.presets import ISOFLOP_SIZES, isoflop_config
 from replaid.scaling.runner import check_entries, legacy_final_eval, run_status
+from replaid.schema import dumps as strict_dumps
 from replaid.training import runfolder
 from replaid.training.flops import param_counts, train_flops_per_token
 
@@ -331,7 +331,7 @@ def write_plan(plan: Plan, sweep: Path, force: bool = False) -> Path:
         "runs": [asdict(e) for e in plan.entries],
     }
     tmp = man.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
+    tmp.write_text(strict_dumps(obj, indent=1))
     os.replace(tmp, man)
     with open(sweep / "manifest.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 from replaid.scaling import plots
 from replaid.scaling.fit import crossover_text, fit_points, fmt, fmt_ci, fmt_loo, fmt_n_opt, read_sources
+from replaid.schema import dumps as strict_dumps
 
 
 def fit_source(
@@ -39,10 +39,10 @@ def fit_source(
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "fit.json").write_text(json.dumps(res, indent=1))
+        (out / "fit.json").write_text(strict_dumps(res, indent=1))
         res["plots"] = plots.plot_all(res, out, slice_params)
         (out / "report.md").write_text(report_markdown(res, str(source)))
-        (out / "fit.json").write_text(json.dumps(res, indent=1))
+        (out / "fit.json").write_text(strict_dumps(res, indent=1))
     return res
 
 

@@ -12,7 +12,6 @@ SLURM job array through submitit, each job under ``torchrun`` when it has severa
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
@@ -30,6 +29,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 from replaid.config import ConfigError, read_run_config
 from replaid.eval.evaluate import evaluate
 from replaid.scaling import launch
+from replaid.schema import dumps as strict_dumps
 from replaid.training import checkpoint as ck
 from replaid.training import runfolder
 from replaid.training.train import PREEMPTED_EXIT, Preempted, preemption_signals, train
@@ -171,7 +171,7 @@ def _train_inprocess(sweep: Path, e: ManifestEntry, log: IO[str]) -> int:
     with redirect_stdout(log), redirect_stderr(log):
         try:
             res = train_entry(sweep, e, resume=run_status(sweep, e)[0] == "partial")
-            print(json.dumps({k: res[k] for k in ("step", "eval") if k in res}, indent=2))
+            print(strict_dumps({k: res[k] for k in ("step", "eval") if k in res}, indent=2))
             return 0
         except Preempted as e:  # its checkpoint is saved: the next 'scaling run' (or the requeue) resumes it
             print(f"replaid: preempted: {e}")
@@ -325,6 +325,11 @@ def run_submitit(
         raise ConfigError(
             f"--nodes-per-job {nodes_per_job} needs --executor slurm and --gpus-per-job G (torchrun on each node)"
         )
+    # the one quoting rule of generated scripts (scaling/launch.py): submitit writes these into its
+    # sbatch script (the parameters as #SBATCH lines, the folder as the log paths)
+    launch.check_submitit_params(slurm_params or {})
+    if executor == "slurm":
+        launch.script_value(str(sweep), "the folder")
     python = python or default_python()
     todo = [e for e in entries if run_status(sweep, e)[0] != "done"]
     log(

@@ -20,7 +20,6 @@ No trend is fitted through fewer than 3 step counts or 2 seeds, and none is give
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from replaid.eval.grid import _f, report, run_value
 from replaid.eval.seeds import t_interval
 from replaid.fileio import atomic_write_text
 from replaid.scaling.grid import REPLAN, GridEntry, metrics_rows, read_grid, training_rows
+from replaid.schema import dumps as strict_dumps
 
 
 def eval_rows(run: Path) -> dict[int, dict[str, Any]]:
@@ -311,7 +311,7 @@ def write_trend(
     out = Path(out) if out else folder
     out.mkdir(parents=True, exist_ok=True)
     name = title or f"Gap against training compute: {folder.name}"
-    atomic_write_text(out / "trend.json", json.dumps(tr, indent=1))
+    atomic_write_text(out / "trend.json", strict_dumps(tr, indent=1))
     atomic_write_text(out / "trend.md", trend_markdown(tr, name) + "\n![bound and gap against FLOPs](trend.png)\n")
     plot_trend(tr, out / "trend.png", name)
     return tr

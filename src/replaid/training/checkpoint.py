@@ -44,6 +44,7 @@ from safetensors.torch import load_file, save_file
 from replaid import dist, schema
 from replaid.config import ConfigError, RunConfig
 from replaid.fileio import atomic_write_text, fsync_dir, fsync_file
+from replaid.schema import dumps as strict_dumps
 from replaid.training import sharded
 
 STEP_NAME = re.compile(r"step_\d{7,}")
@@ -60,7 +61,7 @@ def warn(msg: str) -> None:
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=2))
+    path.write_text(strict_dumps(obj, indent=2))
 
 
 def sha256_file(path: Path) -> str:

@@ -27,6 +27,7 @@ from safetensors.torch import save as safetensors_bytes
 from replaid.diffusion.denoiser import alpha_sigma
 from replaid.fileio import atomic_write_bytes, atomic_write_text
 from replaid.model.classifier import LatentClassifier, LatentClassifierConfig
+from replaid.schema import dumps as strict_dumps
 
 if TYPE_CHECKING:
     from replaid.data.tokenizers import Tokenizer
@@ -199,7 +200,7 @@ def save_classifier(
     }
     weights = {k: v.detach().cpu().contiguous() for k, v in clf.state_dict().items()}
     atomic_write_bytes(out / "classifier.safetensors", safetensors_bytes(weights))
-    atomic_write_text(out / "classifier.json", json.dumps(meta, indent=2) + "\n")
+    atomic_write_text(out / "classifier.json", strict_dumps(meta, indent=2) + "\n")
 
 
 def load_classifier(path: str | Path, run: Any = None) -> TrainedClassifier:

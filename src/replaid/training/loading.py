@@ -121,6 +121,13 @@ def load_run(path: str | Path, use_ema: bool = True, train_data: bool = False, d
     ema_loaded = from_ema or st.get("weights") == "ema"  # exported folders say which
     ck.load_model_weights(model, weights, str(ckpt))
     if "method_state" in st:
-        method.load_state_dict(st["method_state"])
+        try:  # D31: a damaged method state is one line naming the file and the field, not a KeyError
+            method.load_state_dict(st["method_state"])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            why = str(e) if isinstance(e, ValueError) else f"{e.__class__.__name__}: {e}"
+            raise ck.CheckpointError(
+                f"{ckpt / 'state.json'}: {why}; the checkpoint's method state is damaged: restore the file "
+                f"or use an earlier checkpoint"
+            ) from None
     model.to(dev).eval()
     return Run(cfg, model, method, data, ckpt, stored.step, ema_loaded)

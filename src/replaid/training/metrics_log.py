@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from replaid import dist
 from replaid.config import ConfigError
 from replaid.fileio import atomic_write_text
+from replaid.schema import dumps as strict_dumps
 
 if TYPE_CHECKING:
     import wandb
@@ -92,7 +93,7 @@ class MetricsLogger:
             **{k: v for k, v in metrics.items() if isinstance(v, (int, float, str))},
         }
         assert self.file is not None  # opened in __init__ when enabled
-        self.file.write(json.dumps(row) + "\n")
+        self.file.write(strict_dumps(row) + "\n")
         self.file.flush()
         scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if self.tb is not None:

@@ -25,6 +25,7 @@ from filelock import FileLock, Timeout
 from replaid import schema
 from replaid.config import read_run_config
 from replaid.fileio import atomic_write_text, remove_stale_temporaries
+from replaid.schema import dumps as strict_dumps
 from replaid.training import checkpoint as ck
 
 LOCK, OWNER = ".lock", ".lock.owner"
@@ -108,7 +109,7 @@ def lock(run_dir: Path, check: Callable[[], None] | None = None) -> Iterator[Non
             "host": socket.gethostname(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        atomic_write_text(run_dir / OWNER, json.dumps(owner))
+        atomic_write_text(run_dir / OWNER, strict_dumps(owner))
         yield
     finally:
         (run_dir / OWNER).unlink(missing_ok=True)  # it names the holder while held, and only then
@@ -241,4 +242,4 @@ def recorded_final_eval(ckpt: Path, state: dict[str, Any]) -> dict[str, Any] | N
 
 
 def write_final_eval(run_dir: Path, step: int, result: dict[str, Any]) -> None:
-    atomic_write_text(Path(run_dir) / FINAL_EVAL, json.dumps({"step": step, "eval": result}, indent=2))
+    atomic_write_text(Path(run_dir) / FINAL_EVAL, strict_dumps({"step": step, "eval": result}, indent=2))

@@ -818,9 +818,10 @@ def _resume(
     try:
         trainer.method.load_state_dict(st["method_state"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:
+        why = str(e) if isinstance(e, ValueError) else e.__class__.__name__
         raise ck.CheckpointError(
             f"checkpoint file {ckpt / 'state.json'} holds a damaged method/data state "
-            f"({e.__class__.__name__}); remove {ckpt} to fall back on an earlier one"
+            f"({why}); remove {ckpt} to fall back on an earlier one"
         ) from None
     trainer.step = int(st["step"])
     trainer.history = list(st.get("history_tail", []))

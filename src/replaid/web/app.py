@@ -28,7 +28,6 @@ runs and queues (:mod:`replaid.web.completions`), the way to a block-diffusion r
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -43,6 +42,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from replaid import schema
 from replaid.methods.base import Kind
+from replaid.schema import dumps as strict_dumps
 from replaid.web.batcher import Batcher
 from replaid.web.completions import add_completions, error_body
 from replaid.web.engine import Limits, classifier_meta, generate_stream, guides_for, parse, prepare, samplers_for
@@ -356,11 +356,11 @@ class BodyLimit:
             "send a smaller request"
         )
         openai = str(scope.get("path", "")).startswith("/v1/")
-        data = json.dumps(error_body(msg) if openai else {"error": msg}).encode()
+        data = strict_dumps(error_body(msg) if openai else {"error": msg}).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
         await send({"type": "http.response.start", "status": 413, "headers": [*headers, (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": data})
 
 
 def _sse(ev: dict[str, Any]) -> str:
-    return f"event: {ev['type']}\ndata: {json.dumps(ev, separators=(',', ':'))}\n\n"
+    return f"event: {ev['type']}\ndata: {strict_dumps(ev, separators=(',', ':'))}\n\n"

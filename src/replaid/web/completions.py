@@ -37,7 +37,6 @@ at most ``--max-queue`` waiting, 429 beyond, a client that goes away cancels its
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import time
 import uuid
@@ -52,6 +51,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from replaid.sampling.errors import RequestError
 from replaid.sampling.request import SampleRequest
 from replaid.sampling.stream import Completion
+from replaid.schema import dumps as strict_dumps
 from replaid.web.batcher import done_event
 from replaid.web.engine import Cancelled, Limits
 from replaid.web.jobs import Emit, Slot, Work, admit, busy, read_json, submit
@@ -106,7 +106,7 @@ def _field(body: dict[str, Any], k: str, default: Any, ok: Callable[[Any], bool]
     if v is None:
         v = default
     if not ok(v):
-        raise ApiError(f"{k} must be {what}, got {json.dumps(v)}", k)
+        raise ApiError(f"{k} must be {what}, got {strict_dumps(v)}", k)
     return v
 
 
@@ -123,7 +123,7 @@ def request_of(body: Any, slots: dict[str, Slot]) -> tuple[Slot, SampleRequest, 
             raise ApiError(f"unknown field {k!r}; this server reads {', '.join(sorted(FIELDS))}", k)
     model = body.get("model")
     if not isinstance(model, str) or model not in slots:  # (a list or an object is no model id either)
-        shown = repr(model) if isinstance(model, str) else json.dumps(model)
+        shown = repr(model) if isinstance(model, str) else strict_dumps(model)
         what = "no model" if model is None else f"unknown model {shown[:80]}"
         raise ApiError(f"{what}; this server serves {', '.join(slots)} (give one as model)", "model")
     prompt = body.get("prompt", "")
@@ -186,7 +186,7 @@ def check(s: Slot, req: SampleRequest, limits: Limits) -> None:
 
 def _chunk(cid: str, created: int, model: str, choices: list[dict[str, Any]]) -> str:
     obj = {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": choices}
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+    return f"data: {strict_dumps(obj, separators=(',', ':'))}\n\n"
 
 
 def _work(s: Slot, req: SampleRequest) -> Work:
@@ -261,7 +261,7 @@ def add_completions(app: FastAPI, slots: dict[str, Slot], limits: Limits) -> Non
                             ]
                             yield _chunk(cid, created, s.id, choices)
                         elif ev["type"] == "error":
-                            yield f"data: {json.dumps(error_body(ev['message'], None, 'server_error'))}\n\n"
+                            yield f"data: {strict_dumps(error_body(ev['message'], None, 'server_error'))}\n\n"
                             break
                         else:
                             yield "data: [DONE]\n\n"
