@@ -152,13 +152,14 @@ class Batcher:
                 self.batch = BlockBatch(kernel_of(self.run, job.req), window, self.device)
             self.batch.join(lane)
         except Exception as e:  # noqa: BLE001 - a failure is the request's one error event
-            job.fail(self.rid, e)
-            with self.cond:
+            with self.cond:  # its rows freed before its client hears (a next request is admitted at once)
                 self.running -= job.req.num
+            job.fail(self.rid, e)
 
-    def _block(self, batch: BlockBatch) -> None:
-        """One block of every lane; each to its client; the lanes that go on stay (steps 1 and 3)."""
-        keep = []
+    def _block(self, batch: BlockBatch) -> list[Job]:
+        """One block of every lane; each to its client; the lanes that go on stay (steps 1 and 3). Returns
+        the requests that finished: their ``done`` is sent once their rows are freed (:meth:`_loop`)."""
+        keep, finished = [], []
         for lane, c in zip(list(batch.lanes), batch.step(), strict=True):
             job: Job = lane.tag
             assert job.comp is not None
@@ -168,10 +169,11 @@ class Batcher:
             if deltas is not None:
                 job.emit({"type": "block", "choices": [d.__dict__ for d in deltas]})
             if lane.last or all(r.finish_reason is not None for r in job.rows):
-                job.done()
+                finished.append(job)
             else:
                 keep.append(lane)
         batch.advance(keep)
+        return finished
 
     def _loop(self) -> None:
         while True:
@@ -180,11 +182,18 @@ class Batcher:
             batch = self.batch
             if batch is None or not batch.lanes:
                 continue
+            finished: list[Job] = []
+            failed: list[tuple[Job, BaseException]] = []
             try:
-                self._block(batch)
+                finished = self._block(batch)
             except Exception as e:  # noqa: BLE001 - every request of the batch gets the error; the server goes on
-                for lane in batch.lanes:
-                    lane.tag.fail(self.rid, e)
+                failed = [(lane.tag, e) for lane in batch.lanes]
                 self.batch = None
             with self.cond:
                 self.running = self.batch.rows if self.batch is not None else 0
+            # the last events after the rows are freed: a client that has read its answer and sends its next
+            # request at once finds the room (issue 49: with --max-queue 0 it got 429 a third of the time)
+            for job in finished:
+                job.done()
+            for job, err in failed:
+                job.fail(self.rid, err)

@@ -43,6 +43,7 @@ class Scheduler(Protocol):
 
 
 Work = Callable[[Emit, Callable[[], bool]], None]  # (emit, cancelled) -> None, on the run's worker thread
+FINAL = ("done", "error")  # a generation's last event: sent once its place on the run is freed (issue 49)
 
 
 @dataclass
@@ -110,21 +111,32 @@ def channel() -> tuple[asyncio.Queue[dict[str, Any]], threading.Event, Emit]:
 
 def submit(s: Slot, work: Work) -> tuple[asyncio.Queue[dict[str, Any]], threading.Event]:
     """Run ``work`` on the run's worker after an :func:`admit` (called from the event loop). Returns the
-    queue of its events (then an ``error`` event if it failed) and the event to set when the client goes."""
+    queue of its events (then an ``error`` event if it failed) and the event to set when the client goes.
+    The last event (``done`` or ``error``) goes to the queue after the run's place is freed, so a client
+    that has read its answer and sends its next request at once is never refused with 429."""
     queue, gone, emit = channel()
+    last: list[dict[str, Any]] = []  # the work's final event, held until its place is freed
+
+    def hold(ev: dict[str, Any]) -> None:
+        if ev.get("type") in FINAL:
+            last[:] = [ev]
+        else:
+            emit(ev)
 
     def job() -> None:
         try:
             if not gone.is_set():
-                work(emit, gone.is_set)
+                work(hold, gone.is_set)
         except Cancelled:
             pass
         except Exception as e:  # noqa: BLE001 - any failure becomes one line for the client
             print(f"replaid serve: generation failed on {s.id}: {e!r}", file=sys.stderr)
-            emit({"type": "error", "message": one_line(e)})
+            last[:] = [{"type": "error", "message": one_line(e)}]
         finally:
             with s.lock:
                 s.pending -= 1
+            for ev in last:  # after the place is freed: a client that reads the answer may send the next at once
+                emit(ev)
 
     s.worker.submit(job)
     return queue, gone
