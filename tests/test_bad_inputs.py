@@ -193,7 +193,11 @@ CASES = [
         'state.json: field "config" is missing',
         corrupt_state_keys,
     ),
-    (["train", "--out", "{run}", "--resume", "train.steps=4"], "optimizer.json is damaged", corrupt_optimizer),
+    (
+        ["train", "--out", "{run}", "--resume", "train.steps=4"],
+        "optimizer.json does not match the sha256",
+        corrupt_optimizer,
+    ),
     (["train", "--out", "{run}", "--resume"], "config.json is not JSON", corrupt_config),
     (["eval", "{run}"], "tokenizer_spec.json is not JSON", corrupt_tokenizer_spec),
     (["eval", "{run}"], "non-finite weights", nan_weights),

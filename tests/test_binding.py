@@ -80,6 +80,10 @@ def copy(trained, tmp_path) -> Path:
     src = str(trained.parent / "corpus.jsonl")
     for f in [run / "config.json", *run.glob("checkpoints/*/state.json")]:
         f.write_text(f.read_text().replace(src, str(tmp_path / "corpus.jsonl")))
+    for f in run.glob("checkpoints/*/state.json"):  # the moved corpus is part of the config the record covers
+        st = json.loads(f.read_text())
+        st["sha256"][ck.CONFIG_DIGEST] = ck.config_digest(st["config"])
+        f.write_text(json.dumps(st, indent=2))
     return run
 
 

@@ -50,10 +50,12 @@ def test_argparse_types_take_exact_finite_values_in_range(parse, text, ok):
         assert parse(text) == ok
 
 
-def test_every_checkpoint_records_the_sha256_of_its_tensor_files(trained):
+def test_every_checkpoint_records_the_sha256_of_its_files_and_config(trained):
     c = ck.find_checkpoint(trained)
-    rec = ck.load_state(c)["sha256"]
-    assert sorted(rec) == sorted(p.name for p in c.glob("*.safetensors")) and len(rec) == 4
+    st = ck.load_state(c)
+    rec = dict(st["sha256"])
+    assert rec.pop(ck.CONFIG_DIGEST) == ck.config_digest(st["config"])  # issue 49: state.json's config too
+    assert sorted(rec) == sorted([p.name for p in c.glob("*.safetensors")] + ["optimizer.json"]) and len(rec) == 5
     assert all(rec[n] == ck.sha256_file(c / n) for n in rec)
 
 

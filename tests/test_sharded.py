@@ -68,6 +68,7 @@ def test_sharded_checkpoint_resumes_on_two_ranks_and_on_one_process_as_an_unbrok
         "sharded/.metadata",
         "sharded/__0_0.distcp",
         "sharded/__1_0.distcp",
+        ck.CONFIG_DIGEST,  # "state.json#config": state.json's own config (issue 49)
     ]
     for k, v in losses(two).items():
         assert v == pytest.approx(full[k], rel=1e-5, abs=1e-6), k
@@ -126,7 +127,7 @@ def test_a_sharded_checkpoint_saved_on_four_ranks_resumes_on_two_and_on_one_as_a
     assert st["format"] == "dcp" and st["world_size"] == 4 and st["step"] == 3
     assert not (ckpt / "model.safetensors").exists()
     shards = [f"sharded/__{r}_0.distcp" for r in range(4)]
-    assert sorted(st["sha256"]) == ["rng.safetensors", "sharded/.metadata", *shards]
+    assert sorted(st["sha256"]) == ["rng.safetensors", "sharded/.metadata", *shards, ck.CONFIG_DIGEST]
     for name in shards:
         assert (ckpt / name).is_file() and st["sha256"][name] == ck.sha256_file(ckpt / name), name
     for k, v in losses(four).items():
@@ -185,7 +186,7 @@ def test_a_sharded_checkpoint_round_trips_and_records_every_files_sha256(tmp_pat
     c = save(tmp_path, 5)
     stored = opened(tmp_path)
     assert stored.path == c and stored.sharded and ck.read_latest(tmp_path / "checkpoints")[0] == c
-    assert set(stored.state["sha256"]) == {"sharded/.metadata", "sharded/__0_0.distcp"}
+    assert set(stored.state["sha256"]) == {"sharded/.metadata", "sharded/__0_0.distcp", ck.CONFIG_DIGEST}
     ref = state_dict(0)
     got = stored.weights(ema=True)
     assert got[1] and all(torch.equal(got[0][k], ref["ema"][k]) for k in ref["ema"])

@@ -175,7 +175,14 @@ def test_checkpoint_of_another_model_is_rejected(trained, tmp_path):
     c2 = ck.find_checkpoint(bad)
     st = json.loads((c2 / "state.json").read_text())
     st["config"]["model"]["hidden"] = 64  # pretend it is another model
+    (c2 / "state.json").write_text(json.dumps(st))  # issue 49: the record's digest of the config refuses it first
+    r = run_cli("eval", str(bad), "--json")
+    assert r.returncode == 2 and 'field "config" does not match the sha256' in r.stderr
+    st["sha256"][ck.CONFIG_DIGEST] = ck.config_digest(st["config"])  # the record and config.json agree with it
     (c2 / "state.json").write_text(json.dumps(st))
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["model"]["hidden"] = 64
+    (bad / "config.json").write_text(json.dumps(cfg))
     r = run_cli("eval", str(bad), "--json")
     assert r.returncode == 2 and "does not match this model" in r.stderr
     assert ck.find_checkpoint(trained) == ckpt

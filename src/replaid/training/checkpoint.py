@@ -16,10 +16,16 @@ Guarantees (each tested by fault injection in ``tests/test_crash_safety.py``):
   removed or replaced, so a crash at any point leaves a loadable run;
 * the same step is never written twice (a second save of the step ``LATEST`` names is a no-op);
 * a checkpoint with a NaN/Inf weight is never written;
-* ``state.json`` records the sha256 of every tensor file (``"sha256": {file: hex}``); a load checks the
-  file against it and names a file that changed (a flipped bit, a truncation) in one line, unless
-  verification is off (``replaid --no-verify``: :data:`VERIFY`). Checkpoints written before have no
-  hashes and load unchecked;
+* ``state.json`` records the sha256 of every file of the checkpoint (``"sha256": {file: hex}``) and of
+  its own ``config`` (the entry :data:`CONFIG_DIGEST`, over the canonical JSON of the config); a load
+  checks each file against it and names a file that changed (a flipped bit, a truncation), a config
+  edited after it was written, a recorded file that is missing and a file the record does not list, in
+  one line, unless verification is off (``replaid --no-verify``: :data:`VERIFY`). A record written before
+  the config entry (issue 49) need list only the tensor files;
+* a checkpoint inside a run agrees with the run's ``config.json`` on every key that defines the model and
+  its data (:func:`identity_difference`): ``sample``, ``eval`` and ``export`` refuse one that does not,
+  naming the key, and ``train --resume`` refuses any difference but ``train.steps`` and the
+  ``train.grad_accum`` it carries over;
 * when ``LATEST`` is missing, names something outside ``checkpoints/`` or an incomplete folder, the
   newest complete ``step_N`` is used and a warning says so.
 """
@@ -42,7 +48,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from replaid import dist, schema
-from replaid.config import ConfigError, RunConfig
+from replaid.config import ConfigError, RunConfig, read_run_config
 from replaid.fileio import atomic_write_text, fsync_dir, fsync_file
 from replaid.schema import dumps as strict_dumps
 from replaid.training import sharded
@@ -50,6 +56,17 @@ from replaid.training import sharded
 STEP_NAME = re.compile(r"step_\d{7,}")
 VERIFY = True  # check tensor files against the sha256 in state.json (``replaid --no-verify`` turns it off)
 STATE_KEYS = ("step", "config", "method", "vocab_size", "method_state", "data_state")  # what resuming needs
+CONFIG_DIGEST = "state.json#config"  # the sha256 record's entry for state.json's own config (issue 49)
+TENSOR_SUFFIXES = (".safetensors", ".distcp")  # what a record written before CONFIG_DIGEST had to list
+NOT_IDENTITY = ("preset", "optim", "train", "eval", "data.cache_dir")  # the rest defines the model and its data
+# what train --resume lets differ from the checkpoint's config: train.steps (the one override), the
+# train.grad_accum it carries over to another rank count, and how the run is watched and run (cadence of
+# logs, evaluations and saves, threads, trackers, device, the non-finite streak): none changes what is trained
+RESUME_MAY_CHANGE = (
+    "train.steps", "train.grad_accum", "train.log_every", "train.eval_every", "train.save_every",
+    "train.num_threads", "train.logger", "train.wandb_project", "train.device", "train.max_nonfinite_steps",
+)  # fmt: skip
+OPTIONAL_FILES = ("optimizer.json", "optimizer.safetensors", "rng.safetensors")  # --resume-weights-only goes on
 
 
 class CheckpointError(ValueError):
@@ -70,6 +87,91 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def config_digest(config: Any) -> str:
+    """sha256 of a config's canonical JSON (sorted keys, no spaces): what :data:`CONFIG_DIGEST` records."""
+    return hashlib.sha256(strict_dumps(config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def checkpoint_files(ckpt: Path, tensors_only: bool = False) -> list[str]:
+    """The files of checkpoint ``ckpt`` its record must list (relative, POSIX): its ``*.safetensors`` and
+    ``optimizer.json``, and every file under ``sharded/`` (an exported folder's other files, its
+    ``config.json`` and tokenizer, are not the checkpoint's). ``tensors_only``: those a record written
+    before :data:`CONFIG_DIGEST` listed."""
+    out = [f.name for f in ckpt.glob("*.safetensors") if f.is_file()]
+    if (ckpt / "optimizer.json").is_file():
+        out.append("optimizer.json")
+    if (ckpt / sharded.SHARDED_DIR).is_dir():
+        out += [f.relative_to(ckpt).as_posix() for f in (ckpt / sharded.SHARDED_DIR).rglob("*") if f.is_file()]
+    if tensors_only:
+        out = [f for f in out if f.endswith(TENSOR_SUFFIXES) or f.endswith(f"/{sharded.METADATA}")]
+    return sorted(out)
+
+
+def check_record(ckpt: Path, state: dict[str, Any]) -> None:
+    """The sha256 record of ``state`` against the checkpoint (when :data:`VERIFY`): the config it covers
+    unchanged, every file it lists there, every file of the checkpoint listed (:func:`checkpoint_files`).
+    The files' contents are checked as they are read."""
+    rec = state.get("sha256")
+    if not VERIFY or not isinstance(rec, dict):
+        return
+    f = ckpt / "state.json"
+    fix = f"remove {ckpt} to fall back on an earlier checkpoint, or pass 'replaid --no-verify' to load it unchecked"
+    if CONFIG_DIGEST in rec and "config" in state and config_digest(state["config"]) != rec[CONFIG_DIGEST]:
+        raise CheckpointError(
+            f'checkpoint file {f}: field "config" does not match the sha256 recorded with it ({CONFIG_DIGEST}): '
+            f"it was edited after the checkpoint was written; restore it, or {fix}"
+        )
+    for rel in rec:
+        if rel == CONFIG_DIGEST:
+            continue
+        parts = Path(rel).parts
+        if Path(rel).is_absolute() or ".." in parts or not parts:
+            raise CheckpointError(
+                f'checkpoint file {f}: field "sha256" names {rel[:80]!r}, not a file of {ckpt}; {fix}'
+            )
+        if not (ckpt / rel).is_file() and rel not in OPTIONAL_FILES:  # their absence: _resume names it
+            raise CheckpointError(
+                f"checkpoint file {ckpt / rel} is recorded in {f} but missing: the checkpoint is incomplete; {fix}"
+            )
+    unlisted = [r for r in checkpoint_files(ckpt, tensors_only=CONFIG_DIGEST not in rec) if r not in rec]
+    if unlisted:
+        raise CheckpointError(
+            f'checkpoint file {f}: field "sha256" records no sha256 of {unlisted[0]} (a record lists every file of '
+            f"the checkpoint, so that none is loaded unchecked); {fix}"
+        )
+
+
+def flat_config(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config dict as dotted keys (``mdlm.block_size``) and their values."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flat_config(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _exempt(key: str, keys: tuple[str, ...]) -> bool:
+    return any(key == k or key.startswith(f"{k}.") for k in keys)
+
+
+def config_difference(a: RunConfig, b: RunConfig, exempt: tuple[str, ...]) -> tuple[str, Any, Any] | None:
+    """The first key (dotted, sorted) on which two configs differ, outside ``exempt`` (keys or sections):
+    ``(key, a's value, b's value)``, a key one of them lacks given as None; None when they agree."""
+    fa, fb = flat_config(a.to_dict()), flat_config(b.to_dict())
+    for k in sorted(set(fa) | set(fb)):
+        if not _exempt(k, exempt) and fa.get(k) != fb.get(k):
+            return k, fa.get(k), fb.get(k)
+    return None
+
+
+def identity_difference(a: RunConfig, b: RunConfig) -> tuple[str, Any, Any] | None:
+    """:func:`config_difference` on the keys that define the model and its data: the method, ``model.*``,
+    ``data.*`` (but where the caches live) and the method's section (block size, ...)."""
+    return config_difference(a, b, NOT_IDENTITY)
 
 
 def step_name(step: int) -> str:
@@ -169,8 +271,9 @@ def _commit(tmp: Path, final: Path, state: dict[str, Any]) -> Path | None:
     into (to remove once LATEST names the new one), if any."""
     ckdir, name = final.parent, final.name
     files = sorted(f for f in tmp.rglob("*") if f.is_file())
-    hashes = {f.relative_to(tmp).as_posix(): sha256_file(f) for f in files if f.suffix in (".safetensors", ".distcp")}
-    hashes.update({f.relative_to(tmp).as_posix(): sha256_file(f) for f in files if f.name == sharded.METADATA})
+    hashes = {f.relative_to(tmp).as_posix(): sha256_file(f) for f in files}  # every file of the checkpoint
+    if "config" in state:
+        hashes[CONFIG_DIGEST] = config_digest(state["config"])  # and state.json's own config
     _write_json(tmp / "state.json", {**state, "sha256": hashes})
     for f in [*files, tmp / "state.json"]:
         fsync_file(f)
@@ -397,18 +500,25 @@ def load_state(ckpt: Path, need: tuple[str, ...] = ("step",)) -> dict[str, Any]:
         state: dict[str, Any] = schema.read_json(
             f, schema.STATE, fix, optional=() if VERIFY else ("sha256",), need=need
         )
-        return state
     except schema.SchemaError as e:
         also = ", or pass 'replaid --no-verify' to load it unchecked" if '"sha256"' in str(e) else ""
         raise CheckpointError(f"checkpoint file {e}{also}") from None
+    check_record(ckpt, state)
+    return state
 
 
-def load_optimizer(ckpt: Path, sha256: str | None = None) -> dict[str, Any] | None:
-    """The optimizer state dict saved in ``ckpt``, or None when it has none (``sha256``: as for
-    :func:`load_tensors`)."""
+def load_optimizer(ckpt: Path, sha256: str | None = None, json_sha256: str | None = None) -> dict[str, Any] | None:
+    """The optimizer state dict saved in ``ckpt``, or None when it has none (``sha256``, ``json_sha256``:
+    the recorded digests of its tensor file and of ``optimizer.json``, as for :func:`load_tensors`)."""
     f = ckpt / "optimizer.json"
     if not f.is_file():
         return None
+    if json_sha256 is not None and VERIFY and sha256_file(f) != json_sha256:
+        raise CheckpointError(
+            f"checkpoint file {f} does not match the sha256 recorded in {ckpt / 'state.json'}: it was "
+            f"damaged after it was written; remove {ckpt} to fall back on an earlier checkpoint, or "
+            f"pass 'replaid --no-verify' to load it anyway"
+        )
     try:
         meta = json.loads(f.read_text())
         tensors = load_tensors(ckpt, "optimizer", sha256)
@@ -474,7 +584,29 @@ class Stored:
     def open(cls, path: str | Path, need: tuple[str, ...] = ("step", "config", "vocab_size")) -> Stored:
         """The checkpoint in force at ``path`` (a run, its ``checkpoints/`` or one checkpoint folder)."""
         ckpt = find_checkpoint(path)
-        return cls(ckpt, load_state(ckpt, need))
+        stored = cls(ckpt, load_state(ckpt, need))
+        if "config" in stored.state:
+            stored.check_run_config()
+        return stored
+
+    def check_run_config(self) -> None:
+        """A checkpoint inside a run (``RUN/checkpoints/step_N``) agrees with ``RUN/config.json`` on every key
+        that defines the model and its data (:func:`identity_difference`), else one line naming the key."""
+        if self.path.parent.name != "checkpoints" or not (self.path.parent.parent / "config.json").is_file():
+            return  # an exported or converted folder (its config.json is transformers'), or one checkpoint alone
+        f = self.path.parent.parent / "config.json"
+        try:
+            run_cfg = read_run_config(f, 'restore it from the checkpoint\'s state.json (its field "config")')
+        except ConfigError as e:
+            raise CheckpointError(str(e)) from None
+        diff = identity_difference(run_cfg, self.config())
+        if diff is not None:
+            key, mine, theirs = diff
+            raise CheckpointError(
+                f"{f} and checkpoint {self.path / 'state.json'} disagree on {key} ({mine!r} vs {theirs!r}), a key "
+                f"that defines the model or its data: one of them was edited after training; restore {key} in the "
+                f"edited file (the checkpoint's sha256 record covers its state.json config)"
+            )
 
     @property
     def step(self) -> int:
@@ -540,9 +672,10 @@ class Stored:
                 raise CheckpointError(str(e)) from None
             except CheckpointError:
                 raise
-            except Exception as e:  # DCP's own read errors
+            except sharded.read_errors() as e:  # DCP's own read errors (a truncated or missing shard)
                 raise CheckpointError(
-                    f"checkpoint {self.path} has unreadable shards ({e.__class__.__name__}); it is damaged"
+                    f"checkpoint {self.path} has unreadable shards ({sharded.why(e)}); it is damaged: remove it "
+                    f"to fall back on an earlier checkpoint"
                 ) from None
         return load_tensors(self.path, name, self.sha256(name))
 
@@ -580,7 +713,11 @@ class Stored:
     def optimizer(self) -> dict[str, Any] | None:
         """The full optimizer state of a single-file checkpoint (None for a sharded one: see
         :func:`load_sharded_training_state`)."""
-        return None if self.sharded else load_optimizer(self.path, self.sha256("optimizer"))
+        if self.sharded:
+            return None
+        rec = self.state.get("sha256")
+        h = rec.get("optimizer.json") if isinstance(rec, dict) else None
+        return load_optimizer(self.path, self.sha256("optimizer"), h if isinstance(h, str) else None)
 
 
 def load_sharded_training_state(
@@ -612,9 +749,9 @@ def load_sharded_training_state(
         sd["ema"] = ema
     try:
         sharded.load(folder, sd)
-    except Exception as e:  # DCP's read errors (a shard missing for this world, a torn file)
+    except sharded.read_errors() as e:  # DCP's read errors (a shard missing for this world, a torn file)
         raise CheckpointError(
-            f"checkpoint {stored.path} has unreadable shards ({e.__class__.__name__}: {str(e)[:200]}); "
+            f"checkpoint {stored.path} has unreadable shards ({sharded.why(e)}); "
             f"remove it to fall back on an earlier checkpoint"
         ) from None
     set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])

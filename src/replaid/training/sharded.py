@@ -83,6 +83,8 @@ def read_metadata(path: Path) -> Metadata:
             f"{f} names {e}, which is not DCP checkpoint metadata: it was not written by replaid and is not "
             f"loaded (nothing was executed)"
         ) from None
+    except Exception as e:  # noqa: BLE001 - missing, truncated or not a pickle: one line, not a traceback
+        raise UnsafeCheckpoint(f"{f} cannot be read ({why(e)}); the checkpoint is damaged") from None
     if not isinstance(md, Metadata):
         raise UnsafeCheckpoint(f"{f} holds a {type(md).__name__}, not DCP checkpoint metadata")
     return md
@@ -99,6 +101,26 @@ class SafeReader(FileSystemReader):
         meta.load_id = self.load_id
         md.storage_meta = meta
         return md
+
+
+def read_errors() -> tuple[type[BaseException], ...]:
+    """What a DCP read raises on a damaged checkpoint: DCP's ``CheckpointException`` (a BaseException, so
+    ``except Exception`` lets it through as a traceback: issue 49's truncated or deleted shard under
+    ``--no-verify``) and the errors of reading the files."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return (CheckpointException, Exception)
+
+
+def why(e: BaseException) -> str:
+    """One line for a DCP read error: the first rank's own error (``EOFError``, ``FileNotFoundError: ...``),
+    not the multi-line traceback text of ``CheckpointException``."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))
+        e = inner[0] if isinstance(inner, tuple) and inner and isinstance(inner[0], BaseException) else e
+    text = " ".join(str(e).split())[:160]
+    return f"{e.__class__.__name__}: {text}" if text else e.__class__.__name__
 
 
 def save(path: Path, state_dict: dict[str, Any]) -> None:

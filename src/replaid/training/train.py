@@ -799,6 +799,14 @@ def _resume(
             f"checkpoint {ckpt} is a '{st.get('method')}' run, not '{trainer.cfg.method}'; "
             f"resume it with --method {st.get('method')} or start a new --out"
         )
+    diff = ck.config_difference(trainer.cfg, stored.config(), ck.RESUME_MAY_CHANGE)
+    if diff is not None:  # config.json edited behind the checkpoint's back (issue 49: a block size 8 -> 16)
+        key, now, then = diff
+        raise ck.CheckpointError(
+            f"--resume: {run_dir / 'config.json'} gives {key}={now!r} but checkpoint {ckpt} was trained with "
+            f"{then!r}; --resume changes only train.steps (and how the run is logged, saved and run, not what it "
+            f"trains): restore {key} in config.json, or train a new run with --out"
+        )
     files = ("rng.safetensors",) if stored.sharded else ("optimizer.safetensors", "optimizer.json", "rng.safetensors")
     lacking = [f for f in files if not (ckpt / f).is_file()]
     if stored.sharded and not stored.has_part("optim"):
