@@ -77,7 +77,7 @@ def test_the_node_command_module_prints_this_nodes_torchrun_or_one_error_line():
 def test_train_nodes_dry_run_prints_the_sbatch_script_and_node_0s_command(tmp_path):
     out = tmp_path / "big run"
     r = cli("replaid", "train", "--out", str(out), "--preset", "debug", "--nodes", "2", "--gpus-per-node", "8",
-            "--slurm=--partition=gpu", "--dry-run", "train.parallel=hsdp")  # fmt: skip
+            "--slurm=--partition=gpu", "--dry-run", "train.batch_size=32", "train.parallel=hsdp")  # fmt: skip
     assert r.returncode == 0, r.stderr
     s = r.stdout
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",

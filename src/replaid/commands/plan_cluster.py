@@ -4,6 +4,7 @@ GPUs (the scaling model of ``replaid.scaling.cluster``)."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from replaid.commands import POSITIVE, add_command, float_in, int_in
 
@@ -63,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
         f"{args.peak_tflops:g} TFLOP/s, NVLink {args.nvlink_gbps:g} GB/s, IB {args.ib_gbps:g} GB/s per GPU; "
         f"step time = compute + communication (no overlap)"
     )
-    head = ("preset", "nodes", "GPUs", "micro x acc", "mem GB", "NVLink GB", "IB GB", "compute s", "comm s", "step s", "steps", "wall h")  # fmt: skip
+    head = ("preset", "nodes", "GPUs", "micro x acc", "mem GB", "fits", "NVLink GB", "IB GB", "compute s", "comm s", "step s", "steps", "wall h")  # fmt: skip
+    over: list[str] = []  # the plans that need more memory per GPU than the stated GPU has
     print(" ".join(f"{h:>12s}" if i else f"{h:14s}" for i, h in enumerate(head)))
     for name in args.preset:
         cfg = resolve(name, None, [f"train.batch_size={args.global_batch}"] if args.global_batch else [])
@@ -75,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{n * r.gpus}",
                 f"{r.micro} x {r.accum}",
                 f"{r.memory / 1e9:.1f}",
+                "yes" if r.fits else "NO",
                 f"{r.intra / 1e9:.3f}",
                 f"{r.inter / 1e9:.3f}",
                 f"{r.compute_s:.4f}",
@@ -84,4 +87,13 @@ def run(args: argparse.Namespace) -> int:
                 f"{r.wall_h:.2f}",
             ]
             print(f"{name:14s} " + " ".join(f"{c:>12s}" for c in cells))
+            if not r.fits:
+                over.append(f"{name} on {n} node(s): {r.memory / 1e9:.3g} GB")
+    if over:  # issue 49: plans of 28.5-56.8 GB per GPU were printed for a stated 1 GB GPU without a word
+        print(
+            f"replaid: warning: {len(over)} plan(s) do not fit the stated {args.gpu_memory_gb:g} GB per GPU even at the "
+            f"smallest micro-batch ({'; '.join(over[:3])}{'; ...' if len(over) > 3 else ''}): more GPUs, "
+            f"--parallel fsdp, model.activation_checkpointing=true or a larger --gpu-memory-gb",
+            file=sys.stderr,
+        )
     return 0

@@ -92,6 +92,10 @@ def submit(args: argparse.Namespace, cfg: RunConfig) -> int:
             f"--out {args.out} already holds a run or other files; train --nodes submits a new run: choose a "
             f"new folder (a run already there resumes with 'replaid train --out {args.out} --resume')"
         )
+    from replaid.training.layout import check_layout
+
+    world = args.nodes * args.gpus_per_node  # the layout the job will run, refused now rather than on the nodes
+    check_layout(cfg, world, args.gpus_per_node, f"--nodes {args.nodes} --gpus-per-node {args.gpus_per_node}")
     rest = ["--preset", args.preset] + (["--config", args.config] if args.config else [])
     rest += (["--method", args.method] if args.method else []) + ["--no-progress", *args.overrides]
     script = launch.sbatch_script(

@@ -112,6 +112,7 @@ class Row:
     step_s: float
     steps: float
     wall_h: float
+    fits: bool = True  # the memory per GPU within the stated GPU's (Hardware.memory)
 
 
 def plan(
@@ -127,24 +128,31 @@ def plan(
     """One row of the table: ``cfg.train.batch_size`` sequences per step over ``nodes x gpus``;
     ``micro``: the per-GPU micro-batch (0: the largest that divides the batch and fits ``hw.memory``)."""
     from replaid.training.flops import train_flops_per_token
+    from replaid.training.layout import MIN_MICRO, batch_problem, hsdp_problem, rank_counts
     from replaid.training.memory import estimate, param_counts
 
     world, B = nodes * gpus, cfg.train.batch_size
-    if B % world:
-        raise ConfigError(f"global batch {B} does not split over {world} GPUs: pick a multiple of {world}")
+    hsdp_shard = cfg.train.hsdp_shard or gpus
+    why = batch_problem(B, 1, world) or (hsdp_problem(hsdp_shard, world) if parallel == "hsdp" else "")
+    if why:  # the trainer's own layout check (training/layout.py): a plan it would refuse is no plan
+        works = rank_counts(B, 1, max(2 * world, 8))
+        raise ConfigError(f"{nodes} node(s) x {gpus} GPUs: {why} (global batch {B} runs on {works} GPUs)")
     per = B // world
     counts = param_counts(cfg, vocab_size)
-    shard = {"ddp": 1, "fsdp": world, "hsdp": gpus}[parallel]
+    shard = {"ddp": 1, "fsdp": world, "hsdp": hsdp_shard}[parallel]
 
     def mem(m: int) -> float:
         e = estimate(cfg, vocab_size, m, bf16=True, params=counts)
         states = sum(e.parts[k] for k in ("parameters", "gradients", "AdamW moments", "EMA"))
         return e.peak - states + states / shard
 
-    choices = [m for m in range(per, 0, -1) if per % m == 0]
+    choices = [m for m in range(per, MIN_MICRO - 1, -1) if per % m == 0]
     if micro:
-        if per % micro:
-            raise ConfigError(f"micro-batch {micro} does not divide the {per} sequences per GPU")
+        if per % micro or micro < MIN_MICRO:
+            raise ConfigError(
+                f"micro-batch {micro} does not divide the {per} sequences per GPU into micro-batches of at "
+                f"least {MIN_MICRO} rows"
+            )
         m = micro
     else:
         m = next((c for c in choices if mem(c) <= hw.memory), choices[-1])
@@ -156,4 +164,4 @@ def plan(
     comm = b["intra"] / hw.nvlink + b["inter"] / hw.ib
     steps = budget / flops
     return Row(nodes, gpus, m, accum, mem(m), b["intra"], b["inter"], compute, comm, compute + comm, steps,
-               steps * (compute + comm) / 3600)  # fmt: skip
+               steps * (compute + comm) / 3600, mem(m) <= hw.memory)  # fmt: skip

@@ -332,6 +332,15 @@ def run_submitit(
         launch.script_value(str(sweep), "the folder")
     python = python or default_python()
     todo = [e for e in entries if run_status(sweep, e)[0] != "done"]
+    if executor == "slurm" and gpus_per_job:  # the layout each job will run (issue 49), before any is submitted
+        from replaid.config import read_run_config
+        from replaid.training.layout import check_layout
+
+        for e in todo:
+            src = Path(sweep) / e.run_dir / "config.json"
+            cfg = read_run_config(src if src.is_file() else Path(sweep) / e.config)
+            where = f"run {e.id} on --nodes-per-job {nodes_per_job} x --gpus-per-job {gpus_per_job}"
+            check_layout(cfg, nodes_per_job * gpus_per_job, gpus_per_job, where)
     log(
         f"scaling run ({executor}): {len(entries) - len(todo)} of {len(entries)} runs already done; "
         f"{len(todo)} to submit"

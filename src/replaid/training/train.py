@@ -32,7 +32,7 @@ from replaid.diffusion.rng import host_uniform
 from replaid.methods import get_method, method_class
 from replaid.methods.base import Method, Metrics
 from replaid.training import checkpoint as ck
-from replaid.training import runfolder
+from replaid.training import layout, runfolder
 from replaid.training.metrics_log import DeviceMeans, MetricsLogger, require_wandb, trackers
 
 
@@ -452,8 +452,13 @@ def _train(
     weights_only: bool,
     accept_changed_data: bool = False,
 ) -> dict[str, Any]:
+    world = dist.world_size()
     if resume:
         cfg = carry_micro_batch(cfg, run_dir)
+        saved_on = saved_world_size(run_dir)
+        if saved_on:  # a checkpoint saved on other ranks: intact, and resumable on the rank counts named
+            layout.check_resume_layout(cfg.train.batch_size, cfg.train.grad_accum, world, saved_on)
+    layout.check_layout(cfg, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))  # the ranks it runs on
     torch.manual_seed(cfg.train.seed * 1_000_003 + 17)  # identical initial weights on every rank
     # rank 0 trains the tokenizer and fills the token caches first; the others then read them
     # a new run gets its tokenizer built and saved; a resumed one only ever loads its own
@@ -599,6 +604,17 @@ def _train(
         log.log(trainer.step, {f"eval/{k}": v for k, v in result["eval"].items() if isinstance(v, (int, float))})
     log.close()
     return result
+
+
+def saved_world_size(run_dir: Path) -> int:
+    """The rank count the checkpoint in force was saved on (0: none, or not recorded; damage is
+    reported by :func:`_resume`)."""
+    try:
+        ckpt = ck.latest_checkpoint(run_dir)
+        w = ck.load_state(ckpt).get("world_size") if ckpt is not None else None
+    except ck.CheckpointError:
+        return 0
+    return w if isinstance(w, int) and w >= 1 else 0
 
 
 def carry_micro_batch(cfg: RunConfig, run_dir: Path) -> RunConfig:
