@@ -23,6 +23,7 @@ from replaid.config import check
 from replaid.diffusion.nelbo import masked_mean
 from replaid.methods.base import Kind, Method, Metrics
 from replaid.model.tokens import TOKEN_MODEL_KEYS, TokenDiT
+from replaid.regions import AGGREGATION, ELEMENT_LOSS, region
 
 
 def shift_right(tokens: Tensor, bos: int) -> Tensor:
@@ -57,7 +58,9 @@ class ARMethod(Method[TokenDiT]):
         """``-log p(x_l | BOS, x_<l)`` (B, L) float32."""
         B, L = tokens.shape
         logits = model(shift_right(tokens, model.n_in - 1))  # (B, L, V) float32
-        return F.cross_entropy(logits.float().reshape(B * L, -1), tokens.reshape(B * L), reduction="none").view(B, L)
+        with region(ELEMENT_LOSS):  # float32
+            ce = F.cross_entropy(logits.float().reshape(B * L, -1), tokens.reshape(B * L), reduction="none")
+        return ce.view(B, L)
 
     def _nll_rows(self, model: TokenDiT, tokens: Tensor, mask: Tensor | None) -> Tensor:
         return masked_mean(self._ce(model, tokens), mask)  # (B,) float64
@@ -83,7 +86,9 @@ class ARMethod(Method[TokenDiT]):
         n_recon: int | None = None,
     ) -> tuple[Tensor, Metrics]:
         nll = self._nll_rows(model, tokens, mask)
-        return nll.mean(), {"loss": nll.detach(), "nll": nll.detach()}
+        with region(AGGREGATION):  # float64
+            loss = nll.mean()
+        return loss, {"loss": nll.detach(), "nll": nll.detach()}
 
     @torch.no_grad()
     def eval_bound(

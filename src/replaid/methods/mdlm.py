@@ -36,6 +36,7 @@ from replaid.diffusion.nelbo import stratified_time_average
 from replaid.diffusion.rng import device_generator
 from replaid.methods.base import Kind, Method, Metrics
 from replaid.model.tokens import TOKEN_MODEL_KEYS, TokenDiT
+from replaid.regions import AGGREGATION, ELEMENT_LOSS, region
 
 EPS = 1e-3
 
@@ -133,7 +134,8 @@ class MDLMMethod(Method[TokenDiT]):
         ce, n = self.masked_terms(model, tokens, t, generator, mask, clean)
         if t.dim() == 2:
             ce = ce / t.to(ce.device)
-        return ce.sum(1) / n, n
+        with region(AGGREGATION):
+            return ce.sum(1) / n, n
 
     def masked_terms(
         self,
@@ -163,14 +165,16 @@ class MDLMMethod(Method[TokenDiT]):
         else:
             logits = model(z, t.to(dev).float() if model.time_conditioning else None)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32 (float64 in a reference)
-        ce = F.cross_entropy(logits.reshape(B * L, V), tokens.reshape(B * L), reduction="none").view(B, L)
+        with region(ELEMENT_LOSS):  # float32
+            ce = F.cross_entropy(logits.reshape(B * L, V), tokens.reshape(B * L), reduction="none").view(B, L)
         keep = is_masked if mask is None else (is_masked & mask.bool())
-        ce = torch.where(keep, ce.double(), torch.zeros((), dtype=torch.float64, device=dev))  # SUBS carry-over
-        n = (
-            torch.full((B,), float(L), dtype=torch.float64, device=dev)
-            if mask is None
-            else mask.double().sum(1).clamp_min(1)
-        )
+        with region(AGGREGATION):  # float64
+            ce = torch.where(keep, ce.double(), torch.zeros((), dtype=torch.float64, device=dev))  # SUBS carry-over
+            n = (
+                torch.full((B,), float(L), dtype=torch.float64, device=dev)
+                if mask is None
+                else mask.double().sum(1).clamp_min(1)
+            )
         return ce, n
 
     def train_loss(
@@ -196,9 +200,11 @@ class MDLMMethod(Method[TokenDiT]):
             t = self.eps + (1 - self.eps) * t_diff.double()
         t = t.to(tokens.device)
         s, _ = self.masked_ce(model, tokens, t, generator, mask)
-        nelbo = s / t
-        loss_rows = s if self.low_variance else nelbo
-        return loss_rows.mean(), {"loss": loss_rows.detach(), "nelbo": nelbo.detach()}
+        with region(AGGREGATION):  # float64
+            nelbo = s / t
+            loss_rows = s if self.low_variance else nelbo
+            loss = loss_rows.mean()
+        return loss, {"loss": loss_rows.detach(), "nelbo": nelbo.detach()}
 
     @torch.no_grad()
     def eval_bound(

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from replaid.regions import ELEMENT_LOSS, HEAD, PRIOR, REPARAM, region
+
 DEFAULT_CHUNK_ELEMENTS = 1 << 22  # (chunk, V) temporaries of ~16 MB when head_chunk_rows = 0
 
 
@@ -78,12 +80,14 @@ class _PriorSoftmaxHead(torch.autograd.Function):
         mm_dtype: torch.dtype,
     ) -> tuple[Tensor, Tensor]:
         with torch.autocast(f.device.type, enabled=False):
-            logits = (f.to(mm_dtype) @ W.to(mm_dtype).t()).float()  # (N, V): the one float32 buffer
+            with region(HEAD):  # bf16 under autocast (precision table)
+                logits = (f.to(mm_dtype) @ W.to(mm_dtype).t()).float()  # (N, V): the one float32 buffer
             if b is not None:
                 logits += b.float()
             Ef = E.float()
             if zs is not None:
-                logits.addmm_(zs.float(), Ef.t())
+                with region(PRIOR):  # float32
+                    logits.addmm_(zs.float(), Ef.t())
             N, V = logits.shape
             e_hat = logits.new_empty(N, Ef.shape[1])
             lse = logits.new_empty(N)
@@ -91,10 +95,13 @@ class _PriorSoftmaxHead(torch.autograd.Function):
             for s in range(0, N, chunk):
                 lc = logits[s : s + chunk]
                 w = ws[: lc.shape[0]]
-                _logsumexp_rows(lc, lse[s : s + chunk], w)
-                torch.ops.aten._softmax.out(lc, -1, False, out=w)  # softmax(lc) into the workspace
-                torch.mm(w, Ef, out=e_hat[s : s + chunk])
-            nll = lse - logits.gather(1, target[:, None]).squeeze(1)
+                with region(ELEMENT_LOSS):  # float32
+                    _logsumexp_rows(lc, lse[s : s + chunk], w)
+                with region(REPARAM):  # float32
+                    torch.ops.aten._softmax.out(lc, -1, False, out=w)  # softmax(lc) into the workspace
+                    torch.mm(w, Ef, out=e_hat[s : s + chunk])
+            with region(ELEMENT_LOSS):
+                nll = lse - logits.gather(1, target[:, None]).squeeze(1)
         ctx.save_for_backward(logits, lse, e_hat, f, W, b, zs, E, e_keep, target)
         ctx.chunk, ctx.mm_dtype, ctx.used = chunk, mm_dtype, False
         return e_hat, nll

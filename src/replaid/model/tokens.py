@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from replaid.config import ModelConfig
 from replaid.model.blocks import block_diffusion_mask, pair_positions
 from replaid.model.dit import Backbone, DiTTimestepFeatures, FinalLayer, KVCache, TimeEmbedding, wide
+from replaid.regions import HEAD, region
 
 N_TIME_FEATURES = 64
 # the ModelConfig keys a TokenDiT reads beyond the shared backbone (config.BACKBONE_KEYS)
@@ -117,7 +118,8 @@ class TokenDiT(nn.Module):
 
     def head(self, feats: Tensor) -> Tensor:
         """The logit head, bf16 under autocast (the paper's precision table, as RePlaid's), float32 out."""
-        return wide(self.final.linear(feats))
+        with region(HEAD):
+            return wide(self.final.linear(feats))
 
     def forward(self, x: Tensor, t: Tensor | None = None) -> Tensor:
         """Returns float32 logits (B, L, n_out)."""
