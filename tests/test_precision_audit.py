@@ -3,7 +3,7 @@
 One training step's forward and loss (debug preset, CPU, under the bf16 autocast of
 ``train.precision=bf16``) runs under a ``TorchDispatchMode`` that records the dtype every aten op runs
 in (its first floating-point output: after autocast's casts, a matmul's output dtype is its compute
-dtype), attributed to the innermost region: the code's :func:`replaid.regions.region` marks and, for
+dtype; views, which compute nothing, are left out), attributed to the innermost region: the code's :func:`replaid.regions.region` marks and, for
 modules, forward hooks (the noise schedule, the MLP, the residual stream of each block, the LayerNorms
 and AdaLN, which the table does not list). A row the table keeps in float32 (float64) fails when any of
 its ops runs in a narrower dtype; a bf16 row fails when its matmuls do not run in bf16 (autocast off
@@ -24,7 +24,6 @@ from replaid.presets import resolve
 from replaid.training.train import autocast_ctx
 
 V, B, L = 64, 8, 16
-CASTS = {"_to_copy", "copy_", "to", "clone", "_copy_from", "_copy_from_and_resize"}  # a cast runs in its output
 MATMULS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_dot_product_flash_attention_for_cpu"}
 WIDTH = {torch.bfloat16: 16, torch.float16: 16, torch.float32: 32, torch.float64: 64}
 
@@ -69,7 +68,7 @@ class DtypeAudit(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         outs = out if isinstance(out, (tuple, list)) else [out]
         dt = next((o.dtype for o in outs if isinstance(o, torch.Tensor) and o.is_floating_point()), None)
-        if dt is not None:
+        if dt is not None and not func.is_view:  # a view computes nothing
             self.seen[self.stack[-1]][func.overloadpacket.__name__, dt] += 1
         return out
 

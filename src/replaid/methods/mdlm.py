@@ -28,7 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from replaid.config import ConfigError, RunConfig
@@ -36,7 +35,7 @@ from replaid.diffusion.nelbo import stratified_time_average
 from replaid.diffusion.rng import device_generator
 from replaid.methods.base import Kind, Method, Metrics
 from replaid.model.tokens import TOKEN_MODEL_KEYS, TokenDiT
-from replaid.regions import AGGREGATION, ELEMENT_LOSS, region
+from replaid.regions import AGGREGATION, region
 
 EPS = 1e-3
 
@@ -161,12 +160,10 @@ class MDLMMethod(Method[TokenDiT]):
             is_masked = is_masked & ~clean.bool()
         z = torch.where(is_masked, torch.full_like(tokens, V), tokens)
         if self.blocks:
-            logits = model.forward_blocks(z, tokens, self.block)
+            feats = model.block_features(z, tokens, self.block)  # (B, L, hidden)
         else:
-            logits = model(z, t.to(dev).float() if model.time_conditioning else None)
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32 (float64 in a reference)
-        with region(ELEMENT_LOSS):  # float32
-            ce = F.cross_entropy(logits.reshape(B * L, V), tokens.reshape(B * L), reduction="none").view(B, L)
+            feats = model.features(z, t.to(dev).float() if model.time_conditioning else None)
+        ce = model.token_nll(feats, tokens)  # (B, L) float32 (float64 in a reference): no full float32 logits
         keep = is_masked if mask is None else (is_masked & mask.bool())
         with region(AGGREGATION):  # float64
             ce = torch.where(keep, ce.double(), torch.zeros((), dtype=torch.float64, device=dev))  # SUBS carry-over
