@@ -86,13 +86,14 @@ def profile_method(method: str, overrides: list[str], preset: str, device: str, 
     from replaid import regions
     from replaid.methods import get_method
     from replaid.presets import resolve
+from replaid.scaling.plan import planned_vocab_size
     from replaid.training.train import TrainModule, autocast_ctx, build_optimizer
 
     cfg = resolve(preset, None, [f"method={method}", "optim.ema=0", *overrides])
     dev = torch.device(device)
     torch.manual_seed(0)
     m = get_method(cfg)
-    V = cfg.data.bpe_vocab_size
+    V = planned_vocab_size(cfg)  # the tokenizer's (GPT-2's 50,257 at owt-0.1b), not the BPE setting
     model = m.build_model(V).to(dev)
     loss_module = TrainModule(model, m)
     opt = build_optimizer(model, cfg.optim)
@@ -192,9 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     for method in a.methods:
         rows += profile_method(method, over, preset, a.device, a.steps)
     from replaid.presets import resolve
+from replaid.scaling.plan import planned_vocab_size
 
     cfg = resolve(preset, None, ["method=replaid", *over])
-    N, V = cfg.train.batch_size * cfg.data.seq_len, cfg.data.bpe_vocab_size
+    N, V = cfg.train.batch_size * cfg.data.seq_len, planned_vocab_size(cfg)
     bm = bytes_model(N, V, cfg.diffusion.sc_rate if cfg.model.self_conditioning else 0.0, a.bandwidth or None)
     meta = {
         "device": device_name(torch.device(a.device)),
