@@ -86,7 +86,7 @@ def profile_method(method: str, overrides: list[str], preset: str, device: str, 
     from replaid import regions
     from replaid.methods import get_method
     from replaid.presets import resolve
-from replaid.scaling.plan import planned_vocab_size
+    from replaid.scaling.plan import planned_vocab_size
     from replaid.training.train import TrainModule, autocast_ctx, build_optimizer
 
     cfg = resolve(preset, None, [f"method={method}", "optim.ema=0", *overrides])
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     for method in a.methods:
         rows += profile_method(method, over, preset, a.device, a.steps)
     from replaid.presets import resolve
-from replaid.scaling.plan import planned_vocab_size
+    from replaid.scaling.plan import planned_vocab_size
 
     cfg = resolve(preset, None, ["method=replaid", *over])
     N, V = cfg.train.batch_size * cfg.data.seq_len, planned_vocab_size(cfg)
