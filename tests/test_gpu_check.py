@@ -224,3 +224,21 @@ def test_the_blocks_step_runs_reads_and_renders_bench_blocks_on_cpu(tmp_path, na
     md = (out / "gpu_check.md").read_text()
     assert "**block diffusion**" in md and f"| {name} | ok |" in md
     assert md.count("| blocks | mdlm |") == sum(r["family"] == "blocks" and r["method"] == "mdlm" for r in data["rows"])
+
+
+def test_the_breakdown_step_runs_reads_and_renders_on_cpu(tmp_path):
+    """Issue 53 §1 on a lent GPU: the breakdown step end to end on a CPU with --tiny: bench_breakdown.py's last
+    JSON line (every method's phases and named regions, the bytes model) is read and rendered."""
+    out = tmp_path / "out"
+    assert cli.main(["--tiny", "--device", "cpu", "--steps", "breakdown", "--out", str(out)]) == 0
+    step = json.loads((out / "gpu_check.json").read_text())["steps"]["breakdown"]
+    assert step["status"] == "ok", step
+    data = step["results"][0]["data"]
+    parts = {(r["method"], r["part"].strip()) for r in data["rows"]}
+    for m in ("ar", "mdlm", "replaid"):
+        assert {(m, p) for p in ("data", "forward", "backward", "optimiser", "step")} <= parts, parts
+    assert ("replaid", "self-conditioning pass") in parts and ("replaid", "output prior logits") in parts
+    assert ("mdlm", "per-element loss") in parts and ("replaid", "_PriorSoftmaxHeadBackward") in parts
+    assert data["bytes_model"]["replaid_head"]["seconds"] > 0
+    md = (out / "gpu_check.md").read_text()
+    assert "**step breakdown**" in md and "| breakdown | ok |" in md and "bytes model replaid_head" in md

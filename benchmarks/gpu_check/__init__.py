@@ -27,6 +27,9 @@ longer fits, naming them, so a quick check ends inside one 10-minute device call
   blocks          block diffusion (issue 39 §4, benchmarks/bench_blocks.py): first block, tokens/s, peak
                   memory at batch 1 and 16 against AR with its cache and the full sequence (--quick: 8x only)
   blocks_01b      the same at owt-0.1b, 1x seq_len, blocks of 16, batch 1 and 16 (full check only)
+  breakdown       one training step per method taken apart (issue 53 §1, benchmarks/bench_breakdown.py):
+                  data, forward, backward, optimiser, the named regions (self-conditioning pass, loss terms,
+                  output prior) and the bytes model of the fused heads
 
 Bad input ends in one line ``replaid: error: ...`` and exit status 2; otherwise the exit status is 0
 when every step that ran passed, 1 when one failed.

@@ -296,6 +296,16 @@ def cmds_blocks_01b(ctx):
     return [Cmd("script", args, 480, "block diffusion speed at owt-0.1b")]
 
 
+def cmds_breakdown(ctx):
+    """Issue 53 §1: one training step per method taken apart (data, forward, backward, optimiser and the named
+    regions: the self-conditioning pass, the loss terms, the output prior), bf16, eager; the bytes model at
+    the H100's 3.35 TB/s (``--tiny``: the debug size, seconds on a CPU)."""
+    size = ["--tiny"] if ctx.tiny else ["--preset", "owt-0.1b", "--batch", str(ctx.batch(8 if ctx.quick else 32))]
+    prec = ["--precision", "bf16"] if ctx.device == "cuda" else []
+    args = ["benchmarks/bench_breakdown.py", *size, *prec, "--device", ctx.device, "--steps", "3", "--json"]
+    return [Cmd("script", [*args, "--bandwidth", "3.35e12"], 240 if ctx.quick else 420, "step breakdown")]
+
+
 STEPS = [
     Step("env", "device, versions, matmul peak, torch features", True, (20, 20), cmds_env),
     Step("tests", "gpu-marked and device-aware tests on CUDA", True, (120, 240), cmds_tests),
@@ -309,6 +319,7 @@ STEPS = [
     Step("mdlm_ref", "MDLM reference step beside ours", True, (45, 45), cmds_mdlm_ref),
     Step("maxbatch", "largest batch that fits vs the model", True, (50, 150), cmds_maxbatch),
     Step("blocks", "block diffusion: first block, tokens/s, memory", True, (90, 240), cmds_blocks),
+    Step("breakdown", "one step per method taken apart (profiler)", True, (60, 150), cmds_breakdown),
     Step("blocks_01b", "block diffusion at owt-0.1b, 1x, batch 1 and 16", False, (300, 300), cmds_blocks_01b),
     Step("speed_compiled", "tokens/s, MFU, step time (train.compile)", False, (130, 360), cmds_speed_compiled),
 ]
@@ -319,7 +330,7 @@ FULL_SPLIT = [
     "env,speed,memory,sampler,mdlm_ref",
     "speed_compiled",
     "maxbatch,likelihood",
-    "env,blocks",
+    "env,blocks,breakdown",
     "env,blocks_01b",
 ]
 

@@ -398,6 +398,25 @@ def render_blocks(doc: dict, step: str = "blocks") -> str:
     return "".join(out)
 
 
+def render_breakdown(doc: dict) -> str:
+    """One training step per method taken apart (benchmarks/bench_breakdown.py's rows and bytes model)."""
+    got = _data(doc, "breakdown")
+    if not got:
+        return ""
+    meta, rows = got[0].get("meta", {}), got[0]["rows"]
+    out = [
+        f"\n**step breakdown** (issue 53 §1: `{meta.get('preset')}`, batch {meta.get('batch')} x {meta.get('L')}; "
+        "indented rows: named regions inside the phases, inclusive)\n\n"
+    ]
+    out.append(
+        _table(["method", "part", "ms / step", "share"], [[r["method"], r["part"], r["ms"], r["share"]] for r in rows])
+    )
+    for k, v in got[0].get("bytes_model", {}).items():
+        s = f", {v['seconds'] * 1e3:.1f} ms at the bandwidth given" if v.get("seconds") else ""
+        out.append(f"- bytes model {k}: {v['bytes_per_logit']} B per logit, {v['gb']:.1f} GB per step{s}\n")
+    return "".join(out)
+
+
 # each step's part of the table, in the order of the page (speed_compiled is in the speed table; the
 # memory table follows speed, the largest batch follows memory)
 RENDERERS: list[tuple[str, Callable[[dict], str]]] = [
@@ -413,5 +432,6 @@ RENDERERS: list[tuple[str, Callable[[dict], str]]] = [
     ("likelihood", render_likelihood),
     ("mdlm_ref", render_mdlm_ref),
     ("blocks", render_blocks),
+    ("breakdown", render_breakdown),
     ("blocks_01b", lambda doc: render_blocks(doc, "blocks_01b")),
 ]

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from replaid.diffusion.denoiser import Denoiser, alpha_sigma, per_position
+from replaid.regions import AGGREGATION, ELEMENT_LOSS, region
 
 ScheduleFn = Callable[[Tensor], tuple[Tensor, Tensor]]
 Predict = Callable[[Tensor, Tensor], Iterable[Tensor]]  # (z, gamma) -> a DenoiserOutput or a (logits, e_hat) pair
@@ -27,11 +28,12 @@ def forward_noise(e: Tensor, gamma: Tensor, eps: Tensor) -> Tensor:
 
 def masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
     """Mean over positions (dim 1) of x (B, L), counting only ``mask`` positions. float64."""
-    x = x.double()
-    if mask is None:
-        return x.mean(1)
-    m = mask.double()
-    return (x * m).sum(1) / m.sum(1).clamp_min(1)
+    with region(AGGREGATION):
+        x = x.double()
+        if mask is None:
+            return x.mean(1)
+        m = mask.double()
+        return (x * m).sum(1) / m.sum(1).clamp_min(1)
 
 
 def prior_kl(e: Tensor, gamma_1: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -43,29 +45,36 @@ def prior_kl(e: Tensor, gamma_1: Tensor, mask: Tensor | None = None) -> Tensor:
 def prior_terms(e: Tensor, gamma_1: Tensor) -> Tensor:
     """:func:`prior_kl` per position (B, L) float64."""
     d_e = e.shape[-1]
-    g1 = gamma_1.double().reshape(-1, 1)  # (B, 1) or (1, 1)
-    s1, a1 = torch.sigmoid(g1), torch.sigmoid(-g1)
-    return 0.5 * (d_e * (s1 - 1 - F.logsigmoid(g1)) + a1 * (e.double() ** 2).sum(-1))  # (B, L)
+    with region(ELEMENT_LOSS):  # float64: the schedule's endpoint enters it
+        g1 = gamma_1.double().reshape(-1, 1)  # (B, 1) or (1, 1)
+        s1, a1 = torch.sigmoid(g1), torch.sigmoid(-g1)
+        return 0.5 * (d_e * (s1 - 1 - F.logsigmoid(g1)) + a1 * (e.double() ** 2).sum(-1))  # (B, L)
 
 
 def recon_nll(logits: Tensor, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
     """``-(1/L) sum_l log x_hat^l[x^l]`` per row (B,), cross-entropy in float32, mean in float64."""
     B, L, V = logits.shape
-    ce = F.cross_entropy(logits.float().reshape(B * L, V), tokens.reshape(B * L), reduction="none")
+    with region(ELEMENT_LOSS):
+        ce = F.cross_entropy(logits.float().reshape(B * L, V), tokens.reshape(B * L), reduction="none")
     return masked_mean(ce.view(B, L), mask)
 
 
 def diffusion_loss(e_hat: Tensor, e: Tensor, gamma: Tensor, dgamma: Tensor, mask: Tensor | None = None) -> Tensor:
     """``-1/2 SNR'(t) (1/L) sum_l ||e_hat - e||^2`` per row (B,) float64, ``SNR' = -gamma' e^{-gamma}``."""
-    mse = masked_mean(((e_hat.float() - e.float()) ** 2).sum(-1), mask)  # (B,)
-    return 0.5 * dgamma.double() * torch.exp(-gamma.double()) * mse
+    with region(ELEMENT_LOSS):  # float32
+        sq = ((e_hat.float() - e.float()) ** 2).sum(-1)  # (B, L)
+    mse = masked_mean(sq, mask)  # (B,)
+    with region(AGGREGATION):  # the SNR' weighting: float64
+        return 0.5 * dgamma.double() * torch.exp(-gamma.double()) * mse
 
 
 def diffusion_terms(e_hat: Tensor, e: Tensor, gamma: Tensor, dgamma: Tensor) -> Tensor:
     """:func:`diffusion_loss` per position (B, L) float64, ``-1/2 SNR'(t_l) ||e_hat_l - e_l||^2``, with
     per-token gamma, gamma' (B, L) (block diffusion: each block at its own time)."""
-    sq = ((e_hat.float() - e.float()) ** 2).sum(-1)  # (B, L)
-    return 0.5 * dgamma.double() * torch.exp(-gamma.double()) * sq.double()
+    with region(ELEMENT_LOSS):  # float32
+        sq = ((e_hat.float() - e.float()) ** 2).sum(-1)  # (B, L)
+    with region(AGGREGATION):  # the SNR' weighting: float64
+        return 0.5 * dgamma.double() * torch.exp(-gamma.double()) * sq.double()
 
 
 def block_shares(x: Tensor, block: int, mask: Tensor | None = None) -> Tensor:

@@ -16,13 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from replaid.config import check
 from replaid.diffusion.nelbo import masked_mean
 from replaid.methods.base import Kind, Method, Metrics
 from replaid.model.tokens import TOKEN_MODEL_KEYS, TokenDiT
+from replaid.regions import AGGREGATION, region
 
 
 def shift_right(tokens: Tensor, bos: int) -> Tensor:
@@ -54,10 +54,8 @@ class ARMethod(Method[TokenDiT]):
         return TokenDiT(self.cfg.model, vocab_size + 1, vocab_size, time_conditioning=False, causal=True)
 
     def _ce(self, model: TokenDiT, tokens: Tensor) -> Tensor:
-        """``-log p(x_l | BOS, x_<l)`` (B, L) float32."""
-        B, L = tokens.shape
-        logits = model(shift_right(tokens, model.n_in - 1))  # (B, L, V) float32
-        return F.cross_entropy(logits.float().reshape(B * L, -1), tokens.reshape(B * L), reduction="none").view(B, L)
+        """``-log p(x_l | BOS, x_<l)`` (B, L) float32, by the fused chunked cross-entropy (no full float32 logits)."""
+        return model.token_nll(model.features(shift_right(tokens, model.n_in - 1)), tokens)
 
     def _nll_rows(self, model: TokenDiT, tokens: Tensor, mask: Tensor | None) -> Tensor:
         return masked_mean(self._ce(model, tokens), mask)  # (B,) float64
@@ -83,7 +81,9 @@ class ARMethod(Method[TokenDiT]):
         n_recon: int | None = None,
     ) -> tuple[Tensor, Metrics]:
         nll = self._nll_rows(model, tokens, mask)
-        return nll.mean(), {"loss": nll.detach(), "nll": nll.detach()}
+        with region(AGGREGATION):  # float64
+            loss = nll.mean()
+        return loss, {"loss": nll.detach(), "nll": nll.detach()}
 
     @torch.no_grad()
     def eval_bound(

@@ -28,7 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from replaid.config import ConfigError, RunConfig
@@ -36,6 +35,7 @@ from replaid.diffusion.nelbo import stratified_time_average
 from replaid.diffusion.rng import device_generator
 from replaid.methods.base import Kind, Method, Metrics
 from replaid.model.tokens import TOKEN_MODEL_KEYS, TokenDiT
+from replaid.regions import AGGREGATION, region
 
 EPS = 1e-3
 
@@ -133,7 +133,8 @@ class MDLMMethod(Method[TokenDiT]):
         ce, n = self.masked_terms(model, tokens, t, generator, mask, clean)
         if t.dim() == 2:
             ce = ce / t.to(ce.device)
-        return ce.sum(1) / n, n
+        with region(AGGREGATION):
+            return ce.sum(1) / n, n
 
     def masked_terms(
         self,
@@ -159,18 +160,18 @@ class MDLMMethod(Method[TokenDiT]):
             is_masked = is_masked & ~clean.bool()
         z = torch.where(is_masked, torch.full_like(tokens, V), tokens)
         if self.blocks:
-            logits = model.forward_blocks(z, tokens, self.block)
+            feats = model.block_features(z, tokens, self.block)  # (B, L, hidden)
         else:
-            logits = model(z, t.to(dev).float() if model.time_conditioning else None)
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32 (float64 in a reference)
-        ce = F.cross_entropy(logits.reshape(B * L, V), tokens.reshape(B * L), reduction="none").view(B, L)
+            feats = model.features(z, t.to(dev).float() if model.time_conditioning else None)
+        ce = model.token_nll(feats, tokens)  # (B, L) float32 (float64 in a reference): no full float32 logits
         keep = is_masked if mask is None else (is_masked & mask.bool())
-        ce = torch.where(keep, ce.double(), torch.zeros((), dtype=torch.float64, device=dev))  # SUBS carry-over
-        n = (
-            torch.full((B,), float(L), dtype=torch.float64, device=dev)
-            if mask is None
-            else mask.double().sum(1).clamp_min(1)
-        )
+        with region(AGGREGATION):  # float64
+            ce = torch.where(keep, ce.double(), torch.zeros((), dtype=torch.float64, device=dev))  # SUBS carry-over
+            n = (
+                torch.full((B,), float(L), dtype=torch.float64, device=dev)
+                if mask is None
+                else mask.double().sum(1).clamp_min(1)
+            )
         return ce, n
 
     def train_loss(
@@ -196,9 +197,11 @@ class MDLMMethod(Method[TokenDiT]):
             t = self.eps + (1 - self.eps) * t_diff.double()
         t = t.to(tokens.device)
         s, _ = self.masked_ce(model, tokens, t, generator, mask)
-        nelbo = s / t
-        loss_rows = s if self.low_variance else nelbo
-        return loss_rows.mean(), {"loss": loss_rows.detach(), "nelbo": nelbo.detach()}
+        with region(AGGREGATION):  # float64
+            nelbo = s / t
+            loss_rows = s if self.low_variance else nelbo
+            loss = loss_rows.mean()
+        return loss, {"loss": loss_rows.detach(), "nelbo": nelbo.detach()}
 
     @torch.no_grad()
     def eval_bound(

@@ -45,6 +45,7 @@ from replaid.diffusion.nelbo import (
 from replaid.diffusion.rng import device_generator, host_uniform
 from replaid.methods.base import Kind, Method, Metrics
 from replaid.model.replaid import BlockContext, RePlaid, denoise
+from replaid.regions import AGGREGATION, SELF_CONDITIONING, region
 
 if TYPE_CHECKING:
     from replaid.model.langflow import LangFlowDenoiser
@@ -374,7 +375,7 @@ class RePlaidMethod(Method[RePlaid]):
         z = forward_noise(e, gamma, eps)  # (B, L, d_e)
         e_sc = None
         if sc_idx.numel():  # a fixed count: no sync
-            with torch.no_grad():
+            with torch.no_grad(), region(SELF_CONDITIONING):
                 first = model.train_outputs(z[sc_idx], gamma[sc_idx], None, tokens[sc_idx], sc[sc_idx], ps)[1]
             e_sc = torch.zeros_like(z).index_copy(0, sc_idx, first)
         nll, e_hat = model.train_outputs(z, gamma, e_sc, tokens, ~sc, ps)  # (B, L), (B, L, d_e)
@@ -384,7 +385,8 @@ class RePlaidMethod(Method[RePlaid]):
         )  # (n_d,)
         _, g1 = model.schedule.endpoints()
         prior = prior_kl(e, g1, mask)  # (B,)
-        return recon.mean() + diff.mean() + prior.mean(), recon, diff, prior
+        with region(AGGREGATION):  # float64
+            return recon.mean() + diff.mean() + prior.mean(), recon, diff, prior
 
     @staticmethod
     def block_times(t: Tensor, is_recon: Tensor, K: int) -> Tensor:
@@ -422,7 +424,10 @@ class RePlaidMethod(Method[RePlaid]):
         ctx = BlockContext(e, self.block)  # the clean copy: block k sees the clean blocks before it
         e_sc = None
         if sc_idx.numel():  # a fixed count: no sync
-            with torch.no_grad():  # every noisy block's first estimate, from its own block and clean prefix
+            with (
+                torch.no_grad(),
+                region(SELF_CONDITIONING),
+            ):  # every noisy block's first estimate, from its own block and clean prefix
                 sub = BlockContext(e[sc_idx], self.block)
                 first = model.train_outputs(z[sc_idx], g_tok[sc_idx], None, tokens[sc_idx], sc[sc_idx], ps, sub)[1]
             e_sc = torch.zeros_like(z).index_copy(0, sc_idx, first)  # block k's estimate at block k's rows
@@ -432,7 +437,8 @@ class RePlaidMethod(Method[RePlaid]):
         diff = masked_mean(terms, None if mask is None else mask[B_r:])  # (n_d,)
         _, g1 = model.schedule.endpoints()
         prior = prior_kl(e, g1, mask)  # (B,)
-        return recon.mean() + diff.mean() + prior.mean(), recon, diff, prior
+        with region(AGGREGATION):  # float64
+            return recon.mean() + diff.mean() + prior.mean(), recon, diff, prior
 
     def compile(self, model: RePlaid) -> None:
         """``train.compile``: compile :meth:`loss_core` (:meth:`block_loss_core` with blocks: the whole loss

@@ -25,6 +25,8 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
+from replaid.regions import ATTENTION, region
+
 
 class Rotary(nn.Module):
     inv_freq: Tensor
@@ -279,9 +281,10 @@ class SelfAttention:
         cached + L) bool, True = attend; None = all, or causal for a causal block without a cache);
         ``commit`` appends x's rotated keys and values to the cache."""
         B, L, D = x.shape
-        q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
-        y = attend(q, k, v, rope, mask, cache, layer, commit, self.causal)  # (B, H, L, hd)
-        out_: Tensor = self.attn_out(y.transpose(1, 2).reshape(B, L, D))
+        with region(ATTENTION):  # bf16 under autocast (precision table)
+            q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
+            y = attend(q, k, v, rope, mask, cache, layer, commit, self.causal)  # (B, H, L, hd)
+            out_: Tensor = self.attn_out(y.transpose(1, 2).reshape(B, L, D))
         return out_
 
 

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from replaid.regions import ELEMENT_LOSS, HEAD, PRIOR, REPARAM, region
+
 DEFAULT_CHUNK_ELEMENTS = 1 << 22  # (chunk, V) temporaries of ~16 MB when head_chunk_rows = 0
 
 
@@ -78,12 +80,14 @@ class _PriorSoftmaxHead(torch.autograd.Function):
         mm_dtype: torch.dtype,
     ) -> tuple[Tensor, Tensor]:
         with torch.autocast(f.device.type, enabled=False):
-            logits = (f.to(mm_dtype) @ W.to(mm_dtype).t()).float()  # (N, V): the one float32 buffer
+            with region(HEAD):  # bf16 under autocast (precision table)
+                logits = (f.to(mm_dtype) @ W.to(mm_dtype).t()).float()  # (N, V): the one float32 buffer
             if b is not None:
                 logits += b.float()
             Ef = E.float()
             if zs is not None:
-                logits.addmm_(zs.float(), Ef.t())
+                with region(PRIOR):  # float32
+                    logits.addmm_(zs.float(), Ef.t())
             N, V = logits.shape
             e_hat = logits.new_empty(N, Ef.shape[1])
             lse = logits.new_empty(N)
@@ -91,10 +95,13 @@ class _PriorSoftmaxHead(torch.autograd.Function):
             for s in range(0, N, chunk):
                 lc = logits[s : s + chunk]
                 w = ws[: lc.shape[0]]
-                _logsumexp_rows(lc, lse[s : s + chunk], w)
-                torch.ops.aten._softmax.out(lc, -1, False, out=w)  # softmax(lc) into the workspace
-                torch.mm(w, Ef, out=e_hat[s : s + chunk])
-            nll = lse - logits.gather(1, target[:, None]).squeeze(1)
+                with region(ELEMENT_LOSS):  # float32
+                    _logsumexp_rows(lc, lse[s : s + chunk], w)
+                with region(REPARAM):  # float32
+                    torch.ops.aten._softmax.out(lc, -1, False, out=w)  # softmax(lc) into the workspace
+                    torch.mm(w, Ef, out=e_hat[s : s + chunk])
+            with region(ELEMENT_LOSS):
+                nll = lse - logits.gather(1, target[:, None]).squeeze(1)
         ctx.save_for_backward(logits, lse, e_hat, f, W, b, zs, E, e_keep, target)
         ctx.chunk, ctx.mm_dtype, ctx.used = chunk, mm_dtype, False
         return e_hat, nll
@@ -183,3 +190,94 @@ def reference_head(
 ) -> tuple[Tensor, Tensor]:
     """:func:`plain_head` in float64 (for tests)."""
     return plain_head(f, W, b, zs, E, e_keep, target, torch.float64)
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """The token models' head and cross-entropy in one: the same approach as :class:`_PriorSoftmaxHead`
+    without the prior and the reparameterisation (module docstring of :func:`linear_cross_entropy`)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, f: Tensor, W: Tensor, b: Tensor | None, target: Tensor, chunk: int, mm_dtype: torch.dtype
+    ) -> Tensor:
+        acc = torch.promote_types(mm_dtype, torch.float32)  # the softmax's dtype: float32 (float64 in a reference)
+        with torch.autocast(f.device.type, enabled=False):
+            with region(HEAD):  # bf16 under autocast (precision table): the one (N, V) buffer, in mm_dtype
+                fm, Wm = f.to(mm_dtype), W.to(mm_dtype)
+                logits = fm @ Wm.t() if b is None else torch.addmm(b.to(mm_dtype), fm, Wm.t())  # (N, V)
+            N, V = logits.shape
+            with region(ELEMENT_LOSS):  # float32
+                lse = logits.new_empty(N, dtype=acc)
+                ws = workspace(min(chunk, N), V, logits) if acc == torch.float32 else None  # (chunk, V)
+                for s in range(0, N, chunk):
+                    lc = logits[s : s + chunk]
+                    if ws is None:
+                        lse[s : s + chunk] = torch.logsumexp(lc.to(acc), -1)
+                        continue
+                    w = ws[: lc.shape[0]]
+                    x = lc if lc.dtype == acc else w.copy_(lc)  # a bf16 chunk upcast into the workspace
+                    _logsumexp_rows(x, lse[s : s + chunk], w)
+            with region(HEAD):  # the target's logit, read (exactly) from the head's buffer
+                picked = logits.gather(1, target[:, None]).squeeze(1)  # (N,)
+            with region(ELEMENT_LOSS):
+                nll = lse - picked.to(acc)  # (N,)
+        ctx.save_for_backward(logits, lse, f, W, b, target)
+        ctx.chunk, ctx.mm_dtype, ctx.used = chunk, mm_dtype, False
+        return nll
+
+    @staticmethod
+    def backward(ctx: Any, g_nll: Tensor) -> tuple[Tensor | None, ...]:
+        if ctx.used:
+            raise RuntimeError("the fused cross-entropy frees its buffer in backward; retain_graph is not supported")
+        ctx.used = True
+        logits, lse, f, W, b, target = ctx.saved_tensors
+        mm = ctx.mm_dtype
+        acc = lse.dtype
+        with torch.autocast(f.device.type, enabled=False):
+            g = g_nll.to(acc)
+            N, V = logits.shape
+            ws = workspace(min(ctx.chunk, N), V, logits) if acc == torch.float32 else None  # (chunk, V)
+            for s in range(0, N, ctx.chunk):
+                d = logits[s : s + ctx.chunk]  # becomes d nll / d logits = g (p - onehot(target)), in place
+                n = d.shape[0]
+                p = (ws[:n].copy_(d) if ws is not None else d.to(acc)) if d.dtype != acc else d
+                p.sub_(lse[s : s + n, None]).exp_().mul_(g[s : s + n, None])  # (chunk, V) in acc
+                p.scatter_add_(1, target[s : s + n, None], -g[s : s + n, None])
+                if p is not d:
+                    d.copy_(p)  # rounded once to mm_dtype, as autocast's cast of the float32 gradient
+            d = logits  # (N, V): d loss / d logits in mm_dtype
+            Wm = W.to(mm)
+            df = (d @ Wm).to(f.dtype) if ctx.needs_input_grad[0] else None
+            dW = (d.t() @ f.to(mm)).to(W.dtype) if ctx.needs_input_grad[1] else None
+            db = d.sum(0, dtype=acc).to(b.dtype) if b is not None and ctx.needs_input_grad[2] else None
+        return df, dW, db, None, None, None
+
+
+def linear_cross_entropy(
+    f: Tensor, W: Tensor, b: Tensor | None, target: Tensor, chunk: int, mm_dtype: torch.dtype | None = None
+) -> Tensor:
+    """``cross_entropy(f W^T + b, target, reduction="none")`` (N,) without full float32 logits (issue 53).
+
+    f (N, H), W (V, H), b (V,) or None, target (N,) long. The forward keeps one (N, V) buffer of the
+    head's output in ``mm_dtype`` (bf16 under autocast: the precision table's head; default: W's dtype
+    widened to float32) and takes the log-sum-exp ``chunk`` rows at a time in float32 (one (chunk, V)
+    workspace); the backward turns the buffer in place into ``d logits = g (softmax - onehot(target))``,
+    computed in float32 and rounded once. Against autocast's plain head + float32 ``F.cross_entropy``
+    (bf16 logits, a float32 copy, a float32 log-softmax kept for backward, its float32 gradient and its
+    bf16 cast: ~14 bytes per logit at the peak) it holds 2 bytes per logit plus the workspace, and it
+    computes the same numbers up to the order of the sums. Returns float32 (float64 for a float64 W).
+    """
+    mm = mm_dtype or torch.promote_types(W.dtype, torch.float32)
+    out_: Tensor = _LinearCrossEntropy.apply(f, W, b, target, chunk, mm)  # type: ignore[no-untyped-call]  # torch leaves Function.apply unannotated
+    return out_
+
+
+def plain_cross_entropy(
+    f: Tensor, W: Tensor, b: Tensor | None, target: Tensor, mm_dtype: torch.dtype | None = None
+) -> Tensor:
+    """:func:`linear_cross_entropy` by plain autograd (the test reference in float64, and the expression
+    ``torch.compile`` fuses itself)."""
+    mm = mm_dtype or torch.promote_types(W.dtype, torch.float32)
+    logits = f.to(mm) @ W.to(mm).t() if b is None else torch.addmm(b.to(mm), f.to(mm), W.to(mm).t())  # (N, V)
+    acc = torch.promote_types(mm, torch.float32)
+    return torch.nn.functional.cross_entropy(logits.to(acc), target, reduction="none")

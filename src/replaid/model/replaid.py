@@ -25,6 +25,7 @@ from replaid.diffusion.schedule import NoiseSchedule
 from replaid.model.blocks import block_diffusion_mask, pair_positions
 from replaid.model.dit import Backbone, DiTTimestepFeatures, FinalLayer, TimeEmbedding, per_token
 from replaid.model.head import chunk_rows, plain_head, prior_softmax_head
+from replaid.regions import HEAD, INPUT_PROJECTIONS, PRIOR, REPARAM, region
 
 N_TIME_FEATURES = 64
 
@@ -200,7 +201,7 @@ class RePlaid(nn.Module):
         alpha, sigma = alpha_sigma(gamma.double())
         scale = per_position(torch.rsqrt(alpha**2 / self.d_e + sigma**2).float())  # (B, 1, 1) or (B, L, 1)
         feat = self.time_features(gamma)  # (B, 64) or (B, L, 64)
-        with torch.autocast(device_type=z.device.type, enabled=False):  # input projections: float32
+        with torch.autocast(device_type=z.device.type, enabled=False), region(INPUT_PROJECTIONS):  # float32
             h = self.in_z(z.float() * scale)  # (B, L, hidden)
             if self.cfg.time_input:
                 h = h + per_token(self.in_t(feat))
@@ -258,7 +259,8 @@ class RePlaid(nn.Module):
 
     def head_logits(self, feats: Tensor) -> Tensor:
         """The logit head, bf16 under autocast (precision table), returned as float32 (B, L, V)."""
-        out_: Tensor = self.final.linear(feats).float()
+        with region(HEAD):
+            out_: Tensor = self.final.linear(feats).float()
         return out_
 
     def forward(
@@ -300,8 +302,9 @@ class RePlaid(nn.Module):
         E = self.embedding()  # (V, d_e)
         zs = None
         if self.cfg.output_prior:
-            alpha, sigma = alpha_sigma(gamma.double())
-            zs = (z.float() * per_position((prior_scale * alpha / sigma**2).float())).reshape(B * L, d_e)
+            with region(PRIOR):
+                alpha, sigma = alpha_sigma(gamma.double())
+                zs = (z.float() * per_position((prior_scale * alpha / sigma**2).float())).reshape(B * L, d_e)
         lin = self.final.linear
         args = (
             feats.reshape(B * L, -1),
@@ -332,9 +335,11 @@ class RePlaid(nn.Module):
         logits = self.head_logits(feats)  # (b, L, V): the head in bf16 under autocast
         with torch.autocast(device_type=z.device.type, enabled=False):
             if self.cfg.output_prior:
-                prior = prior_logits(z, gamma, E, row_norms=not self.cfg.normalize_embeddings)  # float32
-                logits = logits + (prior if prior_scale == 1.0 else prior_scale * prior)
-            e_hat = torch.softmax(logits, dim=-1) @ E.float()  # (b, L, d_e) float32
+                with region(PRIOR):
+                    prior = prior_logits(z, gamma, E, row_norms=not self.cfg.normalize_embeddings)  # float32
+                    logits = logits + (prior if prior_scale == 1.0 else prior_scale * prior)
+            with region(REPARAM):
+                e_hat = torch.softmax(logits, dim=-1) @ E.float()  # (b, L, d_e) float32
         return DenoiserOutput(logits, e_hat)
 
     # ---- parameter groups (paper optimiser tables) ----------------------------------------

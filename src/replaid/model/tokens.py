@@ -32,6 +32,8 @@ from torch import Tensor, nn
 from replaid.config import ModelConfig
 from replaid.model.blocks import block_diffusion_mask, pair_positions
 from replaid.model.dit import Backbone, DiTTimestepFeatures, FinalLayer, KVCache, TimeEmbedding, wide
+from replaid.model.head import chunk_rows, linear_cross_entropy, plain_cross_entropy
+from replaid.regions import HEAD, region
 
 N_TIME_FEATURES = 64
 # the ModelConfig keys a TokenDiT reads beyond the shared backbone (config.BACKBONE_KEYS)
@@ -117,19 +119,37 @@ class TokenDiT(nn.Module):
 
     def head(self, feats: Tensor) -> Tensor:
         """The logit head, bf16 under autocast (the paper's precision table, as RePlaid's), float32 out."""
-        return wide(self.final.linear(feats))
+        with region(HEAD):
+            return wide(self.final.linear(feats))
 
-    def forward(self, x: Tensor, t: Tensor | None = None) -> Tensor:
-        """Returns float32 logits (B, L, n_out)."""
+    def token_nll(self, feats: Tensor, target: Tensor) -> Tensor:
+        """``-log softmax(head(feats))[target]`` (B, L) float32 (float64 in a float64 reference) through the
+        fused chunked cross-entropy (:func:`~replaid.model.head.linear_cross_entropy`: no full float32
+        logits); feats (B, L, hidden) from :meth:`features` or :meth:`block_features`, target (B, L)."""
+        B, L, H = feats.shape
+        lin = self.final.linear
+        mm = torch.get_autocast_dtype(feats.device.type) if torch.is_autocast_enabled(feats.device.type) else None
+        args = (feats.reshape(B * L, H), lin.weight, lin.bias, target.reshape(B * L))
+        if torch.compiler.is_compiling():  # the compiler fuses the plain expression itself
+            return plain_cross_entropy(*args, mm_dtype=mm).view(B, L)
+        return linear_cross_entropy(*args, chunk_rows(self.n_out, self.cfg.head_chunk_rows), mm).view(B, L)
+
+    def features(self, x: Tensor, t: Tensor | None = None) -> Tensor:
+        """The head's input (B, L, hidden) of ids x (B, L) (or soft weights (B, L, K)) at noise level t."""
         h = self.input_states(x)  # (B, L, D)
         c = self.conditioning(t, h.shape[0], h.device)  # (B, cond_dim)
         h = self.backbone(h, c)
-        return self.head(self.final.features(h, c))
+        out_: Tensor = self.final.features(h, c)
+        return out_
 
-    def forward_blocks(self, z: Tensor, x0: Tensor, block: int) -> Tensor:
+    def forward(self, x: Tensor, t: Tensor | None = None) -> Tensor:
+        """Returns float32 logits (B, L, n_out)."""
+        return self.head(self.features(x, t))
+
+    def block_features(self, z: Tensor, x0: Tensor, block: int) -> Tensor:
         """Block diffusion (BD3-LM): the noisy ``z`` and clean ``x0`` ids (B, L) run side by side as one
         (B, 2L) input under :func:`~replaid.model.blocks.block_diffusion_mask`; returns the noisy half's
-        float32 logits (B, L, n_out): block k's given the clean blocks before it and its own noisy block.
+        head input (B, L, hidden): block k's given the clean blocks before it and its own noisy block.
         Unconditioned on time (BD3-LM's default), so one condition serves every block."""
         if self.time_conditioning:
             raise ValueError("block diffusion runs without time conditioning (BD3-LM's default)")
@@ -137,7 +157,12 @@ class TokenDiT(nn.Module):
         h = torch.cat([self.input_states(z), self.input_states(x0)], dim=1)  # (B, 2L, D)
         c = self.conditioning(None, B, h.device)  # (B, cond_dim)
         h = self.backbone(h, c, positions=pair_positions(L, h.device), mask=block_diffusion_mask(L, block, h.device))
-        return self.head(self.final.features(h[:, :L], c))
+        out_: Tensor = self.final.features(h[:, :L], c)
+        return out_
+
+    def forward_blocks(self, z: Tensor, x0: Tensor, block: int) -> Tensor:
+        """:meth:`block_features`' float32 logits (B, L, n_out)."""
+        return self.head(self.block_features(z, x0, block))
 
     # ------------------------------------------------------------------ KV cache (causal, unconditioned)
     @torch.no_grad()
