@@ -34,6 +34,7 @@ from replaid.methods.base import Method, Metrics
 from replaid.training import checkpoint as ck
 from replaid.training import runfolder
 from replaid.training.metrics_log import DeviceMeans, MetricsLogger, require_wandb, trackers
+from replaid.training.signatures import signatures
 
 
 class TrainingDiverged(RuntimeError):
@@ -293,6 +294,18 @@ def embedding_stats(model: nn.Module) -> dict[str, float]:
     return {"emb_norm": float(norms.mean()), "emb_cosine": float((s @ s - V) / (V * (V - 1)))}
 
 
+def probe_signatures(trainer: Trainer, tokens: Tensor, unigram_logp: Tensor) -> dict[str, float]:
+    """The plateau signatures (:mod:`replaid.training.signatures`) of the training weights on the first
+    ``train.signature_rows`` rows of a logged step's first micro-batch, with a generator of their own
+    (seed, step). On the main rank of one process or DDP (an FSDP forward needs every rank); {} when off."""
+    n = trainer.cfg.train.signature_rows
+    if n == 0 or not dist.is_main() or (dist.world_size() > 1 and trainer.cfg.train.parallel != "ddp"):
+        return {}
+    gen = torch.Generator().manual_seed(trainer.cfg.train.seed * 1_000_003 + trainer.step)
+    with autocast_ctx(trainer.device, trainer.cfg.train.precision):
+        return signatures(trainer.method, trainer.model, tokens[:n].to(trainer.device), unigram_logp, gen)
+
+
 def unigram_sums(logp: Tensor, batch: Batch) -> Tensor:
     """(2,) float64: the summed NLL of the batch's real tokens under the train split's add-one unigram
     model ``logp`` (V,), and their count: the reference a training bound is read against (plateau exit)."""
@@ -540,6 +553,7 @@ def _train(
                     tot = dist.all_reduce_sum(uni_sum.to(trainer.device)).cpu()
                     m["unigram"] = float(tot[0] / tot[1])
                     uni_sum.zero_()
+                    m.update(probe_signatures(trainer, cast(Tensor, mbs[0]["tokens"]), uni_logp))
                 trainer.history.append({k: v for k, v in m.items() if isinstance(v, (int, float))})
                 log.log(trainer.step, m)
                 bar.set_postfix(loss=f"{m.get('loss', float('nan')):.3f}", B_r=m.get("B_r", "-"))
