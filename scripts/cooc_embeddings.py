@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("config", type=Path, help="a run config (config.json) naming the corpus and tokenizer")
     p.add_argument("--out", type=Path, required=True, help="the .safetensors file to write (key 'embedding')")
     p.add_argument("--window", type=int, default=2, help="co-occurrence window, tokens either side (default 2)")
+    p.add_argument("--max-tokens", type=int, default=0, help="count only the train split's first N tokens (0: all)")
     args = p.parse_args(argv)
     if args.out.exists() or args.out.suffix != ".safetensors" or args.window < 1:
         print(f"replaid: error: --out {args.out}: must be a new .safetensors file, --window >= 1", file=sys.stderr)
@@ -34,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     data = DataPipeline(cfg, train=False)
     tokens, _ = data.array("train")
+    if args.max_tokens > 0:
+        tokens = tokens[: args.max_tokens]
     w = cooc_embeddings(tokens, data.vocab_size, cfg.model.d_e, args.window, cfg.train.seed)
     save_file({"embedding": torch.from_numpy(w)}, str(args.out))
     print(f"wrote {args.out}: ({data.vocab_size}, {cfg.model.d_e}) unit rows from {len(tokens)} train tokens")
