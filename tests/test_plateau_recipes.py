@@ -65,14 +65,14 @@ def test_curriculum_refuses_what_it_cannot_train(opts):
 def test_cooccurrence_and_ppmi_match_a_plain_loop():
     rng = np.random.default_rng(0)
     toks = rng.integers(0, 7, 300)
-    C = cooccurrence(toks, 7, window=2)
+    C = cooccurrence(toks, 7, window=2).toarray()
     want = np.zeros((7, 7))
     for i in range(len(toks)):
         for j in range(max(0, i - 2), min(len(toks), i + 3)):
             if j != i:
                 want[toks[i], toks[j]] += 1
     np.testing.assert_array_equal(C, want)
-    P = ppmi(C)
+    P = ppmi(cooccurrence(toks, 7, window=2)).toarray()
     n = C.sum()
     for i in range(7):
         for j in range(7):
@@ -86,7 +86,7 @@ def test_cooc_embeddings_are_unit_rows_spanning_the_top_ppmi_directions():
     toks = np.concatenate([rng.integers(0, 10, 50) if k % 2 else rng.integers(10, 20, 50) for k in range(200)])
     w = cooc_embeddings(toks, 21, d_e=4)
     np.testing.assert_allclose(np.linalg.norm(w, axis=1), 1.0, rtol=1e-6)
-    evals, evecs = np.linalg.eigh(ppmi(cooccurrence(toks, 21)))
+    evals, evecs = np.linalg.eigh(ppmi(cooccurrence(toks, 21)).toarray())
     order = np.argsort(-np.abs(evals))[:4]
     G = evecs[:, order] @ np.diag(np.abs(evals[order])) @ evecs[:, order].T  # (V, V) the rank-4 PPMI Gram
     d = np.sqrt(np.diag(G)[:20])
@@ -107,3 +107,27 @@ def test_init_file_embeddings_start_from_the_file_and_learn(tmp_path):
     torch.testing.assert_close(model.embedding(), w / w.norm(dim=-1, keepdim=True), rtol=1e-5, atol=1e-6)
     set_key(cfg, "model.embeddings", "file")
     assert not get_method(cfg).build_model(VOCAB).embedding.weight.requires_grad  # file stays frozen
+
+
+def test_cooc_mode_starts_training_from_the_train_splits_directions(tmp_path):
+    """``model.embeddings=cooc``: the rows a run starts from are :func:`cooc_embeddings` of its train split
+    (held by ``optim.lr_embedding=0`` through two steps); the default ``learned`` rows are not."""
+    import glob
+
+    from safetensors.torch import load_file
+
+    from replaid.cli import main
+    from replaid.data.pipeline import DataPipeline
+
+    rows = {}
+    for mode in ("cooc", "learned"):
+        out = tmp_path / mode
+        argv = ["train", "--preset", "debug", "--out", str(out), "--no-progress", f"model.embeddings={mode}"]
+        assert main([*argv, "optim.lr_embedding=0", "train.steps=2", "train.logger=none"]) == 0
+        f = sorted(glob.glob(str(out / "checkpoints" / "*" / "model.safetensors")))[-1]
+        rows[mode] = load_file(f)["embedding.weight"]
+    cfg = get_preset("debug")
+    data = DataPipeline(cfg, tmp_path / "cooc", train=False)
+    want = cooc_embeddings(data.array("train")[0], data.vocab_size, cfg.model.d_e)
+    np.testing.assert_allclose(rows["cooc"].numpy(), want, atol=1e-6)
+    assert not np.allclose(rows["learned"].numpy(), want, atol=1e-2)

@@ -69,7 +69,8 @@ class ModelConfig:
     self_conditioning: bool = True
     output_prior: bool = True  # add (alpha / sigma^2) z E^T to the logits
     # embeddings: learned | frozen-random | one-hot | file (frozen, read from embeddings_path) | init-file
-    # (learned, starting from embeddings_path's matrix, e.g. scripts/cooc_embeddings.py's data directions)
+    # (learned, starting from embeddings_path's matrix) | cooc (learned, starting from the train split's top
+    # co-occurrence directions, replaid.data.cooc: issue 48's fast start)
     embeddings: str = "learned"
     embeddings_path: str = ""
     # the embedding-exchange ablation (appendix "Exchanging Embedding Configurations"):
@@ -107,9 +108,9 @@ class ModelConfig:
             _check(getattr(self, k) > 0, f"model.{k}", "must be positive")
         _check(0.0 <= self.dropout < 1.0, "model.dropout", "must be in [0, 1)")
         _check(
-            self.embeddings in ("learned", "frozen-random", "one-hot", "file", "init-file"),
+            self.embeddings in ("learned", "frozen-random", "one-hot", "file", "init-file", "cooc"),
             "model.embeddings",
-            "must be one of learned, frozen-random, one-hot, file, init-file",
+            "must be one of learned, frozen-random, one-hot, file, init-file, cooc",
         )
         _check(
             self.embeddings not in ("file", "init-file") or bool(self.embeddings_path),

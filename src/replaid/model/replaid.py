@@ -52,7 +52,7 @@ class TokenEmbedding(nn.Module):
         else:
             w = torch.randn(vocab_size, d_e)
         w = w / (w.norm(dim=-1, keepdim=True) + 1e-8)
-        self.weight = nn.Parameter(w, requires_grad=mode in ("learned", "init-file"))
+        self.weight = nn.Parameter(w, requires_grad=mode in ("learned", "init-file", "cooc"))
 
     def forward(self) -> Tensor:  # (V, d_e) float32, unit rows (raw rows when not normalize)
         w = self.weight.float()

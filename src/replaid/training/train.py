@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from replaid import dist
 from replaid.config import ConfigError, OptimConfig, RunConfig
+from replaid.data.cooc import COOC_TOKENS, cooc_embeddings
 from replaid.data.errors import DataError
 from replaid.data.loader import Batch
 from replaid.data.pipeline import DataPipeline, tokenizer_mismatch
@@ -294,6 +295,15 @@ def embedding_stats(model: nn.Module) -> dict[str, float]:
     return {"emb_norm": float(norms.mean()), "emb_cosine": float((s @ s - V) / (V * (V - 1)))}
 
 
+@torch.no_grad()
+def start_from_data(model: nn.Module, data: DataPipeline) -> None:
+    """``model.embeddings=cooc``: the embedding rows start at the top co-occurrence directions of the train
+    split's first :data:`~replaid.data.cooc.COOC_TOKENS` tokens (identical on every rank)."""
+    tokens = data.array("train")[0][:COOC_TOKENS]
+    w = model.get_submodule("embedding").weight
+    w.copy_(torch.from_numpy(cooc_embeddings(tokens, data.vocab_size, w.shape[1])).to(w.device, w.dtype))
+
+
 def probe_signatures(trainer: Trainer, tokens: Tensor, unigram_logp: Tensor) -> dict[str, float]:
     """The plateau signatures (:mod:`replaid.training.signatures`) of the training weights on the first
     ``train.signature_rows`` rows of a logged step's first micro-batch, with a generator of their own
@@ -484,6 +494,8 @@ def _train(
         except ValueError as e:
             raise ConfigError(str(e)) from None
     model = method.build_model(data.vocab_size).to(device)  # reads model.embeddings_path: a bad file leaves no run
+    if not resume and cfg.model.embeddings == "cooc" and cfg.options is not None:  # a continuous method's rows
+        start_from_data(model, data)
     if not resume and dist.is_main():
         runfolder.begin(run_dir, cfg.to_json())
     torch.manual_seed(cfg.train.seed * 1_000_003 + 29 + dist.rank())  # per-rank dropout streams
