@@ -300,7 +300,7 @@ def start_from_data(model: nn.Module, data: DataPipeline) -> None:
     """``model.embeddings=cooc``: the embedding rows start at the top co-occurrence directions of the train
     split's first :data:`~replaid.data.cooc.COOC_TOKENS` tokens (identical on every rank)."""
     tokens = data.array("train")[0][:COOC_TOKENS]
-    w = model.get_submodule("embedding").weight
+    w = cast(Tensor, model.get_submodule("embedding").weight)  # (V, d_e)
     w.copy_(torch.from_numpy(cooc_embeddings(tokens, data.vocab_size, w.shape[1])).to(w.device, w.dtype))
 
 
