@@ -56,6 +56,14 @@ def interval(xs: list[float]) -> dict[str, Any]:
     return {"n": iv.n, "mean": iv.mean, "lo": iv.lo, "hi": iv.hi}
 
 
+def geometric(ms: list[float | None]) -> dict[str, Any] | None:
+    """exp of the t-interval of log m over seeds; None unless every seed has a multiplier (n >= 2)."""
+    if len(ms) < 2 or any(m is None or not m > 0 for m in ms):
+        return None
+    iv = t_interval([math.log(m) for m in ms if m is not None])
+    return {"n": iv.n, "mean": math.exp(iv.mean), "lo": math.exp(iv.lo), "hi": math.exp(iv.hi)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
@@ -116,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
             "below_unigram": {b: interval([by_seed[s]["below_unigram"].get(b) for s in seeds]) for b in args.budgets},
             "offset": {b: interval([by_seed[s]["offset"].get(b) for s in seeds]) for b in args.budgets},
             "multiplier": {b: [by_seed[s]["multiplier"].get(b) for s in seeds] for b in args.budgets},
+            # the geometric mean of the multipliers with the t-interval of their logs (every seed reached)
+            "multiplier_interval": {
+                b: geometric([by_seed[s]["multiplier"].get(b) for s in seeds]) for b in args.budgets
+            },
         }
         if cell != args.reference and ref_runs:
             paired = [s for s in seeds if s in ref_runs]

@@ -43,3 +43,67 @@ def test_bound_at_averages_the_window_and_reads_below_unigram():
     assert c.bound_at(200, window=150) == pytest.approx(4.0)  # rows 100, 150, 200 (not 50)
     assert c.below_unigram_at(200, window=100) == pytest.approx(((7.0 - 4.0) + (7.5 - 3.0)) / 2)
     assert math.isnan(c.bound_at(10))
+
+
+def test_study_script_on_a_planned_grid_with_known_curves(tmp_path, capsys):
+    """scripts/plateau_study.py on a planned grid whose runs log curves written here: the exits, the
+    paired exit differences (exact, and bounded for a run still on the plateau) and the multipliers."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from replaid.cli import main
+    from replaid.config import read_run_config
+    from replaid.training.flops import train_flops_per_token
+
+    g = tmp_path / "g"
+    argv = ["grid", "plan", "--base", "debug", "--out", str(g), "--seeds", "2", "--reference", "replaid"]
+    argv += ["--cell", "replaid", "--cell", "mdlm", "method=mdlm", "--cell", "fast", "model.self_conditioning=false"]
+    assert main([*argv, "--", "train.steps=1000"]) == 0
+    capsys.readouterr()
+    steps = list(range(50, 1050, 50))
+    exits = {
+        ("mdlm", 0): 100,
+        ("mdlm", 1): 100,
+        ("replaid", 0): None,
+        ("replaid", 1): 900,
+        ("fast", 0): 300,
+        ("fast", 1): 400,
+    }
+    per_mdlm = 0.0  # the mdlm rows come first and set it
+    for (cell, seed), ex in exits.items():
+        run = g / "runs" / f"{cell}__s{seed}"
+        run.mkdir(parents=True, exist_ok=True)
+        cfg = read_run_config(g / "configs" / f"{cell}__s{seed}.json")
+        per = train_flops_per_token(cfg, cfg.data.bpe_vocab_size) * cfg.train.batch_size * cfg.data.seq_len
+        rows = []
+        for s in steps:
+            if ex is None or s < ex:
+                b = 7.0
+            elif cell == "mdlm":
+                b = 7.0 - 0.5 * math.log(per * s / (per * ex)) - 0.31
+            else:  # 2x less efficient per FLOP than mdlm once off the plateau
+                m_ex = exits[("mdlm", seed)]
+                b = 7.0 - 0.5 * math.log(per * s / 2.0 / (per_mdlm * m_ex)) - 0.31
+            rows.append({"step": s, "loss": b, "unigram": 7.0})
+        if cell == "mdlm":
+            per_mdlm = per
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "study"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "plateau_study.py"
+    r = subprocess.run(
+        [sys.executable, str(script), str(g), "--budgets", "600", "1000", "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    d = json.loads((out / "study.json").read_text())
+    assert d["cells"]["fast"]["exit_steps"] == [300, 400] and d["cells"]["replaid"]["exit_steps"] == [None, 900]
+    paired = d["cells"]["fast"]["paired"]
+    assert paired["exit_diff_exact"] == [400 - 900] and paired["exit_diff_at_most"] == [300 - 1000]
+    for seed in ("0", "1"):
+        # 2x up to the 150-step smoothing of two curves sampled at other FLOPs per step
+        assert d["runs"]["fast"][seed]["multiplier"]["1000"] == pytest.approx(2.0, rel=0.03)
+    assert d["cells"]["fast"]["multiplier_interval"]["1000"]["mean"] == pytest.approx(2.0, rel=0.03)
+    assert (out / "below_unigram.png").stat().st_size > 1000
