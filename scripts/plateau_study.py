@@ -41,8 +41,9 @@ def step_flops(cfg_path: Path) -> tuple[float, float, int, int]:
 
 def curve_of(run: Path, cfg_path: Path) -> tuple[Curve, int]:
     rows = training_rows(run)
-    steps = [s for s in sorted(rows) if rows[s][1] is not None]
     per, per_block, n, tokens = step_flops(cfg_path)
+    # a curriculum's rows up to its switch are the block bound (clean context), not the run's bound: left out
+    steps = [s for s in sorted(rows) if rows[s][1] is not None and s > n]
     flops = [per * s + (per_block - per) * min(s, n) for s in steps]
     uni = [float(rows[s][1]) for s in steps]  # type: ignore[arg-type]
     return Curve(steps, [rows[s][0] for s in steps], uni, flops), tokens
@@ -165,9 +166,81 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
     }
     (args.out / "study.json").write_text(json.dumps(out, indent=1, allow_nan=False, default=str).replace("NaN", "null"))
+    (args.out / "study.md").write_text(markdown(out))
     plot(curves, runs, args)
-    print(f"wrote {args.out}/study.json, below_unigram.png, bound_flops.png ({len(curves)} runs)")
+    print(f"wrote {args.out}/study.json, study.md, below_unigram.png, bound_flops.png ({len(curves)} runs)")
     return 0
+
+
+def fmt(x: Any, nd: int = 3, sign: bool = False) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    return f"{x:+.{nd}f}" if sign else f"{x:.{nd}f}"
+
+
+def iv(d: dict[str, Any] | None, nd: int = 3, sign: bool = False) -> str:
+    """``mean [lo, hi]`` of an :func:`interval` (``mean (n = 1)`` without an interval)."""
+    if not d or d.get("mean") is None:
+        return "-"
+    if d.get("lo") is None:
+        return f"{fmt(d['mean'], nd, sign)} (n = {d['n']})"
+    return f"{fmt(d['mean'], nd, sign)} [{fmt(d['lo'], nd, sign)}, {fmt(d['hi'], nd, sign)}]"
+
+
+def markdown(out: dict[str, Any]) -> str:
+    """The study's tables: exits, distance below unigram per budget, paired differences against the
+    reference cell, offsets and compute multipliers against the ``against`` method."""
+    b = out["budgets"]
+    ref, against = out["reference"], out["against"]
+    cells = out["cells"]
+    lines = [
+        f"Grids: {', '.join(out['grids'])}. Intervals: 95% t over seeds, uncorrected. Exit: the first logged step "
+        f"from which the training bound stays {out['plateau_nats']} nats below the unigram NLL of its own tokens.",
+        "",
+        "| cell | seeds | exit steps | nats below unigram at " + " / ".join(map(str, b)) + " steps |",
+        "|---|---|---|---|",
+    ]
+    for c, v in cells.items():
+        ex = ", ".join("-" if x is None else str(x) for x in v["exit_steps"])
+        below = " / ".join(
+            iv(v["below_unigram"][str(x)] if str(x) in v["below_unigram"] else v["below_unigram"].get(x), 2) for x in b
+        )
+        lines.append(f"| {c} | {len(v['seeds'])} | {ex} | {below} |")
+    lines += ["", f"Paired against `{ref}` (same seeds): exit-step difference, bound difference at each budget.", ""]
+    lines += [
+        "| cell | exit difference (steps) | bound difference at " + " / ".join(map(str, b)) + " |",
+        "|---|---|---|",
+    ]
+    for c, v in cells.items():
+        pd = v.get("paired")
+        if not pd:
+            continue
+        exact = ", ".join(f"{d:+d}" for d in pd["exit_diff_exact"])
+        at_most = ", ".join(f"<= {d:+d}" for d in pd["exit_diff_at_most"])
+        ed = iv(pd["exit_diff"], 0, True) if pd["exit_diff"] else "; ".join(x for x in (exact, at_most) if x) or "-"
+        bd = " / ".join(
+            iv(pd["bound_diff"][str(x)] if str(x) in pd["bound_diff"] else pd["bound_diff"].get(x), 3, True) for x in b
+        )
+        lines.append(f"| {c} | {ed} | {bd} |")
+    lines += [
+        "",
+        f"Against `{against}` (same seed) at equal compute, once both have left the plateau: offset (nats/token above its curve) and compute multiplier (per seed; geometric mean [interval] when every seed has one).",
+        "",
+    ]
+    lines += ["| cell | budget | offset | multipliers | multiplier |", "|---|---|---|---|---|"]
+    for c, v in cells.items():
+        if c == against:
+            continue
+        for x in b:
+            key = str(x) if str(x) in v["offset"] else x
+            ms = v["multiplier"].get(key, [])
+            if not any(m is not None for m in ms):
+                continue
+            mi = v["multiplier_interval"].get(key)
+            lines.append(
+                f"| {c} | {x} | {iv(v['offset'][key], 3, True)} | {', '.join(fmt(m, 2) for m in ms)} | {iv(mi, 2)} |"
+            )
+    return "\n".join(lines) + "\n"
 
 
 def plot(curves: dict[tuple[str, int], Curve], runs: dict[str, Any], args: argparse.Namespace) -> None:
