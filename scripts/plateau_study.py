@@ -57,6 +57,17 @@ def interval(xs: list[float]) -> dict[str, Any]:
     return {"n": iv.n, "mean": iv.mean, "lo": iv.lo, "hi": iv.hi}
 
 
+def finite(x: Any) -> Any:
+    """``x`` with every non-finite float as None and int keys as strings (strict JSON)."""
+    if isinstance(x, dict):
+        return {str(k): finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
 def geometric(ms: list[float | None]) -> dict[str, Any] | None:
     """exp of the t-interval of log m over seeds; None unless every seed has a multiplier (n >= 2)."""
     if len(ms) < 2 or any(m is None or not m > 0 for m in ms):
@@ -165,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         "cells": cells,
         "runs": runs,
     }
-    (args.out / "study.json").write_text(json.dumps(out, indent=1, allow_nan=False, default=str).replace("NaN", "null"))
+    (args.out / "study.json").write_text(json.dumps(finite(out), indent=1, allow_nan=False))
     (args.out / "study.md").write_text(markdown(out))
     plot(curves, runs, args)
     print(f"wrote {args.out}/study.json, study.md, below_unigram.png, bound_flops.png ({len(curves)} runs)")
