@@ -29,7 +29,8 @@ The optional hooks have defaults: :meth:`before_step` / :meth:`after_step` (arou
 step), :meth:`refresh` (on logging steps: the one host read of method statistics), :meth:`compile`,
 :meth:`state_dict` / :meth:`load_state_dict` (method state saved in checkpoints and exports),
 :meth:`eval_summary` (extra evaluation figures), :meth:`divergence_hint` (what to say when training
-diverges) and :meth:`embedding_rows` (the token embeddings ``replaid geometry`` draws).
+diverges), :meth:`probe` (the predictions at a fixed time behind the training log's plateau signatures)
+and :meth:`embedding_rows` (the token embeddings ``replaid geometry`` draws).
 The test module ``tests/test_method_contract.py`` runs every registered method through all of them.
 """
 
