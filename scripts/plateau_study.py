@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--against", default="mdlm", help="the method whose curve the offset is read against")
     p.add_argument("--budgets", type=int, nargs="+", default=[300, 600, 1200, 2400])
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--partial", action="store_true", help="include runs still training (default: finished runs only)")
     args = p.parse_args(argv)
     runs: dict[str, dict[int, dict[str, Any]]] = {}
     curves: dict[tuple[str, int], Curve] = {}
@@ -92,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     for g, e in found:
         run = g / e.run_dir
         if (e.cell, e.seed) in curves or not (run / "metrics.jsonl").is_file():
+            continue
+        if not args.partial and not (run / "final_eval.json").is_file():
             continue
         c, tokens = curve_of(run, g / e.config)
         if not c.steps:

@@ -93,7 +93,7 @@ def test_study_script_on_a_planned_grid_with_known_curves(tmp_path, capsys):
     out = tmp_path / "study"
     script = Path(__file__).resolve().parents[1] / "scripts" / "plateau_study.py"
     r = subprocess.run(
-        [sys.executable, str(script), str(g), "--budgets", "600", "1000", "--out", str(out)],
+        [sys.executable, str(script), str(g), "--budgets", "600", "1000", "--out", str(out), "--partial"],
         capture_output=True,
         text=True,
     )
