@@ -183,6 +183,20 @@ def test_grid_plan_run_report_end_to_end(tmp_path, capsys):
             want = next((r["step"] for i, r in enumerate(rows) if all(ok[i:])), None)
             assert got == want
     assert "plateau exit (step)" in (g / "report.md").read_text()
+    # the plateau signatures beside the exits: every seed's logged values, the deepest layer's per-layer keys
+    from replaid.scaling.grid import read_grid, signature_series
+
+    assert "signatures.png" in (g / "report.md").read_text() and (g / "signatures.png").stat().st_size > 1000
+    sig = signature_series(g, read_grid(g)[1])
+    assert set(sig["kl_unigram/t0.5"]) == {"ref", "nosc"} and len(sig["kl_unigram/t0.5"]["ref"]) == 3
+    assert "sc_cosine" in sig and set(sig["sc_cosine"]) == {"ref"}  # only the self-conditioned cell feeds back
+    rows = [json.loads(x) for x in (g / "runs" / "ref__s1" / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "loss" in r]
+    deepest = max(int(k.split("/")[1]) for k in rows[0] if k.startswith("attn_entropy/"))
+    assert sig["attn_entropy/last"]["ref"][1] == (
+        [r["step"] for r in rows],
+        [r[f"attn_entropy/{deepest}"] for r in rows],
+    )
     assert main(["grid", "report", str(g), "--reference", "nope"]) == 2
 
 

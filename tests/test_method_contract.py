@@ -123,6 +123,11 @@ def test_eval_bound_shape_and_finiteness(name, device):
     assert bool(torch.isfinite(rm[m.bound]).all())
     assert m.embedding_rows(model).shape[0] == V
     assert isinstance(m.eval_summary(model), dict)
+    p = m.probe(model, tokens(device=device), 0.5, torch.Generator().manual_seed(1))  # plateau signatures
+    if p is not None:
+        assert p.logits.shape == (B, L, V) and p.keep.shape == (B, L) and p.keep.dtype == torch.bool
+        assert bool(torch.isfinite(p.logits[p.keep]).all())
+        assert p.prior is None or p.prior.shape == p.logits.shape
 
 
 @pytest.mark.parametrize("name", NAMES)

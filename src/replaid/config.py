@@ -68,7 +68,9 @@ class ModelConfig:
     dropout: float = 0.0
     self_conditioning: bool = True
     output_prior: bool = True  # add (alpha / sigma^2) z E^T to the logits
-    # embeddings: learned | frozen-random | one-hot | file (frozen, read from embeddings_path)
+    # embeddings: learned | frozen-random | one-hot | file (frozen, read from embeddings_path) | init-file
+    # (learned, starting from embeddings_path's matrix) | cooc (learned, starting from the train split's top
+    # co-occurrence directions, replaid.data.cooc: issue 48's fast start)
     embeddings: str = "learned"
     embeddings_path: str = ""
     # the embedding-exchange ablation (appendix "Exchanging Embedding Configurations"):
@@ -106,17 +108,17 @@ class ModelConfig:
             _check(getattr(self, k) > 0, f"model.{k}", "must be positive")
         _check(0.0 <= self.dropout < 1.0, "model.dropout", "must be in [0, 1)")
         _check(
-            self.embeddings in ("learned", "frozen-random", "one-hot", "file"),
+            self.embeddings in ("learned", "frozen-random", "one-hot", "file", "init-file", "cooc"),
             "model.embeddings",
-            "must be one of learned, frozen-random, one-hot, file",
+            "must be one of learned, frozen-random, one-hot, file, init-file, cooc",
         )
         _check(
-            self.embeddings != "file" or bool(self.embeddings_path),
+            self.embeddings not in ("file", "init-file") or bool(self.embeddings_path),
             "model.embeddings_path",
-            "is required when model.embeddings=file",
+            f"is required when model.embeddings={self.embeddings}",
         )
         _check(
-            self.embeddings == "file" or not self.embeddings_path,
+            self.embeddings in ("file", "init-file") or not self.embeddings_path,
             "model.embeddings_path",
             f"is read only with model.embeddings=file (here {self.embeddings}); set model.embeddings=file "
             f"to start from that matrix, or drop model.embeddings_path",
@@ -222,6 +224,8 @@ class TrainConfig:
     parallel: str = "ddp"  # under torchrun: ddp | fsdp | hsdp (FSDP2 on a replicate x shard mesh)
     hsdp_shard: int = 0  # hsdp: ranks per shard group (0 = the ranks of one node, LOCAL_WORLD_SIZE)
     max_nonfinite_steps: int = 10  # stop after this many NaN/Inf steps in a row (each one is skipped)
+    # plateau signatures on logging steps (training/signatures.py): rows of the step's batch probed, 0 = off
+    signature_rows: int = 8
     logger: str = "tensorboard"  # trackers beside metrics.jsonl: tensorboard | wandb | tensorboard+wandb | none
     wandb_project: str = "replaid"  # the W&B project of train.logger=wandb (entity: WANDB_ENTITY or wandb's default)
 
@@ -250,6 +254,7 @@ class TrainConfig:
         ):
             _check(getattr(self, k) >= 0, f"train.{k}", f"must be >= 0 (0 = {zero})")
         _check(self.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", "must be >= 1")
+        _check(self.signature_rows >= 0, "train.signature_rows", "must be >= 0 (0 = no plateau signatures)")
         parts = self.logger.split("+")
         _check(
             self.logger == "none" or (len(set(parts)) == len(parts) and set(parts) <= {"tensorboard", "wandb"}),

@@ -570,3 +570,58 @@ def plot_curves(curves: dict[str, dict[int, tuple[list[int], list[float]]]], pat
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+# the plateau signatures a grid report draws (replaid.training.signatures), with the schedule's gamma_0
+SIGNATURE_PANELS = (
+    ("kl_unigram/t0.5", "KL(p_theta || unigram) at t = 0.5"),
+    ("attn_entropy/last", "attention entropy, last layer (nats)"),
+    ("pos_cosine/last", "cosine between positions, last layer"),
+    ("emb_rank", "embedding effective rank"),
+    ("emb_min_dist", "embedding min pairwise distance"),
+    ("prior_share/t0.5", "output prior's share of logit variance, t = 0.5"),
+    ("sc_cosine", "cos(self-conditioning input, clean e), t = 0.5"),
+    ("gamma_0", "gamma_0"),
+)
+
+
+def plot_signatures(
+    series: dict[str, dict[str, dict[int, tuple[list[int], list[float]]]]],
+    exits: dict[str, dict[int, int | None]],
+    path: Path,
+    title: str = "",
+) -> Path:
+    """One panel per logged signature (:data:`SIGNATURE_PANELS`): ``series[key][cell][seed] = (steps,
+    values)``; one colour per cell, one line style per seed, and each run's plateau exit
+    (``exits[cell][seed]``) as a dotted vertical line of its colour and style."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(k, label) for k, label in SIGNATURE_PANELS if series.get(k)]
+    cols = 2
+    rows = max(1, (len(panels) + cols - 1) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(11, 2.8 * rows), squeeze=False)
+    cells = sorted({c for by_cell in series.values() for c in by_cell})
+    styles = ["-", "--", ":", "-."]
+    for ax, (key, label) in zip(axes.flat, panels, strict=False):
+        for i, cell in enumerate(cells):
+            for j, (seed, (steps, vals)) in enumerate(sorted(series[key].get(cell, {}).items())):
+                ax.plot(steps, vals, color=f"C{i % 10}", ls=styles[j % 4], lw=0.9, label=f"{cell} s{seed}")
+                ex = exits.get(cell, {}).get(seed)
+                if ex is not None:
+                    ax.axvline(ex, color=f"C{i % 10}", ls=":", lw=0.8, alpha=0.6)
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    if panels:
+        axes.flat[0].legend(fontsize=6, ncol=2)
+    fig.suptitle(title or "plateau signatures (dotted verticals: each run's plateau exit)", fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

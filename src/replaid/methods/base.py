@@ -29,7 +29,8 @@ The optional hooks have defaults: :meth:`before_step` / :meth:`after_step` (arou
 step), :meth:`refresh` (on logging steps: the one host read of method statistics), :meth:`compile`,
 :meth:`state_dict` / :meth:`load_state_dict` (method state saved in checkpoints and exports),
 :meth:`eval_summary` (extra evaluation figures), :meth:`divergence_hint` (what to say when training
-diverges) and :meth:`embedding_rows` (the token embeddings ``replaid geometry`` draws).
+diverges), :meth:`probe` (the predictions at a fixed time behind the training log's plateau signatures)
+and :meth:`embedding_rows` (the token embeddings ``replaid geometry`` draws).
 The test module ``tests/test_method_contract.py`` runs every registered method through all of them.
 """
 
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeAlias, TypeVar
 
 import torch
@@ -60,6 +62,19 @@ ModelT = TypeVar("ModelT", bound=nn.Module)
 # one number for the micro-batch (RePlaid's B_r, Duo's tau); the trainer concatenates the tensors of
 # the micro-batches and keeps the last number.
 Metrics: TypeAlias = dict[str, Tensor | float]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A method's token predictions at one fixed time, for the training log's plateau signatures
+    (:mod:`replaid.training.signatures`): what the network predicts, where, and from what."""
+
+    logits: Tensor  # (B, L, V) float32: the predicted token distribution's logits (output prior included)
+    keep: Tensor  # (B, L) bool: positions with a prediction (MDLM: the masked ones)
+    prior: Tensor | None = None  # (B, L, V): the output prior logits inside ``logits`` (RePlaid, Plaid)
+    sc_estimate: Tensor | None = None  # (B, L, d_e): what self-conditioning fed back (the first pass's e_hat)
+    clean: Tensor | None = None  # (B, L, d_e): the clean embeddings of the tokens
+    sc_input: float | None = None  # ||W_sc(sqrt(d_e) e_sc)|| / ||h_0 without it||
 
 
 class Method(ABC, Generic[ModelT]):
@@ -169,6 +184,11 @@ class Method(ABC, Generic[ModelT]):
     def divergence_hint(self, model: ModelT) -> str:
         """A likely cause to name, beside the learning rate, when training diverges ("" for none)."""
         return ""
+
+    def probe(self, model: ModelT, tokens: Tensor, t: float, generator: torch.Generator) -> Probe | None:
+        """The network's predictions for tokens (B, L) noised at time ``t`` as in training, with noise from
+        ``generator`` (not the training streams), for the plateau signatures; None: not defined (AR, Duo)."""
+        return None
 
     @abstractmethod
     def embedding_rows(self, model: ModelT) -> Tensor:

@@ -33,7 +33,7 @@ from torch import Tensor
 from replaid.config import ConfigError, RunConfig
 from replaid.diffusion.nelbo import stratified_time_average
 from replaid.diffusion.rng import device_generator
-from replaid.methods.base import Kind, Method, Metrics
+from replaid.methods.base import Kind, Method, Metrics, Probe
 from replaid.model.tokens import TOKEN_MODEL_KEYS, TokenDiT
 from replaid.regions import AGGREGATION, region
 
@@ -233,6 +233,19 @@ class MDLMMethod(Method[TokenDiT]):
         return stratified_time_average(
             weighted_ce, tokens.shape[0], self.cfg.eval.t_samples, generator, self.eps, 1.0, tokens.device
         )
+
+    @torch.no_grad()
+    def probe(self, model: TokenDiT, tokens: Tensor, t: float, generator: torch.Generator) -> Probe:
+        """The predictions at the masked positions of tokens (B, L) masked at time t (the whole sequence)."""
+        dev = tokens.device
+        B, L = tokens.shape
+        tt = torch.full((B,), t, dtype=torch.float64, device=dev)
+        masked = (
+            torch.rand(B, L, generator=generator, dtype=torch.float64).to(dev) < mask_probability(tt, self.eps)[:, None]
+        )
+        z = torch.where(masked, torch.full_like(tokens, model.n_out), tokens)
+        logits = model(z, tt.float() if model.time_conditioning else None).float()  # (B, L, V)
+        return Probe(logits, masked)
 
     def embedding_rows(self, model: TokenDiT) -> Tensor:
         return model.rows(model.n_out)

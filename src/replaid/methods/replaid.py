@@ -32,6 +32,7 @@ from torch import Tensor
 
 from replaid import dist
 from replaid.config import ConfigError, RunConfig, check
+from replaid.diffusion.denoiser import prior_logits
 from replaid.diffusion.nelbo import (
     block_nelbo_per_sequence,
     diffusion_loss,
@@ -43,7 +44,7 @@ from replaid.diffusion.nelbo import (
     prior_kl,
 )
 from replaid.diffusion.rng import device_generator, host_uniform
-from replaid.methods.base import Kind, Method, Metrics
+from replaid.methods.base import Kind, Method, Metrics, Probe
 from replaid.model.replaid import BlockContext, RePlaid, denoise
 from replaid.regions import AGGREGATION, SELF_CONDITIONING, region
 
@@ -71,6 +72,11 @@ class DiffusionOptions:
     ce_weight: float = 0.0  # paper sec. 5.1: + w * CE(t); gradient reaches only E and the denoiser
     prior_ramp_steps: int = 0  # Plaid: output-prior scale ramps 0 -> 1 over these training steps (0 = off)
     block_size: int = 0  # BD3-LM's blocks (issue 39): 0 = the whole sequence (today's model); else divides seq_len
+    # a block-size curriculum (issue 48): the first curriculum_steps optimiser steps train the block
+    # bound with blocks of curriculum_block tokens (clean context, BD3-LM's pass), then the whole sequence;
+    # the model, its bound and its samplers stay the whole sequence's (block_size 0)
+    curriculum_steps: int = 0
+    curriculum_block: int = 4
 
     def validate(self) -> None:
         check(self.gamma_0 < self.gamma_1, "diffusion.gamma_0", "must be smaller than diffusion.gamma_1")
@@ -81,6 +87,8 @@ class DiffusionOptions:
         check(self.ce_weight >= 0, "diffusion.ce_weight", "must be >= 0")
         check(self.prior_ramp_steps >= 0, "diffusion.prior_ramp_steps", "must be >= 0")
         check(self.block_size >= 0, "diffusion.block_size", "must be >= 0 (0: the whole sequence)")
+        check(self.curriculum_steps >= 0, "diffusion.curriculum_steps", "must be >= 0 (0: no curriculum)")
+        check(self.curriculum_block >= 1, "diffusion.curriculum_block", "must be >= 1")
 
 
 # the model keys of the continuous networks (RePlaid's and Plaid's) beyond the shared backbone
@@ -284,6 +292,7 @@ class RePlaidMethod(Method[RePlaid]):
         self.block = self.opts.block_size or L  # tokens per block; == L: today's model, the code path of old
         self.blocks = self.block < L
         self.core = self.block_loss_core if self.blocks else self.loss_core  # compiled by compile()
+        self.block_core = self.block_loss_core  # the curriculum's (compiled by compile())
         self.step = 0  # optimiser steps taken (for the output-prior ramp)
 
     def prior_scale(self) -> float:
@@ -327,12 +336,15 @@ class RePlaidMethod(Method[RePlaid]):
         t = torch.cat([torch.zeros(B_r, dtype=torch.float64, device=dev), t_diff.to(dev, torch.float64)])
         is_recon = torch.arange(B, device=dev) < B_r
         hook_w = torch.zeros(B, dtype=torch.float64, device=dev)  # filled with L_diff below
-        if self.blocks:  # a time per (row, block), the hook and detaching per row (module docstring)
-            t = self.block_times(t, is_recon, tokens.shape[1] // self.block)  # (B, K)
+        block = self.train_block()
+        if block < tokens.shape[1]:  # a time per (row, block), the hook and detaching per row (module docstring)
+            t = self.block_times(t, is_recon, tokens.shape[1] // block)  # (B, K)
             gamma, dgamma = model.schedule(t, var_hook_weight=hook_w[:, None], detach_shape=(is_recon | sc)[:, None])
+            core = self.core if self.blocks else self.block_core
         else:
             gamma, dgamma = model.schedule(t, var_hook_weight=hook_w, detach_shape=is_recon | sc)
-        loss, recon, diff, prior = self.core(model, tokens, gamma, dgamma, sc, sc_idx, eps, B_r, ps, mask)
+            core = self.core
+        loss, recon, diff, prior = core(model, tokens, gamma, dgamma, sc, sc_idx, eps, B_r, ps, mask, block)
         hook_w[B_r:] = diff.detach()  # variance-minimisation hook weight (paper code figure)
         metrics: Metrics = {
             "recon": recon.detach(),
@@ -362,6 +374,7 @@ class RePlaidMethod(Method[RePlaid]):
         B_r: int,
         ps: float,
         mask: Tensor | None,
+        block: int = 0,
     ) -> LossParts:
         """Algorithm 1 from the drawn noise and the schedule's (gamma, gamma') (B,) float64 on: no
         generator, hook or host sync, so ``train.compile`` compiles it whole (:meth:`compile`).
@@ -408,27 +421,29 @@ class RePlaidMethod(Method[RePlaid]):
         B_r: int,
         ps: float,
         mask: Tensor | None,
+        block: int = 0,
     ) -> LossParts:
         """:meth:`loss_core` with blocks (module docstring): gamma, gamma' (B, K) per (row, block); each
         block's recon / diffusion term given the clean blocks before it, from one vectorised pass over
         [z_t, x_0] (two on self-conditioned rows). Returns (loss, recon (B_r,), diffusion (B - B_r,),
-        prior (B,)), per-row sums of the blocks' shares."""
+        prior (B,)), per-row sums of the blocks' shares. ``block``: tokens per block (0: ``diffusion.block_size``)."""
+        block = block or self.block
         E = model.embedding()  # (V, d_e) unit rows
         gamma = torch.where(sc[:, None], gamma.detach(), gamma)  # (B, K)
         dgamma = torch.where(sc[:, None], dgamma.detach(), dgamma)
-        g_tok = gamma.repeat_interleave(self.block, dim=1)  # (B, L): each token at its block's level
-        dg_tok = dgamma.repeat_interleave(self.block, dim=1)
+        g_tok = gamma.repeat_interleave(block, dim=1)  # (B, L): each token at its block's level
+        dg_tok = dgamma.repeat_interleave(block, dim=1)
         e = E[tokens]  # (B, L, d_e)
         e = torch.where(sc.view(-1, 1, 1), e.detach(), e)
         z = forward_noise(e, g_tok, eps)  # (B, L, d_e)
-        ctx = BlockContext(e, self.block)  # the clean copy: block k sees the clean blocks before it
+        ctx = BlockContext(e, block)  # the clean copy: block k sees the clean blocks before it
         e_sc = None
         if sc_idx.numel():  # a fixed count: no sync
             with (
                 torch.no_grad(),
                 region(SELF_CONDITIONING),
             ):  # every noisy block's first estimate, from its own block and clean prefix
-                sub = BlockContext(e[sc_idx], self.block)
+                sub = BlockContext(e[sc_idx], block)
                 first = model.train_outputs(z[sc_idx], g_tok[sc_idx], None, tokens[sc_idx], sc[sc_idx], ps, sub)[1]
             e_sc = torch.zeros_like(z).index_copy(0, sc_idx, first)  # block k's estimate at block k's rows
         nll, e_hat = model.train_outputs(z, g_tok, e_sc, tokens, ~sc, ps, ctx)  # (B, L), (B, L, d_e)
@@ -444,6 +459,15 @@ class RePlaidMethod(Method[RePlaid]):
         """``train.compile``: compile :meth:`loss_core` (:meth:`block_loss_core` with blocks: the whole loss
         but the noise draws and the schedule with its variance hook)."""
         self.core = torch.compile(self.block_loss_core if self.blocks else self.loss_core)
+        if self.opts.curriculum_steps and not self.blocks:
+            self.block_core = torch.compile(self.block_loss_core)
+
+    def train_block(self) -> int:
+        """Tokens per block of this training step: ``diffusion.block_size`` (the sequence length without
+        blocks), or the curriculum's ``curriculum_block`` during its first ``curriculum_steps`` steps."""
+        if not self.blocks and self.step < self.opts.curriculum_steps:
+            return min(self.opts.curriculum_block, self.cfg.data.seq_len)
+        return self.block
 
     def recon_rows(self, batch: int) -> int:
         """B_r of Algorithm 1 line 2 (the adaptive split, as of the last :meth:`refresh`)."""
@@ -457,6 +481,12 @@ class RePlaidMethod(Method[RePlaid]):
         b, L = opts.block_size, cfg.data.seq_len
         if b < 0 or (b and L % b):
             raise ConfigError(f"diffusion.block_size={b} must be 0 (the whole sequence) or divide data.seq_len={L}")
+        if opts.curriculum_steps and (0 < b < L or L % opts.curriculum_block or opts.ce_weight > 0):
+            raise ConfigError(
+                f"diffusion.curriculum_steps={opts.curriculum_steps} needs a whole-sequence run (diffusion.block_size=0, "
+                f"here {b}), diffusion.curriculum_block dividing data.seq_len={L} (here {opts.curriculum_block}) "
+                f"and diffusion.ce_weight=0 (here {opts.ce_weight:g}); change one of them or set diffusion.curriculum_steps=0"
+            )
         if 0 < b < L and opts.ce_weight > 0:
             raise ConfigError(
                 f"diffusion.ce_weight is not built for blocks (diffusion.block_size={b}): set diffusion.ce_weight=0"
@@ -543,6 +573,30 @@ class RePlaidMethod(Method[RePlaid]):
 
     def embedding_rows(self, model: RePlaid) -> Tensor:
         return model.embedding_matrix()
+
+    @torch.no_grad()
+    def probe(self, model: RePlaid, tokens: Tensor, t: float, generator: torch.Generator) -> Probe:
+        """The evaluation-time prediction (self-conditioning on every row) of tokens (B, L) at time t, the
+        whole sequence at one level (a block run's probe too); the head and the output prior apart."""
+        dev = tokens.device
+        gamma, _ = model.schedule(torch.full((tokens.shape[0],), t, dtype=torch.float64, device=dev))  # (B,)
+        E = model.embedding()  # (V, d_e)
+        e = E[tokens]  # (B, L, d_e)
+        z = forward_noise(e, gamma, torch.randn(e.shape, generator=generator).to(dev))
+        e_sc, sc_input = None, None
+        if model.self_conditioning:
+            e_sc = model(z, gamma, None).e_hat  # (B, L, d_e)
+            h0, _ = model.input_states(z, gamma, None)
+            fed = model.in_sc(e_sc.float() * math.sqrt(model.d_e))
+            sc_input = float(fed.norm() / h0.norm().clamp_min(1e-30))
+        feats, _ = model.hidden_states(z, gamma, e_sc)
+        head = model.head_logits(feats)  # (B, L, V)
+        prior = (
+            prior_logits(z, gamma, E, row_norms=not model.cfg.normalize_embeddings) if model.cfg.output_prior else None
+        )
+        logits = head if prior is None else head + prior
+        keep = torch.ones(tokens.shape, dtype=torch.bool, device=dev)
+        return Probe(logits, keep, prior, e_sc, e, sc_input)
 
     def state_dict(self) -> dict[str, Any]:
         return {"split": self.split.state_dict(), "step": self.step}

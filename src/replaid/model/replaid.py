@@ -48,12 +48,12 @@ class TokenEmbedding(nn.Module):
         self.normalize = normalize
         if mode == "one-hot":
             w = torch.eye(vocab_size, d_e)
-        elif mode == "file":
+        elif mode in ("file", "init-file"):  # file: frozen; init-file: learned from there
             w = load_embedding_file(path, vocab_size, d_e)
         else:
             w = torch.randn(vocab_size, d_e)
         w = w / (w.norm(dim=-1, keepdim=True) + 1e-8)
-        self.weight = nn.Parameter(w, requires_grad=(mode == "learned"))
+        self.weight = nn.Parameter(w, requires_grad=mode in ("learned", "init-file", "cooc"))
 
     def forward(self) -> Tensor:  # (V, d_e) float32, unit rows (raw rows when not normalize)
         w = self.weight.float()

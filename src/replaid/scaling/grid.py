@@ -18,10 +18,12 @@ from typing import Any
 from replaid import schema
 from replaid.config import ConfigError, RunConfig, read_run_config
 from replaid.eval.grid import (
+    SIGNATURE_PANELS,
     GridSpec,
     plan,
     plot_curves,
     plot_report,
+    plot_signatures,
     report,
     report_markdown,
     run_value,
@@ -177,6 +179,13 @@ def write_report(
     if curves:
         md += "\n![training curves](curves.png)\n"
         plot_curves(curves, out / "curves.png", f"{name}: training curves")
+    sig = signature_series(folder, [e for e in entries if e.id not in missing])
+    if sig:
+        exits: dict[str, dict[int, int | None]] = {}
+        for r in rows:
+            exits.setdefault(r["cell"], {})[r["seed"]] = r["plateau_exit"]
+        md += "\n![plateau signatures beside each run's exit](signatures.png)\n"
+        plot_signatures(sig, exits, out / "signatures.png", f"{name}: plateau signatures (dotted: exits)")
     atomic_write_text(out / "report.md", md)
     plot_report(rep, out / "report.png", name)
     return rep
@@ -240,6 +249,38 @@ def training_curves(folder: Path, entries: list[GridEntry]) -> dict[str, dict[in
         if rows:
             steps = sorted(rows)
             out.setdefault(e.cell, {})[e.seed] = (steps, [rows[s][0] for s in steps])
+    return out
+
+
+def signature_series(
+    folder: Path, entries: list[GridEntry]
+) -> dict[str, dict[str, dict[int, tuple[list[int], list[float]]]]]:
+    """``{key: {cell: {seed: (steps, values)}}}`` of the plateau signatures each run logged
+    (:mod:`replaid.training.signatures`) and its gamma_0; per-layer keys under ``<name>/last`` (the
+    deepest layer logged). Empty when no run logged a signature."""
+    out: dict[str, dict[str, dict[int, tuple[list[int], list[float]]]]] = {}
+    for e in entries:
+        series: dict[str, dict[int, float]] = {}
+        for r in metrics_rows(Path(folder) / e.run_dir):
+            if "loss" not in r:
+                continue
+            layers: dict[str, tuple[int, float]] = {}
+            for k, v in r.items():
+                if not isinstance(v, (int, float)) or isinstance(v, bool):
+                    continue
+                head, _, tail = k.partition("/")
+                if head in ("attn_entropy", "pos_cosine") and tail.isdigit():
+                    if int(tail) >= layers.get(head, (-1, 0.0))[0]:
+                        layers[head] = (int(tail), float(v))
+                elif k in {key for key, _ in SIGNATURE_PANELS}:
+                    series.setdefault(k, {})[r["step"]] = float(v)
+            for head, (_, v) in layers.items():
+                series.setdefault(f"{head}/last", {})[r["step"]] = v
+        if not any(k != "gamma_0" for k in series):
+            continue
+        for k, by_step in series.items():
+            steps = sorted(by_step)
+            out.setdefault(k, {}).setdefault(e.cell, {})[e.seed] = (steps, [by_step[s] for s in steps])
     return out
 
 

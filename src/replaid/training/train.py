@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from replaid import dist
 from replaid.config import ConfigError, OptimConfig, RunConfig
+from replaid.data.cooc import COOC_TOKENS, cooc_embeddings
 from replaid.data.errors import DataError
 from replaid.data.loader import Batch
 from replaid.data.pipeline import DataPipeline, tokenizer_mismatch
@@ -34,6 +35,7 @@ from replaid.methods.base import Method, Metrics
 from replaid.training import checkpoint as ck
 from replaid.training import layout, runfolder
 from replaid.training.metrics_log import DeviceMeans, MetricsLogger, require_wandb, trackers
+from replaid.training.signatures import signatures
 
 
 class TrainingDiverged(RuntimeError):
@@ -293,6 +295,27 @@ def embedding_stats(model: nn.Module) -> dict[str, float]:
     return {"emb_norm": float(norms.mean()), "emb_cosine": float((s @ s - V) / (V * (V - 1)))}
 
 
+@torch.no_grad()
+def start_from_data(model: nn.Module, data: DataPipeline) -> None:
+    """``model.embeddings=cooc``: the embedding rows start at the top co-occurrence directions of the train
+    split's first :data:`~replaid.data.cooc.COOC_TOKENS` tokens (identical on every rank)."""
+    tokens = data.array("train")[0][:COOC_TOKENS]
+    w = cast(Tensor, model.get_submodule("embedding").weight)  # (V, d_e)
+    w.copy_(torch.from_numpy(cooc_embeddings(tokens, data.vocab_size, w.shape[1])).to(w.device, w.dtype))
+
+
+def probe_signatures(trainer: Trainer, tokens: Tensor, unigram_logp: Tensor) -> dict[str, float]:
+    """The plateau signatures (:mod:`replaid.training.signatures`) of the training weights on the first
+    ``train.signature_rows`` rows of a logged step's first micro-batch, with a generator of their own
+    (seed, step). On the main rank of one process or DDP (an FSDP forward needs every rank); {} when off."""
+    n = trainer.cfg.train.signature_rows
+    if n == 0 or not dist.is_main() or (dist.world_size() > 1 and trainer.cfg.train.parallel != "ddp"):
+        return {}
+    gen = torch.Generator().manual_seed(trainer.cfg.train.seed * 1_000_003 + trainer.step)
+    with autocast_ctx(trainer.device, trainer.cfg.train.precision):
+        return signatures(trainer.method, trainer.model, tokens[:n].to(trainer.device), unigram_logp, gen)
+
+
 def unigram_sums(logp: Tensor, batch: Batch) -> Tensor:
     """(2,) float64: the summed NLL of the batch's real tokens under the train split's add-one unigram
     model ``logp`` (V,), and their count: the reference a training bound is read against (plateau exit)."""
@@ -476,6 +499,8 @@ def _train(
         except ValueError as e:
             raise ConfigError(str(e)) from None
     model = method.build_model(data.vocab_size).to(device)  # reads model.embeddings_path: a bad file leaves no run
+    if not resume and cfg.model.embeddings == "cooc" and cfg.options is not None:  # a continuous method's rows
+        start_from_data(model, data)
     if not resume and dist.is_main():
         runfolder.begin(run_dir, cfg.to_json())
     torch.manual_seed(cfg.train.seed * 1_000_003 + 29 + dist.rank())  # per-rank dropout streams
@@ -545,6 +570,7 @@ def _train(
                     tot = dist.all_reduce_sum(uni_sum.to(trainer.device)).cpu()
                     m["unigram"] = float(tot[0] / tot[1])
                     uni_sum.zero_()
+                    m.update(probe_signatures(trainer, cast(Tensor, mbs[0]["tokens"]), uni_logp))
                 trainer.history.append({k: v for k, v in m.items() if isinstance(v, (int, float))})
                 log.log(trainer.step, m)
                 bar.set_postfix(loss=f"{m.get('loss', float('nan')):.3f}", B_r=m.get("B_r", "-"))
