@@ -5,7 +5,7 @@
 # usage: bash scripts/demo.sh [OUT [key=value ...]]   e.g. bash scripts/demo.sh runs/demo-seed1 train.seed=1
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --core  # the core package: the demo imports no extra (tests/test_issue54.py)
 OUT="${1:-runs/demo}"
 shift || true
 start=$(date +%s)

@@ -22,7 +22,9 @@ unigram samples. Samples that learned something sit between the unigram row and 
 
     python scripts/demo_report.py runs/demo --judge-run runs/demo-ar --measure-num 128 --out m.json
 
-``--measured M.json`` prints such a saved measurement too (the demo prints the one committed for its preset).
+``--measured M.json`` prints such a saved measurement too (the demo prints the one committed for its preset),
+but only for a run of what was measured (preset, corpus, tokenizer, length, batch, steps, seed: issue 54);
+for any other run it says whose table it is and how to measure this one.
 """
 
 from __future__ import annotations
@@ -127,6 +129,8 @@ def measure(
         "judge_run": str(judge_run),
         "common_judge_run": None if common_judge_run is None else str(common_judge_run),
         "config": {
+            "preset": run.cfg.preset,
+            "method": run.cfg.method,
             "source": d.source,
             "tokenizer": d.tokenizer,
             "bpe_vocab_size": d.bpe_vocab_size,
@@ -164,6 +168,24 @@ def gap_closed_per_char(m: dict) -> dict[str, float]:
     judge's tokenizer cuts into more, shorter tokens (odd fragments do) are not rewarded for it."""
     lo, hi = m["rows"]["unigram"]["gen_bits_per_char"], m["rows"]["held-out"]["gen_bits_per_char"]
     return {name: (lo - r["gen_bits_per_char"]) / (lo - hi) for name, r in m["rows"].items()}
+
+
+def differences(run_cfg: dict, m: dict) -> list[str]:
+    """How the run of ``run_cfg`` (its config.json) differs from the one the measurement ``m`` was made
+    on, as ``name RUN (measured: M)``; empty when the measurement is this run's preset's own."""
+    c, d, t = m["config"], run_cfg.get("data", {}), run_cfg.get("train", {})
+    pairs = [
+        ("method", run_cfg.get("method"), c.get("method", "replaid")),
+        ("preset", run_cfg.get("preset"), c.get("preset", "first-run")),  # measurements before issue 54: first-run
+        ("data.source", d.get("source"), c["source"]),
+        ("data.tokenizer", d.get("tokenizer"), c["tokenizer"]),
+        ("data.bpe_vocab_size", d.get("bpe_vocab_size"), c["bpe_vocab_size"]),
+        ("data.seq_len", d.get("seq_len"), c["seq_len"]),
+        ("train.batch_size", t.get("batch_size"), c["batch_size"]),
+        ("train.steps", t.get("steps"), c["steps"]),
+        ("train.seed", t.get("seed"), c["train_seed"]),
+    ]
+    return [f"{name} {got} (measured: {want})" for name, got, want in pairs if got != want]
 
 
 def print_measure(m: dict) -> None:
@@ -266,12 +288,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.measured is not None:
         m = json.loads(args.measured.read_text())
         c = m["config"]
-        print(
-            f"== measured once, offline ({args.measured}): a {c['source']} run of this preset, seed "
-            f"{c['train_seed']}, {c['steps']} steps, {m['sampler']} T={m['steps']}; its judge an AR run of the same "
-            f"size, {c['judge_steps']} steps"
-        )
-        print_measure(m)
+        other = differences(load_run_config(args.run), m)
+        if other:
+            print(
+                f"== the committed judge table ({args.measured}) belongs to the preset's own run, not this one: "
+                f"{'; '.join(other)}. Measure this run with --judge-run AR_RUN "
+                f"(an AR run: replaid train --preset {c.get('preset', 'first-run')} --method ar)"
+            )
+        else:
+            print(
+                f"== measured once, offline ({args.measured}): a {c['source']} run of this preset, seed "
+                f"{c['train_seed']}, {c['steps']} steps, {m['sampler']} T={m['steps']}; its judge an AR run of the "
+                f"same size, {c['judge_steps']} steps"
+            )
+            print_measure(m)
     if args.judge_run is not None:
         m = measure(
             args.run,

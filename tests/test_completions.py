@@ -111,7 +111,8 @@ def _cli(run_dir, *args) -> tuple[int, list[str]]:
     out, old = Chunks(), sys.stdout
     sys.stdout = out
     try:
-        code = main(["sample", str(run_dir), "--num", "1", "--steps", "4", "--seed", "3", *args])
+        # --raw: the text is compared with Completion's decoded text (the escapes: tests/test_issue54.py)
+        code = main(["sample", str(run_dir), "--num", "1", "--steps", "4", "--seed", "3", "--raw", *args])
     finally:
         sys.stdout = old
     out.flush()

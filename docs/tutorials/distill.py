@@ -14,6 +14,10 @@
 # %% [markdown]
 # # Distil a student and sample it: `replaid distill`
 #
+# **How to run it**: from the repository root, `python docs/tutorials/distill.py` (or
+# `jupytext --to ipynb docs/tutorials/distill.py`, then open the notebook from the root). It writes
+# everything under `runs/tutorials/distill/` (`REPLAID_TUTORIAL_DIR` moves `runs/tutorials`).
+#
 # RePlaid samples by integrating its probability-flow ODE (DDIM, Heun, DPM-Solver++) or by ancestral
 # DDPM steps; good samples take tens of steps. Progressive distillation (Salimans & Ho) trains a student
 # whose one DDIM step lands where two of the teacher's do, halving the step count each round;

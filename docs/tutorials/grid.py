@@ -14,6 +14,10 @@
 # %% [markdown]
 # # Compare two methods with seeds: `replaid grid`
 #
+# **How to run it**: from the repository root, `python docs/tutorials/grid.py` (or
+# `jupytext --to ipynb docs/tutorials/grid.py`, then open the notebook from the root). It writes
+# everything under `runs/tutorials/grid/` (`REPLAID_TUTORIAL_DIR` moves `runs/tutorials`).
+#
 # One trained run is one draw: another `train.seed` (initialisation, data order, diffusion times)
 # gives another number. A comparison of two methods is a claim about training, so it needs several
 # seeds per method and an interval on the difference. `replaid grid` plans the (cell, seed) runs from

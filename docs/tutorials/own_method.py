@@ -14,6 +14,10 @@
 # %% [markdown]
 # # Add your own method, without forking replaid
 #
+# **How to run it**: from the repository root, `python docs/tutorials/own_method.py` (or
+# `jupytext --to ipynb docs/tutorials/own_method.py`, then open the notebook from the root). It writes
+# everything under `runs/tutorials/own_method/` (`REPLAID_TUTORIAL_DIR` moves `runs/tutorials`).
+#
 # A method is one file: a class that implements the `Method` contract, and beside it a dataclass of its
 # own options. A package registers it through the entry-point group `replaid.methods`. After
 # `pip install`, `replaid train / eval / sample / export` take it as they take the built-in methods.

@@ -14,6 +14,10 @@
 # %% [markdown]
 # # Evaluate a converted peer checkpoint: `replaid convert`
 #
+# **How to run it**: from the repository root, `python docs/tutorials/peers.py` (or
+# `jupytext --to ipynb docs/tutorials/peers.py`, then open the notebook from the root). It writes
+# everything under `runs/tutorials/peers/` (`REPLAID_TUTORIAL_DIR` moves `runs/tutorials`).
+#
 # The official MDLM, Duo and LangFlow checkpoints convert into replaid run folders, so that
 # `replaid eval`, `sample`, `likelihood`, `zeroshot` and `lmeval` score them with the same code and
 # the same data as replaid's own runs. Online, the source is a Hugging Face Hub id:

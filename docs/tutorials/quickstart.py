@@ -14,6 +14,10 @@
 # %% [markdown]
 # # Quickstart: train, evaluate, sample, plot
 #
+# **How to run it**: from the repository root, `python docs/tutorials/quickstart.py` (or
+# `jupytext --to ipynb docs/tutorials/quickstart.py`, then open the notebook from the root). It writes
+# everything under `runs/tutorials/quickstart/` (`REPLAID_TUTORIAL_DIR` moves `runs/tutorials`).
+#
 # A RePlaid model at the `debug` size (2 DiT blocks of width 32, sequences of 32 tokens, a 512-token
 # BPE tokenizer) trained for a few seconds on a CPU, on the built-in corpus (the docstrings of the
 # installed Python standard library: nothing is downloaded). At this size the model has barely left the

@@ -14,6 +14,10 @@
 # %% [markdown]
 # # A sweep on SLURM: `replaid scaling run --executor slurm`
 #
+# **How to run it**: from the repository root, `python docs/tutorials/slurm.py` (or
+# `jupytext --to ipynb docs/tutorials/slurm.py`, then open the notebook from the root). It writes
+# everything under `runs/tutorials/slurm/` (`REPLAID_TUTORIAL_DIR` moves `runs/tutorials`).
+#
 # `replaid scaling plan` resolves every (method, FLOP budget, model size) run of an IsoFLOP study into
 # a manifest; `replaid scaling run` trains the unfinished ones: locally, or as one SLURM job array
 # through [submitit](https://github.com/facebookincubator/submitit), each job a `torchrun` over

@@ -220,7 +220,7 @@ class TrainConfig:
     log_every: int = 10
     eval_every: int = 0  # 0 = only at the end
     save_every: int = 0  # 0 = only at the end
-    num_threads: int = 0  # torch CPU threads; 0 = torch default
+    num_threads: int = 0  # torch CPU threads; 0 = the cores free now (replaid.training.threads)
     parallel: str = "ddp"  # under torchrun: ddp | fsdp | hsdp (FSDP2 on a replicate x shard mesh)
     hsdp_shard: int = 0  # hsdp: ranks per shard group (0 = the ranks of one node, LOCAL_WORLD_SIZE)
     max_nonfinite_steps: int = 10  # stop after this many NaN/Inf steps in a row (each one is skipped)
@@ -250,7 +250,7 @@ class TrainConfig:
         for k, zero in (
             ("eval_every", "only at the end"),
             ("save_every", "only at the end"),
-            ("num_threads", "torch's default"),
+            ("num_threads", "the cores free now"),
         ):
             _check(getattr(self, k) >= 0, f"train.{k}", f"must be >= 0 (0 = {zero})")
         _check(self.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", "must be >= 1")

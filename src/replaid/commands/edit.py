@@ -38,11 +38,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.add_argument("--allow-longer", action="store_true", help="allow a text longer than the run's trained length")
     s.add_argument("--no-self-cond", action="store_true", help="disable self-conditioning while sampling")
     s.add_argument("--json", action="store_true", help="JSONL: ids, text, sampler, steps, nfe, strength")
+    s.add_argument(
+        "--raw",
+        action="store_true",
+        help="print the decoded text as it is (default: control characters and U+FFFD as \\x13, \\ufffd)",
+    )
     add_guidance_args(s)
     s.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from replaid.sampling.display import visible
     from replaid.sampling.generate import generate
     from replaid.sampling.request import SampleRequest
     from replaid.training.loading import load_run
@@ -64,5 +70,5 @@ def run(args: argparse.Namespace) -> int:
     )
     run_ = load_run(args.run, use_ema=True, train_data=False)
     for r in generate(run_, req):
-        print(strict_dumps(r) if args.json else r["text"] + "\n" + "-" * 40)
+        print(strict_dumps(r) if args.json else visible(r["text"], args.raw) + "\n" + "-" * 40)
     return 0

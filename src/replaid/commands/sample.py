@@ -36,6 +36,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="print the context's token positions (stderr) and mark filled spans [[like this]]",
     )
     s.add_argument("--json", action="store_true", help="JSONL: ids, text, sampler, steps, nfe, seconds, vocab_size")
+    s.add_argument(
+        "--raw",
+        action="store_true",
+        help="print the decoded text as it is (default: control characters and U+FFFD as \\x13, \\ufffd)",
+    )
     s.set_defaults(func=run)
 
 
@@ -114,6 +119,7 @@ def request_of(args: argparse.Namespace) -> SampleRequest:
 def run(args: argparse.Namespace) -> int:
     import sys
 
+    from replaid.sampling.display import visible
     from replaid.sampling.generate import generate
     from replaid.training.loading import load_run
 
@@ -126,18 +132,19 @@ def run(args: argparse.Namespace) -> int:
         print(plan.describe(run_.tokenizer), file=sys.stderr)
     vocab = run_.tokenizer.vocab_size  # in each JSON row: 'replaid quality' checks the ids against it
     if not args.json and (run_.method.block_size() or req.completion) and min(req.num, req.batch_size) == 1:
-        return stream(run_, req)
+        return stream(run_, req, args.raw)
     rows = generate(run_, req)
     for r in rows:
         text = r["marked"] if args.show_positions and "marked" in r else r["text"]
-        print(strict_dumps({**r, "vocab_size": vocab}) if args.json else text + "\n" + "-" * 40)
+        print(strict_dumps({**r, "vocab_size": vocab}) if args.json else visible(text, args.raw) + "\n" + "-" * 40)
     return 0
 
 
-def stream(run_: Run, req: SampleRequest) -> int:
+def stream(run_: Run, req: SampleRequest, raw: bool = False) -> int:
     """A completion, one sample per batch: each sample's prompt, then its text as each block is committed."""
     import sys
 
+    from replaid.sampling.display import visible
     from replaid.sampling.stream import Completion
 
     req.progress = False  # the text itself shows the progress
@@ -151,7 +158,7 @@ def stream(run_: Run, req: SampleRequest) -> int:
                 sys.stdout.write(req.prompt or "")
                 shown = d.index
             if d.text:
-                sys.stdout.write(d.text)
+                sys.stdout.write(visible(d.text, raw))
                 sys.stdout.flush()
     print("\n" + "-" * 40)
     return 0

@@ -33,6 +33,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: this machine only)")
     s.add_argument("--port", type=int_in(0, 65535), default=8000, help="TCP port to listen on")
     s.add_argument("--device", default="cpu", help="cpu | cuda | auto")
+    s.add_argument(
+        "--raw",
+        action="store_true",
+        help="send decoded text as it is (default: control characters and U+FFFD as \\x13, \\ufffd)",
+    )
     s.add_argument("--threads", type=int_in(0, 1024), default=0, help="torch threads (0: torch's default)")
     s.add_argument("--max-steps", type=STEPS, default=1024, help="largest number of sampling steps per request")
     s.add_argument("--max-samples", type=POSITIVE, default=4, help="largest batch (samples) per request")
@@ -124,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         args.max_body,
         args.max_tokens,
         args.max_batch,
+        args.raw,
     )
     app = create_app(args.runs, limits, device=args.device, classifiers=args.classifier)
     names = ", ".join(app.state.slots)

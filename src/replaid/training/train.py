@@ -36,6 +36,7 @@ from replaid.training import checkpoint as ck
 from replaid.training import layout, runfolder
 from replaid.training.metrics_log import DeviceMeans, MetricsLogger, require_wandb, trackers
 from replaid.training.signatures import signatures
+from replaid.training.threads import set_threads
 
 
 class TrainingDiverged(RuntimeError):
@@ -455,8 +456,7 @@ def train(
     if "wandb" in trackers(cfg.train.logger) and dist.is_main():
         require_wandb()  # before the run folder is touched
     use_deterministic_kernels()
-    if cfg.train.num_threads:
-        torch.set_num_threads(cfg.train.num_threads)
+    set_threads(cfg.train.num_threads, announce=dist.is_main())
     device = dist.setup_device(resolve_device(cfg.train.device))
     claim = runfolder.claim(run_dir, resume=resume, overwrite=overwrite) if dist.is_main() else nullcontext()
     with claim:

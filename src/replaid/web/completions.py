@@ -48,6 +48,7 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from replaid.sampling.display import visible
 from replaid.sampling.errors import RequestError
 from replaid.sampling.request import SampleRequest
 from replaid.sampling.stream import Completion
@@ -252,7 +253,7 @@ def add_completions(app: FastAPI, slots: dict[str, Slot], limits: Limits) -> Non
                         if ev["type"] == "block":
                             choices = [
                                 {
-                                    "text": c["text"],
+                                    "text": visible(c["text"], limits.raw),
                                     "index": c["index"],
                                     "logprobs": None,
                                     "finish_reason": c["finish_reason"],
@@ -289,7 +290,8 @@ def add_completions(app: FastAPI, slots: dict[str, Slot], limits: Limits) -> Non
         finally:
             gone.set()
         choices = [
-            {"text": t, "index": k, "logprobs": None, "finish_reason": f} for k, (t, f) in enumerate(ev["texts"])
+            {"text": visible(t, limits.raw), "index": k, "logprobs": None, "finish_reason": f}
+            for k, (t, f) in enumerate(ev["texts"])
         ]
         P, C = ev["prompt_tokens"], ev["completion_tokens"]
         return {

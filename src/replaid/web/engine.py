@@ -42,6 +42,7 @@ import torch
 
 from replaid.config import ConfigError, coerce
 from replaid.methods.base import Kind
+from replaid.sampling.display import visible
 from replaid.sampling.generate import Plan, generate
 from replaid.sampling.infill import InfillPlan
 from replaid.sampling.request import RequestLimits, SampleRequest, check_text, field_types, prompt_ids
@@ -77,6 +78,7 @@ class Limits:
     max_body: int = MAX_BODY  # bytes of a request body (more: HTTP 413, refused before it is read)
     max_tokens: int = 0  # /v1/completions' max_tokens (0: 8 x the run's data.seq_len)
     max_batch: int = 16  # a block run's running batch: samples (rows) written together (/v1/completions)
+    raw: bool = False  # decoded text as it is (default: control characters and U+FFFD as escapes, display.visible)
 
     def request_limits(self) -> RequestLimits:
         """The bounds :meth:`SampleRequest.check` applies to every request of this server."""
@@ -340,8 +342,10 @@ class _Framer:
     """Turns per-step sampler state into display frames and hands them to ``emit``; the given positions
     (``known``, ``known_ids``) and the kind's drawing (``draw``) are set from :func:`generate`'s plan."""
 
-    def __init__(self, emit: Callable[[dict[str, Any]], None], cancelled: Callable[[], bool], tok: Tokenizer) -> None:
-        self.emit, self.cancelled, self.tok = emit, cancelled, tok
+    def __init__(
+        self, emit: Callable[[dict[str, Any]], None], cancelled: Callable[[], bool], tok: Tokenizer, raw: bool = False
+    ) -> None:
+        self.emit, self.cancelled, self.tok, self.raw = emit, cancelled, tok, raw
         self.known = self.known_ids = torch.zeros(0)  # (L,) bool, (L,) long
         self.draw: Callable[[StepInfo], None] = lambda info: None
         self.sent: set[int] = set()
@@ -353,7 +357,7 @@ class _Framer:
         new = {}
         for i in set(ids.flatten().tolist()) - self.sent:
             if i >= 0:
-                new[str(i)] = self.tok.decode([i])
+                new[str(i)] = visible(self.tok.decode([i]), self.raw)
         self.sent.update(int(k) for k in new)
         return new
 
@@ -396,10 +400,11 @@ def generate_stream(
     frame per sampler step and a ``done`` event (also returned).
 
     Raises ValueError on a bad request and :class:`Cancelled` if ``cancelled()`` turns true."""
-    req = prepare(asked, run, Limits() if limits is None else limits, guides)
+    limits = Limits() if limits is None else limits
+    req = prepare(asked, run, limits, guides)
     tok, cfg, method = run.tokenizer, run.cfg, run.method
     B = req.num
-    framer = _Framer(emit, cancelled, tok)
+    framer = _Framer(emit, cancelled, tok, limits.raw)
 
     def start(plan: Plan) -> None:
         framer.known, framer.known_ids = plan.known.cpu(), plan.ids.cpu()
@@ -433,6 +438,7 @@ def generate_stream(
     ids = tokens.tolist()
     # an edit's text is generate()'s: kept character pieces verbatim (EditPlan.text_of)
     texts = [r["text"] for r in rows] if rows.plan.mode == "edit" else [tok.decode(r) for r in ids]
+    texts = [visible(t, limits.raw) for t in texts]
     res = Result(
         ids=ids,
         texts=texts,
