@@ -49,6 +49,29 @@ def curve_of(run: Path, cfg_path: Path) -> tuple[Curve, int]:
     return Curve(steps, [rows[s][0] for s in steps], uni, flops), tokens
 
 
+SIGNATURES = ("kl_unigram/t0.5", "attn_entropy/first", "attn_entropy/last", "pos_cosine/last", "gamma_0", "sc_cosine")
+
+
+def signatures_at(run: Path, steps: list[int]) -> dict[int, dict[str, float]]:
+    """The logged plateau signatures of a run at the given steps (first and deepest layer of the
+    per-layer ones); {} for a run logged without them."""
+    from replaid.scaling.grid import metrics_rows
+
+    out: dict[int, dict[str, float]] = {}
+    for r in metrics_rows(run):
+        if r["step"] not in steps or "loss" not in r:
+            continue
+        layers = sorted(int(k.split("/")[1]) for k in r if k.startswith("attn_entropy/"))
+        row = {k: r[k] for k in ("kl_unigram/t0.5", "gamma_0", "sc_cosine") if isinstance(r.get(k), (int, float))}
+        if layers:
+            row["attn_entropy/first"] = r[f"attn_entropy/{layers[0]}"]
+            row["attn_entropy/last"] = r[f"attn_entropy/{layers[-1]}"]
+            row["pos_cosine/last"] = r[f"pos_cosine/{layers[-1]}"]
+        if "kl_unigram/t0.5" in row:
+            out[r["step"]] = row
+    return out
+
+
 def interval(xs: list[float]) -> dict[str, Any]:
     xs = [x for x in xs if x is not None and math.isfinite(x)]
     if len(xs) < 2:
@@ -112,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             "below_unigram": {b: c.below_unigram_at(b) for b in args.budgets if b <= c.steps[-1]},
             "bound": {b: c.bound_at(b) for b in args.budgets if b <= c.steps[-1]},
             "eval_nelbo": json.loads(fe.read_text())["eval"].get("nelbo_nats_per_token") if fe.is_file() else None,
+            "signatures": signatures_at(run, args.budgets),
         }
     for (cell, seed), c in curves.items():  # offsets against the same seed's reference-method run
         ref = curves.get((args.against, seed))
