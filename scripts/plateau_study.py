@@ -49,6 +49,29 @@ def curve_of(run: Path, cfg_path: Path) -> tuple[Curve, int]:
     return Curve(steps, [rows[s][0] for s in steps], uni, flops), tokens
 
 
+SIGNATURES = ("kl_unigram/t0.5", "attn_entropy/first", "attn_entropy/last", "pos_cosine/last", "gamma_0", "sc_cosine")
+
+
+def signatures_at(run: Path, steps: list[int]) -> dict[int, dict[str, float]]:
+    """The logged plateau signatures of a run at the given steps (first and deepest layer of the
+    per-layer ones); {} for a run logged without them."""
+    from replaid.scaling.grid import metrics_rows
+
+    out: dict[int, dict[str, float]] = {}
+    for r in metrics_rows(run):
+        if r["step"] not in steps or "loss" not in r:
+            continue
+        layers = sorted(int(k.split("/")[1]) for k in r if k.startswith("attn_entropy/"))
+        row = {k: r[k] for k in ("kl_unigram/t0.5", "gamma_0", "sc_cosine") if isinstance(r.get(k), (int, float))}
+        if layers:
+            row["attn_entropy/first"] = r[f"attn_entropy/{layers[0]}"]
+            row["attn_entropy/last"] = r[f"attn_entropy/{layers[-1]}"]
+            row["pos_cosine/last"] = r[f"pos_cosine/{layers[-1]}"]
+        if "kl_unigram/t0.5" in row:
+            out[r["step"]] = row
+    return out
+
+
 def interval(xs: list[float]) -> dict[str, Any]:
     xs = [x for x in xs if x is not None and math.isfinite(x)]
     if len(xs) < 2:
@@ -112,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             "below_unigram": {b: c.below_unigram_at(b) for b in args.budgets if b <= c.steps[-1]},
             "bound": {b: c.bound_at(b) for b in args.budgets if b <= c.steps[-1]},
             "eval_nelbo": json.loads(fe.read_text())["eval"].get("nelbo_nats_per_token") if fe.is_file() else None,
+            "signatures": signatures_at(run, args.budgets),
         }
     for (cell, seed), c in curves.items():  # offsets against the same seed's reference-method run
         ref = curves.get((args.against, seed))
@@ -138,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             "exit": interval([x for x in exits if x is not None]) if all(x is not None for x in exits) else None,
             "below_unigram": {b: interval([by_seed[s]["below_unigram"].get(b) for s in seeds]) for b in args.budgets},
             "offset": {b: interval([by_seed[s]["offset"].get(b) for s in seeds]) for b in args.budgets},
+            "eval_nelbo": interval([by_seed[s]["eval_nelbo"] for s in seeds]),
             "multiplier": {b: [by_seed[s]["multiplier"].get(b) for s in seeds] for b in args.budgets},
             # the geometric mean of the multipliers with the t-interval of their logs (every seed reached)
             "multiplier_interval": {
@@ -161,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                     exact.append(a - r)
                 elif a is not None:
                     at_most.append(a - ref_runs[s]["last_step"])
+            ev = [(by_seed[s]["eval_nelbo"], ref_runs[s]["eval_nelbo"]) for s in paired]
+            summary["paired_eval"] = interval([a - r for a, r in ev if a is not None and r is not None])
             summary["paired"] = {
                 "seeds": paired,
                 "bound_diff": diff_b,
@@ -211,19 +238,23 @@ def markdown(out: dict[str, Any]) -> str:
         f"Grids: {', '.join(out['grids'])}. Intervals: 95% t over seeds, uncorrected. Exit: the first logged step "
         f"from which the training bound stays {out['plateau_nats']} nats below the unigram NLL of its own tokens.",
         "",
-        "| cell | seeds | exit steps | nats below unigram at " + " / ".join(map(str, b)) + " steps |",
-        "|---|---|---|---|",
+        "| cell | seeds | exit steps | nats below unigram at "
+        + " / ".join(map(str, b))
+        + " steps | final test NELBO |",
+        "|---|---|---|---|---|",
     ]
     for c, v in cells.items():
         ex = ", ".join("-" if x is None else str(x) for x in v["exit_steps"])
         below = " / ".join(
             iv(v["below_unigram"][str(x)] if str(x) in v["below_unigram"] else v["below_unigram"].get(x), 2) for x in b
         )
-        lines.append(f"| {c} | {len(v['seeds'])} | {ex} | {below} |")
+        lines.append(f"| {c} | {len(v['seeds'])} | {ex} | {below} | {iv(v['eval_nelbo'])} |")
     lines += ["", f"Paired against `{ref}` (same seeds): exit-step difference, bound difference at each budget.", ""]
     lines += [
-        "| cell | exit difference (steps) | bound difference at " + " / ".join(map(str, b)) + " |",
-        "|---|---|---|",
+        "| cell | exit difference (steps) | bound difference at "
+        + " / ".join(map(str, b))
+        + " | final test NELBO difference |",
+        "|---|---|---|---|",
     ]
     for c, v in cells.items():
         pd = v.get("paired")
@@ -235,7 +266,7 @@ def markdown(out: dict[str, Any]) -> str:
         bd = " / ".join(
             iv(pd["bound_diff"][str(x)] if str(x) in pd["bound_diff"] else pd["bound_diff"].get(x), 3, True) for x in b
         )
-        lines.append(f"| {c} | {ed} | {bd} |")
+        lines.append(f"| {c} | {ed} | {bd} | {iv(v.get('paired_eval'), 3, True)} |")
     lines += [
         "",
         f"Against `{against}` (same seed) at equal compute, once both have left the plateau: offset (nats/token above its curve) and compute multiplier (per seed; geometric mean [interval] when every seed has one).",
