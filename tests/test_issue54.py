@@ -125,6 +125,7 @@ def test_free_threads(ceiling, cores, load, want):
 def fresh_choice(monkeypatch):
     before = torch.get_num_threads()
     monkeypatch.setattr(threads, "_chosen", None)
+    monkeypatch.setattr(threads, "_message", None)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     yield
     torch.set_num_threads(before)
@@ -134,9 +135,13 @@ def test_a_busy_machine_gets_fewer_threads_said_once(fresh_choice, monkeypatch, 
     torch.set_num_threads(2)
     monkeypatch.setattr(threads, "machine", lambda: (2, 1.9))
     assert threads.set_threads(0) == 1 and torch.get_num_threads() == 1
+    assert capsys.readouterr().err == ""  # said when training starts, after the input was checked
+    threads.announce_threads()
     assert capsys.readouterr().err == "replaid: using 1 of 2 CPU threads (load 1.9; train.num_threads=N to choose)\n"
     monkeypatch.setattr(threads, "machine", lambda: (2, 0.0))
-    assert threads.set_threads(0) == 1 and capsys.readouterr().err == ""  # once per process: runs in it agree
+    assert threads.set_threads(0) == 1  # once per process: runs in it agree
+    threads.announce_threads()
+    assert capsys.readouterr().err == ""
     assert threads.set_threads(2) == 2 and torch.get_num_threads() == 2  # train.num_threads=2 overrides
     assert capsys.readouterr().err == ""
 
@@ -144,14 +149,18 @@ def test_a_busy_machine_gets_fewer_threads_said_once(fresh_choice, monkeypatch, 
 def test_a_quiet_machine_keeps_torchs_default_and_omp_num_threads_is_a_choice(fresh_choice, monkeypatch, capsys):
     torch.set_num_threads(2)
     monkeypatch.setattr(threads, "machine", lambda: (2, 0.2))
-    assert threads.set_threads(0) == 2 and "using 2 of 2 CPU threads (load 0.2" in capsys.readouterr().err
+    assert threads.set_threads(0) == 2
+    threads.announce_threads()
+    assert "using 2 of 2 CPU threads (load 0.2" in capsys.readouterr().err
     monkeypatch.setattr(threads, "_chosen", None)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     monkeypatch.setattr(threads, "machine", lambda: (2, 5.0))
     assert threads.set_threads(0) == 2 and capsys.readouterr().err == ""
     monkeypatch.delenv("OMP_NUM_THREADS")
     monkeypatch.setattr(threads, "machine", lambda: (2, None))  # no load average (Windows): torch's default
-    assert threads.set_threads(0) == 2 and "load unknown" in capsys.readouterr().err
+    assert threads.set_threads(0) == 2
+    threads.announce_threads()
+    assert "load unknown" in capsys.readouterr().err
 
 
 def test_the_default_is_documented_as_the_free_cores():

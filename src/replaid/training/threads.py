@@ -14,6 +14,7 @@ import sys
 import torch
 
 _chosen: int | None = None  # the choice of this process: made once, so that every run in it agrees
+_message: str | None = None  # its line, said by announce_threads once training starts
 
 
 def free_threads(ceiling: int, cores: int, load: float) -> int:
@@ -38,7 +39,7 @@ def set_threads(num_threads: int, announce: bool = True) -> int:
     """Apply ``train.num_threads``: N > 0 as given; 0 the free cores (once per process, one line on stderr).
 
     ``OMP_NUM_THREADS`` in the environment counts as the user's choice (torch's default already follows it)."""
-    global _chosen
+    global _chosen, _message
     if num_threads:
         torch.set_num_threads(num_threads)
         return num_threads
@@ -51,8 +52,14 @@ def set_threads(num_threads: int, announce: bool = True) -> int:
         torch.set_num_threads(_chosen)
         if announce:
             seen = "load unknown" if load is None else f"load {load:.1f}"
-            print(
-                f"replaid: using {_chosen} of {ceiling} CPU threads ({seen}; train.num_threads=N to choose)",
-                file=sys.stderr,
-            )
+            _message = f"replaid: using {_chosen} of {ceiling} CPU threads ({seen}; train.num_threads=N to choose)"
     return torch.get_num_threads()
+
+
+def announce_threads() -> None:
+    """Say :func:`set_threads`' choice on stderr, once: called when training starts, after the input was
+    checked, so that a refused input stays one ``replaid: error:`` line."""
+    global _message
+    if _message is not None:
+        print(_message, file=sys.stderr)
+        _message = None

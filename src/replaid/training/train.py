@@ -36,7 +36,7 @@ from replaid.training import checkpoint as ck
 from replaid.training import layout, runfolder
 from replaid.training.metrics_log import DeviceMeans, MetricsLogger, require_wandb, trackers
 from replaid.training.signatures import signatures
-from replaid.training.threads import set_threads
+from replaid.training.threads import announce_threads, set_threads
 
 
 class TrainingDiverged(RuntimeError):
@@ -503,6 +503,7 @@ def _train(
         start_from_data(model, data)
     if not resume and dist.is_main():
         runfolder.begin(run_dir, cfg.to_json())
+    announce_threads()  # the input is accepted: the thread choice's line, once
     torch.manual_seed(cfg.train.seed * 1_000_003 + 29 + dist.rank())  # per-rank dropout streams
     trainer = Trainer(cfg, model, method, cast(torch.optim.Optimizer, None), device)  # built below, after sharding
     changed: dict[str, Any] = {}  # the corpus change --accept-changed-data accepted, if any (logged below)
