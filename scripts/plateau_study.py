@@ -186,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                     exact.append(a - r)
                 elif a is not None:
                     at_most.append(a - ref_runs[s]["last_step"])
-            ev = [(by_seed[s]["eval_nelbo"], ref_runs[s]["eval_nelbo"]) for s in paired]
+            same = [s for s in paired if by_seed[s]["last_step"] == ref_runs[s]["last_step"]]  # equal lengths only
+            ev = [(by_seed[s]["eval_nelbo"], ref_runs[s]["eval_nelbo"]) for s in same]
             summary["paired_eval"] = interval([a - r for a, r in ev if a is not None and r is not None])
             summary["paired"] = {
                 "seeds": paired,
