@@ -55,6 +55,8 @@ def test_kl_prior_share_rank_distance_match_numpy():
     assert sg.effective_rank(w) == pytest.approx(math.exp(-(p * np.log(p)).sum()), rel=1e-9)
     assert sg.effective_rank(torch.eye(6)) == pytest.approx(6.0)  # isotropic: full rank
     assert sg.min_pairwise_distance(w) == pytest.approx(pdist(w.numpy().astype(np.float64)).min(), rel=1e-9)
+    for chunk in (1, 7, 64):  # row blocks of every size, the last one short
+        assert sg.min_pairwise_distance(w, chunk) == pytest.approx(pdist(w.numpy().astype(np.float64)).min(), rel=1e-9)
 
 
 def np_rotary(x: np.ndarray, L: int, hd: int) -> np.ndarray:

@@ -62,13 +62,18 @@ def effective_rank(w: Tensor) -> float:
     return float(torch.exp(-(p * p.log()).sum()))
 
 
-def min_pairwise_distance(w: Tensor) -> float:
-    """The smallest Euclidean distance between two distinct rows of w (V, d)."""
+def min_pairwise_distance(w: Tensor, chunk: int = 1024) -> float:
+    """The smallest Euclidean distance between two distinct rows of w (V, d), ``chunk`` rows against all
+    at a time: (chunk, V) float64 at most, never the (V, V) matrix (20 GB at GPT-2's 50k rows)."""
     w = w.double()
     sq = (w * w).sum(-1)  # (V,)
-    d2 = (sq[:, None] + sq[None, :] - 2 * w @ w.t()).clamp_min(0)  # (V, V)
-    d2.fill_diagonal_(math.inf)
-    return float(d2.min().sqrt())
+    best = math.inf
+    for i in range(0, w.shape[0], chunk):
+        d2 = (sq[i : i + chunk, None] + sq[None, :] - 2 * w[i : i + chunk] @ w.t()).clamp_min(0)  # (c, V)
+        rows = torch.arange(d2.shape[0], device=w.device)
+        d2[rows, rows + i] = math.inf  # a row against itself
+        best = min(best, float(d2.min()))
+    return math.sqrt(best)
 
 
 def attention_entropy(qkv_out: Tensor, n_heads: int, rope: tuple[Tensor, Tensor]) -> float:
