@@ -27,8 +27,9 @@ from replaid.model.blocks import pair_positions
 from replaid.model.dit import KVCache
 from replaid.sampling import batching
 from replaid.sampling.batching import BlockBatch, kernel_of, lane_of
-from replaid.sampling.blocks import start_continuous_blocks, start_masked_blocks
+from replaid.sampling.blocks import start_masked_blocks
 from replaid.sampling.request import SampleRequest
+from replaid.sampling.stream import starter_for
 from test_blocks import backbone, mdlm, windowed_mask
 from test_blocks_continuous import continuous
 
@@ -117,14 +118,13 @@ def as_run(method, model):
 
 def alone(run, req: SampleRequest, prompt: torch.Tensor, length: int) -> torch.Tensor:
     """The request as ``replaid sample`` writes it: its kind's block starter, every block (n, N)."""
-    start = start_masked_blocks if run.method.kind.name == "MASKED" else start_continuous_blocks
-    return torch.cat([c.tokens for c in start(run, req, prompt, length, None)(req.num)], 1)
+    return torch.cat([c.tokens for c in starter_for(run.method)(run, req, prompt, length, None)(req.num)], 1)
 
 
 def batched(run, asks, joins: dict[int, list[int]], drop: tuple[int, int] | None = None) -> list[torch.Tensor]:
     """The requests ``asks`` (request, prompt, length) in one :class:`BlockBatch`: request i joins at the
     steps ``joins`` say, ``drop`` = (request, step) leaves then; returns each request's ids (n, N)."""
-    batch = BlockBatch(kernel_of(run, asks[0][0]), run.cfg.data.seq_len - run.method.block_size(), CPU)
+    batch = BlockBatch(kernel_of(run, asks[0][0]), run.cfg.data.seq_len - run.method.stream_block(), CPU)
     lanes = [lane_of(run, *a, tag=i) for i, a in enumerate(asks)]
     for step in range(1000):
         for i in joins.get(step, []):
@@ -178,7 +178,7 @@ def test_an_mdlm_request_writes_in_a_batch_what_it_writes_alone(monkeypatch):
 
 def lanes_written(run, asks) -> list:
     """The requests ``asks`` joined together at the first block, written to the end: their lanes."""
-    batch = BlockBatch(kernel_of(run, asks[0][0]), run.cfg.data.seq_len - run.method.block_size(), CPU)
+    batch = BlockBatch(kernel_of(run, asks[0][0]), run.cfg.data.seq_len - run.method.stream_block(), CPU)
     lanes = [lane_of(run, *a) for a in asks]
     for lane in lanes:
         batch.join(lane)
@@ -222,6 +222,75 @@ def test_an_mdlm_row_is_passed_through_the_network_only_when_its_block_changed(m
 def test_a_continuous_request_writes_in_a_batch_what_it_writes_alone(monkeypatch, name, sampler):
     method, model = continuous(name, 4)
     check_alone_equals_joined(as_run(method, model.eval()), monkeypatch, sampler=sampler, temperature=0.8)
+
+
+def ar(L: int = 8):
+    """A float64 AR model (causal DiT, no time conditioning) with values in its zero-initialised layers."""
+    from replaid.methods import get_method
+    from replaid.presets import resolve
+
+    sets = ["method=ar", f"data.seq_len={L}", "model.hidden=32", "model.n_layers=2", "model.n_heads=4"]
+    method = get_method(resolve("debug", None, [*sets, "model.cond_dim=16"]))
+    torch.manual_seed(0)
+    model = method.build_model(11).double().eval()
+    for m in model.modules():  # the zero head starts at zero: give it values
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.init.normal_(m.weight, std=0.3)
+    return method, model
+
+
+def test_an_ar_request_writes_in_a_batch_what_it_writes_alone(monkeypatch):
+    """AR served as a block run of one token: past its length of 8 (the window keeps 7 tokens before each
+    query, BOS dropped once it leaves), a prompt of 8 tokens prefilled (one pass of BOS and 7, then one
+    more), requests joining at any token and leaving: each writes what ``start_ar_blocks`` writes alone."""
+    method, model = ar()
+    assert method.stream_block() == 1 and method.block_size() == 0
+    check_alone_equals_joined(as_run(method, model), monkeypatch, temperature=0.9)
+
+
+def test_ar_token_blocks_are_sample_ars_draws_within_the_training_length():
+    """Inside ``data.seq_len`` the token-by-token starter is the registered AR sampler (``sample_ar``):
+    the same draws from the same seed, the same tokens, prompt or none."""
+    from replaid.sampling.blocks import start_ar_blocks
+    from replaid.sampling.discrete import sample_ar
+
+    method, model = ar()
+    run = as_run(method, model)
+    for prompt in (torch.tensor([], dtype=torch.long), torch.tensor([3, 1, 4])):
+        req = SampleRequest(seed=5, num=3, batch_size=3, progress=False, temperature=0.7)
+        got = alone(run, req, prompt, 8)
+        x = torch.zeros(3, 8, dtype=torch.long)
+        x[:, : len(prompt)] = prompt
+        pos = torch.arange(len(prompt), 9)
+        want = sample_ar(model, x, pos, generator=torch.Generator().manual_seed(5), temperature=0.7).tokens
+        assert torch.equal(got, want), prompt
+        infos = []
+        list(start_ar_blocks(run, req, prompt, 8, infos.append)(3))
+        assert [i["pos"] for i in infos] == list(range(len(prompt), 8))  # one step per token written
+
+
+def test_an_ar_prefill_sees_what_token_by_token_commits_see_past_the_window(monkeypatch):
+    """``prefill_ar`` of a prompt longer than the window equals committing it token by token (the
+    next-token logits to 1e-12); a planted one-pass prefill of the whole prompt (every query seeing more
+    than the window's keys) does not."""
+    from replaid.sampling import blocks
+    from replaid.sampling.blocks import commit_ar, prefill_ar
+
+    method, model = ar()
+    ids = torch.randint(0, 11, (2, 13), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        one = KVCache(window=7)
+        for j in range(13):
+            commit_ar(model, ids[:, j : j + 1], one)
+        fast = KVCache(window=7)
+        assert prefill_ar(model, ids, fast) == 1 + 13 - 7
+        assert fast.next_pos == one.next_pos == 14 and fast.length == one.length == 7
+        assert (fast.head - one.head).abs().max() < 1e-12
+        with monkeypatch.context() as m:
+            m.setattr(blocks, "commit_ar", lambda model, x, cache: commit_ar(model, ids, cache) if x.shape[1] else None)
+            planted = KVCache(window=7)
+            blocks.prefill_ar(model, ids, planted)
+        assert (planted.head - one.head).abs().max() > 1e-6
 
 
 # ------------------------------------------------------------------ the scheduler's admission (web layer)

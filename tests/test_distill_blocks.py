@@ -244,3 +244,44 @@ def test_block_runs_refuse_consistency_distillation_in_one_line(block_student, t
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--method progressive only" in err[0], err
     assert not (tmp_path / "cd").exists()
+
+
+def test_a_block_student_is_served_at_its_own_steps_and_sampler(block_student):
+    """``replaid serve`` of the student: a ``/v1/completions`` request that names no ``steps`` runs at the
+    student's 2 steps per block with DDIM (what ``replaid distill`` printed), as ``replaid sample --sampler
+    ddim --steps 2`` writes it; ``steps`` in the request still rules. Checked with the official client."""
+    openai = pytest.importorskip("openai", reason="the 'web' extra (openai) is not installed")
+    from replaid.sampling.request import SampleRequest
+    from replaid.sampling.stream import Completion
+    from replaid.training.loading import load_run
+    from replaid.web.app import create_app
+    from replaid.web.engine import Limits
+    from test_openai_api import serving
+
+    run, student = block_student
+    loaded = load_run(str(student), device="cpu")
+    assert loaded.student == ("ddim", 2) and load_run(str(run), device="cpu").student is None
+    torch.manual_seed(0)  # values in every layer: decisive draws (a few steps leave float32 ties otherwise)
+    for m in loaded.model.modules():
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.init.normal_(m.weight, std=0.3)
+    app = create_app([str(student)], Limits(raw=True), runs=[loaded])
+    rid = next(iter(app.state.slots))
+
+    def reference(**kw) -> str:
+        req = SampleRequest(prompt="ab", max_tokens=40, seed=3, ignore_eos=True, progress=False, num=1, **kw)
+        comp = Completion(loaded, req)
+        list(comp)
+        return comp.samples[0].text
+
+    with serving(app) as port:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
+
+        def served(**extra) -> str:
+            body = {"ignore_eos": True, **extra}
+            r = client.completions.create(model=rid, prompt="ab", max_tokens=40, seed=3, extra_body=body)
+            return r.choices[0].text
+
+        at_own, at_3 = served(), served(steps=3)
+    assert at_own == reference(sampler="ddim", steps=2)
+    assert at_3 == reference(sampler="ddim", steps=3) and at_3 != at_own

@@ -8,6 +8,7 @@ comes while another streams joins its batch (continuous batching) and still gets
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import socket
 import threading
@@ -29,11 +30,12 @@ L, BLOCK = 16, 4
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """``bd3`` (blocks of 4) and ``plain`` (MDLM without blocks), data.seq_len 16, 3 training steps each."""
+    """``bd3`` (blocks of 4), ``plain`` (MDLM without blocks) and ``ar``, data.seq_len 16, 3 training steps each."""
     root = tmp_path_factory.mktemp("openai-runs")
     out = {}
-    for name, block in (("bd3", BLOCK), ("plain", 0)):
-        sets = ["method=mdlm", f"mdlm.block_size={block}", f"data.seq_len={L}", "train.steps=3", "eval.max_batches=1"]
+    for name, method in (("bd3", [f"mdlm.block_size={BLOCK}"]), ("plain", ["mdlm.block_size=0"]), ("ar", [])):
+        sets = [f"method={name if name == 'ar' else 'mdlm'}", *method, f"data.seq_len={L}", "train.steps=3"]
+        sets.append("eval.max_batches=1")
         argv = ["train", "--preset", "debug", "--out", str(root / name), "--no-progress", "train.num_threads=1"]
         assert main([*argv, *sets]) == 0
         out[name] = load_run(root / name)
@@ -67,10 +69,11 @@ def server(runs):
 
     root, loaded = runs
     app = create_app(
-        [str(root / "bd3"), str(root / "plain")],
+        [str(root / "bd3"), str(root / "plain"), str(root / "ar")],
         # raw: the answers are compared with Completion's decoded text (the escapes: tests/test_issue54.py)
         Limits(max_samples=3, max_queue=1, max_tokens=32 * L, raw=True),
-        runs=[loaded["bd3"], loaded["plain"]],
+        runs=[loaded["bd3"], loaded["plain"], loaded["ar"]],
+        access_log=io.StringIO(),
     )
     with serving(app) as port:
         yield app, port
@@ -94,7 +97,7 @@ EXTRA = {"steps": 4, "ignore_eos": True}  # our two fields beside OpenAI's (extr
 
 
 def test_models_and_a_completion_past_the_training_length(client, runs):
-    assert sorted(m.id for m in client.models.list()) == ["bd3", "plain"]
+    assert sorted(m.id for m in client.models.list()) == ["ar", "bd3", "plain"]
     n = 8 * L
     r = client.completions.create(model="bd3", prompt="def", max_tokens=n, seed=7, extra_body=EXTRA)
     ref = reference(runs[1]["bd3"], prompt="def", max_tokens=n)
@@ -237,6 +240,8 @@ def test_a_full_queue_is_a_429_and_a_dropped_stream_is_cancelled(client, server,
             client.completions.create(model="bd3", prompt="", max_tokens=8)
         assert e.value.status_code == 429 and "busy" in e.value.body["message"]
         assert e.value.body["type"] == "rate_limit_error"
+        assert 1 <= int(e.value.response.headers["retry-after"]) <= 60  # whole seconds: when to come back
+        assert access_lines(app)[-1]["status"] == 429 and access_lines(app)[-1]["ended"] == "busy"
     finally:
         with sched.cond:
             sched.running, sched.waiting = 0, deque()
@@ -264,18 +269,20 @@ def test_a_full_queue_is_a_429_and_a_dropped_stream_is_cancelled(client, server,
         h.remove()
 
 
-def test_a_request_that_comes_while_another_streams_joins_its_batch(client, server, runs):
-    """Two streamed requests on the block run: the second is sent once the first has its first chunk, and
-    its own first chunk comes before the first has finished (it joined the running batch at a block
-    boundary, not after it); each answer is the one it gets alone (its own seed's stream)."""
-    model = runs[1]["bd3"].model
+@pytest.mark.parametrize("rid,block", [("bd3", BLOCK), ("ar", 1)])
+def test_a_request_that_comes_while_another_streams_joins_its_batch(client, server, runs, rid, block):
+    """Two streamed requests on the block run (AR: blocks of one token): the second is sent once the first
+    has its first chunk, and its own first chunk comes before the first has finished (it joined the running
+    batch at a block boundary, not after it); each answer is the one it gets alone (its own seed's stream),
+    AR's 32 times past its training length, one chunk per token."""
+    model = runs[1][rid].model
     h = model.backbone.register_forward_hook(lambda *_: time.sleep(0.002))  # 128 blocks: ~1 s or more
     got: dict[str, list] = {"a": [], "b": []}  # (time, text, finish_reason) per chunk
     first_a = threading.Event()
 
     def stream(name: str, seed: int, n: int) -> None:
         for c in client.completions.create(
-            model="bd3", prompt="def", max_tokens=n, seed=seed, stream=True, extra_body=EXTRA
+            model=rid, prompt="def", max_tokens=n, seed=seed, stream=True, extra_body=EXTRA
         ):
             got[name].append((time.perf_counter(), c.choices[0].text, c.choices[0].finish_reason))
             first_a.set()
@@ -288,11 +295,13 @@ def test_a_request_that_comes_while_another_streams_joins_its_batch(client, serv
         a.join(60)
     finally:
         h.remove()
-    assert 1 < len(got["b"]) <= 4 * L // BLOCK + 1 < len(got["a"])  # a chunk per block (+ the prompt's in part)
+    assert 1 < len(got["b"]) <= 4 * L // block + 1 < len(got["a"])  # a chunk per block (+ the prompt's in part)
+    if block == 1:
+        assert len(got["b"]) == 4 * L and len(got["a"]) == 32 * L  # AR: one chunk per token
     assert got["b"][0][0] < got["a"][-1][0]  # b's first chunk before a's end: b joined a's batch
     assert got["b"][-1][0] < got["a"][-1][0]  # and, 8 times shorter, it finished first
     for name, seed, n in (("a", 7, 32 * L), ("b", 8, 4 * L)):
-        ref = reference(runs[1]["bd3"], prompt="def", max_tokens=n, seed=seed)
+        ref = reference(runs[1][rid], prompt="def", max_tokens=n, seed=seed)
         assert "".join(t for _, t, _ in got[name]) == ref.samples[0].text, name
         assert got[name][-1][2] == "length"
 
@@ -303,3 +312,116 @@ def test_the_playground_sends_a_block_run_to_the_completions_endpoint(server):
     with httpx.Client(timeout=30) as c:
         r = c.post(f"http://127.0.0.1:{server[1]}/api/generate", json={"run": "bd3", "sampler": "ancestral"})
     assert r.status_code == 400 and "/v1/completions" in r.json()["error"]
+
+
+def access_lines(app) -> list[dict]:
+    return [json.loads(x) for x in app.state.observer.log.getvalue().splitlines()]
+
+
+def test_every_request_is_one_access_log_line_and_counted_in_the_metrics(client, server):
+    """The access log: one JSON line per request (answered, streamed, refused as bad) with its id, tokens,
+    time to first token, latency, status and why it ended; ``GET /metrics`` read by prometheus_client's own
+    parser: the requests by status, the tokens, both histograms and the live gauges of every run."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    app, port = server
+
+    def scrape() -> dict:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+        }
+
+    before = scrape()
+    r = client.completions.create(model="ar", prompt="def", max_tokens=2 * L, seed=3, extra_body=EXTRA)
+    line = access_lines(app)[-1]
+    assert line["id"] == r.id and line["model"] == "ar" and line["status"] == 200 and line["ended"] == "length"
+    assert line["completion_tokens"] == r.usage.completion_tokens == 2 * L
+    assert line["prompt_tokens"] == r.usage.prompt_tokens and line["n"] == 1 and line["stream"] is False
+    assert 0 < line["ttft_s"] <= line["latency_s"]
+    list(client.completions.create(model="bd3", prompt="", max_tokens=8, seed=3, stream=True, extra_body=EXTRA))
+    line = access_lines(app)[-1]
+    assert line["model"] == "bd3" and line["stream"] is True and line["completion_tokens"] == 8
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="ar", prompt="", max_tokens=8, temperature=5)
+    line = access_lines(app)[-1]
+    assert line["status"] == 400 and line["ended"] == "bad request" and "temperature" in line["message"]
+    assert line["ttft_s"] is None and line["completion_tokens"] == 0
+
+    after = scrape()
+
+    def grew(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert grew("replaid_requests_total", model="ar", status="200") == 1
+    assert grew("replaid_requests_total", model="ar", status="400") == 1
+    assert grew("replaid_requests_total", model="bd3", status="200") == 1
+    assert grew("replaid_completion_tokens_total", model="ar") == 2 * L
+    assert grew("replaid_request_latency_seconds_count", model="ar") == 1
+    assert grew("replaid_time_to_first_token_seconds_count", model="bd3") == 1
+    for rid in ("ar", "bd3", "plain"):  # the live gauges: idle now
+        assert after[("replaid_queue_depth", (("model", rid),))] == 0
+        assert after[("replaid_running_rows", (("model", rid),))] == 0
+        assert (("replaid_tokens_per_second", (("model", rid),))) in after
+    assert after[("replaid_tokens_per_second", (("model", "ar"),))] > 0  # 32 tokens within the last 10 s
+
+
+@pytest.mark.slow
+def test_sigterm_drains_the_running_requests_then_exits(tmp_path):
+    """``replaid serve`` in its own process: a stream is running when SIGTERM comes; the server refuses new
+    connections, writes the stream to its end ([DONE], the text the request gets alone), logs it, and
+    exits 0."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+
+    # an AR run of 64 tokens written 8 times past its length: 512 passes, a second or more (a drain cut short
+    # after 0.1 s, as uvicorn's timeout_graceful_shutdown would, loses the stream's end)
+    run = tmp_path / "ar64"
+    sets = ["method=ar", "data.seq_len=64", "model.hidden=256", "train.steps=2", "eval.max_batches=1"]
+    assert main(["train", "--preset", "debug", "--out", str(run), "--no-progress", "train.num_threads=1", *sets]) == 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "access.jsonl"
+    cmd = [sys.executable, "-m", "replaid", "serve", str(run), "--port", str(port), "--raw"]
+    proc = subprocess.Popen([*cmd, "--access-log", str(log), "--threads", "1"], stderr=subprocess.PIPE, text=True)
+    try:
+        t0 = time.time()
+        while time.time() - t0 < 60:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
+                break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        body = {"model": "ar64", "prompt": "def", "max_tokens": 8 * 64, "seed": 7, "stream": True, **EXTRA}
+        texts, lines = [], []
+        with httpx.Client(timeout=60) as c, c.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                lines.append(line)
+                if len(lines) == 1:
+                    proc.send_signal(signal.SIGTERM)
+                    time.sleep(0.5)
+                    with pytest.raises(httpx.TransportError):  # the listening socket is closed
+                        httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2)
+                if line != "data: [DONE]":
+                    texts.append(json.loads(line[5:])["choices"][0]["text"])
+        assert lines[-1] == "data: [DONE]"
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+    ref = reference(load_run(run, device="cpu"), prompt="def", max_tokens=8 * 64)
+    assert "".join(texts) == ref.samples[0].text  # the whole answer, after the signal
+    entry = json.loads(log.read_text().splitlines()[-1])
+    assert entry["status"] == 200 and entry["completion_tokens"] == 8 * 64
+    assert "drained" in proc.stderr.read()

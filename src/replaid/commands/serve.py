@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
+from typing import TextIO
 
 from replaid.commands import NONNEGATIVE, POSITIVE, STEPS, add_command, int_in
 
@@ -54,15 +57,33 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.add_argument(
         "--max-queue",
         type=NONNEGATIVE,
-        default=8,
-        help="generations that may wait per run (a block run: beyond its running batch)",
+        default=32,
+        help="generations that may wait per run (a block or AR run: beyond its running batch; with the default "
+        "--max-batch 16 a burst of 48 streaming clients is held without a 429); one more gets HTTP 429 with "
+        "Retry-After",
     )
     s.add_argument(
         "--max-batch",
         type=POSITIVE,
         default=16,
-        help="a block run's running batch: samples written together; POST /v1/completions requests that "
-        "arrive while it runs join it at the next block boundary",
+        help="a block or AR run's running batch: samples written together; POST /v1/completions requests "
+        "that arrive while it runs join it at the next block boundary (AR: the next token)",
+    )
+    s.add_argument(
+        "--access-log",
+        default="-",
+        metavar="PATH",
+        help="one JSON line per POST /v1/completions request (id, tokens, time to first token, latency, status, "
+        "why it ended), appended to PATH ('-': stderr, the default; 'off': none). GET /metrics is Prometheus' "
+        "format",
+    )
+    s.add_argument(
+        "--drain-timeout",
+        type=NONNEGATIVE,
+        default=0,
+        metavar="S",
+        help="on SIGTERM (or Ctrl-C) new connections are refused and running requests finish before the server "
+        "exits; after S seconds they are cut (0: wait for them all; a second Ctrl-C cuts at once)",
     )
     s.add_argument(
         "--max-body",
@@ -131,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
         args.max_batch,
         args.raw,
     )
-    app = create_app(args.runs, limits, device=args.device, classifiers=args.classifier)
+    log = _access_log(args.access_log)
+    app = create_app(args.runs, limits, device=args.device, classifiers=args.classifier, access_log=log)
     names = ", ".join(app.state.slots)
     print(f"replaid serve: {names} on http://{args.host}:{args.port}  (Ctrl-C stops)", file=sys.stderr)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
@@ -139,5 +161,31 @@ def run(args: argparse.Namespace) -> int:
             f"replaid serve: warning: listening on {args.host}; anyone who can reach it can run generations",
             file=sys.stderr,
         )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    drain = args.drain_timeout or None
+    got: list[int] = []
+    if threading.current_thread() is threading.main_thread():
+        # uvicorn drains on SIGTERM/SIGINT, then raises the signal again under the handlers it found: these
+        # record it, so that a drained server exits 0 with its last line instead of dying by the signal
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda n, _frame: got.append(n))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=drain)
+    why = f" on {signal.Signals(got[0]).name}" if got else ""
+    print(f"replaid serve: stopped{why} (running requests drained)", file=sys.stderr)
+    if log is not None and log is not sys.stderr:
+        log.close()
     return 0
+
+
+def _access_log(path: str) -> TextIO | None:
+    """The access log's stream: stderr (``-``), none (``off``) or PATH opened to append (one line if it cannot
+    be: never truncated)."""
+    if path == "-":
+        return sys.stderr
+    if path == "off":
+        return None
+    try:
+        return open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the server's life, closed at its end
+    except OSError as e:
+        raise ValueError(
+            f"--access-log {path}: cannot append to it ({e.strerror}); pass a writable file, '-' or 'off'"
+        ) from None

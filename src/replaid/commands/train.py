@@ -11,7 +11,15 @@ from replaid.config import ConfigError, RunConfig
 from replaid.registry import method_names
 from replaid.schema import dumps as strict_dumps
 
-EXAMPLE = "example: replaid train --preset demo --out runs/demo train.steps=200 data.source=../shared/data/wiki-sample"
+EXAMPLE = (
+    "example: replaid train --preset demo --out runs/demo train.steps=200 data.source=../shared/data/wiki-sample\n"
+    "block diffusion (text of any length, written block by block; replaid sample --max-tokens, replaid serve):\n"
+    "  diffusion.block_size=B  RePlaid/Plaid in blocks of B tokens (0: the whole sequence), e.g.\n"
+    "         replaid train --preset demo --out runs/bd-replaid diffusion.block_size=4\n"
+    "  mdlm.block_size=B       MDLM in blocks of B tokens (BD3-LM), e.g.\n"
+    "         replaid train --preset demo --out runs/bd3 method=mdlm mdlm.block_size=4\n"
+    "every key and its value: replaid train --show-config (docs/guides/commands.md)"
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

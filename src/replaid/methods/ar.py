@@ -50,6 +50,11 @@ class ARMethod(Method[TokenDiT]):
     options = AROptions
     model_keys = TOKEN_MODEL_KEYS
 
+    def stream_block(self) -> int:
+        """1: a completion is written token by token over the KV cache, to any length past ``data.seq_len``
+        with a sliding window (:func:`replaid.sampling.blocks.start_ar_blocks`)."""
+        return 1
+
     def build_model(self, vocab_size: int) -> TokenDiT:
         return TokenDiT(self.cfg.model, vocab_size + 1, vocab_size, time_conditioning=False, causal=True)
 

@@ -157,6 +157,12 @@ class Method(ABC, Generic[ModelT]):
         (:mod:`replaid.sampling.stream` finds its block generator by ``kind``); 0: one pass of its length."""
         return 0
 
+    def stream_block(self) -> int:
+        """Tokens a completion of any length commits at a time (:mod:`replaid.sampling.stream`): a
+        block-diffusion run's block; AR overrides it with 1 (token by token over its KV cache); 0: the run
+        writes one pass of its length."""
+        return self.block_size()
+
     def before_step(self) -> None:
         """Called before each optimiser step."""
 

@@ -86,6 +86,9 @@ class KVCache:
     # A ragged batch (continuous batching: rows that joined at different lengths), see :meth:`ragged`:
     rows: Tensor | None = None  # (B,) long: each row's own next position (None: next_pos for every row)
     valid: Tensor | None = None  # (B, n) bool: the slots that hold a key of their row (None: all)
+    # What the last commit computed at its last row, per batch row, kept by its writer (AR: the next token's
+    # logits (B, V)); it follows the rows as they join, leave and are viewed.
+    head: Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -119,6 +122,8 @@ class KVCache:
         self.valid = torch.cat([torch.cat([pad, self.valid], 1), torch.cat([opad, other.valid], 1)])
         self.rows = torch.cat([self.rows, other.rows])
         self.next_pos = max(self.next_pos, other.next_pos)
+        if other.head is not None:
+            self.head = other.head if self.head is None else torch.cat([self.head, other.head])
 
     @staticmethod
     def _padded(kv: tuple[Tensor, Tensor] | None, B: int, n: int, to: int, like: Tensor) -> tuple[Tensor, Tensor]:
@@ -141,6 +146,7 @@ class KVCache:
             next_pos=self.next_pos,
             rows=None if self.rows is None else self.rows[rows],
             valid=None if self.valid is None else self.valid[rows],
+            head=None if self.head is None else self.head[rows],
         )
 
     def select(self, keep: Tensor) -> None:
@@ -148,6 +154,7 @@ class KVCache:
         slots that no remaining row uses."""
         assert self.rows is not None and self.valid is not None
         self.rows, self.valid = self.rows[keep], self.valid[keep]
+        self.head = None if self.head is None else self.head[keep]
         used = self.valid.any(0).nonzero()
         first = int(used[0]) if len(used) else self.valid.shape[1]
         self.valid = self.valid[:, first:]

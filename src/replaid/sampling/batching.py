@@ -20,8 +20,11 @@ request written in a batch, joined at any block, writes the tokens it writes alo
 The network values agree to rounding only (a batch's matrix products and masked attention may round
 otherwise than one request's), so the test is token equality in float64, where that rounding is ~1e-15.
 
+AR is a block run of one token (:class:`ARKernel`): a block is one draw from the logits its last commit left in
+the cache (``KVCache.head``), its commit one causal pass of the drawn token.
+
 Requests share a batch when they agree on what the kernel does (:data:`KERNEL_FIELDS`: sampler, steps,
-temperatures, self-conditioning); the caller (``replaid serve``'s scheduler) starts a new batch otherwise.
+temperatures, self-conditioning; AR's: :data:`AR_KERNEL_FIELDS`); the caller (``replaid serve``'s scheduler) starts a new batch otherwise.
 """
 
 from __future__ import annotations
@@ -38,7 +41,16 @@ from replaid.diffusion.rng import RowGenerators, device_generator, randn
 from replaid.methods.base import Kind
 from replaid.model.dit import KVCache
 from replaid.model.tokens import TokenDiT
-from replaid.sampling.blocks import BlockDenoiser, BlockRows, cached_logits, commit_continuous, commit_masked
+from replaid.sampling.blocks import (
+    BlockDenoiser,
+    BlockRows,
+    cached_logits,
+    commit_ar,
+    commit_continuous,
+    commit_masked,
+    draw_ar,
+    prefill_ar,
+)
 from replaid.sampling.continuous import Inpaint, gamma_grid, time_grid
 from replaid.sampling.contract import Committed, SamplerFn
 from replaid.sampling.discrete import tempered_probs, unmask_step
@@ -46,11 +58,12 @@ from replaid.sampling.registry import get_sampler
 from replaid.sampling.request import SampleRequest
 
 KERNEL_FIELDS = ("sampler", "steps", "temperature", "score_temperature", "self_cond")
+AR_KERNEL_FIELDS = ("temperature", "top_p")  # AR's kernel reads no steps: any of them share a batch
 
 
-def kernel_key(req: SampleRequest) -> tuple[Any, ...]:
-    """What two requests must agree on to share a batch (the fields the kernel reads)."""
-    return tuple(getattr(req, f) for f in KERNEL_FIELDS)
+def kernel_key(req: SampleRequest, kind: Kind | None = None) -> tuple[Any, ...]:
+    """What two requests must agree on to share a batch of a ``kind``'s run (the fields its kernel reads)."""
+    return tuple(getattr(req, f) for f in (AR_KERNEL_FIELDS if kind is Kind.AUTOREGRESSIVE else KERNEL_FIELDS))
 
 
 class Kernel(Protocol):
@@ -64,6 +77,19 @@ class Kernel(Protocol):
     def commit(self, ids: Tensor, cache: KVCache) -> None:
         """One clean pass of the finished block (B, b), its keys to the cache."""
         ...
+
+    def prefill(self, ids: Tensor, block: int, cache: KVCache) -> int:
+        """The prompt's whole blocks ``ids`` (n, k b) into a lane's empty cache, as the lane alone commits
+        them; returns the network calls."""
+        ...
+
+
+def commit_each(kernel: Kernel, ids: Tensor, block: int, cache: KVCache) -> int:
+    """A diffusion kernel's prefill: one commit per block, as :func:`~replaid.sampling.blocks.iter_block_loop`
+    commits the prompt's blocks."""
+    for s0 in range(0, ids.shape[1], block):
+        kernel.commit(ids[:, s0 : s0 + block], cache)
+    return ids.shape[1] // block
 
 
 @dataclass
@@ -105,6 +131,9 @@ class MaskedKernel:
     def commit(self, ids: Tensor, cache: KVCache) -> None:
         commit_masked(self.model, ids, cache.next_pos, cache)
 
+    def prefill(self, ids: Tensor, block: int, cache: KVCache) -> int:
+        return commit_each(self, ids, block, cache)
+
 
 @dataclass
 class ContinuousKernel:
@@ -130,6 +159,31 @@ class ContinuousKernel:
     def commit(self, ids: Tensor, cache: KVCache) -> None:
         commit_continuous(self.model, ids, cache.next_pos, cache)
 
+    def prefill(self, ids: Tensor, block: int, cache: KVCache) -> int:
+        return commit_each(self, ids, block, cache)
+
+
+@dataclass
+class ARKernel:
+    """AR with blocks of one token (:func:`~replaid.sampling.blocks.start_ar_blocks`): a block is one draw
+    from the logits the last commit left in ``cache.head`` (no network call); its commit is one causal pass
+    of the drawn token, whose logits are the next draw's; a lane's prompt (BOS first) is prefilled in one
+    pass where the window allows (:func:`~replaid.sampling.blocks.prefill_ar`)."""
+
+    model: TokenDiT
+    temperature: float
+    top_p: float
+
+    def fill(self, ids: Tensor, known: Tensor, cache: KVCache, gen: RowGenerators) -> tuple[Tensor, Tensor]:
+        drawn, _ = draw_ar(cache, self.temperature, self.top_p, gen)  # (B,)
+        return torch.where(known[:, 0], ids[:, 0], drawn)[:, None], known.new_zeros(ids.shape[0], 0)
+
+    def commit(self, ids: Tensor, cache: KVCache) -> None:
+        commit_ar(self.model, ids, cache)
+
+    def prefill(self, ids: Tensor, block: int, cache: KVCache) -> int:
+        return prefill_ar(self.model, ids, cache)
+
 
 def kernel_of(run: Any, req: SampleRequest) -> Kernel:
     """The kernel of a block run's method for ``req``'s :data:`KERNEL_FIELDS`."""
@@ -143,6 +197,8 @@ def kernel_of(run: Any, req: SampleRequest) -> Kernel:
         return ContinuousKernel(
             run.model, fn, gamma_grid(run.model.schedule, req.steps), options, lambda d: denoiser_for(d, req)
         )
+    if run.method.kind is Kind.AUTOREGRESSIVE:
+        return ARKernel(run.model, req.temperature, req.top_p if req.top_p is not None else run.cfg.ar.top_p)
     raise ValueError(f"a {run.method.name} run has no block-by-block generator")
 
 
@@ -206,8 +262,8 @@ class BlockBatch:
         rows join the batch (their slots right-aligned with the others')."""
         cache = KVCache(window=self.window)
         while not lane.last and bool(lane.span(lane.known).all()):
-            self.kernel.commit(lane.span(lane.ids), cache)
-            lane.k, lane.nfe = lane.k + 1, lane.nfe + 1
+            lane.k += 1
+        lane.nfe += self.kernel.prefill(lane.ids[:, : lane.start], lane.block, cache)
         self.cache.join(cache.ragged(lane.rows, self.device))
         self.lanes.append(lane)
 

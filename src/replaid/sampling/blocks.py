@@ -31,21 +31,21 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from replaid.diffusion.denoiser import Denoiser, DenoiserOutput
-from replaid.diffusion.rng import device_generator
+from replaid.diffusion.rng import Gen, device_generator
 from replaid.methods.base import Kind, Method
 from replaid.model.blocks import prefix_block_mask
 from replaid.model.dit import KVCache, per_token
 from replaid.model.tokens import TokenDiT
 from replaid.sampling.continuous import Inpaint, gamma_grid, time_grid
 from replaid.sampling.contract import Callback, Committed, SampleResult, SamplerFn, StepInfo
-from replaid.sampling.discrete import tempered_probs, unmask_step
+from replaid.sampling.discrete import exponential_race, tempered_probs, top_p_filter, unmask_step
 from replaid.sampling.registry import get_sampler
 from replaid.sampling.request import SampleRequest
 
@@ -269,7 +269,7 @@ class BlockRows:
 
     @classmethod
     def of(cls, run: Any, prompt: Tensor, length: int) -> BlockRows:
-        block = run.method.block_size()
+        block = run.method.stream_block()
         dev = next(run.model.parameters()).device
         return cls(run.model, block, -(-length // block) * block, run.cfg.data.seq_len - block, prompt.to(dev))
 
@@ -310,6 +310,82 @@ def start_masked_blocks(
             callback=callback,
             temperature=req.temperature,
             block=r.block,
+            window=r.window,
+            disable_progress=not req.progress,
+        )
+
+    return batch
+
+
+# ------------------------------------------------------------------ AR: blocks of one token
+
+
+def commit_ar(model: TokenDiT, ids: Tensor, cache: KVCache) -> None:
+    """One causal pass of the written tokens ``ids`` (B, n) over the cache, their keys to it; BOS goes
+    first while nothing is cached (AR's input is ``[BOS, x_0, ...]``, :mod:`replaid.methods.ar`, so ``x_j``
+    sits at input position ``j + 1``). The logits of its last row, the next token's, become ``cache.head``
+    (B, V) float32. n may be 0 (BOS alone: what an empty prompt starts from)."""
+    if cache.length == 0 and cache.next_pos == 0:
+        ids = torch.cat([ids.new_full((ids.shape[0], 1), model.n_in - 1), ids], 1)
+    cache.head = model.forward_cached(ids, cache, cache.next_pos)[:, -1]  # (B, V)
+
+
+def prefill_ar(model: TokenDiT, ids: Tensor, cache: KVCache) -> int:
+    """The prompt ``ids`` (B, P) into an empty cache in as few passes as a token-by-token prefill sees the
+    same keys: BOS and the tokens that fit the cache's window in one causal pass, then one pass per token
+    (a query sees at most ``window`` keys before it). Returns the passes."""
+    first = ids.shape[1] if cache.window is None else min(ids.shape[1], cache.window)
+    commit_ar(model, ids[:, :first], cache)
+    for j in range(first, ids.shape[1]):
+        commit_ar(model, ids[:, j : j + 1], cache)
+    return 1 + ids.shape[1] - first
+
+
+def draw_ar(cache: KVCache, temperature: float, top_p: float, gen: Gen | None) -> tuple[Tensor, Tensor]:
+    """The next token (B,) drawn from ``cache.head`` at ``temperature`` within the ``top_p`` nucleus, as
+    :func:`~replaid.sampling.discrete.sample_ar` draws it, and the distribution (B, V) float64."""
+    assert cache.head is not None, "commit_ar first: BOS or the prompt"
+    probs = top_p_filter(tempered_probs(cache.head, temperature), top_p)  # (B, V) float64
+    return exponential_race(probs, gen), probs
+
+
+def start_ar_blocks(
+    run: Any, req: SampleRequest, prompt: Tensor, length: int, callback: Callback | None
+) -> Callable[[int], Iterator[Committed]]:
+    """AR as a :class:`~replaid.sampling.stream.BlockStarter`: blocks of one token (the KV cache's
+    commit of token j gives token j + 1's logits), ``batch(B)`` writing B rows of ``length`` tokens,
+    ``prompt`` (P,) first, at ``req.temperature`` within ``req.top_p`` (else the run's ``ar.top_p``);
+    past ``data.seq_len`` the window keeps the last ``seq_len - 1`` committed tokens, so that every query
+    sees at most the ``seq_len`` keys of training (BOS and ``seq_len - 1`` tokens). One generator seeded
+    with ``req.seed`` draws every token of the request's batches in order (as ``sample_ar``). ``callback``
+    gets ``sample_ar``'s ``{"i", "T", "pos", "tokens", "z", "probs", "nfe"}`` after each token."""
+    r = BlockRows.of(run, prompt, length)
+    gen = torch.Generator().manual_seed(req.seed)
+    top_p = req.top_p if req.top_p is not None else run.cfg.ar.top_p
+    P = len(prompt)
+
+    @torch.no_grad()  # torch enters it around each step of a generator function
+    def batch(B: int) -> Generator[Committed, None, None]:
+        g = device_generator(gen, r.device)
+
+        def fill(k: int, s0: int, out: Tensor, cache: KVCache | None) -> int:
+            assert cache is not None
+            calls = 0
+            if cache.head is None:  # an empty prompt: BOS alone
+                commit_ar(r.model, out[:, :0], cache)
+                calls = 1
+            out[:, s0], probs = draw_ar(cache, req.temperature, top_p, g)
+            if callback is not None:
+                info = {"i": s0 - P, "T": r.N - P, "pos": s0, "tokens": out, "z": out, "probs": probs, "nfe": calls}
+                callback(cast(StepInfo, info))
+            return calls
+
+        yield from iter_block_loop(
+            r.ids(B, 0),
+            r.known(B),
+            1,
+            fill,
+            lambda ids, s0, cache: commit_ar(r.model, ids, cache),
             window=r.window,
             disable_progress=not req.progress,
         )

@@ -16,8 +16,9 @@ length block by block: :meth:`~replaid.methods.base.Method.block_size`) continue
 ``max_tokens`` tokens (:meth:`SampleRequest.completion_tokens`), cut at the tokenizer's end-of-text token
 (unless ``ignore_eos``) and before the first stop string (:mod:`replaid.sampling.stream`). A block run writes
 at most :data:`BLOCK_LENGTH_FACTOR` x ``data.seq_len`` tokens per request, past its training context with a
-sliding window; any other run writes its one length (``length``, else ``data.seq_len``), so there
-``max_tokens`` is at most that length less the prompt.
+sliding window; so does an AR completion, token by token over its KV cache
+(:meth:`~replaid.methods.base.Method.stream_block` is 1). Any other run writes its one length (``length``,
+else ``data.seq_len``), so there ``max_tokens`` is at most that length less the prompt.
 """
 
 from __future__ import annotations
@@ -290,7 +291,8 @@ class SampleRequest:
                 f"{ref('prompt')} and {ref('context')} are two kinds of conditioning: give one (a prompt is "
                 "the context 'PROMPT[MASK:N]')"
             )
-        blocks = method.block_size()
+        # a completion is written as the run streams it (AR: token by token); any other sample as it samples
+        blocks = method.stream_block() if self.completion else method.block_size()
         if blocks or self.completion:
             n = self._check_completion(tok, trained_len, blocks, method.name)
             if blocks:  # its own length rule: at most BLOCK_LENGTH_FACTOR x data.seq_len, checked there
@@ -350,7 +352,11 @@ class SampleRequest:
     def _check_completion(self, tok: Tokenizer, trained_len: int, blocks: int, method: str) -> int:
         """Refuse a completion this run cannot write (module docstring); returns its most tokens, the
         prompt's included."""
-        what = f"a block-diffusion run ({method}, blocks of {blocks} tokens)" if blocks else "a completion"
+        what = (
+            f"a block-diffusion run ({method}, blocks of {blocks} tokens)"
+            if blocks > 1
+            else f"a completion of this {method} run"
+        )
         for flag, used in (
             (f"{ref('context')}/{ref('infill')}", self._infilling),
             ("editing (replaid edit)", self.edit is not None),

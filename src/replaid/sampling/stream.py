@@ -10,7 +10,8 @@ The interface a method's generator plugs into is a :class:`BlockStarter`, found 
 is final (blocks of the prompt too, which the consumer skips); the batches of one request draw in order
 from the request's seeded generator, and closing the iterator stops the generation. MDLM with blocks is
 :func:`~replaid.sampling.blocks.start_masked_blocks`, RePlaid and Plaid with blocks
-:func:`~replaid.sampling.blocks.start_continuous_blocks`. A run without blocks writes its one length in a single pass of its
+:func:`~replaid.sampling.blocks.start_continuous_blocks`, AR token by token over its KV cache
+:func:`~replaid.sampling.blocks.start_ar_blocks` (blocks of one token). A run without blocks writes its one length in a single pass of its
 registered sampler (:func:`one_pass`, the draws of :func:`~replaid.sampling.generate.generate`): one block.
 
 :class:`Completion` turns the blocks into text: each sample is cut at the tokenizer's end-of-text token
@@ -31,7 +32,7 @@ import torch
 from torch import Tensor
 
 from replaid.methods.base import Kind, Method
-from replaid.sampling.blocks import start_continuous_blocks, start_masked_blocks
+from replaid.sampling.blocks import start_ar_blocks, start_continuous_blocks, start_masked_blocks
 from replaid.sampling.contract import Callback, Committed
 from replaid.sampling.registry import get_sampler
 from replaid.sampling.request import SampleRequest
@@ -64,12 +65,17 @@ def one_pass(
     return batch
 
 
-BLOCK_STARTS: dict[Kind, BlockStarter] = {Kind.MASKED: start_masked_blocks, Kind.CONTINUOUS: start_continuous_blocks}
+BLOCK_STARTS: dict[Kind, BlockStarter] = {
+    Kind.MASKED: start_masked_blocks,
+    Kind.CONTINUOUS: start_continuous_blocks,
+    Kind.AUTOREGRESSIVE: start_ar_blocks,
+}
 
 
 def starter_for(method: Method[Any]) -> BlockStarter:
-    """The block generator of ``method``'s runs: its kind's with blocks, else :func:`one_pass`."""
-    if not method.block_size():
+    """The block generator of ``method``'s runs: its kind's with blocks (AR's: blocks of one token,
+    :meth:`~replaid.methods.base.Method.stream_block`), else :func:`one_pass`."""
+    if not method.stream_block():
         return one_pass
     if method.kind not in BLOCK_STARTS:
         raise ValueError(f"a {method.name} run with blocks has no block-by-block generator yet")

@@ -34,6 +34,17 @@ class Run:
     ckpt: Path
     step: int
     ema_loaded: bool
+    student: tuple[str, int] | None = None  # a distilled student's (sampler, steps): what it is sampled with
+
+    @property
+    def default_steps(self) -> int | None:
+        """The steps a request that names none runs at: a student's own (None: the request's default)."""
+        return self.student[1] if self.student is not None else None
+
+    @property
+    def default_sampler(self) -> str | None:
+        """The sampler a request that names none runs: a student's own (None: the method's first)."""
+        return self.student[0] if self.student is not None else None
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -130,4 +141,13 @@ def load_run(path: str | Path, use_ema: bool = True, train_data: bool = False, d
                 f"or use an earlier checkpoint"
             ) from None
     model.to(dev).eval()
-    return Run(cfg, model, method, data, ckpt, stored.step, ema_loaded)
+    return Run(cfg, model, method, data, ckpt, stored.step, ema_loaded, student_of(st))
+
+
+def student_of(state: dict[str, Any]) -> tuple[str, int] | None:
+    """(sampler, steps) of a ``replaid distill`` student from its checkpoint's ``distill`` section (progressive:
+    DDIM at its last round's steps; consistency: multistep consistency sampling), None for any other run."""
+    d = state.get("distill")
+    if not isinstance(d, dict) or not isinstance(d.get("student_steps"), int):
+        return None
+    return ("consistency" if d.get("method") == "consistency" else "ddim"), int(d["student_steps"])

@@ -15,6 +15,9 @@ Safety (``replaid serve`` binds 127.0.0.1 by default):
   (:mod:`replaid.web.batcher`: at most ``Limits.max_batch`` samples running, ``max_queue`` waiting beyond);
 * an exception inside a generation becomes an ``error`` event (one line) and the server keeps going.
 
+``GET /metrics`` is Prometheus' text format and ``/v1/completions`` writes an access log
+(:mod:`replaid.web.observe`).
+
 Endpoints: ``GET /api/runs`` (the runs, their samplers and classifiers, the limits), ``GET
 /api/runs/{id}`` (+ ``curves.png``, ``figures/{k}``), ``POST /api/generate`` (a sample, prompt or infill,
 with optional guidance) and ``POST /api/edit`` (SDEdit, as ``replaid edit``), each a
@@ -33,11 +36,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from replaid import schema
@@ -47,6 +51,7 @@ from replaid.web.batcher import Batcher
 from replaid.web.completions import add_completions, error_body
 from replaid.web.engine import Limits, classifier_meta, generate_stream, guides_for, parse, prepare, samplers_for
 from replaid.web.jobs import Emit, Slot, admit, busy, one_line, read_json, submit
+from replaid.web.observe import Observer
 
 if TYPE_CHECKING:
     from replaid.training.loading import Run
@@ -145,11 +150,13 @@ def create_app(
     device: str = "auto",
     runs: list[Run] | None = None,
     classifiers: list[str] | None = None,
+    access_log: TextIO | None = None,
 ) -> FastAPI:
     """The FastAPI app over ``run_paths`` (loaded now, EMA weights). ``runs`` may pass already
     loaded :class:`replaid.training.loading.Run` objects (tests). ``classifiers``: latent classifier
     folders (``replaid classifier train``) offered for guidance, each on the runs it was trained on
-    (besides those found under the run folders); one that fits none of the runs is refused."""
+    (besides those found under the run folders); one that fits none of the runs is refused.
+    ``access_log``: where ``/v1/completions``' JSON lines go (:mod:`replaid.web.observe`; None: nowhere)."""
     from replaid.training.loading import load_run, run_dir_of
 
     limits = limits or Limits()
@@ -168,7 +175,7 @@ def create_app(
             ThreadPoolExecutor(1, thread_name_prefix=f"gen-{rid}"),
             find_figures(Path(rdir)),
             guides,
-            Batcher(rid, run, limits.max_batch, limits.max_queue) if run.method.block_size() else None,
+            Batcher(rid, run, limits.max_batch, limits.max_queue) if run.method.stream_block() else None,
         )
     check_limits(limits, slots)
     used = {g.path for s in slots.values() for g in s.guides.values()}
@@ -256,7 +263,13 @@ def create_app(
             return err("no such figure", 404)
         return FileResponse(str(s.figures[k]), media_type="image/png")
 
-    add_completions(app, slots, limits)
+    observer = app.state.observer = Observer(access_log, lambda: {k: load(s) for k, s in slots.items()})
+    add_completions(app, slots, limits, observer)
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        """Prometheus' text format (:mod:`replaid.web.observe`)."""
+        return Response(observer.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/api/generate")
     async def generate(request: Request) -> Response:
@@ -360,6 +373,14 @@ class BodyLimit:
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
         await send({"type": "http.response.start", "status": 413, "headers": [*headers, (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": data})
+
+
+def load(s: Slot) -> tuple[int, int]:
+    """A run's (rows being written, requests waiting): its batcher's, or its worker's (one at a time)."""
+    if s.batcher is not None:
+        return s.batcher.load()
+    with s.lock:
+        return min(s.pending, 1), max(s.pending - 1, 0)
 
 
 def _sse(ev: dict[str, Any]) -> str:

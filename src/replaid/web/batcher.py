@@ -1,7 +1,7 @@
 """A block run's ``/v1/completions`` scheduler: continuous batching at block boundaries (issue 39 §3).
 
-Each served run with blocks (``method.block_size() > 0``) has one :class:`Batcher`: a thread that owns the
-run's running batch (:class:`~replaid.sampling.batching.BlockBatch`). It loops block by block; at each
+Each served run that writes any length (``method.stream_block() > 0``: a block-diffusion run, or AR with blocks
+of one token) has one :class:`Batcher`: a thread that owns the run's running batch (:class:`~replaid.sampling.batching.BlockBatch`). It loops block by block; at each
 boundary:
 
 1. the requests whose client has gone leave (their rows, ``index_select`` along the batch), as do those
@@ -71,6 +71,7 @@ class Batcher:
         self.key: tuple[Any, ...] | None = None  # the batch's kernel fields
         self.batch: BlockBatch | None = None
         self.device = next(run.model.parameters()).device
+        self.kind = run.method.kind
         self.thread = threading.Thread(target=self._loop, daemon=True, name=f"batch-{rid}")
         self.thread.start()
 
@@ -98,6 +99,11 @@ class Batcher:
             room = self.max_batch - self.running - sum(j.req.num for j in self.waiting)
             idle = self.running == 0 and not self.waiting  # more than max_batch samples run alone, at once now
             return (beyond == 0 and (num <= room or idle)) or beyond < self.max_queue
+
+    def load(self) -> tuple[int, int]:
+        """(Rows running or joining, requests waiting): the metrics' gauges."""
+        with self.cond:
+            return self.running, len(self.waiting)
 
     def busy(self) -> str:
         """The 429's message."""
@@ -133,10 +139,12 @@ class Batcher:
                     self.waiting.popleft()
                     continue
                 empty = self.running == 0 and not joining
-                if not empty and (kernel_key(job.req) != self.key or self.running + job.req.num > self.max_batch):
+                if not empty and (
+                    kernel_key(job.req, self.kind) != self.key or self.running + job.req.num > self.max_batch
+                ):
                     break
                 if empty:
-                    self.key = kernel_key(job.req)
+                    self.key = kernel_key(job.req, self.kind)
                 joining.append(self.waiting.popleft())
                 self.running += job.req.num
             return joining

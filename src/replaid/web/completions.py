@@ -2,7 +2,9 @@
 
 A request is OpenAI's (``model``: a served run's id, ``prompt``: a string, ``max_tokens`` (16), ``stop``: a
 string or a list of at most 4, ``seed`` (absent: a random one), ``n``, ``stream``, ``temperature``), plus
-two fields of ours: ``steps`` (sampling steps: MDLM's per block; default 64) and ``ignore_eos`` (as vLLM's).
+two fields of ours: ``steps`` (sampling steps, a block run's per block; default: a distilled student's own
+steps, which it is served with, with its own sampler (DDIM, or consistency sampling), else 64; AR reads none)
+and ``ignore_eos`` (as vLLM's).
 It becomes a :class:`~replaid.sampling.request.SampleRequest` (``max_tokens``, ``stop``, ``num`` = ``n``),
 checked by the server's bounds and :meth:`SampleRequest.check`, and is written by
 :class:`~replaid.sampling.stream.Completion`:
@@ -10,6 +12,8 @@ checked by the server's bounds and :meth:`SampleRequest.check`, and is written b
 * a block-diffusion run writes block by block up to ``replaid serve --max-tokens`` tokens (default 8 x its
   ``data.seq_len``, past it with a sliding window); ``stream: true`` sends one ``text_completion`` chunk per
   committed block (a choice per unfinished sample), then ``data: [DONE]``;
+* an AR run is served the same way with blocks of one token (its KV cache, the window keeping the last
+  ``data.seq_len - 1`` tokens): any length, one chunk per token, requests joining at every token;
 * any other run writes its ``data.seq_len`` tokens at once, so ``max_tokens`` is at most that less the
   prompt's tokens (else HTTP 400 saying so); a stream is then one chunk;
 * ``temperature`` (0 to 2; 0 greedy) is the request's logit temperature: MDLM's (and Duo's, AR's) tempered
@@ -23,14 +27,14 @@ too deeply, a number of more than 4300 digits). Errors (413 over ``replaid serve
 for what is not served under ``/v1/`` too) are OpenAI's
 ``{"error": {"message", "type": "invalid_request_error", "param", "code": null}}``; the run's queue keeps the playground's bound, 429 and cancellation of a client that goes away.
 
-Continuous batching (a block-diffusion run; :mod:`replaid.web.batcher`): the run's scheduler thread writes
+Continuous batching (a block-diffusion or AR run; :mod:`replaid.web.batcher`): the run's scheduler thread writes
 one running batch block by block, and a request that arrives while others run joins it at the next block
 boundary (up to ``replaid serve --max-batch`` samples, default 16; requests whose sampler, steps or
 temperatures differ from the batch's wait until it has emptied). Each committed block goes to its own client
 at once; a request leaves the batch when it has finished, or at the next boundary once its client has gone.
 Each request draws its noise from its own generator seeded with its ``seed``, so its answer is the one it
 gets alone, whatever shares its batch. At most ``--max-queue`` requests wait beyond the batch; one more gets
-HTTP 429. A run without blocks runs its requests one at a time on the run's worker (:mod:`replaid.web.jobs`:
+HTTP 429. Any other run (one pass of its length) runs its requests one at a time on the run's worker (:mod:`replaid.web.jobs`:
 at most ``--max-queue`` waiting, 429 beyond, a client that goes away cancels its generation at the next step).
 """
 
@@ -56,6 +60,7 @@ from replaid.schema import dumps as strict_dumps
 from replaid.web.batcher import done_event
 from replaid.web.engine import Cancelled, Limits
 from replaid.web.jobs import Emit, Slot, Work, admit, busy, read_json, submit
+from replaid.web.observe import Observer, Record
 
 if TYPE_CHECKING:
     from replaid.sampling.contract import StepInfo
@@ -71,6 +76,7 @@ DEFAULTS = {  # OpenAI fields accepted at these values only
     "best_of": (1, None),
     "stream_options": (None,),
 }
+DEFAULT_STEPS = 64  # ``steps`` when a request names none and the run is no distilled student
 FIELDS = {"model", "prompt", "max_tokens", "stop", "seed", "n", "stream", "temperature", "steps", "ignore_eos", "user"}
 SERVED = "GET /v1/models and POST /v1/completions"  # the OpenAI endpoints (a 404/405 under /v1/ names them)
 NAMES = {"num": "n"}  # the request's fields that OpenAI names otherwise
@@ -143,15 +149,17 @@ def request_of(body: Any, slots: dict[str, Slot]) -> tuple[Slot, SampleRequest, 
     )
     if not 0 <= temperature <= 2:
         raise ApiError(f"temperature must be between 0 and 2, got {temperature}", "temperature")
+    run: Any = slots[model].run
     req = SampleRequest(
         prompt=prompt or None,
+        sampler=run.default_sampler,  # a distilled student's own (None: the method's first)
         max_tokens=_field(body, "max_tokens", 16, _is_int, "an integer"),
         stop=tuple(stop),
         seed=seed,
         num=n,
         batch_size=n,
         temperature=float(temperature),
-        steps=_field(body, "steps", 64, _is_int, "an integer"),
+        steps=_field(body, "steps", run.default_steps or DEFAULT_STEPS, _is_int, "an integer"),
         ignore_eos=_field(body, "ignore_eos", False, lambda v: isinstance(v, bool), "true or false"),
         progress=False,
     )
@@ -207,8 +215,9 @@ def _work(s: Slot, req: SampleRequest) -> Work:
     return work
 
 
-def add_completions(app: FastAPI, slots: dict[str, Slot], limits: Limits) -> None:
-    """Registers ``GET /v1/models`` and ``POST /v1/completions`` (module docstring) on ``app``."""
+def add_completions(app: FastAPI, slots: dict[str, Slot], limits: Limits, observer: Observer) -> None:
+    """Registers ``GET /v1/models`` and ``POST /v1/completions`` (module docstring) on ``app``, each request's
+    end told to ``observer`` (the access log and the metrics, :mod:`replaid.web.observe`)."""
 
     @app.exception_handler(StarletteHTTPException)
     async def v1_errors(request: Request, exc: StarletteHTTPException) -> Response:
@@ -226,24 +235,28 @@ def add_completions(app: FastAPI, slots: dict[str, Slot], limits: Limits) -> Non
 
     @app.post("/v1/completions", response_model=None)  # the return annotation is for mypy, not a response model
     async def completions(request: Request) -> Response | dict[str, Any]:
+        rec = Record(f"cmpl-{uuid.uuid4().hex}", "")
         try:
             body = read_json(await request.body())
         except ValueError as e:
-            return ApiError(str(e)).response()
+            return refused(rec, ApiError(str(e)))
+        if isinstance(body, dict) and isinstance(body.get("model"), str):
+            rec.model = body["model"][:80]
         try:
             s, req, stream = request_of(body, slots)
             check(s, req, limits)
         except ApiError as e:
-            return e.response()
+            return refused(rec, e)
+        rec.stream, rec.n = stream, req.num
         if s.batcher is not None:  # a block run: the request joins the running batch at a block boundary
             if not s.batcher.admit(req.num):
-                return ApiError(s.batcher.busy(), None, 429, "rate_limit_error").response()
+                return refused(rec, ApiError(s.batcher.busy(), None, 429, "rate_limit_error"))
             queue, gone = s.batcher.submit(req)
         else:
             if admit(s, limits.max_queue) is None:
-                return ApiError(busy(s, limits.max_queue), None, 429, "rate_limit_error").response()
+                return refused(rec, ApiError(busy(s, limits.max_queue), None, 429, "rate_limit_error"))
             queue, gone = submit(s, _work(s, req))
-        cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        cid, created = rec.id, int(time.time())
         if stream:
 
             async def events() -> AsyncIterator[str]:
@@ -260,15 +273,19 @@ def add_completions(app: FastAPI, slots: dict[str, Slot], limits: Limits) -> Non
                                 }
                                 for c in ev["choices"]
                             ]
+                            rec.started()
                             yield _chunk(cid, created, s.id, choices)
                         elif ev["type"] == "error":
                             yield f"data: {strict_dumps(error_body(ev['message'], None, 'server_error'))}\n\n"
+                            observer.finish(rec, 500, "error", message=ev["message"])
                             break
                         else:
                             yield "data: [DONE]\n\n"
+                            answered(rec, ev)
                             break
                 finally:
                     gone.set()
+                    observer.finish(rec, 499, "client gone")  # (nothing when it ended above)
 
             return StreamingResponse(
                 events(),
@@ -281,11 +298,15 @@ def add_completions(app: FastAPI, slots: dict[str, Slot], limits: Limits) -> Non
                     ev = await asyncio.wait_for(queue.get(), 0.25)
                 except asyncio.TimeoutError:
                     if await request.is_disconnected():
+                        observer.finish(rec, 499, "client gone")
                         return JSONResponse(error_body("the client went away"), status_code=499)
                     continue
-                if ev["type"] == "done":
+                if ev["type"] == "block":
+                    rec.started()
+                elif ev["type"] == "done":
                     break
-                if ev["type"] == "error":
+                elif ev["type"] == "error":
+                    observer.finish(rec, 500, "error", message=ev["message"])
                     return JSONResponse(error_body(ev["message"], None, "server_error"), status_code=500)
         finally:
             gone.set()
@@ -294,6 +315,7 @@ def add_completions(app: FastAPI, slots: dict[str, Slot], limits: Limits) -> Non
             for k, (t, f) in enumerate(ev["texts"])
         ]
         P, C = ev["prompt_tokens"], ev["completion_tokens"]
+        answered(rec, ev)
         return {
             "id": cid,
             "object": "text_completion",
@@ -302,3 +324,16 @@ def add_completions(app: FastAPI, slots: dict[str, Slot], limits: Limits) -> Non
             "choices": choices,
             "usage": {"prompt_tokens": P, "completion_tokens": C, "total_tokens": P + C},
         }
+
+    def refused(rec: Record, e: ApiError) -> JSONResponse:
+        """A request answered with an error before it ran: logged, and a 429 told when to come back."""
+        ended = "busy" if e.status == 429 else "bad request"
+        observer.finish(rec, e.status, ended, message=str(e))
+        res = e.response()
+        if e.status == 429:
+            res.headers["Retry-After"] = str(observer.retry_after(rec.model))
+        return res
+
+    def answered(rec: Record, ev: dict[str, Any]) -> None:
+        reasons = sorted({str(f) for _, f in ev["texts"]})
+        observer.finish(rec, 200, ",".join(reasons), ev["prompt_tokens"], ev["completion_tokens"])

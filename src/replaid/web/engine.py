@@ -74,7 +74,7 @@ class Limits:
     max_steps: int = 1024
     max_samples: int = 4
     max_length: int = 0  # 0: the run's training length data.seq_len
-    max_queue: int = 8  # waiting requests per run
+    max_queue: int = 32  # waiting requests per run (a batched run: beyond its running batch)
     max_body: int = MAX_BODY  # bytes of a request body (more: HTTP 413, refused before it is read)
     max_tokens: int = 0  # /v1/completions' max_tokens (0: 8 x the run's data.seq_len)
     max_batch: int = 16  # a block run's running batch: samples (rows) written together (/v1/completions)
