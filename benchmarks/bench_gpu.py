@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"])
-    p.add_argument("--compile", action="store_true", help="train.compile=true")
+    p.add_argument("--compile", action="store_true", help="train.compile=on (default: off, the eager step)")
     p.add_argument("--set", nargs="*", default=[], help="config overrides k=v")
     p.add_argument(
         "--peak-tflops",
@@ -68,7 +68,15 @@ def build(a):
     from replaid.methods import get_method
     from replaid.presets import resolve
     from replaid.training.memory import preset_vocab
-    from replaid.training.train import EMA, Trainer, TrainModule, build_optimizer, compile_loss, resolve_device
+    from replaid.training.train import (
+        EMA,
+        Trainer,
+        TrainModule,
+        build_optimizer,
+        compile_loss,
+        compiles,
+        resolve_device,
+    )
 
     dev = dist.setup_device(resolve_device(a.device or ("cuda" if torch.cuda.is_available() else "cpu")))
     world = dist.world_size()
@@ -79,7 +87,7 @@ def build(a):
         [
             f"train.batch_size={a.per_device_batch * world}",
             f"train.precision={a.precision}",
-            f"train.compile={str(a.compile).lower()}",
+            f"train.compile={'on' if a.compile else 'off'}",
             *([f"data.seq_len={L}"] if L else []),
             *a.set,
         ],
@@ -91,7 +99,7 @@ def build(a):
     tr = Trainer(cfg, model, method, None, dev, EMA(model, cfg.optim.ema) if cfg.optim.ema > 0 else None)
     tr.loss_module = dist.wrap_model(TrainModule(model, method), cfg.train.parallel, dev)
     tr.optimizer = build_optimizer(model, cfg.optim)
-    if cfg.train.compile:
+    if compiles(cfg.train.compile, dev):
         compile_loss(model, method)
     bf16 = cfg.train.precision == "bf16" or (cfg.train.precision == "auto" and dev.type == "cuda")
     return cfg, tr, dev, world, V, bf16

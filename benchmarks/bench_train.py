@@ -38,7 +38,7 @@ def one(
         "train.batch_size": B,
         "model.head_chunk_rows": chunk,
         "model.activation_checkpointing": ckpt,
-        "train.compile": compile_,
+        "train.compile": "on" if compile_ else "off",
     }.items():
         set_key(cfg, k, v)
     cfg.validate()

@@ -127,3 +127,55 @@ def test_a_sweep_over_several_nodes_refuses_a_layout_that_cannot_run_before_subm
     (tmp_path / "configs" / "r0.json").write_text(resolve("debug", None, ["train.batch_size=8"]).to_json())
     with pytest.raises(ConfigError, match=r"run r0 .*train.batch_size=8 does not split over 6 ranks"):
         runner.run_submitit(tmp_path, [Entry()], "slurm", nodes_per_job=2, gpus_per_job=3)
+
+
+def test_train_nodes_and_sweeps_check_memory_against_the_stated_gpu(tmp_path, capsys):
+    """The stated GPU's memory is checked by the one layout check wherever it is stated: ``train --nodes
+    --gpu-memory-gb`` and ``grid/scaling run --executor slurm --gpus-per-job --gpu-memory-gb`` refuse a step
+    that the memory model puts above it (before anything is written or submitted), naming the
+    ``train.grad_accum`` that fits; plan-cluster's memory column is the same function's figure."""
+    from replaid.config import ConfigError
+    from replaid.presets import resolve
+    from replaid.scaling import runner
+    from replaid.training.layout import gpu_memory, memory_problem
+
+    sets = ["train.batch_size=64"]  # owt-0.1b: 8 rows per GPU over 8 GPUs, about 10 GB a step in bf16
+    cfg = resolve("owt-0.1b", None, sets)
+    need = gpu_memory(cfg, 50257, 8, 1) / 1e9
+    assert 2 < need < 60, need
+    capsys.readouterr()
+    argv = ["train", "--out", str(tmp_path / "r"), "--preset", "owt-0.1b", "--nodes", "1", "--gpus-per-node", "8",
+            "--dry-run", *sets]  # fmt: skip
+    line = one_line(capsys, main([*argv, "--gpu-memory-gb", "5"]))
+    assert f"needs about {need:.1f} GB per GPU" in line and "over the stated 5 GB" in line, line
+    assert "train.grad_accum=" in line and "fits" in line, line
+    assert not (tmp_path / "r").exists() and not (tmp_path / "r.sbatch").exists()
+    assert main([*argv, "--gpu-memory-gb", "80"]) == 0  # fits: the dry run prints its script
+    capsys.readouterr()
+    accum = int(line.split("train.grad_accum=")[1].split()[0])  # the advice holds: that accumulation fits
+    assert not memory_problem(resolve("owt-0.1b", None, [*sets, f"train.grad_accum={accum}"]), 8, 8, 5, 0)
+    assert (
+        main(["plan-cluster", "--nodes", "1", "--global-batch", "64", "--micro-batch", "8", "--parallel", "ddp"]) == 0
+    )
+    row = next(ln.split() for ln in capsys.readouterr().out.splitlines() if ln.startswith("owt-0.1b"))
+    assert float(row[6]) == pytest.approx(need, abs=0.06), row  # preset nodes GPUs micro x acc mem: one model
+
+    @dataclass
+    class Entry:
+        id: str = "r0"
+        run_dir: str = "runs/r0"
+        config: str = "configs/r0.json"
+        steps: int = 10
+
+        def cost(self) -> float:
+            return 1.0
+
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "r0.json").write_text(cfg.to_json())
+    with pytest.raises(ConfigError, match=r"run r0 .*needs about .* GB per GPU .* over the stated 5 GB"):
+        runner.run_submitit(tmp_path, [Entry()], "slurm", gpus_per_job=8, gpu_memory_gb=5)
+    (tmp_path / "spec.yaml").write_text("base: debug\ncells:\n  a: [method=ar]\n")
+    assert main(["grid", "plan", str(tmp_path / "spec.yaml"), "--out", str(tmp_path / "g")]) == 0
+    capsys.readouterr()
+    line = one_line(capsys, main(["grid", "run", str(tmp_path / "g"), "--gpu-memory-gb", "2"]))
+    assert "--gpu-memory-gb" in line and "--executor slurm --gpus-per-job" in line, line

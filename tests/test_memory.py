@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from replaid.presets import resolve
-from replaid.training.memory import LiveHeap, estimate, largest_batch, measure
+from replaid.training.memory import LiveHeap, estimate, largest_batch
+from replaid.training.testbed import measure
 
 
 def test_live_heap_counts_allocations_not_rss():

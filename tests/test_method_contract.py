@@ -336,12 +336,18 @@ def test_configs_written_before_the_method_sections_migrate_on_read():
 
 def test_configs_written_with_the_owner_tables_load_unchanged():
     """Each method's config.json as the last version with config.py's owner tables wrote it (debug preset,
-    one option of the method's section changed): it loads, keeps that option, and is written back the same."""
+    one option of the method's section changed): it loads, keeps that option, and is written back the same,
+    but for the values that :func:`migrate_config` moves on (``train.compile`` false -> ``off``)."""
+    from replaid.config import migrate_config
+
     stored = json.loads((FIXTURES / "config-owner-tables.json").read_text())
     assert sorted(stored) == sorted(METHODS)
+    assert all(d["train"]["compile"] is False for d in stored.values())
     default = RunConfig().to_dict()
-    for method, d in stored.items():
-        out = RunConfig.from_dict(d).to_dict()
+    for method, raw in stored.items():
+        d = migrate_config(raw)
+        assert d["train"]["compile"] == "off"
+        out = RunConfig.from_dict(raw).to_dict()
         assert set(out) == set(d), method  # the same sections
         for sec, keys in d.items():  # every stored key and value kept; keys added since carry their defaults
             if not isinstance(keys, dict):

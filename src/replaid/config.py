@@ -216,7 +216,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "auto"  # auto (bf16 autocast on GPU, fp32 on CPU) | fp32 | bf16
-    compile: bool = False
+    compile: str = "auto"  # auto (on CUDA; eager on the CPU, where Inductor's build outweighs short runs) | on | off
     log_every: int = 10
     eval_every: int = 0  # 0 = only at the end
     save_every: int = 0  # 0 = only at the end
@@ -239,6 +239,11 @@ class TrainConfig:
             f"must be divisible by train.grad_accum ({self.grad_accum})",
         )
         _check(self.precision in ("auto", "fp32", "bf16"), "train.precision", "must be auto, fp32 or bf16")
+        _check(
+            self.compile in ("auto", "on", "off"),
+            "train.compile",
+            f"must be auto (compiled on CUDA, eager on the CPU), on or off, got {self.compile!r}",
+        )
         _check(self.parallel in ("ddp", "fsdp", "hsdp"), "train.parallel", "must be ddp, fsdp or hsdp")
         _check(self.hsdp_shard >= 0, "train.hsdp_shard", "must be >= 0 (0 = the ranks of one node)")
         _check(
@@ -537,7 +542,8 @@ LEGACY_KEYS: dict[str, str] = {
 def migrate_config(d: dict[str, Any]) -> dict[str, Any]:
     """A stored config (any version) in today's layout; the input is not modified.
 
-    A config of a method whose network reads ``model.in_z_std`` (RePlaid) but that lacks the key was
+    ``train.compile`` stored as a bool (before ``auto``) becomes ``on``/``off``. A config of a method whose
+    network reads ``model.in_z_std`` (RePlaid) but that lacks the key was
     written when ``W_z`` started at std ``1/sqrt(d_e)``: it gets ``-1``, which keeps that init. Before the
     per-method sections every run stored every method's options in one flat ``baseline`` section: each
     key moves to its method's section (:data:`LEGACY_KEYS`), and the sections and model keys that the
@@ -548,6 +554,9 @@ def migrate_config(d: dict[str, Any]) -> dict[str, Any]:
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in d.items()}
     method = out.get("method", "replaid")
     model_keys, own = RunConfig(method=method).read_keys() if isinstance(method, str) else ([], None)
+    train = out.get("train")
+    if isinstance(train, dict) and isinstance(train.get("compile"), bool):  # before "auto": a bool, default off
+        train["compile"] = "on" if train["compile"] else "off"
     model = out.get("model")
     if "in_z_std" in model_keys and isinstance(model, dict) and "in_z_std" not in model:
         model["in_z_std"] = -1.0  # written before model.in_z_std: W_z was initialised with std 1/sqrt(d_e)

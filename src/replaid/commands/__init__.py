@@ -125,6 +125,14 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
         help="slurm: nodes per job (with --gpus-per-job G per node): one torchrun per node, c10d rendezvous",
     )
     r.add_argument(
+        "--gpu-memory-gb",
+        type=float_in(0, 1e6),
+        default=0.0,
+        metavar="GB",
+        help="slurm with --gpus-per-job: the memory of one GPU; a run whose step the memory model puts above it "
+        "is refused before anything is submitted (0: not stated, not checked)",
+    )
+    r.add_argument(
         "--slurm",
         nargs="*",
         default=[],
@@ -148,6 +156,10 @@ def run_manifest_command(args: argparse.Namespace, folder: Path, entries: Sequen
     if args.status:
         print(runner.progress_line(folder, entries))
         return 0
+    if args.gpu_memory_gb and not (args.executor == "slurm" and args.gpus_per_job):
+        raise ValueError(
+            "--gpu-memory-gb states the GPUs of a SLURM job: it goes with --executor slurm --gpus-per-job G"
+        )
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     if args.executor == "local":
         res = runner.run_local(folder, entries, args.max_parallel, args.python, args.prefix, not args.no_progress, log)
@@ -170,6 +182,7 @@ def run_manifest_command(args: argparse.Namespace, folder: Path, entries: Sequen
             wait=not args.no_wait,
             log=log,
             nodes_per_job=args.nodes_per_job,
+            gpu_memory_gb=args.gpu_memory_gb,
         )
     log(runner.progress_line(folder, entries))
     if any(r["returncode"] == PREEMPTED_EXIT for r in res):

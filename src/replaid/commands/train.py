@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from replaid.commands import add_command, int_in
+from replaid.commands import add_command, float_in, int_in
 from replaid.config import ConfigError, RunConfig
 from replaid.registry import method_names
 from replaid.schema import dumps as strict_dumps
@@ -66,6 +66,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="with --nodes: an extra #SBATCH option, e.g. --slurm --partition=gpu",
     )
     t.add_argument(
+        "--gpu-memory-gb",
+        type=float_in(0, 1e6),
+        default=0.0,
+        metavar="GB",
+        help="with --nodes: the memory of one GPU; a step that the memory model (replaid memory) puts above it "
+        "is refused before anything is submitted (0: not stated, not checked)",
+    )
+    t.add_argument(
         "--dry-run",
         action="store_true",
         help="with --nodes: print the sbatch script and node 0's command, submit nothing",
@@ -103,7 +111,8 @@ def submit(args: argparse.Namespace, cfg: RunConfig) -> int:
     from replaid.training.layout import check_layout
 
     world = args.nodes * args.gpus_per_node  # the layout the job will run, refused now rather than on the nodes
-    check_layout(cfg, world, args.gpus_per_node, f"--nodes {args.nodes} --gpus-per-node {args.gpus_per_node}")
+    where = f"--nodes {args.nodes} --gpus-per-node {args.gpus_per_node}"
+    check_layout(cfg, world, args.gpus_per_node, where, gpu_gb=args.gpu_memory_gb)
     rest = ["--preset", args.preset] + (["--config", args.config] if args.config else [])
     rest += (["--method", args.method] if args.method else []) + ["--no-progress", *args.overrides]
     script = launch.sbatch_script(
@@ -159,9 +168,11 @@ def run(args: argparse.Namespace) -> int:
     if args.show_config:
         print(cfg.to_json())
         return 0
-    if args.nodes or args.gpus_per_node or args.dry_run or args.slurm:
+    if args.nodes or args.gpus_per_node or args.dry_run or args.slurm or args.gpu_memory_gb:
         if not args.nodes:
-            raise ConfigError("--gpus-per-node, --slurm and --dry-run go with --nodes N (a SLURM submission)")
+            raise ConfigError(
+                "--gpus-per-node, --slurm, --gpu-memory-gb and --dry-run go with --nodes N (a SLURM submission)"
+            )
         return submit(args, cfg)
     if not args.out:
         raise ConfigError("train needs --out DIR (where the run's checkpoints and metrics go)")

@@ -128,8 +128,8 @@ def plan(
     """One row of the table: ``cfg.train.batch_size`` sequences per step over ``nodes x gpus``;
     ``micro``: the per-GPU micro-batch (0: the largest that divides the batch and fits ``hw.memory``)."""
     from replaid.training.flops import train_flops_per_token
-    from replaid.training.layout import MIN_MICRO, batch_problem, hsdp_problem, rank_counts
-    from replaid.training.memory import estimate, param_counts
+    from replaid.training.layout import MIN_MICRO, batch_problem, gpu_memory, hsdp_problem, rank_counts, shard_ranks
+    from replaid.training.memory import param_counts
 
     world, B = nodes * gpus, cfg.train.batch_size
     hsdp_shard = cfg.train.hsdp_shard or gpus
@@ -139,12 +139,10 @@ def plan(
         raise ConfigError(f"{nodes} node(s) x {gpus} GPUs: {why} (global batch {B} runs on {works} GPUs)")
     per = B // world
     counts = param_counts(cfg, vocab_size)
-    shard = {"ddp": 1, "fsdp": world, "hsdp": hsdp_shard}[parallel]
+    shard = shard_ranks(parallel, world, hsdp_shard)
 
     def mem(m: int) -> float:
-        e = estimate(cfg, vocab_size, m, bf16=True, params=counts)
-        states = sum(e.parts[k] for k in ("parameters", "gradients", "AdamW moments", "EMA"))
-        return e.peak - states + states / shard
+        return gpu_memory(cfg, vocab_size, m, shard, counts)
 
     choices = [m for m in range(per, MIN_MICRO - 1, -1) if per % m == 0]
     if micro:

@@ -309,8 +309,10 @@ def run_submitit(
     wait: bool = True,
     log: Callable[[str], None] = print,
     nodes_per_job: int = 1,
+    gpu_memory_gb: float = 0.0,
 ) -> list[dict[str, Any]]:
-    """Submit the unfinished entries as one job array through submitit.
+    """Submit the unfinished entries as one job array through submitit (``gpu_memory_gb`` > 0: each run's step
+    must fit it, :func:`~replaid.training.layout.check_layout`).
 
     ``nodes_per_job`` > 1 (slurm, with ``gpus_per_job``): each job spans that many nodes, one task per
     node, each running its node's torchrun with a c10d rendezvous on the job's first node.
@@ -340,7 +342,7 @@ def run_submitit(
             src = Path(sweep) / e.run_dir / "config.json"
             cfg = read_run_config(src if src.is_file() else Path(sweep) / e.config)
             where = f"run {e.id} on --nodes-per-job {nodes_per_job} x --gpus-per-job {gpus_per_job}"
-            check_layout(cfg, nodes_per_job * gpus_per_job, gpus_per_job, where)
+            check_layout(cfg, nodes_per_job * gpus_per_job, gpus_per_job, where, gpu_gb=gpu_memory_gb)
     log(
         f"scaling run ({executor}): {len(entries) - len(todo)} of {len(entries)} runs already done; "
         f"{len(todo)} to submit"

@@ -3,7 +3,8 @@
 resume): the global batch ``train.batch_size`` splits over the ranks and ``train.grad_accum`` into
 micro-batches of at least 2 rows (what :class:`~replaid.data.pipeline.DataPipeline` needs; a batch that
 does not split would silently train a smaller one), HSDP's shard group ``train.hsdp_shard`` divides the
-ranks, and, where a GPU is stated (``plan-cluster --gpu-memory-gb``), the memory per GPU fits it.
+ranks, and, where a GPU is stated (``--gpu-memory-gb`` of ``plan-cluster``, ``train --nodes``, ``grid run`` and
+``scaling run``), the memory per GPU fits it.
 Each refusal is one line naming the rank counts that work."""
 
 from __future__ import annotations
@@ -46,9 +47,56 @@ def hsdp_problem(shard: int, world: int) -> str:
     return ""
 
 
-def check_layout(cfg: RunConfig, world: int, per_node: int = 0, where: str = "") -> None:
+STATE_PARTS = ("parameters", "gradients", "AdamW moments", "EMA")  # what FSDP/HSDP shard (the memory model's parts)
+
+
+def shard_ranks(parallel: str, world: int, hsdp_shard: int) -> int:
+    """Ranks over which ``parallel`` shards the parameters and optimiser state (DDP: none)."""
+    return {"ddp": 1, "fsdp": world, "hsdp": hsdp_shard}[parallel]
+
+
+def gpu_memory(cfg: RunConfig, vocab: int, micro: int, shard: int, params: tuple[int, int] | None = None) -> float:
+    """Peak bytes per GPU of one step at ``micro`` rows per micro-batch (the memory model,
+    :func:`~replaid.training.memory.estimate`, bf16 unless ``train.precision=fp32``), the states sharded over
+    ``shard`` ranks (:func:`shard_ranks`)."""
+    from replaid.training.memory import estimate
+
+    e = estimate(cfg, vocab, micro, bf16=cfg.train.precision != "fp32", params=params)
+    states = sum(e.parts[k] for k in STATE_PARTS)
+    return e.peak - states + states / shard
+
+
+def memory_problem(cfg: RunConfig, world: int, per_node: int, gpu_gb: float, vocab: int) -> str:
+    """Why a step of ``cfg`` on ``world`` ranks does not fit ``gpu_gb`` GB per GPU, or "" (its layout
+    already checked). Names the ``train.grad_accum`` that fits, if one does."""
+    from replaid.training.memory import param_counts, preset_vocab
+
+    V, b, a = vocab or preset_vocab(cfg), cfg.train.batch_size, cfg.train.grad_accum
+    shard = shard_ranks(cfg.train.parallel, world, cfg.train.hsdp_shard or per_node or world)
+    counts = param_counts(cfg, V)
+    need = gpu_memory(cfg, V, b // world // a, shard, counts)
+    if need <= gpu_gb * 1e9:
+        return ""
+    per = b // world
+    fit = [
+        k
+        for k in range(a + 1, per // MIN_MICRO + 1)
+        if per % k == 0 and gpu_memory(cfg, V, per // k, shard, counts) <= gpu_gb * 1e9
+    ]
+    fix = f"train.grad_accum={fit[0]} fits" if fit else "no train.grad_accum fits"
+    return (
+        f"a step needs about {need / 1e9:.1f} GB per GPU (micro-batches of {b // world // a} rows, train.parallel="
+        f"{cfg.train.parallel}, the memory model of 'replaid memory'), over the stated {gpu_gb:g} GB; {fix}, or set "
+        f"model.activation_checkpointing=true or train.parallel=fsdp"
+    )
+
+
+def check_layout(
+    cfg: RunConfig, world: int, per_node: int = 0, where: str = "", gpu_gb: float = 0.0, vocab: int = 0
+) -> None:
     """Refuse (ConfigError, one line) a run of ``cfg`` on ``world`` ranks (``per_node`` a node) that cannot
-    run as configured; ``where``: what asked (``--nodes 2 --gpus-per-node 3``)."""
+    run as configured; ``where``: what asked (``--nodes 2 --gpus-per-node 3``); ``gpu_gb`` > 0: the stated
+    memory per GPU, which a step must fit (``vocab``: the tokenizer's size, 0: the preset's)."""
     at = f"{where}: " if where else ""
     b, a = cfg.train.batch_size, cfg.train.grad_accum
     why = batch_problem(b, a, world)
@@ -59,6 +107,9 @@ def check_layout(cfg: RunConfig, world: int, per_node: int = 0, where: str = "")
             f"the rank count, train.batch_size or train.grad_accum"
         )
     why = hsdp_problem(cfg.train.hsdp_shard or per_node or world, world) if cfg.train.parallel == "hsdp" else ""
+    if why:
+        raise ConfigError(f"{at}{why}")
+    why = memory_problem(cfg, world, per_node, gpu_gb, vocab) if gpu_gb > 0 else ""
     if why:
         raise ConfigError(f"{at}{why}")
 
@@ -75,8 +126,3 @@ def check_resume_layout(batch: int, accum: int, world: int, saved_world: int) ->
         f"--resume on {world} ranks: {why}; the checkpoint (saved on {saved_world} rank(s)) is intact: resume it "
         f"on {', '.join(map(str, works))} rank(s)"
     )
-
-
-def fits(memory: float, gpu_memory: float) -> bool:
-    """Whether an estimated peak ``memory`` (bytes per GPU) fits the stated GPU."""
-    return memory <= gpu_memory

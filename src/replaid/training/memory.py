@@ -37,10 +37,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from replaid.config import RunConfig
-from replaid.data.loader import Batch
 from replaid.methods import Kind, get_method, method_class
 from replaid.model.head import chunk_rows
-from replaid.training.train import EMA, Trainer, TrainModule, build_optimizer
 
 GB = 1e9
 VOCAB = {"gpt2": 50257, "llama2": 32000, "bert-base-uncased": 30522}
@@ -171,31 +169,6 @@ class LiveHeap(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch lea
             if isinstance(t, torch.Tensor) and t.device.type == "cpu":
                 self.track(t)
         return out
-
-
-def measure(cfg: RunConfig, V: int, batch: int) -> float:
-    """Measured peak live bytes of the second training step (fp32, CPU), the model, optimizer and
-    EMA created under the meter so every tensor is counted."""
-    torch.manual_seed(0)
-    tokens: list[Batch] = [{"tokens": torch.randint(0, V, (batch, cfg.data.seq_len))}]
-    with LiveHeap() as heap:
-        method = get_method(cfg)
-        model = method.build_model(V)
-        tr = Trainer(
-            cfg,
-            model,
-            method,
-            build_optimizer(model, cfg.optim),
-            torch.device("cpu"),
-            EMA(model, cfg.optim.ema) if cfg.optim.ema > 0 else None,
-            loss_module=TrainModule(model, method),
-        )
-        for p in model.parameters():  # parameters made outside dispatch (nn.Parameter wrappers) count too
-            heap.track(p)
-        tr.train_step(tokens, log=False)
-        heap.reset_peak()
-        tr.train_step(tokens, log=False)
-    return float(heap.peak)
 
 
 SAMPLE_TOKEN_BYTES = 64  # one kept sample token: its id in a Python list, its share of the text and JSON

@@ -23,9 +23,11 @@ import torch
 from torch import Tensor, nn
 
 from replaid.config import RunConfig, unread_keys
+from replaid.data.loader import Batch
 from replaid.methods import get_method
 from replaid.methods.base import Method
 from replaid.presets import resolve
+from replaid.training.memory import LiveHeap
 from replaid.training.train import EMA, Trainer, TrainModule, build_optimizer
 
 # the loss core's toy network (tests/test_compile.py and the GPU check's compile step)
@@ -118,3 +120,28 @@ def eager_and_compiled(
             torch.cuda.synchronize(loss.device)
         out.append((float(loss.detach()), grads(model), time.perf_counter() - t0))
     return out
+
+
+def measure(cfg: RunConfig, V: int, batch: int) -> float:
+    """Measured peak live bytes of the second training step (fp32, CPU), the model, optimizer and
+    EMA created under the meter so every tensor is counted."""
+    torch.manual_seed(0)
+    tokens: list[Batch] = [{"tokens": torch.randint(0, V, (batch, cfg.data.seq_len))}]
+    with LiveHeap() as heap:
+        method = get_method(cfg)
+        model = method.build_model(V)
+        tr = Trainer(
+            cfg,
+            model,
+            method,
+            build_optimizer(model, cfg.optim),
+            torch.device("cpu"),
+            EMA(model, cfg.optim.ema) if cfg.optim.ema > 0 else None,
+            loss_module=TrainModule(model, method),
+        )
+        for p in model.parameters():  # parameters made outside dispatch (nn.Parameter wrappers) count too
+            heap.track(p)
+        tr.train_step(tokens, log=False)
+        heap.reset_peak()
+        tr.train_step(tokens, log=False)
+    return float(heap.peak)

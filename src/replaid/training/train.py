@@ -327,6 +327,11 @@ def unigram_sums(logp: Tensor, batch: Batch) -> Tensor:
     return torch.stack([nll.sum(), torch.tensor(float(nll.numel()), dtype=torch.float64)])
 
 
+def compiles(setting: str, device: torch.device) -> bool:
+    """Whether ``train.compile`` compiles on ``device``: ``on``, ``off``, or ``auto`` (on CUDA only)."""
+    return setting == "on" or (setting == "auto" and device.type == "cuda")
+
+
 def compile_loss(model: nn.Module, method: Method[Any]) -> None:
     """``train.compile``: what the method compiles (RePlaid, Plaid: the loss core, everything but the
     noise draws and the schedule, without a graph break; the others: the backbone)."""
@@ -524,7 +529,7 @@ def _train(
     opt_sd = stored.optimizer() if stored is not None else None
     if opt_sd is not None:
         dist.load_optimizer_state(model, optimizer, opt_sd)
-    if cfg.train.compile:
+    if compiles(cfg.train.compile, device):
         compile_loss(model, method)
 
     final = runfolder.read_final_eval(run_dir) if resume else None
