@@ -162,19 +162,8 @@ def test_two_nodes_of_two_ranks_equal_one_node_of_four(tmp_path):
 def test_a_sweep_job_over_several_nodes_runs_each_nodes_torchrun(tmp_path, monkeypatch):
     """The sweep runner's multi-node option: a submitit task on each node of the job builds that node's
     torchrun from SLURM's variables (the rest of the command is the one-node job's)."""
-    from dataclasses import dataclass
-
     from replaid.scaling import runner
-
-    @dataclass
-    class Entry:
-        id: str = "r0"
-        run_dir: str = "runs/r0"
-        config: str = "configs/r0.json"
-        steps: int = 10
-
-        def cost(self) -> float:
-            return 1.0
+    from test_layout import Entry
 
     for k, v in SLURM.items():
         monkeypatch.setenv(k, v)

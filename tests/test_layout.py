@@ -66,6 +66,19 @@ def test_a_new_run_whose_batch_does_not_split_over_its_ranks_is_refused(tmp_path
     assert not (tmp_path / "r").exists()
 
 
+@dataclass
+class Entry:
+    """A manifest entry as ``runner.run_submitit`` reads it (one run, its config under ``configs/``)."""
+
+    id: str = "r0"
+    run_dir: str = "runs/r0"
+    config: str = "configs/r0.json"
+    steps: int = 10
+
+    def cost(self) -> float:
+        return 1.0
+
+
 @pytest.mark.parametrize(
     "nodes, gpus, sets, says",
     [
@@ -113,16 +126,6 @@ def test_a_sweep_over_several_nodes_refuses_a_layout_that_cannot_run_before_subm
     from replaid.presets import resolve
     from replaid.scaling import runner
 
-    @dataclass
-    class Entry:
-        id: str = "r0"
-        run_dir: str = "runs/r0"
-        config: str = "configs/r0.json"
-        steps: int = 10
-
-        def cost(self) -> float:
-            return 1.0
-
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "r0.json").write_text(resolve("debug", None, ["train.batch_size=8"]).to_json())
     with pytest.raises(ConfigError, match=r"run r0 .*train.batch_size=8 does not split over 6 ranks"):
@@ -159,16 +162,6 @@ def test_train_nodes_and_sweeps_check_memory_against_the_stated_gpu(tmp_path, ca
     )
     row = next(ln.split() for ln in capsys.readouterr().out.splitlines() if ln.startswith("owt-0.1b"))
     assert float(row[6]) == pytest.approx(need, abs=0.06), row  # preset nodes GPUs micro x acc mem: one model
-
-    @dataclass
-    class Entry:
-        id: str = "r0"
-        run_dir: str = "runs/r0"
-        config: str = "configs/r0.json"
-        steps: int = 10
-
-        def cost(self) -> float:
-            return 1.0
 
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "r0.json").write_text(cfg.to_json())

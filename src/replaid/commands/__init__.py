@@ -124,14 +124,7 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
         default=1,
         help="slurm: nodes per job (with --gpus-per-job G per node): one torchrun per node, c10d rendezvous",
     )
-    r.add_argument(
-        "--gpu-memory-gb",
-        type=float_in(0, 1e6),
-        default=0.0,
-        metavar="GB",
-        help="slurm with --gpus-per-job: the memory of one GPU; a run whose step the memory model puts above it "
-        "is refused before anything is submitted (0: not stated, not checked)",
-    )
+    add_gpu_memory_option(r, "slurm with --gpus-per-job")
     r.add_argument(
         "--slurm",
         nargs="*",
@@ -142,6 +135,18 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
     r.add_argument("--no-wait", action="store_true", help="slurm: submit and return")
     r.add_argument("--status", action="store_true", help="print the progress and exit")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_gpu_memory_option(p: argparse.ArgumentParser, when: str) -> None:
+    """``--gpu-memory-gb``: the stated GPU that :func:`~replaid.training.layout.check_layout` checks a step against."""
+    p.add_argument(
+        "--gpu-memory-gb",
+        type=float_in(0, 1e6),
+        default=0.0,
+        metavar="GB",
+        help=f"{when}: the memory of one GPU; a step that the memory model (replaid memory) puts above it is "
+        "refused before anything is written or submitted (0: not stated, not checked)",
+    )
 
 
 def run_manifest_command(args: argparse.Namespace, folder: Path, entries: Sequence[ManifestEntry], what: str) -> int:

@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from replaid.commands import add_command, float_in, int_in
+from replaid.commands import add_command, add_gpu_memory_option, int_in
 from replaid.config import ConfigError, RunConfig
 from replaid.registry import method_names
 from replaid.schema import dumps as strict_dumps
@@ -65,14 +65,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="OPTION",
         help="with --nodes: an extra #SBATCH option, e.g. --slurm --partition=gpu",
     )
-    t.add_argument(
-        "--gpu-memory-gb",
-        type=float_in(0, 1e6),
-        default=0.0,
-        metavar="GB",
-        help="with --nodes: the memory of one GPU; a step that the memory model (replaid memory) puts above it "
-        "is refused before anything is submitted (0: not stated, not checked)",
-    )
+    add_gpu_memory_option(t, "with --nodes")
     t.add_argument(
         "--dry-run",
         action="store_true",
