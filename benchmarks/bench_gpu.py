@@ -67,6 +67,7 @@ def build(a):
     from replaid import dist
     from replaid.methods import get_method
     from replaid.presets import resolve
+    from replaid.training.loading import resolve_device
     from replaid.training.memory import preset_vocab
     from replaid.training.train import (
         EMA,
@@ -75,7 +76,6 @@ def build(a):
         build_optimizer,
         compile_loss,
         compiles,
-        resolve_device,
     )
 
     dev = dist.setup_device(resolve_device(a.device or ("cuda" if torch.cuda.is_available() else "cpu")))

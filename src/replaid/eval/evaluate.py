@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Protocol
 
 import torch
 from tqdm.auto import tqdm
@@ -15,8 +15,26 @@ from replaid.config import RunConfig
 from replaid.data.pipeline import DataPipeline
 from replaid.methods.base import Method
 
-if TYPE_CHECKING:
-    from replaid.training.train import EMA, Trainer
+
+class Averaged(Protocol):
+    """The EMA weights a training run keeps (:class:`replaid.training.train.EMA`): what evaluation reads."""
+
+    shadow: dict[str, torch.Tensor]
+
+    def applied(self, model: torch.nn.Module) -> AbstractContextManager[torch.nn.Module]: ...
+
+
+class Trained(Protocol):
+    """A training run in progress (:class:`replaid.training.train.Trainer`): what :func:`evaluate` reads, so
+    that evaluation needs nothing of the training loop."""
+
+    model: torch.nn.Module
+    method: Method[Any]
+    cfg: RunConfig
+    device: torch.device
+
+    @property
+    def ema(self) -> Averaged | None: ...
 
 
 def ppl(nats: float) -> float:
@@ -31,7 +49,7 @@ def evaluate_model(
     data: DataPipeline,
     cfg: RunConfig,
     split: str | None = None,
-    ema: EMA | None = None,
+    ema: Averaged | None = None,
     max_batches: int | None = None,
     progress: bool = False,
 ) -> dict[str, Any]:
@@ -104,7 +122,7 @@ def evaluate_model(
     return out
 
 
-def evaluate(trainer: Trainer, data: DataPipeline, split: str | None = None, progress: bool = False) -> dict[str, Any]:
+def evaluate(trainer: Trained, data: DataPipeline, split: str | None = None, progress: bool = False) -> dict[str, Any]:
     """Evaluate a training run's model (its EMA weights when kept). Sharded (FSDP2) parameters are
     gathered into a plain replica first; each rank then scores its share of the split."""
     if not dist.is_sharded(trainer.model):

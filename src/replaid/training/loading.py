@@ -14,15 +14,43 @@ from typing import Any
 
 import torch
 
-from replaid.config import RunConfig
-from replaid.data.pipeline import DataPipeline
+from replaid.config import ConfigError, RunConfig
+from replaid.data.pipeline import DataPipeline, tokenizer_mismatch
 from replaid.data.sources import hub_unreachable
 from replaid.data.tokenizers import Tokenizer
 from replaid.methods import get_method
 from replaid.methods.base import Method
 from replaid.training import checkpoint as ck
 from replaid.training.checkpoint import CheckpointError
-from replaid.training.train import check_tokenizer, resolve_device
+
+
+def resolve_device(name: str) -> torch.device:
+    """``train.device`` (or ``--device``) as a device: ``auto`` is CUDA where there is one; a CUDA name on a
+    machine without one is one line."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"train.device={name} but this machine has no CUDA device; use train.device=cpu or auto")
+    return torch.device(name)
+
+
+def check_tokenizer(data: DataPipeline, state: dict[str, Any], ckpt: Path) -> None:
+    """Refuse a tokenizer whose files (or vocabulary) differ from those checkpoint ``ckpt`` recorded
+    (TS1: another run's tokenizer decodes the same ids to other text); a warning under
+    ``replaid --no-verify``. Checkpoints written before the hashes were recorded pass unchecked."""
+    binding = state.get("binding")
+    why = tokenizer_mismatch(binding.get("tokenizer") if isinstance(binding, dict) else None, data.tokenizer_binding())
+    if not why:
+        return
+    where = data.run_dir / "tokenizer" if data.run_dir is not None else "the tokenizer"
+    msg = f"{where} is not the tokenizer checkpoint {ckpt} was trained with ({why} in its state.json)"
+    if not ck.VERIFY:
+        ck.warn(f"{msg}; used anyway (--no-verify): its output may be other text")
+        return
+    raise ck.CheckpointError(
+        f"{msg}: the same ids would decode to other text; restore the run's own tokenizer/ folder, "
+        f"or pass 'replaid --no-verify' to use this one anyway"
+    )
 
 
 @dataclass

@@ -26,7 +26,7 @@ from replaid.config import ConfigError, OptimConfig, RunConfig
 from replaid.data.cooc import COOC_TOKENS, cooc_embeddings
 from replaid.data.errors import DataError
 from replaid.data.loader import Batch
-from replaid.data.pipeline import DataPipeline, tokenizer_mismatch
+from replaid.data.pipeline import DataPipeline
 from replaid.data.sources import corpus_change
 from replaid.diffusion.nelbo import low_discrepancy
 from replaid.diffusion.rng import host_uniform
@@ -34,6 +34,7 @@ from replaid.methods import get_method, method_class
 from replaid.methods.base import Method, Metrics
 from replaid.training import checkpoint as ck
 from replaid.training import layout, runfolder
+from replaid.training.loading import check_tokenizer, resolve_device
 from replaid.training.metrics_log import DeviceMeans, MetricsLogger, require_wandb, trackers
 from replaid.training.signatures import signatures
 from replaid.training.threads import announce_threads, set_threads
@@ -146,14 +147,6 @@ class EMA:
 def autocast_ctx(device: torch.device, precision: str) -> torch.autocast | nullcontext[None]:
     use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"train.device={name} but this machine has no CUDA device; use train.device=cpu or auto")
-    return torch.device(name)
 
 
 # ------------------------------------------------------------------ one step
@@ -758,25 +751,6 @@ def _guard_nonfinite(trainer: Trainer, m: dict[str, Any], run_dir: Path, log: Me
         f"gradient; likely cause: {causes}; the last checkpoint (finite, saved before the streak) is "
         f"{last if last is not None else 'none (nothing was saved)'}: lower the learning rate "
         f"and start again with --overwrite, or raise train.max_nonfinite_steps"
-    )
-
-
-def check_tokenizer(data: DataPipeline, state: dict[str, Any], ckpt: Path) -> None:
-    """Refuse a tokenizer whose files (or vocabulary) differ from those checkpoint ``ckpt`` recorded
-    (TS1: another run's tokenizer decodes the same ids to other text); a warning under
-    ``replaid --no-verify``. Checkpoints written before the hashes were recorded pass unchecked."""
-    binding = state.get("binding")
-    why = tokenizer_mismatch(binding.get("tokenizer") if isinstance(binding, dict) else None, data.tokenizer_binding())
-    if not why:
-        return
-    where = data.run_dir / "tokenizer" if data.run_dir is not None else "the tokenizer"
-    msg = f"{where} is not the tokenizer checkpoint {ckpt} was trained with ({why} in its state.json)"
-    if not ck.VERIFY:
-        ck.warn(f"{msg}; used anyway (--no-verify): its output may be other text")
-        return
-    raise ck.CheckpointError(
-        f"{msg}: the same ids would decode to other text; restore the run's own tokenizer/ folder, "
-        f"or pass 'replaid --no-verify' to use this one anyway"
     )
 
 
