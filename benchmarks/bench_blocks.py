@@ -141,7 +141,7 @@ def build(spec: dict, family: str, dev: torch.device):
 
     m = spec["method"]
     if spec.get("run"):
-        from replaid.training.loading import load_run
+        from replaid.store.loading import load_run
 
         run = load_run(spec["run"], device=str(dev))
         if family == "blocks":
@@ -537,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.run:
         from replaid.sampling.blocks import block_size_of
-        from replaid.training.loading import load_run
+        from replaid.store.loading import load_run
 
         r = load_run(a.run, device=a.device)
         a.methods, a.block_sizes, a.seq_len = [r.method.name], [block_size_of(r.method)], r.cfg.data.seq_len

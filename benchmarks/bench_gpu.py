@@ -67,7 +67,7 @@ def build(a):
     from replaid import dist
     from replaid.methods import get_method
     from replaid.presets import resolve
-    from replaid.training.loading import resolve_device
+    from replaid.store.loading import resolve_device
     from replaid.training.memory import preset_vocab
     from replaid.training.train import (
         EMA,

@@ -46,7 +46,7 @@ def main() -> None:
 
     from replaid.eval.quality import gen_ppl_ar_run, reference_windows, repetition_rate, unigram_entropy
     from replaid.sampling.blocks import block_size_of, sample_any_length
-    from replaid.training.loading import load_run
+    from replaid.store.loading import load_run
 
     torch.set_num_threads(1)
     judge = load_run(a.judge_run, device="cpu")

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     from replaid.sampling.generate import generate
     from replaid.sampling.request import SampleRequest
-    from replaid.training.loading import load_run
+    from replaid.store.loading import load_run
 
     torch.set_num_threads(1)
     lengths = sorted(int(x) for x in a.lengths.split(","))

@@ -134,7 +134,7 @@ def quality(rep: dict, folder: Path, a) -> None:
     otherwise), all against the same held-out test windows."""
     from replaid.eval.quality import make_judge
     from replaid.sampling.sweep import quality_sweep
-    from replaid.training.loading import load_run
+    from replaid.store.loading import load_run
 
     judge = make_judge(judge_run=str(folder / "runs" / "ar__s0"))
     for c in rep["cells"]:

@@ -83,7 +83,7 @@ def measure(
     from replaid.eval.quality import make_judge, reference_windows
     from replaid.sampling.generate import generate
     from replaid.sampling.request import SampleRequest
-    from replaid.training.loading import load_run
+    from replaid.store.loading import load_run
 
     run = load_run(str(run_dir), device="cpu")
     judge = make_judge(judge_run=str(judge_run))

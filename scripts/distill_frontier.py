@@ -90,7 +90,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     from replaid.eval.quality import gen_ppl_ar_run, mauve_score, reference_windows, sentence_features, unigram_entropy
     from replaid.eval.seeds import t_interval
-    from replaid.training.loading import load_run
+    from replaid.store.loading import load_run
 
     judge = load_run(a.judge_run, device="cpu")
     teacher = load_run(a.teacher, device="cpu")

@@ -26,15 +26,15 @@ from pathlib import Path
 
 import torch
 
-from replaid.training import checkpoint as ck
-from replaid.training.loading import load_run
+from replaid.store import checkpoint as ck
+from replaid.store.loading import load_run
 
 TIMING = {"time", "tokens_per_s", "eval/seconds", "seconds"}
 
 # a trainer that SIGKILLs itself at the k-th call of a filesystem step (among those `when` accepts)
 KILLER = """
 import os, shutil, signal, sys
-from replaid.training import checkpoint as ck
+from replaid.store import checkpoint as ck
 from replaid import fileio
 from replaid.cli import main
 owner = {{"os": os, "shutil": shutil, "ck": ck, "fileio": fileio}}["{owner}"]

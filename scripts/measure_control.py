@@ -43,7 +43,7 @@ from replaid.diffusion.denoiser import alpha_sigma
 from replaid.eval.seeds import t_interval
 from replaid.sampling.generate import generate
 from replaid.sampling.request import SampleRequest
-from replaid.training.loading import load_run
+from replaid.store.loading import load_run
 
 
 def ci(xs) -> tuple[float, float]:
@@ -192,8 +192,8 @@ def latent_classifier(run, args, corpus: Path):
     """(a) The latent classifier, trained by ``replaid classifier train RUN --data CORPUS/train.jsonl --out
     CLF`` (the CLI itself) unless CLF already holds one for this run; returns (folder, classifier, its metrics)."""
     from replaid.cli import main as cli
+    from replaid.store.loading import run_dir_of
     from replaid.training.classifier import load_classifier
-    from replaid.training.loading import run_dir_of
 
     name = "label" if not args.clf_chunk_chars else f"label-chunk{args.clf_chunk_chars}"
     clf_dir = Path(args.classifier) if args.classifier else Path(run_dir_of(Path(run.ckpt))) / "classifiers" / name

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from replaid.cli import main
-from replaid.training import checkpoint as ck
+from replaid.store import checkpoint as ck
 
 NEW = ["train", "--preset", "debug", "--no-progress", "--out", "{new}"]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from replaid.cli import main
-from replaid.training import checkpoint as ck
+from replaid.store import checkpoint as ck
 
 
 def files(root: Path) -> dict:

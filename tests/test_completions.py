@@ -14,7 +14,7 @@ import torch
 from replaid.cli import main
 from replaid.sampling.request import BLOCK_LENGTH_FACTOR, SampleRequest
 from replaid.sampling.stream import Completion, SampleText
-from replaid.training.loading import load_run
+from replaid.store.loading import load_run
 
 L, BLOCK = 16, 4
 
@@ -298,7 +298,7 @@ def test_a_gpu_trained_run_is_sampled_on_a_cpu_machine_to_eight_times_the_contex
         pytest.skip("checks the CPU fallback")
     gpu_run = tmp_path / "gpu-trained"
     shutil.copytree(run_dir, gpu_run)
-    from replaid.training import checkpoint as ck
+    from replaid.store import checkpoint as ck
 
     for f in [gpu_run / "config.json", *gpu_run.glob("checkpoints/*/state.json")]:  # the config is in both
         obj = json.loads(f.read_text())

@@ -18,8 +18,8 @@ import torch
 from replaid.cli import main
 from replaid.eval.evaluate import evaluate
 from replaid.presets import resolve
-from replaid.training import checkpoint as ck
-from replaid.training import runfolder
+from replaid.store import checkpoint as ck
+from replaid.store import runfolder
 from replaid.training.train import train as _train
 
 train = partial(_train, evaluate=evaluate)  # the trainer with the evaluation commands/train.py wires in
@@ -122,7 +122,7 @@ def test_a_failing_save_step_leaves_a_run_that_resumes_bit_exactly(ref, tmp_path
 
 KILL = """
 import os, sys
-from replaid.training import checkpoint as ck
+from replaid.store import checkpoint as ck
 from replaid.cli import main
 
 real, seen = {owner}.{name}, [0]

@@ -20,7 +20,7 @@ from replaid.eval.evaluate import evaluate
 from replaid.methods.replaid import DiffusionOptions
 from replaid.model.replaid import RePlaid
 from replaid.presets import resolve
-from replaid.training import checkpoint as ck
+from replaid.store import checkpoint as ck
 from replaid.training.train import train as _train
 
 torch.set_num_threads(1)

@@ -181,8 +181,8 @@ def block_student(tmp_path_factory):
 
 def test_replaid_distill_makes_a_block_student_that_samples_cached_as_uncached(block_student, capsys):
     from replaid.cli import main
-    from replaid.training import checkpoint as ck
-    from replaid.training.loading import load_run
+    from replaid.store import checkpoint as ck
+    from replaid.store.loading import load_run
 
     run, student = block_student
     cfg = json.loads((student / "config.json").read_text())
@@ -253,7 +253,7 @@ def test_a_block_student_is_served_at_its_own_steps_and_sampler(block_student):
     openai = pytest.importorskip("openai", reason="the 'web' extra (openai) is not installed")
     from replaid.sampling.request import SampleRequest
     from replaid.sampling.stream import Completion
-    from replaid.training.loading import load_run
+    from replaid.store.loading import load_run
     from replaid.web.app import create_app
     from replaid.web.engine import Limits
     from test_openai_api import serving

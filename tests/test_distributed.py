@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from replaid.training import checkpoint as ck
+from replaid.store import checkpoint as ck
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -28,7 +28,7 @@ CHILD = textwrap.dedent(
     FULL = OSError(errno.ENOSPC, "No space left on device")
     kind = sys.argv[1]
     if kind == "train":  # the disk fills up at the step-5 checkpoint, inside the run folder only
-        from replaid.training import checkpoint as ck
+        from replaid.store import checkpoint as ck
         real_save = ck.save_file
         def save_file(tensors, path, *a, **k):
             if "step_0000005" in path:
@@ -36,7 +36,7 @@ CHILD = textwrap.dedent(
             return real_save(tensors, path, *a, **k)
         ck.save_file = save_file
     elif kind == "sample":  # forward pass number argv[2] of the sampler fails
-        from replaid.training import loading
+        from replaid.store import loading
         real_load, calls = loading.load_run, [0]
         def load_run(*a, **k):
             run = real_load(*a, **k)

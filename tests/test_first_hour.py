@@ -165,7 +165,7 @@ def test_diagnose_reports_every_prediction():
 def test_eval_unigram_is_on_the_evaluated_tokens(tmp_path):
     from replaid.data.loader import unigram_logp
     from replaid.eval.evaluate import evaluate_model
-    from replaid.training.loading import load_run
+    from replaid.store.loading import load_run
 
     run = tmp_path / "run"
     assert main(["train", "--preset", "debug", "--out", str(run), "--no-progress", "train.steps=2"]) == 0
@@ -234,7 +234,7 @@ def _train(out: Path, hashseed: str) -> None:
 
 def test_same_seed_threads_and_device_give_bit_identical_runs(tmp_path):
     """Two processes (different hash seeds), two threads: identical metrics (to the last bit) and weights."""
-    from replaid.training import checkpoint as ck
+    from replaid.store import checkpoint as ck
 
     _train(tmp_path / "a", "1")
     _train(tmp_path / "b", "2")

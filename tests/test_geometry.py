@@ -152,7 +152,7 @@ def test_geometry_and_multi_run_diagnose_commands(debug_run, tmp_path, capsys):
         == 0
     )
     s = json.loads((out / "geometry.json").read_text())
-    from replaid.training.loading import load_run
+    from replaid.store.loading import load_run
 
     r = load_run(a)
     E = r.model.embedding_matrix().detach().double().numpy()  # the rows, independently of the command
@@ -210,7 +210,7 @@ def test_geometry_tsne_and_pos_path(debug_run, tmp_path):
     except Exception as e:  # noqa: BLE001 - the geometry extra is optional
         pytest.skip(f"spaCy's English model is not installed ({e.__class__.__name__})")
     from replaid.cli import main
-    from replaid.training.loading import load_run
+    from replaid.store.loading import load_run
 
     a = debug_run
     out = tmp_path / "geo"

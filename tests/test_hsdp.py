@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 
-from replaid.training import checkpoint as ck
-from replaid.training import sharded
+from replaid.store import checkpoint as ck
+from replaid.store import sharded
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

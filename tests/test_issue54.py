@@ -260,7 +260,7 @@ def test_the_playground_and_completions_send_escapes_unless_raw(run, garbled):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from replaid.training.loading import load_run
+    from replaid.store.loading import load_run
     from replaid.web.app import create_app
     from replaid.web.engine import Asked, Limits, generate_stream, parse
 

@@ -16,7 +16,7 @@ import torch
 
 from replaid.config import ConfigError
 from replaid.scaling import launch
-from replaid.training import checkpoint as ck
+from replaid.store import checkpoint as ck
 
 SLURM = {"SLURM_JOB_NODELIST": "gpu-a[07-09,12]", "SLURM_NNODES": "4", "SLURM_NODEID": "2", "SLURM_JOB_ID": "4242"}
 

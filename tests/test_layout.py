@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from replaid.cli import main
-from replaid.training import checkpoint as ck
+from replaid.store import checkpoint as ck
 
 
 def one_line(capsys, rc: int) -> str:

@@ -197,7 +197,7 @@ def test_rolling_equals_zeroshot_on_the_same_rows(runs, method, tmp_path):
     same computation and draws (seed, batch size), so the same nats (AR exact; the bounds at one seed)."""
     from replaid.data.zeroshot import bos_eos, load_documents, wrap_documents
     from replaid.eval.zeroshot import zeroshot_run
-    from replaid.training.loading import load_run
+    from replaid.store.loading import load_run
 
     (tmp_path / "wikitext2").mkdir()
     (tmp_path / "wikitext2" / "valid.txt").write_text(" = Title = \n \n Return the value of the key . \n" * 30)

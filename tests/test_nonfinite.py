@@ -11,7 +11,7 @@ import torch
 
 from replaid.eval.evaluate import evaluate, ppl
 from replaid.presets import resolve
-from replaid.training import checkpoint as ck
+from replaid.store import checkpoint as ck
 from replaid.training.train import TrainingDiverged, TrainModule
 from replaid.training.train import train as _train
 

@@ -20,7 +20,7 @@ import pytest
 from replaid.cli import main
 from replaid.sampling.request import SampleRequest
 from replaid.sampling.stream import Completion
-from replaid.training.loading import load_run
+from replaid.store.loading import load_run
 
 openai = pytest.importorskip("openai", reason="the 'web' extra (openai, the client of these tests) is not installed")
 pytest.importorskip("fastapi", reason="the 'web' extra (FastAPI, uvicorn) is not installed")

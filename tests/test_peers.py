@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from replaid.cli import main
 from replaid.hub import peers
 from replaid.methods import get_method
-from replaid.training.checkpoint import load_model_weights
+from replaid.store.checkpoint import load_model_weights
 
 FX = Path(__file__).parent / "fixtures" / "peers"
 
@@ -58,7 +58,7 @@ def test_duo_logits_match_the_peer_at_its_noise_levels():
 
 
 def test_time_conditioned_mdlm_and_pickles_are_refused(tmp_path):
-    from replaid.training.checkpoint import CheckpointError
+    from replaid.store.checkpoint import CheckpointError
 
     cfg_in, sd = peers.read_peer(FX / "mdlm")
     with pytest.raises(CheckpointError, match="time-conditioned"):

@@ -163,7 +163,7 @@ def ar_and_diffusion_runs(tmp_path_factory):
 
 def test_ar_run_judge_prefers_training_like_text(ar_and_diffusion_runs):
     from replaid.eval.quality import gen_ppl_ar_run, make_judge
-    from replaid.training.loading import load_run
+    from replaid.store.loading import load_run
 
     ar, _ = ar_and_diffusion_runs
     run = load_run(ar)
@@ -294,7 +294,7 @@ def test_sweep_command_writes_points_and_plots(ar_and_diffusion_runs, tmp_path, 
 
 def test_reference_windows_are_disjoint_and_bounded(ar_and_diffusion_runs):
     from replaid.eval.quality import reference_windows
-    from replaid.training.loading import load_run
+    from replaid.store.loading import load_run
 
     run = load_run(ar_and_diffusion_runs[0])
     n = len(run.data.dataset("valid")) // 2

@@ -14,7 +14,7 @@ import pytest
 from replaid.cli import main
 from replaid.commands import float_in, int_in, require_finite
 from replaid.presets import resolve
-from replaid.training import checkpoint as ck
+from replaid.store import checkpoint as ck
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +97,7 @@ def test_non_finite_results_are_an_error_naming_them():
 def test_sample_refuses_what_cannot_fit_before_allocating(trained, monkeypatch):
     g = importlib.import_module("replaid.sampling.generate")  # the module, not its function generate
     from replaid.sampling.request import SampleRequest
-    from replaid.training.loading import load_run
+    from replaid.store.loading import load_run
 
     run = load_run(trained)
     # 1 GB free: a batch of 4096 rows of 32 tokens needs more; the message says the batch that fits
@@ -208,7 +208,7 @@ def test_an_unreachable_hub_is_one_line_at_once(argv, monkeypatch, capsys):
 
     import replaid.commands.data  # noqa: F401
     import replaid.commands.eval  # noqa: F401
-    import replaid.training.loading  # noqa: F401
+    import replaid.store.loading  # noqa: F401
 
     t0 = time.time()
     code = main(argv)

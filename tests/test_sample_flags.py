@@ -82,7 +82,7 @@ def knobbed(monkeypatch):
 
     run = SimpleNamespace(method=SimpleNamespace(block_size=lambda: 0), tokenizer=SimpleNamespace(vocab_size=8))
     monkeypatch.setattr("replaid.sampling.generate.generate", generate)
-    monkeypatch.setattr("replaid.training.loading.load_run", lambda *a, **k: run)
+    monkeypatch.setattr("replaid.store.loading.load_run", lambda *a, **k: run)
     return seen
 
 

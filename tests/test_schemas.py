@@ -35,7 +35,7 @@ OPENS = {
         "resume": ["train", "--out", RUN, "--resume", "--no-progress", "train.steps=4"],
     },
 }
-# the other commands that load a run (replaid.training.loading.load_run), for its two files
+# the other commands that load a run (replaid.store.loading.load_run), for its two files
 LOADERS = {
     "export": ["export", RUN, "--out", "{g}/x"],
     "edit": ["edit", RUN, "--text", "the value", "--steps", "2"],

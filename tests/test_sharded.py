@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from replaid.training import checkpoint as ck
-from replaid.training import sharded
+from replaid.store import checkpoint as ck
+from replaid.store import sharded
 
 COMMON = ["--preset", "debug", "--no-progress", "train.batch_size=8", "train.log_every=1", "train.parallel=fsdp"]
 
@@ -274,7 +274,7 @@ def test_dcp_metadata_naming_another_global_is_refused_not_unpickled(tmp_path, m
 KILL_HOOK = """
 import os
 if os.environ.get("RANK") == "1":  # a torchrun worker: die inside the sharded save of step 4
-    import replaid.training.sharded as s
+    import replaid.store.sharded as s
 
     _save = s.save
 

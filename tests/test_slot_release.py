@@ -13,7 +13,7 @@ import time
 import pytest
 
 from replaid.cli import main
-from replaid.training.loading import load_run
+from replaid.store.loading import load_run
 
 pytest.importorskip("fastapi", reason="the 'web' extra (FastAPI, uvicorn) is not installed")
 httpx = pytest.importorskip("httpx", reason="the 'web' extra (httpx, the client of these tests) is not installed")

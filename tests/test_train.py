@@ -12,7 +12,7 @@ import torch
 from replaid.cli import main
 from replaid.eval.evaluate import evaluate
 from replaid.presets import optim_scaling, resolve
-from replaid.training import checkpoint as ck
+from replaid.store import checkpoint as ck
 from replaid.training.train import lr_at
 from replaid.training.train import train as _train
 

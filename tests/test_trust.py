@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from replaid.cli import main
-from replaid.training import checkpoint as ck
+from replaid.store import checkpoint as ck
 
 DEBUG = ["train", "--preset", "debug", "--no-progress"]
 FAST = ["eval.max_batches=1", "train.num_threads=1"]

@@ -84,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from replaid.config import ConfigError
     from replaid.data import DataError
-    from replaid.training import checkpoint
-    from replaid.training.checkpoint import CheckpointError
+    from replaid.store import checkpoint
+    from replaid.store.checkpoint import CheckpointError
     from replaid.training.train import PREEMPTED_EXIT, Preempted, TrainingDiverged
 
     checkpoint.VERIFY = not args.no_verify

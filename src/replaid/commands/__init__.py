@@ -17,7 +17,7 @@ from replaid.schema import dumps as strict_dumps
 
 if TYPE_CHECKING:
     from replaid.scaling.runner import ManifestEntry
-    from replaid.training.loading import Run
+    from replaid.store.loading import Run
 
 # Sub-command modules in the order ``replaid --help`` lists them.
 COMMANDS = (
@@ -318,7 +318,7 @@ def check_out(
     reads). The one check of every command that writes results into an ``--out`` folder."""
     import os
 
-    from replaid.training import runfolder
+    from replaid.store import runfolder
 
     if not out:
         return

@@ -41,8 +41,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from replaid.store.loading import load_run
     from replaid.training.classifier import ClassifierTrainConfig, read_labelled, save_classifier, train_classifier
-    from replaid.training.loading import load_run
 
     for k in ("steps", "batch_size", "hidden"):
         if getattr(args, k) < 1:

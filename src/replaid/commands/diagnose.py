@@ -11,7 +11,7 @@ from replaid.schema import dumps as strict_dumps
 
 if TYPE_CHECKING:
     from replaid.methods.replaid import ContinuousNet
-    from replaid.training.loading import Run
+    from replaid.store.loading import Run
 
 EXAMPLE = (
     "example: replaid diagnose runs/demo --out runs/demo/diagnose --split valid --batches 4 --grid 33\n"
@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     from replaid.eval.diagnostics import ce_overlay, plot_ce_overlay
     from replaid.methods import Kind
-    from replaid.training.loading import load_run
+    from replaid.store.loading import load_run
 
     check_out(args.out, protected=tuple(args.runs), names=("diagnose.json",))
     labels = run_labels(args.runs, args.labels)

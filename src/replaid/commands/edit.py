@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from replaid.sampling.display import visible
     from replaid.sampling.generate import generate
     from replaid.sampling.request import SampleRequest
-    from replaid.training.loading import load_run
+    from replaid.store.loading import load_run
 
     req = SampleRequest(
         sampler=args.sampler,

@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     from replaid.config import apply_cli
     from replaid.eval.evaluate import evaluate_model
-    from replaid.training.loading import load_run
+    from replaid.store.loading import load_run
     from replaid.training.memory import check_fits, eval_estimate
 
     run_ = load_run(args.run, use_ema=not args.no_ema)

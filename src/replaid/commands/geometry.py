@@ -13,7 +13,7 @@ from replaid.schema import dumps as strict_dumps
 if TYPE_CHECKING:
     import numpy as np
 
-    from replaid.training.loading import Run
+    from replaid.store.loading import Run
 
 EXAMPLE = (
     "example: replaid geometry runs/wiki runs/wiki-ce1 --labels nelbo ce1 --out runs/geometry "
@@ -99,9 +99,9 @@ def run(args: argparse.Namespace) -> int:
 
     from replaid.eval import geometry as geo
     from replaid.eval.pos import UPOS
-    from replaid.training.checkpoint import load_state
-    from replaid.training.loading import load_run
-    from replaid.training.runfolder import recorded_final_eval
+    from replaid.store.checkpoint import load_state
+    from replaid.store.loading import load_run
+    from replaid.store.runfolder import recorded_final_eval
 
     if args.min_count < 1 or args.tsne_max < 10 or args.pos_row_len < 2 or args.knn < 1:
         raise ValueError("need --min-count >= 1, --tsne-max >= 10, --pos-row-len >= 2, --knn >= 1")

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import torch
 
     from replaid.methods.replaid import ContinuousNet
-    from replaid.training.loading import Run
+    from replaid.store.loading import Run
 
 TOLERANCE = float_in(ODE_TOL_MIN, 1)  # dopri5 --rtol/--atol: what its float64 solve resolves
 
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
 
     from replaid.eval.likelihood import estimate_likelihood, plot_k_curve, schedule_endpoints
     from replaid.methods import Kind
-    from replaid.training.loading import load_run
+    from replaid.store.loading import load_run
 
     check_out(args.out, protected=(args.run,), names=("likelihood.json",))
     run_ = load_run(args.run, use_ema=not args.no_ema)

@@ -14,7 +14,7 @@ from replaid.schema import dumps as strict_dumps
 
 if TYPE_CHECKING:
     from replaid.sampling.request import Knob, SampleRequest
-    from replaid.training.loading import Run
+    from replaid.store.loading import Run
 
 EXAMPLE = (
     "example: replaid sample runs/demo --sampler ddpm --steps 64 --num 4 --length 64 --seed 0\n"
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
 
     from replaid.sampling.display import visible
     from replaid.sampling.generate import generate
-    from replaid.training.loading import load_run
+    from replaid.store.loading import load_run
 
     run_ = load_run(args.run, use_ema=True, train_data=False)
     req = request_of(args)  # validated once, by generate (SampleRequest.check), as the playground's requests are

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from replaid.methods import Kind
     from replaid.sampling.names import SAMPLER_NAMES
     from replaid.sampling.sweep import markdown_table, quality_sweep, write_sweep
-    from replaid.training.loading import load_run
+    from replaid.store.loading import load_run
 
     for s in (args.samplers or []) + [args.temp_sampler or "ddpm"]:
         if s not in SAMPLER_NAMES:

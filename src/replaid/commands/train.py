@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     from replaid.config import ConfigError, parse_overrides, read_run_config, set_key
     from replaid.eval.evaluate import evaluate
     from replaid.presets import resolve
-    from replaid.training import runfolder
+    from replaid.store import runfolder
     from replaid.training.train import train
 
     overrides = list(args.overrides)
@@ -193,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
 def _check_resume_steps(run_dir: Path, steps: int) -> None:
     """Refuse ``--resume train.steps=N`` below the step the run has reached (it would do nothing)."""
     from replaid.config import ConfigError
-    from replaid.training import checkpoint as ck
+    from replaid.store import checkpoint as ck
 
     ckpt = ck.latest_checkpoint(run_dir)
     at = ck.load_state(ckpt)["step"] if ckpt is not None else 0

@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from replaid.eval.zeroshot import markdown_table, zeroshot_run
-    from replaid.training.loading import load_run
+    from replaid.store.loading import load_run
 
     check_out(args.out, protected=tuple(args.runs), names=("zeroshot.json", "zeroshot.md"))
     results: dict[str, dict[str, Any]] = {}

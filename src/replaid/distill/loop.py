@@ -5,7 +5,7 @@ The student is a normal run folder (``config.json``, ``tokenizer/``, ``checkpoin
 ``eval``, ``export``, ``serve`` load as any RePlaid run; its config is the teacher's with
 ``model.self_conditioning: false`` (the student sees no self-conditioning input). ``distill.json``
 records the distillation settings and the teacher; each checkpoint's ``state.json`` carries
-``distill`` (round, student steps). Checkpoints are the trainer's (:func:`replaid.training.checkpoint.
+``distill`` (round, student steps). Checkpoints are the trainer's (:func:`replaid.store.checkpoint.
 save_checkpoint`: atomic, never a NaN, ``LATEST``), the folder is claimed and locked as ``train``
 does, and ``resume`` continues from the newest one with the same optimizer state, data position
 and noise streams (seeded by the step). Progressive distillation freezes each round's teacher into
@@ -46,9 +46,9 @@ from replaid.methods.base import Kind
 from replaid.model.replaid import RePlaid
 from replaid.sampling.continuous import gamma_grid
 from replaid.schema import dumps as strict_dumps
-from replaid.training import checkpoint as ck
-from replaid.training import runfolder
-from replaid.training.loading import Run, load_run, run_dir_of
+from replaid.store import checkpoint as ck
+from replaid.store import runfolder
+from replaid.store.loading import Run, load_run, run_dir_of
 from replaid.training.train import EMA, rng_state, set_rng_state
 
 

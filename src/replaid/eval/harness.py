@@ -71,7 +71,7 @@ class Row:
 
 @dataclass
 class Scorer:
-    """Scores rows with a loaded run (``replaid.training.loading.Run``)."""
+    """Scores rows with a loaded run (``replaid.store.loading.Run``)."""
 
     run: object
     mc: int = 4  # diffusion times per row (the t_samples of the bound); ignored by AR

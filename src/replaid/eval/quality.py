@@ -48,7 +48,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from replaid.methods.base import Kind
-from replaid.training.loading import Run, load_run
+from replaid.store.loading import Run, load_run
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

@@ -17,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from replaid.data.zeroshot import bos_eos, load_documents, wrap_documents
-from replaid.training.loading import Run
+from replaid.store.loading import Run
 
 
 @torch.no_grad()

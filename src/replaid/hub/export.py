@@ -31,8 +31,8 @@ from replaid.config import RunConfig
 from replaid.data.tokenizers import SPEC_FILE, HFTokenizer, Tokenizer, tokenizer_files_sha256, vocab_sha256
 from replaid.methods import Method, get_method, method_class
 from replaid.schema import dumps as strict_dumps
-from replaid.training import checkpoint as ck
-from replaid.training.loading import load_run, resolve, run_dir_of
+from replaid.store import checkpoint as ck
+from replaid.store.loading import load_run, resolve, run_dir_of
 
 MODELING_FILE = "modeling_replaid.py"
 HF_FIELDS = (

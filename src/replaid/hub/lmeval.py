@@ -1,7 +1,7 @@
 """Every replaid run as an lm-evaluation-harness model: ``lm_eval --model replaid --model_args run=PATH``.
 
 Needs the ``lmeval`` extra (``pip install 'replaid[lmeval]'``, pinned ``lm-eval``). ``run`` is a run
-directory, an exported folder or a Hub id (:func:`replaid.training.loading.load_run`, as every command).
+directory, an exported folder or a Hub id (:func:`replaid.store.loading.load_run`, as every command).
 What each request's number is (:mod:`replaid.eval.harness`, where the windows are stated):
 
 * ``loglikelihood(context, continuation)``: ``log p(continuation | context)``: exact for AR (with
@@ -67,7 +67,7 @@ class ReplaidLM(LM):  # type: ignore[misc]  # lm_eval ships no type information:
         **unused: Any,
     ) -> None:
         super().__init__()
-        from replaid.training.loading import load_run
+        from replaid.store.loading import load_run
 
         if run is None:
             raise ValueError("--model_args needs run=PATH (a run directory, an exported folder or a Hub id)")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from transformers import PretrainedConfig, PreTrainedModel
 
 if TYPE_CHECKING:
-    from replaid.training.loading import Run
+    from replaid.store.loading import Run
 
 
 class ReplaidConfig(PretrainedConfig):  # type: ignore[no-untyped-call]  # transformers' __init_subclass__ is unannotated

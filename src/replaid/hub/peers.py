@@ -46,8 +46,8 @@ from replaid.data.pipeline import DataPipeline
 from replaid.hub.export import model_card, refuse_existing, write_folder
 from replaid.methods import get_method
 from replaid.model.langflow import LangFlowDenoiser
-from replaid.training.checkpoint import CheckpointError, load_model_weights
-from replaid.training.loading import resolve
+from replaid.store.checkpoint import CheckpointError, load_model_weights
+from replaid.store.loading import resolve
 
 PEERS = ("mdlm", "duo", "langflow")
 

@@ -41,7 +41,7 @@ from replaid.sampling.starts import Start, denoiser_for, guidance_objective, mar
 from replaid.sampling.stream import Completion
 
 if TYPE_CHECKING:
-    from replaid.training.loading import Run
+    from replaid.store.loading import Run
 
 __all__ = [
     "Plan",
@@ -92,7 +92,7 @@ def generate(
     callback: Callback | None = None,
     on_plan: Callable[[Plan], None] | None = None,
 ) -> Samples:
-    """Draw ``request.num`` samples from ``run`` (a :class:`replaid.training.loading.Run`); returns one
+    """Draw ``request.num`` samples from ``run`` (a :class:`replaid.store.loading.Run`); returns one
     row per sample with the steps, NFE and plan (module docstring). A request the run cannot honour
     raises a one-line error first."""
     method = run.method

@@ -29,7 +29,7 @@ from replaid.sampling.request import SampleRequest
 from replaid.schema import dumps as strict_dumps
 
 if TYPE_CHECKING:
-    from replaid.training.loading import Run
+    from replaid.store.loading import Run
 
 
 @dataclass

@@ -34,7 +34,7 @@ from replaid.fileio import atomic_write_text
 from replaid.scaling.plan import planned_vocab_size
 from replaid.scaling.runner import check_entries, run_status
 from replaid.schema import dumps as strict_dumps
-from replaid.training import runfolder
+from replaid.store import runfolder
 from replaid.training.flops import train_flops_per_token
 
 REPLAN = "re-plan the grid with 'replaid grid plan SPEC --out GRID --force' (its runs are kept)"

@@ -27,7 +27,7 @@ from replaid.data.pipeline import DataPipeline
 from replaid.presets import ISOFLOP_SIZES, isoflop_config
 from replaid.scaling.runner import check_entries, legacy_final_eval, run_status
 from replaid.schema import dumps as strict_dumps
-from replaid.training import runfolder
+from replaid.store import runfolder
 from replaid.training.flops import param_counts, train_flops_per_token
 
 # The paper's budgets (sec. 4.3) and its size table (hidden, layers, heads), labelled by size in M.

@@ -4,7 +4,7 @@ A manifest is a folder with a list of entries, each with an ``id``, a ``run_dir`
 ``config`` file it trains (both relative to the folder), ``steps`` and a ``cost()`` (its share of the
 progress bar): :class:`replaid.scaling.plan.PlanEntry` for the IsoFLOP study, and any other list of runs
 (a multi-seed grid) that has the same members. A run's state is its run folder's own
-(:func:`replaid.training.runfolder.status`): ``done`` runs are skipped, ``partial`` ones resumed,
+(:func:`replaid.store.runfolder.status`): ``done`` runs are skipped, ``partial`` ones resumed,
 ``new`` ones started. Each run is trained by the training function (:func:`train_entry`: in this process)
 or by ``replaid train`` in a subprocess (``--max-parallel`` at a time, logs in ``logs/ID.log``, or a
 SLURM job array through submitit, each job under ``torchrun`` when it has several GPUs).
@@ -30,8 +30,8 @@ from replaid.config import ConfigError, read_run_config
 from replaid.eval.evaluate import evaluate
 from replaid.scaling import launch
 from replaid.schema import dumps as strict_dumps
-from replaid.training import checkpoint as ck
-from replaid.training import runfolder
+from replaid.store import checkpoint as ck
+from replaid.store import runfolder
 from replaid.training.train import PREEMPTED_EXIT, Preempted, preemption_signals, train
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def legacy_final_eval(run: Path) -> dict[str, Any] | None:
 
 
 def run_status(sweep: Path, e: ManifestEntry) -> tuple[str, int]:
-    """``(state, step)`` from the run folder's own status (``training/runfolder.py``): ``done``
+    """``(state, step)`` from the run folder's own status (``store/runfolder.py``): ``done``
     (final checkpoint and its ``final_eval.json``), ``partial`` (config written, not finished:
     ``replaid train --resume`` continues it, from step 0 when no checkpoint was saved yet), ``new``."""
     run = Path(sweep) / e.run_dir

@@ -1,1 +1,2 @@
-"""Training machinery: the loop and train_step, checkpoints, distributed glue, FLOPs, metrics."""
+"""Training machinery: the loop and train_step (``train``), the layout check, the memory and FLOP models, the
+plateau signatures, classifier training and the test tools; the run folder it writes is :mod:`replaid.store`'s."""

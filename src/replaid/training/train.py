@@ -32,10 +32,11 @@ from replaid.diffusion.nelbo import low_discrepancy
 from replaid.diffusion.rng import host_uniform
 from replaid.methods import get_method, method_class
 from replaid.methods.base import Method, Metrics
-from replaid.training import checkpoint as ck
-from replaid.training import layout, runfolder
-from replaid.training.loading import check_tokenizer, resolve_device
-from replaid.training.metrics_log import DeviceMeans, MetricsLogger, require_wandb, trackers
+from replaid.store import checkpoint as ck
+from replaid.store import runfolder
+from replaid.store.loading import check_tokenizer, resolve_device
+from replaid.store.metrics_log import DeviceMeans, MetricsLogger, require_wandb, trackers
+from replaid.training import layout
 from replaid.training.signatures import signatures
 from replaid.training.threads import announce_threads, set_threads
 

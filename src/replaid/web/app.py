@@ -54,7 +54,7 @@ from replaid.web.jobs import Emit, Slot, admit, busy, one_line, read_json, submi
 from replaid.web.observe import Observer
 
 if TYPE_CHECKING:
-    from replaid.training.loading import Run
+    from replaid.store.loading import Run
 
 PLOT_DIRS_SKIP = {"checkpoints", "tb", "tokenizer"}
 MAX_FIGURES = 200
@@ -153,11 +153,11 @@ def create_app(
     access_log: TextIO | None = None,
 ) -> FastAPI:
     """The FastAPI app over ``run_paths`` (loaded now, EMA weights). ``runs`` may pass already
-    loaded :class:`replaid.training.loading.Run` objects (tests). ``classifiers``: latent classifier
+    loaded :class:`replaid.store.loading.Run` objects (tests). ``classifiers``: latent classifier
     folders (``replaid classifier train``) offered for guidance, each on the runs it was trained on
     (besides those found under the run folders); one that fits none of the runs is refused.
     ``access_log``: where ``/v1/completions``' JSON lines go (:mod:`replaid.web.observe`; None: nowhere)."""
-    from replaid.training.loading import load_run, run_dir_of
+    from replaid.store.loading import load_run, run_dir_of
 
     limits = limits or Limits()
     extra = [Path(c) for c in classifiers or []]

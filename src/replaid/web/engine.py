@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from replaid.methods.replaid import ContinuousNet
     from replaid.model.tokens import TokenDiT
     from replaid.sampling.contract import StepInfo
-    from replaid.training.loading import Run
+    from replaid.store.loading import Run
 
 MASK, EMPTY = -1, -2  # display ids: a masked position (MDLM), a not-yet-generated one (AR)
 _GAP = re.compile(r"\[\[\s*(\d*)\s*\]\]")  # an infill gap in the text box: [[8]] = 8 tokens to fill
@@ -395,7 +395,7 @@ def generate_stream(
     limits: Limits | None = None,
     guides: dict[str, Guide] | None = None,
 ) -> Result:
-    """Runs one request (a generation or an edit) on ``run`` (a :class:`replaid.training.loading.Run`)
+    """Runs one request (a generation or an edit) on ``run`` (a :class:`replaid.store.loading.Run`)
     through :func:`generate`, calling ``emit`` with a ``start`` event (from generate's plan), one ``step``
     frame per sampler step and a ``done`` event (also returned).
 

@@ -26,7 +26,7 @@ from replaid.web.engine import Cancelled, Guide
 
 if TYPE_CHECKING:
     from replaid.sampling.request import SampleRequest
-    from replaid.training.loading import Run
+    from replaid.store.loading import Run
 
 Emit = Callable[[dict[str, Any]], None]
 

@@ -20,8 +20,8 @@ from replaid.data.sources import hub_unreachable
 from replaid.data.tokenizers import Tokenizer
 from replaid.methods import get_method
 from replaid.methods.base import Method
-from replaid.training import checkpoint as ck
-from replaid.training.checkpoint import CheckpointError
+from replaid.store import checkpoint as ck
+from replaid.store.checkpoint import CheckpointError
 
 
 def resolve_device(name: str) -> torch.device:

@@ -26,7 +26,7 @@ from replaid import schema
 from replaid.config import read_run_config
 from replaid.fileio import atomic_write_text, remove_stale_temporaries
 from replaid.schema import dumps as strict_dumps
-from replaid.training import checkpoint as ck
+from replaid.store import checkpoint as ck
 
 LOCK, OWNER = ".lock", ".lock.owner"
 FINAL_EVAL = "final_eval.json"

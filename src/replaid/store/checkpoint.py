@@ -6,7 +6,7 @@ Layout of a run directory::
     RUN/tokenizer/                  what rebuilds the tokenizer
     RUN/checkpoints/step_0000100/   model / ema / optimizer / rng as safetensors + state.json; or, written
                                     by an FSDP2 run, rng.safetensors + state.json + sharded/ (DCP shards,
-                                    ``training/sharded.py``: every rank writes its own, none gathers)
+                                    ``store/sharded.py``: every rank writes its own, none gathers)
     RUN/checkpoints/LATEST          name of the newest complete checkpoint (a ``step_N`` of this run)
 
 Guarantees (each tested by fault injection in ``tests/test_crash_safety.py``):
@@ -51,7 +51,7 @@ from replaid import dist, schema
 from replaid.config import ConfigError, RunConfig, read_run_config
 from replaid.fileio import atomic_write_text, fsync_dir, fsync_file
 from replaid.schema import dumps as strict_dumps
-from replaid.training import sharded
+from replaid.store import sharded
 
 STEP_NAME = re.compile(r"step_\d{7,}")
 VERIFY = True  # check tensor files against the sha256 in state.json (``replaid --no-verify`` turns it off)
@@ -574,7 +574,7 @@ def load_model_weights(model: torch.nn.Module, sd: dict[str, torch.Tensor], wher
 @dataclass
 class Stored:
     """The one checkpoint reader: what a checkpoint (or exported / converted folder) holds, read on
-    demand. Resuming (``training/train.py``), :func:`replaid.training.loading.load_run` and the
+    demand. Resuming (``training/train.py``), :func:`replaid.store.loading.load_run` and the
     exporter all read through it; nothing is unpickled."""
 
     path: Path
