@@ -320,3 +320,28 @@ def test_a_rank_killed_during_a_sharded_save_leaves_the_previous_checkpoint_in_f
     want, got = losses(ref), losses(run)
     for k in (3, 4, 5, 6):
         assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-6), k
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_two_rank_checkpoint_resumed_on_three_ranks_is_intact_and_resumes_on_one(tmp_path):
+    """Issue 49, on real ranks (gloo): a 2-rank FSDP checkpoint resumed on 3 ranks is one line saying that the
+    checkpoint is intact and naming the rank counts that work, exit 2, nothing written; the same folder then
+    resumes on 1 process to the end (the old code called it damaged and said to remove it)."""
+    run = tmp_path / "two"
+    replaid("train", "--out", str(run), *COMMON, "train.steps=3", ranks=2)
+    before = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3", "--master_port", str(free_port())]
+    args = ["-m", "replaid", "train", "--out", str(run), "--resume", "--no-progress", "train.steps=6"]
+    r = subprocess.run([*launch, *args], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode != 0
+    lines = [x for x in r.stderr.splitlines() if x.startswith("replaid: error:")]
+    assert lines and all(x == lines[0] for x in lines), r.stderr[-2000:]  # every rank says the same one line
+    assert "--resume on 3 ranks: train.batch_size=8 does not split over 3 ranks" in lines[0], lines[0]
+    assert "the checkpoint (saved on 2 rank(s)) is intact: resume it on 1, 2, 4" in lines[0], lines[0]
+    assert "damaged" not in r.stderr and "remove" not in lines[0]
+    after = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    assert after == before  # nothing of the run changed
+    replaid("train", "--out", str(run), "--resume", "--no-progress", "train.steps=6")
+    assert sorted(losses(run)) == [1, 2, 3, 4, 5, 6]
