@@ -148,7 +148,8 @@ def test_parse_text_modes(loaded):
         ("steps", 65, "steps must be between 1 and 64"),
         ("length", 33, "length must be between 1 and 32"),
         ("samples", 3, "num must be between 1 and 2"),  # the request's field (SampleRequest.num)
-        ("temperature", 0.0, "temperature must be between"),
+        ("temperature", 1e-9, r"temperature 1e-09: must be 0 or >= 1e-06 \(below 1e-06 the draws are greedy"),
+        ("temperature", 2e6, r"temperature 2000000.0: must be <= 1e\+06"),  # the CLI's range, not one of its own
         ("sampler", "euler", "sampler 'euler' is not available"),
     ],
 )
