@@ -165,7 +165,7 @@ def run_manifest_command(args: argparse.Namespace, folder: Path, entries: Sequen
         raise ValueError(
             "--gpu-memory-gb states the GPUs of a SLURM job: it goes with --executor slurm --gpus-per-job G"
         )
-    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)
     if args.executor == "local":
         res = runner.run_local(folder, entries, args.max_parallel, args.python, args.prefix, not args.no_progress, log)
     else:
