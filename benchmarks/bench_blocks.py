@@ -54,7 +54,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import append_results, device_name, run_isolated, sync  # noqa: E402
+from common import append_results, device_name, run_isolated, sync
 
 BLOCK_KEY = {"mdlm": "mdlm.block_size", "replaid": "diffusion.block_size", "plaid": "diffusion.block_size"}
 MATCHING = (
@@ -265,16 +265,16 @@ def one(**spec: Any) -> dict:
     with torch.no_grad(), ctx:
         if fam == "blocks":
             window = None if k == 1 else L - b
-            gen = lambda nn: gen_blocks(method, model, prompt, nn, spec["steps"], window, spec.get("sampler"), dev)  # noqa: E731
+            gen = lambda nn: gen_blocks(method, model, prompt, nn, spec["steps"], window, spec.get("sampler"), dev)
             warm = b
         elif fam == "full":
             window = None
-            gen = lambda nn: gen_full(method, model, prompt, nn, L, spec["steps"], spec.get("sampler"), dev)  # noqa: E731
+            gen = lambda nn: gen_full(method, model, prompt, nn, L, spec["steps"], spec.get("sampler"), dev)
             warm = L - P
         else:
             window = None if k == 1 else L - 1
             blocks = [x for x in spec["blocks"] if x <= n]
-            gen = lambda nn: gen_ar(model, prompt, nn, window, blocks if nn == n else [min(blocks)], dev)  # noqa: E731
+            gen = lambda nn: gen_ar(model, prompt, nn, window, blocks if nn == n else [min(blocks)], dev)
             warm = min(blocks)
         if dev.type == "cuda":  # allocated bytes are exact: warm up, then one run for time and memory
             gen(warm)

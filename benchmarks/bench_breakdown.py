@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import device_name  # noqa: E402
+from common import device_name
 
 TINY = ["model.hidden=64", "model.n_layers=2", "model.n_heads=2", "model.cond_dim=32", "data.seq_len=64"]
 PHASES = ["data", "forward", "backward", "optimiser"]

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_one_option, append_results, device_name, run_isolated, run_one_if_asked  # noqa: E402
+from common import add_one_option, append_results, device_name, run_isolated, run_one_if_asked
 
 BASE = [
     "model.hidden=256",

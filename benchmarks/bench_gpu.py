@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import append_results, datasheet_bf16_flops, device_name, peak_matmul_flops, sync  # noqa: E402
+from common import append_results, datasheet_bf16_flops, device_name, peak_matmul_flops, sync
 
 
 def build_parser() -> argparse.ArgumentParser:

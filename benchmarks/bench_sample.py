@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import append_results, device_name, sync  # noqa: E402
+from common import append_results, device_name, sync
 
-from replaid.presets import resolve  # noqa: E402
-from replaid.sampling.continuous import gamma_grid, time_grid  # noqa: E402
+from replaid.presets import resolve
+from replaid.sampling.continuous import gamma_grid, time_grid
 
 
 def initial_tokens(method, model, B: int, L: int, dev: torch.device, g: torch.Generator) -> torch.Tensor:

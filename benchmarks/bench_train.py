@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_one_option, append_results, device_name, peak_matmul_flops, run_isolated, run_one_if_asked, sync  # noqa: E402
+from common import add_one_option, append_results, device_name, peak_matmul_flops, run_isolated, run_one_if_asked, sync
 
 
 def one(

@@ -67,8 +67,8 @@ def _module(name: str, **attrs) -> types.ModuleType:
 def flash_attn_shim() -> str:
     """The real flash_attn when it imports, else the PyTorch shim (module docstring); says which."""
     try:
-        import flash_attn  # noqa: F401
-        import flash_attn.layers.rotary  # noqa: F401
+        import flash_attn
+        import flash_attn.layers.rotary
 
         return f"flash-attn {getattr(flash_attn, '__version__', '?')}"
     except Exception as e:  # absent, or a wheel built for another torch (undefined symbols: OSError/ImportError)

@@ -515,8 +515,8 @@ def edit_json(where, edit):
     return make
 
 
-SPEC = lambda run: run / "tokenizer" / "tokenizer_spec.json"  # noqa: E731
-STATE = lambda run: ck.find_checkpoint(run) / "state.json"  # noqa: E731
+SPEC = lambda run: run / "tokenizer" / "tokenizer_spec.json"
+STATE = lambda run: ck.find_checkpoint(run) / "state.json"
 # issue 38 class 1: every run-folder file is read through its schema (tests/test_schemas.py generates the rest)
 SCHEMAS = [
     (
@@ -865,7 +865,7 @@ def test_generated_bad_values_for_every_numeric_override():
             except ConfigError as e:  # a joint check (beta1 and beta2, curriculum_start <= _end) names both
                 if key.rsplit(".", 1)[-1] not in str(e):
                     wrong.append(f"{key}={v!r}: the message does not name it: {e}")
-            except Exception as e:  # noqa: BLE001 - anything else is the bug this test is for
+            except Exception as e:
                 wrong.append(f"{key}={v!r}: {type(e).__name__}: {e}")
             else:
                 wrong.append(f"{key}={v!r}: accepted")

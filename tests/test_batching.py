@@ -72,7 +72,7 @@ def ragged_error(window: int | None, L: int = 16, b: int = 2) -> float:
             break
 
         def blocks(t: torch.Tensor) -> torch.Tensor:
-            return torch.cat([t[r : r + 1, k * b : (k + 1) * b] for r, k in active])  # noqa: B023
+            return torch.cat([t[r : r + 1, k * b : (k + 1) * b] for r, k in active])
 
         got = net(blocks(noisy), blocks(c_noisy), cache=cache)  # (rows, b, D)
         for i, (r, k) in enumerate(active):

@@ -240,7 +240,7 @@ def test_same_seed_threads_and_device_give_bit_identical_runs(tmp_path):
     _train(tmp_path / "b", "2")
     ma, mb = ((tmp_path / r / "metrics.jsonl").read_text().splitlines() for r in ("a", "b"))
     drop = ("tokens_per_s", "seconds", "time")
-    clean = lambda rows: [{k: v for k, v in json.loads(x).items() if not any(d in k for d in drop)} for x in rows]  # noqa: E731
+    clean = lambda rows: [{k: v for k, v in json.loads(x).items() if not any(d in k for d in drop)} for x in rows]
     assert clean(ma) == clean(mb)
     for part in ("model", "ema", "optimizer"):
         a = ck.load_tensors(ck.find_checkpoint(tmp_path / "a"), part)

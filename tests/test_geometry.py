@@ -207,7 +207,7 @@ def test_geometry_tsne_and_pos_path(debug_run, tmp_path):
 
     try:
         pos.load_spacy()
-    except Exception as e:  # noqa: BLE001 - the geometry extra is optional
+    except Exception as e:
         pytest.skip(f"spaCy's English model is not installed ({e.__class__.__name__})")
     from replaid.cli import main
     from replaid.store.loading import load_run

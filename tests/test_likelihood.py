@@ -68,7 +68,7 @@ def test_hutchinson_unbiased_on_linear_drift(probe):
     g = torch.Generator().manual_seed(0)
     n = 6
     A = torch.randn(n, n, generator=g, dtype=torch.float64)
-    f = lambda z: (z.reshape(z.shape[0], -1) @ A.t()).reshape(z.shape)  # noqa: E731
+    f = lambda z: (z.reshape(z.shape[0], -1) @ A.t()).reshape(z.shape)
     z = torch.randn(4000, 2, 3, dtype=torch.float64)
     est = hutchinson_divergence(f, z, n_hutch=1, probe=probe, jvp="fd", generator=g)
     se = float(est.std() / math.sqrt(len(est)))

@@ -368,8 +368,8 @@ def test_deterministic_steps_keep_the_noise_of_an_exact_prediction(seed, g1, g2,
     alpha_s e + sigma_s eps (the PF-ODE of a point mass), whatever the direction and size of the step."""
     gt, gs = g1, g2
     e, eps = randn(seed, 2, 3, d), randn(seed + 1, 2, 3, d)
-    a = lambda g: math.sqrt(special.expit(-g))  # noqa: E731
-    s = lambda g: math.sqrt(special.expit(g))  # noqa: E731
+    a = lambda g: math.sqrt(special.expit(-g))
+    s = lambda g: math.sqrt(special.expit(g))
     z = a(gt) * e + s(gt) * eps
     want = a(gs) * e + s(gs) * eps
     for got in (
@@ -385,6 +385,6 @@ def test_deterministic_steps_keep_the_noise_of_an_exact_prediction(seed, g1, g2,
 def test_dpmpp_2m_extrapolation_is_the_midpoint_of_a_linear_prediction(seed, lam, h_prev, h):
     """DPM-Solver++(2M) (Lu et al. 2022, eq. dpmpp-extrap): for e linear in lambda, D = e(lambda_t + h / 2)."""
     c0, c1 = randn(seed, 3, 2), randn(seed + 1, 3, 2)
-    e = lambda x: c0 + c1 * x  # noqa: E731
+    e = lambda x: c0 + c1 * x
     D = dpmpp_2m_extrapolate(t64(e(lam)), t64(e(lam - h_prev)), h_prev, h).numpy()
     np.testing.assert_allclose(D, e(lam + h / 2), rtol=1e-9, atol=1e-9)

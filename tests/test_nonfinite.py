@@ -37,7 +37,7 @@ def test_a_nonfinite_step_is_skipped_and_counted(tmp_path, monkeypatch):
     poison(monkeypatch, {3}, snaps)
     run = tmp_path / "run"
     train(resolve("debug", None, ["train.steps=5", "train.log_every=1", "eval.max_batches=1"]), run, progress=False)
-    same = lambda a, b: all(torch.equal(a[k], b[k]) for k in a)  # noqa: E731
+    same = lambda a, b: all(torch.equal(a[k], b[k]) for k in a)
     assert same(snaps[2], snaps[3])  # step 3 (NaN) left the weights as step 2 made them
     assert not same(snaps[3], snaps[4])  # step 4 trained again
     rows = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "skipped" in r}

@@ -31,7 +31,7 @@ def test_tally_argmax_unseen_and_entropy_against_hand_counts():
         FakeWord(EXAMPLE[a:b], a, p)
         for (a, b), p in zip(EXAMPLE_WORDS, ["DET", "NOUN", "AUX", "VERB", "ADV", "PUNCT"], strict=True)
     ]
-    enc = lambda text: (EXAMPLE_IDS + [220], EXAMPLE_SPANS + [(26, 27)])  # noqa: E731  a trailing " "
+    enc = lambda text: (EXAMPLE_IDS + [220], EXAMPLE_SPANS + [(26, 27)])
     ids, tags = pos.subword_tags(EXAMPLE + " ", doc, enc)
     names = [pos.UPOS[t] for t in tags]
     assert names == ["DET", "NOUN", "AUX", "VERB", "VERB", "ADV", "PUNCT", "SPACE"]

@@ -206,8 +206,8 @@ def test_an_unreachable_hub_is_one_line_at_once(argv, monkeypatch, capsys):
     import datasets  # noqa: F401  the imports before the clock: the time is the Hub's
     from huggingface_hub import snapshot_download  # noqa: F401
 
-    import replaid.commands.data  # noqa: F401
-    import replaid.commands.eval  # noqa: F401
+    import replaid.commands.data
+    import replaid.commands.eval
     import replaid.store.loading  # noqa: F401
 
     t0 = time.time()

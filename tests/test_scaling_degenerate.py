@@ -103,7 +103,7 @@ def test_an_edge_minimum_is_flagged_and_its_n_star_reported_as_a_bound():
     res = sf.fit_points(rows, reference="ar", n_boot=20, parametric=False)
     q = {b["budget"]: b for b in res["methods"]["ar"]["budgets"]}
     assert q[1e17]["edge_minimum"] is None and q[1e17]["n_opt_bound"] is None
-    sizes = lambda c: sorted(r["params"] for r in rows if r["flops"] == c)  # noqa: E731
+    sizes = lambda c: sorted(r["params"] for r in rows if r["flops"] == c)
     assert q[1e18]["edge_minimum"] == "smallest"
     assert q[1e18]["n_opt_bound"] == ["<", pytest.approx(sizes(1e18)[1], rel=1e-12)]
     assert q[3e18]["edge_minimum"] == "largest"

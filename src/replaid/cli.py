@@ -69,7 +69,7 @@ def _end_progress_bars() -> None:
             if not abs(getattr(bar, "pos", 0)):
                 bar.leave = True  # ends the line with '\n' (leave=False would only clear it with '\r')
             bar.close()
-        except Exception:  # noqa: BLE001 - a bar that cannot draw (closed stream) must not hide the error
+        except Exception:
             pass
 
 

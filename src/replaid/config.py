@@ -34,6 +34,36 @@ TEMPERATURE_RANGE = (1e-6, 1e6)
 SCORE_TEMPERATURE_RANGE = (1e-3, 1e3)  # Plaid's score temperature: eps_hat / tau; 1e-6 already overflows e_hat
 GUIDANCE_SCALE_MAX = 1e4  # guidance w: beyond it the guidance term alone decides every token (1e30 overflows)
 MAX_STEPS = 100_000  # sampling / solver steps (T): beyond this a time grid alone is gigabytes
+
+
+def range_problem(
+    v: float,
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    or_zero: bool = False,
+) -> str:
+    """Why ``v`` is outside ``[lo, hi]`` (an open end excluded; ``or_zero``: 0 allowed as the option's special
+    value), or "": the one range rule of every number a user gives (the CLI's flags, a sampling request's
+    fields in the playground and the API)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return "must be a finite number"
+    if or_zero and v == 0:
+        return ""
+    if lo is not None and (v < lo or (lo_open and v == lo)):
+        return f"must be {'0 or ' if or_zero else ''}{'>' if lo_open else '>='} {_num(lo)}"
+    if hi is not None and (v > hi or (hi_open and v == hi)):
+        return f"must be {'<' if hi_open else '<='} {_num(hi)}"
+    return ""
+
+
+def _num(x: float) -> str:
+    """A bound as a message writes it: a whole number exactly, a float in ``%g``."""
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
 LR_MAX = 10.0  # learning rates (and weight decays) in [0, 10]: an Adam step of 1e300 overflows float32
 # adaptive ODE solves (likelihood --solver dopri5) run in float64: a tolerance below ODE_TOL_MIN is rounding
 # (float64 resolves 2.2e-16 relative; the error estimate sums several such roundings per step), and each

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from replaid.config import MAX_STEPS
+from replaid.config import MAX_STEPS, range_problem
 from replaid.schema import dumps as strict_dumps
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ def run_manifest_command(args: argparse.Namespace, folder: Path, entries: Sequen
         raise ValueError(
             "--gpu-memory-gb states the GPUs of a SLURM job: it goes with --executor slurm --gpus-per-job G"
         )
-    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)
     if args.executor == "local":
         res = runner.run_local(folder, entries, args.max_parallel, args.python, args.prefix, not args.no_progress, log)
     else:
@@ -222,10 +222,9 @@ def int_in(lo: int | None = None, hi: int | None = None) -> Callable[[str], int]
                 most = f"must be {'>=' if t.startswith('-') else '<='} {bound}" if bound is not None else "too long"
                 raise argparse.ArgumentTypeError(f"{t[:12]}... ({len(digits)} digits): {most}") from None
             raise argparse.ArgumentTypeError(f"{s[:40]!r} is not a whole number; give digits, e.g. 16") from None
-        if lo is not None and v < lo:
-            raise argparse.ArgumentTypeError(f"{v}: must be >= {lo}")
-        if hi is not None and v > hi:
-            raise argparse.ArgumentTypeError(f"{v}: must be <= {hi}")
+        why = range_problem(v, lo, hi)
+        if why:
+            raise argparse.ArgumentTypeError(f"{v}: {why}")
         return v
 
     parse.__name__ = "int"
@@ -257,13 +256,9 @@ def float_in(
             raise argparse.ArgumentTypeError(f"{s[:40]!r} is not a number") from None
         if not math.isfinite(v):
             raise argparse.ArgumentTypeError(f"{s[:40]}: must be a finite number")
-        if or_zero and v == 0:
-            return v
-        zero = "0 or " if or_zero else ""
-        if lo is not None and (v < lo or (lo_open and v == lo)):
-            raise argparse.ArgumentTypeError(f"{v:g}: must be {zero}{'>' if lo_open else '>='} {lo:g}")
-        if hi is not None and (v > hi or (hi_open and v == hi)):
-            raise argparse.ArgumentTypeError(f"{v:g}: must be {'<' if hi_open else '<='} {hi:g}")
+        why = range_problem(v, lo, hi, lo_open=lo_open, hi_open=hi_open, or_zero=or_zero)
+        if why:
+            raise argparse.ArgumentTypeError(f"{v:g}: {why}")
         return v
 
     parse.__name__ = "float"

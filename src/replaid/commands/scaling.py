@@ -175,7 +175,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _table(rows: list[list[object]], head: list[str]) -> str:
     w = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
-    line: Callable[[Sequence[object]], str] = lambda r: "  ".join(str(x).rjust(n) for x, n in zip(r, w, strict=True))  # noqa: E731
+    line: Callable[[Sequence[object]], str] = lambda r: "  ".join(str(x).rjust(n) for x, n in zip(r, w, strict=True))
     return "\n".join([line(head), line(["-" * n for n in w])] + [line(r) for r in rows])
 
 
@@ -223,7 +223,7 @@ def run_plan(args: argparse.Namespace) -> int:
             f"{Path(args.out) / 'manifest.csv'}",
             file=sys.stderr,
         )
-    gpu_s: Callable[[float], float] = lambda fl: fl / (args.mfu * args.gpu_tflops * 1e12)  # noqa: E731
+    gpu_s: Callable[[float], float] = lambda fl: fl / (args.mfu * args.gpu_tflops * 1e12)
     if args.json:
         print(
             strict_dumps(

@@ -184,7 +184,7 @@ def _access_log(path: str) -> TextIO | None:
     if path == "off":
         return None
     try:
-        return open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the server's life, closed at its end
+        return open(path, "a", encoding="utf-8")
     except OSError as e:
         raise ValueError(
             f"--access-log {path}: cannot append to it ({e.strerror}); pass a writable file, '-' or 'off'"

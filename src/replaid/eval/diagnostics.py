@@ -159,7 +159,7 @@ def diagnose(
     dev = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     E = model.embedding_matrix()
-    predict = lambda z, g: denoise(model, z, g, self_cond)  # noqa: E731
+    predict = lambda z, g: denoise(model, z, g, self_cond)
     t = time_grid(grid)
     tt = torch.tensor(t, dtype=torch.float64, device=dev)
     gam, dgam = (x.double().cpu().numpy() for x in model.schedule(tt))

@@ -108,9 +108,9 @@ class PFODE:
         e_sc = self.self_cond_input(z, gamma)
         v = self.drift(z, gamma, e_sc, use_cached=True)
         if self.sc and self.correction:
-            f = lambda zz: self.drift(zz, gamma)  # noqa: E731  e_sc recomputed at the perturbed state
+            f = lambda zz: self.drift(zz, gamma)
         else:
-            f = lambda zz: self.drift(zz, gamma, e_sc, use_cached=True)  # noqa: E731
+            f = lambda zz: self.drift(zz, gamma, e_sc, use_cached=True)
         div, self.last_div_var = hutchinson_divergence_and_var(f, z, n_hutch, probe, jvp, h, generator, probes)
         return v, div
 

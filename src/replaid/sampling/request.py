@@ -23,12 +23,13 @@ else ``data.seq_len``), so there ``max_tokens`` is at most that length less the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import typing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from replaid.config import GUIDANCE_SCALE_MAX, MAX_STEPS, SCORE_TEMPERATURE_RANGE, TEMPERATURE_RANGE
+from replaid.config import GUIDANCE_SCALE_MAX, MAX_STEPS, SCORE_TEMPERATURE_RANGE, TEMPERATURE_RANGE, range_problem
 from replaid.sampling.errors import RequestError, ref
 from replaid.sampling.names import SAMPLER_NAMES
 
@@ -50,7 +51,6 @@ class RequestLimits:
     max_steps: int = 1024
     max_num: int = 4
     max_length: int | None = None  # None: the run's training length data.seq_len
-    temperature: tuple[float, float] = (0.01, 100.0)  # logit and score temperatures
     max_require: int = 8  # required words per request
     max_require_chars: int = 200
     max_tokens: int | None = None  # a completion's max_tokens (None: 8 x the run's data.seq_len)
@@ -68,8 +68,6 @@ class RequestLimits:
         if req.length is not None:
             max_len = self.max_length or trained_len
             between("length", req.length, 1, max_len, f" (none: the run's {trained_len})")
-        for k in ("temperature", "score_temperature"):
-            between(k, getattr(req, k), *self.temperature)
         if req.max_tokens is not None:
             between("max_tokens", req.max_tokens, 1, self.max_tokens or 8 * trained_len)
         if len(req.stop) > self.max_stop or any(len(s) > self.max_stop_chars for s in req.stop):
@@ -101,6 +99,7 @@ class Knob:
     hi: int | float | None = None
     or_zero: bool = False
     choices: tuple[str, ...] | None = None
+    why: str = ""  # what an out-of-range value is told besides the range
 
 
 def knob(
@@ -112,10 +111,17 @@ def knob(
     hi: int | float | None = None,
     or_zero: bool = False,
     choices: tuple[str, ...] | None = None,
+    why: str = "",
 ) -> Any:
     """A :class:`SampleRequest` field defaulting to ``default`` that is a ``replaid sample`` flag too
-    (:class:`Knob`); ``help`` is its help text."""
-    return field(default=default, metadata={KNOB: Knob(help, metavar, lo, hi, or_zero, choices)})
+    (:class:`Knob`); ``help`` is its help text. ``[lo, hi]`` is its one range: the flag's, and the one
+    :meth:`SampleRequest.check` applies to every request (the playground's and the API's too)."""
+    return field(default=default, metadata={KNOB: Knob(help, metavar, lo, hi, or_zero, choices, why)})
+
+
+def knobs() -> dict[str, Knob]:
+    """The declared :class:`Knob` of each :class:`SampleRequest` field that has one."""
+    return {f.name: f.metadata[KNOB] for f in dataclasses.fields(SampleRequest) if KNOB in f.metadata}
 
 
 def field_types(cls: type[SampleRequest] | None = None) -> dict[str, Any]:
@@ -154,6 +160,7 @@ class SampleRequest:
         lo=TEMPERATURE_RANGE[0],
         hi=TEMPERATURE_RANGE[1],
         or_zero=True,
+        why=f"below {TEMPERATURE_RANGE[0]:g} the draws are greedy to float32 precision: give 0 for greedy",
     )
     score_temperature: float = knob(  # (continuous methods)
         1.0,
@@ -431,18 +438,15 @@ class SampleRequest:
             if not ok:
                 raise RequestError(f"{ref(k)} {getattr(self, k) if value is None else value}: {msg}")
 
-        for k in ("steps", "num", "batch_size"):
-            need(getattr(self, k) >= 1, k, "must be >= 1")
-        need(0 <= self.seed < 2**63, "seed", "must be a non-negative integer below 2^63")
-        lo, hi = TEMPERATURE_RANGE
-        need(
-            self.temperature == 0 or lo <= self.temperature <= hi,
-            "temperature",
-            f"must be 0 (greedy) or in [{lo:g}, {hi:g}]; below {lo:g} the draws are greedy to float32 precision: give 0",
-        )
-        lo, hi = SCORE_TEMPERATURE_RANGE
-        need(lo <= self.score_temperature <= hi, "score_temperature", f"must be in [{lo:g}, {hi:g}]")
-        need(self.trajectory >= 0, "trajectory", "must be >= 0 (0 = off)")
+        for k, knob_ in knobs().items():  # each range as its field declares it (the CLI's flags read the same)
+            v = getattr(self, k)
+            if (
+                isinstance(v, (int, float))
+                and not isinstance(v, bool)
+                and (knob_.lo is not None or knob_.hi is not None)
+            ):
+                why = range_problem(v, knob_.lo, knob_.hi, or_zero=knob_.or_zero)
+                need(not why, k, why + (f" ({knob_.why})" if knob_.why else ""))
         need(self.top_p is None or 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         if L is None:
             return

@@ -387,7 +387,7 @@ def _points(rs: list[dict[str, Any]]) -> dict[str, Any]:
     seeds = [np.log([r["loss"] for r in grp]) for grp in g]
     mean: Callable[[str, list[dict[str, Any]]], float] = lambda key, grp: float(
         np.nanmean([r.get(key) or math.nan for r in grp])
-    )  # noqa: E731
+    )
     logl = np.array([s.mean() for s in seeds])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # nanmean of a point without stderr/unigram
@@ -730,7 +730,7 @@ def _crossover_result(
         cx.update(verdict="not determined", reason="; ".join(why))
         warn.append(f"crossover {a} vs {b}: not determined ({cx['reason']})")
         return cx
-    law: Callable[[dict[str, Any]], tuple[float, float]] = lambda mo: (mo["alpha_prime"], mo["beta_prime"])  # noqa: E731
+    law: Callable[[dict[str, Any]], tuple[float, float]] = lambda mo: (mo["alpha_prime"], mo["beta_prime"])
     cx["line"] = crossover(ma["parametric"], mb["parametric"], ma["kappa"], mb["kappa"], law(ma), law(mb), n_grid)
     found = [e for e in cx["line"] if "flops" in e]
     if not found:

@@ -92,7 +92,7 @@ def report_markdown(res: dict[str, Any], source: str) -> str:
         "| noise |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    yn: Callable[[object], str] = lambda x: "yes" if x else "**no**"  # noqa: E731
+    yn: Callable[[object], str] = lambda x: "yes" if x else "**no**"
     for m, mo in res["methods"].items():
         for q in mo["budgets"]:
             past = not q.get("at_unigram_level", False)

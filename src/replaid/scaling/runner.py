@@ -216,7 +216,7 @@ def run_local(
     log: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
     """Run every unfinished entry, ``max_parallel`` at a time, in subprocesses (logs in ``logs/``)."""
-    from tqdm import tqdm  # noqa: PLC0415
+    from tqdm import tqdm
 
     python = python or default_python()
     todo = [e for e in entries if run_status(sweep, e)[0] != "done"]

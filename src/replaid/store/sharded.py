@@ -83,7 +83,7 @@ def read_metadata(path: Path) -> Metadata:
             f"{f} names {e}, which is not DCP checkpoint metadata: it was not written by replaid and is not "
             f"loaded (nothing was executed)"
         ) from None
-    except Exception as e:  # noqa: BLE001 - missing, truncated or not a pickle: one line, not a traceback
+    except Exception as e:
         raise UnsafeCheckpoint(f"{f} cannot be read ({why(e)}); the checkpoint is damaged") from None
     if not isinstance(md, Metadata):
         raise UnsafeCheckpoint(f"{f} holds a {type(md).__name__}, not DCP checkpoint metadata")

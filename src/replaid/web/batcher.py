@@ -159,7 +159,7 @@ class Batcher:
                 window = self.run.cfg.data.seq_len - lane.block
                 self.batch = BlockBatch(kernel_of(self.run, job.req), window, self.device)
             self.batch.join(lane)
-        except Exception as e:  # noqa: BLE001 - a failure is the request's one error event
+        except Exception as e:
             with self.cond:  # its rows freed before its client hears (a next request is admitted at once)
                 self.running -= job.req.num
             job.fail(self.rid, e)
@@ -194,7 +194,7 @@ class Batcher:
             failed: list[tuple[Job, BaseException]] = []
             try:
                 finished = self._block(batch)
-            except Exception as e:  # noqa: BLE001 - every request of the batch gets the error; the server goes on
+            except Exception as e:
                 failed = [(lane.tag, e) for lane in batch.lanes]
                 self.batch = None
             with self.cond:

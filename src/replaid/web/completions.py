@@ -52,6 +52,7 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from replaid.config import TEMPERATURE_RANGE
 from replaid.sampling.display import visible
 from replaid.sampling.errors import RequestError
 from replaid.sampling.request import SampleRequest
@@ -76,6 +77,7 @@ DEFAULTS = {  # OpenAI fields accepted at these values only
     "best_of": (1, None),
     "stream_options": (None,),
 }
+OPENAI_TEMPERATURE_MAX = 2.0  # OpenAI's API: temperature in [0, 2]; within the request's own declared range
 DEFAULT_STEPS = 64  # ``steps`` when a request names none and the run is no distilled student
 FIELDS = {"model", "prompt", "max_tokens", "stop", "seed", "n", "stream", "temperature", "steps", "ignore_eos", "user"}
 SERVED = "GET /v1/models and POST /v1/completions"  # the OpenAI endpoints (a 404/405 under /v1/ names them)
@@ -147,8 +149,13 @@ def request_of(body: Any, slots: dict[str, Slot]) -> tuple[Slot, SampleRequest, 
     temperature = _field(
         body, "temperature", 1.0, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"
     )
-    if not 0 <= temperature <= 2:
-        raise ApiError(f"temperature must be between 0 and 2, got {temperature}", "temperature")
+    if not 0 <= temperature <= OPENAI_TEMPERATURE_MAX:
+        raise ApiError(
+            f"temperature must be between 0 and {OPENAI_TEMPERATURE_MAX:g} (OpenAI's range for /v1/completions; "
+            f"replaid sample and the playground take 0 or [{TEMPERATURE_RANGE[0]:g}, {TEMPERATURE_RANGE[1]:g}]), "
+            f"got {temperature}",
+            "temperature",
+        )
     run: Any = slots[model].run
     req = SampleRequest(
         prompt=prompt or None,
@@ -173,7 +180,7 @@ def check(s: Slot, req: SampleRequest, limits: Limits) -> None:
     if not 1 <= req.num <= limits.max_samples:
         raise ApiError(f"n must be between 1 and {limits.max_samples}, got {req.num}", "n")
     bounds = limits.request_limits()
-    bounds = type(bounds)(**{**bounds.__dict__, "temperature": (0.0, 2.0), "max_tokens": limits.max_tokens or None})
+    bounds = type(bounds)(**{**bounds.__dict__, "max_tokens": limits.max_tokens or None})
     try:
         bounds.check(req, L)
         req.check(run.method, run.tokenizer, L)

@@ -131,7 +131,7 @@ def submit(s: Slot, work: Work) -> tuple[asyncio.Queue[dict[str, Any]], threadin
                 work(hold, gone.is_set)
         except Cancelled:
             pass
-        except Exception as e:  # noqa: BLE001 - any failure becomes one line for the client
+        except Exception as e:
             print(f"replaid serve: generation failed on {s.id}: {e!r}", file=sys.stderr)
             last[:] = [{"type": "error", "message": one_line(e)}]
         finally:
