@@ -107,3 +107,38 @@ def test_study_script_on_a_planned_grid_with_known_curves(tmp_path, capsys):
         assert d["runs"]["fast"][seed]["multiplier"]["1000"] == pytest.approx(2.0, rel=0.03)
     assert d["cells"]["fast"]["multiplier_interval"]["1000"]["mean"] == pytest.approx(2.0, rel=0.03)
     assert (out / "below_unigram.png").stat().st_size > 1000
+
+
+def _batch_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "plateau_batch.py"
+    spec = importlib.util.spec_from_file_location("plateau_batch", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize(
+    "large, a, verdict",
+    [
+        ([400, 360, 440], 0.0, "a fixed number of steps"),  # the same steps at 4x the batch
+        ([100, 90, 110], -1.0, "a fixed number of tokens"),  # a quarter of the steps: the same tokens
+        ([200, 180, 220], -0.5, "neither"),
+    ],
+)
+def test_the_batch_exponent_tells_steps_from_tokens(large, a, verdict):
+    """exit_steps ~ batch^a between batch 32 and 128, paired by seed: the closed form log(e2/e1)/log 4 and the
+    verdict; a censored seed (still on the plateau) is left out, and one seed alone decides nothing."""
+    pb = _batch_script()
+    small = {s: {"exit_step": e, "censored": False} for s, e in enumerate([400, 360, 440])}
+    big = {s: {"exit_step": e, "censored": False} for s, e in enumerate(large)}
+    jitter = {0: 1.0, 1: 1.02, 2: 0.98}  # seeds that differ a little, so the interval has a width
+    big = {s: {**r, "exit_step": r["exit_step"] * jitter[s]} for s, r in big.items()}
+    ex = pb.exponent(small, big, 4.0)
+    want = [math.log(big[s]["exit_step"] / small[s]["exit_step"]) / math.log(4) for s in range(3)]
+    assert ex["per_seed"] == pytest.approx(dict(enumerate(want)))
+    assert ex["mean"] == pytest.approx(a, abs=0.02) and ex["verdict"].startswith(verdict), ex
+    big[1]["censored"] = big[2]["censored"] = True
+    assert pb.exponent(small, big, 4.0)["verdict"].startswith("not determined: 1 seed(s)")
