@@ -299,27 +299,43 @@ def plot(curves: dict[tuple[str, int], Curve], runs: dict[str, Any], args: argpa
     colour = {c: f"C{i % 10}" for i, c in enumerate(cells)}
     styles = ["-", "--", ":", "-."]
     fig, ax = plt.subplots(figsize=(9, 5))
+    labelled: set[str] = set()
     for (cell, seed), c in sorted(curves.items()):
         ys = [c.below_unigram_at(int(s), 150) for s in c.steps]
-        ax.plot(c.steps, ys, color=colour[cell], ls=styles[seed % 4], lw=1.0, label=f"{cell} s{seed}")
+        label = None if cell in labelled else cell  # one legend entry per cell; the seeds are its line styles
+        labelled.add(cell)
+        ax.plot(c.steps, ys, color=colour[cell], ls=styles[seed % 4], lw=1.0, label=label)
     ax.axhline(PLATEAU_NATS, color="k", lw=0.8, ls=":")
+    ax.set_ylim(bottom=-1.0)  # a run's first steps (far above the unigram) would squash the plateau's scale
     ax.set_xlabel("step")
     ax.set_ylabel("nats/token below the unigram bound (training rows, 150-step mean)")
-    ax.set_title("Leaving the unigram plateau (dotted: the 0.3-nat exit margin)")
-    ax.legend(fontsize=6, ncol=3)
+    ax.set_title(
+        "Leaving the unigram plateau (dotted: the 0.3-nat exit margin; seeds 0/1/2 solid/dashed/dotted;\n"
+        "clipped below -1)",
+        fontsize=10,
+    )
+    ax.legend(fontsize=7, ncol=3)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(args.out / "below_unigram.png", dpi=110)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(9, 5))
+    labelled = set()
+    top = 0.0
     for (cell, seed), c in sorted(curves.items()):
         xs, ys = c.smoothed(150)
-        ax.plot(xs, ys, color=colour[cell], ls=styles[seed % 4], lw=1.0, label=f"{cell} s{seed}")
+        label = None if cell in labelled else cell
+        labelled.add(cell)
+        ax.plot(xs, ys, color=colour[cell], ls=styles[seed % 4], lw=1.0, label=label)
+        top = max([top, *(y for s, y in zip(c.steps, ys, strict=False) if s >= 300)])
+    ax.set_ylim(top=top + 0.3)  # from 300 steps on: the first steps' bounds would squash the rest
     ax.set_xscale("log")
     ax.set_xlabel("training FLOPs")
     ax.set_ylabel("bound (nats/token, training rows, 150-step mean)")
-    ax.set_title("Bound against compute")
-    ax.legend(fontsize=6, ncol=3)
+    ax.set_title(
+        "Bound against compute (seeds 0/1/2 solid/dashed/dotted; the first 300 steps clipped above)", fontsize=10
+    )
+    ax.legend(fontsize=7, ncol=3)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
     fig.savefig(args.out / "bound_flops.png", dpi=110)
