@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             "exponent": ex,
         }
         for k, (b, e) in enumerate(((b1, e1), (b2, e2))):
-            fmt = lambda r, key: (">= " if r["censored"] else "") + f"{r[key]:,}"  # noqa: E731
+            fmt = lambda r, key: (">= " if r["censored"] else "") + f"{r[key]:,}"
             a = "" if k == 0 else ("-" if "mean" not in ex else f"{ex['mean']:+.2f} [{ex['lo']:+.2f}, {ex['hi']:+.2f}]")
             lines.append(
                 f"| {label if k == 0 else ''} | {b} | {'; '.join(fmt(e[s], 'exit_step') for s in sorted(e))} | "
