@@ -148,8 +148,30 @@ class RssMonitor:
 def server_command(a: argparse.Namespace, port: int) -> list[str]:
     cmd = [sys.executable, "-m", "replaid", "serve", a.run, "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--device", a.device, "--threads", str(a.threads), "--max-queue", str(a.max_queue)]
-    cmd += ["--max-batch", str(a.max_batch)]
+    cmd += ["--max-batch", str(a.max_batch), "--access-log", str(Path(a.out) / "access.jsonl")]
     return cmd + ["--max-tokens", str(a.max_tokens), "--max-steps", str(max(1024, a.steps))]
+
+
+def server_side(path: Path, skip: int = 0) -> dict[str, Any]:
+    """The server's own figures from its access log (one JSON line per request, ``replaid serve --access-log``),
+    its first ``skip`` lines (the warm-up) left out: requests by status, time to first token and latency
+    p50/p95 of the answered ones, completion tokens."""
+    rows = [json.loads(x) for x in path.read_text().splitlines()[skip:] if x.strip()] if path.is_file() else []
+    ok = [r for r in rows if r["status"] == 200]
+    ttft = [r["ttft_s"] for r in ok if r["ttft_s"] is not None]
+    lat = [r["latency_s"] for r in ok]
+    by: dict[str, int] = {}
+    for r in rows:
+        by[str(r["status"])] = by.get(str(r["status"]), 0) + 1
+    return {
+        "requests": len(rows),
+        "by_status": by,
+        "ttft_p50_s": _r(percentile(ttft, 50)),
+        "ttft_p95_s": _r(percentile(ttft, 95)),
+        "latency_p50_s": _r(percentile(lat, 50)),
+        "latency_p95_s": _r(percentile(lat, 95)),
+        "completion_tokens": sum(r["completion_tokens"] for r in ok),
+    }
 
 
 def wait_ready(srv: subprocess.Popen, base: str, timeout: float, log_path: Path) -> float:
@@ -474,6 +496,16 @@ def markdown(report: dict) -> str:
         ),
         ("server CPU seconds over the load", f(srv["cpu_s_load"])),
     ]
+    log_ = report.get("server_log")
+    if log_:  # the server's own access log beside the clients' figures
+        rows += [
+            ("server's log: requests by status", ", ".join(f"{k}: {v}" for k, v in sorted(log_["by_status"].items()))),
+            (
+                "server's log: time to first token p50 / p95",
+                f"{f(log_['ttft_p50_s'], ' s')} / {f(log_['ttft_p95_s'], ' s')}",
+            ),
+            ("server's log: latency p50 / p95", f"{f(log_['latency_p50_s'], ' s')} / {f(log_['latency_p95_s'], ' s')}"),
+        ]
     body = s.get("excess_429_body")
     lines = [
         f"# Load run of replaid serve: {m['clients']} streaming clients — {m['date']}",
@@ -545,7 +577,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--startup-timeout", type=float, default=300.0, help="seconds to wait for the server")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds a client waits for its stream")
     p.add_argument("--sample-every", type=float, default=0.05, help="seconds between RSS samples (the peak)")
-    p.add_argument("--out", default="load_serve", help="folder for load_serve.json, load_serve.md, server.log")
+    p.add_argument(
+        "--out", default="load_serve", help="folder for load_serve.json, load_serve.md, server.log, access.jsonl"
+    )
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON line at the end")
     a = p.parse_args(argv)
     run = Path(a.run)
     if not (run / "config.json").is_file():
@@ -640,8 +675,9 @@ def main(argv: list[str] | None = None) -> int:
             k: run_info.get(k)
             for k in ("id", "method", "preset", "step", "seq_len", "block_size", "params", "samplers")
         }
-        lim, blocks = info["limits"], bool(run_info.get("block_size"))
-        running = lim["max_batch"] if blocks else 1  # a block run batches its requests (continuous batching)
+        # a block run (and AR, blocks of one token) batches its requests (continuous batching)
+        lim, blocks = info["limits"], bool(run_info.get("stream_block", run_info.get("block_size")))
+        running = lim["max_batch"] if blocks else 1
         server["capacity"] = running + lim["max_queue"]
         server["rss_ready"] = rss_bytes(srv.pid)
         log(
@@ -711,6 +747,7 @@ def main(argv: list[str] | None = None) -> int:
             "clients": records,
             "summary": summarize(records, main_wall),
         }
+        report["server_log"] = server_side(out / "access.jsonl", 0 if a.no_warmup else 1)
         report["problems"] = check(report)
         if not server["still_serving"]:
             report["problems"].append("the server no longer answers GET /v1/models after the load")
@@ -725,6 +762,10 @@ def main(argv: list[str] | None = None) -> int:
         log(f"wrote {out / 'load_serve.json'} and {out / 'load_serve.md'}")
         for msg in report["problems"]:
             print("problem:", msg, flush=True)
+        if a.json:  # the last line: what scripts/gpu_check.sh reads
+            keep = {k: v for k, v in server.items() if k != "rss_samples"}
+            row = {"meta": meta, "server": keep, "summary": s, "server_log": report["server_log"]}
+            print(json.dumps({**row, "problems": report["problems"]}), flush=True)
         return 1 if report["problems"] else 0
     finally:
         srv.terminate()

@@ -357,3 +357,32 @@ def test_the_scheduler_joins_in_arrival_order_what_fits_and_agrees_with_the_batc
     assert joining(a, b, c) == [b]  # a's client went away; c does not fit in the 4 rows
     big = job(6)
     assert joining(big, job(1)) == [big]  # more than max_batch samples: alone, in an empty batch
+
+
+def test_the_default_limits_hold_a_burst_of_48_streaming_clients():
+    """Issue 52 §2: ``replaid serve``'s defaults (``--max-batch 16 --max-queue 32``) admit a burst of 48
+    one-sample requests to a running block or AR run (16 running, 32 waiting beyond the batch): none is a 429;
+    the 49th is (with ``Retry-After``, tested on the server)."""
+    pytest.importorskip("fastapi", reason="the 'web' extra is not installed")
+    from replaid.web.batcher import Batcher, Job
+    from replaid.web.engine import Limits
+
+    lim = Limits()
+    assert (lim.max_batch, lim.max_queue) == (16, 32)
+    method, model = mdlm(4)
+    sched = Batcher("bd3", as_run(method, model), lim.max_batch, lim.max_queue)
+    with sched.cond:  # a running batch of 16 rows; the scheduler sleeps (nothing notifies it)
+        sched.running = 16
+    admitted = 0
+    while sched.admit(1) and admitted < 100:
+        with sched.cond:  # (the condition's lock is re-entrant: admit() takes it too)
+            sched.waiting.append(Job(SampleRequest(num=1), print, threading.Event()))
+        admitted += 1
+    assert admitted == 32  # 16 running + 32 waiting: a burst of 48 without a 429
+    with sched.cond:
+        sched.running, sched.waiting = 0, deque()
+    for _ in range(16):  # and from idle: 16 join the batch at the next boundary, 32 wait beyond it
+        assert sched.admit(1)
+        with sched.cond:
+            sched.waiting.append(Job(SampleRequest(num=1), print, threading.Event()))
+    assert sched.beyond() == 0 and all(sched.admit(1) for _ in range(1))

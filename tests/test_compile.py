@@ -84,7 +84,7 @@ def test_each_token_method_compiled_equals_eager(name):
 def test_train_compile_is_on_for_cuda_only_by_default_and_old_configs_keep_theirs():
     """``train.compile=auto`` (the default) compiles on CUDA and leaves the CPU eager; ``on``/``off`` say so on
     any device; a stored bool (before ``auto``) reads as ``on``/``off``; anything else is one line."""
-    from replaid.config import ConfigError, RunConfig
+    from replaid.config import ConfigError, RunConfig, apply_dict
     from replaid.presets import resolve
     from replaid.training.train import compiles
 
@@ -94,7 +94,11 @@ def test_train_compile_is_on_for_cuda_only_by_default_and_old_configs_keep_their
     assert compiles("on", cpu) and not compiles("off", cuda)
     d = RunConfig().to_dict()
     for old, new in ((True, "on"), (False, "off")):
-        d["train"]["compile"] = old
+        d["train"]["compile"] = old  # a stored run's, a grid's planned config, a --config file's
         assert RunConfig.from_dict(d).train.compile == new
+        cfg = RunConfig()
+        apply_dict(cfg, {"train": {"compile": old}})
+        assert cfg.train.compile == new
+        assert resolve("debug", None, [f"train.compile={str(old).lower()}"]).train.compile == new  # an override
     with pytest.raises(ConfigError, match="train.compile: must be auto .*, on or off, got 'yes'"):
         resolve("debug", None, ["train.compile=yes"]).validate()

@@ -242,3 +242,21 @@ def test_the_breakdown_step_runs_reads_and_renders_on_cpu(tmp_path):
     assert data["bytes_model"]["replaid_head"]["seconds"] > 0
     md = (out / "gpu_check.md").read_text()
     assert "**step breakdown**" in md and "| breakdown | ok |" in md and "bytes model replaid_head" in md
+
+
+@pytest.mark.slow
+def test_the_serve_step_trains_loads_and_renders_on_cpu(tmp_path):
+    """Issue 52 §3 on a lent GPU: the serve step end to end on a CPU with --tiny: three runs trained (AR, MDLM
+    and RePlaid with blocks of 4), each served under 1 and 4 streaming clients through load_serve.py, the
+    clients' and the server's access log's figures read into the step's result and rendered."""
+    out = tmp_path / "out"
+    assert cli.main(["--tiny", "--device", "cpu", "--steps", "serve", "--out", str(out)]) == 0
+    step = json.loads((out / "gpu_check.json").read_text())["steps"]["serve"]
+    assert step["status"] == "ok", step
+    rows = step["results"][0]["data"]["rows"]
+    assert {(r["run"], r["clients"]) for r in rows} == {(n, c) for n in ("ar", "mdlm-b4", "replaid-b4") for c in (1, 4)}
+    for r in rows:
+        assert "error" not in r and r["ok"] == r["clients"] and r["refused_429"] == 0, r
+        assert r["tokens_per_s"] > 0 and 0 < r["log_ttft_p50_s"] and r["block"] == (1 if r["run"] == "ar" else 4)
+    md = (out / "gpu_check.md").read_text()
+    assert "**served completions under load**" in md and "| serve | ok |" in md

@@ -84,6 +84,13 @@ def test_the_json_has_every_field_and_the_counts_add_up(ls, report):
     assert summ["completion_tokens"] == CLIENTS * MAX_TOKENS and summ["tokens_exact"]
     assert summ["tokens_per_s"] == pytest.approx(CLIENTS * MAX_TOKENS / summ["main_wall_s"], rel=1e-2)
     assert summ["excess_429_body"]["type"] == "rate_limit_error" and summ["excess_429_s_max"] < summ["ttfc_max_s"]
+    assert 1 <= int(summ["excess_429_retry_after"]) <= 60
+    # the server's own access log beside the clients' figures: the same requests, the same ends
+    log = report["server_log"]
+    assert log["requests"] == CLIENTS + EXCESS and log["by_status"] == {"200": CLIENTS, "429": EXCESS}
+    assert log["completion_tokens"] == CLIENTS * MAX_TOKENS
+    assert 0 < log["ttft_p50_s"] <= log["ttft_p95_s"] <= summ["ttfc_max_s"] + 0.5
+    assert log["latency_p95_s"] <= summ["total_max_s"] + 0.5
 
 
 class Refuses:

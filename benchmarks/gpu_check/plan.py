@@ -306,6 +306,20 @@ def cmds_breakdown(ctx):
     return [Cmd("script", [*args, "--bandwidth", "3.35e12"], 240 if ctx.quick else 420, "step breakdown")]
 
 
+def cmds_serve(ctx):
+    """Issue 52 §3 on the device (full check only): AR, MDLM and RePlaid with blocks of 4 trained briefly
+    here, each served under 1, 4, 16, 32 and 64 streaming clients with the server's default limits
+    (``--tiny``: the debug size, 1 and 4 clients, seconds on a CPU)."""
+    size = (
+        ["--preset", "debug", "--train-steps", "3", "--clients", "1", "4", "--max-tokens", "16"]
+        if ctx.tiny
+        else ["--preset", "demo", "--train-steps", "200", "--clients", "1", "4", "16", "32", "64"]
+    )
+    out = str(ctx.tmp / "gpu_check_load_grid")
+    args = ["benchmarks/load_grid.py", "--train", *size, "--device", ctx.device, "--out", out, "--json"]
+    return [Cmd("script", args, 900, "served completions under load")]
+
+
 STEPS = [
     Step("env", "device, versions, matmul peak, torch features", True, (20, 20), cmds_env),
     Step("tests", "gpu-marked and device-aware tests on CUDA", True, (120, 240), cmds_tests),
@@ -322,6 +336,7 @@ STEPS = [
     Step("breakdown", "one step per method taken apart (profiler)", True, (60, 150), cmds_breakdown),
     Step("blocks_01b", "block diffusion at owt-0.1b, 1x, batch 1 and 16", False, (300, 300), cmds_blocks_01b),
     Step("speed_compiled", "tokens/s, MFU, step time (train.compile)", False, (130, 360), cmds_speed_compiled),
+    Step("serve", "served completions under load: AR and blocks at 1-64 clients", False, (420, 420), cmds_serve),
 ]
 STEP_NAMES = [s.name for s in STEPS]
 # a full check in calls of at most 10 minutes each (set-up included)
@@ -332,6 +347,7 @@ FULL_SPLIT = [
     "maxbatch,likelihood",
     "env,blocks,breakdown",
     "env,blocks_01b",
+    "env,serve",
 ]
 
 

@@ -417,6 +417,40 @@ def render_breakdown(doc: dict) -> str:
     return "".join(out)
 
 
+def render_serve(doc: dict) -> str:
+    """Served completions under load (benchmarks/load_grid.py's rows)."""
+    got = _data(doc, "serve")
+    if not got:
+        return ""
+    meta, rows = got[0].get("meta", {}), got[0]["rows"]
+    out = [
+        f"\n**served completions under load** (issue 52 §3: `/v1/completions`, {meta.get('max_tokens')} tokens a "
+        f"request at {meta.get('steps')} steps per block, the server's default limits; briefly trained runs)\n\n"
+    ]
+    ok = [r for r in rows if "error" not in r]
+    out.append(
+        _table(
+            ["run", "b", "clients", "TTFT p50 s", "TTFT p95 s", "latency p95 s", "tokens/s", "429s", "peak MiB"],
+            [
+                [
+                    r["run"],
+                    r["block"],
+                    r["clients"],
+                    r["ttft_p50_s"],
+                    r["ttft_p95_s"],
+                    r["latency_p95_s"],
+                    r["tokens_per_s"],
+                    r["refused_429"],
+                    r["rss_peak_mib"],
+                ]  # fmt: skip
+                for r in ok
+            ],
+        )
+    )
+    out += [f"- failed: {r['run']} x {r['clients']}: {r['error']}\n" for r in rows if "error" in r]
+    return "".join(out)
+
+
 # each step's part of the table, in the order of the page (speed_compiled is in the speed table; the
 # memory table follows speed, the largest batch follows memory)
 RENDERERS: list[tuple[str, Callable[[dict], str]]] = [
@@ -434,4 +468,5 @@ RENDERERS: list[tuple[str, Callable[[dict], str]]] = [
     ("blocks", render_blocks),
     ("breakdown", render_breakdown),
     ("blocks_01b", lambda doc: render_blocks(doc, "blocks_01b")),
+    ("serve", render_serve),
 ]

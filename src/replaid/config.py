@@ -572,8 +572,7 @@ LEGACY_KEYS: dict[str, str] = {
 def migrate_config(d: dict[str, Any]) -> dict[str, Any]:
     """A stored config (any version) in today's layout; the input is not modified.
 
-    ``train.compile`` stored as a bool (before ``auto``) becomes ``on``/``off``. A config of a method whose
-    network reads ``model.in_z_std`` (RePlaid) but that lacks the key was
+    A config of a method whose network reads ``model.in_z_std`` (RePlaid) but that lacks the key was
     written when ``W_z`` started at std ``1/sqrt(d_e)``: it gets ``-1``, which keeps that init. Before the
     per-method sections every run stored every method's options in one flat ``baseline`` section: each
     key moves to its method's section (:data:`LEGACY_KEYS`), and the sections and model keys that the
@@ -584,9 +583,6 @@ def migrate_config(d: dict[str, Any]) -> dict[str, Any]:
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in d.items()}
     method = out.get("method", "replaid")
     model_keys, own = RunConfig(method=method).read_keys() if isinstance(method, str) else ([], None)
-    train = out.get("train")
-    if isinstance(train, dict) and isinstance(train.get("compile"), bool):  # before "auto": a bool, default off
-        train["compile"] = "on" if train["compile"] else "off"
     model = out.get("model")
     if "in_z_std" in model_keys and isinstance(model, dict) and "in_z_std" not in model:
         model["in_z_std"] = -1.0  # written before model.in_z_std: W_z was initialised with std 1/sqrt(d_e)
@@ -662,11 +658,21 @@ def _unknown(key: str, root: Any) -> ConfigError:
     return ConfigError(f"unknown config key '{key}'{hint}")
 
 
+# Values of a key's earlier type, read as today's wherever a config comes from (a stored run, a --config file, a
+# grid's planned configs, an override): train.compile was a bool before "auto".
+VALUE_ALIASES: dict[str, dict[Any, str]] = {
+    "train.compile": {True: "on", False: "off", "true": "on", "false": "off"},
+}
+
+
 def coerce(key: str, value: Any, typ: Any) -> Any:
     """Convert a string/YAML/JSON value to the field's declared type, or raise a ConfigError: the one type
     coercion of the config's overrides and files and of a sampling request's JSON (the playground).
     ``Optional[T]`` takes None (JSON null) or a T; ``tuple[str, ...]`` / ``list[str]`` a list of strings,
-    or one string (``""``: none)."""
+    or one string (``""``: none); a value of a key's earlier type, its alias (:data:`VALUE_ALIASES`)."""
+    aliases = VALUE_ALIASES.get(key)
+    if aliases is not None and isinstance(value, (bool, str)) and value in aliases:
+        value = aliases[value]
     if typing.get_origin(typ) in (typing.Union, getattr(types, "UnionType", typing.Union)):
         args = [a for a in typing.get_args(typ) if a is not type(None)]
         if value is None and len(args) < len(typing.get_args(typ)):

@@ -222,6 +222,7 @@ def create_app(
                     "samplers": samplers_for(s.run),
                     "continuous": s.run.method.kind is Kind.CONTINUOUS,
                     "block_size": s.run.method.block_size(),  # > 0: served at /v1/completions only
+                    "stream_block": s.run.method.stream_block(),  # > 0: /v1/completions batches (AR: 1)
                     "params": sum(p.numel() for p in s.run.model.parameters()),
                     "classifiers": [{"id": g.id, "labels": g.labels} for g in s.guides.values()],
                 }
