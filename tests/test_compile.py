@@ -81,10 +81,12 @@ def test_each_token_method_compiled_equals_eager(name):
         torch.testing.assert_close(ge[k], gc[k], rtol=1e-4, atol=1e-6, msg=k)
 
 
-def test_train_compile_is_on_for_cuda_only_by_default_and_old_configs_keep_theirs():
+def test_train_compile_is_on_for_cuda_only_by_default_and_old_configs_keep_theirs(tmp_path):
     """``train.compile=auto`` (the default) compiles on CUDA and leaves the CPU eager; ``on``/``off`` say so on
     any device; a stored bool (before ``auto``) reads as ``on``/``off``; anything else is one line."""
-    from replaid.config import ConfigError, RunConfig, apply_dict
+    import json
+
+    from replaid.config import ConfigError, RunConfig, apply_dict, read_run_config
     from replaid.presets import resolve
     from replaid.training.train import compiles
 
@@ -100,5 +102,8 @@ def test_train_compile_is_on_for_cuda_only_by_default_and_old_configs_keep_their
         apply_dict(cfg, {"train": {"compile": old}})
         assert cfg.train.compile == new
         assert resolve("debug", None, [f"train.compile={str(old).lower()}"]).train.compile == new  # an override
+        path = tmp_path / f"config-{old}.json"  # a run's config.json (or a grid's planned config) of before "auto"
+        path.write_text(json.dumps(d))
+        assert read_run_config(path).train.compile == new
     with pytest.raises(ConfigError, match="train.compile: must be auto .*, on or off, got 'yes'"):
         resolve("debug", None, ["train.compile=yes"]).validate()

@@ -482,7 +482,7 @@ def _strings_are_strings(raw: dict[str, Any], read: dict[str, Any], prefix: str)
     for k, v in raw.items():
         if isinstance(v, dict) and isinstance(read.get(k), dict):
             _strings_are_strings(v, read[k], f"{prefix}{k}.")
-        elif isinstance(read.get(k), str) and not isinstance(v, str):
+        elif isinstance(read.get(k), str) and not isinstance(v, str) and v not in VALUE_ALIASES.get(prefix + k, {}):
             raise ConfigError(f"config key {prefix}{k} expects a string, got {v!r}")
 
 
