@@ -143,6 +143,9 @@ def plot(doc: dict[str, Any], path: Path) -> None:
                 b = d[side]["batch"]
                 for r in d[side]["runs"].values():
                     ax.scatter([b], [r[key]], color=color, facecolors="none" if r["censored"] else color, zorder=3)
+            if any(r["censored"] for s in ("small", "large") for r in d[s]["runs"].values()):
+                ax.scatter([], [], color=color, facecolors="none", label=label if key == "exit_step" else None)
+                continue  # a lower bound is no exit: no line through it
             means = [
                 math.exp(sum(math.log(r[key]) for r in d[s]["runs"].values()) / len(d[s]["runs"]))
                 for s in ("small", "large")
@@ -160,7 +163,11 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         ax.set_ylabel(what)
         ax.grid(alpha=0.3, which="both")
     axes[0].legend()
-    fig.suptitle("Leaving the unigram plateau against batch size (open markers: still on it at the run's end)")
+    fig.suptitle(
+        "Leaving the unigram plateau against batch size (open markers: still on it at the run's end, a lower bound;\n"
+        "lines: the geometric mean of the seeds' exits)",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
