@@ -64,3 +64,26 @@ def test_unknown_method_rejected_before_anything_is_written(tmp_path, capsys):
     assert main(["train", "--out", str(out), "method=foo"]) == 2
     assert "unknown method 'foo'" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_the_error_line_is_one_write_so_ranks_sharing_a_pipe_never_interleave(monkeypatch):
+    """torchrun's ranks share one stderr pipe: a line written in two pieces (``print`` writes the text,
+    then ``\\n``) can be cut by another rank's line (CI saw it, 2026-11-28). One ``write`` below PIPE_BUF
+    is atomic."""
+    import sys
+
+    from replaid import cli
+
+    writes: list[str] = []
+
+    class Recorder:
+        def write(self, s: str) -> int:
+            writes.append(s)
+            return len(s)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Recorder())
+    cli._say("replaid: error: x")
+    assert writes == ["replaid: error: x\n"]

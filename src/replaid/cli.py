@@ -76,7 +76,8 @@ def _end_progress_bars() -> None:
 def _say(line: str) -> None:
     """``line`` on stderr on a line of its own, after the live progress bars are closed."""
     _end_progress_bars()
-    print(line, file=sys.stderr)
+    sys.stderr.write(line + "\n")  # one write(2): ranks sharing a pipe never interleave inside a line
+    sys.stderr.flush()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -254,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cmd = torchrun_argv(a.gpus_per_node, a.nodes, os.environ, (sys.executable, "-m", "torch.distributed.run"))
     except ConfigError as e:
-        print(f"replaid: error: {e}", file=sys.stderr)
+        sys.stderr.write(f"replaid: error: {e}\n")
         return 2
     if a.exec is not None:  # the sbatch script's srun task: exec, no word splitting or shell
         sys.stdout.flush()
