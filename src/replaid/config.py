@@ -21,7 +21,7 @@ from replaid import registry, schema
 from replaid.registry import ConfigError as ConfigError  # the registry, below the config, raises it too
 from replaid.schema import dumps as strict_dumps
 
-# Declared ranges of numbers that reach a tensor (issue 38), shared by the CLI's argparse types, the
+# Declared ranges of numbers that reach a tensor, shared by the CLI's argparse types, the
 # sampling request's and the config's validation. float32 holds up to 3.4e38; a config float stays within
 # +-FLOAT_LIMIT (and is 0 or at least 1/FLOAT_LIMIT in magnitude), and the options below within their
 # meaningful range (outside it the float32 arithmetic over- or underflows: e.g. logits / 1e-300 are inf, a
@@ -100,7 +100,7 @@ class ModelConfig:
     output_prior: bool = True  # add (alpha / sigma^2) z E^T to the logits
     # embeddings: learned | frozen-random | one-hot | file (frozen, read from embeddings_path) | init-file
     # (learned, starting from embeddings_path's matrix) | cooc (learned, starting from the train split's top
-    # co-occurrence directions, replaid.data.cooc: issue 48's fast start)
+    # co-occurrence directions, replaid.data.cooc: the fast start off the unigram plateau)
     embeddings: str = "learned"
     embeddings_path: str = ""
     # the embedding-exchange ablation (appendix "Exchanging Embedding Configurations"):
@@ -556,7 +556,7 @@ def flat_keys(d: dict[str, Any], prefix: str = "") -> list[str]:
     return out
 
 
-# Keys of configs written before the per-method sections (issue 23): old key -> new key.
+# Keys of configs written before the per-method sections: old key -> new key.
 LEGACY_KEYS: dict[str, str] = {
     "baseline.mdlm_low_variance": "mdlm.low_variance",
     "baseline.mdlm_time_conditioning": "mdlm.time_conditioning",
@@ -570,7 +570,7 @@ LEGACY_KEYS: dict[str, str] = {
 
 
 def migrate_config(d: dict[str, Any]) -> dict[str, Any]:
-    """A stored config (any version) in today's layout; the input is not modified.
+    """A stored config (any version) in the current layout; the input is not modified.
 
     A config of a method whose network reads ``model.in_z_std`` (RePlaid) but that lacks the key was
     written when ``W_z`` started at std ``1/sqrt(d_e)``: it gets ``-1``, which keeps that init. Before the
@@ -658,7 +658,7 @@ def _unknown(key: str, root: Any) -> ConfigError:
     return ConfigError(f"unknown config key '{key}'{hint}")
 
 
-# Values of a key's earlier type, read as today's wherever a config comes from (a stored run, a --config file, a
+# Values of a key's earlier type, read as the current type's wherever a config comes from (a stored run, a --config file, a
 # grid's planned configs, an override): train.compile was a bool before "auto".
 VALUE_ALIASES: dict[str, dict[Any, str]] = {
     "train.compile": {True: "on", False: "off", "true": "on", "false": "off"},

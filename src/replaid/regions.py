@@ -1,4 +1,4 @@
-"""Named regions of a training step (issue 53): the paper's precision table and the profiler's breakdown.
+"""Named regions of a training step: the paper's precision table and the profiler's breakdown.
 
 ``with region("output prior logits"): ...`` marks the operations of one row of the precision table
 (input projections, attention, final logit head, output prior logits, categorical reparameterisation,

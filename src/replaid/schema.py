@@ -1,5 +1,5 @@
 """The declared schema of every JSON file replaid writes into a run, checkpoint or grid folder, and the
-one reader that checks a file against it (issue 38 class 1). A file that does not match is one
+one reader that checks a file against it. A file that does not match is one
 :class:`SchemaError` line naming the file, the field and what to do; nothing is written."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def finite_or_null(obj: Any) -> Any:
 def dumps(obj: Any, **kw: Any) -> str:
     """Strict JSON (RFC 8259): ``json.dumps`` with ``allow_nan=False``, a not-a-number or infinite value
     written as ``null`` (Python's default writes bare ``NaN``/``Infinity``, which no strict reader
-    accepts). The one JSON writer of replaid (issue 49)."""
+    accepts). The one JSON writer of replaid."""
     return json.dumps(finite_or_null(obj), allow_nan=False, **kw)
 
 

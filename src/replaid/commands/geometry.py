@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import csv
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from replaid.commands import NONNEGATIVE, POSITIVE, SEED, add_command, check_out, emit, run_labels
 from replaid.schema import dumps as strict_dumps
@@ -94,11 +94,61 @@ def _pos_counts(r: Run, args: argparse.Namespace) -> tuple[np.ndarray, Path, boo
     return pos.cached_pos_counts(r.data.cache, key, compute)
 
 
+def _tsne(
+    r: Run, args: argparse.Namespace, E: np.ndarray, ids: np.ndarray, freq: np.ndarray, out: Path, label: str
+) -> dict[str, Any]:
+    """The part-of-speech agreement of nearest neighbours among the ``--tsne-max`` most frequent tokens'
+    embeddings (E (V, d)), and with more than 10 of them, their t-SNE map (PNG and CSV)."""
+    from replaid.eval import geometry as geo
+    from replaid.eval.pos import UPOS, dominant_pos, pos_entropy
+
+    out_: dict[str, Any] = {}
+    C, cpath, hit = _pos_counts(r, args)
+    dom, H = dominant_pos(C), pos_entropy(C)
+    sel = ids[: args.tsne_max]
+    out_["pos_counts"] = str(cpath)
+    out_["pos_counts_cached"] = bool(hit)
+    out_["pos_knn"] = geo.pos_knn_agreement(E[sel], dom[sel], args.knn)
+    if len(sel) > 10:
+        Y = geo.tsne_2d(E[sel], seed=args.seed)
+        tok = r.data.tokenizer
+        names = [tok.decode([int(i)]) for i in sel]
+        out_["pos_knn_tsne"] = geo.pos_knn_agreement(Y, dom[sel], args.knn)
+        kk = out_["pos_knn"]
+        geo.plot_tsne(
+            Y,
+            dom[sel],
+            freq[sel],
+            UPOS,
+            out / f"tsne_{label}.png",
+            annotate=names,
+            title=f"{label}: t-SNE of the {len(sel)} most frequent tokens (count >= {args.min_count}), "
+            f"d={E.shape[1]}\nPOS agreement of {args.knn} nearest neighbours "
+            f"{kk['agreement']:.3f} (chance {kk['chance']:.3f})",
+        )
+        with open(out / f"tsne_{label}.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["token_id", "token", "x", "y", "count", "pos", "pos_entropy_bits"])
+            for j, i in enumerate(sel):
+                w.writerow(
+                    [
+                        int(i),
+                        names[j],
+                        f"{Y[j, 0]:.5g}",
+                        f"{Y[j, 1]:.5g}",
+                        int(freq[i]),
+                        UPOS[dom[i]] if dom[i] >= 0 else "",
+                        f"{H[i]:.4g}",
+                    ]
+                )
+        out_["tsne_png"] = f"tsne_{label}.png"
+    return out_
+
+
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from replaid.eval import geometry as geo
-    from replaid.eval.pos import UPOS
     from replaid.store.checkpoint import load_state
     from replaid.store.loading import load_run
     from replaid.store.runfolder import recorded_final_eval
@@ -146,47 +196,7 @@ def run(args: argparse.Namespace) -> int:
             "nelbo_nats_per_token": ev.get("nelbo_nats_per_token"),
         }
         if not args.no_tsne:
-            C, cpath, hit = _pos_counts(r, args)
-            from replaid.eval.pos import dominant_pos, pos_entropy
-
-            dom, H = dominant_pos(C), pos_entropy(C)
-            sel = ids[: args.tsne_max]
-            info["pos_counts"] = str(cpath)
-            info["pos_counts_cached"] = bool(hit)
-            info["pos_knn"] = geo.pos_knn_agreement(E[sel], dom[sel], args.knn)
-            if len(sel) > 10:
-                Y = geo.tsne_2d(E[sel], seed=args.seed)
-                tok = r.data.tokenizer
-                names = [tok.decode([int(i)]) for i in sel]
-                info["pos_knn_tsne"] = geo.pos_knn_agreement(Y, dom[sel], args.knn)
-                kk = info["pos_knn"]
-                geo.plot_tsne(
-                    Y,
-                    dom[sel],
-                    freq[sel],
-                    UPOS,
-                    out / f"tsne_{label}.png",
-                    annotate=names,
-                    title=f"{label}: t-SNE of the {len(sel)} most frequent tokens (count >= {args.min_count}), "
-                    f"d={E.shape[1]}\nPOS agreement of {args.knn} nearest neighbours "
-                    f"{kk['agreement']:.3f} (chance {kk['chance']:.3f})",
-                )
-                with open(out / f"tsne_{label}.csv", "w", newline="") as f:
-                    w = csv.writer(f)
-                    w.writerow(["token_id", "token", "x", "y", "count", "pos", "pos_entropy_bits"])
-                    for j, i in enumerate(sel):
-                        w.writerow(
-                            [
-                                int(i),
-                                names[j],
-                                f"{Y[j, 0]:.5g}",
-                                f"{Y[j, 1]:.5g}",
-                                int(freq[i]),
-                                UPOS[dom[i]] if dom[i] >= 0 else "",
-                                f"{H[i]:.4g}",
-                            ]
-                        )
-                info["tsne_png"] = f"tsne_{label}.png"
+            info.update(_tsne(r, args, E, ids, freq, out, label))
         summary[label] = info
     with open(out / "scree.csv", "w", newline="") as f:
         w = csv.writer(f)

@@ -1,4 +1,4 @@
-"""``replaid grid plan|run|report``: multi-seed grids of runs and what their seeds allow (issue 22)."""
+"""``replaid grid plan|run|report``: multi-seed grids of runs and what their seeds allow."""
 
 from __future__ import annotations
 

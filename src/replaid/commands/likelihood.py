@@ -126,9 +126,30 @@ def check_memory(run_: Run, args: argparse.Namespace, shape: tuple[int, ...]) ->
     )
 
 
+def _matched_nelbo(run_: Run, model: ContinuousNet, tokens: torch.Tensor, seed: int) -> dict[str, float]:
+    """The run's own bound (the VDM NELBO) on the same sequences, beside the ODE likelihood."""
+    import torch
+
+    t0 = time.time()
+    gen = torch.Generator().manual_seed(seed + 1)
+    dev = next(model.parameters()).device
+    nels: list[torch.Tensor] = []
+    with torch.no_grad():
+        for i in range(0, tokens.shape[0], run_.cfg.eval.batch_size):
+            r = run_.method.eval_bound(model, tokens[i : i + run_.cfg.eval.batch_size].to(dev), gen)
+            nels.append((r["nelbo"] if "nelbo" in r else r["nll"]).double().cpu())
+    nel = torch.cat(nels)
+    nelbo_nats = float(nel.mean())
+    return {
+        "nelbo_nats_per_token": nelbo_nats,
+        "nelbo_ppl": math.exp(nelbo_nats),
+        "nelbo_stderr": float(nel.std() / math.sqrt(len(nel))) if len(nel) > 1 else float("nan"),
+        "nelbo_seconds": time.time() - t0,
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     import numpy as np
-    import torch
 
     from replaid.eval.likelihood import estimate_likelihood, plot_k_curve, schedule_endpoints
     from replaid.methods import Kind
@@ -182,23 +203,10 @@ def run(args: argparse.Namespace) -> int:
         progress=progress,
     )
     bar.close()
-    # the matched VDM NELBO on the same sequences
-    t0 = time.time()
-    gen = torch.Generator().manual_seed(args.seed + 1)
-    dev = next(model.parameters()).device
-    nels: list[torch.Tensor] = []
-    with torch.no_grad():
-        for i in range(0, tokens.shape[0], run_.cfg.eval.batch_size):
-            r = run_.method.eval_bound(model, tokens[i : i + run_.cfg.eval.batch_size].to(dev), gen)
-            nels.append((r["nelbo"] if "nelbo" in r else r["nll"]).double().cpu())
-    nel = torch.cat(nels)
     summary = res.summary()
-    nelbo_nats = float(nel.mean())
+    summary.update(_matched_nelbo(run_, model, tokens, args.seed))
+    nelbo_nats = summary["nelbo_nats_per_token"]
     summary.update(
-        nelbo_nats_per_token=nelbo_nats,
-        nelbo_ppl=math.exp(nelbo_nats),
-        nelbo_stderr=float(nel.std() / math.sqrt(len(nel))) if len(nel) > 1 else float("nan"),
-        nelbo_seconds=time.time() - t0,
         gamma_0=g0,
         gamma_1=g1,
         self_conditioning=sc,

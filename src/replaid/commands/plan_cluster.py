@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:14s} " + " ".join(f"{c:>12s}" for c in cells))
             if not r.fits:
                 over.append(f"{name} on {n} node(s): {r.memory / 1e9:.3g} GB")
-    if over:  # issue 49: plans of 28.5-56.8 GB per GPU were printed for a stated 1 GB GPU without a word
+    if over:  # a plan over the stated GPU's memory says so, row by row
         print(
             f"replaid: warning: {len(over)} plan(s) do not fit the stated {args.gpu_memory_gb:g} GB per GPU even at the "
             f"smallest micro-batch ({'; '.join(over[:3])}{'; ...' if len(over) > 3 else ''}): more GPUs, "

@@ -33,6 +33,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = add_command(sub, "scaling", "IsoFLOP scaling study: plan runs, run them, fit the scaling laws.", EXAMPLE)
     ss = s.add_subparsers(dest="scaling_cmd", required=True, help="plan | run | fit (each has --help)")
 
+    _plan_parser(ss)
+    _run_parser(ss)
+    _fit_parser(ss)
+    _overtrain_parser(ss)
+
+
+def _plan_parser(ss: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``replaid scaling plan``."""
     p = add_command(
         ss,
         "plan",
@@ -105,6 +113,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("overrides", nargs="*", help="section.key=value applied to every run, e.g. data.source=...")
     p.set_defaults(func=run_plan)
 
+
+def _run_parser(ss: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``replaid scaling run``."""
     r = add_command(
         ss,
         "run",
@@ -116,6 +127,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r.add_argument("--only", nargs="+", help="run only these methods (variant labels)")
     r.set_defaults(func=run_run)
 
+
+def _fit_parser(ss: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``replaid scaling fit``."""
     f = add_command(
         ss,
         "fit",
@@ -147,6 +161,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     f.add_argument("--json", action="store_true", help="print every fitted number as one JSON object")
     f.set_defaults(func=run_fit)
 
+
+def _overtrain_parser(ss: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``replaid scaling overtrain``."""
     o = add_command(
         ss,
         "overtrain",

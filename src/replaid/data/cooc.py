@@ -1,4 +1,4 @@
-"""Token embeddings from the data (issue 48 §3): the top directions of a token co-occurrence matrix.
+"""Token embeddings from the data: the top directions of a token co-occurrence matrix.
 
 ``C[i, j]`` counts token j within ``window`` positions of token i (both directions) in a token stream;
 ``PPMI[i, j] = max(0, log(C[i, j] N / (C[i] C[j])))`` (Church and Hanks; Levy and Goldberg, 2014); the

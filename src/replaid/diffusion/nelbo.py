@@ -179,7 +179,7 @@ def block_nelbo_per_sequence(
     ``predict(z, gamma)`` gives (logits, e_hat) of every block at once with gamma per token (B, L),
     block k seeing the clean blocks before it (the vectorised pass). Reconstruction at t = 0 for every
     block, diffusion at ``t_samples`` stratified times per (row, block) (``t = (s + u_bk) / S``), prior
-    in closed form (it does not depend on the network, so per block it is today's term)."""
+    in closed form (it does not depend on the network, so per block it is the whole-sequence term)."""
     E = denoiser.embedding_matrix()
     dev = E.device
     tokens = tokens.to(dev)

@@ -1,4 +1,4 @@
-"""Progressive distillation of a block model's per-block PF-ODE (issue 39 §2; no I/O).
+"""Progressive distillation of a block model's per-block PF-ODE (no I/O).
 
 A block-diffusion RePlaid run (``diffusion.block_size`` = b < ``seq_len``) samples block by block
 (:mod:`replaid.sampling.blocks`): block k runs the PF-ODE of its own latent (B, b, d_e) from noise,

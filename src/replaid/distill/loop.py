@@ -14,7 +14,7 @@ from the same teacher.
 
 The schedule and the embedding matrix are frozen at the teacher's (they get no gradient).
 
-A block-diffusion teacher (``diffusion.block_size`` = b < ``seq_len``, issue 39 §2) is distilled per
+A block-diffusion teacher (``diffusion.block_size`` = b < ``seq_len``) is distilled per
 block (:mod:`replaid.distill.blocks`): each block's PF-ODE given the clean blocks before it, every
 (row, block) of a batch at its own step; the student keeps the teacher's blocks, and its K steps are
 each block's (``sample_any_length(..., sampler="ddim", steps=K)``). Progressive only.
@@ -97,7 +97,7 @@ class Distiller:
     """One distillation: the frozen teacher, the student (and its EMA target), the optimiser."""
 
     def __init__(self, teacher: Run, dcfg: DistillConfig, out: Path):
-        # with blocks (issue 39 §2): each block's PF-ODE given the clean blocks before it (distill/blocks.py)
+        # with blocks: each block's PF-ODE given the clean blocks before it (distill/blocks.py)
         self.block = teacher_block(teacher, dcfg)
         self.teacher_run, self.dcfg, self.out = teacher, dcfg, out
         self.device = next(teacher.model.parameters()).device

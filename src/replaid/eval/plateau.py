@@ -1,4 +1,4 @@
-"""The plateau study's per-run quantities (issue 48 §2): a training curve's bound at a budget, its plateau
+"""The plateau study's per-run quantities: a training curve's bound at a budget, its plateau
 exit, and its offset above a reference method's curve at equal compute, with the compute multiplier.
 
 A run's curve is its logged training rows (:func:`replaid.scaling.grid.training_rows`): before one pass

@@ -224,7 +224,7 @@ def write_folder(
         state = {
             **state,
             "sha256": {"model.safetensors": ck.sha256_file(tmp / "model.safetensors")},
-            "binding": {"tokenizer": binding},  # its own tokenizer/, checked by load_run (issue 38)
+            "binding": {"tokenizer": binding},  # its own tokenizer/, checked by load_run
         }
         (tmp / "state.json").write_text(strict_dumps(state, indent=2) + "\n")
         (tmp / "config.json").write_text(

@@ -27,7 +27,7 @@ DiT's 256 ``[cos, sin]`` features of ``sigma``. That is :class:`replaid.model.to
   ``replaid sample``, ``replaid likelihood`` (ODE bound, ``--selfcond-correction on|off``), ``zeroshot``.
 
 Verified against each peer's own code (tests/fixtures/peers, built from the peers' modelling files at
-a tiny size with random weights; max |logit difference| in the closing note of issue 15).
+a tiny size with random weights; max |logit difference| in tests/test_peers.py).
 Pickled checkpoints (``.bin``/``.ckpt``) are refused: loading never unpickles.
 """
 

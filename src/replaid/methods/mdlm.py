@@ -57,7 +57,7 @@ class MDLMOptions:
 
     low_variance: bool = True  # train on plain masked CE (weight 1); evaluation always uses the NELBO
     time_conditioning: bool = False  # MDLM needs no time input (the mask count carries it)
-    block_size: int = 0  # BD3-LM's blocks (issue 39): 0 = the whole sequence (plain MDLM); else divides seq_len
+    block_size: int = 0  # BD3-LM's blocks: 0 = the whole sequence (plain MDLM); else divides seq_len
 
 
 class MDLMMethod(Method[TokenDiT]):
@@ -79,7 +79,7 @@ class MDLMMethod(Method[TokenDiT]):
         self.time_conditioning = opts.time_conditioning if time_conditioning is None else time_conditioning
         self.eps = eps
         L = cfg.data.seq_len
-        self.block = opts.block_size or L  # tokens per block; == L: plain MDLM, the code path of old
+        self.block = opts.block_size or L  # tokens per block; == L: plain MDLM
         self.blocks = self.block < L
 
     @classmethod

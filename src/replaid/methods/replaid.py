@@ -1,7 +1,7 @@
 """RePlaid as a method: Algorithm 1 (training loss) and the NELBO bound; its samplers are
 :mod:`replaid.sampling.continuous`.
 
-Block diffusion (issue 39, BD3-LM; ``diffusion.block_size`` = b, 0 or ``seq_len`` = today's model, the
+Block diffusion (BD3-LM; ``diffusion.block_size`` = b, 0 or ``seq_len`` = the whole-sequence model, the
 same code path): the sequence is cut into K = L / b blocks and the bound is ``sum_k NELBO(x^k | x^{<k})``,
 each block's VDM bound (eq. 4: reconstruction + diffusion + prior) given the clean blocks before it.
 Training runs the noisy latents and the clean copy side by side (2L rows) under the block-diffusion
@@ -18,7 +18,7 @@ mask (:meth:`~replaid.model.replaid.RePlaid.block_features`; the clean rows ente
   (the same vectorised pass, no gradient) estimating every noisy block from its own noisy block and
   the clean blocks before it, each block's estimate fed back to the same block (the clean rows take
   no self-conditioning input, so the sampler's KV cache of clean blocks stays exact);
-* the prior term does not depend on the network: per block it is today's term, summed.
+* the prior term does not depend on the network: per block it is the whole-sequence term, summed.
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ class DiffusionOptions:
     split_ema: float = 0.997  # EMA decay of the recon/diffusion loss moments (adaptive B_r)
     ce_weight: float = 0.0  # paper sec. 5.1: + w * CE(t); gradient reaches only E and the denoiser
     prior_ramp_steps: int = 0  # Plaid: output-prior scale ramps 0 -> 1 over these training steps (0 = off)
-    block_size: int = 0  # BD3-LM's blocks (issue 39): 0 = the whole sequence (today's model); else divides seq_len
-    # a block-size curriculum (issue 48): the first curriculum_steps optimiser steps train the block
+    block_size: int = 0  # BD3-LM's blocks: 0 = the whole sequence (the whole-sequence model); else divides seq_len
+    # a block-size curriculum: the first curriculum_steps optimiser steps train the block
     # bound with blocks of curriculum_block tokens (clean context, BD3-LM's pass), then the whole sequence;
     # the model, its bound and its samplers stay the whole sequence's (block_size 0)
     curriculum_steps: int = 0
@@ -289,7 +289,7 @@ class RePlaidMethod(Method[RePlaid]):
         self.opts: DiffusionOptions = cfg.options
         self.split = SplitState(decay=self.opts.split_ema)
         L = cfg.data.seq_len
-        self.block = self.opts.block_size or L  # tokens per block; == L: today's model, the code path of old
+        self.block = self.opts.block_size or L  # tokens per block; == L: the whole-sequence model
         self.blocks = self.block < L
         self.core = self.block_loss_core if self.blocks else self.loss_core  # compiled by compile()
         self.block_core = self.block_loss_core  # the curriculum's (compiled by compile())

@@ -1,4 +1,4 @@
-"""Block diffusion's attention layout (issue 39; BD3-LM, Arriola et al. 2025, section 3.2).
+"""Block diffusion's attention layout (BD3-LM, Arriola et al. 2025, section 3.2).
 
 A sequence of ``L`` tokens is cut into ``L / b`` blocks of ``b`` tokens. Training runs the noisy
 sequence ``x_t`` and the clean ``x_0`` side by side as one input of ``2L`` rows, ``[x_t, x_0]``,

@@ -4,7 +4,7 @@ LayerNorm, bidirectional (or causal) attention with rotary embeddings through Py
 MLP with biases and GELU(tanh), AdaLN-Zero modulation with learnable gates on both residual
 branches. The residual stream stays float32; under bf16 autocast the matmuls run in bf16.
 
-Beyond one full sequence (issue 39), :meth:`Backbone.forward` also takes explicit rotary
+Beyond one full sequence, :meth:`Backbone.forward` also takes explicit rotary
 ``positions``, a boolean attention ``mask`` (True = attend) and a :class:`KVCache`: block diffusion
 trains on ``[x_t, x_0]`` under :func:`replaid.model.blocks.block_diffusion_mask` and samples block by
 block against the cached keys of the committed blocks. The conditioning ``c`` may be per sequence

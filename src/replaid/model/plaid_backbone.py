@@ -113,7 +113,7 @@ class PlaidBackbone(nn.Module):
         commit: bool = False,
     ) -> Tensor:
         """x (B, L, D) -> (B, L, D); ``c`` is unused (no AdaLN). ``positions``, ``mask``, ``cache`` and
-        ``commit`` as :meth:`replaid.model.dit.Backbone.forward` (block diffusion, issue 39)."""
+        ``commit`` as :meth:`replaid.model.dit.Backbone.forward` (block diffusion)."""
         L = x.shape[1]
         rope = rope_for(self.rotary, L, x.device, positions, cache)
         with cached_sdpa(x.device) if cache is not None else nullcontext():  # as Backbone.forward

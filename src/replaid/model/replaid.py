@@ -32,7 +32,7 @@ N_TIME_FEATURES = 64
 
 @dataclass(frozen=True)
 class BlockContext:
-    """Block diffusion's training input beside the noisy rows (issue 39): the clean copy ``e`` (B, L,
+    """Block diffusion's training input beside the noisy rows: the clean copy ``e`` (B, L,
     d_e) of the same sequence and the block size (:meth:`RePlaid.block_features`)."""
 
     e: Tensor
@@ -230,7 +230,7 @@ class RePlaid(nn.Module):
         h, c = self.input_states(z, gamma, e_sc)
         return self.readout(self.backbone(h, c), c), c
 
-    # ---- block diffusion (issue 39; BD3-LM) -------------------------------------------------
+    # ---- block diffusion (BD3-LM) -------------------------------------------------
     def clean_states(self, e: Tensor) -> tuple[Tensor, Tensor | None]:
         """The clean rows' ``h_0`` (B, n, hidden) and per-token condition: a clean block enters as its
         t = 0 latent without noise, ``z = alpha_0 e`` at ``gamma_0 = gamma(0)`` (the schedule's endpoint,

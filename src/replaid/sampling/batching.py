@@ -1,4 +1,4 @@
-"""Continuous batching at block boundaries (issue 39 §3): independent requests share one running batch.
+"""Continuous batching at block boundaries: independent requests share one running batch.
 
 A block-diffusion run writes a request block by block (:mod:`replaid.sampling.blocks`). :class:`BlockBatch`
 writes many requests' rows as one batch: each request is a :class:`Lane` (its n samples), every block is one

@@ -1,4 +1,4 @@
-"""Block-by-block generation for block diffusion (issue 39 §2; BD3-LM's semi-autoregressive sampler).
+"""Block-by-block generation for block diffusion (BD3-LM's semi-autoregressive sampler).
 
 A run trained with blocks of ``b`` tokens (``mdlm.block_size``, ``diffusion.block_size``) writes text of
 any length: block k is denoised from noise, attending to the committed clean blocks before it, then
@@ -412,7 +412,7 @@ class BlockDenoiser:
 
     def __call__(self, z: Tensor, gamma: Tensor, e_sc: Tensor | None = None) -> DenoiserOutput:
         m, s0 = self.model, self.start
-        if s0 == 0:  # nothing committed before: the model itself (a one-block run is today's sampler)
+        if s0 == 0:  # nothing committed before: the model itself (a one-block run is the whole-sequence sampler)
             out: DenoiserOutput = m(z, gamma, e_sc)
             return out
         h, c = m.input_states(z, gamma, e_sc)  # (B, b, hidden), (B, cond) or None
@@ -588,7 +588,7 @@ def sample_any_length(
 ) -> AnyLength:
     """Generate ``max_tokens`` ids after ``prompt_ids`` (B, P) long (P may be 0) with a run of MDLM,
     RePlaid or Plaid, block by block (module docstring): N = ``ceil((P + max_tokens) / b)`` whole blocks.
-    A run without blocks is one block of ``seq_len`` (today's sampler; P + max_tokens <= seq_len).
+    A run without blocks is one block of ``seq_len`` (the whole-sequence sampler; P + max_tokens <= seq_len).
 
     ``sampler``: a registered name of the method (None: its default); ``steps``: each block's T;
     ``window``: the KV cache's committed rows (None: all; past ``seq_len`` pass at most ``seq_len - b``

@@ -1,4 +1,4 @@
-"""Decoded text as shown to a person (issue 54): undecodable byte pieces and control characters made visible.
+"""Decoded text as shown to a person: undecodable byte pieces and control characters made visible.
 
 An undertrained byte-level BPE samples tokens holding part of a UTF-8 character; decoded, they give
 U+FFFD, and bytes such as 0x13 decode to control characters that a terminal acts on or hides. The CLI

@@ -1,4 +1,4 @@
-"""Completions: a prompt continued block by block, each committed block given out as it comes (issue 39).
+"""Completions: a prompt continued block by block, each committed block given out as it comes.
 
 The interface a method's generator plugs into is a :class:`BlockStarter`, found by the method's kind in
 :data:`BLOCK_STARTS` when its run has blocks (:meth:`~replaid.methods.base.Method.block_size` > 0):

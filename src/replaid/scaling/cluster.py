@@ -1,4 +1,4 @@
-"""A scaling model of one training run on N nodes x G GPUs (``replaid plan-cluster``, issue 36 §3).
+"""A scaling model of one training run on N nodes x G GPUs (``replaid plan-cluster``).
 
 For a preset (the model, the sequence length), a global batch, a parallelism and a FLOP budget:
 

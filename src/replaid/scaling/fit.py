@@ -529,7 +529,8 @@ def fit_points(
     parametric: bool = True,
 ) -> dict[str, Any]:
     """Every fit of the study; see the module docstring (``parametric=False``: no L(N, D) fit and
-    no crossover). Returns a JSON-able dict."""
+    no crossover). Returns a JSON-able dict. Phases: read the points, mark the budgets at the unigram
+    level, fit (with the noise bootstrap), then per method the budgets, the laws and L(N, D)."""
     rows = [dict(r) for r in rows]
     budgets = group_budgets(rows)
     methods = sorted({r["method"] for r in rows}, key=lambda m: (m != reference, m))
@@ -538,23 +539,7 @@ def fit_points(
     if reference not in points:
         warn.append(f"reference method '{reference}' has no runs; compute multipliers are not computed")
     logc_grid = np.linspace(math.log(budgets[0]), math.log(budgets[-1]), 25)
-    # a budget where no size beats the unigram loss by 2 standard errors has learned nothing yet: its
-    # IsoFLOP "minimum" is noise around the unigram level, not a point of the scaling law
-    flat_found: set[tuple[str, float]] = set()
-    for m, p in points.items():
-        for b in budgets:
-            sel = p["budget"] == b
-            if not sel.sum() or not np.isfinite(p["unigram"][sel]).all():
-                continue
-            i = np.flatnonzero(sel)[np.argmin(p["loss"][sel])]
-            se = p["stderr"][i] if np.isfinite(p["stderr"][i]) else 0.0
-            if p["loss"][i] >= p["unigram"][i] - 2 * se:
-                flat_found.add((m, b))
-                warn.append(
-                    f"{m} at C={b:.3g}: no size beats the unigram loss ({p['unigram'][i]:.4f}) by 2 standard "
-                    f"errors (best {p['loss'][i]:.4f} +- {se:.4f}); left out of the laws"
-                )
-    flat = frozenset(flat_found)
+    flat = _unigram_level(points, budgets, warn)
     base = _analyse(points, budgets, reference, logc_grid, flat)
     noise = {m: noise_model(points[m], base[m]["mins"], budgets) for m in methods}
     rng = np.random.default_rng(seed)
@@ -572,128 +557,14 @@ def fit_points(
         "warnings": warn,
     }
     for m in methods:
-        v = base[m]
-        per_budget = []
-        for i, (b, q) in enumerate(zip(budgets, v["mins"], strict=True)):
-            sel = points[m]["budget"] == b
-            if q is None:
-                if sel.sum():
-                    warn.append(f"{m} at C={b:.3g}: only {int(sel.sum())} size(s); need 3 for the quadratic")
-                continue
-            lo, hi = points[m]["logn"][sel].min(), points[m]["logn"][sel].max()
-            bracketed = q["bracketed"]
-            if not bracketed:
-                beyond = q.get("vertex_beyond")
-                why = (
-                    f"degenerate: the quadratic is nearly flat, its vertex N* = exp({beyond:.3g}) lies beyond "
-                    f"the finite range"
-                    if beyond is not None
-                    else "the quadratic opens downwards"
-                    if not np.isfinite(q["log_n_opt"])
-                    else f"N* = {math.exp(q['log_n_opt']):.3g} lies outside the sizes run "
-                    f"[{math.exp(lo):.3g}, {math.exp(hi):.3g}]"
-                )
-                x_opt = beyond if beyond is not None else q["log_n_opt"]
-                where = (
-                    "sizes on both sides"
-                    if not np.isfinite(x_opt)
-                    else "smaller sizes"
-                    if x_opt < lo
-                    else "larger sizes"
-                )
-                warn.append(f"{m} at C={b:.3g}: minimum not bracketed ({why}); add {where}")
-            edge, bound = edge_minimum(points[m]["logn"][sel], points[m]["logl"][sel])
-            in_laws = bracketed and (m, b) not in flat
-            if edge and bound:
-                warn.append(
-                    f"{m} at C={b:.3g}: edge minimum: its best run is the {edge} size run, so N* is only "
-                    f"bounded (N* {bound[0]} {bound[1]:.3g})"
-                    + (
-                        "; the quadratic's vertex still enters the laws (see the leave-one-budget-out range)"
-                        if in_laws
-                        else ""
-                    )
-                )
-            bq = [bt[m]["mins"][i] for bt in boots]
-            k = points[m]["n_seeds"][sel]
-            per_budget.append(
-                {
-                    "budget": b,
-                    "n_opt": _f(math.exp(q["log_n_opt"]) if np.isfinite(q["log_n_opt"]) else math.nan),
-                    "n_opt_ci": _ci(
-                        [math.exp(x["log_n_opt"]) if x and np.isfinite(x["log_n_opt"]) else None for x in bq]
-                    ),
-                    "loss_opt": _f(math.exp(q["log_l_opt"]) if np.isfinite(q["log_l_opt"]) else math.nan),
-                    "loss_opt_ci": _ci(
-                        [math.exp(x["log_l_opt"]) if x and np.isfinite(x["log_l_opt"]) else None for x in bq]
-                    ),
-                    "bracketed": bracketed,
-                    "at_unigram_level": (m, b) in flat,
-                    "edge_minimum": edge,
-                    "n_opt_bound": bound,
-                    "quad": [float(q["a"]), float(q["b"]), float(q["c"])],
-                    "sizes": int(sel.sum()),
-                    "seeds": [int(k.min()), int(k.max())],
-                    "noise": noise[m].source.get(b, ""),
-                    "noise_log": float(noise[m].scale[sel].mean())
-                    if noise[m].pooled_sd is None or (k < 2).any()
-                    else None,
-                }
-            )
-        (al, be), (alp, bep) = v["loss_law"], v["param_law"]
-        mo: dict[str, Any] = {
-            "alpha": _f(al),
-            "beta": _f(be),
-            "alpha_prime": _f(alp),
-            "beta_prime": _f(bep),
-            "alpha_ci": _ci([bt[m]["loss_law"][0] for bt in boots]),
-            "beta_ci": _ci([bt[m]["loss_law"][1] for bt in boots]),
-            "alpha_prime_ci": _ci([bt[m]["param_law"][0] for bt in boots]),
-            "beta_prime_ci": _ci([bt[m]["param_law"][1] for bt in boots]),
-            "budgets": per_budget,
-            "kappa": float(np.median(points[m]["flops"] / (points[m]["params"] * points[m]["tokens"]))),
-            "noise_pooled_sd": noise[m].pooled_sd,
-            "noise": (
-                f"measured from seed replicates (pooled sd of log L {noise[m].pooled_sd:.4f})"
-                if noise[m].pooled_sd is not None
-                else "assumed: no seed replicates (residuals of each budget's quadratic, or the evaluation's standard error)"
-            ),
-        }
-        if "mult" in v:
-            km, pr = v["mult"], v["pratio"]
-            mo.update(
-                compute_multiplier=_f(np.median(km)),
-                compute_multiplier_range=[_f(km.min()), _f(km.max())],
-                compute_multiplier_ci=_ci([float(np.median(bt[m]["mult"])) for bt in boots]),
-                param_ratio=_f(np.median(pr)),
-                param_ratio_range=[_f(pr.min()), _f(pr.max())],
-                param_ratio_ci=_ci([float(np.median(bt[m]["pratio"])) for bt in boots]),
-            )
-            if m != reference:
-                mo["leave_one_budget_out"] = leave_one_budget_out(points, budgets, reference, logc_grid, flat, base, m)
-        # Chinchilla approach 3, on the points of the budgets past the unigram level
-        keep = np.array([(m, bb) not in flat for bb in points[m]["budget"]], dtype=bool)
-        p = {k: points[m][k][keep] for k in ("params", "tokens", "loss")}
-        if parametric and len(p["loss"]) >= 5:
-            par = fit_parametric(p["params"], p["tokens"], p["loss"])
-            sub = {
-                **points[m],
-                "logl": points[m]["logl"][keep],
-                "seeds": [s for s, k_ in zip(points[m]["seeds"], keep, strict=True) if k_],
-            }
-            sub_noise = Noise(noise[m].scale[keep], noise[m].pooled_sd)
-            bs = [
-                fit_parametric(p["params"], p["tokens"], np.exp(draw(sub, sub_noise, rng)), init=np.array(par["theta"]))
-                for _ in range(n_boot_parametric)
-            ]
-            for k in THETA_NAMES:
-                par[f"{k}_ci"] = _ci([q[k] for q in bs])
-            par["degenerate"] = bool(par["at_bound"])
-            par["boot_at_bound"] = float(np.mean([bool(q["at_bound"]) for q in bs])) if bs else None
-            if par["degenerate"]:
-                warn.append(f"{m}: the parametric L(N, D) fit is degenerate ({'; '.join(par['at_bound'])})")
-            par["boot"] = [q["theta"] for q in bs]
-            mo["parametric"] = par
+        per_budget = _budget_rows(m, base[m], points[m], budgets, boots, noise[m], flat, warn)
+        mo = _laws(m, base[m], points[m], boots, noise[m], per_budget)
+        if "mult" in base[m] and m != reference:
+            mo["leave_one_budget_out"] = leave_one_budget_out(points, budgets, reference, logc_grid, flat, base, m)
+        if parametric:
+            par = _parametric(m, points[m], noise[m], flat, rng, n_boot_parametric, warn)
+            if par is not None:
+                mo["parametric"] = par
         out["methods"][m] = mo
 
     # the over-training crossover (green line)
@@ -707,6 +578,177 @@ def fit_points(
     for mo in out["methods"].values():
         mo.get("parametric", {}).pop("boot", None)
     return out
+
+
+def _unigram_level(
+    points: dict[str, dict[str, Any]], budgets: list[float], warn: list[str]
+) -> frozenset[tuple[str, float]]:
+    """The (method, budget) cells where no size beats the unigram loss by 2 standard errors: such a
+    budget has learned nothing yet, its IsoFLOP "minimum" is noise around the unigram level, not a
+    point of the scaling law."""
+    flat: set[tuple[str, float]] = set()
+    for m, p in points.items():
+        for b in budgets:
+            sel = p["budget"] == b
+            if not sel.sum() or not np.isfinite(p["unigram"][sel]).all():
+                continue
+            i = np.flatnonzero(sel)[np.argmin(p["loss"][sel])]
+            se = p["stderr"][i] if np.isfinite(p["stderr"][i]) else 0.0
+            if p["loss"][i] >= p["unigram"][i] - 2 * se:
+                flat.add((m, b))
+                warn.append(
+                    f"{m} at C={b:.3g}: no size beats the unigram loss ({p['unigram'][i]:.4f}) by 2 standard "
+                    f"errors (best {p['loss'][i]:.4f} +- {se:.4f}); left out of the laws"
+                )
+    return frozenset(flat)
+
+
+def _not_bracketed(q: dict[str, Any], lo: float, hi: float) -> str:
+    """Why a budget's IsoFLOP minimum is not bracketed by the sizes run [exp(lo), exp(hi)], and which
+    sizes to add."""
+    beyond = q.get("vertex_beyond")
+    if beyond is not None:
+        why = (
+            f"degenerate: the quadratic is nearly flat, its vertex N* = exp({beyond:.3g}) lies beyond the finite range"
+        )
+    elif not np.isfinite(q["log_n_opt"]):
+        why = "the quadratic opens downwards"
+    else:
+        why = f"N* = {math.exp(q['log_n_opt']):.3g} lies outside the sizes run [{math.exp(lo):.3g}, {math.exp(hi):.3g}]"
+    x_opt = beyond if beyond is not None else q["log_n_opt"]
+    where = "sizes on both sides" if not np.isfinite(x_opt) else "smaller sizes" if x_opt < lo else "larger sizes"
+    return f"minimum not bracketed ({why}); add {where}"
+
+
+def _budget_rows(
+    m: str,
+    v: dict[str, Any],
+    pts: dict[str, Any],
+    budgets: list[float],
+    boots: list[dict[str, Any]],
+    noise: Noise,
+    flat: frozenset[tuple[str, float]],
+    warn: list[str],
+) -> list[dict[str, Any]]:
+    """Method ``m``'s IsoFLOP minimum per budget (``v``: its fit), with bootstrap intervals and warnings."""
+    rows = []
+    for i, (b, q) in enumerate(zip(budgets, v["mins"], strict=True)):
+        sel = pts["budget"] == b
+        if q is None:
+            if sel.sum():
+                warn.append(f"{m} at C={b:.3g}: only {int(sel.sum())} size(s); need 3 for the quadratic")
+            continue
+        bracketed = q["bracketed"]
+        if not bracketed:
+            warn.append(f"{m} at C={b:.3g}: " + _not_bracketed(q, pts["logn"][sel].min(), pts["logn"][sel].max()))
+        edge, bound = edge_minimum(pts["logn"][sel], pts["logl"][sel])
+        if edge and bound:
+            in_laws = bracketed and (m, b) not in flat
+            warn.append(
+                f"{m} at C={b:.3g}: edge minimum: its best run is the {edge} size run, so N* is only "
+                f"bounded (N* {bound[0]} {bound[1]:.3g})"
+                + (
+                    "; the quadratic's vertex still enters the laws (see the leave-one-budget-out range)"
+                    if in_laws
+                    else ""
+                )
+            )
+        bq = [bt[m]["mins"][i] for bt in boots]
+        k = pts["n_seeds"][sel]
+        rows.append(
+            {
+                "budget": b,
+                "n_opt": _f(math.exp(q["log_n_opt"]) if np.isfinite(q["log_n_opt"]) else math.nan),
+                "n_opt_ci": _ci([math.exp(x["log_n_opt"]) if x and np.isfinite(x["log_n_opt"]) else None for x in bq]),
+                "loss_opt": _f(math.exp(q["log_l_opt"]) if np.isfinite(q["log_l_opt"]) else math.nan),
+                "loss_opt_ci": _ci(
+                    [math.exp(x["log_l_opt"]) if x and np.isfinite(x["log_l_opt"]) else None for x in bq]
+                ),
+                "bracketed": bracketed,
+                "at_unigram_level": (m, b) in flat,
+                "edge_minimum": edge,
+                "n_opt_bound": bound,
+                "quad": [float(q["a"]), float(q["b"]), float(q["c"])],
+                "sizes": int(sel.sum()),
+                "seeds": [int(k.min()), int(k.max())],
+                "noise": noise.source.get(b, ""),
+                "noise_log": float(noise.scale[sel].mean()) if noise.pooled_sd is None or (k < 2).any() else None,
+            }
+        )
+    return rows
+
+
+def _laws(
+    m: str,
+    v: dict[str, Any],
+    pts: dict[str, Any],
+    boots: list[dict[str, Any]],
+    noise: Noise,
+    per_budget: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Method ``m``'s loss and parameter laws and its compute multiplier, with bootstrap intervals."""
+    (al, be), (alp, bep) = v["loss_law"], v["param_law"]
+    mo: dict[str, Any] = {
+        "alpha": _f(al),
+        "beta": _f(be),
+        "alpha_prime": _f(alp),
+        "beta_prime": _f(bep),
+        "alpha_ci": _ci([bt[m]["loss_law"][0] for bt in boots]),
+        "beta_ci": _ci([bt[m]["loss_law"][1] for bt in boots]),
+        "alpha_prime_ci": _ci([bt[m]["param_law"][0] for bt in boots]),
+        "beta_prime_ci": _ci([bt[m]["param_law"][1] for bt in boots]),
+        "budgets": per_budget,
+        "kappa": float(np.median(pts["flops"] / (pts["params"] * pts["tokens"]))),
+        "noise_pooled_sd": noise.pooled_sd,
+        "noise": (
+            f"measured from seed replicates (pooled sd of log L {noise.pooled_sd:.4f})"
+            if noise.pooled_sd is not None
+            else "assumed: no seed replicates (residuals of each budget's quadratic, or the evaluation's standard error)"
+        ),
+    }
+    if "mult" in v:
+        km, pr = v["mult"], v["pratio"]
+        mo.update(
+            compute_multiplier=_f(np.median(km)),
+            compute_multiplier_range=[_f(km.min()), _f(km.max())],
+            compute_multiplier_ci=_ci([float(np.median(bt[m]["mult"])) for bt in boots]),
+            param_ratio=_f(np.median(pr)),
+            param_ratio_range=[_f(pr.min()), _f(pr.max())],
+            param_ratio_ci=_ci([float(np.median(bt[m]["pratio"])) for bt in boots]),
+        )
+    return mo
+
+
+def _parametric(
+    m: str,
+    pts: dict[str, Any],
+    noise: Noise,
+    flat: frozenset[tuple[str, float]],
+    rng: np.random.Generator,
+    n_boot: int,
+    warn: list[str],
+) -> dict[str, Any] | None:
+    """Chinchilla approach 3 for method ``m``, on the points of the budgets past the unigram level, with
+    ``n_boot`` noise-bootstrap refits; None with fewer than 5 points."""
+    keep = np.array([(m, bb) not in flat for bb in pts["budget"]], dtype=bool)
+    p = {k: pts[k][keep] for k in ("params", "tokens", "loss")}
+    if len(p["loss"]) < 5:
+        return None
+    par = fit_parametric(p["params"], p["tokens"], p["loss"])
+    sub = {**pts, "logl": pts["logl"][keep], "seeds": [s for s, k_ in zip(pts["seeds"], keep, strict=True) if k_]}
+    sub_noise = Noise(noise.scale[keep], noise.pooled_sd)
+    bs = [
+        fit_parametric(p["params"], p["tokens"], np.exp(draw(sub, sub_noise, rng)), init=np.array(par["theta"]))
+        for _ in range(n_boot)
+    ]
+    for k in THETA_NAMES:
+        par[f"{k}_ci"] = _ci([q[k] for q in bs])
+    par["degenerate"] = bool(par["at_bound"])
+    par["boot_at_bound"] = float(np.mean([bool(q["at_bound"]) for q in bs])) if bs else None
+    if par["degenerate"]:
+        warn.append(f"{m}: the parametric L(N, D) fit is degenerate ({'; '.join(par['at_bound'])})")
+    par["boot"] = [q["theta"] for q in bs]
+    return par
 
 
 def _crossover_result(

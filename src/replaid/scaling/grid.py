@@ -200,7 +200,7 @@ def metrics_rows(run: Path) -> Iterator[dict[str, Any]]:
 def training_rows(run: Path) -> dict[int, tuple[float, float | None]]:
     """``{step: (bound, unigram or None)}`` of a run's logged training rows (:func:`metrics_rows`; the
     low-variance MDLM's ``nelbo`` where present, else ``loss``; ``unigram``: the same tokens' unigram
-    NLL, logged since issue 34). A step logged again (resume) keeps the last."""
+    NLL, logged by the trainer). A step logged again (resume) keeps the last."""
     rows: dict[int, tuple[float, float | None]] = {}
     for r in metrics_rows(run):
         key = "nelbo" if "nelbo" in r else "loss"

@@ -1,4 +1,4 @@
-"""The over-training crossover, measured (issue 34 §3; the paper's over-training figure).
+"""The over-training crossover, measured (the paper's over-training figure).
 
 Two methods at one model size, each trained at multiples of its own compute-optimal budget C*_m (1x,
 3x, 10x, ... as far as the corpus allows), several seeds per budget. The paper's statistic is the point

@@ -195,42 +195,12 @@ def make_plan(
     for m in methods:
         if m not in VARIANTS:
             raise ConfigError(f"unknown scaling method '{m}'; choose from {', '.join(VARIANTS)}")
-    if sizes in SIZE_TABLES:
-        table, proto = SIZE_TABLES[sizes], protocol or sizes
-    else:
-        labels = [s.strip() for s in sizes.split(",") if s.strip()]
-        every = {**PAPER_SIZES, **TINY_SIZES}
-        bad = [s for s in labels if s not in every]
-        if bad or not labels:
-            raise ConfigError(
-                f"unknown size(s) {bad or sizes!r}; use paper, tiny, or labels such as "
-                f"{', '.join(list(PAPER_SIZES)[:2] + list(TINY_SIZES)[:2])}"
-            )
-        table = {s: every[s] for s in labels}
-        proto = protocol or ("tiny" if all(s in TINY_SIZES for s in labels) else "paper")
+    table, proto = _size_table(sizes, protocol)
     if proto not in PROTOCOLS:
         raise ConfigError(f"unknown protocol '{proto}'; choose {' or '.join(PROTOCOLS)}")
-    if any(b <= 0 for b in budgets) or not budgets:
-        raise ConfigError("--budgets must be positive FLOP counts, e.g. 6e18 1e19")
-    by_label: dict[str, float] = {}
-    for b in budgets:  # a run's id names its budget to 3 significant digits: two budgets, two ids
-        lab = f"{float(b):.3g}"
-        if lab in by_label:
-            raise ConfigError(
-                f"--budgets {by_label[lab]:g} and {float(b):g} are the same budget to 3 significant digits (run ids "
-                f"C{lab.replace('+', '')}); give each budget once"
-            )
-        by_label[lab] = float(b)
+    _check_budgets(budgets)
     plan = Plan(proto, [float(b) for b in budgets], list(methods), list(overrides))
-    cfgs, params = {}, {}
-    for m in methods:
-        base_method, extra = VARIANTS[m]
-        for s, (h, n, a) in table.items():
-            cfg = PROTOCOLS[proto](h, n, a)
-            for k, v in parse_overrides([f"method={base_method}", *extra, *overrides]):
-                set_key(cfg, k, v)
-            cfgs[m, s] = cfg.validate()
-            params[m, s] = non_embedding_params(cfg, planned_vocab_size(cfg))
+    cfgs, params = _configs(methods, table, proto, overrides)
     tpp = dict(tokens_per_param) if isinstance(tokens_per_param, Mapping) else {"*": tokens_per_param}
     unknown = set(tpp) - set(methods) - {"*"}
     if unknown or any(v <= 0 for v in tpp.values()):
@@ -244,24 +214,7 @@ def make_plan(
         cost[m, s] = (fpt, cfg.train.batch_size * cfg.data.seq_len)
     for b in plan.budgets:  # budget-major: an interrupted sweep still has whole budgets
         for m in methods:
-            one_step = {s: cost[m, s][0] * cost[m, s][1] for s in table}  # FLOPs of one training step
-            if all(b / one_step[s] < 0.5 for s in table):  # even the smallest run would be >= 2x the budget
-                s0 = min(table, key=lambda s: one_step[s])
-                raise ConfigError(
-                    f"budget {b:.3g} FLOPs is below one training step of every size of {m} (the smallest, {s0}, "
-                    f"takes {one_step[s0]:.3g} FLOPs a step); give budgets of at least {one_step[s0]:.3g}"
-                )
-            fits = [
-                s
-                for s in table
-                if b / one_step[s] >= 0.5  # at least one step, not a step rounded up from nothing
-                and (max_tokens <= 0 or _steps(b, *cost[m, s]) * cost[m, s][1] <= max_tokens)
-            ]
-            if not fits:
-                raise ConfigError(
-                    f"budget {b:.3g}: every size of {m} would read more than --max-tokens "
-                    f"{max_tokens:.3g} tokens; use smaller budgets or larger sizes"
-                )
+            fits = _fitting_sizes(b, m, table, cost, max_tokens)
             p_m = {s: params[m, s] for s in fits}
             centre = tpp.get(m, tpp.get("*", CHINCHILLA_TOKENS_PER_PARAM))
             for s in select_sizes({s: table[s] for s in fits}, p_m, b, per_budget, stride, centre):
@@ -294,6 +247,79 @@ def make_plan(
                 e._cfg = cfg  # type: ignore[attr-defined]
                 plan.entries.append(e)
     return plan
+
+
+def _size_table(sizes: str, protocol: str | None) -> tuple[dict[str, tuple[int, int, int]], str]:
+    """The sizes (label -> (hidden, layers, heads)) that ``sizes`` names and the protocol they train under."""
+    if sizes in SIZE_TABLES:
+        return SIZE_TABLES[sizes], protocol or sizes
+    labels = [s.strip() for s in sizes.split(",") if s.strip()]
+    every = {**PAPER_SIZES, **TINY_SIZES}
+    bad = [s for s in labels if s not in every]
+    if bad or not labels:
+        raise ConfigError(
+            f"unknown size(s) {bad or sizes!r}; use paper, tiny, or labels such as "
+            f"{', '.join(list(PAPER_SIZES)[:2] + list(TINY_SIZES)[:2])}"
+        )
+    return {s: every[s] for s in labels}, protocol or ("tiny" if all(s in TINY_SIZES for s in labels) else "paper")
+
+
+def _check_budgets(budgets: Sequence[float]) -> None:
+    """Positive budgets, distinct to the 3 significant digits that name a run."""
+    if any(b <= 0 for b in budgets) or not budgets:
+        raise ConfigError("--budgets must be positive FLOP counts, e.g. 6e18 1e19")
+    by_label: dict[str, float] = {}
+    for b in budgets:  # a run's id names its budget to 3 significant digits: two budgets, two ids
+        lab = f"{float(b):.3g}"
+        if lab in by_label:
+            raise ConfigError(
+                f"--budgets {by_label[lab]:g} and {float(b):g} are the same budget to 3 significant digits (run ids "
+                f"C{lab.replace('+', '')}); give each budget once"
+            )
+        by_label[lab] = float(b)
+
+
+def _configs(
+    methods: Sequence[str], table: dict[str, tuple[int, int, int]], proto: str, overrides: Sequence[str]
+) -> tuple[dict[tuple[str, str], RunConfig], dict[tuple[str, str], int]]:
+    """Each (method, size)'s validated config (the protocol, the method variant, then ``overrides``) and
+    its non-embedding parameter count."""
+    cfgs, params = {}, {}
+    for m in methods:
+        base_method, extra = VARIANTS[m]
+        for s, (h, n, a) in table.items():
+            cfg = PROTOCOLS[proto](h, n, a)
+            for k, v in parse_overrides([f"method={base_method}", *extra, *overrides]):
+                set_key(cfg, k, v)
+            cfgs[m, s] = cfg.validate()
+            params[m, s] = non_embedding_params(cfg, planned_vocab_size(cfg))
+    return cfgs, params
+
+
+def _fitting_sizes(
+    b: float, m: str, table: dict[str, Any], cost: dict[tuple[str, str], tuple[float, int]], max_tokens: float
+) -> list[str]:
+    """The sizes of method ``m`` that budget ``b`` trains for at least one step, reading at most
+    ``max_tokens`` tokens (> 0); none is an error naming the fix."""
+    one_step = {s: cost[m, s][0] * cost[m, s][1] for s in table}  # FLOPs of one training step
+    if all(b / one_step[s] < 0.5 for s in table):  # even the smallest run would be >= 2x the budget
+        s0 = min(table, key=lambda s: one_step[s])
+        raise ConfigError(
+            f"budget {b:.3g} FLOPs is below one training step of every size of {m} (the smallest, {s0}, "
+            f"takes {one_step[s0]:.3g} FLOPs a step); give budgets of at least {one_step[s0]:.3g}"
+        )
+    fits = [
+        s
+        for s in table
+        if b / one_step[s] >= 0.5  # at least one step, not a step rounded up from nothing
+        and (max_tokens <= 0 or _steps(b, *cost[m, s]) * cost[m, s][1] <= max_tokens)
+    ]
+    if not fits:
+        raise ConfigError(
+            f"budget {b:.3g}: every size of {m} would read more than --max-tokens "
+            f"{max_tokens:.3g} tokens; use smaller budgets or larger sizes"
+        )
+    return fits
 
 
 def _steps(budget: float, flops_per_token: float, tokens_per_step: int) -> int:

@@ -103,6 +103,29 @@ def report_markdown(res: dict[str, Any], source: str) -> str:
                 f"{'**' + q['edge_minimum'] + '**' if q.get('edge_minimum') else 'no'} | {yn(past)} | "
                 f"{yn(q['bracketed'] and past)} | {q.get('noise', '')} |"
             )
+    L += _parametric_section(res)
+    L += _crossover_section(res)
+    L += [
+        "",
+        "## Every run",
+        "",
+        "| method | C | size | seed | N | tokens | loss (nats/token) | unigram |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(res["points"], key=lambda r: (r["budget"], list(res["methods"]).index(r["method"]), r["params"])):
+        se = f" +- {r['stderr']:.4f}" if r.get("stderr") else ""
+        L.append(
+            f"| {r['method']} | {r['budget']:.3g} | {r.get('size', '')} | {r.get('seed', 0)} | {r['params']:,.0f} | "
+            f"{fmt(r.get('tokens'))} | {r['loss']:.4f}{se} | {fmt(r.get('unigram'), 4)} |"
+        )
+    if res.get("plots"):
+        L += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in res["plots"]]
+    return "\n".join(L) + "\n"
+
+
+def _parametric_section(res: dict[str, Any]) -> list[str]:
+    """Markdown: each method's L(N, D) fit, a degenerate one marked."""
+    L: list[str] = []
     L += [
         "",
         "## Parametric L(N, D) = E + A / N^a + B / D^b",
@@ -121,37 +144,29 @@ def report_markdown(res: dict[str, Any], source: str) -> str:
                 f"| {m} | {fmt(p['E'])} {fmt_ci(p['E_ci'])} | {fmt(p['A'])} | {fmt(p['a'])} {fmt_ci(p['a_ci'])} | "
                 f"{fmt(p['B'])} | {fmt(p['b'])} {fmt_ci(p['b_ci'])} | {deg} |"
             )
+    return L
+
+
+def _crossover_section(res: dict[str, Any]) -> list[str]:
+    """Markdown: the over-training crossover's verdict and line (none when it was not fitted)."""
+    L: list[str] = []
     cx = res.get("crossover")
-    if cx:
-        a, b = cx["methods"]
-        L += ["", f"## Over-training crossover ({a} vs {b})", "", f"**Verdict**: {crossover_text(cx)}.", ""]
-        if "mult_a_median" in cx:
-            L.append(
-                f"At equal size N and equal training compute, {a} at **{cx['mult_a_median']:.3g}x** its own "
-                f"compute-optimal compute {fmt_ci(cx['mult_a_ci'])} matches {b} at **{cx['mult_b_median']:.3g}x** "
-                f"{fmt_ci(cx['mult_b_ci'])} (medians over N; bootstrap replicates with a crossing: "
-                f"{cx.get('boot_found')})."
-            )
-        if cx.get("verdict") != "not determined":
-            L += ["", "| N | C_x | x optimal " + a + " | x optimal " + b + " |", "|---|---|---|---|"]
-        for e in cx["line"] if cx.get("verdict") != "not determined" else []:
-            L.append(f"| {e['params']:.3g} | {fmt(e.get('flops'))} | {fmt(e.get('mult_a'))} | {fmt(e.get('mult_b'))} |")
-    L += [
-        "",
-        "## Every run",
-        "",
-        "| method | C | size | seed | N | tokens | loss (nats/token) | unigram |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in sorted(res["points"], key=lambda r: (r["budget"], list(res["methods"]).index(r["method"]), r["params"])):
-        se = f" +- {r['stderr']:.4f}" if r.get("stderr") else ""
+    if not cx:
+        return L
+    a, b = cx["methods"]
+    L += ["", f"## Over-training crossover ({a} vs {b})", "", f"**Verdict**: {crossover_text(cx)}.", ""]
+    if "mult_a_median" in cx:
         L.append(
-            f"| {r['method']} | {r['budget']:.3g} | {r.get('size', '')} | {r.get('seed', 0)} | {r['params']:,.0f} | "
-            f"{fmt(r.get('tokens'))} | {r['loss']:.4f}{se} | {fmt(r.get('unigram'), 4)} |"
+            f"At equal size N and equal training compute, {a} at **{cx['mult_a_median']:.3g}x** its own "
+            f"compute-optimal compute {fmt_ci(cx['mult_a_ci'])} matches {b} at **{cx['mult_b_median']:.3g}x** "
+            f"{fmt_ci(cx['mult_b_ci'])} (medians over N; bootstrap replicates with a crossing: "
+            f"{cx.get('boot_found')})."
         )
-    if res.get("plots"):
-        L += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in res["plots"]]
-    return "\n".join(L) + "\n"
+    if cx.get("verdict") != "not determined":
+        L += ["", "| N | C_x | x optimal " + a + " | x optimal " + b + " |", "|---|---|---|---|"]
+    for e in cx["line"] if cx.get("verdict") != "not determined" else []:
+        L.append(f"| {e['params']:.3g} | {fmt(e.get('flops'))} | {fmt(e.get('mult_a'))} | {fmt(e.get('mult_b'))} |")
+    return L
 
 
 def _loo_section(res: dict[str, Any]) -> list[str]:

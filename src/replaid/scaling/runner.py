@@ -297,6 +297,62 @@ def _step_local(
         log(msg + "; " + progress_line(sweep, entries))
 
 
+def _check_layouts(
+    sweep: Path, todo: Sequence[ManifestEntry], nodes_per_job: int, gpus_per_job: int, gpu_memory_gb: float
+) -> None:
+    """Each run's layout on its job's ranks (batch over ranks, shard groups, memory against the stated GPU)."""
+    from replaid.config import read_run_config
+    from replaid.training.layout import check_layout
+
+    for e in todo:
+        src = Path(sweep) / e.run_dir / "config.json"
+        cfg = read_run_config(src if src.is_file() else Path(sweep) / e.config)
+        where = f"run {e.id} on --nodes-per-job {nodes_per_job} x --gpus-per-job {gpus_per_job}"
+        check_layout(cfg, nodes_per_job * gpus_per_job, gpus_per_job, where, gpu_gb=gpu_memory_gb)
+
+
+def _executor(
+    executor: str,
+    folder: Path,
+    n_jobs: int,
+    max_parallel: int,
+    nodes_per_job: int,
+    gpus_per_job: int,
+    slurm_params: dict[str, Any] | None,
+) -> submitit.Executor:
+    """The submitit executor of ``executor`` with its parameters (a SLURM array of ``n_jobs``)."""
+    import submitit
+
+    if executor == "slurm":
+        import shutil
+
+        if not shutil.which("sbatch"):
+            raise ConfigError(
+                "--executor slurm needs SLURM's sbatch on PATH (run it on a login node); "
+                "here use --executor local or submitit-local"
+            )
+        ex: submitit.Executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
+        params = {
+            "slurm_array_parallelism": max_parallel or n_jobs,
+            "timeout_min": 24 * 60,
+            "slurm_signal_delay_s": 120,
+            "nodes": nodes_per_job,
+            "tasks_per_node": 1,
+        }
+        if gpus_per_job:
+            params.update(gpus_per_node=gpus_per_job, cpus_per_task=8 * gpus_per_job)
+        params.update(slurm_params or {})
+        ex.update_parameters(**params)
+    elif executor == "submitit-local":
+        ex = submitit.LocalExecutor(folder=folder)
+        ex.update_parameters(timeout_min=60 * 24, **(slurm_params or {}))
+    elif executor == "debug":
+        ex = submitit.DebugExecutor(folder=folder)
+    else:
+        raise ConfigError(f"unknown executor '{executor}'; choose local, slurm, submitit-local or debug")
+    return ex
+
+
 def run_submitit(
     sweep: Path,
     entries: Sequence[ManifestEntry],
@@ -321,7 +377,6 @@ def run_submitit(
     once, each a ``torchrun`` over ``gpus_per_job`` GPUs when > 0; preempted/timed-out jobs requeue
     and resume), ``submitit-local`` (``submitit.LocalExecutor``: subprocesses, same code path) or
     ``debug`` (``submitit.DebugExecutor``: in this process)."""
-    import submitit
 
     if nodes_per_job > 1 and (executor != "slurm" or gpus_per_job < 1):
         raise ConfigError(
@@ -334,49 +389,17 @@ def run_submitit(
         launch.script_value(str(sweep), "the folder")
     python = python or default_python()
     todo = [e for e in entries if run_status(sweep, e)[0] != "done"]
-    if executor == "slurm" and gpus_per_job:  # the layout each job will run (issue 49), before any is submitted
-        from replaid.config import read_run_config
-        from replaid.training.layout import check_layout
-
-        for e in todo:
-            src = Path(sweep) / e.run_dir / "config.json"
-            cfg = read_run_config(src if src.is_file() else Path(sweep) / e.config)
-            where = f"run {e.id} on --nodes-per-job {nodes_per_job} x --gpus-per-job {gpus_per_job}"
-            check_layout(cfg, nodes_per_job * gpus_per_job, gpus_per_job, where, gpu_gb=gpu_memory_gb)
+    if executor == "slurm" and gpus_per_job:  # the layout each job will run, before any is submitted
+        _check_layouts(sweep, todo, nodes_per_job, gpus_per_job, gpu_memory_gb)
     log(
         f"scaling run ({executor}): {len(entries) - len(todo)} of {len(entries)} runs already done; "
         f"{len(todo)} to submit"
     )
     if not todo:
         return []
-    folder = Path(sweep) / "submitit" / "%j"
-    if executor == "slurm":
-        import shutil
-
-        if not shutil.which("sbatch"):
-            raise ConfigError(
-                "--executor slurm needs SLURM's sbatch on PATH (run it on a login node); "
-                "here use --executor local or submitit-local"
-            )
-        ex: submitit.Executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
-        params = {
-            "slurm_array_parallelism": max_parallel or len(todo),
-            "timeout_min": 24 * 60,
-            "slurm_signal_delay_s": 120,
-            "nodes": nodes_per_job,
-            "tasks_per_node": 1,
-        }
-        if gpus_per_job:
-            params.update(gpus_per_node=gpus_per_job, cpus_per_task=8 * gpus_per_job)
-        params.update(slurm_params or {})
-        ex.update_parameters(**params)
-    elif executor == "submitit-local":
-        ex = submitit.LocalExecutor(folder=folder)
-        ex.update_parameters(timeout_min=60 * 24, **(slurm_params or {}))
-    elif executor == "debug":
-        ex = submitit.DebugExecutor(folder=folder)
-    else:
-        raise ConfigError(f"unknown executor '{executor}'; choose local, slurm, submitit-local or debug")
+    ex = _executor(
+        executor, Path(sweep) / "submitit" / "%j", len(todo), max_parallel, nodes_per_job, gpus_per_job, slurm_params
+    )
     # a submitit job is itself a Python worker: it runs replaid in-process unless it needs torchrun or a prefix
     job_python = python if (prefix or (gpus_per_job and executor == "slurm")) else INPROCESS
     gpus = gpus_per_job if executor == "slurm" else 0

@@ -1,4 +1,4 @@
-"""A grid read at several step counts: the gap between methods against training compute (issue 34 §2).
+"""A grid read at several step counts: the gap between methods against training compute.
 
 A grid whose runs evaluate the test split along the way (``train.eval_every``, constant learning rate,
 ``eval.split=test``) gives, for each (cell, seed), its bound at every evaluated step: the whole curve at

@@ -21,7 +21,7 @@ Guarantees (each tested by fault injection in ``tests/test_crash_safety.py``):
   checks each file against it and names a file that changed (a flipped bit, a truncation), a config
   edited after it was written, a recorded file that is missing and a file the record does not list, in
   one line, unless verification is off (``replaid --no-verify``: :data:`VERIFY`). A record written before
-  the config entry (issue 49) need list only the tensor files;
+  the config entry need list only the tensor files;
 * a checkpoint inside a run agrees with the run's ``config.json`` on every key that defines the model and
   its data (:func:`identity_difference`): ``sample``, ``eval`` and ``export`` refuse one that does not,
   naming the key, and ``train --resume`` refuses any difference but ``train.steps`` and the
@@ -56,7 +56,7 @@ from replaid.store import sharded
 STEP_NAME = re.compile(r"step_\d{7,}")
 VERIFY = True  # check tensor files against the sha256 in state.json (``replaid --no-verify`` turns it off)
 STATE_KEYS = ("step", "config", "method", "vocab_size", "method_state", "data_state")  # what resuming needs
-CONFIG_DIGEST = "state.json#config"  # the sha256 record's entry for state.json's own config (issue 49)
+CONFIG_DIGEST = "state.json#config"  # the sha256 record's entry for state.json's own config
 TENSOR_SUFFIXES = (".safetensors", ".distcp")  # what a record written before CONFIG_DIGEST had to list
 NOT_IDENTITY = ("preset", "optim", "train", "eval", "data.cache_dir")  # the rest defines the model and its data
 # what train --resume lets differ from the checkpoint's config: train.steps (the one override), the
@@ -613,7 +613,7 @@ class Stored:
         return int(self.state["step"])
 
     def config(self) -> RunConfig:
-        """The run's config, migrated to today's layout and validated."""
+        """The run's config, migrated to the current layout and validated."""
         try:
             return RunConfig.from_dict(self.state["config"])
         except ConfigError as e:

@@ -105,7 +105,7 @@ class SafeReader(FileSystemReader):
 
 def read_errors() -> tuple[type[BaseException], ...]:
     """What a DCP read raises on a damaged checkpoint: DCP's ``CheckpointException`` (a BaseException, so
-    ``except Exception`` lets it through as a traceback: issue 49's truncated or deleted shard under
+    ``except Exception`` lets it through as a traceback: a truncated or deleted shard under
     ``--no-verify``) and the errors of reading the files."""
     from torch.distributed.checkpoint.api import CheckpointException
 

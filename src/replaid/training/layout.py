@@ -1,4 +1,4 @@
-"""One layout check for a run on N ranks (issue 49), shared by ``plan-cluster``, ``train --nodes``, ``grid run
+"""One layout check for a run on N ranks, shared by ``plan-cluster``, ``train --nodes``, ``grid run
 --nodes-per-job``, ``scaling run`` (slurm with ``--gpus-per-job``) and the trainer itself (a new run and a
 resume): the global batch ``train.batch_size`` splits over the ranks and ``train.grad_accum`` into
 micro-batches of at least 2 rows (what :class:`~replaid.data.pipeline.DataPipeline` needs; a batch that

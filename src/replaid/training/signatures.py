@@ -1,4 +1,4 @@
-"""Plateau signatures for the training log (issue 48 §1): cheap read-only probes of the model on a few
+"""Plateau signatures for the training log: cheap read-only probes of the model on a few
 rows of the logged step's batch, computed on logging steps only.
 
 * ``kl_unigram/t<t>``: mean over predicted positions of ``KL(p_theta(x | z_t) || p_unigram)``, the

@@ -1,4 +1,4 @@
-"""CPU threads for a training process (issue 54): the cores that are free now, unless the user chose.
+"""CPU threads for a training process: the cores that are free now, unless the user chose.
 
 On a machine other processes also use, torch's default (every core) makes each step wait for threads
 that cannot run: the demo went 2.1-3.7 s/step at 2 threads beside two CPU-bound jobs, against about

@@ -395,7 +395,7 @@ def _run_state(trainer: Trainer, data: DataPipeline, extra: dict[str, Any] | Non
         "world_size": dist.world_size(),
         "nonfinite_steps": trainer.nonfinite_steps,
         "nonfinite_in_row": trainer.nonfinite_in_row,
-        "binding": data.binding(),  # the tokenizer's and the corpus's fingerprints (issue 38)
+        "binding": data.binding(),  # the tokenizer's and the corpus's fingerprints
         **(extra or {}),
     }
 
@@ -474,6 +474,8 @@ def _train(
     weights_only: bool,
     accept_changed_data: bool = False,
 ) -> dict[str, Any]:
+    """A claimed run's phases: the layout check, the build (data, method, network, restored state), the
+    log, the step loop and the final evaluation."""
     world = dist.world_size()
     if resume:
         cfg = carry_micro_batch(cfg, run_dir)
@@ -481,9 +483,49 @@ def _train(
         if saved_on:  # a checkpoint saved on other ranks: intact, and resumable on the rank counts named
             layout.check_resume_layout(cfg.train.batch_size, cfg.train.grad_accum, world, saved_on)
     layout.check_layout(cfg, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))  # the ranks it runs on
+    data, method, model = _build(cfg, run_dir, device, resume)
+    trainer = Trainer(cfg, model, method, cast(torch.optim.Optimizer, None), device)  # built below, after sharding
+    changed: dict[str, Any] = {}  # the corpus change --accept-changed-data accepted, if any (logged below)
+    stored = _resume(trainer, run_dir, data, weights_only, accept_changed_data, changed) if resume else None
+    _shard_and_restore(trainer, stored)
+    if compiles(cfg.train.compile, device):
+        compile_loss(model, method)
+
+    final = runfolder.read_final_eval(run_dir) if resume else None
+    final = final if final and final.get("step") == trainer.step else None
+    log = _open_log(cfg, run_dir, trainer.step, resume, final is not None, changed)
+    end = cfg.train.steps if stop_after is None else min(cfg.train.steps, trainer.step + stop_after)
+    start = trainer.step
+    with preemption_signals() as got:
+        saved = _loop(
+            trainer, data, evaluate, log, got, end, trainer.step if stored is not None else None, progress, run_dir
+        )
+        ran = trainer.step - start
+        if ran > 0 and trainer.nonfinite_in_row >= ran:  # no step of this call changed the weights
+            log.close()
+            raise TrainingDiverged(_all_skipped(trainer, ran, start, run_dir))
+        if final is not None and final.get("step") != trainer.step:  # resumed with more steps: evaluate anew
+            final = None
+        result = _final_eval(trainer, data, evaluate, log, got, saved, final, progress and dist.is_main(), run_dir)
+    done = trainer.step >= cfg.train.steps
+    bad = nonfinite_entries(result["eval"]) if done and final is None else []
+    if bad:  # a failed run: no final_eval.json, and its checkpoint out of force (eval would refuse it)
+        log.close()
+        raise TrainingDiverged(_nonfinite_final_eval(trainer, bad, run_dir, wrote=start != trainer.step))
+    if done and final is None and dist.is_main():
+        runfolder.write_final_eval(run_dir, trainer.step, result["eval"])
+        log.log(trainer.step, {f"eval/{k}": v for k, v in result["eval"].items() if isinstance(v, (int, float))})
+    log.close()
+    return result
+
+
+def _build(
+    cfg: RunConfig, run_dir: Path, device: torch.device, resume: bool
+) -> tuple[DataPipeline, Method[Any], nn.Module]:
+    """The data pipeline (rank 0 first: it trains the tokenizer and fills the token caches, the others then
+    read them; a new run gets its tokenizer built and saved, a resumed one only ever loads its own), the
+    method and a fresh network, identical on every rank; a new run's folder is begun here."""
     torch.manual_seed(cfg.train.seed * 1_000_003 + 17)  # identical initial weights on every rank
-    # rank 0 trains the tokenizer and fills the token caches first; the others then read them
-    # a new run gets its tokenizer built and saved; a resumed one only ever loads its own
     data = (
         DataPipeline(cfg, run_dir, rank=0, world_size=dist.world_size(), new_run=not resume) if dist.is_main() else None
     )
@@ -504,12 +546,15 @@ def _train(
         runfolder.begin(run_dir, cfg.to_json())
     announce_threads()  # the input is accepted: the thread choice's line, once
     torch.manual_seed(cfg.train.seed * 1_000_003 + 29 + dist.rank())  # per-rank dropout streams
-    trainer = Trainer(cfg, model, method, cast(torch.optim.Optimizer, None), device)  # built below, after sharding
-    changed: dict[str, Any] = {}  # the corpus change --accept-changed-data accepted, if any (logged below)
-    stored = _resume(trainer, run_dir, data, weights_only, accept_changed_data, changed) if resume else None
-    # parallelism applied from the outside; EMA and optimizer state follow the (sharded) parameters
+    return data, method, model
+
+
+def _shard_and_restore(trainer: Trainer, stored: ck.Stored | None) -> None:
+    """Parallelism applied from the outside (DDP, FSDP2 or HSDP), then the optimizer (after sharding: FSDP2
+    swaps parameters) and the EMA, each with a resumed checkpoint's state (sharded: each rank reads its own)."""
+    cfg, model, method, device = trainer.cfg, trainer.model, trainer.method, trainer.device
     trainer.loss_module = dist.wrap_model(TrainModule(model, method), cfg.train.parallel, device, cfg.train.hsdp_shard)
-    trainer.optimizer = optimizer = build_optimizer(model, cfg.optim)  # after sharding: FSDP2 swaps parameters
+    trainer.optimizer = optimizer = build_optimizer(model, cfg.optim)
     if stored is not None and stored.sharded:  # weights, optimizer, EMA: each rank reads its shards (DCP)
         trainer.ema = EMA(model, cfg.optim.ema) if cfg.optim.ema > 0 else None
         ck.load_sharded_training_state(stored, model, optimizer, trainer.ema.shadow if trainer.ema else None)
@@ -523,112 +568,121 @@ def _train(
     opt_sd = stored.optimizer() if stored is not None else None
     if opt_sd is not None:
         dist.load_optimizer_state(model, optimizer, opt_sd)
-    if compiles(cfg.train.compile, device):
-        compile_loss(model, method)
 
-    final = runfolder.read_final_eval(run_dir) if resume else None
-    final = final if final and final.get("step") == trainer.step else None
+
+def _open_log(
+    cfg: RunConfig, run_dir: Path, step: int, resume: bool, final_recorded: bool, changed: dict[str, Any]
+) -> MetricsLogger:
+    """The run's metrics log (and trackers), resumed at ``step``; a final evaluation that was not recorded
+    is redone (its rows dropped), and an accepted corpus change is logged."""
     tracked = trackers(cfg.train.logger)
     log = MetricsLogger(
         run_dir,
         enabled=dist.is_main(),
         tensorboard="tensorboard" in tracked,
         wandb={"project": cfg.train.wandb_project, "config": cfg.to_dict()} if "wandb" in tracked else None,
-        resume_step=trainer.step if resume else None,
-        keep=lambda row: (
-            final is not None or row["step"] < cfg.train.steps or not any(k.startswith("eval/") for k in row)
-        ),
-    )  # an unrecorded final eval is redone
+        resume_step=step if resume else None,
+        keep=lambda row: final_recorded or row["step"] < cfg.train.steps or not any(k.startswith("eval/") for k in row),
+    )
     if changed:
-        log.log(trainer.step, changed)
+        log.log(step, changed)
         log.write(
-            f"replaid: note: --accept-changed-data: the corpus changed since step {trainer.step} "
+            f"replaid: note: --accept-changed-data: the corpus changed since step {step} "
             f"({changed['change']}); training goes on with it (recorded in {run_dir / 'metrics.jsonl'})"
         )
+    return log
+
+
+def _loop(
+    trainer: Trainer,
+    data: DataPipeline,
+    evaluate: Evaluator,
+    log: MetricsLogger,
+    got: dict[str, Any],
+    end: int,
+    saved: int | None,
+    progress: bool,
+    run_dir: Path,
+) -> int | None:
+    """Optimiser steps up to ``end``: logging (with the unigram NLL of the logged tokens and the plateau
+    signatures), periodic evaluations and checkpoints, and a checkpoint then :class:`Preempted` when a
+    preemption signal arrived. ``saved``, and the return: the step of the checkpoint in force (None: none)."""
+    cfg = trainer.cfg
     micro = cfg.train.batch_size // (cfg.train.grad_accum * dist.world_size())
-    end = cfg.train.steps if stop_after is None else min(cfg.train.steps, trainer.step + stop_after)
-    saved = trainer.step if stored is not None else None
-    start = trainer.step
     bar = log.progress(total=cfg.train.steps, initial=trainer.step, disable=not progress)
     show = progress and dist.is_main()  # evaluation bars (stderr)
     t0, tokens_seen = time.time(), 0
     uni_logp, uni_sum = torch.from_numpy(data.unigram_logp()), torch.zeros(2, dtype=torch.float64)  # (V,), (2,)
-    with preemption_signals() as got:
-        while trainer.step < end:
-            mbs = [next(data.train_iter) for _ in range(cfg.train.grad_accum)]
-            logging = (trainer.step + 1) % cfg.train.log_every == 0 or trainer.step + 1 == end
-            uni = sum(unigram_sums(uni_logp, mb) for mb in mbs)
-            m = trainer.train_step(mbs, log=logging)
-            if not m.get("skipped"):
-                uni_sum += uni  # the same (finite) steps as the trainer's logging window
-            tokens_seen += micro * cfg.train.grad_accum * dist.world_size() * cfg.data.seq_len
-            bar.update(1)
-            _guard_nonfinite(trainer, m, run_dir, log)
-            if logging:
-                m["tokens_per_s"] = tokens_seen / max(time.time() - t0, 1e-9)
-                if not m.get("skipped"):  # the unigram NLL of the tokens behind the logged (windowed) bound
-                    tot = dist.all_reduce_sum(uni_sum.to(trainer.device)).cpu()
-                    m["unigram"] = float(tot[0] / tot[1])
-                    uni_sum.zero_()
-                    m.update(probe_signatures(trainer, cast(Tensor, mbs[0]["tokens"]), uni_logp))
-                trainer.history.append({k: v for k, v in m.items() if isinstance(v, (int, float))})
-                log.log(trainer.step, m)
-                bar.set_postfix(loss=f"{m.get('loss', float('nan')):.3f}", B_r=m.get("B_r", "-"))
-            if cfg.train.eval_every and trainer.step % cfg.train.eval_every == 0 and trainer.step < end:
-                log.log(
-                    trainer.step,
-                    {
-                        f"eval/{k}": v
-                        for k, v in evaluate(trainer, data, progress=show).items()
-                        if isinstance(v, (int, float))
-                    },
-                )
-            if cfg.train.save_every and trainer.step % cfg.train.save_every == 0 and not trainer.nonfinite_in_row:
-                save(trainer, run_dir, data)
-                saved = trainer.step
-            if _stop_requested(got, logging, trainer.device) and trainer.step < end:
-                if saved != trainer.step:
-                    save(trainer, run_dir, data)
-                log.close()
-                raise Preempted(
-                    f"{got.get('signal', 'a preemption signal')} received: checkpoint saved at step {trainer.step} of "
-                    f"{cfg.train.steps} in {run_dir}; resume with 'replaid train --out {run_dir} --resume'"
-                )
-        bar.close()
-        ran = trainer.step - start
-        if ran > 0 and trainer.nonfinite_in_row >= ran:  # no step of this call changed the weights
-            log.close()
-            raise TrainingDiverged(_all_skipped(trainer, ran, start, run_dir))
-
-        if saved != trainer.step:  # save first: a failing evaluation must not lose the run
+    while trainer.step < end:
+        mbs = [next(data.train_iter) for _ in range(cfg.train.grad_accum)]
+        logging = (trainer.step + 1) % cfg.train.log_every == 0 or trainer.step + 1 == end
+        uni = sum(unigram_sums(uni_logp, mb) for mb in mbs)
+        m = trainer.train_step(mbs, log=logging)
+        if not m.get("skipped"):
+            uni_sum += uni  # the same (finite) steps as the trainer's logging window
+        tokens_seen += micro * cfg.train.grad_accum * dist.world_size() * cfg.data.seq_len
+        bar.update(1)
+        _guard_nonfinite(trainer, m, run_dir, log)
+        if logging:
+            m["tokens_per_s"] = tokens_seen / max(time.time() - t0, 1e-9)
+            if not m.get("skipped"):  # the unigram NLL of the tokens behind the logged (windowed) bound
+                tot = dist.all_reduce_sum(uni_sum.to(trainer.device)).cpu()
+                m["unigram"] = float(tot[0] / tot[1])
+                uni_sum.zero_()
+                m.update(probe_signatures(trainer, cast(Tensor, mbs[0]["tokens"]), uni_logp))
+            trainer.history.append({k: v for k, v in m.items() if isinstance(v, (int, float))})
+            log.log(trainer.step, m)
+            bar.set_postfix(loss=f"{m.get('loss', float('nan')):.3f}", B_r=m.get("B_r", "-"))
+        if cfg.train.eval_every and trainer.step % cfg.train.eval_every == 0 and trainer.step < end:
+            ev = evaluate(trainer, data, progress=show)
+            log.log(trainer.step, {f"eval/{k}": v for k, v in ev.items() if isinstance(v, (int, float))})
+        if cfg.train.save_every and trainer.step % cfg.train.save_every == 0 and not trainer.nonfinite_in_row:
             save(trainer, run_dir, data)
-        # from here a signal stops at once (exit 75): the checkpoint is saved, --resume redoes the evaluation
-        got["now"] = (
-            f"{{signal}} received during the final evaluation: checkpoint saved at step {trainer.step} in {run_dir}; "
-            f"resume with 'replaid train --out {run_dir} --resume' to evaluate it"
-        )
-        if final is not None and final.get("step") != trainer.step:  # resumed with more steps: evaluate anew
-            final = None
-        result: dict[str, Any] = {"step": trainer.step, "train": trainer.history[-1] if trainer.history else {}}
-        done = trainer.step >= cfg.train.steps
-        try:
-            if "signal" in got:  # arrived during the last step or the save
-                raise Preempted(got["now"].format(signal=got["signal"]))
-            if done:
-                result["eval"] = final["eval"] if final is not None else evaluate(trainer, data, progress=show)
-        except Preempted:
+            saved = trainer.step
+        if _stop_requested(got, logging, trainer.device) and trainer.step < end:
+            if saved != trainer.step:
+                save(trainer, run_dir, data)
             log.close()
-            raise
-        finally:
-            del got["now"]  # the writes below are not interrupted: a signal now lets the run finish
-    bad = nonfinite_entries(result["eval"]) if done and final is None else []
-    if bad:  # a failed run: no final_eval.json, and its checkpoint out of force (eval would refuse it)
+            raise Preempted(
+                f"{got.get('signal', 'a preemption signal')} received: checkpoint saved at step {trainer.step} of "
+                f"{cfg.train.steps} in {run_dir}; resume with 'replaid train --out {run_dir} --resume'"
+            )
+    bar.close()
+    return saved
+
+
+def _final_eval(
+    trainer: Trainer,
+    data: DataPipeline,
+    evaluate: Evaluator,
+    log: MetricsLogger,
+    got: dict[str, Any],
+    saved: int | None,
+    final: dict[str, Any] | None,
+    show: bool,
+    run_dir: Path,
+) -> dict[str, Any]:
+    """The last checkpoint (saved first: a failing evaluation must not lose the run), then at the end of
+    training the final evaluation, or the recorded one of this step. From the save on, a signal stops at
+    once (exit 75): the checkpoint is saved and ``--resume`` redoes the evaluation."""
+    cfg = trainer.cfg
+    if saved != trainer.step:
+        save(trainer, run_dir, data)
+    got["now"] = (
+        f"{{signal}} received during the final evaluation: checkpoint saved at step {trainer.step} in {run_dir}; "
+        f"resume with 'replaid train --out {run_dir} --resume' to evaluate it"
+    )
+    result: dict[str, Any] = {"step": trainer.step, "train": trainer.history[-1] if trainer.history else {}}
+    try:
+        if "signal" in got:  # arrived during the last step or the save
+            raise Preempted(got["now"].format(signal=got["signal"]))
+        if trainer.step >= cfg.train.steps:
+            result["eval"] = final["eval"] if final is not None else evaluate(trainer, data, progress=show)
+    except Preempted:
         log.close()
-        raise TrainingDiverged(_nonfinite_final_eval(trainer, bad, run_dir, wrote=start != trainer.step))
-    if done and final is None and dist.is_main():
-        runfolder.write_final_eval(run_dir, trainer.step, result["eval"])
-        log.log(trainer.step, {f"eval/{k}": v for k, v in result["eval"].items() if isinstance(v, (int, float))})
-    log.close()
+        raise
+    finally:
+        del got["now"]  # the writes below are not interrupted: a signal now lets the run finish
     return result
 
 
@@ -823,7 +877,7 @@ def _resume(
             f"resume it with --method {st.get('method')} or start a new --out"
         )
     diff = ck.config_difference(trainer.cfg, stored.config(), ck.RESUME_MAY_CHANGE)
-    if diff is not None:  # config.json edited behind the checkpoint's back (issue 49: a block size 8 -> 16)
+    if diff is not None:  # config.json edited behind the checkpoint's back (e.g. a block size 8 -> 16)
         key, now, then = diff
         raise ck.CheckpointError(
             f"--resume: {run_dir / 'config.json'} gives {key}={now!r} but checkpoint {ckpt} was trained with "

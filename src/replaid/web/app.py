@@ -38,7 +38,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -156,10 +156,46 @@ def create_app(
     loaded :class:`replaid.store.loading.Run` objects (tests). ``classifiers``: latent classifier
     folders (``replaid classifier train``) offered for guidance, each on the runs it was trained on
     (besides those found under the run folders); one that fits none of the runs is refused.
-    ``access_log``: where ``/v1/completions``' JSON lines go (:mod:`replaid.web.observe`; None: nowhere)."""
+    ``access_log``: where ``/v1/completions``' JSON lines go (:mod:`replaid.web.observe`; None: nowhere).
+    The routes come from three routers: the runs' metadata, the playground's generations, and OpenAI's
+    API (:func:`replaid.web.completions.add_completions`)."""
+    limits = limits or Limits()
+    slots = load_slots(run_paths, limits, device, runs, classifiers)
+    app = FastAPI(title="replaid playground", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, max_body=limits.max_body)
+    static = resources.files("replaid.web") / "static"
+    app.mount("/static", StaticFiles(directory=str(static)), name="static")
+    app.state.slots = slots
+    app.state.limits = limits
+
+    @app.get("/")
+    def index() -> FileResponse:
+        return FileResponse(str(static / "index.html"), media_type="text/html")
+
+    @app.get("/favicon.ico")
+    def favicon() -> Response:
+        return Response(status_code=204)
+
+    app.include_router(runs_router(slots, limits))
+    app.include_router(playground_router(slots, limits))
+    observer = app.state.observer = Observer(access_log, lambda: {k: load(s) for k, s in slots.items()})
+    add_completions(app, slots, limits, observer)
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        """Prometheus' text format (:mod:`replaid.web.observe`)."""
+        return Response(observer.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def load_slots(
+    run_paths: list[str], limits: Limits, device: str, runs: list[Run] | None, classifiers: list[str] | None
+) -> dict[str, Slot]:
+    """One :class:`~replaid.web.jobs.Slot` per served run (its worker, figures, guides and, for a run that
+    writes any length, its batcher), by id; a classifier that fits none of the runs is refused."""
     from replaid.store.loading import load_run, run_dir_of
 
-    limits = limits or Limits()
     extra = [Path(c) for c in classifiers or []]
     for c in extra:
         classifier_meta(c)  # one line when it is not a classifier folder
@@ -185,29 +221,18 @@ def create_app(
                 f"--classifier {c}: trained on none of the served runs ({classifier_meta(c).get('run')}); "
                 "serve its run, or train one for these with 'replaid classifier train'"
             )
+    return slots
 
-    app = FastAPI(title="replaid playground", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(BodyLimit, max_body=limits.max_body)
-    static = resources.files("replaid.web") / "static"
-    app.mount("/static", StaticFiles(directory=str(static)), name="static")
-    app.state.slots = slots
-    app.state.limits = limits
 
-    def err(msg: str, status: int = 400) -> JSONResponse:
-        return JSONResponse({"error": msg}, status_code=status)
+def _err(msg: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"error": msg}, status_code=status)
 
-    def slot_of(rid: str) -> Slot | None:
-        return slots.get(rid)
 
-    @app.get("/")
-    def index() -> FileResponse:
-        return FileResponse(str(static / "index.html"), media_type="text/html")
+def runs_router(slots: dict[str, Slot], limits: Limits) -> APIRouter:
+    """``GET /api/runs`` and a run's metadata, training curves and figures."""
+    router = APIRouter()
 
-    @app.get("/favicon.ico")
-    def favicon() -> Response:
-        return Response(status_code=204)
-
-    @app.get("/api/runs", response_model=None)  # the return annotation is for mypy, not a response model
+    @router.get("/api/runs", response_model=None)  # the return annotation is for mypy, not a response model
     def list_runs() -> dict[str, Any]:
         out = []
         for s in slots.values():
@@ -229,11 +254,11 @@ def create_app(
             )
         return {"runs": out, "limits": asdict(limits)}
 
-    @app.get("/api/runs/{rid}", response_model=None)  # the return annotation is for mypy, not a response model
+    @router.get("/api/runs/{rid}", response_model=None)  # the return annotation is for mypy, not a response model
     def run_info(rid: str) -> JSONResponse | dict[str, Any]:
-        s = slot_of(rid)
+        s = slots.get(rid)
         if s is None:
-            return err(f"unknown run {rid!r}; this server serves {', '.join(slots)}", 404)
+            return _err(f"unknown run {rid!r}; this server serves {', '.join(slots)}", 404)
         rows = read_metrics(s.path)
         last = {}
         for r in rows:
@@ -248,58 +273,57 @@ def create_app(
             "figures": [{"index": k, "name": str(f.relative_to(s.path))} for k, f in enumerate(s.figures)],
         }
 
-    @app.get("/api/runs/{rid}/curves.png")
+    @router.get("/api/runs/{rid}/curves.png")
     def run_curves(rid: str) -> Response:
-        s = slot_of(rid)
+        s = slots.get(rid)
         if s is None:
-            return err(f"unknown run {rid!r}", 404)
+            return _err(f"unknown run {rid!r}", 404)
         return Response(
             curves_png(read_metrics(s.path), f"{s.id}: training curves (metrics.jsonl)"), media_type="image/png"
         )
 
-    @app.get("/api/runs/{rid}/figures/{k}")
+    @router.get("/api/runs/{rid}/figures/{k}")
     def run_figure(rid: str, k: int) -> Response:
-        s = slot_of(rid)
+        s = slots.get(rid)
         if s is None or not 0 <= k < len(s.figures):
-            return err("no such figure", 404)
+            return _err("no such figure", 404)
         return FileResponse(str(s.figures[k]), media_type="image/png")
 
-    observer = app.state.observer = Observer(access_log, lambda: {k: load(s) for k, s in slots.items()})
-    add_completions(app, slots, limits, observer)
+    return router
 
-    @app.get("/metrics")
-    def metrics() -> Response:
-        """Prometheus' text format (:mod:`replaid.web.observe`)."""
-        return Response(observer.exposition(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/api/generate")
+def playground_router(slots: dict[str, Slot], limits: Limits) -> APIRouter:
+    """``POST /api/generate`` and ``POST /api/edit``: a validated request (400 with one line), queued on its
+    run's worker (429 past ``max_queue``), answered as server-sent events."""
+    router = APIRouter()
+
+    @router.post("/api/generate")
     async def generate(request: Request) -> Response:
         return await _stream(request, edit=False)
 
-    @app.post("/api/edit")
+    @router.post("/api/edit")
     async def edit(request: Request) -> Response:
         return await _stream(request, edit=True)
 
     async def _stream(request: Request, edit: bool) -> Response:
-        """Validates a request body (a generation or an edit; 400 with one line) and streams it."""
         try:
             body = read_json(await request.body())
         except ValueError as e:
-            return err(str(e))
+            return _err(str(e))
         try:
             req = parse(body, edit)
         except (ValueError, TypeError) as e:
-            return err(one_line(e))
-        s = slot_of(req.run)
+            return _err(one_line(e))
+        s = slots.get(req.run)
         if s is None:
-            return err(f"unknown run {req.run!r}; this server serves {', '.join(slots)}")
+            return _err(f"unknown run {req.run!r}; this server serves {', '.join(slots)}")
         try:
             prepare(req, s.run, limits, s.guides)
         except ValueError as e:
-            return err(one_line(e))
+            return _err(one_line(e))
         ahead = admit(s, limits.max_queue)
         if ahead is None:
-            return err(busy(s, limits.max_queue), 429)
+            return _err(busy(s, limits.max_queue), 429)
 
         def work(emit: Emit, cancelled: Callable[[], bool]) -> None:
             emit({"type": "running"})
@@ -322,7 +346,7 @@ def create_app(
             events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         )
 
-    return app
+    return router
 
 
 class BodyLimit:

@@ -1,4 +1,4 @@
-"""A block run's ``/v1/completions`` scheduler: continuous batching at block boundaries (issue 39 §3).
+"""A block run's ``/v1/completions`` scheduler: continuous batching at block boundaries.
 
 Each served run that writes any length (``method.stream_block() > 0``: a block-diffusion run, or AR with blocks
 of one token) has one :class:`Batcher`: a thread that owns the run's running batch (:class:`~replaid.sampling.batching.BlockBatch`). It loops block by block; at each
@@ -200,7 +200,7 @@ class Batcher:
             with self.cond:
                 self.running = self.batch.rows if self.batch is not None else 0
             # the last events after the rows are freed: a client that has read its answer and sends its next
-            # request at once finds the room (issue 49: with --max-queue 0 it got 429 a third of the time)
+            # request at once finds the room (freed after the answer, a client sending its next request at once got 429 with --max-queue 0)
             for job in finished:
                 job.done()
             for job, err in failed:

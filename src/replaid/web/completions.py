@@ -2,9 +2,11 @@
 
 A request is OpenAI's (``model``: a served run's id, ``prompt``: a string, ``max_tokens`` (16), ``stop``: a
 string or a list of at most 4, ``seed`` (absent: a random one), ``n``, ``stream``, ``temperature``), plus
-two fields of ours: ``steps`` (sampling steps, a block run's per block; default: a distilled student's own
-steps, which it is served with, with its own sampler (DDIM, or consistency sampling), else 64; AR reads none)
-and ``ignore_eos`` (as vLLM's).
+every other option of :class:`~replaid.sampling.request.SampleRequest` but :data:`NOT_ON_V1`, under its own
+name: ``steps`` (sampling steps, a block run's per block; default: a distilled student's own steps, which
+it is served with, with its own sampler (DDIM, or consistency sampling), else 64; AR reads none),
+``sampler``, ``score_temperature``, ``self_cond`` and ``ignore_eos`` (as vLLM's), each with its one
+declared range.
 It becomes a :class:`~replaid.sampling.request.SampleRequest` (``max_tokens``, ``stop``, ``num`` = ``n``),
 checked by the server's bounds and :meth:`SampleRequest.check`, and is written by
 :class:`~replaid.sampling.stream.Completion`:
@@ -42,9 +44,12 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import threading
 import time
+import typing
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -55,7 +60,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from replaid.config import TEMPERATURE_RANGE
 from replaid.sampling.display import visible
 from replaid.sampling.errors import RequestError
-from replaid.sampling.request import SampleRequest
+from replaid.sampling.request import SampleRequest, field_types, knobs
 from replaid.sampling.stream import Completion
 from replaid.schema import dumps as strict_dumps
 from replaid.web.batcher import done_event
@@ -79,10 +84,33 @@ DEFAULTS = {  # OpenAI fields accepted at these values only
 }
 OPENAI_TEMPERATURE_MAX = 2.0  # OpenAI's API: temperature in [0, 2]; within the request's own declared range
 DEFAULT_STEPS = 64  # ``steps`` when a request names none and the run is no distilled student
-FIELDS = {"model", "prompt", "max_tokens", "stop", "seed", "n", "stream", "temperature", "steps", "ignore_eos", "user"}
 SERVED = "GET /v1/models and POST /v1/completions"  # the OpenAI endpoints (a 404/405 under /v1/ names them)
 NAMES = {"num": "n"}  # the request's fields that OpenAI names otherwise
-PARAMS = {"max_tokens", "n", "stop", "temperature", "steps", "seed", "prompt"}  # fields an error names as its ``param``
+# SampleRequest's knobs (its declared options: sampling/request.py) that this endpoint does not take, and why;
+# every other knob is a field here under its OpenAI name, read with its one declared type and range
+NOT_ON_V1 = {
+    "batch_size": "the server batches requests itself (n is the number of samples)",
+    "length": "a completion's size is max_tokens",
+    "allow_longer": "a completion's size is max_tokens",
+    "trajectory": "a completion sends its text, not the sampler's frames (the playground's /api/generate does)",
+    "context": "infilling is the playground's (/api/generate)",
+    "infill": "infilling is the playground's (/api/generate)",
+    "infill_chars": "infilling is the playground's (/api/generate)",
+    "require": "guidance is the playground's (/api/generate)",
+    "guide": "guidance is the playground's (/api/generate), which names each run's classifiers",
+    "guidance_scale": "guidance is the playground's (/api/generate)",
+}
+OWN = ("model", "stream", "user")  # OpenAI's fields that are no option of the request
+
+
+def v1_knobs() -> tuple[str, ...]:
+    """The :class:`SampleRequest` fields this endpoint takes (read from the declarations at each call)."""
+    return tuple(k for k in knobs() if k not in NOT_ON_V1)
+
+
+def v1_fields() -> set[str]:
+    """Every field a request body may hold (besides OpenAI's fields taken at their defaults only)."""
+    return {*OWN, *(NAMES.get(k, k) for k in v1_knobs())}
 
 
 class ApiError(ValueError):
@@ -119,17 +147,46 @@ def _field(body: dict[str, Any], k: str, default: Any, ok: Callable[[Any], bool]
     return v
 
 
+def _json_value(name: str, v: Any, typ: Any) -> Any:
+    """``v`` as a value of the declared type ``typ`` of a :class:`SampleRequest` field (OpenAI's name ``name``),
+    JSON's types taken strictly: a number is never a bool nor a bool a number, a string list (``stop``) may be
+    one string; else an :class:`ApiError` naming the field."""
+    args = typing.get_args(typ)
+    base = next((a for a in args if a is not type(None)), typ) if args and type(None) in args else typ
+    if v is None and type(None) in args:
+        return None
+    if base is int:
+        ok, what = _is_int(v), "an integer"
+    elif base is float:
+        ok, what = isinstance(v, (int, float)) and not isinstance(v, bool), "a number"
+        v = float(v) if ok else v
+    elif base is bool:
+        ok, what = isinstance(v, bool), "true or false"
+    elif base is str:
+        ok, what = isinstance(v, str), "a string"
+    elif typing.get_origin(base) is tuple:
+        v = [v] if isinstance(v, str) else v
+        ok, what = isinstance(v, list) and all(isinstance(x, str) for x in v), "a string or a list of strings"
+        v = tuple(v) if ok else v
+    else:  # a knob of a type this endpoint cannot read from JSON: a declaration to extend here
+        raise ApiError(f"{name}: a field of type {typ} is not read by this endpoint", name)
+    if not ok:
+        raise ApiError(f"{name} must be {what}, got {strict_dumps(v)}", name)
+    return v
+
+
 def request_of(body: Any, slots: dict[str, Slot]) -> tuple[Slot, SampleRequest, bool]:
-    """The run, the :class:`SampleRequest` and ``stream`` of an OpenAI completion body (types only;
-    the values are checked by :func:`check`)."""
+    """The run, the :class:`SampleRequest` and ``stream`` of an OpenAI completion body: every knob of the
+    request but :data:`NOT_ON_V1` under its OpenAI name (types only; the values are checked by :func:`check`
+    against their one declared range), with OpenAI's defaults and its own temperature range [0, 2]."""
     if not isinstance(body, dict):
         raise ApiError("the request body must be a JSON object")
     for k in sorted(body):
         if k in DEFAULTS:
             if not _at_default(body[k], DEFAULTS[k]):
                 raise ApiError(f"{k} is not supported by this server (leave it out)", k)
-        elif k not in FIELDS:
-            raise ApiError(f"unknown field {k!r}; this server reads {', '.join(sorted(FIELDS))}", k)
+        elif k not in v1_fields():
+            raise ApiError(f"unknown field {k!r}; this server reads {', '.join(sorted(v1_fields()))}", k)
     model = body.get("model")
     if not isinstance(model, str) or model not in slots:  # (a list or an object is no model id either)
         shown = repr(model) if isinstance(model, str) else strict_dumps(model)
@@ -140,15 +197,25 @@ def request_of(body: Any, slots: dict[str, Slot]) -> tuple[Slot, SampleRequest, 
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise ApiError("prompt must be a string (one prompt per request; n asks for several samples)", "prompt")
-    stop = body.get("stop")
-    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise ApiError("stop must be a string or a list of strings", "stop")
-    n = _field(body, "n", 1, _is_int, "an integer")
-    seed = _field(body, "seed", secrets.randbelow(2**63), _is_int, "an integer")
-    temperature = _field(
-        body, "temperature", 1.0, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"
-    )
+    run: Any = slots[model].run
+    defaults = {  # OpenAI's (and, for steps and the sampler, a distilled student's own)
+        "sampler": run.default_sampler,  # a distilled student's own (None: the method's first)
+        "steps": run.default_steps or DEFAULT_STEPS,
+        "max_tokens": 16,
+        "num": 1,
+        "seed": secrets.randbelow(2**63),
+    }
+    hints = field_types(SampleRequest)
+    kw: dict[str, Any] = {}
+    for k in v1_knobs():  # absent or null: OpenAI's default above, else the request's own
+        name = NAMES.get(k, k)
+        if k == "prompt":
+            kw[k] = prompt or None
+        elif body.get(name) is not None:
+            kw[k] = _json_value(name, body[name], hints[k])
+        elif k in defaults:
+            kw[k] = defaults[k]
+    temperature = kw.get("temperature", SampleRequest.temperature)
     if not 0 <= temperature <= OPENAI_TEMPERATURE_MAX:
         raise ApiError(
             f"temperature must be between 0 and {OPENAI_TEMPERATURE_MAX:g} (OpenAI's range for /v1/completions; "
@@ -156,20 +223,7 @@ def request_of(body: Any, slots: dict[str, Slot]) -> tuple[Slot, SampleRequest, 
             f"got {temperature}",
             "temperature",
         )
-    run: Any = slots[model].run
-    req = SampleRequest(
-        prompt=prompt or None,
-        sampler=run.default_sampler,  # a distilled student's own (None: the method's first)
-        max_tokens=_field(body, "max_tokens", 16, _is_int, "an integer"),
-        stop=tuple(stop),
-        seed=seed,
-        num=n,
-        batch_size=n,
-        temperature=float(temperature),
-        steps=_field(body, "steps", run.default_steps or DEFAULT_STEPS, _is_int, "an integer"),
-        ignore_eos=_field(body, "ignore_eos", False, lambda v: isinstance(v, bool), "true or false"),
-        progress=False,
-    )
+    req = SampleRequest(**kw, batch_size=kw.get("num", 1), progress=False)
     return slots[model], req, _field(body, "stream", False, lambda v: isinstance(v, bool), "true or false")
 
 
@@ -195,7 +249,7 @@ def check(s: Slot, req: SampleRequest, limits: Limits) -> None:
             if isinstance(e, RequestError) and e.fields and msg.startswith(name(e.fields[0]))
             else None
         )
-        param = first if first in PARAMS else None
+        param = first if first is not None and first in {NAMES.get(k, k) for k in v1_knobs()} else None
         param = "prompt" if param is None and msg.startswith("the prompt") else param
         raise ApiError(msg, param) from None
 
@@ -246,101 +300,126 @@ def add_completions(app: FastAPI, slots: dict[str, Slot], limits: Limits, observ
         try:
             body = read_json(await request.body())
         except ValueError as e:
-            return refused(rec, ApiError(str(e)))
+            return _refused(observer, rec, ApiError(str(e)))
         if isinstance(body, dict) and isinstance(body.get("model"), str):
             rec.model = body["model"][:80]
         try:
             s, req, stream = request_of(body, slots)
             check(s, req, limits)
         except ApiError as e:
-            return refused(rec, e)
+            return _refused(observer, rec, e)
         rec.stream, rec.n = stream, req.num
         if s.batcher is not None:  # a block run: the request joins the running batch at a block boundary
             if not s.batcher.admit(req.num):
-                return refused(rec, ApiError(s.batcher.busy(), None, 429, "rate_limit_error"))
+                return _refused(observer, rec, ApiError(s.batcher.busy(), None, 429, "rate_limit_error"))
             queue, gone = s.batcher.submit(req)
         else:
             if admit(s, limits.max_queue) is None:
-                return refused(rec, ApiError(busy(s, limits.max_queue), None, 429, "rate_limit_error"))
+                return _refused(observer, rec, ApiError(busy(s, limits.max_queue), None, 429, "rate_limit_error"))
             queue, gone = submit(s, _work(s, req))
-        cid, created = rec.id, int(time.time())
-        if stream:
+        pending = Pending(queue, gone, rec, s.id, limits, observer)
+        return _streamed(pending) if stream else await _whole(request, pending)
 
-            async def events() -> AsyncIterator[str]:
-                try:
-                    while True:
-                        ev = await queue.get()
-                        if ev["type"] == "block":
-                            choices = [
-                                {
-                                    "text": visible(c["text"], limits.raw),
-                                    "index": c["index"],
-                                    "logprobs": None,
-                                    "finish_reason": c["finish_reason"],
-                                }
-                                for c in ev["choices"]
-                            ]
-                            rec.started()
-                            yield _chunk(cid, created, s.id, choices)
-                        elif ev["type"] == "error":
-                            yield f"data: {strict_dumps(error_body(ev['message'], None, 'server_error'))}\n\n"
-                            observer.finish(rec, 500, "error", message=ev["message"])
-                            break
-                        else:
-                            yield "data: [DONE]\n\n"
-                            answered(rec, ev)
-                            break
-                finally:
-                    gone.set()
-                    observer.finish(rec, 499, "client gone")  # (nothing when it ended above)
 
-            return StreamingResponse(
-                events(),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
+def _refused(observer: Observer, rec: Record, e: ApiError) -> JSONResponse:
+    """A request answered with an error before it ran: logged, and a 429 told when to come back."""
+    ended = "busy" if e.status == 429 else "bad request"
+    observer.finish(rec, e.status, ended, message=str(e))
+    res = e.response()
+    if e.status == 429:
+        res.headers["Retry-After"] = str(observer.retry_after(rec.model))
+    return res
+
+
+def _answered(observer: Observer, rec: Record, ev: dict[str, Any]) -> None:
+    reasons = sorted({str(f) for _, f in ev["texts"]})
+    observer.finish(rec, 200, ",".join(reasons), ev["prompt_tokens"], ev["completion_tokens"])
+
+
+@dataclass
+class Pending:
+    """A request on its way: its events, the flag to set when its client goes, its access-log record, the run
+    it asked (``model``), and the server's limits and observer."""
+
+    queue: asyncio.Queue[dict[str, Any]]
+    gone: threading.Event
+    rec: Record
+    model: str
+    limits: Limits
+    observer: Observer
+
+
+def _streamed(p: Pending) -> StreamingResponse:
+    """The completion as OpenAI's stream: a chunk per committed block, then ``[DONE]`` (or an error chunk)."""
+    created = int(time.time())
+    queue, gone, rec, limits, observer = p.queue, p.gone, p.rec, p.limits, p.observer
+
+    async def events() -> AsyncIterator[str]:
         try:
             while True:
-                try:
-                    ev = await asyncio.wait_for(queue.get(), 0.25)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        observer.finish(rec, 499, "client gone")
-                        return JSONResponse(error_body("the client went away"), status_code=499)
-                    continue
+                ev = await queue.get()
                 if ev["type"] == "block":
+                    choices = [
+                        {
+                            "text": visible(c["text"], limits.raw),
+                            "index": c["index"],
+                            "logprobs": None,
+                            "finish_reason": c["finish_reason"],
+                        }
+                        for c in ev["choices"]
+                    ]
                     rec.started()
-                elif ev["type"] == "done":
-                    break
-                elif ev["type"] == "error":
+                    yield _chunk(rec.id, created, p.model, choices)
+                elif ev["type"] == "error":  # logged before the last bytes: a client that has them finds the line
                     observer.finish(rec, 500, "error", message=ev["message"])
-                    return JSONResponse(error_body(ev["message"], None, "server_error"), status_code=500)
+                    yield f"data: {strict_dumps(error_body(ev['message'], None, 'server_error'))}\n\n"
+                    break
+                else:
+                    _answered(observer, rec, ev)
+                    yield "data: [DONE]\n\n"
+                    break
         finally:
             gone.set()
-        choices = [
-            {"text": visible(t, limits.raw), "index": k, "logprobs": None, "finish_reason": f}
-            for k, (t, f) in enumerate(ev["texts"])
-        ]
-        P, C = ev["prompt_tokens"], ev["completion_tokens"]
-        answered(rec, ev)
-        return {
-            "id": cid,
-            "object": "text_completion",
-            "created": created,
-            "model": s.id,
-            "choices": choices,
-            "usage": {"prompt_tokens": P, "completion_tokens": C, "total_tokens": P + C},
-        }
+            observer.finish(rec, 499, "client gone")  # (nothing when it ended above)
 
-    def refused(rec: Record, e: ApiError) -> JSONResponse:
-        """A request answered with an error before it ran: logged, and a 429 told when to come back."""
-        ended = "busy" if e.status == 429 else "bad request"
-        observer.finish(rec, e.status, ended, message=str(e))
-        res = e.response()
-        if e.status == 429:
-            res.headers["Retry-After"] = str(observer.retry_after(rec.model))
-        return res
+    return StreamingResponse(
+        events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
 
-    def answered(rec: Record, ev: dict[str, Any]) -> None:
-        reasons = sorted({str(f) for _, f in ev["texts"]})
-        observer.finish(rec, 200, ",".join(reasons), ev["prompt_tokens"], ev["completion_tokens"])
+
+async def _whole(request: Request, p: Pending) -> Response | dict[str, Any]:
+    """The completion as one JSON answer once it is done; a client gone while waiting ends it (499)."""
+    created = int(time.time())
+    queue, gone, rec, limits, observer = p.queue, p.gone, p.rec, p.limits, p.observer
+    try:
+        while True:
+            try:
+                ev = await asyncio.wait_for(queue.get(), 0.25)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    observer.finish(rec, 499, "client gone")
+                    return JSONResponse(error_body("the client went away"), status_code=499)
+                continue
+            if ev["type"] == "block":
+                rec.started()
+            elif ev["type"] == "done":
+                break
+            elif ev["type"] == "error":
+                observer.finish(rec, 500, "error", message=ev["message"])
+                return JSONResponse(error_body(ev["message"], None, "server_error"), status_code=500)
+    finally:
+        gone.set()
+    choices = [
+        {"text": visible(t, limits.raw), "index": k, "logprobs": None, "finish_reason": f}
+        for k, (t, f) in enumerate(ev["texts"])
+    ]
+    P, C = ev["prompt_tokens"], ev["completion_tokens"]
+    _answered(observer, rec, ev)
+    return {
+        "id": rec.id,
+        "object": "text_completion",
+        "created": created,
+        "model": p.model,
+        "choices": choices,
+        "usage": {"prompt_tokens": P, "completion_tokens": C, "total_tokens": P + C},
+    }

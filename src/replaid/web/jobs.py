@@ -45,7 +45,7 @@ class Scheduler(Protocol):
 
 
 Work = Callable[[Emit, Callable[[], bool]], None]  # (emit, cancelled) -> None, on the run's worker thread
-FINAL = ("done", "error")  # a generation's last event: sent once its place on the run is freed (issue 49)
+FINAL = ("done", "error")  # a generation's last event: sent once its place on the run is freed
 
 
 @dataclass

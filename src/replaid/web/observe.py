@@ -1,4 +1,4 @@
-"""What ``replaid serve`` tells its operator about ``/v1/completions`` (issue 52 §2): an access log and metrics.
+"""What ``replaid serve`` tells its operator about ``/v1/completions``: an access log and metrics.
 
 * The access log: one JSON line per request, whatever its end (:meth:`Observer.finish`): ``time`` (UTC, ISO
   8601), ``id`` (the completion's ``cmpl-...``, or the one a refused request would have had), ``model``,
