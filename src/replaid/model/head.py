@@ -124,22 +124,27 @@ class _PriorSoftmaxHead(torch.autograd.Function):
             ws = workspace(min(ctx.chunk, N), V, logits)  # (chunk, V)
             for s in range(0, N, ctx.chunk):
                 d = logits[s : s + ctx.chunk]  # becomes p, then d logits, in place
-                d.sub_(lse[s : s + ctx.chunk, None]).exp_()
-                dE.addmm_(d.t(), g_e[s : s + ctx.chunk] * keep[s : s + ctx.chunk])  # from e_hat = p E
-                dp = torch.mm(g_e[s : s + ctx.chunk], Ef.t(), out=ws[: d.shape[0]])  # (chunk, V) temporary
-                dp.sub_(s_e[s : s + ctx.chunk]).add_(g_nll[s : s + ctx.chunk, None])
-                d.mul_(dp)
+                with region(ELEMENT_LOSS):  # float32
+                    d.sub_(lse[s : s + ctx.chunk, None]).exp_()
+                with region(REPARAM):  # float32
+                    dE.addmm_(d.t(), g_e[s : s + ctx.chunk] * keep[s : s + ctx.chunk])  # from e_hat = p E
+                    dp = torch.mm(g_e[s : s + ctx.chunk], Ef.t(), out=ws[: d.shape[0]])  # (chunk, V) temporary
+                    dp.sub_(s_e[s : s + ctx.chunk]).add_(g_nll[s : s + ctx.chunk, None])
+                    d.mul_(dp)
                 del dp
             d = logits  # (N, V): d loss / d logits
-            d.scatter_add_(1, target[:, None], -g_nll[:, None])
-            dm = d.to(mm)
-            df = (dm @ W.to(mm)).to(f.dtype) if ctx.needs_input_grad[0] else None
-            dW = (dm.t() @ f.to(mm)).to(W.dtype) if ctx.needs_input_grad[1] else None
-            db = d.sum(0).to(b.dtype) if b is not None and ctx.needs_input_grad[2] else None
+            with region(ELEMENT_LOSS):  # float32
+                d.scatter_add_(1, target[:, None], -g_nll[:, None])
+            with region(HEAD):  # bf16 under autocast, as its forward
+                dm = d.to(mm)
+                df = (dm @ W.to(mm)).to(f.dtype) if ctx.needs_input_grad[0] else None
+                dW = (dm.t() @ f.to(mm)).to(W.dtype) if ctx.needs_input_grad[1] else None
+                db = d.sum(0).to(b.dtype) if b is not None and ctx.needs_input_grad[2] else None
             dzs = None
             if zs is not None:
-                dzs = (d @ Ef).to(zs.dtype) if ctx.needs_input_grad[3] else None
-                dE.addmm_(d.t(), zs.float() * keep)
+                with region(PRIOR):  # float32
+                    dzs = (d @ Ef).to(zs.dtype) if ctx.needs_input_grad[3] else None
+                    dE.addmm_(d.t(), zs.float() * keep)
         return df, dW, db, dzs, dE.to(E.dtype) if ctx.needs_input_grad[4] else None, None, None, None, None
 
 
@@ -240,16 +245,19 @@ class _LinearCrossEntropy(torch.autograd.Function):
             for s in range(0, N, ctx.chunk):
                 d = logits[s : s + ctx.chunk]  # becomes d nll / d logits = g (p - onehot(target)), in place
                 n = d.shape[0]
-                p = (ws[:n].copy_(d) if ws is not None else d.to(acc)) if d.dtype != acc else d
-                p.sub_(lse[s : s + n, None]).exp_().mul_(g[s : s + n, None])  # (chunk, V) in acc
-                p.scatter_add_(1, target[s : s + n, None], -g[s : s + n, None])
+                with region(ELEMENT_LOSS):  # float32
+                    p = (ws[:n].copy_(d) if ws is not None else d.to(acc)) if d.dtype != acc else d
+                    p.sub_(lse[s : s + n, None]).exp_().mul_(g[s : s + n, None])  # (chunk, V) in acc
+                    p.scatter_add_(1, target[s : s + n, None], -g[s : s + n, None])
                 if p is not d:
-                    d.copy_(p)  # rounded once to mm_dtype, as autocast's cast of the float32 gradient
+                    with region(HEAD):
+                        d.copy_(p)  # rounded once to mm_dtype, as autocast's cast of the float32 gradient
             d = logits  # (N, V): d loss / d logits in mm_dtype
-            Wm = W.to(mm)
-            df = (d @ Wm).to(f.dtype) if ctx.needs_input_grad[0] else None
-            dW = (d.t() @ f.to(mm)).to(W.dtype) if ctx.needs_input_grad[1] else None
-            db = d.sum(0, dtype=acc).to(b.dtype) if b is not None and ctx.needs_input_grad[2] else None
+            with region(HEAD):  # bf16 under autocast, as its forward
+                Wm = W.to(mm)
+                df = (d @ Wm).to(f.dtype) if ctx.needs_input_grad[0] else None
+                dW = (d.t() @ f.to(mm)).to(W.dtype) if ctx.needs_input_grad[1] else None
+                db = d.sum(0, dtype=acc).to(b.dtype) if b is not None and ctx.needs_input_grad[2] else None
         return df, dW, db, None, None, None
 
 
