@@ -84,6 +84,17 @@ def test_capabilities_are_declared_and_consistent(name):
     assert (cls.bound == "nll") == (cls.kind is Kind.AUTOREGRESSIVE)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_the_kind_answers_what_the_network_is(name):
+    """``kind.continuous``: the network has a noise schedule (what the ODE likelihood, SDEdit and guidance
+    read); ``kind.left_to_right``: its bound is an exact NLL; ``kind.mask_token``: a [MASK] id beyond the
+    vocabulary is an input, and the bound is not exact."""
+    _, m, model = setup(name)
+    assert m.kind.continuous == hasattr(model, "schedule")
+    assert m.kind.left_to_right == (m.bound == "nll")
+    assert m.kind.mask_token == (getattr(model, "n_in", 0) == V + 1 and m.bound != "nll")
+
+
 def test_langflow_is_evaluation_only_and_the_rest_train():
     assert [n for n, c in METHODS.items() if not c.trainable] == ["langflow"]
 

@@ -50,14 +50,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from replaid.eval.diagnostics import ce_overlay, plot_ce_overlay
-    from replaid.methods import Kind
     from replaid.store.loading import load_run
 
     check_out(args.out, protected=tuple(args.runs), names=("diagnose.json",))
     labels = run_labels(args.runs, args.labels)
     runs = [load_run(p, use_ema=not args.no_ema) for p in args.runs]  # all inputs checked before writing
     for p, r in zip(args.runs, runs, strict=True):
-        if r.method.kind is not Kind.CONTINUOUS:
+        if not r.method.kind.continuous:
             raise ValueError(f"{p}: diagnose needs a diffusion run with a noise schedule (RePlaid/Plaid)")
     out = Path(args.out)
     summaries, curves = {}, []

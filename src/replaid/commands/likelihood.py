@@ -152,12 +152,11 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from replaid.eval.likelihood import estimate_likelihood, plot_k_curve, schedule_endpoints
-    from replaid.methods import Kind
     from replaid.store.loading import load_run
 
     check_out(args.out, protected=(args.run,), names=("likelihood.json",))
     run_ = load_run(args.run, use_ema=not args.no_ema)
-    if run_.method.kind is not Kind.CONTINUOUS:
+    if not run_.method.kind.continuous:
         raise ValueError(
             f"{args.run}: ODE likelihood needs a continuous-diffusion run with a noise schedule "
             f"(RePlaid/Plaid/LangFlow); this is a {run_.cfg.method} run"

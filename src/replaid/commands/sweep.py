@@ -64,7 +64,6 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from replaid.eval.quality import make_judge
-    from replaid.methods import Kind
     from replaid.sampling.names import SAMPLER_NAMES
     from replaid.sampling.sweep import markdown_table, quality_sweep, write_sweep
     from replaid.store.loading import load_run
@@ -81,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
             "a sweep needs a GenPPL judge: pass --judge-run AR_RUN (replaid train --method ar) or --judge HF_LM"
         )
     run_ = load_run(args.run, device=args.device)
-    continuous, own, L = run_.method.kind is Kind.CONTINUOUS, run_.method.samplers, run_.cfg.data.seq_len
-    ar = run_.method.kind is Kind.AUTOREGRESSIVE
+    continuous, own, L = run_.method.kind.continuous, run_.method.samplers, run_.cfg.data.seq_len
+    ar = run_.method.kind.left_to_right
     samplers = args.samplers or (["ddpm", "ddim", "dpmpp2m", "heun"] if continuous else list(own[:1]))
     out = Path(args.out)
     pts = quality_sweep(

@@ -42,7 +42,6 @@ from replaid.distill import targets as T
 from replaid.distill.blocks import block_progressive_batch
 from replaid.distill.config import DistillConfig as DistillConfig  # the CLI and tests import it from here
 from replaid.fileio import fsync_file
-from replaid.methods.base import Kind
 from replaid.model.replaid import RePlaid
 from replaid.sampling.continuous import gamma_grid
 from replaid.schema import dumps as strict_dumps
@@ -80,7 +79,7 @@ def _atomic_save(tensors: dict[str, Tensor], path: Path) -> None:
 def teacher_block(teacher: Run, dcfg: DistillConfig) -> int:
     """The teacher's block size (0: no blocks), after refusing what cannot be distilled: a teacher other
     than RePlaid, consistency distillation of a block run."""
-    if teacher.method.kind is not Kind.CONTINUOUS or teacher.cfg.method != "replaid":
+    if not teacher.method.kind.continuous or teacher.cfg.method != "replaid":
         raise ConfigError(
             f"replaid distill needs a RePlaid teacher run; {teacher.ckpt} is a '{teacher.cfg.method}' run"
         )

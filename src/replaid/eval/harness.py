@@ -89,7 +89,7 @@ class Scorer:
             raise ValueError(f"mc_samples ({self.mc}), batch_size ({self.batch_size}) and K ({self.K}) must be >= 1")
         if self.likelihood not in ("nelbo", "ode"):
             raise ValueError(f"likelihood={self.likelihood!r}: choose nelbo or ode")
-        if self.likelihood == "ode" and method.kind is not Kind.CONTINUOUS:
+        if self.likelihood == "ode" and not method.kind.continuous:
             raise ValueError(
                 f"likelihood=ode needs a continuous-diffusion run (RePlaid/Plaid/LangFlow); this is a {method.name} run"
             )
@@ -105,7 +105,7 @@ class Scorer:
         m = self.run.method  # type: ignore[attr-defined]
         if m.conditional == "exact":
             return WHAT["exact"]
-        return WHAT["continuous" if m.kind is Kind.CONTINUOUS else "bound"]
+        return WHAT["continuous" if m.kind.continuous else "bound"]
 
     @torch.no_grad()
     def score(self, rows: list[Row], greedy: bool = False, desc: str = "replaid") -> None:

@@ -47,7 +47,6 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from replaid.methods.base import Kind
 from replaid.store.loading import Run, load_run
 
 if TYPE_CHECKING:
@@ -257,7 +256,7 @@ def make_judge(
         return Judge(lambda texts: gen_ppl(texts, model, tok, context, batch_size), judge, tok)
     if judge_run:
         run = load_run(judge_run, device=device)
-        if run.method.kind is not Kind.AUTOREGRESSIVE:
+        if not run.method.kind.left_to_right:
             raise ValueError(
                 f"--judge-run {judge_run} is a {run.cfg.method} run; the judge must be an AR run "
                 f"(replaid train --method ar)"

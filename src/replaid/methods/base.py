@@ -55,6 +55,24 @@ class Kind(str, enum.Enum):
     UNIFORM = "uniform"  # uniform-state discrete diffusion
     AUTOREGRESSIVE = "autoregressive"  # left to right, exact likelihood
 
+    # What a kind can do, asked by name wherever it matters (the FLOP and memory models, the refusals of
+    # the likelihood, diagnose, edit and infill paths, the kernels' keys), so that a new kind answers here
+    @property
+    def continuous(self) -> bool:
+        """A continuous latent of token embeddings under a noise schedule: the PF-ODE likelihood, SDEdit,
+        infilling by replacement, classifier guidance, self-conditioning, the continuous samplers (T + 1 NFE)."""
+        return self is Kind.CONTINUOUS
+
+    @property
+    def left_to_right(self) -> bool:
+        """One token per step, left to right (its steps are its length; the judge of GenPPL is one)."""
+        return self is Kind.AUTOREGRESSIVE
+
+    @property
+    def mask_token(self) -> bool:
+        """Its noise is an extra [MASK] id (the network's ``n_out``), which a block's tokens start from."""
+        return self is Kind.MASKED
+
 
 ModelT = TypeVar("ModelT", bound=nn.Module)
 

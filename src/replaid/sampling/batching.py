@@ -63,7 +63,9 @@ AR_KERNEL_FIELDS = ("temperature", "top_p")  # AR's kernel reads no steps: any o
 
 def kernel_key(req: SampleRequest, kind: Kind | None = None) -> tuple[Any, ...]:
     """What two requests must agree on to share a batch of a ``kind``'s run (the fields its kernel reads)."""
-    return tuple(getattr(req, f) for f in (AR_KERNEL_FIELDS if kind is Kind.AUTOREGRESSIVE else KERNEL_FIELDS))
+    return tuple(
+        getattr(req, f) for f in (AR_KERNEL_FIELDS if kind is not None and kind.left_to_right else KERNEL_FIELDS)
+    )
 
 
 class Kernel(Protocol):
@@ -239,7 +241,7 @@ def lane_of(run: Any, req: SampleRequest, prompt: Tensor, length: int, tag: Any 
     """``req.num`` rows of ``length`` tokens (whole blocks), ``prompt`` (P,) first, drawing from a generator
     seeded with ``req.seed`` on the model's device (as the request draws alone)."""
     r = BlockRows.of(run, prompt, length)
-    fill = int(r.model.n_out) if run.method.kind is Kind.MASKED else 0  # [MASK], or any id (replaced)
+    fill = int(r.model.n_out) if run.method.kind.mask_token else 0  # [MASK], or any id (replaced)
     gen = device_generator(torch.Generator().manual_seed(req.seed), r.device)
     return Lane(r.ids(req.num, fill), r.known(req.num).clone(), gen, r.block, tag=tag)
 

@@ -255,7 +255,6 @@ class SampleRequest:
     ) -> InfillPlan | None:
         """Refuse what ``method``'s run (or a server's ``limits``) cannot honour, before any sampling (one
         line, naming the option); returns the infilling plan, if any."""
-        from replaid.methods.base import Kind
         from replaid.sampling.infill import plan_infill
 
         if limits is not None:
@@ -264,13 +263,9 @@ class SampleRequest:
         refusal = method.sampling_refusal()
         if refusal is not None:
             raise ValueError(refusal)
-        continuous = method.kind is Kind.CONTINUOUS
+        continuous = method.kind.continuous
         if not continuous:
-            own = (
-                "left-to-right ancestral sampling"
-                if method.kind is Kind.AUTOREGRESSIVE
-                else "its own ancestral sampler"
-            )
+            own = "left-to-right ancestral sampling" if method.kind.left_to_right else "its own ancestral sampler"
             if self.sampler is not None and self.sampler not in method.samplers:
                 raise RequestError(
                     f"{ref('sampler')} {self.sampler!r} is not available for a {method.name} run, which "

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replaid.eval.quality import Judge, mauve_score, reference_windows, sentence_features, unigram_entropy
-from replaid.methods.base import Kind
 from replaid.sampling.generate import generate
 from replaid.sampling.request import SampleRequest
 from replaid.schema import dumps as strict_dumps
@@ -74,7 +73,7 @@ def quality_sweep(
             f"pass --samplers {method.samplers[0]} or leave --samplers out"
         )
     L = run.cfg.data.seq_len
-    if method.kind is Kind.AUTOREGRESSIVE and any(T != L for T in [*steps, temp_steps]):
+    if method.kind.left_to_right and any(T != L for T in [*steps, temp_steps]):
         raise ValueError(
             f"an AR run generates one token per step: --steps/--temp-steps must be {L} (its data.seq_len); "
             f"leave them out"

@@ -55,9 +55,9 @@ def block_params(cfg: RunConfig, vocab_size: int) -> tuple[int, int]:
 
 def self_conditioned(cfg: RunConfig) -> bool:
     """Whether training runs a self-conditioning pass (continuous methods with ``model.self_conditioning``)."""
-    from replaid.methods import Kind, method_class
+    from replaid.methods import method_class
 
-    continuous = method_class(cfg.method).kind is Kind.CONTINUOUS
+    continuous = method_class(cfg.method).kind.continuous
     return bool(continuous and cfg.model.self_conditioning and cfg.diffusion.sc_rate > 0)
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from replaid.config import RunConfig
-from replaid.methods import METHODS, Kind
+from replaid.methods import METHODS
 from replaid.presets import get_preset
 
 
@@ -56,7 +56,7 @@ def forward_flops_per_token(
 def train_flops_per_token(cfg: RunConfig, vocab_size: int, include_embedding: bool = True) -> float:
     """Training FLOPs per token for a :class:`~replaid.config.RunConfig` (3 x forward, + s.c. pass)."""
     m = cfg.model
-    continuous = METHODS[cfg.method].kind is Kind.CONTINUOUS
+    continuous = METHODS[cfg.method].kind.continuous
     d_e = (vocab_size if m.embeddings == "one-hot" else m.d_e) if continuous else None
     f = forward_flops_per_token(m.hidden, m.n_layers, cfg.data.seq_len, vocab_size, m.mlp_ratio, d_e)
     if METHODS[cfg.method].training_block_size(cfg):  # [x_t, x_0]: 2L rows attending 2L keys (module docstring)

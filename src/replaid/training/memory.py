@@ -37,7 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from replaid.config import RunConfig
-from replaid.methods import Kind, get_method, method_class
+from replaid.methods import get_method, method_class
 from replaid.model.head import chunk_rows
 
 GB = 1e9
@@ -89,7 +89,7 @@ def estimate(
     per_block = T * (6 * f * d + a * (9 + 2 * r) * d + f * H + (2 * d if m.dropout > 0 else 0))
     e["activations per block"] = per_block
     e["activations, blocks"] = n * T * f * d + per_block if ckpt else n * per_block
-    continuous = method_class(cfg.method).kind is Kind.CONTINUOUS
+    continuous = method_class(cfg.method).kind.continuous
     e["activations, outside blocks"] = T * (4 * f * d + (6 * f * m.d_e if continuous else 0))
     if continuous and fused_head:
         e["head: saved (B L, V)"] = T * V * f
@@ -199,7 +199,7 @@ def eval_estimate(cfg: RunConfig, V: int, n_params: int, rows: int, L: int) -> M
     their log-softmax)."""
     e = dict(sampling_estimate(cfg, V, n_params, rows, L, 0).parts)
     e.pop("samples kept")
-    if method_class(cfg.method).kind is not Kind.CONTINUOUS:
+    if not method_class(cfg.method).kind.continuous:
         e.pop("batch state")
         e["batch logits (rows L, V)"] *= 2 / 3
     return MemoryEstimate(e, sum(e.values()))

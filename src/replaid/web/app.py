@@ -45,7 +45,6 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from replaid import schema
-from replaid.methods.base import Kind
 from replaid.schema import dumps as strict_dumps
 from replaid.web.batcher import Batcher
 from replaid.web.completions import add_completions, error_body
@@ -203,7 +202,7 @@ def load_slots(
     for k, (rid, p) in enumerate(zip(run_ids(run_paths), run_paths, strict=True)):
         run = runs[k] if runs is not None else load_run(p, use_ema=True, train_data=False, device=device)
         rdir = run_dir_of(Path(run.ckpt))
-        guides = guides_for(run, Path(rdir), extra) if run.method.kind is Kind.CONTINUOUS else {}
+        guides = guides_for(run, Path(rdir), extra) if run.method.kind.continuous else {}
         slots[rid] = Slot(
             rid,
             Path(rdir),
@@ -245,7 +244,7 @@ def runs_router(slots: dict[str, Slot], limits: Limits) -> APIRouter:
                     "step": s.run.step,
                     "seq_len": cfg.data.seq_len,
                     "samplers": samplers_for(s.run),
-                    "continuous": s.run.method.kind is Kind.CONTINUOUS,
+                    "continuous": s.run.method.kind.continuous,
                     "block_size": s.run.method.block_size(),  # > 0: served at /v1/completions only
                     "stream_block": s.run.method.stream_block(),  # > 0: /v1/completions batches (AR: 1)
                     "params": sum(p.numel() for p in s.run.model.parameters()),

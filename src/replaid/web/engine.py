@@ -226,7 +226,7 @@ def samplers_for(run: Run) -> list[str]:
 def check(asked: Asked, run: Run) -> None:
     """What only the playground's own fields can get wrong (one line each); every sampling field is the
     :class:`SampleRequest`'s, checked by :meth:`SampleRequest.check` with the server's :class:`Limits`."""
-    if asked.edit and run.method.kind is not Kind.CONTINUOUS:
+    if asked.edit and not run.method.kind.continuous:
         raise ValueError(
             f"editing needs a continuous-diffusion run (replaid, plaid); {asked.run!r} is a {run.cfg.method} run"
         )
@@ -311,7 +311,7 @@ def prepare(asked: Asked, run: Run, limits: Limits, guides: dict[str, Guide] | N
             raise ValueError(f"the text is {len(eplan.ids)} tokens; the limit is {max_len}")
     else:
         tpl = parse_text(asked.text, tok, req.length_for(cfg.data.seq_len), max_len)  # the one default-length rule
-        if tpl.mode == "infill" and run.method.kind is not Kind.CONTINUOUS:
+        if tpl.mode == "infill" and not run.method.kind.continuous:
             raise ValueError(
                 f"infill needs a continuous-diffusion run (replaid, plaid); {asked.run!r} is a {cfg.method} "
                 "run: give a prompt instead"
@@ -424,7 +424,7 @@ def generate_stream(
                 "known": plan.known.tolist(),
                 "ids": plan.ids.tolist(),  # an edit: the source text (frame 0 shows it)
                 "tokens": framer.strings(plan.ids if edit else plan.ids[plan.known]),
-                "nfe_expected": plan.nfe if method.kind is Kind.CONTINUOUS and plan.steps else None,
+                "nfe_expected": plan.nfe if method.kind.continuous and plan.steps else None,
                 "strength": req.strength if edit else None,
                 "guided": guided,
                 "guidance_scale": req.guidance_scale if guided else None,
