@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from torch import Tensor
@@ -56,6 +56,9 @@ from replaid.sampling.contract import Committed, SamplerFn
 from replaid.sampling.discrete import tempered_probs, unmask_step
 from replaid.sampling.registry import get_sampler
 from replaid.sampling.request import SampleRequest
+
+if TYPE_CHECKING:
+    from replaid.store.loading import Run
 
 KERNEL_FIELDS = ("sampler", "steps", "temperature", "score_temperature", "self_cond")
 AR_KERNEL_FIELDS = ("temperature", "top_p")  # AR's kernel reads no steps: any of them share a batch
@@ -187,20 +190,23 @@ class ARKernel:
         return prefill_ar(self.model, ids, cache)
 
 
-def kernel_of(run: Any, req: SampleRequest) -> Kernel:
+def kernel_of(run: Run, req: SampleRequest) -> Kernel:
     """The kernel of a block run's method for ``req``'s :data:`KERNEL_FIELDS`."""
     from replaid.sampling.starts import denoiser_for  # the request's temperatures, as the full-sequence samplers
 
+    model: Any = run.model  # the kind's network: a TokenDiT (MDLM, AR) or a continuous denoiser
     if run.method.kind is Kind.MASKED:
-        return MaskedKernel(run.model, time_grid(req.steps), req.temperature)
+        return MaskedKernel(cast(TokenDiT, model), time_grid(req.steps), req.temperature)
     if run.method.kind is Kind.CONTINUOUS:
         fn = get_sampler(run.method, req.sampler).fn
         options = {"self_cond": None if req.self_cond else False, "disable_progress": True}
         return ContinuousKernel(
-            run.model, fn, gamma_grid(run.model.schedule, req.steps), options, lambda d: denoiser_for(d, req)
+            model, fn, gamma_grid(model.schedule, req.steps), options, lambda d: denoiser_for(d, req)
         )
     if run.method.kind is Kind.AUTOREGRESSIVE:
-        return ARKernel(run.model, req.temperature, req.top_p if req.top_p is not None else run.cfg.ar.top_p)
+        return ARKernel(
+            cast(TokenDiT, model), req.temperature, req.top_p if req.top_p is not None else run.cfg.ar.top_p
+        )
     raise ValueError(f"a {run.method.name} run has no block-by-block generator")
 
 
@@ -237,7 +243,7 @@ class Lane:
         return t[:, self.start : self.start + self.block]
 
 
-def lane_of(run: Any, req: SampleRequest, prompt: Tensor, length: int, tag: Any = None) -> Lane:
+def lane_of(run: Run, req: SampleRequest, prompt: Tensor, length: int, tag: Any = None) -> Lane:
     """``req.num`` rows of ``length`` tokens (whole blocks), ``prompt`` (P,) first, drawing from a generator
     seeded with ``req.seed`` on the model's device (as the request draws alone)."""
     r = BlockRows.of(run, prompt, length)

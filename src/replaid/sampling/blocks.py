@@ -51,6 +51,7 @@ from replaid.sampling.request import SampleRequest
 
 if TYPE_CHECKING:
     from replaid.model.replaid import RePlaid
+    from replaid.store.loading import Run
 
 Stop = Callable[[Tensor], Tensor]  # rows' tokens so far (B, n) -> (B,) bool: this row is done
 # (k, start, out, cache) -> network calls: write block k (positions start .. start + b) into out (B, N)
@@ -268,7 +269,7 @@ class BlockRows:
     prompt: Tensor
 
     @classmethod
-    def of(cls, run: Any, prompt: Tensor, length: int) -> BlockRows:
+    def of(cls, run: Run, prompt: Tensor, length: int) -> BlockRows:
         block = run.method.stream_block()
         dev = next(run.model.parameters()).device
         return cls(run.model, block, -(-length // block) * block, run.cfg.data.seq_len - block, prompt.to(dev))
@@ -290,7 +291,7 @@ class BlockRows:
 
 
 def start_masked_blocks(
-    run: Any, req: SampleRequest, prompt: Tensor, length: int, callback: Callback | None
+    run: Run, req: SampleRequest, prompt: Tensor, length: int, callback: Callback | None
 ) -> Callable[[int], Iterator[Committed]]:
     """MDLM with blocks as a :class:`~replaid.sampling.stream.BlockStarter`: ``batch(B)`` writes B rows of
     ``length`` tokens (rounded up to whole blocks), ``prompt`` (P,) first, with ``req.steps`` ancestral steps
@@ -350,7 +351,7 @@ def draw_ar(cache: KVCache, temperature: float, top_p: float, gen: Gen | None) -
 
 
 def start_ar_blocks(
-    run: Any, req: SampleRequest, prompt: Tensor, length: int, callback: Callback | None
+    run: Run, req: SampleRequest, prompt: Tensor, length: int, callback: Callback | None
 ) -> Callable[[int], Iterator[Committed]]:
     """AR as a :class:`~replaid.sampling.stream.BlockStarter`: blocks of one token (the KV cache's
     commit of token j gives token j + 1's logits), ``batch(B)`` writing B rows of ``length`` tokens,
@@ -508,7 +509,7 @@ def sample_blocks_continuous(
 
 
 def start_continuous_blocks(
-    run: Any, req: SampleRequest, prompt: Tensor, length: int, callback: Callback | None
+    run: Run, req: SampleRequest, prompt: Tensor, length: int, callback: Callback | None
 ) -> Callable[[int], Iterator[Committed]]:
     """RePlaid or Plaid with blocks as a :class:`~replaid.sampling.stream.BlockStarter`: as
     :func:`start_masked_blocks`, each block written by the request's continuous sampler (``req.sampler``,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -52,6 +52,9 @@ from replaid.sampling.guidance import (
 )
 from replaid.sampling.infill import InfillPlan
 from replaid.sampling.request import SampleRequest, prompt_ids
+
+if TYPE_CHECKING:
+    from replaid.store.loading import Run
 
 __all__ = [
     "Batch",
@@ -140,7 +143,7 @@ def required_words(tok: Any, req: SampleRequest) -> list[RequireTokens]:
     return out
 
 
-def guidance_objective(run: Any, req: SampleRequest, words: list[RequireTokens]) -> Objective | None:
+def guidance_objective(run: Run, req: SampleRequest, words: list[RequireTokens]) -> Objective | None:
     """The sum of the request's guidance objectives (required words, classifier label), or None."""
     objs: list[Objective] = list(words)
     if req.guide is not None:
@@ -167,9 +170,10 @@ def mark_filled(tok: Any, ids: list[int], known: list[bool]) -> str:
 
 
 def start_continuous(
-    run: Any, req: SampleRequest, plan: InfillPlan | None, L: int, sampler: str, callback: Callback | None
+    run: Run, req: SampleRequest, plan: InfillPlan | None, L: int, sampler: str, callback: Callback | None
 ) -> Start:
-    model, tok = run.model, run.tokenizer
+    model: Any = run.model  # a continuous denoiser (RePlaid, Plaid, LangFlow)
+    tok = run.tokenizer
     dev = next(model.parameters()).device
     E = model.embedding_matrix().detach()
     den = denoiser_for(model, req)
@@ -271,14 +275,15 @@ class DiscreteStart:
 
     def __call__(
         self,
-        run: Any,
+        run: Run,
         req: SampleRequest,
         plan: InfillPlan | None,
         L: int,
         sampler: str,
         callback: Callback | None,
     ) -> Start:
-        model, tok = run.model, run.tokenizer
+        model: Any = run.model  # a TokenDiT (MDLM, Duo, AR)
+        tok = run.tokenizer
         dev = next(model.parameters()).device
         V = int(model.n_out)
         gen: torch.Generator | None = torch.Generator().manual_seed(req.seed)

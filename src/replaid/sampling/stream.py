@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor
@@ -37,6 +37,9 @@ from replaid.sampling.contract import Callback, Committed
 from replaid.sampling.registry import get_sampler
 from replaid.sampling.request import SampleRequest
 
+if TYPE_CHECKING:
+    from replaid.store.loading import Run
+
 __all__ = ["BLOCK_STARTS", "BlockStarter", "Completion", "Delta", "SampleText", "one_pass", "starter_for"]
 
 
@@ -44,12 +47,12 @@ class BlockStarter(Protocol):
     """How a kind's run writes a request block by block (module docstring)."""
 
     def __call__(
-        self, run: Any, req: SampleRequest, prompt: Tensor, length: int, callback: Callback | None
+        self, run: Run, req: SampleRequest, prompt: Tensor, length: int, callback: Callback | None
     ) -> Callable[[int], Iterator[Committed]]: ...
 
 
 def one_pass(
-    run: Any, req: SampleRequest, prompt: Tensor, length: int, callback: Callback | None
+    run: Run, req: SampleRequest, prompt: Tensor, length: int, callback: Callback | None
 ) -> Callable[[int], Iterator[Committed]]:
     """A run without blocks: the registered sampler writes the request's one length (``length`` or
     ``data.seq_len``) at once, drawn as :func:`~replaid.sampling.generate.generate` draws it: one block."""
@@ -153,7 +156,7 @@ class Completion:
     committed block (the deltas of the batch's unfinished samples), or call :meth:`rows` for
     :func:`~replaid.sampling.generate.generate`'s rows. ``samples``, ``nfe`` and ``batches`` fill in as it runs."""
 
-    def __init__(self, run: Any, req: SampleRequest, callback: Callback | None = None):
+    def __init__(self, run: Run, req: SampleRequest, callback: Callback | None = None):
         self.run, self.req = run, req
         L = run.cfg.data.seq_len
         req.check(run.method, run.tokenizer, L)

@@ -24,12 +24,15 @@ import sys
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from replaid.sampling.batching import KERNEL_FIELDS, BlockBatch, kernel_key, kernel_of, lane_of
 from replaid.sampling.request import SampleRequest
 from replaid.sampling.stream import Completion, SampleText
 from replaid.web.jobs import Emit, channel, one_line
+
+if TYPE_CHECKING:
+    from replaid.store.loading import Run
 
 __all__ = ["KERNEL_FIELDS", "Batcher", "Job", "done_event"]
 
@@ -63,7 +66,7 @@ class Job:
 class Batcher:
     """The scheduler thread of one block run (module docstring)."""
 
-    def __init__(self, rid: str, run: Any, max_batch: int, max_queue: int):
+    def __init__(self, rid: str, run: Run, max_batch: int, max_queue: int):
         self.rid, self.run, self.max_batch, self.max_queue = rid, run, max_batch, max_queue
         self.cond = threading.Condition()
         self.waiting: deque[Job] = deque()

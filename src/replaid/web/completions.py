@@ -70,6 +70,7 @@ from replaid.web.observe import Observer, Record
 
 if TYPE_CHECKING:
     from replaid.sampling.contract import StepInfo
+    from replaid.store.loading import Run
 
 DEFAULTS = {  # OpenAI fields accepted at these values only
     "top_p": (1, 1.0, None),
@@ -197,7 +198,7 @@ def request_of(body: Any, slots: dict[str, Slot]) -> tuple[Slot, SampleRequest, 
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise ApiError("prompt must be a string (one prompt per request; n asks for several samples)", "prompt")
-    run: Any = slots[model].run
+    run: Run = slots[model].run
     defaults = {  # OpenAI's (and, for steps and the sampler, a distilled student's own)
         "sampler": run.default_sampler,  # a distilled student's own (None: the method's first)
         "steps": run.default_steps or DEFAULT_STEPS,
@@ -229,7 +230,7 @@ def request_of(body: Any, slots: dict[str, Slot]) -> tuple[Slot, SampleRequest, 
 
 def check(s: Slot, req: SampleRequest, limits: Limits) -> None:
     """The server's bounds and :meth:`SampleRequest.check` (the CLI's messages, fields in OpenAI's names)."""
-    run: Any = s.run
+    run: Run = s.run
     L = run.cfg.data.seq_len
     if not 1 <= req.num <= limits.max_samples:
         raise ApiError(f"n must be between 1 and {limits.max_samples}, got {req.num}", "n")
