@@ -390,3 +390,25 @@ def test_each_method_declares_its_own_options_beside_it():
     assert not [
         c for c in vars(config_module).values() if isinstance(c, type) and c in {m.options for m in METHODS.values()}
     ]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_greedy_logits_do_not_see_the_tokens_they_predict(name):
+    """lm-eval's greedy check (``Method.greedy_logits``): a prediction of each scored token from the rest, so
+    the scored tokens' own values never reach their logits (AR: a position sees only the tokens before it);
+    a continuous method has none."""
+    _, m, model = setup(name)
+    model.eval()
+    x = torch.randint(0, V, (B, L), generator=torch.Generator().manual_seed(3))
+    target = torch.zeros(B, L, dtype=torch.bool)
+    target[:, L // 2 :] = True
+    with torch.no_grad():
+        out = m.greedy_logits(model, x, target, 0)
+        if m.kind.continuous:
+            assert out is None
+            return
+        assert out.shape[:2] == (B, L)
+        y = torch.where(target, (x + 1) % V, x)  # every scored token changed
+        got = m.greedy_logits(model, y, target, 0)
+    seen = torch.arange(L) <= L // 2 if m.kind.left_to_right else target[0]  # AR: up to the first scored token
+    assert torch.allclose(out[:, seen], got[:, seen], atol=1e-6)

@@ -33,8 +33,6 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from replaid.methods.base import Kind
-
 WHAT = {
     "exact": "exact log-likelihood",
     "bound": "lower bound on the log-likelihood (NELBO with the context held clean)",
@@ -166,19 +164,8 @@ class Scorer:
         corrupted (masked / uniform noise at t = 1) and the context clean. Continuous: False (no
         one-step greedy continuation exists; the harness's ``acc`` is then not reported as meaningful)."""
         method, model = self.run.method, self.run.model  # type: ignore[attr-defined]
-        from replaid.methods.ar import shift_right
-
-        if method.kind is Kind.AUTOREGRESSIVE:
-            logits = model(shift_right(x, model.n_in - 1))
-        elif method.kind is Kind.MASKED:
-            z = torch.where(target, torch.full_like(x, model.n_out), x)
-            t = torch.ones(x.shape[0], device=x.device)
-            logits = model(z, t if model.time_conditioning else None)
-        elif method.kind is Kind.UNIFORM:
-            g = torch.Generator(device=x.device).manual_seed(self.seed)
-            z = torch.where(target, torch.randint(0, model.n_out, x.shape, generator=g, device=x.device), x)
-            logits = model(z, torch.full((x.shape[0],), 1.0 - method.eps, device=x.device))
-        else:
+        logits = method.greedy_logits(model, x, target, self.seed)
+        if logits is None:
             return torch.zeros(x.shape[0], dtype=torch.bool)
         ok: Tensor = (logits.argmax(-1) == x) | ~target  # the run is typed object here: logits is Any
         return ok.all(1).cpu()

@@ -96,5 +96,10 @@ class ARMethod(Method[TokenDiT]):
     ) -> dict[str, Tensor]:
         return {"nll": self._nll_rows(model, tokens, mask)}
 
+    def greedy_logits(self, model: TokenDiT, tokens: Tensor, target: Tensor, seed: int) -> Tensor:
+        """Teacher-forced logits: the argmax is exact greedy decoding."""
+        logits: Tensor = model(shift_right(tokens, model.n_in - 1))
+        return logits
+
     def embedding_rows(self, model: TokenDiT) -> Tensor:
         return model.rows(model.n_out)

@@ -29,7 +29,7 @@ The optional hooks have defaults: :meth:`before_step` / :meth:`after_step` (arou
 step), :meth:`refresh` (on logging steps: the one host read of method statistics), :meth:`compile`,
 :meth:`state_dict` / :meth:`load_state_dict` (method state saved in checkpoints and exports),
 :meth:`eval_summary` (extra evaluation figures), :meth:`divergence_hint` (what to say when training
-diverges), :meth:`probe` (the predictions at a fixed time behind the training log's plateau signatures)
+diverges), :meth:`greedy_logits` (lm-eval's greedy check), :meth:`probe` (the predictions at a fixed time behind the training log's plateau signatures)
 and :meth:`embedding_rows` (the token embeddings ``replaid geometry`` draws).
 The test module ``tests/test_method_contract.py`` runs every registered method through all of them.
 """
@@ -208,6 +208,12 @@ class Method(ABC, Generic[ModelT]):
     def divergence_hint(self, model: ModelT) -> str:
         """A likely cause to name, beside the learning rate, when training diverges ("" for none)."""
         return ""
+
+    def greedy_logits(self, model: ModelT, tokens: Tensor, target: Tensor, seed: int) -> Tensor | None:
+        """Logits (B, L, V) of the one-step prediction of tokens (B, L) at the ``target`` positions (B, L) bool
+        given the rest, whose argmax lm-eval's greedy check compares with the tokens (noise drawn from
+        ``seed``); None: the method has no one-step greedy continuation (continuous diffusion)."""
+        return None
 
     def probe(self, model: ModelT, tokens: Tensor, t: float, generator: torch.Generator) -> Probe | None:
         """The network's predictions for tokens (B, L) noised at time ``t`` as in training, with noise from

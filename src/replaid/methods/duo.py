@@ -312,5 +312,13 @@ class DuoMethod(Method[TokenDiT]):
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.step = int(d.get("step", 0))
 
+    def greedy_logits(self, model: TokenDiT, tokens: Tensor, target: Tensor, seed: int) -> Tensor:
+        """Every target token replaced by uniform noise at t = 1 - eps, the context clean."""
+        g = torch.Generator(device=tokens.device).manual_seed(seed)
+        noise = torch.randint(0, model.n_out, tokens.shape, generator=g, device=tokens.device)
+        z = torch.where(target, noise, tokens)
+        logits: Tensor = model(z, torch.full((tokens.shape[0],), 1.0 - self.eps, device=tokens.device))
+        return logits
+
     def embedding_rows(self, model: TokenDiT) -> Tensor:
         return model.rows(model.n_out)

@@ -235,6 +235,13 @@ class MDLMMethod(Method[TokenDiT]):
         )
 
     @torch.no_grad()
+    def greedy_logits(self, model: TokenDiT, tokens: Tensor, target: Tensor, seed: int) -> Tensor:
+        """Every target token masked (t = 1), the context clean: one step of unmasking."""
+        z = torch.where(target, torch.full_like(tokens, model.n_out), tokens)
+        t = torch.ones(tokens.shape[0], device=tokens.device)
+        logits: Tensor = model(z, t if model.time_conditioning else None)
+        return logits
+
     def probe(self, model: TokenDiT, tokens: Tensor, t: float, generator: torch.Generator) -> Probe:
         """The predictions at the masked positions of tokens (B, L) masked at time t (the whole sequence)."""
         dev = tokens.device
