@@ -124,7 +124,7 @@ class NodeTagger(TorchFunctionMode):
 
     def __init__(self, forward: DtypeAudit, back: DtypeAudit) -> None:
         super().__init__()
-        self.forward, self.back, self.tagged = forward, back, 0
+        self.forward, self.back = forward, back
         self.nodes: set[object] = set()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]

@@ -139,15 +139,6 @@ def _at_default(v: Any, allowed: tuple[Any, ...]) -> bool:
     return any(v == d and isinstance(v, bool) == isinstance(d, bool) for d in allowed)
 
 
-def _field(body: dict[str, Any], k: str, default: Any, ok: Callable[[Any], bool], what: str) -> Any:
-    v = body.get(k, default)
-    if v is None:
-        v = default
-    if not ok(v):
-        raise ApiError(f"{k} must be {what}, got {strict_dumps(v)}", k)
-    return v
-
-
 def _json_value(name: str, v: Any, typ: Any) -> Any:
     """``v`` as a value of the declared type ``typ`` of a :class:`SampleRequest` field (OpenAI's name ``name``),
     JSON's types taken strictly: a number is never a bool nor a bool a number, a string list (``stop``) may be
@@ -225,7 +216,8 @@ def request_of(body: Any, slots: dict[str, Slot]) -> tuple[Slot, SampleRequest, 
             "temperature",
         )
     req = SampleRequest(**kw, batch_size=kw.get("num", 1), progress=False)
-    return slots[model], req, _field(body, "stream", False, lambda v: isinstance(v, bool), "true or false")
+    stream = body.get("stream")
+    return slots[model], req, False if stream is None else bool(_json_value("stream", stream, bool))
 
 
 def check(s: Slot, req: SampleRequest, limits: Limits) -> None:
