@@ -6,6 +6,8 @@ differences against the default cell, with 95% t-intervals over seeds. Writes ``
 
     python scripts/plateau_study.py runs/plateau-screen --reference replaid --against mdlm \
         --budgets 300 600 1200 2400 --out docs/results/plateau/screen
+
+``--cells`` keeps the named cells only (one arm of a grid of arms, paired against its own reference).
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budgets", type=int, nargs="+", default=[300, 600, 1200, 2400])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--partial", action="store_true", help="include runs still training (default: finished runs only)")
+    p.add_argument("--cells", nargs="+", default=None, help="only these cells (default: every cell of the grids)")
     args = p.parse_args(argv)
     runs: dict[str, dict[int, dict[str, Any]]] = {}
     curves: dict[tuple[str, int], Curve] = {}
@@ -116,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     for g, e in found:
         run = g / e.run_dir
         if (e.cell, e.seed) in curves or not (run / "metrics.jsonl").is_file():
+            continue
+        if args.cells is not None and e.cell not in args.cells:
             continue
         if not args.partial and not (run / "final_eval.json").is_file():
             continue

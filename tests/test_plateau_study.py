@@ -108,6 +108,27 @@ def test_study_script_on_a_planned_grid_with_known_curves(tmp_path, capsys):
     assert d["cells"]["fast"]["multiplier_interval"]["1000"]["mean"] == pytest.approx(2.0, rel=0.03)
     assert (out / "below_unigram.png").stat().st_size > 1000
 
+    # one arm of a grid: only the named cells, paired against the arm's own reference
+    arm = tmp_path / "arm"
+    argv = [
+        str(g),
+        "--budgets",
+        "1000",
+        "--out",
+        str(arm),
+        "--partial",
+        "--cells",
+        "mdlm",
+        "fast",
+        "--reference",
+        "fast",
+    ]
+    r = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    d = json.loads((arm / "study.json").read_text())
+    assert sorted(d["cells"]) == ["fast", "mdlm"] and sorted(d["runs"]) == ["fast", "mdlm"]
+    assert d["cells"]["mdlm"]["paired"]["exit_diff_exact"] == [100 - 300, 100 - 400]
+
 
 def _batch_script():
     import importlib.util

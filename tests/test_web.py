@@ -22,8 +22,9 @@ import pytest
 from replaid.cli import main
 from replaid.sampling.display import visible
 from replaid.sampling.request import SampleRequest
+from replaid.sampling.strategy import MASK_ID as MASK
 from replaid.store.loading import load_run
-from replaid.web.engine import MASK, Limits, generate_stream, parse, parse_text, prepare
+from replaid.web.engine import Limits, generate_stream, parse, parse_text, prepare
 
 fastapi = pytest.importorskip("fastapi", reason="the 'web' extra (FastAPI, uvicorn) is not installed")
 

@@ -36,7 +36,6 @@ The test module ``tests/test_method_contract.py`` runs every registered method t
 
 from __future__ import annotations
 
-import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeAlias, TypeVar
@@ -47,31 +46,37 @@ from torch import Tensor, nn
 from replaid.config import ConfigError, RunConfig
 
 
-class Kind(str, enum.Enum):
-    """What a method's network and samplers work on."""
+@dataclass(frozen=True, eq=False)
+class Kind:
+    """What a method's network and samplers work on: a name, what it can do (asked by name wherever it
+    matters: the FLOP and memory models, the refusals of the likelihood, diagnose, edit and infill paths,
+    the batcher's keys) and where its sampling strategy is declared: ``strategy`` is the ``module:NAME``
+    of a :class:`replaid.sampling.strategy.KindStrategy` (starter, samplers, block generator and kernel,
+    playground frames), imported on first use as :mod:`replaid.registry` imports a method. A new kind is
+    one file (the kind, its strategy, its method) plus its method's registry entry. Kinds compare by
+    identity."""
 
-    CONTINUOUS = "continuous"  # VP diffusion on token embeddings (denoiser, noise schedule)
-    MASKED = "masked"  # absorbing-state discrete diffusion ([MASK] id)
-    UNIFORM = "uniform"  # uniform-state discrete diffusion
-    AUTOREGRESSIVE = "autoregressive"  # left to right, exact likelihood
+    value: str
+    strategy: str
+    continuous: bool = False  # a continuous latent of token embeddings under a noise schedule: the PF-ODE
+    # likelihood, SDEdit, infilling by replacement, classifier guidance, self-conditioning (T + 1 NFE)
+    left_to_right: bool = False  # one token per step, left to right (its steps are its length; the GenPPL judge)
+    mask_token: bool = False  # its noise is an extra [MASK] id (the network's ``n_out``), a block's start
 
-    # What a kind can do, asked by name wherever it matters (the FLOP and memory models, the refusals of
-    # the likelihood, diagnose, edit and infill paths, the kernels' keys), so that a new kind answers here
-    @property
-    def continuous(self) -> bool:
-        """A continuous latent of token embeddings under a noise schedule: the PF-ODE likelihood, SDEdit,
-        infilling by replacement, classifier guidance, self-conditioning, the continuous samplers (T + 1 NFE)."""
-        return self is Kind.CONTINUOUS
+    CONTINUOUS: ClassVar[Kind]  # VP diffusion on token embeddings (denoiser, noise schedule)
+    MASKED: ClassVar[Kind]  # absorbing-state discrete diffusion ([MASK] id)
+    UNIFORM: ClassVar[Kind]  # uniform-state discrete diffusion
+    AUTOREGRESSIVE: ClassVar[Kind]  # left to right, exact likelihood
 
-    @property
-    def left_to_right(self) -> bool:
-        """One token per step, left to right (its steps are its length; the judge of GenPPL is one)."""
-        return self is Kind.AUTOREGRESSIVE
+    def __str__(self) -> str:
+        return self.value
 
-    @property
-    def mask_token(self) -> bool:
-        """Its noise is an extra [MASK] id (the network's ``n_out``), which a block's tokens start from."""
-        return self is Kind.MASKED
+
+Kind.CONTINUOUS = Kind("continuous", "replaid.sampling.kinds.continuous:STRATEGY", continuous=True)
+Kind.MASKED = Kind("masked", "replaid.sampling.kinds.masked:STRATEGY", mask_token=True)
+Kind.UNIFORM = Kind("uniform", "replaid.sampling.kinds.uniform:STRATEGY")
+Kind.AUTOREGRESSIVE = Kind("autoregressive", "replaid.sampling.kinds.autoregressive:STRATEGY", left_to_right=True)
+KINDS: tuple[Kind, ...] = (Kind.CONTINUOUS, Kind.MASKED, Kind.UNIFORM, Kind.AUTOREGRESSIVE)  # this repository's
 
 
 ModelT = TypeVar("ModelT", bound=nn.Module)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor
@@ -56,6 +56,7 @@ from replaid.sampling.contract import Committed, SamplerFn
 from replaid.sampling.discrete import tempered_probs, unmask_step
 from replaid.sampling.registry import get_sampler
 from replaid.sampling.request import SampleRequest
+from replaid.sampling.strategy import Kernel, strategy_of
 
 if TYPE_CHECKING:
     from replaid.store.loading import Run
@@ -69,24 +70,6 @@ def kernel_key(req: SampleRequest, kind: Kind | None = None) -> tuple[Any, ...]:
     return tuple(
         getattr(req, f) for f in (AR_KERNEL_FIELDS if kind is not None and kind.left_to_right else KERNEL_FIELDS)
     )
-
-
-class Kernel(Protocol):
-    """How a method writes one block of a ragged batch and commits it."""
-
-    def fill(self, ids: Tensor, known: Tensor, cache: KVCache, gen: RowGenerators) -> tuple[Tensor, Tensor]:
-        """The block's ids (B, b) (the prompt's where ``known`` (B, b)) written: (ids (B, b), which rows
-        took part in each network call (B, calls) bool)."""
-        ...
-
-    def commit(self, ids: Tensor, cache: KVCache) -> None:
-        """One clean pass of the finished block (B, b), its keys to the cache."""
-        ...
-
-    def prefill(self, ids: Tensor, block: int, cache: KVCache) -> int:
-        """The prompt's whole blocks ``ids`` (n, k b) into a lane's empty cache, as the lane alone commits
-        them; returns the network calls."""
-        ...
 
 
 def commit_each(kernel: Kernel, ids: Tensor, block: int, cache: KVCache) -> int:
@@ -191,23 +174,33 @@ class ARKernel:
 
 
 def kernel_of(run: Run, req: SampleRequest) -> Kernel:
-    """The kernel of a block run's method for ``req``'s :data:`KERNEL_FIELDS`."""
-    from replaid.sampling.starts import denoiser_for  # the request's temperatures, as the full-sequence samplers
+    """The kernel of a block run's method for ``req``'s :data:`KERNEL_FIELDS` (its kind's ``kernel``)."""
+    make = strategy_of(run.method.kind).kernel
+    if make is None:
+        raise ValueError(f"a {run.method.name} run has no block-by-block generator")
+    return make(run, req)
 
-    model: Any = run.model  # the kind's network: a TokenDiT (MDLM, AR) or a continuous denoiser
-    if run.method.kind is Kind.MASKED:
-        return MaskedKernel(cast(TokenDiT, model), time_grid(req.steps), req.temperature)
-    if run.method.kind is Kind.CONTINUOUS:
-        fn = get_sampler(run.method, req.sampler).fn
-        options = {"self_cond": None if req.self_cond else False, "disable_progress": True}
-        return ContinuousKernel(
-            model, fn, gamma_grid(model.schedule, req.steps), options, lambda d: denoiser_for(d, req)
-        )
-    if run.method.kind is Kind.AUTOREGRESSIVE:
-        return ARKernel(
-            cast(TokenDiT, model), req.temperature, req.top_p if req.top_p is not None else run.cfg.ar.top_p
-        )
-    raise ValueError(f"a {run.method.name} run has no block-by-block generator")
+
+def masked_kernel(run: Run, req: SampleRequest) -> MaskedKernel:
+    """MDLM's kernel for ``req``: its steps per block at its temperature."""
+    return MaskedKernel(cast(TokenDiT, run.model), time_grid(req.steps), req.temperature)
+
+
+def continuous_kernel(run: Run, req: SampleRequest) -> ContinuousKernel:
+    """A continuous method's kernel for ``req``: its sampler and steps per block, its self-conditioning and
+    temperatures (as the full-sequence samplers apply them)."""
+    from replaid.sampling.starts import denoiser_for
+
+    model: Any = run.model  # a continuous denoiser
+    fn = get_sampler(run.method, req.sampler).fn
+    options = {"self_cond": None if req.self_cond else False, "disable_progress": True}
+    return ContinuousKernel(model, fn, gamma_grid(model.schedule, req.steps), options, lambda d: denoiser_for(d, req))
+
+
+def ar_kernel(run: Run, req: SampleRequest) -> ARKernel:
+    """AR's kernel for ``req``: its temperature within its ``top_p`` (else the run's ``ar.top_p``)."""
+    top_p = req.top_p if req.top_p is not None else run.cfg.ar.top_p
+    return ARKernel(cast(TokenDiT, run.model), req.temperature, top_p)
 
 
 @dataclass

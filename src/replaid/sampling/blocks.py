@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 
 from replaid.diffusion.denoiser import Denoiser, DenoiserOutput
 from replaid.diffusion.rng import Gen, device_generator
-from replaid.methods.base import Kind, Method
+from replaid.methods.base import Method
 from replaid.model.blocks import prefix_block_mask
 from replaid.model.dit import KVCache, per_token
 from replaid.model.tokens import TokenDiT
@@ -48,6 +48,7 @@ from replaid.sampling.contract import Callback, Committed, SampleResult, Sampler
 from replaid.sampling.discrete import exponential_race, tempered_probs, top_p_filter, unmask_step
 from replaid.sampling.registry import get_sampler
 from replaid.sampling.request import SampleRequest
+from replaid.sampling.strategy import strategy_of
 
 if TYPE_CHECKING:
     from replaid.model.replaid import RePlaid
@@ -549,6 +550,29 @@ def _tagged(callback: Callback, k: int) -> Callback:
     return call
 
 
+def any_length_masked(
+    model: TokenDiT, fn: SamplerFn, prompt: Tensor, N: int, *, steps: int, temperature: float, **loop: Any
+) -> SampleResult:
+    """MDLM's :func:`sample_any_length`: ``prompt`` (B, P) then [MASK] to ``N``, :func:`sample_blocks` with
+    ``steps`` ancestral steps per block at ``temperature`` (``fn``, its one sampler, is that loop)."""
+    x = torch.full((prompt.shape[0], N), int(model.n_out), dtype=torch.long, device=prompt.device)
+    x[:, : prompt.shape[1]] = prompt
+    return sample_blocks(model, x, time_grid(steps), temperature=temperature, **loop)
+
+
+def any_length_continuous(
+    model: RePlaid, fn: SamplerFn, prompt: Tensor, N: int, *, steps: int, temperature: float, **loop: Any
+) -> SampleResult:
+    """A continuous method's :func:`sample_any_length`: ``prompt`` (B, P) kept, the rest to ``N`` written by
+    :func:`sample_blocks_continuous` with the sampler ``fn`` on ``steps`` levels per block (``temperature``
+    is MDLM's; a continuous request's temperatures wrap its denoiser)."""
+    B, P = prompt.shape
+    ids = torch.zeros(B, N, dtype=torch.long, device=prompt.device)
+    ids[:, :P] = prompt
+    known = (torch.arange(N, device=prompt.device) < P).expand(B, N)  # (B, N)
+    return sample_blocks_continuous(model, fn, ids, known, gamma_grid(model.schedule, steps), **loop)
+
+
 # ------------------------------------------------------------------ any method, any length
 
 
@@ -619,40 +643,22 @@ def sample_any_length(
         if on_block is not None:
             on_block(k, ids)
 
-    known = (torch.arange(N, device=dev) < P).expand(Bn, N)  # (B, N)
-    if method.kind is Kind.CONTINUOUS:
-        ids = torch.zeros(Bn, N, dtype=torch.long, device=dev)
-        ids[:, :P] = prompt_ids.to(dev)
-        res = sample_blocks_continuous(
-            model,
-            fn,
-            ids,
-            known,
-            gamma_grid(model.schedule, steps),
-            generator=generator,
-            callback=callback,
-            block=b,
-            use_cache=use_cache,
-            window=window,
-            stop=stop,
-            on_block=tell,
-        )
-    elif method.kind is Kind.MASKED:
-        x = torch.full((Bn, N), int(model.n_out), dtype=torch.long, device=dev)
-        x[:, :P] = prompt_ids.to(dev)
-        res = sample_blocks(
-            model,
-            x,
-            time_grid(steps),
-            generator=generator,
-            callback=callback,
-            temperature=temperature,
-            block=b,
-            use_cache=use_cache,
-            window=window,
-            stop=stop,
-            on_block=tell,
-        )
-    else:
+    write = strategy_of(method.kind).any_length
+    if write is None:
         raise ValueError(f"a {method.name} run has no block sampler: sample it with 'replaid sample'")
+    res = write(
+        model,
+        fn,
+        prompt_ids.to(dev),
+        N,
+        steps=steps,
+        temperature=temperature,
+        generator=generator,
+        callback=callback,
+        block=b,
+        use_cache=use_cache,
+        window=window,
+        stop=stop,
+        on_block=tell,
+    )
     return AnyLength(res.tokens, P, res.nfe, written)

@@ -5,7 +5,7 @@
 * ``net``: what the sampler calls: a continuous method's denoiser (``(z, gamma, e_sc) -> (logits, e_hat)``,
   possibly wrapped by temperature and guidance terms), or a discrete method's network (token ids -> logits);
 * ``state``: the initial state, built by the caller as its kind declares
-  (:data:`replaid.sampling.registry.STARTS`): a latent ``z ~ N(0, I)`` (B, L, d_e) for continuous methods,
+  (each kind's ``start``, :mod:`replaid.sampling.strategy`): a latent ``z ~ N(0, I)`` (B, L, d_e) for continuous methods,
   token ids (B, L) for discrete ones (all [MASK] for MDLM, uniform noise for Duo, the prompt for AR), with
   given tokens already in place;
 * ``grid``: (T + 1,) the points the sampler walks; step ``i`` (0 <= i < T) goes from ``grid[i]`` to

@@ -16,7 +16,7 @@ A request becomes a :class:`Start` (one per request) and one :class:`Batch` per 
   the time grid 1 -> 0;
 * autoregressive: the prompt (the rest zeros), the grid ``n_prefix, ..., L`` (one step per token).
 
-:data:`STARTS` maps each kind to its starter; the registry gives every sampler of a kind that starter.
+Each kind's strategy (:mod:`replaid.sampling.strategy`) names its starter; every sampler of the kind starts with it.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from torch import Tensor
 
 from replaid.diffusion.denoiser import Denoiser, alpha_sigma
 from replaid.diffusion.rng import device_generator
-from replaid.methods.base import Kind
 from replaid.sampling.continuous import (
     Inpaint,
     LogitTemperature,
@@ -61,7 +60,6 @@ __all__ = [
     "DiscreteStart",
     "Start",
     "Starter",
-    "STARTS",
     "denoiser_for",
     "required_words",
     "guidance_objective",
@@ -332,10 +330,3 @@ start_autoregressive = DiscreteStart(
     steps=lambda req, L: L,
     options=lambda run, req, n, L: {"top_p": run.cfg.ar.top_p if req.top_p is None else req.top_p},
 )
-
-STARTS: dict[Kind, Starter] = {
-    Kind.CONTINUOUS: start_continuous,
-    Kind.MASKED: start_masked,
-    Kind.UNIFORM: start_uniform,
-    Kind.AUTOREGRESSIVE: start_autoregressive,
-}

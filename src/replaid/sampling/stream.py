@@ -1,7 +1,7 @@
 """Completions: a prompt continued block by block, each committed block given out as it comes.
 
-The interface a method's generator plugs into is a :class:`BlockStarter`, found by the method's kind in
-:data:`BLOCK_STARTS` when its run has blocks (:meth:`~replaid.methods.base.Method.block_size` > 0):
+The interface a method's generator plugs into is a :class:`BlockStarter`, its kind's ``start_blocks``
+(:mod:`replaid.sampling.strategy`) when its run has blocks (:meth:`~replaid.methods.base.Method.block_size` > 0):
 
     batch = starter(run, request, prompt, length, callback)   # prompt: (P,) ids; length: P + max_tokens
     for block in batch(B): ...                                 # Committed(tokens (B, n), start, nfe)
@@ -26,29 +26,21 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from replaid.methods.base import Kind, Method
-from replaid.sampling.blocks import start_ar_blocks, start_continuous_blocks, start_masked_blocks
+from replaid.methods.base import Method
 from replaid.sampling.contract import Callback, Committed
 from replaid.sampling.registry import get_sampler
 from replaid.sampling.request import SampleRequest
+from replaid.sampling.strategy import BlockStarter, strategy_of
 
 if TYPE_CHECKING:
     from replaid.store.loading import Run
 
-__all__ = ["BLOCK_STARTS", "BlockStarter", "Completion", "Delta", "SampleText", "one_pass", "starter_for"]
-
-
-class BlockStarter(Protocol):
-    """How a kind's run writes a request block by block (module docstring)."""
-
-    def __call__(
-        self, run: Run, req: SampleRequest, prompt: Tensor, length: int, callback: Callback | None
-    ) -> Callable[[int], Iterator[Committed]]: ...
+__all__ = ["BlockStarter", "Completion", "Delta", "SampleText", "one_pass", "starter_for"]
 
 
 def one_pass(
@@ -68,21 +60,16 @@ def one_pass(
     return batch
 
 
-BLOCK_STARTS: dict[Kind, BlockStarter] = {
-    Kind.MASKED: start_masked_blocks,
-    Kind.CONTINUOUS: start_continuous_blocks,
-    Kind.AUTOREGRESSIVE: start_ar_blocks,
-}
-
-
 def starter_for(method: Method[Any]) -> BlockStarter:
-    """The block generator of ``method``'s runs: its kind's with blocks (AR's: blocks of one token,
-    :meth:`~replaid.methods.base.Method.stream_block`), else :func:`one_pass`."""
+    """The block generator of ``method``'s runs: its kind's (``start_blocks`` of its strategy) when the run
+    has blocks (AR's: blocks of one token, :meth:`~replaid.methods.base.Method.stream_block`), else
+    :func:`one_pass`."""
     if not method.stream_block():
         return one_pass
-    if method.kind not in BLOCK_STARTS:
+    own = strategy_of(method.kind).start_blocks
+    if own is None:
         raise ValueError(f"a {method.name} run with blocks has no block-by-block generator yet")
-    return BLOCK_STARTS[method.kind]
+    return own
 
 
 @dataclass

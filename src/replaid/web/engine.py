@@ -2,16 +2,16 @@
 
 A frame is what the page draws for one sampler step: per sample and position the token shown, the
 model's confidence in it, and which positions were given by the user (kept). What "the token
-shown" is depends on the method, so every method is drawn the same way:
+shown" is depends on the method, so each kind's strategy reads it (:mod:`replaid.sampling.strategy`):
 
 * continuous diffusion (RePlaid, Plaid): the argmax of the denoiser's logits at ``gammas[i]``
   (its current best guess of the clean text) and its softmax probability, from the sampler's
   per-step ``callback`` (k-diffusion style), then one ``final`` frame with the readout at
   ``gammas[T]`` (the returned tokens): T + 1 frames; given positions show the given tokens;
-* MDLM: the current state ``z_s``; still-masked positions are ``MASK``; an unmasked token keeps the
+* MDLM: the current state ``z_s``; still-masked positions are ``MASK_ID``; an unmasked token keeps the
   probability ``x_theta`` gave it when it was drawn;
 * Duo: the current state ``z_s`` (uniform noise at the start) and ``x_theta`` of that token;
-* AR: the tokens so far (later positions ``EMPTY``) and the probability each was drawn with.
+* AR: the tokens so far (later positions ``EMPTY_ID``) and the probability each was drawn with.
 
 A request is a :class:`~replaid.sampling.request.SampleRequest`: its JSON fields are the request's own
 (:func:`parse`, through the config's type coercion; a few the server sets), besides the run, the text
@@ -46,15 +46,14 @@ from replaid.sampling.display import visible
 from replaid.sampling.generate import Plan, generate
 from replaid.sampling.infill import InfillPlan
 from replaid.sampling.request import RequestLimits, SampleRequest, check_text, field_types, prompt_ids
+from replaid.sampling.strategy import strategy_of
 
 if TYPE_CHECKING:
     from replaid.data.tokenizers import Tokenizer
     from replaid.methods.replaid import ContinuousNet
-    from replaid.model.tokens import TokenDiT
     from replaid.sampling.contract import StepInfo
     from replaid.store.loading import Run
 
-MASK, EMPTY = -1, -2  # display ids: a masked position (MDLM), a not-yet-generated one (AR)
 _GAP = re.compile(r"\[\[\s*(\d*)\s*\]\]")  # an infill gap in the text box: [[8]] = 8 tokens to fill
 DEFAULT_GAP = 8
 CLASSIFIER_SKIP = {"checkpoints", "tb", "tokenizer"}
@@ -465,41 +464,11 @@ def generate_stream(
 
 
 def _frames(kind: Kind, framer: _Framer, B: int, L: int, model: torch.nn.Module) -> Callable[[StepInfo], None]:
-    """The step callback drawing each kind's sampler state (module docstring)."""
-    if kind is Kind.CONTINUOUS:
+    """The step callback drawing the sampler's state as its kind's strategy reads it (module docstring)."""
+    read = strategy_of(kind).frames(B, L, model)
 
-        def continuous(info: StepInfo) -> None:
-            p = torch.softmax(info["logits"].float(), -1)  # (B, L, V)
-            conf, ids = p.max(-1)
-            final = bool(info.get("final"))
-            framer.frame(info, info["tokens"] if final else ids, conf, final=final)
+    def draw(info: StepInfo) -> None:
+        ids, conf, final = read(info)
+        framer.frame(info, ids, conf, final=final)
 
-        return continuous
-    V = cast("TokenDiT", model).n_out  # the discrete methods' network (MDLM, Duo, AR)
-    conf = torch.zeros(B, L, dtype=torch.float64)  # kept per position for MDLM / AR
-    if kind is Kind.MASKED:
-
-        def masked(info: StepInfo) -> None:
-            z, p = info["z"].cpu(), info["probs"].cpu()
-            new = (z != V) & (conf == 0)
-            pz = p.gather(-1, z.clamp(max=V - 1).unsqueeze(-1)).squeeze(-1)  # (B, L)
-            conf[new] = pz[new]
-            framer.frame(info, torch.where(z == V, MASK, z), conf.float())
-
-        return masked
-    if kind is Kind.UNIFORM:
-
-        def uniform(info: StepInfo) -> None:
-            z, p = info["z"].cpu(), info["probs"].cpu()
-            framer.frame(info, z, p.gather(-1, z.unsqueeze(-1)).squeeze(-1).float())
-
-        return uniform
-
-    def autoregressive(info: StepInfo) -> None:
-        pos, toks = info["pos"], info["tokens"].cpu()
-        conf[:, pos] = info["probs"].cpu().gather(-1, toks[:, pos : pos + 1]).squeeze(-1)
-        ids = torch.full((B, L), EMPTY, dtype=torch.long)
-        ids[:, : pos + 1] = toks[:, : pos + 1]
-        framer.frame(info, ids, conf.float())
-
-    return autoregressive
+    return draw
