@@ -1,6 +1,8 @@
 """Block diffusion speed and memory (issue 39 §4): time to first block, tokens/s and peak memory of
-block-by-block generation (MDLM, RePlaid, Plaid with blocks of b tokens, ``sample_any_length``) against
-AR with its KV cache and full-sequence diffusion at the same number of denoising steps per position.
+block-by-block generation (MDLM, RePlaid, Plaid with blocks of b tokens) against AR with its KV cache and
+full-sequence diffusion at the same number of denoising steps per position, every family through the one
+block loop that ``replaid sample`` and ``replaid serve`` run (:mod:`replaid.sampling.loop`,
+``sample_any_length``: a ``BlockBatch`` of one lane).
 
     python benchmarks/bench_blocks.py                                   # demo size, CPU, batch 1 and 16
     python benchmarks/bench_blocks.py --device cuda --batches 1 16 --out bench_blocks
@@ -15,9 +17,9 @@ What is measured, per configuration (batch B, length N = k x seq_len for k in ``
   KV cache; past seq_len (k > 1) the sliding window keeps W = seq_len - b committed rows, so a block
   attends to W + b = seq_len keys (what the model was trained on). Time to first block: from the call
   to the first generated block's final ids (``on_block``), the prompt's prefill included;
-- **ar**: a causal model of the same backbone with its KV cache (the loop of
-  ``replaid.sampling.discrete.sample_ar``: one call per token, the BOS + prompt prefilled in one call;
-  past seq_len a window of seq_len - 1 rows: seq_len keys). Time to first block: to the first b
+- **ar**: a causal model of the same backbone with its KV cache, as blocks of one token (``sample_ar``'s
+  draws: one call per token, the BOS + prompt prefilled in one call; past seq_len a window of seq_len - 1
+  rows: seq_len keys). Time to first block: to the first b
   generated tokens, for each b of the sweep (``ttfb_by_block``);
 - **full**: the same method without blocks writes seq_len positions per sample with T_full steps; it
   writes the n tokens as k samples, the first prompted (P kept), the others from nothing (it cannot see
@@ -162,7 +164,7 @@ def build(spec: dict, family: str, dev: torch.device):
 
 
 def gen_blocks(method, model, prompt, n: int, T: int, window: int | None, sampler, dev) -> dict:
-    from replaid.sampling.blocks import sample_any_length
+    from replaid.sampling.loop import sample_any_length
 
     g = torch.Generator().manual_seed(0)
     first: list[float] = []
@@ -186,7 +188,7 @@ def gen_blocks(method, model, prompt, n: int, T: int, window: int | None, sample
 
 def gen_full(method, model, prompt, n: int, L: int, T: int, sampler, dev) -> dict:
     """n = k L - P tokens as k samples of L positions: the first prompted, the rest from nothing."""
-    from replaid.sampling.blocks import sample_any_length
+    from replaid.sampling.loop import sample_any_length
 
     g = torch.Generator().manual_seed(0)
     P = prompt.shape[1]
@@ -205,38 +207,30 @@ def gen_full(method, model, prompt, n: int, L: int, T: int, sampler, dev) -> dic
     return {"seconds": time.perf_counter() - t0, "ttfb_s": first, "nfe": nfe, "samples": k}
 
 
-@torch.no_grad()
-def gen_ar(model, prompt, n: int, window: int | None, blocks: list[int], dev) -> dict:
-    """``sample_ar``'s loop (same calls, same draws) with a sliding-window cache; the time to the
-    first b tokens for each b in ``blocks``."""
-    from replaid.model.dit import KVCache
-    from replaid.sampling.discrete import exponential_race, tempered_probs
+def gen_ar(method, model, prompt, n: int, window: int | None, blocks: list[int], dev) -> dict:
+    """AR through the one block loop (blocks of one token over its KV cache, the path ``replaid serve`` and
+    ``replaid sample`` run: ``sample_ar``'s draws); the time to the first b tokens for each b in ``blocks``."""
+    from replaid.sampling.loop import sample_any_length
 
     g = torch.Generator().manual_seed(0)
-    B, P = prompt.shape
-    out = torch.empty(B, n, dtype=torch.long, device=dev)
+    P = prompt.shape[1]
     ttfb: dict[str, float] = {}
     sync(dev)
     t0 = time.perf_counter()
-    cache = KVCache(window=window)
-    bos = torch.full((B, 1), model.n_in - 1, dtype=torch.long, device=dev)
-    logits = model.forward_cached(torch.cat([bos, prompt], dim=1), cache, 0)[:, -1]
-    nfe = 1
-    for i in range(n):
-        out[:, i] = exponential_race(tempered_probs(logits, 1.0), g)
-        if i + 1 in blocks:
+
+    def on_block(k: int, ids: torch.Tensor) -> None:
+        if k + 1 - P in blocks:
             sync(dev)
-            ttfb[str(i + 1)] = time.perf_counter() - t0
-        if i + 1 < n:
-            logits = model.forward_cached(out[:, i : i + 1], cache, P + 1 + i)[:, -1]
-            nfe += 1
+            ttfb[str(k + 1 - P)] = time.perf_counter() - t0
+
+    res = sample_any_length(method, model, prompt, n, window=window, generator=g, on_block=on_block)
     sync(dev)
     return {
         "seconds": time.perf_counter() - t0,
         "ttfb_by_block": ttfb,
         "ttfb_s": ttfb[str(min(blocks))],
-        "nfe": nfe,
-        "tokens_out": out,
+        "nfe": res.nfe,
+        "tokens_out": res.tokens[:, P:],
     }
 
 
@@ -274,7 +268,7 @@ def one(**spec: Any) -> dict:
         else:
             window = None if k == 1 else L - 1
             blocks = [x for x in spec["blocks"] if x <= n]
-            gen = lambda nn: gen_ar(model, prompt, nn, window, blocks if nn == n else [min(blocks)], dev)
+            gen = lambda nn: gen_ar(method, model, prompt, nn, window, blocks if nn == n else [min(blocks)], dev)
             warm = min(blocks)
         if dev.type == "cuda":  # allocated bytes are exact: warm up, then one run for time and memory
             gen(warm)

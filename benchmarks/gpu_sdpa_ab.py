@@ -79,7 +79,7 @@ def ar_calls(model, prompt, n: int, gen: torch.Generator, dev) -> tuple[float, i
 
 @torch.no_grad()
 def block_nfe(method, model, prompt, n: int, dev) -> tuple[float, int]:
-    from replaid.sampling.blocks import sample_any_length
+    from replaid.sampling.loop import sample_any_length
 
     g = torch.Generator().manual_seed(0)
     sync(dev)

@@ -5,7 +5,7 @@
         --num 128 --seed 0 --out docs/results/blocks/distill.json
 
 Each ``LABEL=RUN:STEPS[,STEPS]`` writes ``--num`` unconditional samples of ``data.seq_len`` tokens block by
-block (:func:`replaid.sampling.blocks.sample_any_length`, DDIM, ``STEPS`` per block, the KV cache); every
+block (:func:`replaid.sampling.loop.sample_any_length`, DDIM, ``STEPS`` per block, the KV cache); every
 model draws its blocks' starting noise from the same seeded generator, so sample *i* of two models is a
 pair. Scored: GenPPL under an AR judge run (same corpus), the mean per-sample unigram entropy of the ids,
 the repetition rate (share of a sample's 4-grams of ids that repeat an earlier 4-gram of the sample), and
@@ -45,7 +45,8 @@ def main() -> None:
     import torch
 
     from replaid.eval.quality import gen_ppl_ar_run, reference_windows, repetition_rate, unigram_entropy
-    from replaid.sampling.blocks import block_size_of, sample_any_length
+    from replaid.sampling.blocks import block_size_of
+    from replaid.sampling.loop import sample_any_length
     from replaid.store.loading import load_run
 
     torch.set_num_threads(1)

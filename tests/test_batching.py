@@ -27,7 +27,7 @@ from replaid.model.blocks import pair_positions
 from replaid.model.dit import KVCache
 from replaid.sampling import batching
 from replaid.sampling.batching import BlockBatch, kernel_of, lane_of
-from replaid.sampling.blocks import start_masked_blocks
+from replaid.sampling.loop import start_blocks
 from replaid.sampling.request import SampleRequest
 from replaid.sampling.stream import starter_for
 from test_blocks import backbone, mdlm, windowed_mask
@@ -199,7 +199,7 @@ def test_an_mdlm_row_is_passed_through_the_network_only_when_its_block_changed(m
         (SampleRequest(seed=seed, num=n, batch_size=n, steps=16, progress=False), prompt, length)
         for seed, n, prompt, length in [(21, 1, empty, 16), (22, 2, torch.tensor([1, 2]), 16), (23, 1, empty, 12)]
     ]
-    starts = [list(start_masked_blocks(run, *a, None)(a[0].num)) for a in asks]
+    starts = [list(start_blocks(run, *a, None)(a[0].num)) for a in asks]
     want_ids = [torch.cat([c.tokens for c in cs], 1) for cs in starts]
     want_nfe = [cs[-1].nfe for cs in starts]
     assert all(n < 16 * 4 + 3 for n in want_nfe)  # alone, the reuse skips calls: fewer than steps x blocks
@@ -242,7 +242,7 @@ def ar(L: int = 8):
 def test_an_ar_request_writes_in_a_batch_what_it_writes_alone(monkeypatch):
     """AR served as a block run of one token: past its length of 8 (the window keeps 7 tokens before each
     query, BOS dropped once it leaves), a prompt of 8 tokens prefilled (one pass of BOS and 7, then one
-    more), requests joining at any token and leaving: each writes what ``start_ar_blocks`` writes alone."""
+    more), requests joining at any token and leaving: each writes what it writes alone."""
     method, model = ar()
     assert method.stream_block() == 1 and method.block_size() == 0
     check_alone_equals_joined(as_run(method, model), monkeypatch, temperature=0.9)
@@ -251,7 +251,6 @@ def test_an_ar_request_writes_in_a_batch_what_it_writes_alone(monkeypatch):
 def test_ar_token_blocks_are_sample_ars_draws_within_the_training_length():
     """Inside ``data.seq_len`` the token-by-token starter is the registered AR sampler (``sample_ar``):
     the same draws from the same seed, the same tokens, prompt or none."""
-    from replaid.sampling.blocks import start_ar_blocks
     from replaid.sampling.discrete import sample_ar
 
     method, model = ar()
@@ -265,8 +264,8 @@ def test_ar_token_blocks_are_sample_ars_draws_within_the_training_length():
         want = sample_ar(model, x, pos, generator=torch.Generator().manual_seed(5), temperature=0.7).tokens
         assert torch.equal(got, want), prompt
         infos = []
-        list(start_ar_blocks(run, req, prompt, 8, infos.append)(3))
-        assert [i["pos"] for i in infos] == list(range(len(prompt), 8))  # one step per token written
+        list(start_blocks(run, req, prompt, 8, infos.append)(3))
+        assert [i["start"] for i in infos] == list(range(len(prompt), 8))  # one step per token written
 
 
 def test_an_ar_prefill_sees_what_token_by_token_commits_see_past_the_window(monkeypatch):

@@ -78,14 +78,14 @@ def test_planted_bugs_are_caught(bb, quick, tmp_path, monkeypatch):
 
 
 def test_ar_loop_draws_sample_ar_tokens(bb):
-    """The benchmark's windowed AR loop is sample_ar's (same calls, same draws) when nothing is cut."""
+    """The benchmark times AR on the one block loop, which draws sample_ar's tokens with its calls when nothing is cut."""
     from replaid.sampling.discrete import sample_ar
 
     method, model, L, V = bb.build({"preset": "debug", "method": "ar"}, "ar", torch.device("cpu"))
     prompt = torch.randint(0, V, (2, 5), generator=torch.Generator().manual_seed(3))
     x = torch.cat([prompt, torch.zeros(2, L - 5, dtype=torch.long)], dim=1)
     ref = sample_ar(model, x, torch.arange(5, L + 1), generator=torch.Generator().manual_seed(0))
-    ours = bb.gen_ar(model, prompt, L - 5, None, [4], torch.device("cpu"))
+    ours = bb.gen_ar(method, model, prompt, L - 5, None, [4], torch.device("cpu"))
     assert torch.equal(ours["tokens_out"], ref.tokens[:, 5:]) and ours["nfe"] == ref.nfe
 
 

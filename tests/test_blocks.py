@@ -377,40 +377,41 @@ def test_a_bd3lm_run_trains_evaluates_and_samples_block_by_block(tmp_path, capsy
 
 
 def test_cached_and_uncached_block_generation_draw_the_same_tokens_past_the_training_length():
-    from replaid.sampling.blocks import sample_blocks
+    """The one block loop (a batch of one lane over the KV cache, MDLM's kernel) draws what the reference
+    loop draws with the clean prefix recomputed at every call (tests/blockref.py, no cache)."""
+    from blockref import sample_blocks
     from replaid.sampling.continuous import time_grid
+    from replaid.sampling.loop import sample_any_length
 
-    _, model = mdlm(4)  # trained length 8: generate 24 (3x), with a 3-token prompt
+    method, model = mdlm(4)  # trained length 8: generate 24 (3x), with a 3-token prompt
     V = model.n_out
     x = torch.full((2, 24), V)
     x[:, :3] = torch.tensor([1, 2, 3])
-    runs = [
-        sample_blocks(model, x, time_grid(6), generator=torch.Generator().manual_seed(0), block=4, use_cache=c)
-        for c in (True, False)
-    ]
-    assert torch.equal(runs[0].tokens, runs[1].tokens) and runs[0].tokens.shape == (2, 24)
-    assert bool((runs[0].tokens != V).all()) and torch.equal(runs[0].tokens[:, :3], x[:, :3])
+    got = sample_any_length(method, model, x[:, :3], 21, steps=6, generator=torch.Generator().manual_seed(0))
+    ref = sample_blocks(model, x, time_grid(6), generator=torch.Generator().manual_seed(0), block=4, use_cache=False)
+    assert torch.equal(got.tokens, ref.tokens) and got.tokens.shape == (2, 24)
+    assert bool((got.tokens != V).all()) and torch.equal(got.tokens[:, :3], x[:, :3])
     # the cache's run pays one commit pass per block but the last; both pay the same denoising calls
-    assert runs[0].nfe == runs[1].nfe + 24 // 4 - 1
+    assert got.nfe == ref.nfe + 24 // 4 - 1
 
 
 def test_block_generation_runs_to_eight_times_the_context_with_a_window_and_stops():
-    from replaid.sampling.blocks import sample_blocks
-    from replaid.sampling.continuous import time_grid
+    from replaid.sampling.loop import sample_any_length
 
-    _, model = mdlm(4)
+    method, model = mdlm(4)
     V = model.n_out
-    x = torch.full((1, 64), V)  # 8 x the trained length 8
-    res = sample_blocks(model, x, time_grid(4), generator=torch.Generator().manual_seed(1), block=4, window=8)
+    empty = torch.zeros(1, 0, dtype=torch.long)  # 64 tokens: 8 x the trained length 8
+    res = sample_any_length(method, model, empty, 64, steps=4, window=8, generator=torch.Generator().manual_seed(1))
     assert res.tokens.shape == (1, 64) and bool((res.tokens != V).all())
     stop_tok = int(res.tokens[0, 20])  # stop once the token drawn at position 20 has appeared
-    res2 = sample_blocks(
+    res2 = sample_any_length(
+        method,
         model,
-        x,
-        time_grid(4),
-        generator=torch.Generator().manual_seed(1),
-        block=4,
+        empty,
+        64,
+        steps=4,
         window=8,
+        generator=torch.Generator().manual_seed(1),
         stop=lambda ids: (ids == stop_tok).any(1),
     )
     first = int((res.tokens[0] == stop_tok).nonzero()[0])

@@ -131,8 +131,8 @@ def test_a_block_of_the_whole_sequence_is_todays_model_bit_for_bit(name):
     """``block_size = seq_len`` and ``0`` take today's code path: the same loss, gradients, eval bound and
     samples bit for bit at a fixed seed; and the vectorised block pass with one block computes today's
     loss (to float32 rounding: it attends under a mask)."""
-    from replaid.sampling.blocks import sample_any_length
     from replaid.sampling.continuous import gamma_grid, prefix_inpaint, sample_ddim
+    from replaid.sampling.loop import sample_any_length
 
     tokens = torch.randint(0, V, (8, 8), generator=torch.Generator().manual_seed(3))
     out = []
@@ -239,16 +239,19 @@ def test_a_continuous_block_run_trains_and_evaluates(tmp_path, capsys):
     "name,sampler", [("replaid", "ddim"), ("replaid", "dpmpp2m"), ("replaid", "heun"), ("plaid", "ddpm")]
 )
 def test_cached_and_uncached_block_generation_draw_the_same_tokens_past_the_training_length(name, sampler):
-    from replaid.sampling.blocks import sample_any_length
+    from replaid.sampling.loop import sample_any_length
+
+    """The one block loop (RePlaid's or Plaid's kernel over the KV cache) draws what the reference loop draws
+    with the clean prefix recomputed at every call (tests/blockref.py)."""
+    from blockref import any_length
 
     method, model = continuous(name, 4)
     model.eval()
     prompt = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    g = [torch.Generator().manual_seed(0) for _ in range(2)]
     runs = [
-        sample_any_length(
-            method, model, prompt, 21, sampler=sampler, steps=3, generator=torch.Generator().manual_seed(0), use_cache=c
-        )
-        for c in (True, False)
+        sample_any_length(method, model, prompt, 21, sampler=sampler, steps=3, generator=g[0]),
+        any_length(method, model, prompt, 21, sampler=sampler, steps=3, generator=g[1], use_cache=False),
     ]
     assert torch.equal(runs[0].tokens, runs[1].tokens) and runs[0].tokens.shape == (2, 24)  # 3x the trained 8
     assert torch.equal(runs[0].tokens[:, :3], prompt)
@@ -282,7 +285,7 @@ def test_the_cache_is_what_the_vectorised_training_pass_computes():
 
 
 def test_block_generation_runs_to_eight_times_the_context_with_a_window_and_stops():
-    from replaid.sampling.blocks import sample_any_length
+    from replaid.sampling.loop import sample_any_length
 
     method, model = continuous("replaid", 4)
     model.eval()
@@ -303,18 +306,18 @@ def test_block_generation_runs_to_eight_times_the_context_with_a_window_and_stop
     first = int((res.tokens[0] == stop_tok).nonzero()[0])
     assert res2.tokens.shape[1] == (first // 4 + 1) * 4  # ended with the block that wrote it
     assert torch.equal(res2.tokens, res.tokens[:, : res2.tokens.shape[1]])
-    with pytest.raises(ValueError, match="window is a property of the cache"):
-        sample_any_length(method, model, empty, 8, window=4, use_cache=False)
     plain, pmodel = continuous("replaid", 0)
     with pytest.raises(ValueError, match="has no blocks"):
         sample_any_length(plain, pmodel, empty, 9)
 
 
 def test_the_any_length_entry_point_serves_mdlm_and_tags_each_step_with_its_block():
-    """One function for every block method: an MDLM block run through it is ``sample_blocks``, draw for
-    draw; a continuous run's callback sees every block's steps, tagged."""
-    from replaid.sampling.blocks import sample_any_length, sample_blocks
+    """One function for every block method: an MDLM block run through it is the reference loop's
+    ``sample_blocks`` (tests/blockref.py), draw for draw; a continuous run's callback sees every block's
+    steps, tagged; a kind without a kernel (Duo) is refused in one line."""
+    from blockref import sample_blocks
     from replaid.sampling.continuous import time_grid
+    from replaid.sampling.loop import sample_any_length
     from test_blocks import mdlm
 
     method, model = mdlm(4)
@@ -336,6 +339,6 @@ def test_the_any_length_entry_point_serves_mdlm_and_tags_each_step_with_its_bloc
         callback=lambda info: seen.append((info["block"], info["i"])),
     )
     assert seen == [(k, i) for k in range(3) for i in range(2)]
-    with pytest.raises(ValueError, match="no block sampler"):
-        ar = get_method(resolve("debug", None, ["method=ar", "data.seq_len=8"]))
-        sample_any_length(ar, ar.build_model(V), prompt, 4)
+    with pytest.raises(ValueError, match="no block-by-block generator"):
+        duo = get_method(resolve("debug", None, ["method=duo", "data.seq_len=8"]))
+        sample_any_length(duo, duo.build_model(V), prompt, 4)

@@ -41,7 +41,7 @@ def test_eight_times_the_context_block_by_block_one_delta_list_per_block(run):
     """8 x seq_len tokens with a 2-token prompt: one list of deltas per block that holds generated tokens,
     the ids those the block sampler writes with the cache's sliding window (seq_len - block rows), and
     the deltas adding up to the text of those ids."""
-    from replaid.sampling.blocks import sample_blocks
+    from blockref import sample_blocks
     from replaid.sampling.continuous import time_grid
 
     prompt = "def"
@@ -71,7 +71,7 @@ def test_past_the_training_length_the_cache_keeps_seq_len_less_one_block(run):
     import copy
     import dataclasses
 
-    from replaid.sampling.blocks import sample_blocks
+    from blockref import sample_blocks
     from replaid.sampling.continuous import time_grid
 
     model = copy.deepcopy(run.model)
@@ -234,8 +234,8 @@ def test_a_continuous_block_run_writes_eight_times_its_context_and_stops_at_a_st
     """RePlaid with blocks (diffusion.block_size) through the same completion path: 8 x seq_len tokens,
     the ids those of the continuous block sampler with the request's seed, sampler and window; the CLI's
     output cut before a stop string taken from that text."""
+    from blockref import sample_blocks_continuous
     from replaid.diffusion.rng import device_generator
-    from replaid.sampling.blocks import sample_blocks_continuous
     from replaid.sampling.continuous import gamma_grid
     from replaid.sampling.registry import get_sampler
 

@@ -21,9 +21,11 @@ import math
 import pytest
 import torch
 
+from blockref import any_length
 from replaid.distill import blocks as DB
-from replaid.sampling.blocks import BlockDenoiser, sample_any_length
+from replaid.sampling.blocks import BlockDenoiser
 from replaid.sampling.continuous import gamma_grid
+from replaid.sampling.loop import sample_any_length
 from test_blocks_continuous import continuous
 
 torch.set_num_threads(1)
@@ -197,20 +199,16 @@ def test_replaid_distill_makes_a_block_student_that_samples_cached_as_uncached(b
 
     loaded = load_run(str(student), device="cpu")
     assert loaded.method.blocks and loaded.method.block == 8
+
+    def draw(p, cached):
+        """The one block loop (cached), or the reference loop recomputing the clean prefix (tests/blockref.py)."""
+        g = torch.Generator().manual_seed(0)
+        if cached:
+            return sample_any_length(loaded.method, loaded.model, p, 45, sampler="ddim", steps=2, generator=g)
+        return any_length(loaded.method, loaded.model, p, 45, sampler="ddim", steps=2, generator=g, use_cache=False)
+
     prompt = torch.tensor([[5, 6, 7], [8, 9, 10]])
-    res = [
-        sample_any_length(
-            loaded.method,
-            loaded.model,
-            prompt,
-            45,
-            sampler="ddim",
-            steps=2,  # the student's steps, each block's
-            generator=torch.Generator().manual_seed(0),
-            use_cache=c,
-        )
-        for c in (True, False)
-    ]
+    res = [draw(prompt, c) for c in (True, False)]  # the student's steps, each block's
     assert torch.equal(res[0].tokens, res[1].tokens) and res[0].tokens.shape == (2, 48)  # past the trained 32
     assert torch.equal(res[0].tokens[:, :3], prompt)
     assert res[1].nfe == 6 * 3 and res[0].nfe == 6 * 3 + 5  # T + 1 calls per block, a commit per block but the last
@@ -222,10 +220,6 @@ def test_replaid_distill_makes_a_block_student_that_samples_cached_as_uncached(b
         if isinstance(m, torch.nn.Linear):
             torch.nn.init.normal_(m.weight, std=0.3)
     other = torch.tensor([[1, 2, 3], [4, 3, 2]])
-
-    def draw(p, c):
-        g = torch.Generator().manual_seed(0)
-        return sample_any_length(loaded.method, loaded.model, p, 45, sampler="ddim", steps=2, generator=g, use_cache=c)
 
     a, b, c = draw(prompt, True), draw(prompt, False), draw(other, True)
     assert torch.equal(a.tokens, b.tokens)

@@ -52,7 +52,7 @@ class ARMethod(Method[TokenDiT]):
 
     def stream_block(self) -> int:
         """1: a completion is written token by token over the KV cache, to any length past ``data.seq_len``
-        with a sliding window (:func:`replaid.sampling.blocks.start_ar_blocks`)."""
+        with a sliding window (:class:`replaid.sampling.batching.ARKernel`)."""
         return 1
 
     def build_model(self, vocab_size: int) -> TokenDiT:

@@ -1,7 +1,8 @@
 """Continuous batching at block boundaries: independent requests share one running batch.
 
-A block-diffusion run writes a request block by block (:mod:`replaid.sampling.blocks`). :class:`BlockBatch`
-writes many requests' rows as one batch: each request is a :class:`Lane` (its n samples), every block is one
+A block-diffusion run writes a request block by block. :class:`BlockBatch` is the one block loop: it
+writes one request's rows (:mod:`replaid.sampling.loop`: the CLI, ``generate``, the benchmarks) or many
+requests' rows as one batch (``replaid serve``'s scheduler): each request is a :class:`Lane` (its n samples), every block is one
 batched pass of the method's :class:`Kernel` (the block's denoising steps, then one clean commit pass), and
 between two blocks lanes may leave (finished, or their client gone: ``index_select`` along the batch) and
 new ones join (their prompt prefilled as it would be alone, then appended to the batch).
@@ -15,8 +16,8 @@ window trims all rows alike, which keeps each row's last ``window`` keys, as alo
 Exactness: a lane draws its noise from its own generator (seeded with the request's seed, moved to the
 model's device as the request's own sampler does), per row through
 :class:`~replaid.diffusion.rng.RowGenerators`, so co-batched requests never change each other's draws; a
-request written in a batch, joined at any block, writes the tokens it writes alone
-(:func:`~replaid.sampling.blocks.start_masked_blocks`, :func:`~replaid.sampling.blocks.start_continuous_blocks`).
+request written in a batch, joined at any block, writes the tokens it writes alone (a batch of its lane
+only: :func:`~replaid.sampling.loop.iter_lane`).
 The network values agree to rounding only (a batch's matrix products and masked attention may round
 otherwise than one request's), so the test is token equality in float64, where that rounding is ~1e-15.
 
@@ -38,7 +39,7 @@ from torch import Tensor
 
 from replaid.diffusion.denoiser import Denoiser
 from replaid.diffusion.rng import RowGenerators, device_generator, randn
-from replaid.methods.base import Kind
+from replaid.methods.base import Kind, Method
 from replaid.model.dit import KVCache
 from replaid.model.tokens import TokenDiT
 from replaid.sampling.blocks import (
@@ -52,7 +53,7 @@ from replaid.sampling.blocks import (
     prefill_ar,
 )
 from replaid.sampling.continuous import Inpaint, gamma_grid, time_grid
-from replaid.sampling.contract import Committed, SamplerFn
+from replaid.sampling.contract import Callback, Committed, SamplerFn
 from replaid.sampling.discrete import tempered_probs, unmask_step
 from replaid.sampling.registry import get_sampler
 from replaid.sampling.request import SampleRequest
@@ -73,8 +74,7 @@ def kernel_key(req: SampleRequest, kind: Kind | None = None) -> tuple[Any, ...]:
 
 
 def commit_each(kernel: Kernel, ids: Tensor, block: int, cache: KVCache) -> int:
-    """A diffusion kernel's prefill: one commit per block, as :func:`~replaid.sampling.blocks.iter_block_loop`
-    commits the prompt's blocks."""
+    """A diffusion kernel's prefill: one commit per whole block of the prompt."""
     for s0 in range(0, ids.shape[1], block):
         kernel.commit(ids[:, s0 : s0 + block], cache)
     return ids.shape[1] // block
@@ -82,8 +82,8 @@ def commit_each(kernel: Kernel, ids: Tensor, block: int, cache: KVCache) -> int:
 
 @dataclass
 class MaskedKernel:
-    """MDLM (BD3-LM): ancestral unmasking from [MASK] on ``ts`` at ``temperature``, as
-    :func:`~replaid.sampling.blocks.sample_blocks` writes a block. Without time conditioning a row whose
+    """MDLM (BD3-LM): ancestral unmasking of a block from [MASK] on ``ts`` at ``temperature``. Without time
+    conditioning a row whose
     block did not change at a step keeps its output, as it does alone; only the rows that changed are
     passed through the network (a view of their cache rows), so a row takes part in the calls it makes
     alone and a batch costs no more network rows than its requests one at a time."""
@@ -92,7 +92,9 @@ class MaskedKernel:
     ts: Tensor
     temperature: float
 
-    def fill(self, ids: Tensor, known: Tensor, cache: KVCache, gen: RowGenerators) -> tuple[Tensor, Tensor]:
+    def fill(
+        self, ids: Tensor, known: Tensor, cache: KVCache, gen: RowGenerators, callback: Callback | None = None
+    ) -> tuple[Tensor, Tensor]:
         z, probs = ids, ids.new_empty(0)  # probs (B, b, V) once the first step computed it
         stale = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)  # (B,) input changed
         calls: list[Tensor] = []  # per network call: its rows (B,) bool
@@ -109,6 +111,8 @@ class MaskedKernel:
             z_new = unmask_step(z, probs, t, s, gen)
             stale = self.changed(z_new, z)
             z = z_new
+            if callback is not None:
+                callback({"i": i, "T": len(self.ts) - 1, "t": t, "s": s, "z": z, "probs": probs})
         return z, torch.stack(calls, 1)  # (B, calls)
 
     @staticmethod
@@ -126,8 +130,7 @@ class MaskedKernel:
 @dataclass
 class ContinuousKernel:
     """RePlaid or Plaid: ``sampler`` from ``z ~ N(0, I)`` on ``gammas`` with a block denoiser over the cache
-    (``wrap``: the request's temperatures), the prompt's positions by replacement, as
-    :func:`~replaid.sampling.blocks.start_continuous_blocks` writes a block."""
+    (``wrap``: the request's temperatures), the prompt's positions by replacement."""
 
     model: Any  # RePlaid
     sampler: SamplerFn
@@ -135,13 +138,16 @@ class ContinuousKernel:
     options: dict[str, Any]
     wrap: Callable[[Denoiser], Denoiser]
 
-    def fill(self, ids: Tensor, known: Tensor, cache: KVCache, gen: RowGenerators) -> tuple[Tensor, Tensor]:
+    def fill(
+        self, ids: Tensor, known: Tensor, cache: KVCache, gen: RowGenerators, callback: Callback | None = None
+    ) -> tuple[Tensor, Tensor]:
         E = self.model.embedding_matrix().detach()  # (V, d_e)
         den = self.wrap(BlockDenoiser(self.model, cache.next_pos, cache))
         z = randn((*ids.shape, E.shape[1]), gen, ids.device, torch.get_default_dtype())  # (B, b, d_e)
         inpaint = Inpaint(ids, known, E) if bool(known.any()) else None
         # every continuous sampler draws through _Run, which takes per-row streams (SamplerFn names a Generator)
-        res = self.sampler(den, z, self.gammas, generator=cast(Any, gen), **{**self.options, "inpaint": inpaint})
+        opts = {**self.options, "inpaint": inpaint}
+        res = self.sampler(den, z, self.gammas, generator=cast(Any, gen), callback=callback, **opts)
         return res.tokens, torch.ones(ids.shape[0], res.nfe, dtype=torch.bool, device=ids.device)
 
     def commit(self, ids: Tensor, cache: KVCache) -> None:
@@ -153,7 +159,7 @@ class ContinuousKernel:
 
 @dataclass
 class ARKernel:
-    """AR with blocks of one token (:func:`~replaid.sampling.blocks.start_ar_blocks`): a block is one draw
+    """AR with blocks of one token: a block is one draw
     from the logits the last commit left in ``cache.head`` (no network call); its commit is one causal pass
     of the drawn token, whose logits are the next draw's; a lane's prompt (BOS first) is prefilled in one
     pass where the window allows (:func:`~replaid.sampling.blocks.prefill_ar`)."""
@@ -162,9 +168,14 @@ class ARKernel:
     temperature: float
     top_p: float
 
-    def fill(self, ids: Tensor, known: Tensor, cache: KVCache, gen: RowGenerators) -> tuple[Tensor, Tensor]:
-        drawn, _ = draw_ar(cache, self.temperature, self.top_p, gen)  # (B,)
-        return torch.where(known[:, 0], ids[:, 0], drawn)[:, None], known.new_zeros(ids.shape[0], 0)
+    def fill(
+        self, ids: Tensor, known: Tensor, cache: KVCache, gen: RowGenerators, callback: Callback | None = None
+    ) -> tuple[Tensor, Tensor]:
+        drawn, probs = draw_ar(cache, self.temperature, self.top_p, gen)  # (B,), (B, V)
+        z = torch.where(known[:, 0], ids[:, 0], drawn)[:, None]  # (B, 1)
+        if callback is not None:
+            callback({"i": 0, "T": 1, "z": z, "probs": probs, "nfe": 0})
+        return z, known.new_zeros(ids.shape[0], 0)
 
     def commit(self, ids: Tensor, cache: KVCache) -> None:
         commit_ar(self.model, ids, cache)
@@ -175,32 +186,36 @@ class ARKernel:
 
 def kernel_of(run: Run, req: SampleRequest) -> Kernel:
     """The kernel of a block run's method for ``req``'s :data:`KERNEL_FIELDS` (its kind's ``kernel``)."""
-    make = strategy_of(run.method.kind).kernel
+    return kernel_for(run.method, run.model, req)
+
+
+def kernel_for(method: Method[Any], model: Any, req: SampleRequest) -> Kernel:
+    """The kernel of ``method``'s kind for its network ``model`` and ``req`` (one line if it has none)."""
+    make = strategy_of(method.kind).kernel
     if make is None:
-        raise ValueError(f"a {run.method.name} run has no block-by-block generator")
-    return make(run, req)
+        raise ValueError(f"a {method.name} run has no block-by-block generator: sample it with 'replaid sample'")
+    return make(method, model, req)
 
 
-def masked_kernel(run: Run, req: SampleRequest) -> MaskedKernel:
+def masked_kernel(method: Method[Any], model: TokenDiT, req: SampleRequest) -> MaskedKernel:
     """MDLM's kernel for ``req``: its steps per block at its temperature."""
-    return MaskedKernel(cast(TokenDiT, run.model), time_grid(req.steps), req.temperature)
+    return MaskedKernel(model, time_grid(req.steps), req.temperature)
 
 
-def continuous_kernel(run: Run, req: SampleRequest) -> ContinuousKernel:
+def continuous_kernel(method: Method[Any], model: Any, req: SampleRequest) -> ContinuousKernel:
     """A continuous method's kernel for ``req``: its sampler and steps per block, its self-conditioning and
     temperatures (as the full-sequence samplers apply them)."""
     from replaid.sampling.starts import denoiser_for
 
-    model: Any = run.model  # a continuous denoiser
-    fn = get_sampler(run.method, req.sampler).fn
+    fn = get_sampler(method, req.sampler).fn
     options = {"self_cond": None if req.self_cond else False, "disable_progress": True}
     return ContinuousKernel(model, fn, gamma_grid(model.schedule, req.steps), options, lambda d: denoiser_for(d, req))
 
 
-def ar_kernel(run: Run, req: SampleRequest) -> ARKernel:
+def ar_kernel(method: Method[Any], model: TokenDiT, req: SampleRequest) -> ARKernel:
     """AR's kernel for ``req``: its temperature within its ``top_p`` (else the run's ``ar.top_p``)."""
-    top_p = req.top_p if req.top_p is not None else run.cfg.ar.top_p
-    return ARKernel(cast(TokenDiT, run.model), req.temperature, top_p)
+    top_p = req.top_p if req.top_p is not None else method.cfg.ar.top_p
+    return ARKernel(model, req.temperature, top_p)
 
 
 @dataclass
@@ -269,12 +284,13 @@ class BlockBatch:
         self.lanes.append(lane)
 
     @torch.no_grad()
-    def step(self) -> list[Committed]:
-        """Write every lane's block k in one batch; returns each lane's block (in ``lanes``' order)."""
+    def step(self, callback: Callback | None = None) -> list[Committed]:
+        """Write every lane's block k in one batch; returns each lane's block (in ``lanes``' order).
+        ``callback``: the kernel's per-step :class:`~replaid.sampling.contract.StepInfo` of the batch."""
         ids = torch.cat([lane.span(lane.ids) for lane in self.lanes])  # (B, b)
         known = torch.cat([lane.span(lane.known) for lane in self.lanes])  # (B, b)
         gen = RowGenerators([(lane.rows, lane.gen) for lane in self.lanes])
-        tokens, part = self.kernel.fill(ids, known, self.cache, gen)  # (B, b), (B, calls)
+        tokens, part = self.kernel.fill(ids, known, self.cache, gen, callback)  # (B, b), (B, calls)
         out, lo = [], 0
         for lane in self.lanes:
             lane.span(lane.ids)[:] = tokens[lo : lo + lane.rows]

@@ -1,20 +1,14 @@
-"""Block-by-block generation for block diffusion (BD3-LM's semi-autoregressive sampler).
+"""The pieces of block-by-block generation (BD3-LM's semi-autoregressive sampler) at the model's level.
 
 A run trained with blocks of ``b`` tokens (``mdlm.block_size``, ``diffusion.block_size``) writes text of
 any length: block k is denoised from noise, attending to the committed clean blocks before it, then
 committed by one clean forward pass whose keys and values go to a :class:`~replaid.model.dit.KVCache`.
 The cache is exact: its keys are those the training pass computes for the clean copy (clean rows attend
-block-causally), so cached and uncached generation draw the same tokens (``use_cache=False``
-recomputes the clean prefix at every network call, the reference).
-
-One block loop (:func:`block_loop`) serves every method; what differs is the function that denoises one
-block: MDLM's ancestral unmasking from all-[MASK] (:func:`sample_blocks`), or any registered continuous
-sampler (DDPM, DDIM, DPM-Solver++, Heun, ...) from ``z ~ N(0, I)`` with a denoiser that sees the committed
-blocks (:class:`BlockDenoiser`, :func:`sample_blocks_continuous`). :func:`sample_any_length` is the one
-entry point for a run of any block method. The loop is also a generator (:func:`iter_block_loop`) that
-gives out each block once it is written (:class:`~replaid.sampling.contract.Committed`); the starters
-:func:`start_masked_blocks` and :func:`start_continuous_blocks` build it for a request, which is how
-``replaid sample`` and ``/v1/completions`` stream (:mod:`replaid.sampling.stream`).
+block-causally). This module holds what each kind's kernel (:mod:`replaid.sampling.batching`) calls: the
+noisy block's logits over the cache and the clean commit (MDLM, :func:`cached_logits`,
+:func:`commit_masked`), AR's causal commit, prefill and draw (:func:`commit_ar`, :func:`prefill_ar`,
+:func:`draw_ar`), and a continuous model's denoiser seeing the committed blocks (:class:`BlockDenoiser`,
+:func:`commit_continuous`); the loop that runs them is :mod:`replaid.sampling.loop`.
 
 Past the training context a ``window`` keeps the last ``window`` committed rows: rotary scores depend
 on position differences only, so positions keep counting and every query-key offset stays inside the
@@ -22,123 +16,34 @@ window, i.e. inside what the model was trained on; what falls out of the window 
 
 A prompt fills the first positions: its whole blocks are committed first (prefill), and a block it
 covers in part is denoised with the prompt's tokens kept (MDLM: never masked; continuous: replaced by
-their forward samples at every level, :class:`~replaid.sampling.continuous.Inpaint`). ``stop`` (rows'
-tokens so far -> (B,) bool) ends generation once every row is done; the caller cuts each row at its stop.
+their forward samples at every level, :class:`~replaid.sampling.continuous.Inpaint`).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
-from replaid.diffusion.denoiser import Denoiser, DenoiserOutput
-from replaid.diffusion.rng import Gen, device_generator
+from replaid.diffusion.denoiser import DenoiserOutput
+from replaid.diffusion.rng import Gen
 from replaid.methods.base import Method
 from replaid.model.blocks import prefix_block_mask
 from replaid.model.dit import KVCache, per_token
 from replaid.model.tokens import TokenDiT
-from replaid.sampling.continuous import Inpaint, gamma_grid, time_grid
-from replaid.sampling.contract import Callback, Committed, SampleResult, SamplerFn, StepInfo
-from replaid.sampling.discrete import exponential_race, tempered_probs, top_p_filter, unmask_step
-from replaid.sampling.registry import get_sampler
-from replaid.sampling.request import SampleRequest
-from replaid.sampling.strategy import strategy_of
+from replaid.sampling.discrete import exponential_race, tempered_probs, top_p_filter
 
 if TYPE_CHECKING:
     from replaid.model.replaid import RePlaid
     from replaid.store.loading import Run
 
 Stop = Callable[[Tensor], Tensor]  # rows' tokens so far (B, n) -> (B,) bool: this row is done
-# (k, start, out, cache) -> network calls: write block k (positions start .. start + b) into out (B, N)
-FillBlock = Callable[[int, int, Tensor, KVCache | None], int]
-Commit = Callable[[Tensor, int, KVCache], None]  # one clean pass of the block's ids (B, b) at start, to the cache
-
-
-def iter_block_loop(
-    out: Tensor,
-    known: Tensor,
-    block: int,
-    fill: FillBlock,
-    commit: Commit,
-    *,
-    use_cache: bool = True,
-    window: int | None = None,
-    disable_progress: bool = True,
-) -> Generator[Committed, None, None]:
-    """The one block loop (module docstring) as a generator. ``out`` (B, N) ids, the prompt's in place
-    where ``known`` (B, N) bool; block by block, a block wholly known is given out as it is (``prompt``
-    True: prefill), any other is written by ``fill``; each is yielded once written, then committed to
-    the cache when the consumer asks for the next (so never after the last block, nor after the consumer
-    closes the generator: stopping early). ``nfe``: ``fill``'s network calls plus one per commit."""
-    B, N = out.shape
-    if block < 1 or N % block:
-        raise ValueError(f"the length {N} must be a positive multiple of the block size {block}")
-    if use_cache is False and window is not None:
-        raise ValueError("a window is a property of the cache: use_cache=False sees the whole prefix")
-    cache = KVCache(window=window) if use_cache else None
-    n_blocks = N // block
-    nfe = 0
-    for k in tqdm(range(n_blocks), disable=disable_progress, desc="blocks", leave=False):
-        s0, e0 = k * block, (k + 1) * block
-        prompt = bool(known[:, s0:e0].all())
-        if not prompt:
-            nfe += fill(k, s0, out, cache)
-        yield Committed(out[:, s0:e0], s0, nfe, prompt=prompt)
-        if k < n_blocks - 1 and cache is not None:
-            commit(out[:, s0:e0], s0, cache)
-            nfe += 1
-
-
-def block_loop(
-    out: Tensor,
-    known: Tensor,
-    block: int,
-    fill: FillBlock,
-    commit: Commit,
-    *,
-    use_cache: bool = True,
-    window: int | None = None,
-    stop: Stop | None = None,
-    on_block: Callable[[int, Tensor], None] | None = None,
-    disable_progress: bool = True,
-) -> SampleResult:
-    """:func:`iter_block_loop` run to the end or to ``stop`` (checked after every block). ``on_block(k,
-    ids (B, b))`` is told each block written (not the prompt's). Returns the ids up to the last block
-    and the network calls."""
-    blocks = iter_block_loop(
-        out, known, block, fill, commit, use_cache=use_cache, window=window, disable_progress=disable_progress
-    )
-    nfe, end = 0, 0
-    for c in blocks:
-        end, nfe = c.start + block, c.nfe
-        if not c.prompt and on_block is not None:
-            on_block(c.start // block, c.tokens)
-        if stop is not None and bool(stop(out[:, :end]).all()):
-            blocks.close()
-            break
-    return SampleResult(out[:, :end], nfe)
 
 
 # ------------------------------------------------------------------ MDLM (BD3-LM)
-
-
-def _block_logits(model: TokenDiT, ids: Tensor, out: Tensor, start: int, block: int, cache: KVCache | None) -> Tensor:
-    """Logits (B, b, V) of the noisy block ``ids`` (B, b) at positions ``start ..``: against the cache, or
-    (no cache) against the clean prefix ``out[:, :start]`` recomputed as the training pass sees it."""
-    if cache is not None:
-        assert cache.next_pos == start  # blocks are committed in order: the cache's next positions are these
-        return cached_logits(model, ids, cache)
-    c = model.conditioning(None, ids.shape[0], ids.device)
-    h = torch.cat([model.input_states(out[:, :start]), model.input_states(ids)], dim=1)
-    mask = prefix_block_mask(start, block, ids.device)
-    h = model.backbone(h, c, mask=mask)[:, start:]  # positions 0 .. start + b - 1
-    return model.head(model.final.features(h, c))
 
 
 def cached_logits(model: TokenDiT, ids: Tensor, cache: KVCache) -> Tensor:
@@ -155,110 +60,10 @@ def commit_masked(model: TokenDiT, ids: Tensor, start: int, cache: KVCache) -> N
     model.backbone(model.input_states(ids), c, cache=cache, commit=True)  # at the cache's next positions
 
 
-def _masked_fill(
-    model: TokenDiT,
-    ts: Tensor,
-    gen: torch.Generator | None,
-    temperature: float,
-    block: int,
-    callback: Callback | None,
-) -> FillBlock:
-    """MDLM's block writer: ancestral unmasking of block k from all-[MASK] on ``ts``."""
-    steps = len(ts) - 1
-
-    def fill(k: int, s0: int, out: Tensor, cache: KVCache | None) -> int:
-        e0, nfe = s0 + block, 0
-        z = out[:, s0:e0]
-        probs = None
-        for i in range(steps):
-            t, s = float(ts[i]), float(ts[i + 1])
-            if probs is None:  # no time conditioning: an unchanged block gives the same output
-                probs = tempered_probs(_block_logits(model, z, out, s0, block, cache), temperature)  # (B, b, V)
-                nfe += 1
-            z_new = unmask_step(z, probs, t, s, gen)
-            used = probs
-            if not torch.equal(z_new, z):
-                probs = None
-            z = z_new
-            out[:, s0:e0] = z
-            if callback is not None:
-                callback({"i": i, "T": steps, "t": t, "s": s, "z": out, "probs": used, "block": k})
-        return nfe
-
-    return fill
-
-
-@torch.no_grad()
-def sample_blocks(
-    model: TokenDiT,
-    x: Tensor,
-    ts: Tensor,
-    *,
-    generator: torch.Generator | None = None,
-    callback: Callback | None = None,
-    temperature: float = 1.0,
-    block: int = 0,
-    use_cache: bool = True,
-    window: int | None = None,
-    stop: Stop | None = None,
-    on_block: Callable[[int, Tensor], None] | None = None,
-    disable_progress: bool = True,
-) -> SampleResult:
-    """MDLM: generate ``x`` (B, N) block by block (module docstring): [MASK] (id V) where to write, the
-    prompt's tokens elsewhere (only in the first blocks); ``N`` a multiple of ``block``; ``ts`` (T + 1,)
-    from 1 to 0, every block's grid. Returns the tokens up to the last block written (all rows stopped,
-    or N) and the network calls (denoising calls plus one commit pass per block that another follows).
-
-    ``callback`` gets ``{"i", "T", "t", "s", "z": (B, N) tokens so far (mask id V), "probs": (B, b, V),
-    "block": k}`` after each step."""
-    fill = _masked_fill(model, ts, device_generator(generator, x.device), temperature, block, callback)
-    return block_loop(
-        x.clone(),
-        x != model.n_out,
-        block,
-        fill,
-        lambda ids, s0, cache: commit_masked(model, ids, s0, cache),
-        use_cache=use_cache,
-        window=window,
-        stop=stop,
-        on_block=on_block,
-        disable_progress=disable_progress,
-    )
-
-
-@torch.no_grad()  # torch enters it around each step of a generator function
-def iter_blocks(
-    model: TokenDiT,
-    x: Tensor,
-    ts: Tensor,
-    *,
-    generator: torch.Generator | None = None,
-    callback: Callback | None = None,
-    temperature: float = 1.0,
-    block: int = 0,
-    use_cache: bool = True,
-    window: int | None = None,
-    disable_progress: bool = True,
-) -> Generator[Committed, None, None]:
-    """:func:`sample_blocks` as a generator: each block of ``x`` (B, N) given out once written
-    (:func:`iter_block_loop`); stopping early is closing it."""
-    fill = _masked_fill(model, ts, device_generator(generator, x.device), temperature, block, callback)
-    yield from iter_block_loop(
-        x.clone(),
-        x != model.n_out,
-        block,
-        fill,
-        lambda ids, s0, cache: commit_masked(model, ids, s0, cache),
-        use_cache=use_cache,
-        window=window,
-        disable_progress=disable_progress,
-    )
-
-
 @dataclass(frozen=True)
 class BlockRows:
-    """What both block starters (:class:`~replaid.sampling.stream.BlockStarter`) take from the run, the
-    prompt and the length: the ``model``, its ``block`` size, the row length ``N`` (``length`` rounded up
+    """What a request written block by block (:func:`~replaid.sampling.loop.start_blocks`, a scheduler's
+    lane) takes from the run, the prompt and the length: the ``model``, its ``block`` size, the row length ``N`` (``length`` rounded up
     to whole blocks), the cache's ``window`` (past the training length it keeps the last ``seq_len - block``
     committed rows: the longest prefix a block saw in training) and the ``prompt`` (P,) on the model's
     device."""
@@ -291,34 +96,6 @@ class BlockRows:
         return (torch.arange(self.N, device=self.device) < len(self.prompt)).expand(B, self.N)
 
 
-def start_masked_blocks(
-    run: Run, req: SampleRequest, prompt: Tensor, length: int, callback: Callback | None
-) -> Callable[[int], Iterator[Committed]]:
-    """MDLM with blocks as a :class:`~replaid.sampling.stream.BlockStarter`: ``batch(B)`` writes B rows of
-    ``length`` tokens (rounded up to whole blocks), ``prompt`` (P,) first, with ``req.steps`` ancestral steps
-    per block at ``req.temperature``, the cache's window as :class:`BlockRows` says. The batches of one
-    request draw in order from one generator seeded with ``req.seed``."""
-    r = BlockRows.of(run, prompt, length)
-    V = int(r.model.n_out)
-    gen = torch.Generator().manual_seed(req.seed)
-    ts = time_grid(req.steps)
-
-    def batch(B: int) -> Iterator[Committed]:
-        return iter_blocks(
-            r.model,
-            r.ids(B, V),
-            ts,
-            generator=gen,
-            callback=callback,
-            temperature=req.temperature,
-            block=r.block,
-            window=r.window,
-            disable_progress=not req.progress,
-        )
-
-    return batch
-
-
 # ------------------------------------------------------------------ AR: blocks of one token
 
 
@@ -349,50 +126,6 @@ def draw_ar(cache: KVCache, temperature: float, top_p: float, gen: Gen | None) -
     assert cache.head is not None, "commit_ar first: BOS or the prompt"
     probs = top_p_filter(tempered_probs(cache.head, temperature), top_p)  # (B, V) float64
     return exponential_race(probs, gen), probs
-
-
-def start_ar_blocks(
-    run: Run, req: SampleRequest, prompt: Tensor, length: int, callback: Callback | None
-) -> Callable[[int], Iterator[Committed]]:
-    """AR as a :class:`~replaid.sampling.stream.BlockStarter`: blocks of one token (the KV cache's
-    commit of token j gives token j + 1's logits), ``batch(B)`` writing B rows of ``length`` tokens,
-    ``prompt`` (P,) first, at ``req.temperature`` within ``req.top_p`` (else the run's ``ar.top_p``);
-    past ``data.seq_len`` the window keeps the last ``seq_len - 1`` committed tokens, so that every query
-    sees at most the ``seq_len`` keys of training (BOS and ``seq_len - 1`` tokens). One generator seeded
-    with ``req.seed`` draws every token of the request's batches in order (as ``sample_ar``). ``callback``
-    gets ``sample_ar``'s ``{"i", "T", "pos", "tokens", "z", "probs", "nfe"}`` after each token."""
-    r = BlockRows.of(run, prompt, length)
-    gen = torch.Generator().manual_seed(req.seed)
-    top_p = req.top_p if req.top_p is not None else run.cfg.ar.top_p
-    P = len(prompt)
-
-    @torch.no_grad()  # torch enters it around each step of a generator function
-    def batch(B: int) -> Generator[Committed, None, None]:
-        g = device_generator(gen, r.device)
-
-        def fill(k: int, s0: int, out: Tensor, cache: KVCache | None) -> int:
-            assert cache is not None
-            calls = 0
-            if cache.head is None:  # an empty prompt: BOS alone
-                commit_ar(r.model, out[:, :0], cache)
-                calls = 1
-            out[:, s0], probs = draw_ar(cache, req.temperature, top_p, g)
-            if callback is not None:
-                info = {"i": s0 - P, "T": r.N - P, "pos": s0, "tokens": out, "z": out, "probs": probs, "nfe": calls}
-                callback(cast(StepInfo, info))
-            return calls
-
-        yield from iter_block_loop(
-            r.ids(B, 0),
-            r.known(B),
-            1,
-            fill,
-            lambda ids, s0, cache: commit_ar(r.model, ids, cache),
-            window=r.window,
-            disable_progress=not req.progress,
-        )
-
-    return batch
 
 
 # ------------------------------------------------------------------ continuous methods (RePlaid, Plaid)
@@ -438,227 +171,6 @@ def commit_continuous(model: RePlaid, ids: Tensor, start: int, cache: KVCache) -
     model.backbone(h, c, cache=cache, commit=True)  # at the cache's next positions
 
 
-def _continuous_fill(
-    model: RePlaid,
-    sampler: SamplerFn,
-    known: Tensor,
-    gammas: Tensor,
-    gen: torch.Generator | None,
-    callback: Callback | None,
-    block: int,
-    options: dict[str, Any],
-    wrap: Callable[[Denoiser], Denoiser] | None,
-) -> FillBlock:
-    """A continuous method's block writer: ``sampler`` from ``z ~ N(0, I)`` with a :class:`BlockDenoiser`
-    (``wrap``ped, e.g. by the request's temperatures), the prompt's positions by replacement."""
-    E = model.embedding_matrix().detach()
-
-    def fill(k: int, s0: int, out: Tensor, cache: KVCache | None) -> int:
-        e0 = s0 + block
-        den: Denoiser = BlockDenoiser(model, s0, cache, None if cache is not None else out[:, :s0])
-        if wrap is not None:
-            den = wrap(den)
-        z = torch.randn(out.shape[0], block, E.shape[1], generator=gen, device=out.device)  # (B, b, d_e)
-        kn = known[:, s0:e0]
-        inpaint = Inpaint(out[:, s0:e0], kn, E) if bool(kn.any()) else None
-        cb = None if callback is None else _tagged(callback, k)
-        res = sampler(den, z, gammas, generator=gen, callback=cb, **{**options, "inpaint": inpaint})
-        out[:, s0:e0] = res.tokens
-        return res.nfe
-
-    return fill
-
-
-@torch.no_grad()
-def sample_blocks_continuous(
-    model: RePlaid,
-    sampler: SamplerFn,
-    ids: Tensor,
-    known: Tensor,
-    gammas: Tensor,
-    *,
-    generator: torch.Generator | None = None,
-    callback: Callback | None = None,
-    block: int = 0,
-    use_cache: bool = True,
-    window: int | None = None,
-    stop: Stop | None = None,
-    on_block: Callable[[int, Tensor], None] | None = None,
-    options: dict[str, Any] | None = None,
-    disable_progress: bool = True,
-) -> SampleResult:
-    """A continuous model (RePlaid, Plaid): write ``ids`` (B, N) where not ``known`` (B, N) bool (the
-    prompt's ids in place), block by block: each block from ``z ~ N(0, I)`` (B, b, d_e) drawn from
-    ``generator``, by ``sampler`` (any registered continuous sampler, e.g. ``sample_ddim``) on ``gammas``
-    with a :class:`BlockDenoiser` (its own self-conditioning chain, per block); the prompt's positions of
-    a block it covers in part by replacement. ``options``: the sampler's own keywords (``self_cond``,
-    ``disable_progress``). ``callback``: the sampler's :class:`StepInfo` with ``"block": k`` added."""
-    gen = device_generator(generator, ids.device)
-    fill = _continuous_fill(model, sampler, known, gammas, gen, callback, block, dict(options or {}), None)
-    return block_loop(
-        ids.clone(),
-        known,
-        block,
-        fill,
-        lambda blk, s0, cache: commit_continuous(model, blk, s0, cache),
-        use_cache=use_cache,
-        window=window,
-        stop=stop,
-        on_block=on_block,
-        disable_progress=disable_progress,
-    )
-
-
-def start_continuous_blocks(
-    run: Run, req: SampleRequest, prompt: Tensor, length: int, callback: Callback | None
-) -> Callable[[int], Iterator[Committed]]:
-    """RePlaid or Plaid with blocks as a :class:`~replaid.sampling.stream.BlockStarter`: as
-    :func:`start_masked_blocks`, each block written by the request's continuous sampler (``req.sampler``,
-    ``req.steps`` per block, self-conditioning as ``req.self_cond``) with the request's logit and score
-    temperatures applied to the block denoiser."""
-    from replaid.sampling.starts import denoiser_for  # the request's temperatures, as the full-sequence samplers
-
-    r = BlockRows.of(run, prompt, length)
-    model = r.model
-    fn = get_sampler(run.method, req.sampler).fn
-    gammas = gamma_grid(model.schedule, req.steps)
-    gen = device_generator(torch.Generator().manual_seed(req.seed), r.device)
-    options = {"self_cond": None if req.self_cond else False, "disable_progress": True}
-
-    def batch(B: int) -> Iterator[Committed]:
-        known = r.known(B)
-        fill = _continuous_fill(
-            model, fn, known, gammas, gen, callback, r.block, options, lambda d: denoiser_for(d, req)
-        )
-        return iter_block_loop(
-            r.ids(B, 0),
-            known,
-            r.block,
-            fill,
-            lambda blk, s0, cache: commit_continuous(model, blk, s0, cache),
-            window=r.window,
-            disable_progress=not req.progress,
-        )
-
-    return batch
-
-
-def _tagged(callback: Callback, k: int) -> Callback:
-    def call(info: StepInfo) -> None:
-        callback(StepInfo(**info, block=k))
-
-    return call
-
-
-def any_length_masked(
-    model: TokenDiT, fn: SamplerFn, prompt: Tensor, N: int, *, steps: int, temperature: float, **loop: Any
-) -> SampleResult:
-    """MDLM's :func:`sample_any_length`: ``prompt`` (B, P) then [MASK] to ``N``, :func:`sample_blocks` with
-    ``steps`` ancestral steps per block at ``temperature`` (``fn``, its one sampler, is that loop)."""
-    x = torch.full((prompt.shape[0], N), int(model.n_out), dtype=torch.long, device=prompt.device)
-    x[:, : prompt.shape[1]] = prompt
-    return sample_blocks(model, x, time_grid(steps), temperature=temperature, **loop)
-
-
-def any_length_continuous(
-    model: RePlaid, fn: SamplerFn, prompt: Tensor, N: int, *, steps: int, temperature: float, **loop: Any
-) -> SampleResult:
-    """A continuous method's :func:`sample_any_length`: ``prompt`` (B, P) kept, the rest to ``N`` written by
-    :func:`sample_blocks_continuous` with the sampler ``fn`` on ``steps`` levels per block (``temperature``
-    is MDLM's; a continuous request's temperatures wrap its denoiser)."""
-    B, P = prompt.shape
-    ids = torch.zeros(B, N, dtype=torch.long, device=prompt.device)
-    ids[:, :P] = prompt
-    known = (torch.arange(N, device=prompt.device) < P).expand(B, N)  # (B, N)
-    return sample_blocks_continuous(model, fn, ids, known, gamma_grid(model.schedule, steps), **loop)
-
-
-# ------------------------------------------------------------------ any method, any length
-
-
-@dataclass
-class AnyLength:
-    """What :func:`sample_any_length` wrote: ``tokens`` (B, n) the prompt then the generated ids, up to
-    the last block written (whole blocks: the caller trims to ``prompt_len + max_tokens`` and at its
-    stop); ``blocks`` (start position, ids (B, b)) of each block written, in order (the prompt's whole
-    blocks are not written); ``nfe`` the network calls."""
-
-    tokens: Tensor
-    prompt_len: int
-    nfe: int
-    blocks: list[tuple[int, Tensor]] = field(default_factory=list)
-
-
 def block_size_of(method: Method[Any]) -> int:
     """The block size of a run's method: its ``block`` (MDLM, RePlaid, Plaid), ``seq_len`` without blocks."""
     return int(getattr(method, "block", 0) or method.cfg.data.seq_len)
-
-
-@torch.no_grad()
-def sample_any_length(
-    method: Method[Any],
-    model: Any,
-    prompt_ids: Tensor,
-    max_tokens: int,
-    stop: Stop | None = None,
-    sampler: str | None = None,
-    steps: int = 64,
-    window: int | None = None,
-    generator: torch.Generator | None = None,
-    callback: Callback | None = None,
-    *,
-    on_block: Callable[[int, Tensor], None] | None = None,
-    use_cache: bool = True,
-    temperature: float = 1.0,
-) -> AnyLength:
-    """Generate ``max_tokens`` ids after ``prompt_ids`` (B, P) long (P may be 0) with a run of MDLM,
-    RePlaid or Plaid, block by block (module docstring): N = ``ceil((P + max_tokens) / b)`` whole blocks.
-    A run without blocks is one block of ``seq_len`` (the whole-sequence sampler; P + max_tokens <= seq_len).
-
-    ``sampler``: a registered name of the method (None: its default); ``steps``: each block's T;
-    ``window``: the KV cache's committed rows (None: all; past ``seq_len`` pass at most ``seq_len - b``
-    to stay inside the trained context); ``generator``: every draw's (a CPU generator is moved to the
-    model's device as :func:`replaid.diffusion.rng.device_generator` does); ``callback``: each step's
-    :class:`StepInfo` with ``block``; ``on_block(k, ids)``: each block as it is written (streaming);
-    ``temperature``: MDLM's. Returns :class:`AnyLength`."""
-    b = block_size_of(method)
-    L = method.cfg.data.seq_len
-    if prompt_ids.dim() == 1:
-        prompt_ids = prompt_ids[None]
-    Bn, P = prompt_ids.shape
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    N = math.ceil((P + max_tokens) / b) * b
-    if b >= L and N > L:
-        raise ValueError(
-            f"this {method.name} run has no blocks: it writes at most data.seq_len={L} tokens "
-            f"(prompt {P} + max_tokens {max_tokens})"
-        )
-    dev = next(model.parameters()).device
-    fn = get_sampler(method, sampler).fn
-    written: list[tuple[int, Tensor]] = []
-
-    def tell(k: int, ids: Tensor) -> None:
-        written.append((k * b, ids.clone()))
-        if on_block is not None:
-            on_block(k, ids)
-
-    write = strategy_of(method.kind).any_length
-    if write is None:
-        raise ValueError(f"a {method.name} run has no block sampler: sample it with 'replaid sample'")
-    res = write(
-        model,
-        fn,
-        prompt_ids.to(dev),
-        N,
-        steps=steps,
-        temperature=temperature,
-        generator=generator,
-        callback=callback,
-        block=b,
-        use_cache=use_cache,
-        window=window,
-        stop=stop,
-        on_block=tell,
-    )
-    return AnyLength(res.tokens, P, res.nfe, written)

@@ -57,7 +57,8 @@ class StepInfo(TypedDict, total=False):
     pos: int
     tokens: Tensor
     final: bool
-    block: int  # block diffusion: the block being written (sampling/blocks.py)
+    block: int  # block-by-block generation (sampling/loop.py): the block being written
+    start: int  # and its first position
     nfe: int  # the network calls of this sampler call so far (the registered samplers set it)
 
 

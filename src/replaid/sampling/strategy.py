@@ -6,10 +6,10 @@ repository's are :mod:`.continuous`, :mod:`.masked`, :mod:`.uniform` and :mod:`.
 
 * ``start``: how a request starts the kind's samplers (:data:`replaid.sampling.starts.Starter`);
 * ``samplers``: its registered samplers (:class:`Sampler`), the default first;
-* ``start_blocks``: its block-by-block generator (:class:`BlockStarter`) for runs
-  with blocks, ``kernel``: the batched form of one block (:class:`Kernel`) that
-  ``replaid serve`` shares between requests, ``any_length``: the block loop on explicit tensors (the
-  benchmarks' and distillation's entry), each None where the kind has no blocks;
+* ``kernel``: how it writes and commits one block of a batch of rows (:class:`Kernel`), from the method,
+  its network and a request; the one block loop (:mod:`replaid.sampling.loop`) runs it for a request
+  alone (the CLI, :func:`~replaid.sampling.loop.sample_any_length`) and ``replaid serve`` for many
+  requests sharing a batch; None where the kind has no blocks;
 * ``frames``: what the playground draws of each sampler step (:data:`FrameReader`).
 
 The rest of what differs by kind is asked of the kind's capabilities (``kind.continuous``,
@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from torch import Tensor
 
 from replaid.diffusion.rng import RowGenerators
-from replaid.methods.base import Kind
+from replaid.methods.base import Kind, Method
 from replaid.model.dit import KVCache
-from replaid.sampling.contract import Callback, Committed, SampleResult, SamplerFn, StepInfo
+from replaid.sampling.contract import Callback, Committed, SamplerFn, StepInfo
 from replaid.sampling.request import SampleRequest
 from replaid.sampling.starts import Starter
 
@@ -55,9 +55,6 @@ MASK_ID, EMPTY_ID = -1, -2  # display ids of a frame: a masked position (MDLM), 
 Frame = tuple[Tensor, Tensor, bool]
 # (B, L, model) -> the reader turning each step's StepInfo into a Frame (it may keep state across steps)
 FrameReader = Callable[[int, int, Any], Callable[[StepInfo], Frame]]
-# (model, sampler fn, prompt (B, P) on the model's device, N, steps, temperature, **loop) -> the ids up to
-# the last block written and the network calls (replaid.sampling.blocks.sample_any_length's loop keywords)
-AnyLength = Callable[..., SampleResult]
 
 
 @dataclass(frozen=True)
@@ -88,9 +85,12 @@ class BlockStarter(Protocol):
 class Kernel(Protocol):
     """How a method writes one block of a ragged batch and commits it (:mod:`replaid.sampling.batching`)."""
 
-    def fill(self, ids: Tensor, known: Tensor, cache: KVCache, gen: RowGenerators) -> tuple[Tensor, Tensor]:
+    def fill(
+        self, ids: Tensor, known: Tensor, cache: KVCache, gen: RowGenerators, callback: Callback | None = None
+    ) -> tuple[Tensor, Tensor]:
         """The block's ids (B, b) (the prompt's where ``known`` (B, b)) written: (ids (B, b), which rows
-        took part in each network call (B, calls) bool)."""
+        took part in each network call (B, calls) bool); ``callback`` gets each step's :class:`StepInfo`
+        (the block's state ``z`` (B, b) and what the kind's sampler documents)."""
         ...
 
     def commit(self, ids: Tensor, cache: KVCache) -> None:
@@ -110,9 +110,7 @@ class KindStrategy:
     start: Starter
     samplers: tuple[Sampler, ...]
     frames: FrameReader
-    start_blocks: BlockStarter | None = None
-    kernel: Callable[[Run, SampleRequest], Kernel] | None = None
-    any_length: AnyLength | None = None
+    kernel: Callable[[Method[Any], Any, SampleRequest], Kernel] | None = None
     by_name: Mapping[str, Sampler] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -1,17 +1,16 @@
 """Completions: a prompt continued block by block, each committed block given out as it comes.
 
-The interface a method's generator plugs into is a :class:`BlockStarter`, its kind's ``start_blocks``
-(:mod:`replaid.sampling.strategy`) when its run has blocks (:meth:`~replaid.methods.base.Method.block_size` > 0):
+The interface a method's generator plugs into is a :class:`BlockStarter`: the one block loop
+(:func:`~replaid.sampling.loop.start_blocks`, with the kind's kernel) when its run has blocks
+(:meth:`~replaid.methods.base.Method.stream_block` > 0):
 
     batch = starter(run, request, prompt, length, callback)   # prompt: (P,) ids; length: P + max_tokens
     for block in batch(B): ...                                 # Committed(tokens (B, n), start, nfe)
 
 ``batch(B)`` writes B rows of at least ``length`` tokens, the prompt first, and yields every block once it
 is final (blocks of the prompt too, which the consumer skips); the batches of one request draw in order
-from the request's seeded generator, and closing the iterator stops the generation. MDLM with blocks is
-:func:`~replaid.sampling.blocks.start_masked_blocks`, RePlaid and Plaid with blocks
-:func:`~replaid.sampling.blocks.start_continuous_blocks`, AR token by token over its KV cache
-:func:`~replaid.sampling.blocks.start_ar_blocks` (blocks of one token). A run without blocks writes its one length in a single pass of its
+from the request's seeded generator, and closing the iterator stops the generation (MDLM, RePlaid and Plaid
+with blocks; AR token by token over its KV cache). A run without blocks writes its one length in a single pass of its
 registered sampler (:func:`one_pass`, the draws of :func:`~replaid.sampling.generate.generate`): one block.
 
 :class:`Completion` turns the blocks into text: each sample is cut at the tokenizer's end-of-text token
@@ -33,6 +32,7 @@ from torch import Tensor
 
 from replaid.methods.base import Method
 from replaid.sampling.contract import Callback, Committed
+from replaid.sampling.loop import start_blocks
 from replaid.sampling.registry import get_sampler
 from replaid.sampling.request import SampleRequest
 from replaid.sampling.strategy import BlockStarter, strategy_of
@@ -61,15 +61,14 @@ def one_pass(
 
 
 def starter_for(method: Method[Any]) -> BlockStarter:
-    """The block generator of ``method``'s runs: its kind's (``start_blocks`` of its strategy) when the run
-    has blocks (AR's: blocks of one token, :meth:`~replaid.methods.base.Method.stream_block`), else
-    :func:`one_pass`."""
+    """The block generator of ``method``'s runs: the one block loop (:func:`~replaid.sampling.loop.start_blocks`,
+    with its kind's kernel) when the run has blocks (AR's: blocks of one token,
+    :meth:`~replaid.methods.base.Method.stream_block`), else :func:`one_pass`."""
     if not method.stream_block():
         return one_pass
-    own = strategy_of(method.kind).start_blocks
-    if own is None:
+    if strategy_of(method.kind).kernel is None:
         raise ValueError(f"a {method.name} run with blocks has no block-by-block generator yet")
-    return own
+    return start_blocks
 
 
 @dataclass

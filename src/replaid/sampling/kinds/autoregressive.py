@@ -1,8 +1,8 @@
 """The autoregressive kind: left to right over a KV cache, exact likelihood.
 
 Its sampler writes one token per step after the prompt (:data:`~replaid.sampling.starts.start_autoregressive`);
-a completion of any length is blocks of one token (:func:`~replaid.sampling.blocks.start_ar_blocks`,
-:class:`~replaid.sampling.batching.ARKernel` for requests joining a running batch at every token). The
+a completion of any length is blocks of one token (:class:`~replaid.sampling.batching.ARKernel`, requests
+joining a running batch at every token). The
 playground shows the tokens so far (later positions :data:`~replaid.sampling.strategy.EMPTY_ID`) and the
 probability each was drawn with.
 """
@@ -17,7 +17,6 @@ import torch
 from replaid.methods.base import Kind
 from replaid.sampling import discrete
 from replaid.sampling.batching import ar_kernel
-from replaid.sampling.blocks import start_ar_blocks
 from replaid.sampling.contract import StepInfo
 from replaid.sampling.registry import Sampler, per_step
 from replaid.sampling.starts import start_autoregressive
@@ -48,6 +47,4 @@ def frames(B: int, L: int, model: Any) -> Callable[[StepInfo], Frame]:
     return read
 
 
-STRATEGY = KindStrategy(
-    start=start_autoregressive, samplers=SAMPLERS, frames=frames, start_blocks=start_ar_blocks, kernel=ar_kernel
-)
+STRATEGY = KindStrategy(start=start_autoregressive, samplers=SAMPLERS, frames=frames, kernel=ar_kernel)

@@ -2,7 +2,7 @@
 
 Its samplers walk the schedule's grid from ``z ~ N(0, I)`` (B, L, d_e) with the denoiser
 (:func:`~replaid.sampling.starts.start_continuous`); with blocks, each block is one such walk seeing the
-committed blocks (:func:`~replaid.sampling.blocks.start_continuous_blocks`). The playground shows the
+committed blocks (:class:`~replaid.sampling.batching.ContinuousKernel`). The playground shows the
 argmax of each step's logits and its probability, then the readout.
 """
 
@@ -16,7 +16,6 @@ import torch
 from replaid.methods.base import Kind
 from replaid.sampling import continuous
 from replaid.sampling.batching import continuous_kernel
-from replaid.sampling.blocks import any_length_continuous, start_continuous_blocks
 from replaid.sampling.contract import StepInfo
 from replaid.sampling.registry import Sampler, per_step, plus_readout
 from replaid.sampling.starts import start_continuous
@@ -59,7 +58,5 @@ STRATEGY = KindStrategy(
     start=start_continuous,
     samplers=SAMPLERS,
     frames=frames,
-    start_blocks=start_continuous_blocks,
     kernel=continuous_kernel,
-    any_length=any_length_continuous,
 )

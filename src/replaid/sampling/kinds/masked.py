@@ -2,7 +2,7 @@
 
 Its sampler unmasks from all-[MASK] (id V, the network's ``n_out``) on the time grid 1 -> 0
 (:data:`~replaid.sampling.starts.start_masked`); with blocks, block by block over a KV cache
-(:func:`~replaid.sampling.blocks.start_masked_blocks`). The playground shows the state, still-masked
+(:class:`~replaid.sampling.batching.MaskedKernel`). The playground shows the state, still-masked
 positions as :data:`~replaid.sampling.strategy.MASK_ID`, each token with the probability it was drawn with.
 """
 
@@ -16,7 +16,6 @@ import torch
 from replaid.methods.base import Kind
 from replaid.sampling import discrete
 from replaid.sampling.batching import masked_kernel
-from replaid.sampling.blocks import any_length_masked, start_masked_blocks
 from replaid.sampling.contract import StepInfo
 from replaid.sampling.registry import Sampler, per_step
 from replaid.sampling.starts import start_masked
@@ -46,7 +45,5 @@ STRATEGY = KindStrategy(
     start=start_masked,
     samplers=SAMPLERS,
     frames=frames,
-    start_blocks=start_masked_blocks,
     kernel=masked_kernel,
-    any_length=any_length_masked,
 )
