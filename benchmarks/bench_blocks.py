@@ -252,9 +252,7 @@ def one(**spec: Any) -> dict:
         if dev.type == "cuda" and spec.get("autocast", True)
         else torch.autocast("cpu", enabled=False)
     )
-    from replaid.sampling.blocks import block_size_of
-
-    b = block_size_of(method) if fam == "blocks" else spec.get("b")
+    b = (method.stream_block() or L) if fam == "blocks" else spec.get("b")
     mem = PeakMemory(dev)
     with torch.no_grad(), ctx:
         if fam == "blocks":
@@ -530,11 +528,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(one(**json.loads(a.one))))
         return 0
     if a.run:
-        from replaid.sampling.blocks import block_size_of
         from replaid.store.loading import load_run
 
         r = load_run(a.run, device=a.device)
-        a.methods, a.block_sizes, a.seq_len = [r.method.name], [block_size_of(r.method)], r.cfg.data.seq_len
+        L = r.cfg.data.seq_len
+        a.methods, a.block_sizes, a.seq_len = [r.method.name], [r.method.stream_block() or L], L
         del r
     else:
         from replaid.presets import get_preset

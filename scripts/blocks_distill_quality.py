@@ -45,7 +45,6 @@ def main() -> None:
     import torch
 
     from replaid.eval.quality import gen_ppl_ar_run, reference_windows, repetition_rate, unigram_entropy
-    from replaid.sampling.blocks import block_size_of
     from replaid.sampling.loop import sample_any_length
     from replaid.store.loading import load_run
 
@@ -68,7 +67,7 @@ def main() -> None:
         path, steps = rest.rsplit(":", 1)
         run = load_run(path, use_ema=True, train_data=False, device="cpu")
         first_run = first_run or run
-        b, L = block_size_of(run.method), int(run.cfg.data.seq_len)
+        b, L = run.method.stream_block() or int(run.cfg.data.seq_len), int(run.cfg.data.seq_len)
         for T in (int(s) for s in steps.split(",")):
             res = sample_any_length(
                 run.method,

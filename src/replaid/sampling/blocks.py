@@ -30,7 +30,6 @@ from torch import Tensor
 
 from replaid.diffusion.denoiser import DenoiserOutput
 from replaid.diffusion.rng import Gen
-from replaid.methods.base import Method
 from replaid.model.blocks import prefix_block_mask
 from replaid.model.dit import KVCache, per_token
 from replaid.model.tokens import TokenDiT
@@ -169,8 +168,3 @@ def commit_continuous(model: RePlaid, ids: Tensor, start: int, cache: KVCache) -
     assert cache.next_pos == start
     h, c = model.clean_states(model.embedding_matrix()[ids])
     model.backbone(h, c, cache=cache, commit=True)  # at the cache's next positions
-
-
-def block_size_of(method: Method[Any]) -> int:
-    """The block size of a run's method: its ``block`` (MDLM, RePlaid, Plaid), ``seq_len`` without blocks."""
-    return int(getattr(method, "block", 0) or method.cfg.data.seq_len)

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from replaid.diffusion.rng import device_generator
 from replaid.methods.base import Method
 from replaid.sampling.batching import BlockBatch, Lane, kernel_for, kernel_of
-from replaid.sampling.blocks import BlockRows, Stop, block_size_of
+from replaid.sampling.blocks import BlockRows, Stop
 from replaid.sampling.contract import Callback, Committed, StepInfo
 from replaid.sampling.request import SampleRequest
 from replaid.sampling.strategy import Kernel
@@ -141,7 +141,7 @@ def sample_any_length(
     model's device as :func:`replaid.diffusion.rng.device_generator` does); ``callback``: each step's
     :class:`StepInfo` with ``block``; ``on_block(k, ids)``: each block as it is written (streaming);
     ``temperature``: the request's (MDLM's and AR's draws). Returns :class:`AnyLength`."""
-    b = method.stream_block() or block_size_of(method)
+    b = method.stream_block() or method.cfg.data.seq_len  # a run without blocks: one block of its length
     L = method.cfg.data.seq_len
     if prompt_ids.dim() == 1:
         prompt_ids = prompt_ids[None]
