@@ -163,3 +163,46 @@ def test_the_batch_exponent_tells_steps_from_tokens(large, a, verdict):
     assert ex["mean"] == pytest.approx(a, abs=0.02) and ex["verdict"].startswith(verdict), ex
     big[1]["censored"] = big[2]["censored"] = True
     assert pb.exponent(small, big, 4.0)["verdict"].startswith("not determined: 1 seed(s)")
+
+
+def test_arms_script_tabulates_each_arm_against_its_own_mdlm_and_the_defaults(tmp_path, capsys):
+    """scripts/plateau_arms.py on two planned grids (the defaults, and one arm) whose runs log curves with
+    known exits: the arm's exits, and each method's exit paired against the same method at the defaults."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from replaid.cli import main
+
+    exits = {"mdlm": (100, 150), "cooc-init": (200, 250), "replaid": (None, 900)}  # the defaults, 2 seeds
+    arm = {"mdlm-lr3e-4": (300, 300), "cooc-lr3e-4": (400, 500), "replaid-lr3e-4": (None, None)}
+    for name, cells in (("base", exits), ("arms", arm)):
+        argv = ["grid", "plan", "--base", "debug", "--out", str(tmp_path / name), "--seeds", "2"]
+        for c in cells:
+            argv += ["--cell", c, "method=mdlm" if c.startswith("mdlm") else "model.self_conditioning=true"]
+        assert main([*argv, "--", "train.steps=1000"]) == 0
+        for c, ex in cells.items():
+            for seed, e in enumerate(ex):
+                run = tmp_path / name / "runs" / f"{c}__s{seed}"
+                run.mkdir(parents=True, exist_ok=True)
+                rows = [{"step": s, "loss": 7.0 if e is None or s < e else 6.0 - s / 1000, "unigram": 7.0}
+                        for s in range(50, 1050, 50)]  # fmt: skip
+                (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+                (run / "final_eval.json").write_text(json.dumps({"eval": {"nelbo_nats_per_token": 6.0}}))
+    capsys.readouterr()
+    script = Path(__file__).resolve().parents[1] / "scripts" / "plateau_arms.py"
+    out = tmp_path / "study"
+    r = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "base"), str(tmp_path / "arms"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    t = json.loads((out / "arms.json").read_text())["lr3e-4"]["methods"]
+    assert t["mdlm"]["exit_steps"] == [300, 300] and t["replaid"]["exit_steps"] == [None, None]
+    assert t["mdlm"]["vs_defaults"]["exit_diff_exact"] == [200, 150]
+    assert t["cooc"]["vs_defaults"]["exit_diff_exact"] == [200, 250]
+    assert t["replaid"]["vs_defaults"]["exit_diff_exact"] == []  # on the plateau in the arm: no difference
+    assert "| backbone LR 3e-4 | the recipe | 400, 500 |" in (out / "arms.md").read_text()
+    assert (out / "exits.png").stat().st_size > 1000
