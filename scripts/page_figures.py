@@ -241,6 +241,23 @@ def trend_gap() -> dict:
             "censored": "replaid s1 never left: counted at its last logged step (a lower bound)",
         },
         "replaid_s1_grad_norm": {str(k): s1[k]["grad_norm"] for k in (1600, 2000, 2050, 2100)},
+        # per optimiser group at the logged step (before clipping), and gamma_0: where the rise before the
+        # non-finite gradients sits; the other seeds' largest endpoint norm over the same stretch
+        "replaid_s1_groups": {
+            str(k): {
+                **{
+                    g: s1[k][f"grad_norm/{g}"]
+                    for g in ("embedding", "schedule_mlp", "endpoints", "projections", "backbone")
+                },
+                "gamma_0": s1[k]["gamma_0"],
+                "gamma_1": s1[k]["gamma_1"],
+            }
+            for k in (1900, 1950, 2000, 2050, 2100)
+        },
+        "replaid_endpoints_max_1900_2300": {
+            str(seed): max(r["grad_norm/endpoints"] for r in rows(f"replaid__s{seed}") if 1900 <= r["step"] <= 2300)
+            for seed in (0, 2)
+        },
         "recon_peaks": {
             c: [max(x["recon"] for x in rows(f"{c}__s{k}") if "recon" in x) for k in range(3)]
             for c in ("replaid", "plaid")
