@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from safetensors.torch import load_file
@@ -32,6 +32,7 @@ from replaid.schema import dumps as strict_dumps
 if TYPE_CHECKING:
     from replaid.data.tokenizers import Tokenizer
     from replaid.methods.replaid import ContinuousNet
+    from replaid.store.loading import Run
 
 
 @dataclass
@@ -128,14 +129,14 @@ def noisy_latents(
 
 
 def train_classifier(
-    run: Any, texts: list[str], labels: list[str], cfg: ClassifierTrainConfig, log: Callable[[str], None] | None = None
+    run: Run, texts: list[str], labels: list[str], cfg: ClassifierTrainConfig, log: Callable[[str], None] | None = None
 ) -> tuple[TrainedClassifier, dict[str, Any]]:
     """Trains the classifier (module docstring); returns it and its metrics (held-out accuracy by t)."""
     torch.manual_seed(cfg.seed)
     names = sorted(set(labels))
     ys = [names.index(y) for y in labels]
     L = run.cfg.data.seq_len
-    tok, model = run.tokenizer, run.model
+    tok, model = run.tokenizer, cast("ContinuousNet", run.model)  # a continuous run (the command checks)
     E = model.embedding_matrix().detach().float()  # (V, d_e), frozen
     g = torch.Generator().manual_seed(cfg.seed)
     perm = torch.randperm(len(texts), generator=g).tolist()
@@ -182,12 +183,12 @@ def train_classifier(
 
 
 def save_classifier(
-    clf: TrainedClassifier, out: str | Path, run: Any, train_cfg: ClassifierTrainConfig, metrics: dict[str, Any]
+    clf: TrainedClassifier, out: str | Path, run: Run, train_cfg: ClassifierTrainConfig, metrics: dict[str, Any]
 ) -> None:
     """``out/classifier.safetensors`` and ``out/classifier.json`` (module docstring)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    E = run.model.embedding_matrix()
+    E = cast("ContinuousNet", run.model).embedding_matrix()
     meta = {
         "format": "replaid-latent-classifier-1",
         "config": clf.cfg.to_dict(),
@@ -203,7 +204,7 @@ def save_classifier(
     atomic_write_text(out / "classifier.json", strict_dumps(meta, indent=2) + "\n")
 
 
-def load_classifier(path: str | Path, run: Any = None) -> TrainedClassifier:
+def load_classifier(path: str | Path, run: Run | None = None) -> TrainedClassifier:
     """Reads a saved classifier (safetensors + JSON; no unpickling). With ``run``, refuses a classifier
     trained on another run's embeddings."""
     p = Path(path)
@@ -220,7 +221,9 @@ def load_classifier(path: str | Path, run: Any = None) -> TrainedClassifier:
         clf.load_state_dict(load_file(str(w_f)))
     except Exception as e:  # damaged JSON, missing keys, safetensors errors, shape mismatches
         raise ValueError(f"--guide {path}: damaged classifier ({type(e).__name__}); train it again") from None
-    if run is not None and meta.get("embedding_fingerprint") != embedding_fingerprint(run.model.embedding_matrix()):
+    if run is not None and meta.get("embedding_fingerprint") != embedding_fingerprint(
+        cast("ContinuousNet", run.model).embedding_matrix()
+    ):
         raise ValueError(
             f"--guide {path}: this classifier was trained on another run's embeddings ({meta.get('run')}); "
             f"train one for this run with 'replaid classifier train'"
