@@ -96,3 +96,12 @@ def test_a_kind_in_one_file_trains_evaluates_samples_and_is_served(tmp_path, mon
     finally:
         sys.modules.pop("oneshot", None)
         strategy_of.cache_clear()
+
+
+def test_a_kind_whose_strategy_does_not_import_is_named_in_one_line():
+    from replaid.methods.base import Kind
+
+    with pytest.raises(ValueError, match=r"the broken kind's strategy 'nowhere_at_all:STRATEGY' does not import"):
+        strategy_of(Kind("broken", "nowhere_at_all:STRATEGY"))
+    with pytest.raises(ValueError, match=r"is not a KindStrategy"):
+        strategy_of(Kind("wrong", "replaid.sampling.registry:REGISTRY"))
