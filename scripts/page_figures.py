@@ -490,6 +490,17 @@ def blocks_speed() -> dict:
             for m in ("mdlm", "replaid")
         },
         "repeats": blocks_speed_repeats(),
+        "repeats_loop": blocks_speed_repeats("repeats-loop"),
+        "loop_over_before": loop_over_before(),
+        "loop_ab_peak_mib": {  # one run each of the code before and after the one loop, batch 16, 8x seq_len
+            v: {
+                f"{r['family']} {r['method']}": r["peak_mem_bytes"] / 2**20
+                for r in json.loads(
+                    (RESULTS / "blocks" / "speed-cpu" / "loop-ab" / v / "bench_blocks.json").read_text()
+                )["rows"]
+            }
+            for v in ("before", "after")
+        },
     }
 
 
@@ -554,12 +565,24 @@ def blocks_speed_gpu() -> dict:
     }
 
 
-def blocks_speed_repeats() -> dict:
-    """The speed page's repeats (blocks/speed-cpu/repeats/round1-3): per configuration (batch, family,
+def loop_over_before() -> dict:
+    """Per configuration, the median tokens/s of the rounds on the one block loop (repeats-loop/) over the
+    median of the rounds before it (repeats/), with the two ranges' overlap."""
+    before, after = blocks_speed_repeats("repeats")["configs"], blocks_speed_repeats("repeats-loop")["configs"]
+    out = {}
+    for k, a in after.items():
+        b = before[k]["tokens_per_s"]
+        t = a["tokens_per_s"]
+        out[k] = {"ratio": t["median"] / b["median"], "ranges_overlap": t["min"] <= b["max"] and b["min"] <= t["max"]}
+    return out
+
+
+def blocks_speed_repeats(folder: str = "repeats") -> dict:
+    """The speed page's repeats (blocks/speed-cpu/<folder>/round1-3): per configuration (batch, family,
     method) the three rounds' tokens/s, time to first block and peak MiB, their median and range; per round
     the ratios the page reads (blocks over full sequence, AR over blocks)."""
     rounds = [
-        json.loads((RESULTS / "blocks" / "speed-cpu" / "repeats" / f"round{k}" / "bench_blocks.json").read_text())
+        json.loads((RESULTS / "blocks" / "speed-cpu" / folder / f"round{k}" / "bench_blocks.json").read_text())
         for k in (1, 2, 3)
     ]
 
@@ -570,7 +593,11 @@ def blocks_speed_repeats() -> dict:
         return {"rounds": values, "median": float(np.median(values)), "min": min(values), "max": max(values)}
 
     configs = (("blocks", "mdlm"), ("full", "mdlm"), ("blocks", "replaid"), ("full", "replaid"), ("ar", "ar"))
-    out: dict[str, Any] = {"note": "medians and ranges over the three rounds of repeats/", "configs": {}, "ratios": {}}
+    out: dict[str, Any] = {
+        "note": f"medians and ranges over the three rounds of {folder}/",
+        "configs": {},
+        "ratios": {},
+    }
     for batch in (1, 16):
         for f, m in configs:
             cells = [cell(d["rows"], batch, f, m) for d in rounds]
