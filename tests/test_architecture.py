@@ -45,3 +45,35 @@ _read = Path.read_text
 def _without_store(path: Path, *a: object, **k: object) -> str:
     text = _read(path, *a, **k)  # type: ignore[arg-type]
     return text.replace("              store  ", "                     ") if path.name == "architecture.md" else text
+
+
+def _import_counts():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("import_counts", ROOT / "scripts" / "import_counts.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_import_graph_has_no_upward_arrow_no_cycle_and_no_path_to_the_trainer():
+    """scripts/import_counts.py on the package (issue 51, acceptance 1), and its planted graphs: an arrow from
+    the model up to sampling, two sibling modules importing each other, two packages importing each other."""
+    import grimp
+
+    ic = _import_counts()
+    g = grimp.build_graph("replaid")
+    edges = {(m, i) for m in g.modules for i in g.find_modules_directly_imported_by(m)}
+    c = ic.counts(edges, set(g.modules), [])
+    assert c["upward"] == [] and c["cycles"] == [] and c["layer_arrows"] > 50
+    assert ic.main([]) == 0
+    up = ic.counts(edges | {("replaid.model.dit", "replaid.sampling.loop")}, set(g.modules), [])
+    assert up["upward"] == ["replaid.model.dit -> replaid.sampling.loop"]
+    sib = ic.counts(edges | {("replaid.sampling.request", "replaid.sampling.loop")}, set(g.modules), [])
+    assert any({"replaid.sampling.loop", "replaid.sampling.request"} <= set(x) for x in sib["cycles"])
+    pkg = ic.counts(
+        edges | {("replaid.scaling.plan", "replaid.sampling.loop"), ("replaid.sampling.loop", "replaid.scaling.plan")},
+        set(g.modules),
+        [],
+    )
+    assert ["replaid.sampling", "replaid.scaling"] in pkg["cycles"]
