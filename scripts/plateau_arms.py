@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     st = _study()
     table: dict[str, Any] = {}
+    defaults: dict[str, Any] = {}  # the batch-32 defaults' exits, read from the first paired study of each method
     for arm, what in ARMS.items():
         cells = [f"{m}-{arm}" for m in METHODS]
         if not any(finished(a.arms, c) for c in cells):
@@ -59,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
             vs = out / f"vs-{m}"
             argv_ = [str(a.base), str(a.arms), "--cells", base_cell, cell, "--reference", base_cell]
             st.main([*argv_, "--against", base_cell, "--budgets", *BUDGETS, "--out", str(vs)])
-            paired = json.loads((vs / "study.json").read_text())["cells"][cell].get("paired", {})
+            vs_cells = json.loads((vs / "study.json").read_text())["cells"]
+            paired = vs_cells[cell].get("paired", {})
+            base = vs_cells[base_cell]
+            defaults.setdefault(m, {"name": name, "seeds": base["seeds"], "exit_steps": base["exit_steps"]})
             v = within["cells"][cell]
             table[arm]["methods"][m] = {
                 "name": name,
@@ -78,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
                 },
             }
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "arms.json").write_text(json.dumps(table, indent=1, allow_nan=False))
+    (a.out / "arms.json").write_text(json.dumps({**table, "defaults": defaults}, indent=1, allow_nan=False))
     (a.out / "arms.md").write_text(markdown(table, st))
-    plot(table, a.out / "exits.png")
+    plot({"defaults": {"what": "defaults (batch 32)", "methods": defaults}, **table}, a.out / "exits.png")
     print(f"wrote {a.out}/arms.json, arms.md, exits.png ({len(table)} arms)")
     return 0
 
