@@ -60,3 +60,33 @@ def test_the_frontier_scores_speed_and_quality_on_the_served_path(tmp_path, caps
     bad = subprocess.run([sys.executable, str(SCRIPT), *argv[:6], "--config", "nolabel", "--out", str(out)],
                          capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and bad.stderr.strip().startswith("replaid: error: --config 'nolabel'")
+
+
+def test_the_verdicts_read_speed_and_genppl_at_matched_entropy():
+    """The goal needs both: 2x AR's tokens/s at the smallest batch and GenPPL within 1.5x of the teacher's;
+    'faster and close' needs both against AR."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("serve_frontier", SCRIPT)
+    sf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sf)
+
+    def row(label, method, tps, genppl, tps16=1.0):
+        iv = lambda m: {"n": 3, "mean": m, "lo": m, "hi": m}
+        return {"label": label, "method": method, "matched_1x": {"gen_ppl": iv(genppl)},
+                "batch1": {"tokens_per_s": iv(tps)}, "batch16": {"tokens_per_s": iv(tps16)}}  # fmt: skip
+
+    a = argparse.Namespace(batches=[1, 16], teacher=["S=T", "S2=T"])
+    rows = [
+        row("AR", "ar", 100, 50, 900),
+        row("T", "mdlm", 20, 60),
+        row("S", "mdlm", 300, 80),
+        row("S2", "mdlm", 150, 70),
+    ]
+    v = sf.verdicts(rows, a)
+    assert v["faster_and_close"] == ["S2"]  # S is faster but 80 > 1.5 x 50; T is slower
+    assert [(g["student"], g["met"]) for g in v["goal"]] == [("S", True), ("S2", False)]  # S2: 1.5x AR's speed
+    assert v["fastest_at_largest_batch"] == "AR"
+    rows[2] = row("S", "mdlm", 300, 95)  # 95 / 60 > 1.5: fast enough, too far from its teacher
+    assert not sf.verdicts(rows, a)["goal"][0]["met"]
