@@ -21,7 +21,8 @@
 # own gpu_check.json under $OUT), then here: --merge the fetched files --out docs/gpu_check --record.
 #
 # Steps (benchmarks/gpu_check/__init__.py has the details): env, tests, bf16, syncs, compile, speed, memory,
-# sampler, likelihood, mdlm_ref, maxbatch, blocks, breakdown (all in --quick, sized down), speed_compiled, blocks_01b (full only).
+# sampler, likelihood, mdlm_ref, maxbatch, blocks, breakdown (all in --quick, sized down), speed_compiled, blocks_01b, serve,
+# bf16_train (full only; bf16_train needs linux-docs carried in .gl/).
 # A failing step is recorded with its error and the rest go on. Exit status: 0 when every step that ran
 # passed (the dry run: when every command resolved), 1 otherwise, 2 for bad input.
 set -uo pipefail

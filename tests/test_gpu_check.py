@@ -260,3 +260,68 @@ def test_the_serve_step_trains_loads_and_renders_on_cpu(tmp_path):
         assert r["tokens_per_s"] > 0 and 0 < r["log_ttft_p50_s"] and r["block"] == (1 if r["run"] == "ar" else 4)
     md = (out / "gpu_check.md").read_text()
     assert "**served completions under load**" in md and "| serve | ok |" in md
+
+
+def _bf16_grid(root: Path, bounds: dict[str, list[float]], nan_at: tuple[str, int] | None = None) -> Path:
+    """A grid folder of the bf16_train step's shape: runs/<cell>__s<seed>/metrics.jsonl with training rows
+    every 10 steps (a NaN gradient at ``nan_at``) and evaluations at steps 20 and 40."""
+    import math
+
+    for cell, vals in bounds.items():
+        for seed, b in enumerate(vals):
+            run = root / "runs" / f"{cell}__s{seed}"
+            run.mkdir(parents=True)
+            rows = []
+            for step in range(10, 50, 10):
+                bad = nan_at == (f"{cell}__s{seed}", step)
+                g = math.nan if bad else 0.5 + step / 100 + seed
+                rows.append(
+                    {"step": step, "loss": 6.0, "grad_norm": g, "grad_norm/endpoints": g / 4, "skipped": int(bad)}
+                )
+                if step in (20, 40):
+                    rows.append({"step": step, "eval/nelbo_nats_per_token": b + (40 - step) / 100})
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def test_bf16_train_summary_against_scipy_and_planted_faults(tmp_path):
+    """benchmarks/bf16_runs.py's verdict (issue 53 §3): the fp32 seed interval and the paired difference
+    equal scipy's t-intervals; a bf16 bound outside the interval, or a non-finite step, turns it to not ok."""
+    import numpy as np
+    from scipy import stats
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import bf16_runs
+
+    fp32, bf16 = [6.10, 6.20, 6.15], [6.12, 6.18, 6.16]
+    s = bf16_runs.summarise(_bf16_grid(tmp_path / "a", {"fp32": fp32, "bf16": bf16}))
+    lo, hi = stats.t.interval(0.95, 2, loc=np.mean(fp32), scale=stats.sem(fp32))
+    assert s["step"] == 40 and s["ok"] and not s["diverged"]
+    assert s["reference_interval"]["lo"] == pytest.approx(lo) and s["reference_interval"]["hi"] == pytest.approx(hi)
+    d = np.subtract(bf16, fp32)
+    dlo, dhi = stats.t.interval(0.95, 2, loc=d.mean(), scale=stats.sem(d))
+    assert s["paired"]["diff_lo"] == pytest.approx(dlo) and s["paired"]["diff_hi"] == pytest.approx(dhi)
+    assert s["runs"]["bf16__s1"]["max_grad_norm"] == pytest.approx(0.5 + 0.4 + 1)
+    assert s["runs"]["bf16__s1"]["bounds"] == {"20": pytest.approx(6.38), "40": pytest.approx(6.18)}
+
+    out = bf16_runs.summarise(_bf16_grid(tmp_path / "b", {"fp32": fp32, "bf16": [6.12, 6.60, 6.16]}))
+    assert not out["ok"] and out["inside_reference_interval"] == {"0": True, "1": False, "2": True}
+
+    bad = bf16_runs.summarise(_bf16_grid(tmp_path / "c", {"fp32": fp32, "bf16": bf16}, nan_at=("bf16__s2", 30)))
+    assert not bad["ok"] and bad["diverged"] == ["bf16__s2"] and bad["runs"]["bf16__s2"]["first_nonfinite_step"] == 30
+    assert bad["runs"]["bf16__s2"]["max_grad_norm"] == pytest.approx(0.5 + 0.4 + 2)  # the NaN row left out
+
+
+@pytest.mark.slow
+def test_the_bf16_train_step_runs_and_renders_on_cpu(tmp_path):
+    """The bf16_train step (full check only) end to end on a CPU with --tiny: six short runs planned from
+    docs/results/trend/bf16.yaml, run, summarised and rendered as the bf16-against-fp32 table."""
+    out = tmp_path / "out"
+    assert cli.main(["--tiny", "--device", "cpu", "--steps", "bf16_train", "--out", str(out)]) == 0
+    step = json.loads((out / "gpu_check.json").read_text())["steps"]["bf16_train"]
+    assert step["status"] == "ok", step
+    data = step["results"][0]["data"]
+    assert sorted(data["runs"]) == [f"{c}__s{s}" for c in ("bf16", "fp32") for s in range(3)]
+    assert all(r["finished"] for r in data["runs"].values()) and data["ok"]
+    md = (out / "gpu_check.md").read_text()
+    assert "**RePlaid bf16 against fp32 over whole runs**" in md and md.count("| bf16__s") == 3

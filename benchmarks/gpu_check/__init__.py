@@ -30,6 +30,9 @@ longer fits, naming them, so a quick check ends inside one 10-minute device call
   breakdown       one training step per method taken apart (issue 53 §1, benchmarks/bench_breakdown.py):
                   data, forward, backward, optimiser, the named regions (self-conditioning pass, loss terms,
                   output prior) and the bytes model of the fused heads
+  serve           served completions under load (issue 52 §3): AR, MDLM and RePlaid at 1-64 clients (full only)
+  bf16_train      RePlaid in bf16 autocast against fp32, 4,000 steps, 3 seeds each (issue 53 §3; full only,
+                  linux-docs carried in .gl/, resumable across calls): divergence, gradient norms, bounds
 
 Bad input ends in one line ``replaid: error: ...`` and exit status 2; otherwise the exit status is 0
 when every step that ran passed, 1 when one failed.

@@ -320,6 +320,17 @@ def cmds_serve(ctx):
     return [Cmd("script", args, 900, "served completions under load")]
 
 
+def cmds_bf16_train(ctx):
+    """Issue 53 §3 (full check only): RePlaid in bf16 autocast against fp32 for 4,000 steps, 3 seeds each, at
+    the trend grid's demo configuration (docs/results/trend/bf16.yaml; linux-docs carried in .gl/). Resumable:
+    a call that reaches its deadline leaves checkpoints, and the next call with this step goes on from them
+    (``--tiny``: the debug size on the embedded corpus, a few steps)."""
+    out = str(ctx.tmp / "gpu_check_bf16_runs")
+    size = ["--tiny", "--max-parallel", "2"] if ctx.tiny else ["--data", ".gl/linux-docs", "--max-parallel", "6"]
+    args = ["benchmarks/bf16_runs.py", *size, "--device", ctx.device, "--out", out, "--deadline", "500"]
+    return [Cmd("script", args, 570, "bf16 against fp32 over a whole run")]
+
+
 STEPS = [
     Step("env", "device, versions, matmul peak, torch features", True, (20, 20), cmds_env),
     Step("tests", "gpu-marked and device-aware tests on CUDA", True, (120, 240), cmds_tests),
@@ -337,6 +348,7 @@ STEPS = [
     Step("blocks_01b", "block diffusion at owt-0.1b, 1x, batch 1 and 16", False, (300, 300), cmds_blocks_01b),
     Step("speed_compiled", "tokens/s, MFU, step time (train.compile)", False, (130, 360), cmds_speed_compiled),
     Step("serve", "served completions under load: AR and blocks at 1-64 clients", False, (420, 420), cmds_serve),
+    Step("bf16_train", "RePlaid bf16 vs fp32, 4,000 steps, 3 seeds (resumable)", False, (540, 540), cmds_bf16_train),
 ]
 STEP_NAMES = [s.name for s in STEPS]
 # a full check in calls of at most 10 minutes each (set-up included)
@@ -348,6 +360,7 @@ FULL_SPLIT = [
     "env,blocks,breakdown",
     "env,blocks_01b",
     "env,serve",
+    "bf16_train",  # twice if the first call reaches its deadline: the second resumes the runs
 ]
 
 

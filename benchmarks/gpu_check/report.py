@@ -451,6 +451,41 @@ def render_serve(doc: dict) -> str:
     return "".join(out)
 
 
+def render_bf16_train(doc: dict) -> str:
+    """RePlaid bf16 against fp32 over whole runs: each run's reach, gradient norms, first non-finite step and
+    last bound; the bf16 runs against the fp32 seed interval and the paired difference."""
+    out = []
+    for d in _data(doc, "bf16_train")[:1]:
+        at = d.get("step")
+        out.append(
+            f"\n**RePlaid bf16 against fp32 over whole runs** (docs/results/trend/bf16.yaml; bounds at step {at})\n\n"
+        )
+        rows = []
+        for name, r in d.get("runs", {}).items():
+            last = r["bounds"].get(str(at)) if at is not None else None
+            rows.append(
+                [
+                    name,
+                    r["last_step"],
+                    r["max_grad_norm"],
+                    r["max_grad_norm_endpoints"],
+                    r["first_nonfinite_step"] if r["first_nonfinite_step"] is not None else "-",
+                    _f(last, ".4f"),
+                ]
+            )
+        heads = ["run", "last step", "max grad norm", "max endpoints' grad", "first non-finite step", "bound"]
+        out.append(_table(heads, rows))
+        if "paired" in d:
+            p, ref = d["paired"], d["reference_interval"]
+            out.append(
+                f"\nfp32 seed interval [{_f(ref['lo'], '.4f')}, {_f(ref['hi'], '.4f')}]; bf16 inside it: "
+                f"{d['inside_reference_interval']}; bf16 - fp32 paired {_f(p['diff_mean'], '.4f')} "
+                f"[{_f(p['diff_lo'], '.4f')}, {_f(p['diff_hi'], '.4f')}] ({p['verdict']}); "
+                f"diverged: {', '.join(d['diverged']) or 'none'}\n"
+            )
+    return "".join(out)
+
+
 # each step's part of the table, in the order of the page (speed_compiled is in the speed table; the
 # memory table follows speed, the largest batch follows memory)
 RENDERERS: list[tuple[str, Callable[[dict], str]]] = [
@@ -469,4 +504,5 @@ RENDERERS: list[tuple[str, Callable[[dict], str]]] = [
     ("breakdown", render_breakdown),
     ("blocks_01b", lambda doc: render_blocks(doc, "blocks_01b")),
     ("serve", render_serve),
+    ("bf16_train", render_bf16_train),
 ]

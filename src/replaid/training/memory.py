@@ -16,7 +16,9 @@ transient of the backward. Activations are counted from the code, per token:
 * the head: RePlaid's fused head (``model/head.py``) keeps one (B L, V) float32 buffer and, under
   bf16, copies it to bf16 in the backward (+2 bytes per entry); the plain autograd head (before it)
   keeps two float32 (B L, V) tensors (``z E^T`` and the softmax) and creates two more in the
-  backward; MDLM/AR's ``cross_entropy`` keeps its float32 log-softmax and creates two in the backward.
+  backward; MDLM/AR's fused cross-entropy (``linear_cross_entropy``) keeps one (B L, V) buffer in the
+  matmul dtype (2 bytes under bf16) and a float32 (chunk, V) workspace, and by plain ``cross_entropy``
+  (``fused_head=False``) its float32 log-softmax, creating two more in the backward.
 
 The peak is the larger of (state without gradients + activations + head backward transient + head
 gradients) at the start of the backward and (full state + one block) at its end.
@@ -98,7 +100,11 @@ def estimate(
     elif continuous:  # the plain autograd head: z E^T and the softmax saved, two gradients in the backward
         e["head: saved (B L, V)"] = 2 * T * V * f
         e["head: backward transient"] = 2 * T * V * f + (2 * T * V if bf16 else 0)
-    else:  # MDLM / AR: cross_entropy saves its float32 log-softmax; two gradients (+ the bf16 one)
+    elif fused_head:  # MDLM / AR: the fused cross-entropy's one (B L, V) buffer in the matmul dtype, turned
+        # into d logits in place by the backward, with one float32 (chunk, V) workspace
+        e["head: saved (B L, V)"] = T * V * a
+        e["head: backward transient"] = f * min(T, chunk_rows(V, m.head_chunk_rows)) * V
+    else:  # MDLM / AR by plain cross_entropy: its float32 log-softmax saved; two gradients (+ the bf16 one)
         e["head: saved (B L, V)"] = T * V * f
         e["head: backward transient"] = 2 * T * V * f + (2 * T * V if bf16 else 0)
     head_grads = f * V * (d + 1 + (m.d_e if continuous else 0))

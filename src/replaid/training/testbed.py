@@ -144,4 +144,6 @@ def measure(cfg: RunConfig, V: int, batch: int) -> float:
         tr.train_step(tokens, log=False)
         heap.reset_peak()
         tr.train_step(tokens, log=False)
+    if tr.nonfinite_steps:  # a skipped step frees no optimiser state: its peak is not a training step's
+        raise ValueError(f"method={cfg.method} at batch {batch}: {tr.nonfinite_steps} of the 2 steps were not finite")
     return float(heap.peak)
