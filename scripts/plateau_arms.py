@@ -127,13 +127,18 @@ def plot(table: dict[str, Any], path: Path) -> None:
         for j, v in enumerate(t["methods"].values()):
             for s, x in zip(v["seeds"], v["exit_steps"], strict=True):
                 y = 2500 if x is None else x  # still on the plateau: drawn above the axis' 2,400
-                ax.scatter(i + 0.22 * (j - 1) + 0.04 * (s - 1), y, color=f"C{j}", marker="^" if x is None else "o", s=22,
-                           label=v["name"] if (i == 0 and s == v["seeds"][0]) else None)  # fmt: skip
+                ax.scatter(
+                    i + 0.22 * (j - 1) + 0.04 * (s - 1), y, color=f"C{j}", marker="^" if x is None else "o", s=22
+                )
     ax.set_xticks(range(len(table)), [t["what"] for t in table.values()])
     ax.axhline(2400, color="k", lw=0.6, ls=":")
     ax.set_ylabel("exit step (triangle: still on the plateau at 2,400)")
     ax.set_title("Plateau exit per arm (batch 32, linux-docs, 3 seeds)", fontsize=10)
-    ax.legend(fontsize=8)
+    from matplotlib.lines import Line2D
+
+    names = [v["name"] for v in next(iter(table.values()))["methods"].values()]
+    handles = [Line2D([], [], color=f"C{j}", marker="o", ls="", label=n) for j, n in enumerate(names)]
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside: no point hidden
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
