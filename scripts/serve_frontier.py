@@ -22,15 +22,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any, NoReturn
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_blocks.py"
 
 
 def fail(message: str) -> NoReturn:
@@ -126,11 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     from replaid.eval.quality import reference_windows, sentence_features
     from replaid.eval.seeds import t_interval
     from replaid.store.loading import load_run
+    from replaid.training.memory import LiveHeap
 
-    spec = importlib.util.spec_from_file_location("bench_blocks", BENCH)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     judge = load_run(a.judge_run, device="cpu")
     runs = {label: (load_run(path, device="cpu"), steps) for label, path, steps in configs}
     L = int(judge.cfg.data.seq_len)
@@ -161,10 +155,12 @@ def main(argv: list[str] | None = None) -> int:
                 row[f"{tname}_{k}x"] = {m: t_interval([x[m] for x in per_seed]).as_dict() for m in per_seed[0]}
         row["matched_temperature"] = temps.get("matched")
         for B in a.batches:
-            mem = bench.PeakMemory(torch.device("cpu"))
-            mem.start()
-            complete(run, steps, B, L, 0, 1.0)  # the first request: the peak memory, warm caches
-            peak = mem.stop()
+            # the first request: its peak memory, and it warms the caches. On the CPU the request's own tensors
+            # at their most at once (the live heap: exact and load-independent; the weights made before it are
+            # not counted), where a shared process's RSS high-water mark would not rise for reused memory.
+            with LiveHeap() as heap:
+                complete(run, steps, B, L, 0, 1.0)
+            peak = heap.peak
             timed = [complete(run, steps, B, L, s, 1.0)[1] for s in a.seeds]
             tps = [B * L / t["seconds"] for t in timed]
             row[f"batch{B}"] = {
@@ -247,7 +243,7 @@ def markdown(out: dict) -> str:
             )
     lines += [
         "",
-        "| config | batch | tokens/s | time to first token (s) | peak memory (MiB) |",
+        "| config | batch | tokens/s | time to first token (s) | the request's peak tensors (MiB) |",
         "|---|---|---|---|---|",
     ]
     for r in rows:

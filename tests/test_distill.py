@@ -312,6 +312,22 @@ def test_progressive_resume_reproduces_the_uninterrupted_distillation(teacher_ru
 
 
 @pytest.mark.slow
+def test_every_rounds_student_is_kept_and_loads_at_its_steps(teacher_run, tmp_path):
+    """Progressive 8 -> 1 in 3 rounds of 2 steps, saved every 5: the ends of the rounds (steps 2, 4, 6) stay
+    beside the newest checkpoints, each stating its round's steps (8 / 2^r), and each loads as a run."""
+    from replaid.store.loading import load_run
+
+    d = dict(from_steps=8, to_steps=1, steps_per_round=2, batch_size=4, save_every=5, num_threads=1)
+    distill(teacher_run, tmp_path / "s", DistillConfig(**d), progress=False)
+    ckdir = tmp_path / "s" / "checkpoints"
+    assert sorted(p.name for p in ckdir.glob("step_*")) == [f"step_{n:07d}" for n in (2, 4, 5, 6)]
+    for r, n in enumerate((2, 4, 6), start=1):
+        st = json.loads((ckdir / f"step_{n:07d}" / "state.json").read_text())
+        assert st["distill"]["student_steps"] == 8 // 2**r
+        assert load_run(ckdir / f"step_{n:07d}", device="cpu").cfg.method == "replaid"
+
+
+@pytest.mark.slow
 def test_heun_teacher_solver_applies_to_the_first_round_only(teacher_run, tmp_path, monkeypatch):
     """``--teacher-solver heun`` distils the original teacher's Heun steps in round 1; round 2's teacher is
     the round-1 student, trained to take DDIM steps, so it is stepped by DDIM. A folder made before the

@@ -53,6 +53,8 @@ def test_the_frontier_scores_speed_and_quality_on_the_served_path(tmp_path, caps
         for key in ("t1_1x", "t1_2x", "matched_1x", "matched_2x"):
             assert x[key]["gen_ppl"]["n"] == 2 and x[key]["gen_ppl"]["mean"] > 1, (x["label"], key)
         assert x["batch1"]["tokens_per_s"]["mean"] > 0 and x["batch2"]["ttft_s"]["mean"] > 0
+        # the request's own tensors (the live heap): never 0, and two rows hold more than one
+        assert 0 < x["batch1"]["peak_bytes"] < x["batch2"]["peak_bytes"], x["label"]
     goal = d["verdicts"]["goal"][0]
     assert goal["student"] == "B4-T1" and goal["met"] == (goal["speed_vs_ar"] >= 2 and goal["genppl_vs_teacher"] <= 1.5)
     assert "| B4-T1 | 1 |" in (out / "frontier.md").read_text()

@@ -12,6 +12,8 @@ EXAMPLE = """example: replaid distill runs/demo --out runs/demo-pd8 --from-steps
          replaid distill runs/demo --out runs/demo-cd --method consistency --cd-steps 400
 then:    replaid sample runs/demo-pd8 --sampler ddim --steps 8     (progressive student: DDIM at its steps)
          replaid sample runs/demo-cd --sampler consistency --steps 4  (consistency student: 1, 2, 4, 8 NFE)
+         replaid sample runs/demo-pd8/checkpoints/step_0000400 --sampler ddim --steps 16   (every round's
+         student is kept: checkpoints/step_{r x steps-per-round} samples at from-steps / 2^r)
          replaid eval runs/demo-pd8   |   replaid export runs/demo-pd8 --out exports/demo-pd8"""
 
 
@@ -35,7 +37,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--to-steps", type=POSITIVE, default=d.to_steps, help="progressive: student steps after the last round"
     )
     p.add_argument(
-        "--steps-per-round", type=POSITIVE, default=d.steps_per_round, help="progressive: optimiser steps per halving"
+        "--steps-per-round",
+        type=POSITIVE,
+        default=d.steps_per_round,
+        help="progressive: optimiser steps per halving (each halving's student is kept as a checkpoint)",
     )
     p.add_argument(
         "--teacher-solver",

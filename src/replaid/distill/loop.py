@@ -208,6 +208,12 @@ class Distiller:
         done = self.step // d.steps_per_round
         return d.student_steps(min(done, d.rounds) - 1) if done else d.from_steps
 
+    def milestones(self) -> set[int]:
+        """The steps that end a progressive round: each one's checkpoint is that round's student
+        (``checkpoints/step_{r x steps_per_round}`` samples at ``from_steps / 2^r`` steps), kept to the end."""
+        d = self.dcfg
+        return {r * d.steps_per_round for r in range(1, d.rounds + 1)} if d.method == "progressive" else set()
+
     def save(self) -> Path:
         ema = self.target.shadow if self.target is not None else None
         return ck.save_checkpoint(
@@ -218,6 +224,7 @@ class Distiller:
             ema_sd=None if ema is None else dict(ema),
             opt_sd=self.opt.state_dict(),
             rng=rng_state(),
+            milestones=self.milestones(),
         )
 
     def resume(self) -> None:
@@ -274,7 +281,7 @@ class Distiller:
             bar.set_postfix(loss=f"{m['loss']:.4f}")
             if self.step % 25 == 0 or self.step == end:
                 log({"step": self.step, **m, "grad_norm": float(gn), "seconds": time.time() - t0})
-            if self.step % self.dcfg.save_every == 0 or self.step == end:
+            if self.step % self.dcfg.save_every == 0 or self.step == end or self.step in self.milestones():
                 self.save()
         bar.close()
         if self.dcfg.method == "progressive" and self.step < total:

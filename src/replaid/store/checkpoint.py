@@ -39,6 +39,7 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -217,8 +218,10 @@ def save_checkpoint(
     opt_sd: dict[str, Any] | None = None,
     rng: dict[str, torch.Tensor] | None = None,
     keep: int = 2,
+    milestones: Collection[int] = (),
 ) -> Path:
-    """Write checkpoint ``step`` and name it in ``LATEST``; returns its directory.
+    """Write checkpoint ``step`` and name it in ``LATEST``; returns its directory. ``keep``: the newest
+    checkpoints kept; ``milestones``: steps kept besides them (a progressive distillation's rounds).
 
     Never writes NaN/Inf weights (:class:`CheckpointError`), never rewrites the step ``LATEST``
     already names, never removes the folder ``LATEST`` names. The caller holds the run's lock.
@@ -254,7 +257,7 @@ def save_checkpoint(
         raise
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)
-    _prune(ckdir, step, keep)
+    _prune(ckdir, step, keep, milestones)
     return final
 
 
@@ -370,12 +373,13 @@ def set_aside(run_dir: Path, step: int, dest: Path) -> tuple[Path, Path | None]:
     return target, (earlier[-1] if earlier else None)
 
 
-def _prune(ckdir: Path, step: int, keep: int) -> None:
-    """Keep the newest ``keep`` checkpoints up to ``step`` (the one LATEST names is the newest);
-    remove those beyond ``step``, left by an attempt that never named them in LATEST."""
+def _prune(ckdir: Path, step: int, keep: int, milestones: Collection[int] = ()) -> None:
+    """Keep the newest ``keep`` checkpoints up to ``step`` (the one LATEST names is the newest) and those
+    at ``milestones``; remove those beyond ``step``, left by an attempt that never named them in LATEST."""
     done = complete_checkpoints(ckdir)
     older = [c for c in done if _step_of(c) <= step]
-    doomed = [c for c in done if _step_of(c) > step] + (older[:-keep] if keep > 0 else [])
+    stale = [c for c in (older[:-keep] if keep > 0 else []) if _step_of(c) not in milestones]
+    doomed = [c for c in done if _step_of(c) > step] + stale
     for old in doomed:
         shutil.rmtree(old, ignore_errors=True)
 
