@@ -80,12 +80,16 @@ def run_summary(run: Path) -> dict[str, Any]:
     }
 
 
-def summarise(grid: Path, reference: str = "fp32", cell: str = "bf16") -> dict[str, Any]:
-    """The grid's runs (``runs/<cell>__s<seed>``) and the bf16-against-fp32 comparison (module docstring)."""
+def summarise(
+    grid: Path, reference: str = "fp32", cell: str = "bf16", reference_grid: Path | None = None
+) -> dict[str, Any]:
+    """The grid's runs (``runs/<cell>__s<seed>``) and the bf16-against-fp32 comparison (module docstring).
+    ``reference_grid``: read the ``reference`` cell's runs from this grid instead (fp32 runs made elsewhere)."""
     runs: dict[str, dict[str, Any]] = {}
-    for d in sorted((grid / "runs").glob("*__s*")):
-        if (d / "metrics.jsonl").is_file():
-            runs[d.name] = run_summary(d)
+    for g, keep in ((grid, None), (reference_grid, reference)):
+        for d in sorted((g / "runs").glob("*__s*")) if g is not None else []:
+            if (d / "metrics.jsonl").is_file() and (keep is None or d.name.rsplit("__s", 1)[0] == keep):
+                runs[d.name] = run_summary(d)
 
     def by_seed(name: str) -> dict[int, dict[str, Any]]:
         return {int(k.rsplit("__s", 1)[1]): v for k, v in runs.items() if k.rsplit("__s", 1)[0] == name}
@@ -127,13 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--deadline", type=float, default=0, help="stop running after this many seconds (0: none)")
     ap.add_argument("--tiny", action="store_true", help="the debug size, a few steps (to try it on a CPU)")
     ap.add_argument("--summarise", type=Path, default=None, help="only summarise this grid folder")
+    ap.add_argument("--reference-grid", type=Path, default=None, help="--summarise: the fp32 runs' grid folder")
+    ap.add_argument("--reference-cell", default="fp32", help="--summarise: the fp32 runs' cell name")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     if a.summarise is not None:
-        print(json.dumps(summarise(a.summarise)))
+        print(json.dumps(summarise(a.summarise, a.reference_cell, reference_grid=a.reference_grid)))
         return 0
     if a.out is None:
         print("replaid: error: --out is required unless --summarise is given; name the grid folder", file=sys.stderr)

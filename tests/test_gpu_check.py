@@ -307,6 +307,14 @@ def test_bf16_train_summary_against_scipy_and_planted_faults(tmp_path):
     out = bf16_runs.summarise(_bf16_grid(tmp_path / "b", {"fp32": fp32, "bf16": [6.12, 6.60, 6.16]}))
     assert not out["ok"] and out["inside_reference_interval"] == {"0": True, "1": False, "2": True}
 
+    # fp32 runs from another grid (a CPU screen's default cell): the same verdict, read across grids
+    _bf16_grid(tmp_path / "r", {"replaid": fp32, "other": [9.0, 9.0, 9.0]})
+    _bf16_grid(tmp_path / "x", {"bf16": bf16})
+    across = bf16_runs.summarise(tmp_path / "x", "replaid", reference_grid=tmp_path / "r")
+    assert (
+        across["ok"] and across["reference_interval"] == s["reference_interval"] and "other__s0" not in across["runs"]
+    )
+
     bad = bf16_runs.summarise(_bf16_grid(tmp_path / "c", {"fp32": fp32, "bf16": bf16}, nan_at=("bf16__s2", 30)))
     assert not bad["ok"] and bad["diverged"] == ["bf16__s2"] and bad["runs"]["bf16__s2"]["first_nonfinite_step"] == 30
     assert bad["runs"]["bf16__s2"]["max_grad_norm"] == pytest.approx(0.5 + 0.4 + 2)  # the NaN row left out
