@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from replaid.eval.seeds import paired_difference, t_interval
-from replaid.scaling.grid import metrics_rows
+from replaid.eval.seeds import paired_difference, plateau_exit, t_interval
+from replaid.scaling.grid import metrics_rows, training_rows
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = REPO / "docs" / "results" / "trend" / "bf16.yaml"
@@ -51,9 +51,20 @@ TINY = [
 ]
 
 
+def exit_step(run: Path) -> int | None:
+    """The plateau exit read from the training rows against the unigram NLL each row logs of its own tokens
+    (:func:`replaid.eval.seeds.plateau_exit`); None without such rows or before the exit."""
+    rows = training_rows(run)
+    steps = sorted(rows)
+    if not steps or any(rows[s][1] is None for s in steps):
+        return None
+    return plateau_exit(steps, [rows[s][0] for s in steps], [float(rows[s][1] or 0.0) for s in steps])
+
+
 def run_summary(run: Path) -> dict[str, Any]:
-    """One run's course: last step, largest gradient norms, first non-finite step, bounds by eval step."""
-    last, g_max, g_end, first_bad = 0, 0.0, 0.0, None
+    """One run's course: last step, largest gradient norms (the endpoints' with its step), first non-finite
+    step, the plateau exit (the training rows 0.3 nats below their tokens' unigram NLL), bounds by eval step."""
+    last, g_max, g_end, g_end_at, first_bad = 0, 0.0, 0.0, None, None
     bounds: dict[int, float] = {}
     for r in metrics_rows(run):
         step = int(r["step"])
@@ -67,14 +78,16 @@ def run_summary(run: Path) -> dict[str, Any]:
             else:
                 g_max = max(g_max, float(g))
         ge = r.get("grad_norm/endpoints")
-        if isinstance(ge, (int, float)) and math.isfinite(ge):
-            g_end = max(g_end, float(ge))
+        if isinstance(ge, (int, float)) and math.isfinite(ge) and ge > g_end:
+            g_end, g_end_at = float(ge), step
     done = (run / "final_eval.json").is_file()
     return {
         "last_step": last,
         "finished": done,
         "max_grad_norm": g_max,
         "max_grad_norm_endpoints": g_end,
+        "max_grad_norm_endpoints_step": g_end_at,
+        "plateau_exit_step": exit_step(run),
         "first_nonfinite_step": first_bad,
         "bounds": {str(s): bounds[s] for s in sorted(bounds)},
     }

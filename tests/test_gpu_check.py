@@ -302,6 +302,8 @@ def test_bf16_train_summary_against_scipy_and_planted_faults(tmp_path):
     dlo, dhi = stats.t.interval(0.95, 2, loc=d.mean(), scale=stats.sem(d))
     assert s["paired"]["diff_lo"] == pytest.approx(dlo) and s["paired"]["diff_hi"] == pytest.approx(dhi)
     assert s["runs"]["bf16__s1"]["max_grad_norm"] == pytest.approx(0.5 + 0.4 + 1)
+    assert s["runs"]["bf16__s1"]["max_grad_norm_endpoints_step"] == 40  # the largest, with its step
+    assert s["runs"]["bf16__s1"]["plateau_exit_step"] is None  # rows without their tokens' unigram NLL
     assert s["runs"]["bf16__s1"]["bounds"] == {"20": pytest.approx(6.38), "40": pytest.approx(6.18)}
 
     out = bf16_runs.summarise(_bf16_grid(tmp_path / "b", {"fp32": fp32, "bf16": [6.12, 6.60, 6.16]}))
