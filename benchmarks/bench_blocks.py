@@ -577,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     write_markdown(out / "bench_blocks.md", meta, header, table)
     print(f"wrote {out / 'bench_blocks.json'} and {out / 'bench_blocks.md'}", flush=True)
     for msg in problems:
-        print("problem:", msg, flush=True)
+        print("problem:", msg, file=sys.stderr, flush=True)  # on stderr: the GPU check records it
     if a.json:
         print(json.dumps({"meta": meta, "rows": rows, "problems": problems, "ok": not problems}), flush=True)
     if a.record and ok:
