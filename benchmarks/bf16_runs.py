@@ -15,50 +15,18 @@ inside the fp32 runs' 95% seed interval and the seed-paired bf16 - fp32 differen
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from replaid.eval.seeds import paired_difference, plateau_exit, t_interval
-from replaid.scaling.grid import metrics_rows, training_rows
+import device_grid
+from device_grid import exit_step
+
+from replaid.eval.seeds import paired_difference, t_interval
+from replaid.scaling.grid import metrics_rows
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = REPO / "docs" / "results" / "trend" / "bf16.yaml"
-# --tiny: the debug size on the embedded corpus, a few steps (to try the step on a CPU)
-TINY = [
-    "base=debug",
-    "data.source=stdlib",
-    "data.bpe_vocab_size=300",
-    "data.seq_len=32",
-    "train.steps=6",
-    "train.batch_size=4",
-    "train.log_every=1",
-    "train.eval_every=3",
-    "train.save_every=3",
-    "eval.max_batches=1",
-    "eval.t_samples=1",
-    "model.hidden=32",
-    "model.n_layers=1",
-    "model.n_heads=2",
-    "model.cond_dim=16",
-]
-
-
-def exit_step(run: Path) -> int | None:
-    """The plateau exit read from the training rows against the unigram NLL each row logs of its own tokens
-    (:func:`replaid.eval.seeds.plateau_exit`); None without such rows or before the exit."""
-    rows = training_rows(run)
-    steps = sorted(rows)
-    if not steps or any(rows[s][1] is None for s in steps):
-        return None
-    return plateau_exit(steps, [rows[s][0] for s in steps], [float(rows[s][1] or 0.0) for s in steps])
 
 
 def run_summary(run: Path) -> dict[str, Any]:
@@ -135,15 +103,8 @@ def summarise(
     return out
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, help="the grid folder (planned here when new; resumed when not)")
-    ap.add_argument("--data", default=None, help="the linux-docs folder on this machine (data.source)")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--max-parallel", type=int, default=6, help="runs at once (6: the whole grid on one GPU)")
-    ap.add_argument("--deadline", type=float, default=0, help="stop running after this many seconds (0: none)")
-    ap.add_argument("--tiny", action="store_true", help="the debug size, a few steps (to try it on a CPU)")
-    ap.add_argument("--summarise", type=Path, default=None, help="only summarise this grid folder")
+def build_parser():
+    ap = device_grid.parser(__doc__ or "", max_parallel=6)
     ap.add_argument("--reference-grid", type=Path, default=None, help="--summarise: the fp32 runs' grid folder")
     ap.add_argument("--reference-cell", default="fp32", help="--summarise: the fp32 runs' cell name")
     return ap
@@ -151,35 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    if a.summarise is not None:
-        print(json.dumps(summarise(a.summarise, a.reference_cell, reference_grid=a.reference_grid)))
-        return 0
-    if a.out is None:
-        print("replaid: error: --out is required unless --summarise is given; name the grid folder", file=sys.stderr)
-        return 2
-    py = [sys.executable, "-m", "replaid"]
-    t0 = time.time()
-    if not (a.out / "manifest.json").is_file():
-        extra = [f"train.device={a.device}"] + ([f"data.source={a.data}"] if a.data else [])
-        tiny = [o for o in TINY if not o.startswith("base=")] if a.tiny else []
-        base = ["--base", "debug"] if a.tiny else []
-        subprocess.run(
-            [*py, "grid", "plan", str(SPEC), *extra, *tiny, *base, "--out", str(a.out)], check=True, stdout=sys.stderr
-        )
-    cmd = [*py, "grid", "run", str(a.out), "--max-parallel", str(a.max_parallel), "--no-progress"]
-    cmd += ["--python", "inprocess"] if a.tiny else []  # seconds per run: no interpreter start each
-    timeout = a.deadline - (time.time() - t0) if a.deadline else None
-    proc = subprocess.Popen(cmd, stdout=sys.stderr, start_new_session=True)  # its own group: the runs with it
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)  # each run saves at its last checkpoint; the next call resumes
-        proc.wait(timeout=120)
-        print(f"deadline reached after {time.time() - t0:.0f} s: call again to resume", file=sys.stderr)
-    s = summarise(a.out)
-    s["seconds"] = round(time.time() - t0, 1)
-    print(json.dumps(s))
-    return 0
+    return device_grid.run(a, SPEC, lambda g: summarise(g, a.reference_cell, reference_grid=a.reference_grid))
 
 
 if __name__ == "__main__":

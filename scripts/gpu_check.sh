@@ -22,7 +22,7 @@
 #
 # Steps (benchmarks/gpu_check/__init__.py has the details): env, tests, bf16, syncs, compile, speed, memory,
 # sampler, likelihood, mdlm_ref, maxbatch, blocks, breakdown (all in --quick, sized down), speed_compiled, blocks_01b, serve,
-# bf16_train (full only; bf16_train needs linux-docs carried in .gl/).
+# bf16_train, plateau_b512 (full only; both need linux-docs carried in .gl/).
 # A failing step is recorded with its error and the rest go on. Exit status: 0 when every step that ran
 # passed (the dry run: when every command resolved), 1 otherwise, 2 for bad input.
 set -uo pipefail

@@ -335,3 +335,54 @@ def test_the_bf16_train_step_runs_and_renders_on_cpu(tmp_path):
     assert all(r["finished"] for r in data["runs"].values()) and data["ok"]
     md = (out / "gpu_check.md").read_text()
     assert "**RePlaid bf16 against fp32 over whole runs**" in md and md.count("| bf16__s") == 3
+
+
+def test_plateau_b512_summary_reads_exits_in_steps_and_tokens_and_keeps_logs_not_checkpoints(tmp_path):
+    """benchmarks/plateau_b512.py (issue 48 §2): each run's exit is the first logged step from which the
+    training bound stays 0.3 nats below its tokens' unigram NLL, in tokens times batch x L; a run that dips
+    below and returns, or never leaves, has none; keep_logs copies logs and the plan, never checkpoints."""
+    import device_grid
+    import plateau_b512
+
+    from replaid.presets import resolve
+
+    grid = tmp_path / "grid"
+    # (bound per logged step 10..60) against a unigram of 6.0: exits at 40; a dip at 20 that returns, then 50; none
+    curves = {"mdlm__s0": [5.9, 5.8, 5.75, 5.6, 5.5, 5.4], "cooc__s0": [5.9, 5.6, 5.8, 5.8, 5.65, 5.5],
+              "replaid__s0": [5.9, 5.9, 5.85, 5.8, 5.8, 5.75]}  # fmt: skip
+    for name, bounds in curves.items():
+        run = grid / "runs" / name
+        (run / "checkpoints" / "step_0000060").mkdir(parents=True)
+        (run / "checkpoints" / "step_0000060" / "model.safetensors").write_bytes(b"x")
+        cfg = resolve("debug", None, ["train.batch_size=512", "data.seq_len=64"])
+        (run / "config.json").write_text(json.dumps(cfg.to_dict()))
+        rows = [{"step": 10 * (i + 1), "loss": b, "unigram": 6.0} for i, b in enumerate(bounds)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        if name != "replaid__s0":
+            (run / "final_eval.json").write_text(json.dumps({"nelbo_nats_per_token": bounds[-1] - 0.1}))
+    (grid / "spec.json").write_text("{}")
+    s = plateau_b512.summarise(grid)
+    assert s["cells"] == {"mdlm": {"0": 40}, "cooc": {"0": 50}, "replaid": {"0": None}}
+    assert s["runs"]["mdlm__s0"]["exit_tokens"] == 40 * 512 * 64 and s["runs"]["mdlm__s0"]["batch"] == 512
+    assert s["runs"]["mdlm__s0"]["bound"] == pytest.approx(5.3) and s["runs"]["replaid__s0"]["bound"] is None
+    assert s["runs"]["replaid__s0"]["last_step"] == 60 and not s["finished"]
+    kept = device_grid.keep_logs(grid, tmp_path / "kept")
+    assert (kept / "spec.json").is_file() and not list(kept.rglob("checkpoints"))
+    assert sorted(p.name for p in (kept / "runs" / "mdlm__s0").iterdir()) == sorted(device_grid.LOGS)
+    assert plateau_b512.summarise(kept)["cells"] == s["cells"]  # the kept copy reads as the grid does
+
+
+@pytest.mark.slow
+def test_the_plateau_b512_step_runs_keeps_and_renders_on_cpu(tmp_path):
+    """The plateau_b512 step (full check only) end to end on a CPU with --tiny: nine short runs planned from
+    docs/results/plateau/arms-b512.yaml, run, summarised, their logs kept under the check's --out, rendered."""
+    out = tmp_path / "out"
+    assert cli.main(["--tiny", "--device", "cpu", "--steps", "plateau_b512", "--out", str(out)]) == 0
+    step = json.loads((out / "gpu_check.json").read_text())["steps"]["plateau_b512"]
+    assert step["status"] == "ok", step
+    data = step["results"][0]["data"]
+    assert sorted(data["runs"]) == [f"{c}__s{s}" for c in ("cooc", "mdlm", "replaid") for s in range(3)]
+    assert data["finished"] and data["kept"] == str(out / "plateau_b512")
+    assert len(list((out / "plateau_b512" / "runs").glob("*/metrics.jsonl"))) == 9
+    md = (out / "gpu_check.md").read_text()
+    assert "**The plateau's exit at batch 512**" in md and md.count("| mdlm__s") == 3

@@ -33,6 +33,8 @@ longer fits, naming them, so a quick check ends inside one 10-minute device call
   serve           served completions under load (issue 52 §3): AR, MDLM and RePlaid at 1-64 clients (full only)
   bf16_train      RePlaid in bf16 autocast against fp32, 4,000 steps, 3 seeds each (issue 53 §3; full only,
                   linux-docs carried in .gl/, resumable across calls): divergence, gradient norms, bounds
+  plateau_b512    the plateau's exit at batch 512 (issue 48 §2; full only, .gl/linux-docs, resumable): MDLM,
+                  RePlaid and the recipe, 3 seeds, 600 steps; the runs' logs kept in OUT/plateau_b512/
 
 Bad input ends in one line ``replaid: error: ...`` and exit status 2; otherwise the exit status is 0
 when every step that ran passed, 1 when one failed.

@@ -125,7 +125,8 @@ def resolve_setup(py: str) -> tuple[bool, list]:
 
 def dry_run(a, steps: list[Step]) -> int:
     """Print the plan (each step, its commands, estimated time) and resolve every command."""
-    ctx = Ctx(quick=a.quick, device="cuda", peak_tflops=None, mdlm_ref=Path(a.mdlm_ref).resolve())
+    out = Path(a.out or os.environ.get("OUT") or "runs/gpu_check")
+    ctx = Ctx(quick=a.quick, device="cuda", peak_tflops=None, mdlm_ref=Path(a.mdlm_ref).resolve(), out=out)
     total, bad = 0, 0
     print(f"plan: {'quick' if a.quick else 'full'} GPU check, {len(steps)} steps (estimates on one H100)", flush=True)
     ok, lines = resolve_setup(a.python)

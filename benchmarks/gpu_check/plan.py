@@ -54,6 +54,7 @@ class Ctx:
     mdlm_ref: Path = REPO / ".carry" / "mdlm"
     tmp: Path = Path(tempfile.gettempdir())
     tiny: bool = False  # --tiny: every model and length shrunk, to try the driver on a CPU
+    out: Path | None = None  # the check's --out: what a step keeps there comes back from the device
 
     def size(self) -> list:
         """Config overrides of the measured models (none: the paper's 0.1B at L = 1024)."""
@@ -331,6 +332,17 @@ def cmds_bf16_train(ctx):
     return [Cmd("script", args, 570, "bf16 against fp32 over a whole run")]
 
 
+def cmds_plateau_b512(ctx):
+    """Issue 48 §2 (full check only): MDLM, the default RePlaid and the recipe at batch 512, 600 steps, 3 seeds
+    (docs/results/plateau/arms-b512.yaml; linux-docs carried in .gl/); the runs' logs kept under the check's
+    --out in plateau_b512/. Resumable as bf16_train is (``--tiny``: the debug size, a few steps)."""
+    out = str(ctx.tmp / "gpu_check_plateau_b512")
+    keep = str((ctx.out or ctx.tmp) / "plateau_b512")
+    size = ["--tiny", "--max-parallel", "3"] if ctx.tiny else ["--data", ".gl/linux-docs", "--max-parallel", "9"]
+    args = ["benchmarks/plateau_b512.py", *size, "--device", ctx.device, "--out", out, "--keep", keep]
+    return [Cmd("script", [*args, "--deadline", "500"], 570, "the plateau's exit at batch 512")]
+
+
 STEPS = [
     Step("env", "device, versions, matmul peak, torch features", True, (20, 20), cmds_env),
     Step("tests", "gpu-marked and device-aware tests on CUDA", True, (120, 240), cmds_tests),
@@ -349,6 +361,7 @@ STEPS = [
     Step("speed_compiled", "tokens/s, MFU, step time (train.compile)", False, (130, 360), cmds_speed_compiled),
     Step("serve", "served completions under load: AR and blocks at 1-64 clients", False, (420, 420), cmds_serve),
     Step("bf16_train", "RePlaid bf16 vs fp32, 4,000 steps, 3 seeds (resumable)", False, (540, 540), cmds_bf16_train),
+    Step("plateau_b512", "the plateau's exit at batch 512, 3 methods x 3 seeds", False, (540, 540), cmds_plateau_b512),
 ]
 STEP_NAMES = [s.name for s in STEPS]
 # a full check in calls of at most 10 minutes each (set-up included)
@@ -361,6 +374,7 @@ FULL_SPLIT = [
     "env,blocks_01b",
     "env,serve",
     "bf16_train",  # twice if the first call reaches its deadline: the second resumes the runs
+    "plateau_b512",  # the same
 ]
 
 

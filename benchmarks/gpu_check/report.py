@@ -486,6 +486,27 @@ def render_bf16_train(doc: dict) -> str:
     return "".join(out)
 
 
+def render_plateau_b512(doc: dict) -> str:
+    """The plateau's exit at batch 512: each run's reach, exit (steps and tokens) and final bound."""
+    out = []
+    for d in _data(doc, "plateau_b512")[:1]:
+        out.append(
+            "\n**The plateau's exit at batch 512** (docs/results/plateau/arms-b512.yaml; logs in plateau_b512/)\n\n"
+        )
+        rows = [
+            [
+                name,
+                r["last_step"],
+                "-" if r["exit_step"] is None else r["exit_step"],
+                "-" if r["exit_tokens"] is None else f"{r['exit_tokens']:,}",
+                _f(r["bound"], ".4f"),
+            ]
+            for name, r in d.get("runs", {}).items()
+        ]
+        out.append(_table(["run", "last step", "exit (steps)", "exit (tokens)", "final test bound"], rows))
+    return "".join(out)
+
+
 # each step's part of the table, in the order of the page (speed_compiled is in the speed table; the
 # memory table follows speed, the largest batch follows memory)
 RENDERERS: list[tuple[str, Callable[[dict], str]]] = [
@@ -505,4 +526,5 @@ RENDERERS: list[tuple[str, Callable[[dict], str]]] = [
     ("blocks_01b", lambda doc: render_blocks(doc, "blocks_01b")),
     ("serve", render_serve),
     ("bf16_train", render_bf16_train),
+    ("plateau_b512", render_plateau_b512),
 ]

@@ -183,7 +183,7 @@ def header_info(setup_json: str | None) -> dict:
 
 
 def run_plan(a, steps: list[Step], out: Path) -> int:
-    ctx = Ctx(quick=a.quick, device=a.device, mdlm_ref=Path(a.mdlm_ref).resolve(), tiny=a.tiny)
+    ctx = Ctx(quick=a.quick, device=a.device, mdlm_ref=Path(a.mdlm_ref).resolve(), tiny=a.tiny, out=out)
     path = out / "gpu_check.json"
     doc = json.loads(path.read_text()) if path.is_file() else {}
     doc.setdefault("runs", []).append(
