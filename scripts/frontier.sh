@@ -8,10 +8,11 @@
 #
 #   bash scripts/frontier.sh                                   # CPU: runs/frontier, the page's data
 #   bash scripts/frontier.sh --device cuda --data .gl/linux-docs --parallel 10   # a lent GPU
+#   bash scripts/frontier.sh --seeds 1          # training seeds as 'replaid grid plan --seeds' (1: seed 0 only)
 #   bash scripts/frontier.sh --tiny --runs /tmp/frontier-tiny --out /tmp/frontier-tiny/page   # minutes, CPU
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUNS=runs/frontier OUT=docs/results/blocks/frontier PAR=2 DEVICE=cpu DATA="" TINY=0
+RUNS=runs/frontier OUT=docs/results/blocks/frontier PAR=2 DEVICE=cpu DATA="" TINY=0 TRAIN_SEEDS=()
 die() { echo "replaid: error: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case $1 in
@@ -21,6 +22,8 @@ while [ $# -gt 0 ]; do
     --device) DEVICE=${2:?}; shift ;;
     --data) DATA=${2:?}; shift ;;
     --tiny) TINY=1 ;;
+    --seeds) shift; while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do TRAIN_SEEDS+=("$1"); shift; done
+             [ ${#TRAIN_SEEDS[@]} -gt 0 ] || die "--seeds needs a count or a list of training seeds, as replaid grid plan's (e.g. --seeds 1: seed 0 only)"; continue ;;
     *) die "unknown argument '$1' to scripts/frontier.sh: see its header for the options" ;;
   esac
   shift
@@ -42,7 +45,9 @@ fi
 stamp() { echo "$(date +%T) $*" >&2; }
 
 # 1. the grid and the judge
-[ -f "$RUNS/manifest.json" ] || "$PY" -m replaid grid plan docs/results/blocks/frontier.yaml "${SET[@]}" --out "$RUNS" >&2
+PLAN_SEEDS=(); [ ${#TRAIN_SEEDS[@]} -gt 0 ] && PLAN_SEEDS=(--seeds "${TRAIN_SEEDS[@]}")
+[ -f "$RUNS/manifest.json" ] || "$PY" -m replaid grid plan docs/results/blocks/frontier.yaml "${SET[@]}" \
+  "${PLAN_SEEDS[@]}" --out "$RUNS" >&2
 stamp "training the grid ($RUNS)"
 "$PY" -m replaid grid run "$RUNS" --max-parallel "$PAR" --no-progress >&2
 J="$RUNS/judge"
