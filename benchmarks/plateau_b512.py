@@ -44,7 +44,7 @@ def summarise(grid: Path) -> dict[str, Any]:
             "finished": bool(final),
             "exit_step": ex,
             "exit_tokens": None if ex is None else ex * tokens,
-            "bound": final.get("nelbo_nats_per_token"),
+            "bound": (final.get("eval") or {}).get("nelbo_nats_per_token"),
         }
     cells: dict[str, dict[str, int | None]] = {}
     for name, r in runs.items():

@@ -359,7 +359,9 @@ def test_plateau_b512_summary_reads_exits_in_steps_and_tokens_and_keeps_logs_not
         rows = [{"step": 10 * (i + 1), "loss": b, "unigram": 6.0} for i, b in enumerate(bounds)]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         if name != "replaid__s0":
-            (run / "final_eval.json").write_text(json.dumps({"nelbo_nats_per_token": bounds[-1] - 0.1}))
+            (run / "final_eval.json").write_text(
+                json.dumps({"step": 60, "eval": {"nelbo_nats_per_token": bounds[-1] - 0.1}})
+            )
     (grid / "spec.json").write_text("{}")
     s = plateau_b512.summarise(grid)
     assert s["cells"] == {"mdlm": {"0": 40}, "cooc": {"0": 50}, "replaid": {"0": None}}
@@ -383,6 +385,7 @@ def test_the_plateau_b512_step_runs_keeps_and_renders_on_cpu(tmp_path):
     data = step["results"][0]["data"]
     assert sorted(data["runs"]) == [f"{c}__s{s}" for c in ("cooc", "mdlm", "replaid") for s in range(3)]
     assert data["finished"] and data["kept"] == str(out / "plateau_b512")
+    assert all(isinstance(r["bound"], float) for r in data["runs"].values())  # read from the real final_eval.json
     assert len(list((out / "plateau_b512" / "runs").glob("*/metrics.jsonl"))) == 9
     md = (out / "gpu_check.md").read_text()
     assert "**The plateau's exit at batch 512**" in md and md.count("| mdlm__s") == 3
