@@ -189,7 +189,9 @@ def test_arms_script_tabulates_each_arm_against_its_own_mdlm_and_the_defaults(tm
                 rows = [{"step": s, "loss": 7.0 if e is None or s < e else 6.0 - s / 1000, "unigram": 7.0}
                         for s in range(50, 1050, 50)]  # fmt: skip
                 (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-                (run / "final_eval.json").write_text(json.dumps({"eval": {"nelbo_nats_per_token": 6.0}}))
+                # the recipe - MDLM: 0.3, 0.4 (against the default RePlaid it would be -0.7, -0.6)
+                nelbo = {"cooc": 5.3 + 0.2 * seed, "mdlm": 5.0 + 0.1 * seed}.get(c.split("-")[0], 6.0 + 0.1 * seed)
+                (run / "final_eval.json").write_text(json.dumps({"eval": {"nelbo_nats_per_token": nelbo}}))
     capsys.readouterr()
     script = Path(__file__).resolve().parents[1] / "scripts" / "plateau_arms.py"
     out = tmp_path / "study"
@@ -204,5 +206,10 @@ def test_arms_script_tabulates_each_arm_against_its_own_mdlm_and_the_defaults(tm
     assert t["mdlm"]["vs_defaults"]["exit_diff_exact"] == [200, 150]
     assert t["cooc"]["vs_defaults"]["exit_diff_exact"] == [200, 250]
     assert t["replaid"]["vs_defaults"]["exit_diff_exact"] == []  # on the plateau in the arm: no difference
+    from scipy import stats
+
+    lo, hi = stats.t.interval(0.95, 1, loc=0.35, scale=stats.sem([0.3, 0.4]))  # the recipe - the arm's MDLM
+    d = t["cooc"]["minus_mdlm"]["eval"]
+    assert (d["mean"], d["lo"], d["hi"]) == pytest.approx((0.35, lo, hi)) and t["mdlm"]["minus_mdlm"]["eval"] is None
     assert "| backbone LR 3e-4 | the recipe | 400, 500 |" in (out / "arms.md").read_text()
     assert (out / "exits.png").stat().st_size > 1000
