@@ -211,5 +211,7 @@ def test_arms_script_tabulates_each_arm_against_its_own_mdlm_and_the_defaults(tm
     lo, hi = stats.t.interval(0.95, 1, loc=0.35, scale=stats.sem([0.3, 0.4]))  # the recipe - the arm's MDLM
     d = t["cooc"]["minus_mdlm"]["eval"]
     assert (d["mean"], d["lo"], d["hi"]) == pytest.approx((0.35, lo, hi)) and t["mdlm"]["minus_mdlm"]["eval"] is None
+    base = json.loads((out / "arms.json").read_text())["defaults"]["cooc"]["minus_mdlm"]["eval"]  # cooc-init - mdlm
+    assert (base["mean"], base["lo"], base["hi"]) == pytest.approx((0.35, lo, hi))
     assert "| backbone LR 3e-4 | the recipe | 400, 500 |" in (out / "arms.md").read_text()
     assert (out / "exits.png").stat().st_size > 1000
