@@ -104,3 +104,14 @@ def test_mdlm_step_parts_times_the_network_the_softmax_and_the_draw(tmp_path):
     rec = json.loads(out.read_text())
     assert set(rec["median_ms"]) == {"network", "softmax", "draw"} and min(rec["median_ms"].values()) > 0
     assert (rec["meta"]["batch"], rec["meta"]["block"], rec["meta"]["cache_rows"]) == (2, 4, 12)
+
+
+def test_cpu_peak_below_its_base_reads_zero_not_negative(bb, monkeypatch):
+    """The CPU high-water mark can end a few pages below the RSS read at the start (the kernel updates it
+    lazily): the peak a piece of work adds is then 0, never negative (the quick sweep refuses negatives)."""
+    mem = bb.PeakMemory(torch.device("cpu"))
+    mem.kind, mem.base = "cpu rss high-water mark delta (VmHWM reset)", 10 * 2**20
+    monkeypatch.setattr(bb.PeakMemory, "_status", staticmethod(lambda key: 10 * 2**20 - 204800))
+    assert mem.stop() == 0
+    monkeypatch.setattr(bb.PeakMemory, "_status", staticmethod(lambda key: 12 * 2**20))
+    assert mem.stop() == 2 * 2**20
