@@ -8,7 +8,8 @@
 #
 #   bash scripts/frontier.sh                                   # CPU: runs/frontier, the page's data
 #   bash scripts/frontier.sh --device cuda --data .gl/linux-docs --parallel 10   # a lent GPU
-#   bash scripts/frontier.sh --seeds 1          # training seeds as 'replaid grid plan --seeds' (1: seed 0 only)
+#   bash scripts/frontier.sh --seeds 1          # training seeds as 'replaid grid plan --seeds' (1: seed 0 only):
+#                                               # planned, trained, distilled and scored; the rest wait for a later call
 #   bash scripts/frontier.sh --tiny --runs /tmp/frontier-tiny --out /tmp/frontier-tiny/page   # minutes, CPU
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,19 +50,29 @@ PLAN_SEEDS=(); [ ${#TRAIN_SEEDS[@]} -gt 0 ] && PLAN_SEEDS=(--seeds "${TRAIN_SEED
 [ -f "$RUNS/manifest.json" ] || "$PY" -m replaid grid plan docs/results/blocks/frontier.yaml "${SET[@]}" \
   "${PLAN_SEEDS[@]}" --out "$RUNS" >&2
 stamp "training the grid ($RUNS)"
-"$PY" -m replaid grid run "$RUNS" --max-parallel "$PAR" --no-progress >&2
+"$PY" -m replaid grid run "$RUNS" --max-parallel "$PAR" --no-progress "${PLAN_SEEDS[@]}" >&2
+# the seeds taken on: --seeds's (a count from 0 or a list), else every planned run's
+WANT=("${TRAIN_SEEDS[@]}"); [ ${#WANT[@]} = 1 ] && WANT=($(seq 0 $((WANT[0] - 1))))
+wanted() { [ ${#WANT[@]} = 0 ] || [[ " ${WANT[*]} " == *" $1 "* ]]; }
 J="$RUNS/judge"
-if [ ! -f "$J/final_eval.json" ]; then
+judge() {
+  [ -f "$J/final_eval.json" ] && return 0
   stamp "training the judge ($J)"
   if [ -d "$J/checkpoints" ]; then "$PY" -m replaid train --out "$J" --resume --no-progress >&2
   else "$PY" -m replaid train --out "$J" --config "$RUNS/configs/ar__s0.json" "${JUDGE_SET[@]}" --no-progress >&2; fi
-fi
+}
+# with two or more lanes the judge trains beside the distillations
+JUDGE_PID=""
+# a failed stage stops the judge too (it saves a checkpoint on SIGTERM), so that a rerun never trains it twice
+trap 'if [ -n "$JUDGE_PID" ]; then pkill -TERM -P "$JUDGE_PID" 2>/dev/null; wait "$JUDGE_PID" 2>/dev/null; fi' EXIT
+if [ "$PAR" -ge 2 ]; then judge & JUDGE_PID=$!; else judge; fi
 
 # 2. the per-block students: one progressive chain per RePlaid block run, FROM -> 1 step per block;
 # the checkpoint after each round is the student of that round's steps
-CONFIGS=() TEACHERS=()
+CONFIGS=() TEACHERS=() MATCH=""
 for d in "$RUNS"/runs/*__s*; do
   cell=$(basename "$d"); name=${cell%__s*}; seed=${cell##*__s}
+  wanted "$seed" || continue
   case $name in
     ar) label=AR ;;
     replaid-b4) label=RePlaid-B4 ;;
@@ -70,7 +81,7 @@ for d in "$RUNS"/runs/*__s*; do
     mdlm-b16) label=MDLM-B16 ;;
     *) continue ;;
   esac
-  if [ "$name" = ar ]; then CONFIGS+=(--config "AR-s$seed=$d"); continue; fi
+  if [ "$name" = ar ]; then CONFIGS+=(--config "AR-s$seed=$d"); MATCH=${MATCH:-AR-s$seed}; continue; fi
   CONFIGS+=(--config "$label-s$seed-T$FROM=$d:$FROM")
   case $name in
     mdlm-*) for k in 4 2 1; do CONFIGS+=(--config "$label-s$seed-T$k=$d:$k"); done ;;
@@ -98,8 +109,16 @@ EOF
   esac
 done
 
-# 3. score every configuration on the served path
+if [ -n "$JUDGE_PID" ]; then
+  wait "$JUDGE_PID" || { JUDGE_PID=""; die "the judge's training failed (see above); rerun to resume it"; }
+  JUDGE_PID=""
+fi
+[ -n "$MATCH" ] || die "no AR run among the seeds taken on in $RUNS: the entropy to match is AR's"
+
+# 3. score every configuration on the served path (each configuration's quality, then speed; each part is
+# kept in $OUT/rows as it lands, so a stopped call resumes)
 stamp "scoring $((${#CONFIGS[@]} / 2)) configurations into $OUT"
-"$PY" scripts/serve_frontier.py --judge-run "$J" --match AR-s0 "${CONFIGS[@]}" "${TEACHERS[@]}" \
+MAUVE=(--mauve); [ $TINY = 1 ] && MAUVE=()
+"$PY" scripts/serve_frontier.py --judge-run "$J" --match "$MATCH" "${CONFIGS[@]}" "${TEACHERS[@]}" \
   --lengths "${LENGTHS[@]}" --seeds "${SEEDS[@]}" --num "$NUM" --batches "${BATCHES[@]}" \
-  --match-iters "$ITERS" --out "$OUT"
+  --match-iters "$ITERS" "${MAUVE[@]}" --out "$OUT"

@@ -15,14 +15,22 @@ steps). Speed: tokens/s (rows x tokens / seconds), time to the first token and t
 completion request of B rows for each B of ``--batches``, at 1x. ``--teacher STUDENT=TEACHER`` names the
 goal's pairs: a student at least 2x AR's tokens/s at batch 1 with GenPPL at matched entropy within 1.5x of
 its teacher's. Writes ``frontier.json``, ``frontier.md`` and ``frontier.png`` (tokens/s at batch 1 against
-GenPPL at matched entropy, every configuration a point with its interval over seeds).
+GenPPL at matched entropy, every configuration a point with its interval over seeds; and at the largest batch).
+
+Each configuration's two parts land as they finish in ``OUT/rows/LABEL.json`` (with every seed's figures),
+its samples in ``OUT/samples/LABEL.jsonl.gz`` (one JSON object per completion: temperature, length, seed,
+text and ids), so that a stopped call resumes and ``--parts quality`` can run beside other work while
+``--parts speed`` waits for a quiet machine (the 1/5/15-minute load averages are kept with each timing).
+A part is computed again when what it was computed from changes (run, steps, judge, seeds, ...).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import gzip
 import json
+import os
 import platform
 import sys
 import time
@@ -95,6 +103,75 @@ def matched_temperature(run: Any, steps: int | None, num: int, L: int, target: f
     return round((lo * hi) ** 0.5, 4)
 
 
+def _cache_key(part: str, run: str, steps: int | None, a: argparse.Namespace) -> dict[str, Any]:
+    """What a cached part was computed from: a part whose key differs is computed again."""
+    if part == "quality":
+        return {"run": run, "steps": steps, "judge": a.judge_run, "match": a.match, "match_iters": a.match_iters,
+                "lengths": a.lengths, "seeds": a.seeds, "num": a.num, "mauve": a.mauve, "split": a.split}  # fmt: skip
+    return {"run": run, "steps": steps, "batches": a.batches, "seeds": a.seeds, "threads": a.threads}
+
+
+def _host(threads: int) -> str:
+    import torch
+
+    return f"{platform.machine()} {platform.processor() or ''} torch {torch.__version__}, {threads} thread(s)"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def quality_part(
+    run: Any, steps: int | None, judge: Any, ref_feat: Any, target: float | None, a: argparse.Namespace, is_match: bool
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """GenPPL, entropy, repeated 4-grams (and MAUVE at 1x) per length and seed, at temperature 1 and at the
+    matched temperature; and every sample, for the JSONL."""
+    from replaid.eval.seeds import t_interval
+
+    L = int(judge.cfg.data.seq_len)
+    temps = {"t1": 1.0}
+    if target is not None and not is_match:
+        temps["matched"] = matched_temperature(run, steps, a.num, L, target, a.match_iters)
+    part: dict[str, Any] = {"matched_temperature": 1.0 if is_match else temps.get("matched"), "per_seed": {}}
+    samples = []
+    for tname, tau in temps.items():
+        for k in a.lengths:
+            per_seed = []
+            for s in a.seeds:
+                got = complete(run, steps, a.num, k * L, s, tau)[0]
+                per_seed.append(score(got, judge, ref_feat if k == 1 else None))
+                samples += [{"temperature": tname, "tau": tau, "length": k, "seed": s, "index": i, "text": t,
+                             "ids": [int(x) for x in ids]} for i, (ids, t) in enumerate(got)]  # fmt: skip
+            part[f"{tname}_{k}x"] = {m: t_interval([x[m] for x in per_seed]).as_dict() for m in per_seed[0]}
+            part["per_seed"][f"{tname}_{k}x"] = per_seed
+            if is_match:  # its own entropy: the matched temperature is 1, the same samples
+                part[f"matched_{k}x"], part["per_seed"][f"matched_{k}x"] = part[f"t1_{k}x"], per_seed
+    return part, samples
+
+
+def speed_part(run: Any, steps: int | None, L: int, a: argparse.Namespace) -> dict[str, Any]:
+    """Tokens/s, time to the first token and the request's peak tensors for one request of B rows, per B."""
+    from replaid.eval.seeds import t_interval
+    from replaid.training.memory import LiveHeap
+
+    part: dict[str, Any] = {}
+    for B in a.batches:
+        # the first request: its peak memory, and it warms the caches. On the CPU the request's own tensors
+        # at their most at once (the live heap: exact and load-independent; the weights made before it are
+        # not counted), where a shared process's RSS high-water mark would not rise for reused memory.
+        with LiveHeap() as heap:
+            complete(run, steps, B, L, 0, 1.0)
+        timed = [complete(run, steps, B, L, s, 1.0)[1] for s in a.seeds]
+        tps = [B * L / t["seconds"] for t in timed]
+        part[f"batch{B}"] = {
+            "tokens_per_s": t_interval(tps).as_dict(),
+            "ttft_s": t_interval([t["ttft_s"] for t in timed]).as_dict(),
+            "peak_bytes": heap.peak,
+            "per_seed": timed,
+        }
+    return part
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", action="append", required=True, help="LABEL=RUN[:STEPS] (steps per block)")
@@ -106,78 +183,87 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--num", type=int, default=32)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 16])
-    p.add_argument("--mauve", action="store_true")
+    p.add_argument("--mauve", action="store_true", help="MAUVE at 1x against held-out windows of --split")
     p.add_argument("--split", default="test")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--parts",
+        nargs="+",
+        choices=("quality", "speed"),
+        default=["quality", "speed"],
+        help="what to compute now (the rest is read from OUT/rows/; speed wants a quiet machine)",
+    )
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
     configs = [parse_config(c) for c in a.config]
     labels = [c[0] for c in configs]
+    if len(set(labels)) < len(labels):
+        fail(f"--config labels {labels}: a label is given twice; give each configuration its own")
     for name in [a.match] * bool(a.match) + [x for t in a.teacher for x in t.split("=", 1)]:
         if name not in labels:
             fail(f"{name!r} is not a --config label ({', '.join(labels)}): name one of them")
+    if a.match:  # the matched label first: its entropy at temperature 1 is the others' target
+        configs.sort(key=lambda c: c[0] != a.match)
 
     import torch
 
     torch.set_num_threads(a.threads)
     from replaid.eval.quality import reference_windows, sentence_features
-    from replaid.eval.seeds import t_interval
     from replaid.store.loading import load_run
-    from replaid.training.memory import LiveHeap
 
     judge = load_run(a.judge_run, device="cpu")
-    runs = {label: (load_run(path, device="cpu"), steps) for label, path, steps in configs}
     L = int(judge.cfg.data.seq_len)
+    (a.out / "rows").mkdir(parents=True, exist_ok=True)
+    (a.out / "samples").mkdir(exist_ok=True)
     ref_feat = None
-    if a.mauve:
-        ref_feat = sentence_features(reference_windows(judge, a.split, a.num)[0])
     target = None
-    if a.match:
-        run, steps = runs[a.match]
-        target = score(complete(run, steps, a.num, L, 0, 1.0)[0], judge, None)["entropy"]
+    for label, path, steps in configs:
+        f = a.out / "rows" / f"{label}.json"
+        row = json.loads(f.read_text()) if f.exists() else {}
+        run = None
+        for part in ("quality", "speed"):
+            key = _cache_key(part, path, steps, a)
+            if row.get(part, {}).get("key") == key or part not in a.parts:
+                continue
+            run = run or load_run(path, device="cpu")
+            if part == "quality":
+                if a.mauve and ref_feat is None:
+                    ref_feat = sentence_features(reference_windows(judge, a.split, a.num)[0])
+                got, samples = quality_part(run, steps, judge, ref_feat, target, a, label == a.match)
+                with gzip.open(a.out / "samples" / f"{label}.jsonl.gz", "wt", encoding="utf-8") as z:
+                    z.writelines(json.dumps(x) + "\n" for x in samples)
+            else:
+                got = speed_part(run, steps, L, a)
+                got["loadavg"] = os.getloadavg()  # a timing taken beside other work is not a figure
+            row[part] = {"key": key, "date": _now(), "host": _host(a.threads), **got}
+            row.update(label=label, steps=steps, method=run.cfg.method, block=run.method.stream_block())
+            f.write_text(json.dumps(row, indent=1))  # each part as it lands: a stopped call resumes
+            print(f"{label}: {part} done", flush=True)
+        if label == a.match and "quality" in row and row["quality"]["key"] == _cache_key("quality", path, steps, a):
+            target = row["quality"]["per_seed"]["t1_1x"][a.seeds.index(0) if 0 in a.seeds else 0]["entropy"]
     rows = []
-    for label, (run, steps) in runs.items():
-        temps = {"t1": 1.0}
-        if target is not None:
-            temps["matched"] = (
-                1.0 if label == a.match else matched_temperature(run, steps, a.num, L, target, a.match_iters)
-            )
-        row: dict[str, Any] = {
-            "label": label,
-            "steps": steps,
-            "method": run.cfg.method,
-            "block": run.method.stream_block(),
-            "temperature": temps["t1"],
-        }
-        for tname, tau in temps.items():
-            for k in a.lengths:
-                per_seed = [score(complete(run, steps, a.num, k * L, s, tau)[0], judge, ref_feat) for s in a.seeds]
-                row[f"{tname}_{k}x"] = {m: t_interval([x[m] for x in per_seed]).as_dict() for m in per_seed[0]}
-        row["matched_temperature"] = temps.get("matched")
-        for B in a.batches:
-            # the first request: its peak memory, and it warms the caches. On the CPU the request's own tensors
-            # at their most at once (the live heap: exact and load-independent; the weights made before it are
-            # not counted), where a shared process's RSS high-water mark would not rise for reused memory.
-            with LiveHeap() as heap:
-                complete(run, steps, B, L, 0, 1.0)
-            peak = heap.peak
-            timed = [complete(run, steps, B, L, s, 1.0)[1] for s in a.seeds]
-            tps = [B * L / t["seconds"] for t in timed]
-            row[f"batch{B}"] = {
-                "tokens_per_s": t_interval(tps).as_dict(),
-                "ttft_s": t_interval([t["ttft_s"] for t in timed]).as_dict(),
-                "peak_bytes": peak,
-            }
-        rows.append(row)
-        print(f"{label}: {json.dumps({k: v for k, v in row.items() if k.startswith('batch')})}", flush=True)
+    missing = []
+    for label, path, steps in configs:
+        row = json.loads((a.out / "rows" / f"{label}.json").read_text())
+        for part in ("quality", "speed"):
+            if row.get(part, {}).get("key") != _cache_key(part, path, steps, a):
+                missing.append(f"{label} {part}")
+        if not missing:
+            flat = {k: row[k] for k in ("label", "steps", "method", "block")}
+            flat.update({k: v for k, v in row["quality"].items() if k.startswith(("t1_", "matched_"))})
+            flat["matched_temperature"] = row["quality"]["matched_temperature"]
+            flat["temperature"] = 1.0
+            flat.update({k: v for k, v in row["speed"].items() if k.startswith("batch")})
+            flat["loadavg"] = row["speed"]["loadavg"]
+            rows.append(flat)
+    if missing:
+        print(f"not yet computed: {', '.join(missing)}; rerun with --parts quality speed to finish")
+        return 0
     meta = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "host": f"{platform.machine()} {platform.processor() or ''} torch {torch.__version__}, {a.threads} thread(s)",
-        "judge": a.judge_run, "match": a.match, "target_entropy": target, "seq_len": L, "num": a.num,
-        "seeds": a.seeds, "lengths": a.lengths, "batches": a.batches,
+        "date": _now(), "host": _host(a.threads), "judge": a.judge_run, "match": a.match, "target_entropy": target,
+        "seq_len": L, "num": a.num, "seeds": a.seeds, "lengths": a.lengths, "batches": a.batches,
     }  # fmt: skip
     out = {"meta": meta, "rows": rows, "verdicts": verdicts(rows, a)}
-    a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "frontier.json").write_text(json.dumps(out, indent=1))
     (a.out / "frontier.md").write_text(markdown(out))
     plot(rows, a, a.out / "frontier.png")
@@ -231,7 +317,7 @@ def markdown(out: dict) -> str:
         f"{meta['date']}, {meta['host']}; judge {meta['judge']}; {meta['num']} samples per seed, seeds {meta['seeds']}.",
         "",
     ]
-    lines += ["| config | steps/block | temp. (matched) | length | GenPPL (t=1) | entropy (t=1) | GenPPL (matched) | entropy (matched) | rep. 4-grams | MAUVE |",
+    lines += ["| config | steps/block | temp. (matched) | length | GenPPL (t=1) | entropy (t=1) | GenPPL (matched) | entropy (matched) | rep. 4-grams (matched) | MAUVE (matched, 1x) |",
               "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         for k in meta["lengths"]:
@@ -243,14 +329,14 @@ def markdown(out: dict) -> str:
             )
     lines += [
         "",
-        "| config | batch | tokens/s | time to first token (s) | the request's peak tensors (MiB) |",
-        "|---|---|---|---|---|",
+        "| config | batch | tokens/s | time to first token (s) | the request's peak tensors (MiB) | load avg. (1 min) |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
         for B in meta["batches"]:
             s = r[f"batch{B}"]
             lines.append(
-                f"| {r['label']} | {B} | {_iv(s['tokens_per_s'])} | {_iv(s['ttft_s'], 3)} | {s['peak_bytes'] / 2**20:.1f} |"
+                f"| {r['label']} | {B} | {_iv(s['tokens_per_s'])} | {_iv(s['ttft_s'], 3)} | {s['peak_bytes'] / 2**20:.1f} | {r['loadavg'][0]:.2f} |"
             )
     v = out["verdicts"]
     lines += ["", f"Faster than AR at batch {min(meta['batches'])} and within 1.5x of its GenPPL at matched entropy: "
@@ -262,25 +348,28 @@ def markdown(out: dict) -> str:
 
 
 def plot(rows: list[dict], a: argparse.Namespace, path: Path) -> None:
+    """Tokens/s against GenPPL at matched entropy, at the smallest and the largest batch."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    b1 = f"batch{min(a.batches)}"
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, r in enumerate(rows):
-        q, s = quality(r), r[b1]["tokens_per_s"]
-        xerr = None if q.get("lo") is None else [[q["mean"] - q["lo"]], [q["hi"] - q["mean"]]]
-        yerr = None if s.get("lo") is None else [[s["mean"] - s["lo"]], [s["hi"] - s["mean"]]]
-        ax.errorbar(q["mean"], s["mean"], xerr=xerr, yerr=yerr, fmt="s" if r["method"] == "ar" else "o",
-                    color=f"C{i % 10}", capsize=2, label=f"{r['label']} ({r['steps'] or 'KV cache'})")  # fmt: skip
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("GenPPL under the AR judge at matched entropy (1x seq_len)")
-    ax.set_ylabel(f"tokens/s at batch {min(a.batches)} (served path)")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    batches = sorted({min(a.batches), max(a.batches)})
+    fig, axes = plt.subplots(1, len(batches), figsize=(6.5 * len(batches), 4.8), squeeze=False)
+    for ax, B in zip(axes[0], batches, strict=True):
+        for i, r in enumerate(rows):
+            q, s = quality(r), r[f"batch{B}"]["tokens_per_s"]
+            xerr = None if q.get("lo") is None else [[q["mean"] - q["lo"]], [q["hi"] - q["mean"]]]
+            yerr = None if s.get("lo") is None else [[s["mean"] - s["lo"]], [s["hi"] - s["mean"]]]
+            ax.errorbar(q["mean"], s["mean"], xerr=xerr, yerr=yerr, fmt="s" if r["method"] == "ar" else "o",
+                        color=f"C{i % 10}", capsize=2, label=f"{r['label']} ({r['steps'] or 'KV cache'})")  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("GenPPL under the AR judge at matched entropy (1x seq_len)")
+        ax.set_ylabel(f"tokens/s at batch {B} (served path)")
+        ax.set_title(f"batch {B}")
+        ax.grid(alpha=0.3, which="both")
+    axes[0][-1].legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -150,7 +150,14 @@ def test_grid_plan_run_report_end_to_end(tmp_path, capsys):
     assert main(argv) == 0
     assert "2 cells x 3 seeds = 6 runs" in capsys.readouterr().out
     assert main(["grid", "plan", "--base", "debug", "--out", str(g), "--cell", "x"]) == 2  # never re-planned
-    assert main(["grid", "run", str(g), "--python", "inprocess", "--no-progress"]) == 0
+    run = ["grid", "run", str(g), "--python", "inprocess", "--no-progress"]
+    assert main([*run, "--seeds", "5", "6"]) == 2  # no run has those seeds: one line, nothing trained
+    assert "no run of" in capsys.readouterr().err and not (g / "runs").exists()
+    assert main([*run, "--seeds", "0", "2"]) == 0  # those seeds only, every cell
+    assert sorted(p.name for p in (g / "runs").iterdir()) == ["nosc__s0", "nosc__s2", "ref__s0", "ref__s2"]
+    assert main([*run, "--seeds", "1", "--only", "ref"]) == 0  # a count (seed 0, done) and a cell: nothing new
+    assert len(list((g / "runs").iterdir())) == 4
+    assert main(run) == 0
     runs = sorted(p.name for p in (g / "runs").iterdir())
     assert runs == [f"{c}__s{s}" for c in ("nosc", "ref") for s in range(3)]
     before = {r: (g / "runs" / r / "final_eval.json").read_bytes() for r in runs}

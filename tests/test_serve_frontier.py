@@ -43,8 +43,17 @@ def test_the_frontier_scores_speed_and_quality_on_the_served_path(tmp_path, caps
         "B4-T1=B4-T8",
     ]
     argv += ["--lengths", "1", "2", "--seeds", "0", "1", "--num", "2", "--batches", "1", "2", "--out", str(out)]
+    # quality first (beside other work), speed later (quiet): the summary waits for both, then each part is kept
+    r = subprocess.run([sys.executable, str(SCRIPT), *argv, "--parts", "quality"], capture_output=True, text=True,
+                       timeout=900)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "not yet computed: AR speed" in r.stdout and not (out / "frontier.json").exists()
+    kept = {p.name: p.read_bytes() for p in (out / "samples").iterdir()}
+    assert sorted(kept) == ["AR.jsonl.gz", "B4-T1.jsonl.gz", "B4-T8.jsonl.gz"]
     r = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "quality done" not in r.stdout and r.stdout.count("speed done") == 3
+    assert kept == {p.name: p.read_bytes() for p in (out / "samples").iterdir()}  # not sampled again
     d = json.loads((out / "frontier.json").read_text())
     rows = {x["label"]: x for x in d["rows"]}
     assert list(rows) == ["AR", "B4-T8", "B4-T1"] and rows["AR"]["matched_temperature"] == 1.0
@@ -55,6 +64,20 @@ def test_the_frontier_scores_speed_and_quality_on_the_served_path(tmp_path, caps
         assert x["batch1"]["tokens_per_s"]["mean"] > 0 and x["batch2"]["ttft_s"]["mean"] > 0
         # the request's own tensors (the live heap): never 0, and two rows hold more than one
         assert 0 < x["batch1"]["peak_bytes"] < x["batch2"]["peak_bytes"], x["label"]
+    # the committed samples give back the figures: every completion, its ids' entropy as scored
+    import gzip
+
+    from replaid.eval.quality import unigram_entropy
+
+    samples = [json.loads(x) for x in gzip.open(out / "samples" / "B4-T1.jsonl.gz", "rt")]
+    assert len(samples) == 2 * 2 * 2 * 2  # temperatures x lengths x seeds x num
+    saved = json.loads((out / "rows" / "B4-T1.json").read_text())["quality"]["per_seed"]
+    for temp in ("t1", "matched"):
+        for k in (1, 2):
+            for i, seed in enumerate((0, 1)):
+                ids = [x["ids"] for x in samples if (x["temperature"], x["length"], x["seed"]) == (temp, k, seed)]
+                assert len(ids) == 2 and all(len(t) == 16 * k for t in ids)
+                assert unigram_entropy(ids)["entropy"] == pytest.approx(saved[f"{temp}_{k}x"][i]["entropy"], abs=1e-12)
     goal = d["verdicts"]["goal"][0]
     assert goal["student"] == "B4-T1" and goal["met"] == (goal["speed_vs_ar"] >= 2 and goal["genppl_vs_teacher"] <= 1.5)
     assert "| B4-T1 | 1 |" in (out / "frontier.md").read_text()

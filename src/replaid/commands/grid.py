@@ -96,6 +96,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r.add_argument("grid", help="grid folder made by 'replaid grid plan'")
     add_run_options(r)
     r.add_argument("--only", nargs="+", help="run only these cells")
+    r.add_argument(
+        "--seeds",
+        nargs="+",
+        type=SEED,
+        action=Distinct,
+        metavar="N",
+        help="run only these seeds' runs, as plan's --seeds: one number, that many from 0; several, those",
+    )
     r.set_defaults(func=run_run)
 
     t = add_command(
@@ -171,12 +179,7 @@ def _spec(args: argparse.Namespace) -> GridSpec:
         k, vals = v.split("=", 1)
         spec.vary[k] = vals.split(",")
     if args.seeds:
-        if len(args.seeds) == 1:
-            if args.seeds[0] < 1:
-                raise ConfigError(f"--seeds {args.seeds[0]}: a count must be >= 1")
-            spec.seeds = list(range(args.seeds[0]))
-        else:
-            spec.seeds = list(args.seeds)
+        spec.seeds = _seed_list(args.seeds)
     if args.reference:
         spec.reference = args.reference
     spec.overrides = [*spec.overrides, *args.overrides]
@@ -205,6 +208,17 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seed_list(seeds: list[int]) -> list[int]:
+    """``--seeds``: one number is a count from 0, several are the seeds themselves."""
+    from replaid.config import ConfigError
+
+    if len(seeds) > 1:
+        return list(seeds)
+    if seeds[0] < 1:
+        raise ConfigError(f"--seeds {seeds[0]}: a count must be >= 1 (or give two or more seeds)")
+    return list(range(seeds[0]))
+
+
 def run_run(args: argparse.Namespace) -> int:
     from replaid.config import ConfigError
     from replaid.scaling.grid import read_grid
@@ -215,6 +229,11 @@ def run_run(args: argparse.Namespace) -> int:
         entries = [e for e in entries if e.cell in args.only]
         if not entries:
             raise ConfigError(f"--only {' '.join(args.only)} matches no cell of {folder}")
+    if args.seeds:
+        seeds = _seed_list(args.seeds)
+        entries = [e for e in entries if e.seed in seeds]
+        if not entries:
+            raise ConfigError(f"--seeds {' '.join(map(str, args.seeds))}: no run of {folder} has seed {seeds}")
     return run_manifest_command(args, folder, entries, "grid")
 
 
