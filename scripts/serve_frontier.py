@@ -11,7 +11,10 @@ Each ``--config LABEL=RUN[:STEPS]`` (steps per block; an AR run has none) is sco
 ignored), GenPPL under the AR ``--judge-run`` with the mean per-sample unigram entropy beside it, the
 repeated 4-grams, and MAUVE against held-out windows (``--mauve``); once at temperature 1 and once at the
 temperature whose entropy matches ``--match``'s at temperature 1 (bisection on seed 0 at 1x, ``--match-iters``
-steps). Speed: tokens/s (rows x tokens / seconds), time to the first token and the peak memory of one
+steps). The temperature is the logit temperature for the token methods; a continuous method's is Plaid's score
+temperature (``score_temperature``, in [0.25, 4]), as the logit temperature (the paper's, appendix
+"temperature") leaves its block sampler's entropy where it is (RePlaid-B4 at 64 steps per block: 3.302 nats at
+1, 3.311 at 1.97; AR's is 3.889); a search that ends within 2% of its range's edge is flagged as pinned. Speed: tokens/s (rows x tokens / seconds), time to the first token and the peak memory of one
 completion request of B rows for each B of ``--batches``, at 1x. ``--teacher STUDENT=TEACHER`` names the
 goal's pairs: a student at least 2x AR's tokens/s at batch 1 with GenPPL at matched entropy within 1.5x of
 its teacher's. Writes ``frontier.json``, ``frontier.md`` and ``frontier.png`` (tokens/s at batch 1 against
@@ -53,7 +56,9 @@ def parse_config(spec: str) -> tuple[str, str, int | None]:
     return label, path, int(steps) if steps else None
 
 
-def complete(run: Any, steps: int | None, num: int, length: int, seed: int, temperature: float) -> tuple[list, dict]:
+def complete(
+    run: Any, steps: int | None, num: int, length: int, seed: int, temperature: float, knob: str = "temperature"
+) -> tuple[list, dict]:
     """``num`` completions of ``length`` tokens from an empty prompt in one batch, through ``Completion``:
     their ids and texts, and the request's seconds and time to its first token."""
     from replaid.sampling.request import SampleRequest
@@ -61,7 +66,7 @@ def complete(run: Any, steps: int | None, num: int, length: int, seed: int, temp
 
     kw = {"steps": steps} if steps else {}
     req = SampleRequest(
-        max_tokens=length, num=num, batch_size=num, seed=seed, temperature=temperature, ignore_eos=True,
+        max_tokens=length, num=num, batch_size=num, seed=seed, ignore_eos=True, **{knob: temperature},
         progress=False, **kw,
     )  # fmt: skip
     comp = Completion(run, req)
@@ -90,23 +95,33 @@ def score(samples: list, judge: Any, ref_feat: Any) -> dict[str, float]:
     return m
 
 
-def matched_temperature(run: Any, steps: int | None, num: int, L: int, target: float, iters: int) -> float:
-    """The temperature in [0.25, 2] whose samples' entropy (seed 0, 1x) is ``target``, by bisection
-    (entropy rises with the temperature)."""
+def match_knob(run: Any) -> tuple[str, float, float]:
+    """The temperature a method's entropy is matched by, and its search range."""
+    if run.method.kind.continuous:
+        return "score_temperature", 0.25, 4.0
+    return "temperature", 0.25, 2.0
+
+
+def matched_temperature(run: Any, steps: int | None, num: int, L: int, target: float, iters: int) -> tuple[float, bool]:
+    """The temperature (:func:`match_knob`) whose samples' entropy (seed 0, 1x) is ``target``, by bisection in
+    log space (entropy rises with the temperature); and whether the search ended pinned at an edge."""
     from replaid.eval.quality import unigram_entropy
 
-    lo, hi = 0.25, 2.0
+    knob, lo, hi = match_knob(run)
+    edges = (lo, hi)
     for _ in range(iters):
         mid = (lo * hi) ** 0.5
-        e = unigram_entropy([x for x, _ in complete(run, steps, num, L, 0, mid)[0]])["entropy"]
+        e = unigram_entropy([x for x, _ in complete(run, steps, num, L, 0, mid, knob)[0]])["entropy"]
         lo, hi = (mid, hi) if e < target else (lo, mid)
-    return round((lo * hi) ** 0.5, 4)
+    tau = round((lo * hi) ** 0.5, 4)
+    return tau, not edges[0] * 1.02 < tau < edges[1] / 1.02
 
 
-def _cache_key(part: str, run: str, steps: int | None, a: argparse.Namespace) -> dict[str, Any]:
-    """What a cached part was computed from: a part whose key differs is computed again."""
+def _cache_key(part: str, run: str, steps: int | None, a: argparse.Namespace, knob: str) -> dict[str, Any]:
+    """What a cached part was computed from: a part whose key differs is computed again (``knob``: the matched
+    temperature's, named when it is not the logit temperature)."""
     if part == "quality":
-        return {"run": run, "steps": steps, "judge": a.judge_run, "match": a.match, "match_iters": a.match_iters,
+        return {**({"match_knob": knob} if knob != "temperature" else {}),"run": run, "steps": steps, "judge": a.judge_run, "match": a.match, "match_iters": a.match_iters,
                 "lengths": a.lengths, "seeds": a.seeds, "num": a.num, "mauve": a.mauve, "split": a.split}  # fmt: skip
     return {"run": run, "steps": steps, "batches": a.batches, "seeds": a.seeds, "threads": a.threads}
 
@@ -129,18 +144,21 @@ def quality_part(
     from replaid.eval.seeds import t_interval
 
     L = int(judge.cfg.data.seq_len)
+    knob = match_knob(run)[0]
     temps = {"t1": 1.0}
+    pinned = False
     if target is not None and not is_match:
-        temps["matched"] = matched_temperature(run, steps, a.num, L, target, a.match_iters)
+        temps["matched"], pinned = matched_temperature(run, steps, a.num, L, target, a.match_iters)
     part: dict[str, Any] = {"matched_temperature": 1.0 if is_match else temps.get("matched"), "per_seed": {}}
+    part.update(match_knob=knob, match_pinned=pinned)
     samples = []
     for tname, tau in temps.items():
         for k in a.lengths:
             per_seed = []
             for s in a.seeds:
-                got = complete(run, steps, a.num, k * L, s, tau)[0]
+                got = complete(run, steps, a.num, k * L, s, tau, knob)[0]
                 per_seed.append(score(got, judge, ref_feat if k == 1 else None))
-                samples += [{"temperature": tname, "tau": tau, "length": k, "seed": s, "index": i, "text": t,
+                samples += [{"temperature": tname, "knob": knob, "tau": tau, "length": k, "seed": s, "index": i, "text": t,
                              "ids": [int(x) for x in ids]} for i, (ids, t) in enumerate(got)]  # fmt: skip
             part[f"{tname}_{k}x"] = {m: t_interval([x[m] for x in per_seed]).as_dict() for m in per_seed[0]}
             part["per_seed"][f"{tname}_{k}x"] = per_seed
@@ -217,15 +235,16 @@ def main(argv: list[str] | None = None) -> int:
     (a.out / "samples").mkdir(exist_ok=True)
     ref_feat = None
     target = None
+    runs = {label: load_run(path, device="cpu") for label, path, _ in configs}
+    knobs = {label: match_knob(run)[0] for label, run in runs.items()}
     for label, path, steps in configs:
         f = a.out / "rows" / f"{label}.json"
         row = json.loads(f.read_text()) if f.exists() else {}
-        run = None
+        run = runs[label]
         for part in ("quality", "speed"):
-            key = _cache_key(part, path, steps, a)
+            key = _cache_key(part, path, steps, a, knobs[label])
             if row.get(part, {}).get("key") == key or part not in a.parts:
                 continue
-            run = run or load_run(path, device="cpu")
             if part == "quality":
                 if a.mauve and ref_feat is None:
                     ref_feat = sentence_features(reference_windows(judge, a.split, a.num)[0])
@@ -239,19 +258,25 @@ def main(argv: list[str] | None = None) -> int:
             row.update(label=label, steps=steps, method=run.cfg.method, block=run.method.stream_block())
             f.write_text(json.dumps(row, indent=1))  # each part as it lands: a stopped call resumes
             print(f"{label}: {part} done", flush=True)
-        if label == a.match and "quality" in row and row["quality"]["key"] == _cache_key("quality", path, steps, a):
+        if label == a.match and row.get("quality", {}).get("key") == _cache_key(
+            "quality", path, steps, a, knobs[label]
+        ):
             target = row["quality"]["per_seed"]["t1_1x"][a.seeds.index(0) if 0 in a.seeds else 0]["entropy"]
     rows = []
     missing = []
     for label, path, steps in configs:
-        row = json.loads((a.out / "rows" / f"{label}.json").read_text())
+        f = a.out / "rows" / f"{label}.json"
+        row = json.loads(f.read_text()) if f.exists() else {}
         for part in ("quality", "speed"):
-            if row.get(part, {}).get("key") != _cache_key(part, path, steps, a):
+            if row.get(part, {}).get("key") != _cache_key(part, path, steps, a, knobs[label]):
                 missing.append(f"{label} {part}")
         if not missing:
             flat = {k: row[k] for k in ("label", "steps", "method", "block")}
             flat.update({k: v for k, v in row["quality"].items() if k.startswith(("t1_", "matched_"))})
-            flat["matched_temperature"] = row["quality"]["matched_temperature"]
+            knob, lo, hi = match_knob(runs[label])
+            tau = flat["matched_temperature"] = row["quality"]["matched_temperature"]
+            flat["match_knob"] = knob
+            flat["match_pinned"] = label != a.match and tau is not None and not lo * 1.02 < tau < hi / 1.02
             flat["temperature"] = 1.0
             flat.update({k: v for k, v in row["speed"].items() if k.startswith("batch")})
             flat["loadavg"] = row["speed"]["loadavg"]
@@ -311,6 +336,14 @@ def _iv(d: dict | None, nd: int = 1) -> str:
     return f"{d['mean']:.{nd}f} [{d['lo']:.{nd}f}, {d['hi']:.{nd}f}]"
 
 
+def _temp(r: dict) -> str:
+    """The matched temperature, its knob when it is the score temperature, and a pinned search."""
+    if r.get("matched_temperature") is None:
+        return "-"
+    knob = " (score)" if r.get("match_knob") == "score_temperature" else ""
+    return f"{r['matched_temperature']}{knob}{', pinned' if r.get('match_pinned') else ''}"
+
+
 def markdown(out: dict) -> str:
     meta, rows = out["meta"], out["rows"]
     lines = [
@@ -323,7 +356,7 @@ def markdown(out: dict) -> str:
         for k in meta["lengths"]:
             t1, mt = r.get(f"t1_{k}x", {}), r.get(f"matched_{k}x") or {}
             lines.append(
-                f"| {r['label']} | {r['steps'] or '-'} | {r['matched_temperature'] or '-'} | {k}x | {_iv(t1.get('gen_ppl'))} | "
+                f"| {r['label']} | {r['steps'] or '-'} | {_temp(r)} | {k}x | {_iv(t1.get('gen_ppl'))} | "
                 f"{_iv(t1.get('entropy'), 3)} | {_iv(mt.get('gen_ppl'))} | {_iv(mt.get('entropy'), 3)} | "
                 f"{_iv((mt or t1).get('rep4'), 4)} | {_iv((mt or t1).get('mauve'), 3)} |"
             )

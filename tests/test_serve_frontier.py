@@ -20,7 +20,8 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "serve_frontier.py"
 @pytest.mark.slow
 def test_the_frontier_scores_speed_and_quality_on_the_served_path(tmp_path, capsys):
     sets = ["train.num_threads=1", "train.steps=2", "eval.max_batches=1", "data.seq_len=16"]
-    for name, more in (("ar", ["method=ar"]), ("bd", ["method=mdlm", "mdlm.block_size=4"])):
+    runs = (("ar", ["method=ar"]), ("bd", ["method=mdlm", "mdlm.block_size=4"]), ("rb", ["diffusion.block_size=4"]))
+    for name, more in runs:
         assert main(["train", "--preset", "debug", "--out", str(tmp_path / name), "--no-progress", *sets, *more]) == 0
     capsys.readouterr()
     out = tmp_path / "frontier"
@@ -41,6 +42,8 @@ def test_the_frontier_scores_speed_and_quality_on_the_served_path(tmp_path, caps
         f"B4-T1={tmp_path / 'bd'}:1",
         "--teacher",
         "B4-T1=B4-T8",
+        "--config",
+        f"R4-T2={tmp_path / 'rb'}:2",
     ]
     argv += ["--lengths", "1", "2", "--seeds", "0", "1", "--num", "2", "--batches", "1", "2", "--out", str(out)]
     # quality first (beside other work), speed later (quiet): the summary waits for both, then each part is kept
@@ -49,15 +52,20 @@ def test_the_frontier_scores_speed_and_quality_on_the_served_path(tmp_path, caps
     assert r.returncode == 0, r.stderr[-3000:]
     assert "not yet computed: AR speed" in r.stdout and not (out / "frontier.json").exists()
     kept = {p.name: p.read_bytes() for p in (out / "samples").iterdir()}
-    assert sorted(kept) == ["AR.jsonl.gz", "B4-T1.jsonl.gz", "B4-T8.jsonl.gz"]
+    assert sorted(kept) == ["AR.jsonl.gz", "B4-T1.jsonl.gz", "B4-T8.jsonl.gz", "R4-T2.jsonl.gz"]
     r = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "quality done" not in r.stdout and r.stdout.count("speed done") == 3
+    assert "quality done" not in r.stdout and r.stdout.count("speed done") == 4
     assert kept == {p.name: p.read_bytes() for p in (out / "samples").iterdir()}  # not sampled again
     d = json.loads((out / "frontier.json").read_text())
     rows = {x["label"]: x for x in d["rows"]}
-    assert list(rows) == ["AR", "B4-T8", "B4-T1"] and rows["AR"]["matched_temperature"] == 1.0
-    assert 0.25 <= rows["B4-T1"]["matched_temperature"] <= 2.0
+    assert list(rows) == ["AR", "B4-T8", "B4-T1", "R4-T2"] and rows["AR"]["matched_temperature"] == 1.0
+    assert 0.25 <= rows["B4-T1"]["matched_temperature"] <= 2.0 and rows["B4-T1"]["match_knob"] == "temperature"
+    # a continuous method matches with the score temperature (the logit temperature leaves its entropy as it is)
+    assert rows["R4-T2"]["match_knob"] == "score_temperature" and 0.25 <= rows["R4-T2"]["matched_temperature"] <= 4
+    for r in rows.values():
+        tau, lo, hi = r["matched_temperature"], 0.25, 4.0 if r["match_knob"] == "score_temperature" else 2.0
+        assert r["match_pinned"] == (r["label"] != "AR" and not lo * 1.02 < tau < hi / 1.02)
     for x in rows.values():
         for key in ("t1_1x", "t1_2x", "matched_1x", "matched_2x"):
             assert x[key]["gen_ppl"]["n"] == 2 and x[key]["gen_ppl"]["mean"] > 1, (x["label"], key)
@@ -69,6 +77,25 @@ def test_the_frontier_scores_speed_and_quality_on_the_served_path(tmp_path, caps
 
     from replaid.eval.quality import unigram_entropy
 
+    rsamples = [json.loads(x) for x in gzip.open(out / "samples" / "R4-T2.jsonl.gz", "rt")]
+    assert {(x["temperature"], x["knob"]) for x in rsamples} == {
+        ("t1", "score_temperature"),
+        ("matched", "score_temperature"),
+    }
+    assert {x["tau"] for x in rsamples if x["temperature"] == "matched"} == {rows["R4-T2"]["matched_temperature"]}
+    # ... the request's own score_temperature field, as /v1/completions takes it: the same text
+    from replaid.sampling.request import SampleRequest
+    from replaid.sampling.stream import Completion
+    from replaid.store.loading import load_run
+
+    tau = rows["R4-T2"]["matched_temperature"]
+    req = SampleRequest(max_tokens=16, num=2, batch_size=2, seed=1, ignore_eos=True, progress=False, steps=2,
+                        score_temperature=tau)  # fmt: skip
+    comp = Completion(load_run(str(tmp_path / "rb"), device="cpu"), req)
+    for _ in comp:
+        pass
+    want = [x["ids"] for x in rsamples if (x["temperature"], x["length"], x["seed"]) == ("matched", 1, 1)]
+    assert [s.kept_ids() for s in comp.samples] == want
     samples = [json.loads(x) for x in gzip.open(out / "samples" / "B4-T1.jsonl.gz", "rt")]
     assert len(samples) == 2 * 2 * 2 * 2  # temperatures x lengths x seeds x num
     saved = json.loads((out / "rows" / "B4-T1.json").read_text())["quality"]["per_seed"]
