@@ -381,21 +381,30 @@ def markdown(out: dict) -> str:
 
 
 def plot(rows: list[dict], a: argparse.Namespace, path: Path) -> None:
-    """Tokens/s against GenPPL at matched entropy, at the smallest and the largest batch."""
+    """Tokens/s against GenPPL at matched entropy, at the smallest and the largest batch: a colour per family
+    (the label before its training seed, ``-s<seed>``), a marker per steps per block; dashed, AR's tokens/s and
+    1.5x its GenPPL (where 'faster and close' lies: above and to the left of both)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    families = list(dict.fromkeys(r["label"].rsplit("-s", 1)[0] for r in rows))
+    markers = {None: "s", 1: "*", 2: "D", 4: "^"}
+    ar = next((r for r in rows if r["method"] == "ar"), None)
     batches = sorted({min(a.batches), max(a.batches)})
     fig, axes = plt.subplots(1, len(batches), figsize=(6.5 * len(batches), 4.8), squeeze=False)
     for ax, B in zip(axes[0], batches, strict=True):
-        for i, r in enumerate(rows):
+        for r in rows:
             q, s = quality(r), r[f"batch{B}"]["tokens_per_s"]
             xerr = None if q.get("lo") is None else [[q["mean"] - q["lo"]], [q["hi"] - q["mean"]]]
             yerr = None if s.get("lo") is None else [[s["mean"] - s["lo"]], [s["hi"] - s["mean"]]]
-            ax.errorbar(q["mean"], s["mean"], xerr=xerr, yerr=yerr, fmt="s" if r["method"] == "ar" else "o",
-                        color=f"C{i % 10}", capsize=2, label=f"{r['label']} ({r['steps'] or 'KV cache'})")  # fmt: skip
+            colour = f"C{families.index(r['label'].rsplit('-s', 1)[0]) % 10}"
+            ax.errorbar(q["mean"], s["mean"], xerr=xerr, yerr=yerr, fmt=markers.get(r["steps"], "o"), color=colour,
+                        capsize=2, markersize=7, label=f"{r['label']} ({r['steps'] or 'KV cache'})")  # fmt: skip
+        if ar is not None:
+            ax.axvline(1.5 * quality(ar)["mean"], color="0.4", ls="--", lw=0.8)
+            ax.axhline(ar[f"batch{B}"]["tokens_per_s"]["mean"], color="0.4", ls="--", lw=0.8)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("GenPPL under the AR judge at matched entropy (1x seq_len)")
