@@ -59,6 +59,19 @@ def test_every_checkpoint_records_the_sha256_of_its_files_and_config(trained):
     assert all(rec[n] == ck.sha256_file(c / n) for n in rec)
 
 
+def test_a_checkpoint_reached_through_a_symlink_loads_with_its_runs_tokenizer(trained, tmp_path):
+    """``ln -s RUN/checkpoints/step_N name``, then ``replaid serve name``: the tokenizer is the target run's
+    (it was looked for beside the link: 'has no tokenizer')."""
+    from replaid.store.loading import load_run
+
+    link = tmp_path / "named"
+    link.symlink_to(sorted((trained / "checkpoints").glob("step_*"))[-1], target_is_directory=True)
+    a, b = load_run(link, device="cpu"), load_run(trained, device="cpu")
+    assert a.tokenizer.vocab_size == b.tokenizer.vocab_size and a.cfg.method == b.cfg.method
+    ids = [5, 9, 11]
+    assert a.tokenizer.decode(ids) == b.tokenizer.decode(ids)
+
+
 def test_a_flipped_bit_is_named_and_no_verify_loads_anyway(trained, tmp_path, capsys):
     import shutil
 

@@ -133,7 +133,12 @@ def resolve(path_or_id: str | os.PathLike[str]) -> Path:
 
 
 def run_dir_of(ckpt: Path) -> Path:
-    return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt
+    """The run folder that holds checkpoint ``ckpt`` (its tokenizer's): ``RUN/checkpoints/step_N`` -> ``RUN``;
+    a checkpoint reached through a symlink elsewhere -> its target's run; anything else is its own folder."""
+    if ckpt.parent.name == "checkpoints":
+        return ckpt.parent.parent
+    real = ckpt.resolve()
+    return real.parent.parent if real != ckpt.absolute() and real.parent.name == "checkpoints" else ckpt
 
 
 def load_run(path: str | Path, use_ema: bool = True, train_data: bool = False, device: str = "auto") -> Run:
